@@ -1,0 +1,1 @@
+"""OpenCL C kernel templates (Jinja2) for clmf; shipped as package data."""

@@ -1,0 +1,1 @@
+"""clmf autotuner: search space, measurement and the tuning database writer."""
