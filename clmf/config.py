@@ -1,0 +1,191 @@
+"""The one kernel configuration object: the currency between tuner, database, builder and model.
+
+Variant names follow one grammar, ``batch[+reg][+local][+vecN][+tile]`` (in that order, each at most
+once), parsed by :meth:`KernelConfig.parse`; the numeric parameters ride along as ``name:key=value``
+pairs, e.g. ``"batch+reg+local:tx=8,ty=8,nnz_batch=32"``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+from .errors import InvalidConfigError
+
+__all__ = ["KernelConfig", "VARIANT_FLAGS", "SOLVERS", "STORAGES"]
+
+VARIANT_FLAGS = ("reg", "local", "vec", "tile")
+SOLVERS = ("cholesky", "cg")
+STORAGES = ("float32", "float16")
+_NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?$")
+_INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "nnz_batch", "solve_wg", "cg_steps", "batch_rows")
+
+
+def _pow2(x):
+    return x > 0 and (x & (x - 1)) == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """One kernel configuration for one side (users or items) of an ALS half-step.
+
+    Parameters
+    ----------
+    reg, local, vec, tile : the variant flags; ``vec`` is 0 (scalar) or the vector width 4/8/16
+    tx, ty : work-items per work-group in each dimension of the S1 output block (the baseline
+        ``batch`` variant uses ``tx*ty`` work-items per row, flat)
+    bx, by : S1 tile edge (``tile`` only; 0 means the whole f)
+    tz : rows of a batch handled by one work-group at once (``tile`` only)
+    nnz_batch : rows of Y staged in local memory per step (``local`` only)
+    solve_wg : work-items per system in S3
+    solver : "cholesky" (default) or "cg"; cg_steps its iterations
+    storage : "float32" or "float16" (factors stored as half, compute in float32)
+    triangle : compute only the lower triangle of each hermitian and mirror it
+    batch_rows : rows per S1/S2/S3 launch; 0 = sized from device memory
+
+    Examples
+    --------
+    >>> KernelConfig.parse("batch+reg+local:tx=4,ty=4").name
+    'batch+reg+local'
+    """
+
+    reg: bool = False
+    local: bool = False
+    vec: int = 0
+    tile: bool = False
+    tx: int = 8
+    ty: int = 8
+    bx: int = 0
+    by: int = 0
+    tz: int = 1
+    nnz_batch: int = 32
+    solve_wg: int = 64
+    solver: str = "cholesky"
+    cg_steps: int = 3
+    storage: str = "float32"
+    triangle: bool = True
+    batch_rows: int = 0
+
+    def __post_init__(self):
+        if self.vec not in (0, 4, 8, 16):
+            raise InvalidConfigError(f"vector width must be 0, 4, 8 or 16, not {self.vec}", "vec")
+        if self.solver not in SOLVERS:
+            raise InvalidConfigError(f"unknown solver {self.solver!r}; choose from {SOLVERS}", "solver")
+        if self.storage not in STORAGES:
+            raise InvalidConfigError(f"unknown storage {self.storage!r}; choose from {STORAGES}",
+                                     "storage")
+        for k in _INT_FIELDS:
+            v = getattr(self, k)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise InvalidConfigError(f"{k} must be a non-negative integer, not {v!r}", k)
+        for k in ("tx", "ty", "tz", "nnz_batch", "solve_wg"):
+            if getattr(self, k) < 1:
+                raise InvalidConfigError(f"{k} must be ≥ 1", k)
+        if self.cg_steps < 1:
+            raise InvalidConfigError("cg_steps must be ≥ 1", "cg_steps")
+        if not _pow2(self.solve_wg):
+            raise InvalidConfigError(f"solve_wg must be a power of two, not {self.solve_wg}", "solve_wg")
+
+    # ----- names ---------------------------------------------------------------------------
+    @property
+    def name(self):
+        """The variant's name in the ``batch[+reg][+local][+vecN][+tile]`` grammar."""
+        s = "batch"
+        if self.reg:
+            s += "+reg"
+        if self.local:
+            s += "+local"
+        if self.vec:
+            s += f"+vec{self.vec}"
+        if self.tile:
+            s += "+tile"
+        return s
+
+    @classmethod
+    def parse(cls, text, **overrides):
+        """Parse ``"batch+reg:tx=4,ty=4"``; keyword ``overrides`` win over the text's pairs."""
+        if isinstance(text, KernelConfig):
+            return dataclasses.replace(text, **overrides) if overrides else text
+        if not isinstance(text, str):
+            raise TypeError(f"a variant is a name string or KernelConfig, not {type(text).__name__}")
+        head, _, tail = text.strip().partition(":")
+        m = _NAME_RE.match(head.strip())
+        if not m:
+            raise InvalidConfigError(
+                f"unknown variant {text!r}: expected batch[+reg][+local][+vec4|8|16][+tile] "
+                "(flags in that order)", "name")
+        kw = dict(reg=bool(m.group(1)), local=bool(m.group(2)),
+                  vec=int(m.group(4)) if m.group(4) else 0, tile=bool(m.group(5)))
+        if tail.strip():
+            for pair in tail.split(","):
+                k, eq, v = pair.partition("=")
+                k = k.strip()
+                if not eq or k not in {f.name for f in dataclasses.fields(cls)} or k in VARIANT_FLAGS:
+                    raise InvalidConfigError(f"bad parameter {pair!r} in variant {text!r}", "name")
+                v = v.strip()
+                if k in ("solver", "storage"):
+                    kw[k] = v
+                elif k == "triangle":
+                    kw[k] = v.lower() in ("1", "true", "yes")
+                else:
+                    try:
+                        kw[k] = int(v)
+                    except ValueError:
+                        raise InvalidConfigError(f"parameter {k} must be an integer, not {v!r}", k) from None
+        kw.update(overrides)
+        return cls(**kw)
+
+    def replace(self, **kw):
+        return dataclasses.replace(self, **kw)
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d):
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise InvalidConfigError(f"unknown configuration fields {sorted(unknown)}", "schema")
+        return cls(**d)
+
+    def __str__(self):
+        base = KernelConfig()
+        diff = [f"{k}={v}" for k, v in self.to_dict().items()
+                if k not in VARIANT_FLAGS and v != getattr(base, k)]
+        return self.name + (":" + ",".join(diff) if diff else "")
+
+    def key(self):
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    # ----- geometry -------------------------------------------------------------------------
+    def ldf(self, f):
+        """Leading dimension of the factor matrices: f rounded up to the vector width."""
+        w = self.vec or 1
+        return -(-f // w) * w
+
+    def s1_local_size(self):
+        return self.tx * self.ty * (self.tz if self.tile else 1)
+
+    def tile_edges(self, f):
+        """(bx, by) of the S1 output block one work-group computes."""
+        if self.tile:
+            return (min(self.bx or f, f), min(self.by or f, f))
+        return (f, f)
+
+    def local_mem_bytes(self, f, device_local=None):
+        """Local memory the S1 kernel of this configuration declares, by formula (bytes)."""
+        total = 0
+        if self.local:
+            bx, by = self.tile_edges(f)
+            cols = bx + by if (self.tile and not self._diag_tile_only(f)) else f
+            rows = self.nnz_batch * (self.tz if self.tile else 1)
+            total += 4 * rows * (cols + 1) + 4 * 2 * rows  # Y rows, their ids and ratings
+        return total
+
+    def _diag_tile_only(self, f):
+        bx, by = self.tile_edges(f)
+        return bx >= f and by >= f
+
+    def chol_local_bytes(self, f):
+        return 4 * (f * f + 2 * f) + 16

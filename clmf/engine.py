@@ -1,0 +1,232 @@
+"""Device buffers and the S1 → S2 → S3 orchestration over batches of rows.
+
+An :class:`Engine` owns, for one fit, the CSR of both sides (the users' CSR and the items' CSR,
+i.e. the CSC of the ratings), the factor matrices X and Y, and per-side scratch for a batch of
+hermitians (O(batch · f²), never O(m · f²)). Factors stay on the device across iterations.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import numpy as np
+import scipy.sparse as sp
+
+from . import kernels as K
+from .config import KernelConfig
+from .device import device_info, get_context
+from .errors import DeviceMemoryError, SingularSystemError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Engine", "SideData", "memory_estimate", "choose_batch_rows"]
+
+_SCRATCH_BUDGET = 512 << 20     # default cap on per-side hermitian scratch
+_MAX_BATCH_ROWS = 1 << 16
+
+
+@dataclasses.dataclass
+class SideData:
+    """CSR of one side (rows to solve) with the other side's factors as columns."""
+    indptr: np.ndarray   # int64
+    indices: np.ndarray  # int32
+    data: np.ndarray     # float32
+
+    @classmethod
+    def from_csr(cls, R):
+        R = sp.csr_matrix(R)
+        return cls(R.indptr.astype(np.int64), R.indices.astype(np.int32), R.data.astype(np.float32))
+
+    @property
+    def rows(self):
+        return len(self.indptr) - 1
+
+    @property
+    def nnz(self):
+        return int(self.indptr[-1])
+
+    def nbytes(self):
+        return self.indptr.nbytes + self.indices.nbytes + self.data.nbytes
+
+
+def choose_batch_rows(config, f, rows, info, budget=None):
+    """Rows per launch: the config's ``batch_rows`` or what fits the scratch budget, ≥ 1."""
+    per_row = 4 * (f * f + f)
+    cap = min(info.max_alloc, budget or _SCRATCH_BUDGET, max(per_row, info.global_mem // 8))
+    fit = max(1, cap // per_row)
+    want = config.batch_rows or _MAX_BATCH_ROWS
+    return int(max(1, min(want, fit, rows)))
+
+
+def memory_estimate(users: SideData, items: SideData, f, configs, batch_rows):
+    """Bytes clmf allocates on the device for a fit (dict with a 'total')."""
+    est = {}
+    est["csr"] = users.nbytes() + items.nbytes()
+    for side, cfg, rows in (("users", configs[0], users.rows), ("items", configs[1], items.rows)):
+        itemsize = 2 if cfg.storage == "float16" else 4
+        est[f"factors_{side}"] = rows * cfg.ldf(f) * itemsize
+        est[f"scratch_{side}"] = batch_rows[side] * 4 * (f * f + f)
+    est["status"] = 16
+    est["total"] = sum(est.values())
+    return est
+
+
+class Engine:
+    """All device state of one fit and the half-step orchestration.
+
+    Parameters
+    ----------
+    device : pyopencl.Device
+    R : scipy.sparse.csr_matrix (users × items), canonical (sorted, no duplicates)
+    f : factors
+    configs : (users_config, items_config) KernelConfig pair
+    """
+
+    def __init__(self, device, R, f, configs, profile=False):
+        import pyopencl as cl
+        self.cl = cl
+        self.device = device
+        self.info = device_info(device)
+        self.ctx, self.queue = get_context(device)
+        self.f = f
+        self.configs = {"users": configs[0], "items": configs[1]}
+        if configs[0].storage != configs[1].storage or configs[0].ldf(f) != configs[1].ldf(f):
+            # the two sides share factor buffers: same storage and leading dimension
+            raise ValueError("both sides must use the same storage dtype and vector padding")
+        self.ldf = configs[0].ldf(f)
+        self.storage = configs[0].storage
+        self.np_store = np.float16 if self.storage == "float16" else np.float32
+        self.side = {"users": SideData.from_csr(R), "items": SideData.from_csr(sp.csr_matrix(R).T.tocsr())}
+        self.shape = R.shape
+        self.batch_rows = {s: choose_batch_rows(self.configs[s], f, self.side[s].rows, self.info)
+                           for s in ("users", "items")}
+        est = memory_estimate(self.side["users"], self.side["items"], f,
+                              (configs[0], configs[1]), self.batch_rows)
+        self.memory = est
+        if est["total"] > 0.9 * self.info.global_mem:
+            raise DeviceMemoryError(
+                f"the fit needs about {est['total'] / 2**30:.2f} GiB of device memory, "
+                f"{self.info.name} has {self.info.global_mem / 2**30:.2f} GiB; reduce factors or "
+                "use a device with more memory")
+        for k, v in est.items():
+            if k != "total" and v > self.info.max_alloc:
+                raise DeviceMemoryError(f"buffer {k} needs {v / 2**20:.0f} MiB, more than the device's "
+                                        f"largest allocation ({self.info.max_alloc / 2**20:.0f} MiB)")
+        self.programs = {s: K.als_program(self.ctx, device, self.configs[s], f, self.info)
+                         for s in ("users", "items")}
+        self.vars = {s: K.als_variables(self.configs[s], f, self.info) for s in ("users", "items")}
+        mf = cl.mem_flags
+        self.buf = {}
+        for s in ("users", "items"):
+            d = self.side[s]
+            self.buf[s] = {
+                "indptr": cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=d.indptr),
+                "indices": cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
+                                     hostbuf=d.indices if d.nnz else np.zeros(1, np.int32)),
+                "data": cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
+                                  hostbuf=d.data if d.nnz else np.zeros(1, np.float32)),
+                "A": cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * f * f * self.batch_rows[s]),
+                "B": cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * f * self.batch_rows[s]),
+            }
+        itemsize = np.dtype(self.np_store).itemsize
+        self.factors = {s: cl.Buffer(self.ctx, mf.READ_WRITE,
+                                     size=max(1, self.side[s].rows) * self.ldf * itemsize)
+                        for s in ("users", "items")}
+        self.status = cl.Buffer(self.ctx, mf.READ_WRITE, size=4)
+        self.profile = profile
+        self.stage_times = {"s1": 0.0, "s2": 0.0, "s3": 0.0}
+        self._events = []
+        self._metrics_prog = None
+        self._metric_bufs = {}
+        log.debug("engine on %s: batch rows %s, memory %s", self.info.name, self.batch_rows, est)
+
+    # ----- factors -------------------------------------------------------------------------
+    def set_factors(self, side, M):
+        rows = self.side[side].rows
+        M = np.asarray(M, dtype=np.float32)
+        if M.shape != (rows, self.f):
+            raise ValueError(f"{side} factors must have shape {(rows, self.f)}, not {M.shape}")
+        host = np.zeros((rows, self.ldf), dtype=self.np_store)
+        host[:, :self.f] = M
+        self.cl.enqueue_copy(self.queue, self.factors[side], host)
+
+    def get_factors(self, side):
+        rows = self.side[side].rows
+        host = np.empty((rows, self.ldf), dtype=self.np_store)
+        self.cl.enqueue_copy(self.queue, host, self.factors[side])
+        return np.ascontiguousarray(host[:, :self.f], dtype=np.float32)
+
+    # ----- one half-step -------------------------------------------------------------------
+    def half_step(self, side, regularization, weighted):
+        """Solve every row of ``side`` given the other side's factors (stays on the device)."""
+        cl = self.cl
+        other = "items" if side == "users" else "users"
+        d, b, prog, v = self.side[side], self.buf[side], self.programs[side], self.vars[side]
+        cfg = self.configs[side]
+        kern = prog.kernels
+        q = self.queue
+        cl.enqueue_copy(q, self.status, np.array([np.iinfo(np.int32).max], np.int32))
+        bs = self.batch_rows[side]
+        s1_local = cfg.s1_local_size()
+        events = []
+        for row0 in range(0, d.rows, bs):
+            n = min(bs, d.rows - row0)
+            e1 = kern["s1_hermitian"](q, (n * s1_local,), (s1_local,), b["indptr"], b["indices"],
+                                      self.factors[other], b["A"], np.int32(row0), np.int32(n),
+                                      np.float32(regularization), np.int32(1 if weighted else 0))
+            e2 = kern["s2_rhs"](q, (n * v["s2_wg"],), (v["s2_wg"],), b["indptr"], b["indices"],
+                                b["data"], self.factors[other], b["B"], np.int32(row0), np.int32(n))
+            e3 = kern["s3_solve"](q, (n * cfg.solve_wg,), (cfg.solve_wg,), b["indptr"], b["A"],
+                                  b["B"], self.factors[side], self.status, np.int32(row0), np.int32(n))
+            events.append((e1, e2, e3))
+        st = np.empty(1, np.int32)
+        cl.enqueue_copy(q, st, self.status)   # blocking: also ends the half-step
+        if self.profile:
+            for e1, e2, e3 in events:
+                for key, e in (("s1", e1), ("s2", e2), ("s3", e3)):
+                    self.stage_times[key] += (e.profile.end - e.profile.start) * 1e-9
+        if st[0] != np.iinfo(np.int32).max:
+            raise SingularSystemError(
+                f"the normal equations of {side[:-1]} row {int(st[0])} are not positive definite "
+                f"(regularization={regularization}); increase regularization")
+
+    def iteration(self, regularization, weighted):
+        self.half_step("users", regularization, weighted)
+        self.half_step("items", regularization, weighted)
+
+    # ----- metrics on the device -----------------------------------------------------------
+    def squared_error(self, key, users, items, ratings, offset=0.0):
+        """Sum of squared errors of the current factors on triples (uploaded once per ``key``)."""
+        cl = self.cl
+        mf = cl.mem_flags
+        if self._metrics_prog is None:
+            self._metrics_prog = K.metrics_program(self.ctx, self.f, self.storage, self.ldf)
+        wg = 128
+        if key not in self._metric_bufs:
+            n = len(ratings)
+            groups = max(1, -(-n // wg))
+            self._metric_bufs[key] = (
+                n, groups,
+                cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(users, np.int32)),
+                cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(items, np.int32)),
+                cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(ratings, np.float32)),
+                cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * groups))
+        n, groups, bu, bi, br, bp = self._metric_bufs[key]
+        self._metrics_prog.kernels["sq_error"](self.queue, (groups * wg,), (wg,), bu, bi, br,
+                                               self.factors["users"], self.factors["items"],
+                                               np.int64(n), np.float32(offset), bp)
+        part = np.empty(groups, np.float32)
+        cl.enqueue_copy(self.queue, part, bp)
+        return float(part.astype(np.float64).sum()), n
+
+    def release(self):
+        for d in list(self.buf.values()) + [self.factors]:
+            for bufobj in d.values():
+                bufobj.release()
+        for entry in self._metric_bufs.values():
+            for bufobj in entry[2:]:
+                bufobj.release()
+        self.status.release()
+        self.buf = {}
+        self._metric_bufs = {}

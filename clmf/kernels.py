@@ -1,0 +1,184 @@
+"""Rendering, validating, building and caching the OpenCL programs of a configuration.
+
+Templates live in the ``cl_kernels`` package (Jinja2, StrictUndefined: a missing variable fails
+loudly). Programs are memoized per (context, source, options); pyopencl's own disk cache, keyed by
+source, options, device and driver, makes a rebuild in a new process cheap. Each ``cl.Kernel`` is
+retrieved once and reused.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.resources
+import logging
+import threading
+
+import jinja2
+
+from .config import KernelConfig
+from .errors import InvalidConfigError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["render", "render_als", "render_metrics", "build", "Program", "validate",
+           "template_hash", "als_program", "metrics_program"]
+
+BUILD_OPTIONS = ("-cl-mad-enable",)
+
+
+@functools.lru_cache(maxsize=1)
+def _env():
+    return jinja2.Environment(loader=jinja2.PackageLoader("cl_kernels", "."),
+                              undefined=jinja2.StrictUndefined, trim_blocks=True,
+                              lstrip_blocks=True, keep_trailing_newline=True)
+
+
+@functools.lru_cache(maxsize=1)
+def template_hash():
+    """Hash of every template's text, written into each rendered source (cache key hygiene)."""
+    h = hashlib.sha256()
+    root = importlib.resources.files("cl_kernels")
+    for entry in sorted(root.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".j2"):
+            h.update(entry.name.encode())
+            h.update(entry.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def render(template, **variables):
+    """Render one template with ``variables`` (every variable it names must be given)."""
+    variables.setdefault("template_hash", template_hash())
+    return _env().get_template(template).render(**variables)
+
+
+def _next_pow2(x):
+    p = 1
+    while p < x:
+        p *= 2
+    return p
+
+
+def als_variables(config: KernelConfig, f: int, device_info=None):
+    """Template variables of the ALS program (S1, S2, S3) for ``config`` at ``f`` factors."""
+    if f < 1:
+        raise InvalidConfigError(f"factors must be ≥ 1, not {f}", "f")
+    local_budget = device_info.local_mem if device_info is not None else 32 * 1024
+    bx, by = config.tile_edges(f)
+    v = dict(
+        f=f, ldf=config.ldf(f), storage=config.storage, config_str=str(config),
+        variant_name=config.name, reg=config.reg, local=config.local, vec=config.vec,
+        tile=config.tile, triangle=config.triangle, tx=config.tx, ty=config.ty, tz=config.tz,
+        bx=bx, by=by, nnz_batch=config.nnz_batch, s1_wg=config.s1_local_size(),
+        s2_wg=min(_next_pow2(f), 256),
+        solve_wg=config.solve_wg, solver=config.solver, cg_steps=config.cg_steps,
+        chol_local=config.chol_local_bytes(f) + config.local_mem_bytes(f) <= local_budget,
+    )
+    v["s2_wg"] = max(1, min(v["s2_wg"], device_info.max_work_group_size if device_info else 256))
+    return v
+
+
+def render_als(config: KernelConfig, f: int, device_info=None):
+    """The OpenCL C source of the ALS program for a configuration (for debugging: ``clmf source``)."""
+    return render("als.cl.j2", **als_variables(config, f, device_info))
+
+
+def render_metrics(f, storage="float32", ldf=None, wg=128):
+    return render("metrics.cl.j2", f=f, ldf=ldf or f, storage=storage, wg=wg,
+                  config_str=f"metrics wg={wg}")
+
+
+def validate(config: KernelConfig, f: int, device_info):
+    """Check a configuration against a device *before* building; raise InvalidConfigError with a
+    typed ``reason`` ("work_group_size", "work_item_sizes", "local_memory", "opencl_version",
+    "geometry")."""
+    wg = config.s1_local_size()
+    maxwg = device_info.max_work_group_size
+    if wg > maxwg:
+        raise InvalidConfigError(f"S1 work-group {wg} exceeds the device's {maxwg}", "work_group_size")
+    if config.solve_wg > maxwg:
+        raise InvalidConfigError(f"S3 work-group {config.solve_wg} exceeds the device's {maxwg}",
+                                 "work_group_size")
+    if wg > device_info.max_work_item_sizes[0]:
+        raise InvalidConfigError(f"S1 work-group {wg} exceeds work-item size limit "
+                                 f"{device_info.max_work_item_sizes[0]}", "work_item_sizes")
+    lm = config.local_mem_bytes(f)
+    if lm > device_info.local_mem:
+        raise InvalidConfigError(f"S1 needs {lm} B of local memory, the device has "
+                                 f"{device_info.local_mem}", "local_memory")
+    if config.tile:
+        bx, by = config.tile_edges(f)
+        if config.tx > bx or config.ty > by:
+            raise InvalidConfigError(f"tx×ty = {config.tx}×{config.ty} larger than the tile "
+                                     f"{bx}×{by}", "geometry")
+    if config.reg:
+        bx, by = config.tile_edges(f)
+        regs = -(-bx // config.tx) * -(-by // config.ty)
+        if regs > 1024:
+            raise InvalidConfigError(f"{regs} register accumulators per work-item is too many",
+                                     "geometry")
+    return True
+
+
+class Program:
+    """A built program with its kernels retrieved once (``prog.kernels[name]``)."""
+
+    def __init__(self, cl_program, source, options):
+        import pyopencl as cl
+        self.program = cl_program
+        self.source = source
+        self.options = options
+        self.kernels = {k.function_name: k for k in cl_program.all_kernels()}
+        self._cl = cl
+
+    def work_group_limit(self, name, device):
+        return self.kernels[name].get_work_group_info(
+            self._cl.kernel_work_group_info.WORK_GROUP_SIZE, device)
+
+    def local_mem_used(self, name, device):
+        return self.kernels[name].get_work_group_info(
+            self._cl.kernel_work_group_info.LOCAL_MEM_SIZE, device)
+
+
+_programs: dict = {}
+_plock = threading.Lock()
+
+
+def build(context, source, options=BUILD_OPTIONS):
+    """Build (or fetch from the memo) the program ``source`` for ``context``."""
+    import pyopencl as cl
+    key = (context.int_ptr, hashlib.sha256(source.encode()).hexdigest(), tuple(options))
+    with _plock:
+        prog = _programs.get(key)
+    if prog is not None:
+        return prog
+    try:
+        built = cl.Program(context, source).build(options=list(options))
+    except cl.RuntimeError as e:
+        raise InvalidConfigError(f"OpenCL build failed: {e}", "build_failed") from e
+    prog = Program(built, source, options)
+    with _plock:
+        _programs.setdefault(key, prog)
+    return _programs[key]
+
+
+def als_program(context, device, config: KernelConfig, f: int, device_info):
+    """Validate, render, build and post-check the ALS program of a configuration."""
+    validate(config, f, device_info)
+    src = render_als(config, f, device_info)
+    prog = build(context, src)
+    needs = {"s1_hermitian": config.s1_local_size(), "s3_solve": config.solve_wg,
+             "s2_rhs": als_variables(config, f, device_info)["s2_wg"]}
+    for name, wg in needs.items():
+        lim = prog.work_group_limit(name, device)
+        if wg > lim:
+            raise InvalidConfigError(f"kernel {name} allows work-groups of at most {lim} on this "
+                                     f"device, the configuration needs {wg}", "kernel_work_group_size")
+    used = max(prog.local_mem_used(n, device) for n in prog.kernels)
+    if used > device_info.local_mem:
+        raise InvalidConfigError(f"kernel uses {used} B local memory > device {device_info.local_mem}",
+                                 "kernel_local_memory")
+    return prog
+
+
+def metrics_program(context, f, storage, ldf):
+    return build(context, render_metrics(f, storage, ldf))

@@ -1,0 +1,249 @@
+"""Pure NumPy/SciPy reference ALS: the ground truth for tests and the tuner.
+
+The maths is identical to the OpenCL path. For one half-step solving the users' factors ``X``
+from fixed item factors ``Y`` and a user × item rating matrix ``R`` (CSR)::
+
+    A_u = Σ_{i ∈ I_u} y_i y_iᵀ + λ · n_u · I      (weighted-λ, ALS-WR / cuMF)
+    A_u = Σ_{i ∈ I_u} y_i y_iᵀ + λ · I            (``weighted=False``)
+    b_u = Σ_{i ∈ I_u} r_ui y_i
+    x_u = A_u⁻¹ b_u          (x_u = 0 for a user with no ratings)
+
+The item half-step is the same with ``R.T`` and the roles swapped. Everything is vectorised:
+the hermitians of a chunk of rows are one sparse × dense product of the binary pattern with the
+table of per-item outer products, the systems are solved by batched Cholesky. Memory stays bounded
+by processing rows in chunks.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import scipy.sparse as sp
+
+from .errors import SingularSystemError
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "initial_factors", "start_factors", "hermitians", "right_hand_sides", "solve_cholesky", "cg_solve",
+    "half_step", "als", "predict", "rmse",
+]
+
+_CHUNK_BYTES = 64 << 20
+
+
+def initial_factors(n_rows, factors, random_state=None, dtype=np.float32):
+    """Random start factors, the same in the OpenCL path and the reference.
+
+    Uniform on [0, 1) scaled by ``1/sqrt(factors)``, so a dot product starts near 1/3·1 scale.
+
+    Parameters
+    ----------
+    n_rows, factors : int
+    random_state : None, int or numpy.random.Generator
+    dtype : numpy dtype of the result
+
+    Returns
+    -------
+    numpy.ndarray of shape (n_rows, factors)
+
+    Examples
+    --------
+    >>> initial_factors(3, 2, random_state=0).shape
+    (3, 2)
+    """
+    rng = np.random.default_rng(random_state)
+    return (rng.random((n_rows, factors), dtype=np.float64) / np.sqrt(factors)).astype(dtype)
+
+
+def start_factors(n_users, n_items, factors, random_state=None, dtype=np.float32):
+    """The (X0, Y0) start of a fit: :func:`initial_factors` for users then items, one generator."""
+    rng = np.random.default_rng(random_state)
+    return (initial_factors(n_users, factors, rng, dtype), initial_factors(n_items, factors, rng, dtype))
+
+
+def _as_csr(R):
+    R = sp.csr_matrix(R)
+    R.sum_duplicates()
+    return R
+
+
+def hermitians(R, Y, regularization, weighted=True, rows=None, dtype=np.float64):
+    """Return ``A[k] = Σ_{i∈I_r} y_i y_iᵀ + λ·(n_r or 1)·I`` for the rows ``r`` in ``rows``.
+
+    Parameters
+    ----------
+    R : scipy.sparse matrix (rows × cols); only its pattern is used
+    Y : ndarray (cols × f)
+    regularization : float λ ≥ 0
+    weighted : bool, weighted-λ (λ·n_r) or plain λ
+    rows : slice or index array of rows (default: all)
+
+    Returns
+    -------
+    ndarray (len(rows), f, f)
+    """
+    R = _as_csr(R)
+    if rows is not None:
+        R = R[rows]
+    f = Y.shape[1]
+    Y = np.asarray(Y, dtype=dtype)
+    P = R.copy()
+    P.data = np.ones_like(P.data, dtype=dtype)
+    counts = np.diff(R.indptr)
+    out = np.empty((R.shape[0], f, f), dtype=dtype)
+    # Outer-product table per column, computed in column chunks to bound memory.
+    col_chunk = max(1, _CHUNK_BYTES // max(1, 8 * f * f))
+    out[:] = 0
+    for c0 in range(0, Y.shape[0], col_chunk):
+        c1 = min(Y.shape[0], c0 + col_chunk)
+        Z = np.einsum("ij,ik->ijk", Y[c0:c1], Y[c0:c1]).reshape(c1 - c0, f * f)
+        out += (P[:, c0:c1] @ Z).reshape(-1, f, f)
+    diag = regularization * (counts if weighted else np.ones_like(counts))
+    idx = np.arange(f)
+    out[:, idx, idx] += diag[:, None].astype(dtype)
+    return out
+
+
+def right_hand_sides(R, Y, rows=None, dtype=np.float64):
+    """Return ``b[r] = Σ_i r_ri y_i`` (rows × f)."""
+    R = _as_csr(R)
+    if rows is not None:
+        R = R[rows]
+    return np.asarray(R.astype(dtype) @ np.asarray(Y, dtype=dtype))
+
+
+def solve_cholesky(A, b, row_ids=None):
+    """Solve the batch ``A[k] x[k] = b[k]`` by Cholesky; raise :class:`SingularSystemError` naming
+    the first row whose system is not positive definite."""
+    try:
+        L = np.linalg.cholesky(A)
+    except np.linalg.LinAlgError:
+        bad = [k for k in range(A.shape[0]) if not _is_pd(A[k])]
+        first = bad[0] if row_ids is None else int(np.asarray(row_ids)[bad[0]])
+        raise SingularSystemError(
+            f"{len(bad)} normal-equation system(s) are not positive definite (first: row "
+            f"{first}); use regularization > 0") from None
+    z = np.linalg.solve(L, b[..., None])
+    return np.linalg.solve(np.swapaxes(L, -1, -2), z)[..., 0]
+
+
+def _is_pd(a):
+    try:
+        np.linalg.cholesky(a)
+        return True
+    except np.linalg.LinAlgError:
+        return False
+
+
+def cg_solve(A, b, x0, steps):
+    """Batched conjugate gradient: ``steps`` iterations from ``x0`` (cuMF's warm-started solver).
+
+    Stops a system early when its residual is exactly zero. Returns the iterate after ``steps``.
+    """
+    A = np.asarray(A, dtype=np.float64)
+    x = np.array(x0, dtype=np.float64, copy=True)
+    r = b - np.einsum("kij,kj->ki", A, x)
+    p = r.copy()
+    rs = np.einsum("ki,ki->k", r, r)
+    for _ in range(steps):
+        Ap = np.einsum("kij,kj->ki", A, p)
+        pAp = np.einsum("ki,ki->k", p, Ap)
+        active = (rs > 0) & (pAp > 0)
+        alpha = np.where(active, rs / np.where(active, pAp, 1.0), 0.0)
+        x += alpha[:, None] * p
+        r -= alpha[:, None] * Ap
+        rs_new = np.einsum("ki,ki->k", r, r)
+        beta = np.where(active, rs_new / np.where(rs > 0, rs, 1.0), 0.0)
+        p = r + beta[:, None] * p
+        rs = rs_new
+    return x
+
+
+def half_step(R, Y, regularization, weighted=True, solver="cholesky", X0=None, cg_steps=3,
+              dtype=np.float64):
+    """One ALS half-step: solve every row of ``R`` for its factors given ``Y``.
+
+    Rows with no stored entries get zero factors. Returns an ndarray (rows × f) of ``dtype``.
+
+    Examples
+    --------
+    >>> import scipy.sparse as sp
+    >>> R = sp.csr_matrix(np.array([[5.0, 0, 3], [0, 4, 0]]))
+    >>> Y = np.eye(3)[:, :2] + 0.5
+    >>> half_step(R, Y, 0.1).shape
+    (2, 2)
+    """
+    R = _as_csr(R)
+    m, f = R.shape[0], Y.shape[1]
+    counts = np.diff(R.indptr)
+    X = np.zeros((m, f), dtype=dtype)
+    chunk = max(1, _CHUNK_BYTES // max(1, 8 * f * f))
+    for r0 in range(0, m, chunk):
+        r1 = min(m, r0 + chunk)
+        nz = np.nonzero(counts[r0:r1])[0]
+        if nz.size == 0:
+            continue
+        rows = r0 + nz
+        A = hermitians(R, Y, regularization, weighted, rows=rows)
+        b = right_hand_sides(R, Y, rows=rows)
+        if solver == "cholesky":
+            X[rows] = solve_cholesky(A, b, row_ids=rows)
+        elif solver == "cg":
+            start = np.zeros((rows.size, f)) if X0 is None else np.asarray(X0, np.float64)[rows]
+            X[rows] = cg_solve(A, b, start, cg_steps)
+        else:
+            raise ValueError(f"unknown solver {solver!r}")
+    return X
+
+
+def als(R, factors, regularization, iterations, weighted=True, init=None, random_state=None,
+        solver="cholesky", cg_steps=3, callback=None):
+    """Reference ALS: users first, then items, ``iterations`` times.
+
+    Parameters
+    ----------
+    R : scipy.sparse matrix (users × items) of explicit ratings
+    factors, regularization, iterations, weighted : as in :class:`clmf.ALS`
+    init : optional (X0, Y0) start factors; otherwise :func:`initial_factors` with ``random_state``
+    callback : optional ``callback(iteration, X, Y)``
+
+    Returns
+    -------
+    (X, Y) float64 arrays
+
+    Examples
+    --------
+    >>> import scipy.sparse as sp
+    >>> R = sp.random(20, 15, density=0.3, random_state=0, format="csr") * 4 + 1
+    >>> X, Y = als(R, 3, 0.1, 2, random_state=0)
+    >>> X.shape, Y.shape
+    ((20, 3), (15, 3))
+    """
+    R = _as_csr(R)
+    m, n = R.shape
+    if init is None:
+        X, Y = (a.astype(np.float64) for a in start_factors(m, n, factors, random_state))
+    else:
+        X, Y = (np.asarray(a, dtype=np.float64).copy() for a in init)
+    RT = R.T.tocsr()
+    for it in range(iterations):
+        X = half_step(R, Y, regularization, weighted, solver, X0=X, cg_steps=cg_steps)
+        Y = half_step(RT, X, regularization, weighted, solver, X0=Y, cg_steps=cg_steps)
+        if callback is not None:
+            callback(it, X, Y)
+    return X, Y
+
+
+def predict(X, Y, users, items):
+    """Element-wise predictions ``X[u]·Y[i]``."""
+    users = np.asarray(users)
+    items = np.asarray(items)
+    return np.einsum("ij,ij->i", np.asarray(X)[users], np.asarray(Y)[items])
+
+
+def rmse(X, Y, R_test):
+    """Root-mean-square error of ``X·Yᵀ`` on the stored entries of ``R_test``."""
+    C = sp.coo_matrix(R_test)
+    err = predict(X, Y, C.row, C.col) - C.data
+    return float(np.sqrt(np.mean(err * err)))

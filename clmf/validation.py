@@ -1,0 +1,147 @@
+"""Checking and converting user input (ratings, ids, parameters) before any device work."""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = ["check_ratings", "check_index_pairs", "check_params"]
+
+
+def _is_ratings_obj(X):
+    return hasattr(X, "to_csr") and hasattr(X, "user_ids") and hasattr(X, "item_ids")
+
+
+def _check_ids(name, a):
+    a = np.asarray(a)
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array, got shape {a.shape}")
+    if a.dtype.kind == "f":
+        if not np.all(np.isfinite(a)) or np.any(a != np.round(a)):
+            raise ValueError(f"{name} must be integers; found non-integer values")
+        a = a.astype(np.int64)
+    elif a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integer indices, not dtype {a.dtype}")
+    if a.size and a.min() < 0:
+        raise ValueError(f"{name} contains {int((a < 0).sum())} negative index/indices "
+                         f"(first {int(a[a < 0][0])}); indices are 0-based and non-negative")
+    return a.astype(np.int64)
+
+
+def check_ratings(X, shape=None, *, allow_empty=False, what="X"):
+    """Validate explicit ratings and return a canonical float32 CSR (users × items).
+
+    Accepts a scipy.sparse matrix/array (csr, csc, coo, ...), a ``(user_idx, item_idx, ratings)``
+    tuple of 1-D arrays, or a :class:`clmf.datasets.Ratings`. Raises ``TypeError``/``ValueError``
+    naming the problem: dense input, NaN/inf ratings, negative or non-integer ids, length or shape
+    mismatches, duplicate (user, item) entries (with their count), an empty matrix.
+    """
+    if _is_ratings_obj(X):
+        R = X.to_csr()
+        if shape is not None and tuple(R.shape) != tuple(shape):
+            raise ValueError(f"{what} has shape {R.shape}, expected {tuple(shape)}")
+        return _finish(R.tocoo(), allow_empty, what)
+    if isinstance(X, np.ndarray) or (hasattr(X, "__array__") and not sp.issparse(X)
+                                     and not isinstance(X, tuple) and not hasattr(X, "columns")):
+        raise TypeError(
+            f"{what} is a dense array: pass a scipy.sparse matrix (stored entries are ratings, "
+            "absent ones unknown), e.g. scipy.sparse.csr_matrix(X) if zeros mean 'unknown', or a "
+            "(user_idx, item_idx, ratings) tuple")
+    if hasattr(X, "columns") and hasattr(X, "iloc"):
+        raise TypeError(f"{what} is a DataFrame: convert it with "
+                        "clmf.datasets.Ratings.from_pandas(df, user=..., item=..., rating=...)")
+    if isinstance(X, tuple):
+        if len(X) != 3:
+            raise ValueError(f"{what} as a tuple must be (user_idx, item_idx, ratings), "
+                             f"got {len(X)} elements")
+        u = _check_ids("user_idx", X[0])
+        i = _check_ids("item_idx", X[1])
+        r = np.asarray(X[2])
+        if r.ndim != 1:
+            raise ValueError(f"ratings must be a 1-D array, got shape {r.shape}")
+        if not (len(u) == len(i) == len(r)):
+            raise ValueError(f"user_idx, item_idx and ratings lengths differ: {len(u)}, {len(i)}, {len(r)}")
+        if r.dtype.kind not in "fiub":
+            raise TypeError(f"ratings must be numeric, not dtype {r.dtype}")
+        if shape is None:
+            shape = (int(u.max()) + 1 if u.size else 0, int(i.max()) + 1 if i.size else 0)
+        else:
+            if u.size and u.max() >= shape[0]:
+                raise ValueError(f"user index {int(u.max())} out of range for {shape[0]} users")
+            if i.size and i.max() >= shape[1]:
+                raise ValueError(f"item index {int(i.max())} out of range for {shape[1]} items")
+        C = sp.coo_matrix((r.astype(np.float64), (u, i)), shape=shape)
+        return _finish(C, allow_empty, what)
+    if sp.issparse(X):
+        if X.ndim != 2:
+            raise ValueError(f"{what} must be 2-D, got {X.ndim}-D")
+        if shape is not None and tuple(X.shape) != tuple(shape):
+            raise ValueError(f"{what} has shape {X.shape}, expected {tuple(shape)}")
+        if X.dtype.kind not in "fiub":
+            raise TypeError(f"{what} ratings must be numeric, not dtype {X.dtype}")
+        return _finish(sp.coo_matrix(X), allow_empty, what)
+    raise TypeError(f"{what} must be a scipy.sparse matrix, a (user_idx, item_idx, ratings) tuple "
+                    f"or clmf.datasets.Ratings, not {type(X).__name__}")
+
+
+def _finish(C, allow_empty, what):
+    if C.shape[0] == 0 or C.shape[1] == 0 or (C.nnz == 0 and not allow_empty):
+        raise ValueError(f"{what} is empty (shape {C.shape}, {C.nnz} ratings): nothing to fit")
+    data = np.asarray(C.data)
+    bad = ~np.isfinite(data)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise ValueError(f"{what} has {int(bad.sum())} NaN/inf rating(s) (first at user {int(C.row[k])}, "
+                         f"item {int(C.col[k])})")
+    if C.nnz:
+        keys = C.row.astype(np.int64) * C.shape[1] + C.col.astype(np.int64)
+        order = np.argsort(keys, kind="stable")
+        ks = keys[order]
+        dup = ks[1:] == ks[:-1]
+        if dup.any():
+            first = int(ks[1:][dup][0])
+            raise ValueError(
+                f"{what} has {int(dup.sum())} duplicate (user, item) entries (first: user "
+                f"{first // C.shape[1]}, item {first % C.shape[1]}); aggregate them first, e.g. "
+                "clmf.datasets.Ratings.from_triples(..., duplicates='mean')")
+        rows, cols, vals = C.row[order], C.col[order], data[order]
+    else:
+        rows = cols = np.zeros(0, np.int64)
+        vals = np.zeros(0)
+    R = sp.csr_matrix((vals.astype(np.float32), (rows, cols)), shape=C.shape)
+    R.has_sorted_indices = True
+    return R
+
+
+def check_index_pairs(user_idx, item_idx, n_users, n_items):
+    """Validate element-wise (user, item) index arrays for predict."""
+    u = np.atleast_1d(_check_ids("user_idx", np.asarray(user_idx).ravel()))
+    i = np.atleast_1d(_check_ids("item_idx", np.asarray(item_idx).ravel()))
+    if u.shape != i.shape:
+        raise ValueError(f"user_idx and item_idx lengths differ: {u.size} vs {i.size}")
+    if u.size and u.max() >= n_users:
+        raise IndexError(f"user index {int(u.max())} out of range for {n_users} users")
+    if i.size and i.max() >= n_items:
+        raise IndexError(f"item index {int(i.max())} out of range for {n_items} items")
+    return u, i
+
+
+def check_params(est):
+    """Validate an estimator's hyper-parameters (raises ValueError/TypeError naming the problem)."""
+    f = est.factors
+    if not isinstance(f, numbers.Integral) or isinstance(f, bool) or f < 1:
+        raise ValueError(f"factors must be an integer ≥ 1, not {f!r}")
+    lam = est.regularization
+    if not isinstance(lam, numbers.Real) or not np.isfinite(lam) or lam < 0:
+        raise ValueError(f"regularization must be a finite number ≥ 0, not {lam!r}")
+    it = est.iterations
+    if not isinstance(it, numbers.Integral) or isinstance(it, bool) or it < 1:
+        raise ValueError(f"iterations must be an integer ≥ 1, not {it!r}")
+    if np.dtype(est.dtype) != np.float32:
+        raise ValueError(f"dtype must be float32 (compute precision); got {np.dtype(est.dtype)}. "
+                         "For half-precision storage use storage='float16'")
+    if est.storage not in ("float32", "float16"):
+        raise ValueError(f"storage must be 'float32' or 'float16', not {est.storage!r}")
+    if est.solver not in ("auto", "cholesky", "cg"):
+        raise ValueError(f"unknown solver {est.solver!r}; choose 'auto', 'cholesky' or 'cg'")
