@@ -112,6 +112,9 @@ class ALS:
     def __getstate__(self):
         state = dict(self.__dict__)
         state.pop("_engine", None)      # no OpenCL objects in a pickle; reconnect lazily
+        dev = state.get("device")
+        if not isinstance(dev, (str, type(None))):   # a pyopencl.Device → its name, which
+            state["device"] = f"{dev.platform.name.strip()} | {dev.name.strip()}"  # selects it again
         return state
 
     # ----- configuration -------------------------------------------------------------------

@@ -1,0 +1,192 @@
+"""The ALS estimator's contract: scikit-learn conventions, input forms, bad input, persistence."""
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import clmf
+from clmf import reference as ref
+from clmf.errors import SingularSystemError
+
+from conftest import IN_CI, random_ratings, rel_err
+
+
+def test_init_only_stores_params_and_clone():
+    sklearn_base = pytest.importorskip("sklearn.base")
+    m = clmf.ALS(factors=7, regularization=0.2, iterations=3, variant="batch", random_state=1)
+    assert m.get_params()["factors"] == 7
+    c = sklearn_base.clone(m)
+    assert c.get_params() == m.get_params() and c is not m
+    assert not hasattr(c, "user_factors_")
+    m.set_params(factors=9)
+    assert m.factors == 9
+    with pytest.raises(ValueError, match="invalid parameter"):
+        m.set_params(nope=1)
+    assert "factors=9" in repr(m)
+
+
+def test_fit_returns_self_and_attributes(cl_device):
+    R = random_ratings(40, 30, 0.3, seed=1)
+    m = clmf.ALS(factors=4, iterations=2, device=cl_device, random_state=0)
+    assert m.fit(R, show_progress=False) is m
+    assert m.user_factors_.shape == (40, 4) and m.user_factors_.dtype == np.float32
+    assert m.item_factors_.shape == (30, 4)
+    assert abs(m.global_mean_ - R.data.mean()) < 1e-6
+    assert set(m.config_) == {"users", "items"}
+    assert m.config_["users"].rule in ("heuristic", "explicit", "tuned", "nearest", "vendor",
+                                       "default", "baseline")
+    assert len(m.history_) == 2
+
+
+@pytest.mark.parametrize("form", ["csr", "csc", "coo", "tuple"])
+def test_input_forms_agree(cl_device, form):
+    R = random_ratings(30, 20, 0.3, seed=2)
+    C = R.tocoo()
+    X = {"csr": R, "csc": R.tocsc(), "coo": C, "tuple": (C.row, C.col, C.data)}[form]
+    init = ref.start_factors(30, 20, 3, 0)
+    a = clmf.ALS(3, iterations=1, device=cl_device).fit(R, init=init, show_progress=False)
+    b = clmf.ALS(3, iterations=1, device=cl_device).fit(X, init=init, show_progress=False)
+    assert rel_err(a.user_factors_, b.user_factors_) < 1e-6
+
+
+def test_random_state_reproducible(cl_device):
+    R = random_ratings(30, 20, 0.3, seed=3)
+    a = clmf.ALS(3, iterations=2, device=cl_device, random_state=5).fit(R, show_progress=False)
+    b = clmf.ALS(3, iterations=2, device=cl_device, random_state=5).fit(R, show_progress=False)
+    assert np.array_equal(a.user_factors_, b.user_factors_)
+
+
+def test_predict_unknown_rows_use_global_mean(cl_device):
+    R = random_ratings(20, 15, 0.4, seed=4, empty_rows=[2], empty_cols=[5])
+    m = clmf.ALS(3, iterations=2, device=cl_device, random_state=0).fit(R, show_progress=False)
+    p = m.predict([2, 0, 1], [0, 5, 1])
+    assert p[0] == pytest.approx(m.global_mean_) and p[1] == pytest.approx(m.global_mean_)
+    assert p[2] == pytest.approx(float(m.user_factors_[1] @ m.item_factors_[1]), rel=1e-5)
+    with pytest.raises(IndexError):
+        m.predict([20], [0])
+    with pytest.raises(ValueError):
+        m.predict([-1], [0])
+
+
+def test_pickle_roundtrip_without_context(cl_device):
+    R = random_ratings(20, 15, 0.4, seed=5)
+    m = clmf.ALS(3, iterations=1, device=cl_device, random_state=0).fit(R, show_progress=False)
+    m2 = pickle.loads(pickle.dumps(m))
+    assert np.array_equal(m.predict([0, 1], [1, 2]), m2.predict([0, 1], [1, 2]))
+
+
+def test_not_fitted():
+    with pytest.raises(RuntimeError, match="not fitted"):
+        clmf.ALS().predict([0], [0])
+
+
+# ----- bad input: clear errors before any device work -------------------------------------------
+R0 = random_ratings(10, 8, 0.4, seed=6)
+
+
+@pytest.mark.parametrize("X, exc, msg", [
+    (R0.toarray(), TypeError, "dense"),
+    (sp.csr_matrix((5, 4)), ValueError, "empty"),
+    (sp.csr_matrix(np.array([[np.nan, 1.0], [2.0, 3.0]])), ValueError, "NaN"),
+    (sp.csr_matrix(np.array([[np.inf, 1.0], [2.0, 3.0]])), ValueError, "NaN/inf"),
+    ((np.array([0, -1]), np.array([0, 1]), np.array([1.0, 2.0])), ValueError, "negative"),
+    ((np.array([0, 1.5]), np.array([0, 1]), np.array([1.0, 2.0])), ValueError, "integers"),
+    ((np.array([0, 1]), np.array([0]), np.array([1.0, 2.0])), ValueError, "lengths differ"),
+    ((np.array([0, 0, 1]), np.array([1, 1, 0]), np.array([1.0, 2.0, 3.0])), ValueError,
+     "1 duplicate"),
+    ("ratings.csv", TypeError, "scipy.sparse"),
+])
+def test_bad_ratings(X, exc, msg):
+    with pytest.raises(exc, match=msg):
+        clmf.ALS(2, iterations=1).fit(X, show_progress=False)
+
+
+def test_duplicates_in_coo_counted():
+    C = sp.coo_matrix((np.ones(4), (np.array([0, 0, 1, 1]), np.array([0, 0, 1, 1]))), shape=(2, 2))
+    with pytest.raises(ValueError, match="2 duplicate"):
+        clmf.ALS(2, iterations=1).fit(C, show_progress=False)
+
+
+@pytest.mark.parametrize("params, msg", [
+    (dict(factors=0), "factors"), (dict(factors=2.5), "factors"),
+    (dict(regularization=-0.1), "regularization"), (dict(iterations=0), "iterations"),
+    (dict(solver="lu"), "solver"), (dict(dtype=np.float64), "float32"),
+    (dict(storage="int8"), "storage"),
+])
+def test_bad_params(params, msg):
+    with pytest.raises(ValueError, match=msg):
+        clmf.ALS(**params).fit(R0, show_progress=False)
+
+
+def test_unknown_variant_and_device():
+    with pytest.raises(ValueError, match="unknown variant"):
+        clmf.ALS(2, iterations=1, variant="fast").fit(R0, show_progress=False)
+    with pytest.raises(clmf.NoOpenCLError, match="no OpenCL device matches"):
+        clmf.ALS(2, iterations=1, device="no-such-device-xyz").fit(R0, show_progress=False)
+
+
+def test_bad_init_shape():
+    with pytest.raises(ValueError, match="init shapes"):
+        clmf.ALS(2, iterations=1).fit(R0, init=(np.zeros((3, 2)), np.zeros((8, 2))),
+                                      show_progress=False)
+
+
+def test_singular_lambda_zero_is_clear():
+    R = random_ratings(10, 12, 0.2, seed=8)
+    with pytest.raises(SingularSystemError, match="fewer ratings than factors"):
+        clmf.ALS(factors=8, regularization=0.0, iterations=1).fit(R, show_progress=False)
+
+
+def test_singular_detected_on_device(cl_device):
+    # λ = 0 and every row has ≥ f ratings, but two items are identical copies: rank-deficient
+    # user systems that the host-side count check cannot see; the device must report, not NaN.
+    rng = np.random.default_rng(0)
+    D = rng.integers(1, 6, size=(12, 6)).astype(np.float32)
+    R = sp.csr_matrix(D)
+    Y0 = np.ones((6, 3), np.float32)   # all item factors equal → Σ y yᵀ has rank 1 < 3
+    X0 = np.ones((12, 3), np.float32)
+    with pytest.raises(SingularSystemError, match="not positive definite"):
+        clmf.ALS(factors=3, regularization=0.0, iterations=1, device=cl_device).fit(
+            R, init=(X0, Y0), show_progress=False)
+
+
+def test_no_opencl_platform_message(tmp_path):
+    env = dict(os.environ, OCL_ICD_VENDORS=str(tmp_path), CLMF_DEVICE="")
+    code = "import clmf\ntry:\n    clmf.devices()\nexcept clmf.NoOpenCLError as e:\n    print('ERR', e)\n"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert "ERR" in out.stdout and "pocl-opencl-icd" in out.stdout
+
+
+def test_devices_listed_and_ci_platforms():
+    infos = clmf.devices()
+    assert infos and all(d.compute_units >= 1 and d.max_work_group_size >= 1 for d in infos)
+    plats = " ".join(d.platform for d in infos)
+    if IN_CI:
+        assert "Portable Computing Language" in plats, "PoCL must be present under CI"
+        assert "Intel(R) OpenCL" in plats, "Intel's CPU OpenCL runtime must be present under CI"
+
+
+def test_select_device_grammar():
+    from clmf.device import select_device
+    infos = clmf.devices()
+    d0 = select_device(infos[0].index)
+    assert d0.name.strip() == infos[0].name
+    assert select_device("cpu").type & 2  # CL_DEVICE_TYPE_CPU
+    assert select_device(infos[-1].platform[:6]).platform.name.strip().startswith(infos[-1].platform[:6])
+    os.environ["CLMF_DEVICE"] = infos[-1].index
+    try:
+        assert select_device("auto").int_ptr == select_device(infos[-1].index).int_ptr
+    finally:
+        del os.environ["CLMF_DEVICE"]
+
+
+def test_installed_package_is_tested():
+    if os.environ.get("CLMF_TEST_INSTALLED") == "1":
+        assert "site-packages" in clmf.__file__, clmf.__file__
+        from clmf import kernels
+        assert "clmf" in kernels.render_als(clmf.KernelConfig(), 4)
