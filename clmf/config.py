@@ -12,7 +12,7 @@ import re
 
 from .errors import InvalidConfigError
 
-__all__ = ["KernelConfig", "VARIANT_FLAGS", "SOLVERS", "STORAGES"]
+__all__ = ["KernelConfig", "VARIANT_FLAGS", "SOLVERS", "STORAGES", "representative_variants"]
 
 VARIANT_FLAGS = ("reg", "local", "vec", "tile")
 SOLVERS = ("cholesky", "cg")
@@ -189,3 +189,12 @@ class KernelConfig:
 
     def chol_local_bytes(self, f):
         return 4 * (f * f + 2 * f) + 16
+
+
+def representative_variants(f=None):
+    """Variant strings that together exercise every template path (used by the correctness and
+    Oclgrind tests; kept small because every entry costs a kernel build per device and f)."""
+    return [
+        "batch:tx=4,ty=4,solve_wg=16",
+        "batch:tx=3,ty=5,solve_wg=8,batch_rows=7,triangle=0",
+    ]

@@ -11,6 +11,7 @@ import scipy.sparse as sp
 from . import reference
 from .config import KernelConfig
 from .errors import SingularSystemError
+from .recommend import RecommenderMixin
 from .validation import check_index_pairs, check_params, check_ratings
 
 log = logging.getLogger(__name__)
@@ -18,7 +19,7 @@ log = logging.getLogger(__name__)
 __all__ = ["ALS"]
 
 
-class ALS:
+class ALS(RecommenderMixin):
     """Alternating least squares matrix factorization (ALS-WR) on any OpenCL device.
 
     For a user × item matrix of explicit ratings ``R`` it finds user factors ``X`` and item
