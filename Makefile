@@ -1,0 +1,91 @@
+# clmf — set-up and everyday targets.  `make help` lists them.
+#
+#   make demo        set up everything, then run `clmf demo`
+#   make test        set up everything, then run the test suite (not slow, not perf)
+#
+# Set-up (scripts/setup.sh) installs the OpenCL system packages, creates .venv, installs the
+# Python dependencies (redone only when pyproject.toml or setup.sh change), and on every
+# demo/test run rebuilds the clmf wheel and reinstalls it, so the installed package always
+# matches the sources.  Tests and demo see PoCL and Intel's CPU runtime through .icd/.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+VENV    := .venv
+ICD_DIR := $(CURDIR)/.icd
+STAMP   := $(VENV)/.clmf-deps.stamp
+SETUP   := bash scripts/setup.sh
+
+# pytest selection; override e.g. `make test PYTEST_ARGS="-x -k cholesky"` or MARKERS="slow"
+MARKERS     ?= not slow and not perf
+PYTEST_ARGS ?=
+DEMO_ARGS   ?=
+
+# Environment of every command that runs clmf: the ICD vendors dir with PoCL + Intel, no
+# PYTHONPATH (the installed wheel, not the checkout, must be imported).
+RUN_ENV := env -u PYTHONPATH OCL_ICD_VENDORS=$(ICD_DIR)
+TEST_ENV := $(RUN_ENV) CLMF_TEST_INSTALLED=1
+
+.PHONY: help setup install demo test test-all test-oclgrind platforms \
+        register-intel unregister-intel clean distclean
+
+help:
+	@echo "make demo             set up, then run .venv/bin/clmf demo (DEMO_ARGS=...)"
+	@echo "make test             set up, then run pytest -m '$(MARKERS)' (PYTEST_ARGS=...)"
+	@echo "make test-all         all tests, slow and perf included"
+	@echo "make test-oclgrind    the race/out-of-bounds tests under Oclgrind"
+	@echo "make setup            system packages, .venv, dependencies, clmf wheel, .icd/"
+	@echo "make platforms        list the OpenCL platforms/devices clmf will see"
+	@echo "make register-intel   register .venv's Intel CPU OpenCL runtime system-wide (root/sudo)"
+	@echo "make unregister-intel undo register-intel"
+	@echo "make clean            remove build output and caches (keeps .venv); distclean: also .venv"
+
+# System packages, venv and dependencies: only when the inputs change (or .venv is gone).
+$(STAMP): pyproject.toml scripts/setup.sh
+	$(SETUP) --deps
+	touch $@
+
+# The project wheel: rebuilt and reinstalled every time, since the sources change.
+install: $(STAMP)
+	$(SETUP) --project
+
+setup: install
+
+demo: install
+	$(RUN_ENV) $(VENV)/bin/clmf demo $(DEMO_ARGS)
+
+# --import-mode=importlib and .venv/bin/pytest (not `python -m pytest`): the repo root is not put
+# on sys.path, so the tests import the installed wheel.  Exit status 5 (no tests collected) fails.
+define run_pytest
+	@echo '+ $(TEST_ENV) $(VENV)/bin/pytest --import-mode=importlib $(1) $(PYTEST_ARGS)'
+	@rc=0; $(TEST_ENV) $(VENV)/bin/pytest --import-mode=importlib $(1) $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests -- treated as a failure" >&2; fi; \
+	exit $$rc
+endef
+
+test: install
+	$(call run_pytest,-m "$(MARKERS)")
+
+test-all: install
+	$(call run_pytest,)
+
+test-oclgrind: install
+	@command -v oclgrind >/dev/null || { echo "oclgrind is not installed (make setup installs it)" >&2; exit 1; }
+	$(call run_pytest,-m oclgrind)
+
+platforms: $(STAMP)
+	$(SETUP) --icd --check
+
+register-intel: $(STAMP)
+	$(SETUP) --register-intel
+
+unregister-intel:
+	$(SETUP) --unregister-intel
+
+clean:
+	rm -rf build .whl .icd .pytest_cache *.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)
