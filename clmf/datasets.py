@@ -261,7 +261,8 @@ class Ratings:
                         f"{name} indices must lie in [0, {bound}), found range [{lo}, {hi}]"
                     )
         try:
-            ratings32 = ratings.astype(np.float32)
+            with np.errstate(over="ignore", invalid="ignore"):
+                ratings32 = ratings.astype(np.float32)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"ratings must be numeric, got dtype {ratings.dtype}") from exc
         _check_finite(ratings32, "ratings")
@@ -641,7 +642,8 @@ class Ratings:
         if len(r) == 0:
             raise ValueError("no ratings given (empty input)")
         try:
-            r32 = r.astype(np.float32)
+            with np.errstate(over="ignore", invalid="ignore"):
+                r32 = r.astype(np.float32)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"ratings must be numeric, got dtype {r.dtype}") from exc
         _check_finite(r32, "ratings")
@@ -753,7 +755,8 @@ class Ratings:
             raise ValueError(f"matrix shape {csr.shape} exceeds int32 indices")
         users = np.repeat(np.arange(m, dtype=np.int32), np.diff(csr.indptr))
         items = csr.indices.astype(np.int32)
-        data = csr.data.astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            data = csr.data.astype(np.float32)
         _check_finite(data, "sparse matrix data")
         return cls._new(
             users, items, data, None, np.arange(m, dtype=np.int64), np.arange(n, dtype=np.int64)
@@ -803,7 +806,8 @@ def _handle_duplicates(u, i, r, ts, n_items, policy):
         sums = np.add.reduceat(r[order].astype(np.float64), starts)
         if policy == "mean":
             sums = sums / (ends - starts)
-        r_out = sums.astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            r_out = sums.astype(np.float32)
         _check_finite(r_out, "aggregated ratings")
         ts_out = None if ts is None else np.maximum.reduceat(ts[order], starts)
     nb = max(n_items, 1)
