@@ -11,12 +11,13 @@ import scipy.sparse as sp
 from . import reference
 from .config import KernelConfig
 from .errors import SingularSystemError
+from .persistence import load  # noqa: F401  (clmf.load / clmf.model.load)
 from .recommend import RecommenderMixin
 from .validation import check_index_pairs, check_params, check_ratings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ALS"]
+__all__ = ["ALS", "load"]
 
 
 class ALS(RecommenderMixin):
@@ -293,6 +294,27 @@ class ALS(RecommenderMixin):
         unknown = (self.user_counts_[u] == 0) | (self.item_counts_[i] == 0)
         p[unknown] = self.global_mean_
         return p.astype(np.float32)
+
+    def save(self, path):
+        """Write the fitted model to ``path`` (``.npz``, no pickle, atomic); see :mod:`clmf.persistence`.
+
+        Parameters
+        ----------
+        path : str or path-like
+            The target file (written exactly there).
+
+        Returns
+        -------
+        str
+            The path written.
+
+        Examples
+        --------
+        >>> model.save("model.npz")                          # doctest: +SKIP
+        >>> same = clmf.load("model.npz")                    # doctest: +SKIP
+        """
+        from .persistence import save
+        return save(self, path)
 
     @property
     def shape_(self):

@@ -1,2 +1,364 @@
-"""Saving and loading fitted models (``.npz``, ``allow_pickle=False``)."""
+"""Saving and loading fitted models (``.npz``, ``allow_pickle=False``).
+
+A model file is an ordinary NumPy ``.npz`` archive that holds no pickled objects, so loading one
+cannot run code. Its members:
+
+=================  ==========================================================================
+``clmf_format``    the marker ``"clmf.ALS"`` (a file without it is not a clmf model)
+``format_version`` int; :func:`load` refuses files newer than :data:`FORMAT_VERSION`
+``meta``           a JSON document: ``clmf_version``, ``params`` (``get_params()``, with the
+                   device as a string and the dtype as its name), ``config`` (per side: the
+                   kernel configuration's string and fields, the rule that chose it and why),
+                   ``history``, ``device``, ``best_iteration``, ``memory``, ``has_id_maps``
+``user_factors``,  float32 ``(n_users, f)`` and ``(n_items, f)``
+``item_factors``
+``user_counts``,   training ratings per user / item
+``item_counts``
+``global_mean``    float64 scalar
+``user_ids``,      raw id maps (index → raw id) when the model was fitted on
+``item_ids``       :class:`clmf.datasets.Ratings`: unicode arrays for string ids, integers else
+=================  ==========================================================================
+
+Writes are atomic: the archive goes to a temporary file in the target's directory, which then
+replaces the target with :func:`os.replace`; a failing save leaves no file behind.
+"""
 from __future__ import annotations
+
+import json
+import logging
+import numbers
+import os
+import tempfile
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+__all__ = ["save", "load", "FORMAT", "FORMAT_VERSION"]
+
+FORMAT = "clmf.ALS"
+FORMAT_VERSION = 1
+
+_REQUIRED = ("meta", "user_factors", "item_factors", "user_counts", "item_counts", "global_mean")
+
+
+# ----- saving ----------------------------------------------------------------------------------
+def _device_str(dev):
+    if dev is None or isinstance(dev, str):
+        return dev
+    try:                              # a pyopencl.Device: its "platform | name" selects it again
+        return f"{dev.platform.name.strip()} | {dev.name.strip()}"
+    except AttributeError:
+        return str(dev)
+
+
+def _variant_str(v):
+    if isinstance(v, (tuple, list)):
+        return [_variant_str(x) for x in v]
+    return v if isinstance(v, str) else str(v)
+
+
+def _params_json(params):
+    out = {}
+    for k, v in params.items():
+        if k == "device":
+            v = _device_str(v)
+        elif k == "dtype":
+            v = np.dtype(v).name
+        elif k == "variant":
+            v = _variant_str(v)
+        elif k == "random_state":
+            if isinstance(v, numbers.Integral) and not isinstance(v, bool):
+                v = int(v)
+            elif v is not None:
+                log.warning("random_state %r is not an int: saved as None", type(v).__name__)
+                v = None
+        elif isinstance(v, (bool, np.bool_)):
+            v = bool(v)
+        elif isinstance(v, numbers.Integral):
+            v = int(v)
+        elif isinstance(v, numbers.Real):
+            v = float(v)
+        elif not isinstance(v, (str, type(None))):
+            v = str(v)
+        out[k] = v
+    return out
+
+
+def _config_json(config):
+    out = {}
+    for side, ch in (config or {}).items():
+        cfg = getattr(ch, "config", ch)
+        entry = {"config": str(cfg), "rule": getattr(ch, "rule", ""),
+                 "reason": getattr(ch, "reason", "")}
+        to_dict = getattr(cfg, "to_dict", None)
+        if to_dict is not None:
+            try:
+                fields = to_dict()
+                json.dumps(fields)
+                entry["fields"] = fields
+            except (TypeError, ValueError):
+                pass
+        out[str(side)] = entry
+    return out
+
+
+def _id_array(ids, what):
+    a = np.asarray(ids)
+    if a.ndim != 1:
+        raise ValueError(f"{what} must be 1-D, got shape {a.shape}")
+    if a.dtype.kind in "OSU":
+        return np.asarray([x.decode() if isinstance(x, bytes) else str(x) for x in a.tolist()],
+                          dtype=str) if a.size else np.zeros(0, dtype="<U1")
+    if a.dtype.kind in "iub":
+        return a.astype(np.int64)
+    if a.dtype.kind == "f":
+        return a.astype(np.float64)
+    raise ValueError(f"{what}: cannot store ids of dtype {a.dtype}")
+
+
+def _jsonable(obj):
+    try:
+        json.dumps(obj)
+        return obj
+    except (TypeError, ValueError):
+        return None
+
+
+def _arrays_of(model):
+    if not hasattr(model, "user_factors_"):
+        raise RuntimeError(f"this {type(model).__name__} is not fitted yet; nothing to save")
+    import clmf
+    X = np.asarray(model.user_factors_, dtype=np.float32)
+    Y = np.asarray(model.item_factors_, dtype=np.float32)
+    uids = getattr(model, "user_ids_", None)
+    iids = getattr(model, "item_ids_", None)
+    has_maps = uids is not None and iids is not None
+    history = [{k: (float(v) if isinstance(v, numbers.Real) else v) for k, v in h.items()}
+               for h in getattr(model, "history_", []) or []]
+    meta = {
+        "clmf_version": clmf.__version__,
+        "class": type(model).__name__,
+        "params": _params_json(model.get_params()),
+        "config": _config_json(getattr(model, "config_", None)),
+        "history": _jsonable(history) or [],
+        "device": getattr(model, "device_", None),
+        "best_iteration": int(getattr(model, "best_iteration_", -1)),
+        "memory": _jsonable(getattr(model, "memory_", None)),
+        "has_id_maps": bool(has_maps),
+    }
+    arrays = {
+        "clmf_format": np.array(FORMAT),
+        "format_version": np.array(FORMAT_VERSION, dtype=np.int64),
+        "meta": np.array(json.dumps(meta)),
+        "user_factors": X,
+        "item_factors": Y,
+        "user_counts": np.asarray(model.user_counts_, dtype=np.int64),
+        "item_counts": np.asarray(model.item_counts_, dtype=np.int64),
+        "global_mean": np.array(float(model.global_mean_), dtype=np.float64),
+    }
+    if has_maps:
+        arrays["user_ids"] = _id_array(uids, "user_ids_")
+        arrays["item_ids"] = _id_array(iids, "item_ids_")
+    return arrays
+
+
+def _current_umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def save(model, path):
+    """Write a fitted model to ``path`` as a ``.npz`` archive, atomically.
+
+    Parameters
+    ----------
+    model : clmf.ALS
+        A fitted model.
+    path : str or path-like
+        Target file, written exactly there (no ``.npz`` is appended); an existing file is
+        replaced only once the new one is complete.
+
+    Returns
+    -------
+    str
+        The path written.
+
+    Raises
+    ------
+    RuntimeError
+        If the model is not fitted.
+    OSError
+        If the directory does not exist or is not writable (nothing is left behind).
+
+    Examples
+    --------
+    >>> clmf.persistence.save(model, "model.npz")                   # doctest: +SKIP
+    'model.npz'
+    >>> model.save("model.npz")                                     # doctest: +SKIP
+    """
+    path = os.fspath(path)
+    arrays = _arrays_of(model)          # everything converted before any file is touched
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
+                               dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez_compressed(fh, allow_pickle=False, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_current_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    log.info("saved model (%d users × %d items, f=%d) to %s", arrays["user_factors"].shape[0],
+             arrays["item_factors"].shape[0], arrays["user_factors"].shape[1], path)
+    return path
+
+
+# ----- loading ---------------------------------------------------------------------------------
+def _restore_params(params, cls):
+    import inspect
+    valid = {p for p in inspect.signature(cls.__init__).parameters if p != "self"}
+    out = {}
+    for k, v in params.items():
+        if k not in valid:
+            log.warning("ignoring unknown saved parameter %r=%r", k, v)
+            continue
+        if k == "dtype" and isinstance(v, str):
+            v = np.dtype(v).type
+        elif k == "variant" and isinstance(v, list):
+            v = tuple(v)
+        out[k] = v
+    return out
+
+
+def _restore_config(entries):
+    from .config import KernelConfig
+    from .tuning import Choice
+    out = {}
+    for side, e in entries.items():
+        cfg = None
+        if "fields" in e:
+            try:
+                cfg = KernelConfig.from_dict(e["fields"])
+            except (TypeError, ValueError):
+                cfg = None
+        if cfg is None:
+            try:
+                cfg = KernelConfig.parse(e["config"])
+            except (TypeError, ValueError):
+                log.warning("saved %s configuration %r is not understood by this clmf; kept as "
+                            "text", side, e["config"])
+                cfg = e["config"]
+        out[side] = Choice(cfg, e.get("rule", ""), e.get("reason", ""))
+    return out
+
+
+def load(path):
+    """Read a model written by :func:`save` (or ``ALS.save``).
+
+    No pickled data is read (``allow_pickle=False``); the model recommends and predicts on the
+    host without an OpenCL device. Its ``device`` parameter is the saved string, used only if
+    the model is fitted again.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The ``.npz`` file.
+
+    Returns
+    -------
+    clmf.ALS
+        A fitted model with the saved factors, counts, global mean, id maps, parameters,
+        ``config_``, ``history_``, ``device_`` and ``best_iteration_``.
+
+    Raises
+    ------
+    ValueError
+        Naming the file, if it is missing, not an ``.npz`` archive, corrupted, not a clmf model
+        (no format marker), or written in a newer format version than this clmf reads.
+
+    Examples
+    --------
+    >>> model = clmf.load("model.npz")                              # doctest: +SKIP
+    >>> model.recommend(0, N=5)                                     # doctest: +SKIP
+    """
+    from .model import ALS
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise ValueError(f"{path}: no such clmf model file")
+    if os.path.isdir(path):
+        raise ValueError(f"{path}: is a directory, not a clmf model file")
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except Exception as e:  # noqa: BLE001 - any failure to parse means "not an npz we can read"
+        raise ValueError(f"{path}: not a clmf model file (not a readable .npz archive: "
+                         f"{type(e).__name__}: {e})") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path}: not a clmf model file (a single .npy array, not an .npz "
+                         "archive)")
+    with archive:
+        files = set(archive.files)
+        try:
+            marker = str(archive["clmf_format"][()]) if "clmf_format" in files else None
+        except Exception as e:  # noqa: BLE001
+            raise ValueError(f"{path}: corrupted clmf model file ({type(e).__name__}: {e})") \
+                from None
+        if marker != FORMAT:
+            raise ValueError(f"{path}: not a clmf model file (no {FORMAT!r} format marker; "
+                             f"members: {sorted(files)[:8]})")
+        try:
+            version = int(archive["format_version"][()])
+            if version > FORMAT_VERSION:
+                data = None
+            else:
+                missing = [k for k in _REQUIRED if k not in files]
+                if missing:
+                    raise ValueError(f"missing members {missing}")
+                data = {k: archive[k] for k in files}
+                meta = json.loads(str(data["meta"][()]))
+        except Exception as e:  # noqa: BLE001 - zip CRC/zlib/JSON errors all mean corruption
+            raise ValueError(f"{path}: corrupted clmf model file ({type(e).__name__}: {e})") \
+                from None
+    if data is None:
+        raise ValueError(f"{path}: written in clmf model format {version}, newer than this clmf "
+                         f"({__import__('clmf').__version__}) reads (≤ {FORMAT_VERSION}); "
+                         "upgrade clmf")
+    X, Y = data["user_factors"], data["item_factors"]
+    uc, ic = data["user_counts"], data["item_counts"]
+    problems = []
+    if X.ndim != 2 or Y.ndim != 2 or X.shape[1] != Y.shape[1]:
+        problems.append(f"factor shapes {X.shape} and {Y.shape} do not match")
+    elif uc.shape != (X.shape[0],) or ic.shape != (Y.shape[0],):
+        problems.append(f"count shapes {uc.shape}, {ic.shape} do not match the factors")
+    if meta.get("has_id_maps"):
+        if "user_ids" not in data or "item_ids" not in data:
+            problems.append("id maps announced but missing")
+        elif data["user_ids"].shape != (X.shape[0],) or data["item_ids"].shape != (Y.shape[0],):
+            problems.append("id map lengths do not match the factors")
+    if problems:
+        raise ValueError(f"{path}: corrupted clmf model file ({'; '.join(problems)})")
+    model = ALS(**_restore_params(meta.get("params", {}), ALS))
+    model.user_factors_ = np.ascontiguousarray(X, dtype=np.float32)
+    model.item_factors_ = np.ascontiguousarray(Y, dtype=np.float32)
+    model.user_counts_ = uc.astype(np.int64)
+    model.item_counts_ = ic.astype(np.int64)
+    model.global_mean_ = float(data["global_mean"][()])
+    model.user_ids_ = data["user_ids"] if meta.get("has_id_maps") else None
+    model.item_ids_ = data["item_ids"] if meta.get("has_id_maps") else None
+    model.config_ = _restore_config(meta.get("config", {}))
+    model.history_ = list(meta.get("history", []))
+    model.device_ = meta.get("device")
+    model.best_iteration_ = int(meta.get("best_iteration", len(model.history_) - 1))
+    if meta.get("memory") is not None:
+        model.memory_ = meta["memory"]
+    saved_version = meta.get("clmf_version")
+    log.info("loaded model (%d users × %d items, f=%d, saved by clmf %s) from %s",
+             X.shape[0], Y.shape[0], X.shape[1], saved_version, path)
+    return model

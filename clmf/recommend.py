@@ -1,10 +1,718 @@
 """Inference on a fitted model: recommend, similar items/users, fold-in (implicit's signatures).
 
 :class:`RecommenderMixin` is mixed into :class:`clmf.ALS`; it relies only on the learned
-attributes (``user_factors_``, ``item_factors_``, ``global_mean_``, counts, id maps).
+attributes (``user_factors_``, ``item_factors_``, ``user_counts_``, ``item_counts_``,
+``global_mean_``, the id maps ``user_ids_``/``item_ids_``) and the hyper-parameters
+``regularization`` and ``weighted_regularization``. Everything runs on the host in NumPy; no
+OpenCL device is needed, so a model loaded with :func:`clmf.load` recommends anywhere.
+
+Conventions (the same as the `implicit <https://benfred.github.io/implicit/>`_ library):
+
+* ids are 0-based indices into the factor matrices; a scalar id gives 1-D results, an array of
+  ids gives 2-D results with one row per id;
+* ``user_items`` is a sparse matrix of the users' ratings: either one row per requested user
+  (row-aligned, which wins when its row count equals the number of requested users) or the whole
+  training matrix, indexed by the user ids;
+* scores are sorted best first; equal scores are ordered by ascending item (user) index.
 """
 from __future__ import annotations
 
+import logging
+import numbers
+
+import numpy as np
+import scipy.sparse as sp
+
+from . import reference
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RecommenderMixin"]
+
+_CHUNK_BYTES = 64 << 20      # bound on a (users × candidates) score block
+
+
+# ----- helpers ---------------------------------------------------------------------------------
+def _as_index_array(x, name):
+    """``(1-D int64 array, was_scalar)`` from a scalar or array of 0-based indices."""
+    arr = np.asarray(x)
+    scalar = arr.ndim == 0
+    arr = np.atleast_1d(arr)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a scalar or a 1-D array, got shape {arr.shape}")
+    if arr.dtype.kind == "b" or (arr.dtype.kind not in "iu" and arr.size):
+        raise TypeError(f"{name} must be integer indices, not dtype {arr.dtype}")
+    arr = arr.astype(np.int64)
+    if arr.size and arr.min() < 0:
+        raise ValueError(f"{name} contains a negative index ({int(arr.min())}); ids are 0-based")
+    return arr, scalar
+
+
+def _check_N(N):
+    if not isinstance(N, numbers.Integral) or isinstance(N, bool) or N < 0:
+        raise ValueError(f"N must be an integer ≥ 0, not {N!r}")
+    return int(N)
+
+
+def _as_csr(M, name):
+    """A canonical CSR from a scipy.sparse matrix or a :class:`clmf.datasets.Ratings`."""
+    if hasattr(M, "to_csr") and hasattr(M, "user_ids"):
+        M = M.to_csr()
+    if not sp.issparse(M):
+        raise TypeError(f"{name} must be a scipy.sparse matrix (CSR) of ratings, "
+                        f"not {type(M).__name__}")
+    M = sp.csr_matrix(M)
+    if M.ndim != 2:
+        raise ValueError(f"{name} must be 2-D")
+    M.sum_duplicates()
+    return M
+
+
+def _rows_for(ids, M, name, n_cols):
+    """The rows of ``M`` for ``ids``: row-aligned if ``M`` has one row per id, else ``M[ids]``."""
+    M = _as_csr(M, name)
+    if M.shape[1] > n_cols:
+        raise ValueError(f"{name} has {M.shape[1]} columns but the model knows only {n_cols}")
+    if M.shape[0] != len(ids):
+        if ids.size and ids.max() >= M.shape[0]:
+            raise ValueError(
+                f"{name} has {M.shape[0]} rows: pass one row per requested id ({len(ids)}) or "
+                f"a matrix indexed by id (more than {int(ids.max())} rows)")
+        M = M[ids]
+    if M.shape[1] < n_cols:
+        M = sp.csr_matrix((M.data, M.indices, M.indptr), shape=(M.shape[0], n_cols))
+    return M
+
+
+def _candidates(n, items, filter_items, name="items"):
+    """Sorted candidate ids (``None`` meaning all ``n``), with ``filter_items`` removed."""
+    cand = None
+    if items is not None:
+        cand, _ = _as_index_array(items, name)
+        cand = np.unique(cand)
+        if cand.size and cand[-1] >= n:
+            raise IndexError(f"{name} contains id {int(cand[-1])}, out of range for {n}")
+    if filter_items is not None:
+        filt, _ = _as_index_array(filter_items, "filter_" + name)
+        if filt.size and filt.max() >= n:
+            raise IndexError(f"filter_{name} contains id {int(filt.max())}, out of range for {n}")
+        keep = np.ones(n, dtype=bool)
+        keep[filt] = False
+        cand = np.flatnonzero(keep) if cand is None else cand[keep[cand]]
+    return cand
+
+
+def _top_n(S, N):
+    """Best-first positions and scores per row of ``S`` (``-inf`` marks excluded entries).
+
+    Returns ``(pos, scores)`` of shape ``(rows, min(N, columns))``; ties are broken by ascending
+    position; rows with fewer than N finite scores are padded with position -1 and score -inf.
+    """
+    b, C = S.shape
+    k = min(N, C)
+    if k == 0 or b == 0:
+        return np.zeros((b, 0), np.int64), np.zeros((b, 0), S.dtype)
+    if k < C:
+        part = np.argpartition(-S, k - 1, axis=1)[:, :k]
+        top = np.take_along_axis(S, part, 1)
+        thr = top.min(axis=1)
+        # rows where an entry outside the partition ties with the k-th score (or where
+        # excluded entries reach the top k) need an exact, tie-aware order
+        exact = np.flatnonzero(np.count_nonzero(S >= thr[:, None], axis=1) > k)
+    else:
+        part = np.broadcast_to(np.arange(C), (b, C)).copy()
+        top = S.copy()
+        exact = np.zeros(0, np.int64)
+    order = np.lexsort((part, -top), axis=-1)
+    pos = np.take_along_axis(part, order, 1).astype(np.int64)
+    scores = np.take_along_axis(top, order, 1)
+    for r in exact:
+        o = np.argsort(-S[r], kind="stable")[:k]
+        pos[r] = o
+        scores[r] = S[r, o]
+    bad = ~np.isfinite(scores) & (scores < 0)
+    pos[bad] = -1
+    scores[bad] = -np.inf
+    return pos, scores
+
+
+def _normalized(F):
+    norms = np.linalg.norm(F, axis=1)
+    return F / np.where(norms > 0, norms, 1).astype(F.dtype)[:, None]
+
+
+def _map_lookup(id_map, raw, missing, what):
+    """Vectorised raw id → index through ``id_map`` (index → raw id)."""
+    if missing not in ("raise", "ignore"):
+        raise ValueError(f"missing must be 'raise' or 'ignore', not {missing!r}")
+    q = np.asarray(raw)
+    scalar = q.ndim == 0
+    q = np.atleast_1d(q).ravel()
+    kind = id_map.dtype.kind
+    if q.dtype.kind in "OSU":
+        if kind in "iuf":    # raw ids typed as text (a command line) for a numeric map
+            conv = []
+            for v in q:
+                v = v.decode() if isinstance(v, bytes) else v
+                try:
+                    conv.append(int(v) if kind in "iu" else float(v))
+                except (TypeError, ValueError):
+                    conv.append(None)
+            ok = np.array([c is not None for c in conv], dtype=bool)
+            vals = np.array([c if c is not None else 0 for c in conv], dtype=id_map.dtype)
+        else:
+            vals = q.astype(str)
+            ok = np.ones(len(q), dtype=bool)
+    else:
+        if kind == "U":
+            vals = q.astype(str)
+        else:
+            vals = q
+        ok = np.ones(len(q), dtype=bool)
+    out = np.full(len(q), -1, dtype=np.int64)
+    if len(id_map) and len(q):
+        sorter = np.argsort(id_map, kind="stable")
+        smap = id_map[sorter]
+        p = np.minimum(np.searchsorted(smap, vals), len(smap) - 1)
+        found = ok & (smap[p] == vals)
+        out[found] = sorter[p[found]]
+    if missing == "raise" and (out < 0).any():
+        unknown = q[out < 0]
+        shown = ", ".join(repr(v.item() if hasattr(v, "item") else v) for v in unknown[:10])
+        more = f" (and {len(unknown) - 10} more)" if len(unknown) > 10 else ""
+        raise KeyError(f"{len(unknown)} unknown {what} id(s): {shown}{more}")
+    return int(out[0]) if scalar else out
+
+
+def _grow(a, n, fill=0):
+    if a.shape[0] >= n:
+        return a if a.flags.writeable else a.copy()
+    pad = np.full((n - a.shape[0],) + a.shape[1:], fill, dtype=a.dtype)
+    return np.concatenate([a, pad])
+
 
 class RecommenderMixin:
-    """Recommendation methods shared by clmf's models (filled in by the workflow issue)."""
+    """Recommendation methods shared by clmf's models, with implicit's signatures.
+
+    All methods work on the host from the learned factors; see the module docstring for the
+    id, ``user_items`` and ordering conventions.
+
+    Examples
+    --------
+    >>> import clmf, scipy.sparse as sp
+    >>> train = clmf.datasets.synthetic(scale=0.05, seed=0)          # doctest: +SKIP
+    >>> model = clmf.ALS(factors=8, iterations=5).fit(train)         # doctest: +SKIP
+    >>> ids, scores = model.recommend(0, train.to_csr(), N=5)         # doctest: +SKIP
+    >>> sim_ids, sims = model.similar_items(ids[0], N=3)             # doctest: +SKIP
+    """
+
+    # ----- shared pieces ---------------------------------------------------------------------
+    def _require_fitted(self):
+        check = getattr(self, "_check_fitted", None)
+        if check is not None:
+            check()
+        elif not hasattr(self, "user_factors_"):
+            raise RuntimeError(f"this {type(self).__name__} is not fitted yet; call fit() first")
+
+    def _solve_rows(self, rows, other):
+        """Least-squares factors of the rows of ``rows`` against the fixed factors ``other``."""
+        data = rows.data
+        if data.size and not np.all(np.isfinite(data)):
+            raise ValueError("ratings contain NaN/inf")
+        X = reference.half_step(rows, np.asarray(other, np.float64), float(self.regularization),
+                                bool(getattr(self, "weighted_regularization", True)))
+        return X.astype(np.float32)
+
+    # ----- recommend -------------------------------------------------------------------------
+    def recommend(self, userid, user_items=None, N=10, filter_already_liked_items=True,
+                  filter_items=None, recalculate_user=False, items=None):
+        """Top-N items for a user (or a batch of users) by predicted rating ``x_u·y_i``.
+
+        Parameters
+        ----------
+        userid : int or array_like of int
+            0-based user index, or an array of them for a batched call.
+        user_items : scipy.sparse matrix or :class:`clmf.datasets.Ratings`, optional
+            The users' known ratings (stored entries count as "already liked"): one row per
+            requested user, or the whole training matrix indexed by ``userid`` (when its row
+            count equals ``len(userid)`` it is taken as row-aligned). Needed to filter seen
+            items and for ``recalculate_user``; with ``None`` nothing is filtered.
+        N : int, default 10
+            Number of items to return.
+        filter_already_liked_items : bool, default True
+            Leave out the items stored in the user's row of ``user_items``.
+        filter_items : array_like of int, optional
+            Item indices never to return.
+        recalculate_user : bool, default False
+            Solve the user's factors from ``user_items`` (one least-squares step against the
+            item factors, as :meth:`recalculate_user`) instead of using the stored ones; the
+            user ids may then lie beyond the model's users.
+        items : array_like of int, optional
+            Restrict the candidates to these item indices.
+
+        Returns
+        -------
+        (ids, scores)
+            For a scalar ``userid``: 1-D int64 item indices and float32 scores, best first,
+            ``min(N, candidates)`` long (shorter when fewer items remain after filtering).
+            For an array: 2-D arrays ``(len(userid), min(N, candidates))``; rows with fewer
+            candidates are padded with id ``-1`` and score ``-inf``.
+
+        Notes
+        -----
+        Equal scores are ordered by ascending item index. Items without training ratings have
+        zero factors (score 0); a user without ratings scores every item 0, so gets the lowest
+        item indices.
+
+        Examples
+        --------
+        >>> ids, scores = model.recommend(0, train_csr, N=5)              # doctest: +SKIP
+        >>> ids, scores = model.recommend([0, 1, 2], train_csr, N=5)       # doctest: +SKIP
+        >>> ids.shape
+        (3, 5)
+        """
+        self._require_fitted()
+        ids, scalar = _as_index_array(userid, "userid")
+        N = _check_N(N)
+        Y = self.item_factors_
+        n_items = Y.shape[0]
+        rows = None
+        if user_items is not None and (filter_already_liked_items or recalculate_user):
+            rows = _rows_for(ids, user_items, "user_items", n_items)
+        if recalculate_user:
+            if rows is None:
+                raise ValueError("recalculate_user=True needs user_items")
+            Xu = self._solve_rows(rows, Y)
+        else:
+            n_users = self.user_factors_.shape[0]
+            if ids.size and ids.max() >= n_users:
+                raise IndexError(f"userid {int(ids.max())} out of range for {n_users} users "
+                                 "(fold new users in with partial_fit_users, or pass "
+                                 "recalculate_user=True with their user_items)")
+            Xu = self.user_factors_[ids]
+        if not filter_already_liked_items:
+            rows = None
+        cand = _candidates(n_items, items, filter_items)
+        pos_out, sc_out = self._rank(Xu, Y, cand, rows, N)
+        if scalar:
+            keep = pos_out[0] >= 0
+            return pos_out[0][keep], sc_out[0][keep]
+        return pos_out, sc_out
+
+    def _rank(self, Q, F, cand, rows, N, self_ids=None):
+        """Rank candidates ``cand`` of ``F`` for the query vectors ``Q`` by ``Q·F[cand]ᵀ``.
+
+        ``rows`` (CSR aligned with ``Q``) marks entries to exclude; ``self_ids`` are forced to
+        the top with score 1 (similarity of an item with itself).
+        """
+        n = F.shape[0]
+        Fc = F if cand is None else F[cand]
+        C = Fc.shape[0]
+        if cand is not None:
+            posmap = np.full(n, -1, np.int64)
+            posmap[cand] = np.arange(C)
+        b = Q.shape[0]
+        k = min(N, C)
+        pos_out = np.full((b, k), -1, np.int64)
+        sc_out = np.full((b, k), -np.inf, np.float32)
+        chunk = max(1, _CHUNK_BYTES // max(1, 4 * C))
+        FcT = np.ascontiguousarray(Fc.T, dtype=np.float32)
+        for r0 in range(0, b, chunk):
+            r1 = min(b, r0 + chunk)
+            S = np.asarray(Q[r0:r1], np.float32) @ FcT
+            if rows is not None:
+                sub = rows[r0:r1]
+                rr = np.repeat(np.arange(r1 - r0), np.diff(sub.indptr))
+                cc = sub.indices.astype(np.int64)
+                if cand is not None:
+                    cc = posmap[cc]
+                    rr, cc = rr[cc >= 0], cc[cc >= 0]
+                S[rr, cc] = -np.inf
+            forced = None
+            if self_ids is not None:
+                sid = self_ids[r0:r1]
+                sp_ = sid if cand is None else posmap[sid]
+                forced = np.flatnonzero(sp_ >= 0)
+                forced = (forced, sp_[forced])
+                S[forced] = np.inf
+            pos, sc = _top_n(S, k)
+            if forced is not None:
+                sc[np.isposinf(sc)] = 1.0
+            if cand is not None:
+                pos = np.where(pos >= 0, cand[np.maximum(pos, 0)], -1)
+            pos_out[r0:r1] = pos
+            sc_out[r0:r1] = sc
+        return pos_out, sc_out
+
+    # ----- similarity ------------------------------------------------------------------------
+    def _similar(self, F, ids, scalar, N, filter_ids, restrict, name, query=None):
+        cand = _candidates(F.shape[0], restrict, filter_ids, name)
+        Fn = _normalized(np.asarray(F, np.float32))
+        if query is None:
+            Q = Fn[ids]
+            self_ids = ids
+        else:
+            Q = _normalized(np.asarray(query, np.float32))
+            self_ids = None
+        pos, sc = self._rank(Q, Fn, cand, None, N, self_ids=self_ids)
+        sc = np.where(np.isfinite(sc), np.clip(sc, -1.0, 1.0), sc).astype(np.float32)
+        if scalar:
+            keep = pos[0] >= 0
+            return pos[0][keep], sc[0][keep]
+        return pos, sc
+
+    def similar_items(self, itemid, N=10, recalculate_item=False, item_users=None,
+                      filter_items=None, items=None):
+        """The N items most similar to an item (or to each of a batch), by cosine similarity.
+
+        Parameters
+        ----------
+        itemid : int or array_like of int
+            0-based item index, or an array of them.
+        N : int, default 10
+            Number of items to return, the query item included.
+        recalculate_item : bool, default False
+            Solve the item's factors from ``item_users`` (see :meth:`recalculate_item`) first.
+        item_users : scipy.sparse matrix, optional
+            Item × user ratings for ``recalculate_item`` (row-aligned or indexed by itemid).
+        filter_items : array_like of int, optional
+            Item indices never to return.
+        items : array_like of int, optional
+            Restrict the candidates to these item indices.
+
+        Returns
+        -------
+        (ids, scores)
+            As :meth:`recommend`: 1-D for a scalar itemid, 2-D (padded with -1/-inf) for an
+            array; scores are cosine similarities of the factors in [-1, 1].
+
+        Notes
+        -----
+        As in implicit, the query item itself is part of the result; clmf always puts it
+        first with similarity exactly 1 (also when its factors are zero), unless it is removed
+        by ``filter_items``/``items``. Items with zero factors (no training ratings) have
+        similarity 0 to every other item.
+
+        Examples
+        --------
+        >>> ids, sims = model.similar_items(0, N=5)                     # doctest: +SKIP
+        >>> int(ids[0]), float(sims[0])                                 # doctest: +SKIP
+        (0, 1.0)
+        """
+        self._require_fitted()
+        ids, scalar = _as_index_array(itemid, "itemid")
+        N = _check_N(N)
+        F = self.item_factors_
+        query = None
+        if recalculate_item:
+            if item_users is None:
+                raise ValueError("recalculate_item=True needs item_users")
+            query = self.recalculate_item(ids, item_users)
+            query = query.reshape(len(ids), -1)
+        elif ids.size and ids.max() >= F.shape[0]:
+            raise IndexError(f"itemid {int(ids.max())} out of range for {F.shape[0]} items")
+        return self._similar(F, ids, scalar, N, filter_items, items, "items", query)
+
+    def similar_users(self, userid, N=10, filter_users=None, users=None):
+        """The N users most similar to a user (or to each of a batch), by cosine similarity.
+
+        Parameters
+        ----------
+        userid : int or array_like of int
+            0-based user index, or an array of them.
+        N : int, default 10
+            Number of users to return, the query user included (first, similarity 1).
+        filter_users : array_like of int, optional
+            User indices never to return.
+        users : array_like of int, optional
+            Restrict the candidates to these user indices.
+
+        Returns
+        -------
+        (ids, scores)
+            As :meth:`similar_items`.
+
+        Examples
+        --------
+        >>> ids, sims = model.similar_users(3, N=5)                     # doctest: +SKIP
+        >>> int(ids[0])                                                 # doctest: +SKIP
+        3
+        """
+        self._require_fitted()
+        ids, scalar = _as_index_array(userid, "userid")
+        N = _check_N(N)
+        F = self.user_factors_
+        if ids.size and ids.max() >= F.shape[0]:
+            raise IndexError(f"userid {int(ids.max())} out of range for {F.shape[0]} users")
+        return self._similar(F, ids, scalar, N, filter_users, users, "users")
+
+    # ----- fold-in ---------------------------------------------------------------------------
+    def recalculate_user(self, userid, user_items):
+        """Solve a user's factors from their ratings against the fixed item factors.
+
+        One least-squares solve with the model's λ and weighting (the ALS user half-step):
+        ``x_u = (Σ y_i y_iᵀ + λ·n_u·I)⁻¹ Σ r_ui y_i``. Nothing is stored.
+
+        Parameters
+        ----------
+        userid : int or array_like of int
+            The user index (any value ≥ 0, also new users), or an array of them.
+        user_items : scipy.sparse matrix or :class:`clmf.datasets.Ratings`
+            The users' ratings, one row per userid (or indexed by userid), items as columns.
+
+        Returns
+        -------
+        numpy.ndarray
+            float32 factors: ``(factors,)`` for a scalar userid, ``(len(userid), factors)``
+            otherwise. A user with no ratings gets zeros.
+
+        Examples
+        --------
+        >>> import scipy.sparse as sp
+        >>> row = sp.csr_matrix(([5.0, 3.0], ([0, 0], [10, 42])), shape=(1, n_items))  # doctest: +SKIP
+        >>> model.recalculate_user(0, row).shape                         # doctest: +SKIP
+        (32,)
+        """
+        self._require_fitted()
+        ids, scalar = _as_index_array(userid, "userid")
+        Y = self.item_factors_
+        X = self._solve_rows(_rows_for(ids, user_items, "user_items", Y.shape[0]), Y)
+        return X[0] if scalar else X
+
+    def recalculate_item(self, itemid, item_users):
+        """Solve an item's factors from its ratings against the fixed user factors.
+
+        The item analogue of :meth:`recalculate_user`.
+
+        Parameters
+        ----------
+        itemid : int or array_like of int
+            The item index (any value ≥ 0), or an array of them.
+        item_users : scipy.sparse matrix
+            Item × user ratings, one row per itemid (or indexed by itemid).
+
+        Returns
+        -------
+        numpy.ndarray
+            float32 factors, ``(factors,)`` or ``(len(itemid), factors)``.
+
+        Examples
+        --------
+        >>> model.recalculate_item(7, item_users).shape                 # doctest: +SKIP
+        (32,)
+        """
+        self._require_fitted()
+        ids, scalar = _as_index_array(itemid, "itemid")
+        X = self.user_factors_
+        Y = self._solve_rows(_rows_for(ids, item_users, "item_users", X.shape[0]), X)
+        return Y[0] if scalar else Y
+
+    def _fold_in(self, side, ids, M, raw_ids):
+        self._require_fitted()
+        ids, _ = _as_index_array(ids, "userids" if side == "user" else "itemids")
+        if np.unique(ids).size != ids.size:
+            raise ValueError(f"{side} ids must be unique")
+        other = self.item_factors_ if side == "user" else self.user_factors_
+        name = "user_items" if side == "user" else "item_users"
+        rows = _rows_for(ids, M, name, other.shape[0])
+        F = self._solve_rows(rows, other)
+        counts = np.diff(rows.indptr)
+        fac_attr, cnt_attr, map_attr = f"{side}_factors_", f"{side}_counts_", f"{side}_ids_"
+        old = getattr(self, fac_attr).shape[0]
+        new = max(old, int(ids.max()) + 1 if ids.size else 0)
+        id_map = getattr(self, map_attr, None)
+        if new > old and id_map is not None:
+            missing = np.setdiff1d(np.arange(old, new), ids)
+            if raw_ids is None or missing.size:
+                raise ValueError(
+                    f"this model maps raw {side} ids: growing it to {new} {side}s needs raw_ids "
+                    f"for every new index {old}..{new - 1} (one per {side} id, aligned)")
+            raw = np.asarray(raw_ids)
+            if raw.shape != ids.shape:
+                raise ValueError(f"raw_ids must align with the {side} ids ({ids.size}), "
+                                 f"got shape {raw.shape}")
+            order = np.argsort(ids)
+            new_raw = raw[order][ids[order] >= old]      # in index order old..new-1
+            if id_map.dtype.kind == "U":
+                new_raw = new_raw.astype(str)
+            else:
+                new_raw = new_raw.astype(id_map.dtype)
+            clash = _map_lookup(id_map, new_raw, "ignore", side)
+            if (clash >= 0).any() or np.unique(new_raw).size != new_raw.size:
+                raise ValueError(f"raw_ids of new {side}s must be new and unique")
+            setattr(self, map_attr, np.concatenate([id_map, new_raw]))
+        fac = _grow(getattr(self, fac_attr), new)
+        cnt = _grow(getattr(self, cnt_attr), new)
+        fac[ids] = F
+        cnt[ids] = counts
+        setattr(self, fac_attr, fac)
+        setattr(self, cnt_attr, cnt)
+        log.info("folded in %d %s(s) (%d new)", ids.size, side, new - old)
+        return self
+
+    def partial_fit_users(self, userids, user_items, *, raw_ids=None):
+        """Fold new or changed users into the model without refitting the items.
+
+        Each user's factors are solved by one least-squares step against the fixed item
+        factors with the model's λ and weighting (see :meth:`recalculate_user`) and stored;
+        ``user_counts_`` is updated. Ids beyond the current users grow the factor matrix
+        (indices skipped in between get zero factors and zero counts, i.e. predict
+        ``global_mean_``). ``global_mean_`` and the item factors are unchanged.
+
+        Parameters
+        ----------
+        userids : array_like of int
+            Unique 0-based user indices to (re)compute.
+        user_items : scipy.sparse matrix or :class:`clmf.datasets.Ratings`
+            Their ratings: one row per userid (or indexed by userid), items as columns.
+        raw_ids : array_like, optional
+            Raw ids aligned with ``userids``; required when the model keeps raw id maps
+            (fitted on :class:`clmf.datasets.Ratings`) and the users grow. New indices must
+            then be contiguous.
+
+        Returns
+        -------
+        self
+
+        Examples
+        --------
+        >>> import scipy.sparse as sp
+        >>> n = model.user_factors_.shape[0]                            # doctest: +SKIP
+        >>> new = sp.csr_matrix(([4.0, 5.0], ([0, 0], [3, 9])), shape=(1, model.item_factors_.shape[0]))  # doctest: +SKIP
+        >>> model.partial_fit_users([n], new).user_factors_.shape[0] == n + 1                 # doctest: +SKIP
+        True
+        """
+        return self._fold_in("user", userids, user_items, raw_ids)
+
+    def partial_fit_items(self, itemids, item_users, *, raw_ids=None):
+        """Fold new or changed items into the model without refitting the users.
+
+        The item analogue of :meth:`partial_fit_users` (``item_users`` is item × user).
+
+        Parameters
+        ----------
+        itemids : array_like of int
+            Unique 0-based item indices to (re)compute.
+        item_users : scipy.sparse matrix
+            Their ratings: one row per itemid (or indexed by itemid), users as columns.
+        raw_ids : array_like, optional
+            Raw item ids aligned with ``itemids`` (needed to grow a model with id maps).
+
+        Returns
+        -------
+        self
+
+        Examples
+        --------
+        >>> model.partial_fit_items([n_items], item_users_row)          # doctest: +SKIP
+        ALS(...)
+        """
+        return self._fold_in("item", itemids, item_users, raw_ids)
+
+    # ----- raw ids ---------------------------------------------------------------------------
+    def _id_map(self, side):
+        id_map = getattr(self, f"{side}_ids_", None)
+        if id_map is None:
+            raise ValueError(f"this model has no raw {side} ids (it was fitted on a matrix, not "
+                             "on clmf.datasets.Ratings); use 0-based indices")
+        return np.asarray(id_map)
+
+    def user_index(self, raw_ids, missing="raise"):
+        """0-based indices of raw user ids (models fitted on :class:`clmf.datasets.Ratings`).
+
+        Parameters
+        ----------
+        raw_ids : scalar or array_like
+            Raw user ids; text is converted for numeric id maps (``"1"`` finds user ``1``).
+        missing : {"raise", "ignore"}
+            Unknown ids raise :class:`KeyError`, or give -1.
+
+        Returns
+        -------
+        int or numpy.ndarray of int64
+
+        Examples
+        --------
+        >>> model.user_index("1")                                       # doctest: +SKIP
+        0
+        """
+        self._require_fitted()
+        return _map_lookup(self._id_map("user"), raw_ids, missing, "user")
+
+    def item_index(self, raw_ids, missing="raise"):
+        """0-based indices of raw item ids; see :meth:`user_index`.
+
+        Parameters
+        ----------
+        raw_ids : scalar or array_like
+        missing : {"raise", "ignore"}
+
+        Returns
+        -------
+        int or numpy.ndarray of int64
+
+        Examples
+        --------
+        >>> model.item_index([1, 50]).tolist()                          # doctest: +SKIP
+        [0, 48]
+        """
+        self._require_fitted()
+        return _map_lookup(self._id_map("item"), raw_ids, missing, "item")
+
+    def recommend_raw(self, raw_user, train=None, N=10, filter_already_liked_items=True,
+                      filter_items=None, items=None):
+        """:meth:`recommend` in raw ids: a raw user id in, the user's own item ids out.
+
+        Parameters
+        ----------
+        raw_user : scalar
+            The user's raw id (as in the data set the model was fitted on).
+        train : :class:`clmf.datasets.Ratings` or scipy.sparse matrix, optional
+            Known ratings whose items are filtered out. A ``Ratings`` is matched by raw ids
+            (its own id maps may differ from the model's); a sparse matrix must be indexed
+            like the model.
+        N : int, default 10
+        filter_already_liked_items : bool, default True
+        filter_items, items : array_like of raw item ids, optional
+            Excluded / allowed items; raw ids unknown to the model are ignored.
+
+        Returns
+        -------
+        (raw_item_ids, scores)
+            1-D arrays, best first.
+
+        Examples
+        --------
+        >>> ids, scores = model.recommend_raw(1, train, N=10)          # doctest: +SKIP
+        """
+        self._require_fitted()
+        if np.ndim(raw_user) != 0:
+            raise TypeError("recommend_raw takes one raw user id; for a batch map them with "
+                            "user_index() and call recommend()")
+        u = self.user_index(raw_user)
+        item_map = self._id_map("item")
+        rows = None
+        if train is not None and filter_already_liked_items:
+            if hasattr(train, "user_ids") and hasattr(train, "item_ids"):
+                tu = _map_lookup(np.asarray(train.user_ids), raw_user, "ignore", "user")
+                seen = np.zeros(0, np.int64)
+                if tu >= 0:
+                    raw_items = np.asarray(train.item_ids)[np.asarray(train.items)[
+                        np.asarray(train.users) == tu]]
+                    seen = _map_lookup(item_map, raw_items, "ignore", "item")
+                    seen = seen[seen >= 0]
+                rows = sp.csr_matrix((np.ones(seen.size, np.float32),
+                                      (np.zeros(seen.size, np.int64), seen)),
+                                     shape=(1, len(item_map)))
+            else:
+                rows = train
+        fi = None if filter_items is None else self._known_items(filter_items)
+        it = None if items is None else self._known_items(items)
+        ids, scores = self.recommend(u, rows, N=N,
+                                     filter_already_liked_items=filter_already_liked_items,
+                                     filter_items=fi, items=it)
+        return item_map[ids], scores
+
+    def _known_items(self, raw):
+        idx = _map_lookup(self._id_map("item"), np.atleast_1d(np.asarray(raw)), "ignore", "item")
+        return idx[idx >= 0]
