@@ -1,4 +1,15 @@
-"""The ``clmf`` command line: devices, demo, source (and the workflow commands)."""
+"""The ``clmf`` command line.
+
+Commands: ``devices``, ``demo``, ``source`` and the user's workflow ``fit`` → ``recommend`` /
+``eval``::
+
+    clmf fit ml-latest-small/ratings.csv -f 32 -i 10 --output model.npz
+    clmf recommend model.npz --user 1 -n 10 --titles ml-latest-small/movies.csv \
+        --train ml-latest-small/ratings.csv
+    clmf eval model.npz ml-100k --split ua --k 10
+
+Errors print ``clmf <command>: error: ...`` on stderr and exit with status 2.
+"""
 from __future__ import annotations
 
 import argparse
@@ -85,6 +96,149 @@ def cmd_source(args):
     return 0
 
 
+# ----- the workflow: fit → recommend / eval --------------------------------------------------
+def _fit_data(args):
+    """(train, test or None, description) for ``clmf fit``."""
+    import os
+    from . import datasets, splits
+    if args.preset is not None:
+        if args.data is not None:
+            raise ValueError("give either DATA or --preset, not both")
+        data = datasets.synthetic(args.preset, scale=args.scale, seed=args.seed)
+        what = f"synthetic preset {args.preset!r} (scale {args.scale:g}, seed {args.seed})"
+    elif args.data is None:
+        raise ValueError("give a ratings file or directory (DATA) or --preset NAME "
+                         f"(one of {', '.join(sorted(datasets.list_presets()))})")
+    elif args.split is not None:
+        d = args.data if os.path.isdir(args.data) else os.path.dirname(args.data) or "."
+        train, test = datasets.load_movielens_100k_split(d, split=args.split)
+        return train, test, f"{d} (official {args.split}.base/{args.split}.test split)"
+    else:
+        data = datasets.load(args.data)
+        what = str(args.data)
+    f = args.test_fraction
+    if not 0 <= f < 1:
+        raise ValueError(f"--test-fraction must be in [0, 1), not {f}")
+    if f == 0:
+        return data, None, f"{what}, no test set"
+    train, test = splits.random_holdout(data, test_fraction=f, random_state=args.seed)
+    return train, test, f"{what}, {f:g} random holdout (seed {args.seed})"
+
+
+def cmd_fit(args):
+    from tqdm.auto import tqdm
+    train, test, what = _fit_data(args)
+    print(f"data: {what}: {train.shape[0]} users × {train.shape[1]} items, {len(train)} train"
+          + (f" / {len(test)} test" if test is not None else "") + " ratings")
+    model = _model_from(args)
+
+    def show(it, elapsed, metrics):
+        line = f"iteration {it + 1:3d}  train RMSE {metrics.get('train_rmse', float('nan')):.4f}"
+        if "validation_rmse" in metrics:
+            line += f"  test RMSE {metrics['validation_rmse']:.4f}"
+        tqdm.write(line + f"  {metrics['seconds']:.3f} s")
+
+    t0 = time.perf_counter()
+    model.fit(train, validation=test, callback=show, show_progress=not args.no_progress)
+    total = time.perf_counter() - t0
+    print(f"device: {model.device_}")
+    print(f"kernels: users {model.config_['users']}")
+    print(f"         items {model.config_['items']}")
+    summary = f"fitted f={args.factors}, λ={args.regularization}, {args.iterations} iterations " \
+              f"in {total:.2f} s"
+    if test is not None:
+        summary += f"; test RMSE {model.rmse(test):.4f}"
+    print(summary)
+    if args.output:
+        model.save(args.output)
+        print(f"model written to {args.output}")
+    return 0
+
+
+def _to_model_index(model, data):
+    """(users, items, ratings, dropped) of ``data`` in the model's indices (unknown ids dropped)."""
+    u = model.user_index(np.asarray(data.user_ids)[np.asarray(data.users)], missing="ignore")
+    i = model.item_index(np.asarray(data.item_ids)[np.asarray(data.items)], missing="ignore")
+    ok = (u >= 0) & (i >= 0)
+    return u[ok], i[ok], np.asarray(data.ratings)[ok], int((~ok).sum())
+
+
+def _eval_data(args):
+    import os
+    from . import datasets
+    if args.split is not None:
+        d = args.data if os.path.isdir(args.data) else os.path.dirname(args.data) or "."
+        train, test = datasets.load_movielens_100k_split(d, split=args.split)
+        if args.train is not None:
+            train = datasets.load(args.train)
+        return test, train, f"{d}/{args.split}.test"
+    test = datasets.load(args.data)
+    train = datasets.load(args.train) if args.train is not None else None
+    return test, train, str(args.data)
+
+
+def cmd_eval(args):
+    import scipy.sparse as sp
+    import clmf
+    from . import metrics
+    model = clmf.load(args.model)
+    test, train, what = _eval_data(args)
+    u, i, r, dropped = _to_model_index(model, test)
+    if u.size == 0:
+        raise ValueError(f"{what}: none of its users/items are known to the model")
+    print(f"data: {what}: {len(test)} ratings" +
+          (f" ({dropped} with users/items unknown to the model skipped)" if dropped else ""))
+    pred = model.predict(u, i)
+    print(f"RMSE  {metrics.rmse(r, pred):.4f}")
+    print(f"MAE   {metrics.mae(r, pred):.4f}")
+    n_items = model.item_factors_.shape[0]
+    users, rows = np.unique(u, return_inverse=True)
+    relevant = sp.csr_matrix((r.astype(np.float32), (rows, i)), shape=(users.size, n_items))
+    seen = None
+    if train is not None:
+        tu, ti, tr, _ = _to_model_index(model, train)
+        seen = sp.csr_matrix((np.ones(tu.size, np.float32), (tu, ti)),
+                             shape=(model.user_factors_.shape[0], n_items))
+        seen = seen[users]
+    else:
+        print("note: no --train data: training items are not filtered from the recommendations")
+    kmax = max(args.k)
+    ids, _ = model.recommend(users, seen, N=kmax, filter_already_liked_items=seen is not None)
+    res = metrics.evaluate_ranking(ids, relevant, ks=args.k,
+                                   relevance_threshold=args.relevance_threshold)
+    rel = "all test ratings relevant" if args.relevance_threshold is None else \
+        f"test ratings ≥ {args.relevance_threshold:g} relevant"
+    print(f"ranking over {users.size} users ({rel}):")
+    for name, value in res.items():
+        print(f"{name:<14s}{value:.4f}")
+    return 0
+
+
+def cmd_recommend(args):
+    import clmf
+    from . import datasets
+    model = clmf.load(args.model)
+    train = datasets.load(args.train) if args.train is not None else None
+    ids, scores = model.recommend_raw(args.user, train, N=args.n,
+                                      filter_already_liked_items=train is not None)
+    titles = datasets.load_titles(args.titles) if args.titles else None
+    print(f"top {len(ids)} for user {args.user}"
+          + (" (items already rated in the --train data left out)" if train is not None else ""))
+    head = f"{'rank':>4}  {'item':>10}  {'score':>8}"
+    print(head + ("  title" if titles is not None else ""))
+    for rank, (item, score) in enumerate(zip(ids.tolist(), scores.tolist()), 1):
+        line = f"{rank:>4}  {str(item):>10}  {score:8.4f}"
+        if titles is not None:
+            line += f"  {titles.get(item, '?')}"
+        print(line)
+    return 0
+
+
+def cmd_tune(args):
+    raise RuntimeError("not yet available: tuning arrives with the tuner (use the shipped "
+                       "tunings, or --variant to choose a kernel variant)")
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="clmf", description="Autotuned ALS matrix factorization on OpenCL")
     p.add_argument("-v", "--verbose", action="count", default=0)
@@ -101,6 +255,48 @@ def build_parser():
     s.add_argument("variant", nargs="?", default="batch")
     s.add_argument("--factors", "-f", type=int, default=32)
     s.set_defaults(func=cmd_source)
+
+    s = sub.add_parser("fit", help="fit a model to a ratings file (or a synthetic preset), print "
+                                   "train/test RMSE per iteration, optionally save it")
+    s.add_argument("data", nargs="?", default=None, metavar="DATA",
+                   help="ratings file or directory (MovieLens, Netflix, CSV/TSV triples, ...)")
+    s.add_argument("--preset", default=None, help="fit synthetic data in the shape of this preset "
+                                                  "(e.g. movielens-100k) instead of DATA")
+    s.add_argument("--scale", type=float, default=1.0, help="scale of the --preset data")
+    s.add_argument("--test-fraction", type=float, default=0.1,
+                   help="random holdout fraction scored each iteration (0: none)")
+    s.add_argument("--split", default=None, help="official MovieLens-100K split of the DATA "
+                                                 "directory (ua, ub, u1..u5) instead of a holdout")
+    s.add_argument("--output", "-o", default=None, help="write the fitted model here (.npz)")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_model_args(s)
+    s.set_defaults(func=cmd_fit)
+
+    s = sub.add_parser("eval", help="RMSE/MAE and precision/recall/MAP/nDCG@k of a saved model "
+                                    "on a ratings file")
+    s.add_argument("model", metavar="MODEL", help="a model saved by 'clmf fit --output'")
+    s.add_argument("data", metavar="DATA", help="held-out ratings file (or the ml-100k directory "
+                                                "with --split)")
+    s.add_argument("--split", default=None, help="evaluate on <split>.test of the DATA directory "
+                                                 "(its <split>.base filters seen items)")
+    s.add_argument("--train", default=None, help="training ratings: their items are left out of "
+                                                 "each user's ranking")
+    s.add_argument("--k", type=int, nargs="+", default=[10], help="ranking cut-off(s)")
+    s.add_argument("--relevance-threshold", type=float, default=None,
+                   help="only test ratings ≥ this are relevant (default: all)")
+    s.set_defaults(func=cmd_eval)
+
+    s = sub.add_parser("recommend", help="top-N items for a user of a saved model")
+    s.add_argument("model", metavar="MODEL", help="a model saved by 'clmf fit --output'")
+    s.add_argument("--user", required=True, help="the user's raw id, as in the training data")
+    s.add_argument("-n", type=int, default=10, help="number of items")
+    s.add_argument("--titles", default=None, help="item titles (movies.csv, u.item, ...)")
+    s.add_argument("--train", default=None, help="ratings whose items the user has already seen "
+                                                 "(left out)")
+    s.set_defaults(func=cmd_recommend)
+
+    s = sub.add_parser("tune", help="(not yet available) tune the kernels for this device")
+    s.set_defaults(func=cmd_tune)
     return p
 
 
@@ -111,8 +307,9 @@ def main(argv=None):
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as e:
-        print(f"clmf {args.command}: error: {e}", file=sys.stderr)
+    except (ValueError, TypeError, KeyError, OSError, RuntimeError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"clmf {args.command}: error: {msg}", file=sys.stderr)
         return 2
 
 

@@ -276,20 +276,18 @@ class RecommenderMixin:
         N = _check_N(N)
         Y = self.item_factors_
         n_items = Y.shape[0]
-        rows = None
-        if user_items is not None and (filter_already_liked_items or recalculate_user):
-            rows = _rows_for(ids, user_items, "user_items", n_items)
-        if recalculate_user:
-            if rows is None:
-                raise ValueError("recalculate_user=True needs user_items")
-            Xu = self._solve_rows(rows, Y)
-        else:
+        if not recalculate_user:
             n_users = self.user_factors_.shape[0]
             if ids.size and ids.max() >= n_users:
                 raise IndexError(f"userid {int(ids.max())} out of range for {n_users} users "
                                  "(fold new users in with partial_fit_users, or pass "
                                  "recalculate_user=True with their user_items)")
-            Xu = self.user_factors_[ids]
+        elif user_items is None:
+            raise ValueError("recalculate_user=True needs user_items")
+        rows = None
+        if user_items is not None and (filter_already_liked_items or recalculate_user):
+            rows = _rows_for(ids, user_items, "user_items", n_items)
+        Xu = self._solve_rows(rows, Y) if recalculate_user else self.user_factors_[ids]
         if not filter_already_liked_items:
             rows = None
         cand = _candidates(n_items, items, filter_items)
