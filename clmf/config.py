@@ -37,7 +37,8 @@ class KernelConfig:
     bx, by : S1 tile edge (``tile`` only; 0 means the whole f)
     tz : rows of a batch handled by one work-group at once (``tile`` only)
     nnz_batch : rows of Y staged in local memory per step (``local`` only)
-    solve_wg : work-items per system in S3
+    solve_wg : work-items per system in S3 (a power of two ≤ f); 0 = the largest power of two
+        ≤ min(f, 64)
     solver : "cholesky" (default) or "cg"; cg_steps its iterations
     storage : "float32" or "float16" (factors stored as half, compute in float32)
     triangle : compute only the lower triangle of each hermitian and mirror it
@@ -59,7 +60,7 @@ class KernelConfig:
     by: int = 0
     tz: int = 1
     nnz_batch: int = 32
-    solve_wg: int = 64
+    solve_wg: int = 0
     solver: str = "cholesky"
     cg_steps: int = 3
     storage: str = "float32"
@@ -78,12 +79,12 @@ class KernelConfig:
             v = getattr(self, k)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise InvalidConfigError(f"{k} must be a non-negative integer, not {v!r}", k)
-        for k in ("tx", "ty", "tz", "nnz_batch", "solve_wg"):
+        for k in ("tx", "ty", "tz", "nnz_batch"):
             if getattr(self, k) < 1:
                 raise InvalidConfigError(f"{k} must be ≥ 1", k)
         if self.cg_steps < 1:
             raise InvalidConfigError("cg_steps must be ≥ 1", "cg_steps")
-        if not _pow2(self.solve_wg):
+        if self.solve_wg and not _pow2(self.solve_wg):
             raise InvalidConfigError(f"solve_wg must be a power of two, not {self.solve_wg}", "solve_wg")
 
     # ----- names ---------------------------------------------------------------------------
@@ -164,6 +165,15 @@ class KernelConfig:
         w = self.vec or 1
         return -(-f // w) * w
 
+    def swg(self, f):
+        """S3 work-group size at ``f`` factors (resolves ``solve_wg=0``)."""
+        if self.solve_wg:
+            return self.solve_wg
+        p = 1
+        while p * 2 <= min(max(f, 1), 64):
+            p *= 2
+        return p
+
     def s1_local_size(self):
         return self.tx * self.ty * (self.tz if self.tile else 1)
 
@@ -173,19 +183,40 @@ class KernelConfig:
             return (min(self.bx or f, f), min(self.by or f, f))
         return (f, f)
 
+    def s1_geometry(self, f):
+        """Derived S1 geometry (template variables and launch shape) at ``f`` factors."""
+        vw = self.vec or 1
+        bx, by = self.tile_edges(f)
+        rx = -(-bx // self.tx)
+        jw = -(-(rx * self.tx) // vw) * vw
+        ryv = -(-by // (self.ty * vw))
+        kw = ryv * self.ty * vw
+        if self.tile:
+            koff, cols = jw, jw + kw
+            nti, ntj = -(-f // bx), -(-f // by)
+            tri = self.triangle and bx == by
+            nt = nti * (nti + 1) // 2 if tri else nti * ntj
+            tz = self.tz
+        else:
+            koff, cols = 0, max(jw, kw)
+            ntj, nt, tri, tz = 1, 1, False, 1
+        pitch = cols + (1 if vw == 1 else 0)
+        return dict(vw=vw, bx=bx, by=by, rx=rx, ryv=ryv, jw=jw, kw=kw, koff=koff, cols=cols,
+                    pitch=pitch, ntj=ntj, nt=nt, tri_tiles=tri, tz_eff=tz)
+
+    def s1_groups(self, f, nrows):
+        """Number of S1 work-groups for a batch of ``nrows`` rows."""
+        if not (self.reg or self.local or self.vec or self.tile):
+            return nrows
+        g = self.s1_geometry(f)
+        return -(-nrows // g["tz_eff"]) * g["nt"]
+
     def local_mem_bytes(self, f, device_local=None):
         """Local memory the S1 kernel of this configuration declares, by formula (bytes)."""
-        total = 0
-        if self.local:
-            bx, by = self.tile_edges(f)
-            cols = bx + by if (self.tile and not self._diag_tile_only(f)) else f
-            rows = self.nnz_batch * (self.tz if self.tile else 1)
-            total += 4 * rows * (cols + 1) + 4 * 2 * rows  # Y rows, their ids and ratings
-        return total
-
-    def _diag_tile_only(self, f):
-        bx, by = self.tile_edges(f)
-        return bx >= f and by >= f
+        if not self.local:
+            return 0
+        g = self.s1_geometry(f)
+        return 4 * g["tz_eff"] * self.nnz_batch * g["pitch"]
 
     def chol_local_bytes(self, f):
         return 4 * (f * f + 2 * f) + 16
@@ -195,6 +226,15 @@ def representative_variants(f=None):
     """Variant strings that together exercise every template path (used by the correctness and
     Oclgrind tests; kept small because every entry costs a kernel build per device and f)."""
     return [
-        "batch:tx=4,ty=4,solve_wg=16",
-        "batch:tx=3,ty=5,solve_wg=8,batch_rows=7,triangle=0",
+        "batch:tx=4,ty=4",
+        "batch:tx=3,ty=5,batch_rows=7,triangle=0",
+        "batch+reg:tx=4,ty=4",
+        "batch+local:tx=4,ty=2,nnz_batch=5",
+        "batch+reg+local:tx=4,ty=4,nnz_batch=8",
+        "batch+reg+local+vec4:tx=4,ty=2,nnz_batch=8",
+        "batch+vec8:tx=2,ty=2",
+        "batch+reg+local+tile:tx=4,ty=4,bx=8,by=8,tz=2,nnz_batch=8",
+        "batch+reg+local+vec4+tile:tx=2,ty=2,bx=8,by=8,tz=2,nnz_batch=6",
+        "batch+local+tile:tx=2,ty=4,bx=6,by=6,nnz_batch=4,triangle=0",
+        "batch+reg+tile:tx=4,ty=4,bx=16,by=8",
     ]

@@ -172,12 +172,13 @@ class Engine:
         events = []
         for row0 in range(0, d.rows, bs):
             n = min(bs, d.rows - row0)
-            e1 = kern["s1_hermitian"](q, (n * s1_local,), (s1_local,), b["indptr"], b["indices"],
+            groups = cfg.s1_groups(self.f, n)
+            e1 = kern["s1_hermitian"](q, (groups * s1_local,), (s1_local,), b["indptr"], b["indices"],
                                       self.factors[other], b["A"], np.int32(row0), np.int32(n),
                                       np.float32(regularization), np.int32(1 if weighted else 0))
             e2 = kern["s2_rhs"](q, (n * v["s2_wg"],), (v["s2_wg"],), b["indptr"], b["indices"],
                                 b["data"], self.factors[other], b["B"], np.int32(row0), np.int32(n))
-            e3 = kern["s3_solve"](q, (n * cfg.solve_wg,), (cfg.solve_wg,), b["indptr"], b["A"],
+            e3 = kern["s3_solve"](q, (n * cfg.swg(self.f),), (cfg.swg(self.f),), b["indptr"], b["A"],
                                   b["B"], self.factors[side], self.status, np.int32(row0), np.int32(n))
             events.append((e1, e2, e3))
         st = np.empty(1, np.int32)

@@ -70,9 +70,11 @@ def als_variables(config: KernelConfig, f: int, device_info=None):
         tile=config.tile, triangle=config.triangle, tx=config.tx, ty=config.ty, tz=config.tz,
         bx=bx, by=by, nnz_batch=config.nnz_batch, s1_wg=config.s1_local_size(),
         s2_wg=min(_next_pow2(f), 256),
-        solve_wg=config.solve_wg, solver=config.solver, cg_steps=config.cg_steps,
+        solve_wg=config.swg(f), solver=config.solver, cg_steps=config.cg_steps,
         chol_local=config.chol_local_bytes(f) + config.local_mem_bytes(f) <= local_budget,
     )
+    v.update(config.s1_geometry(f))
+    v["bx"], v["by"] = bx, by
     v["s2_wg"] = max(1, min(v["s2_wg"], device_info.max_work_group_size if device_info else 256))
     return v
 
@@ -95,8 +97,13 @@ def validate(config: KernelConfig, f: int, device_info):
     maxwg = device_info.max_work_group_size
     if wg > maxwg:
         raise InvalidConfigError(f"S1 work-group {wg} exceeds the device's {maxwg}", "work_group_size")
-    if config.solve_wg > maxwg:
-        raise InvalidConfigError(f"S3 work-group {config.solve_wg} exceeds the device's {maxwg}",
+    if config.swg(f) > max(1, f):
+        # More S3 work-items than unknowns leaves whole work-items idle in every step; PoCL 3.1
+        # also computes wrong results / corrupts memory in that case (seen here), so it is
+        # rejected everywhere.
+        raise InvalidConfigError(f"S3 work-group {config.swg(f)} larger than f={f}", "geometry")
+    if config.swg(f) > maxwg:
+        raise InvalidConfigError(f"S3 work-group {config.swg(f)} exceeds the device's {maxwg}",
                                  "work_group_size")
     if wg > device_info.max_work_item_sizes[0]:
         raise InvalidConfigError(f"S1 work-group {wg} exceeds work-item size limit "
@@ -107,13 +114,13 @@ def validate(config: KernelConfig, f: int, device_info):
                                  f"{device_info.local_mem}", "local_memory")
     if config.tile:
         bx, by = config.tile_edges(f)
-        if config.tx > bx or config.ty > by:
-            raise InvalidConfigError(f"tx×ty = {config.tx}×{config.ty} larger than the tile "
-                                     f"{bx}×{by}", "geometry")
+        if config.vec and (bx % config.vec or by % config.vec) and (bx < f or by < f):
+            raise InvalidConfigError(f"tile edges {bx}×{by} must be multiples of the vector width "
+                                     f"{config.vec}", "geometry")
     if config.reg:
-        bx, by = config.tile_edges(f)
-        regs = -(-bx // config.tx) * -(-by // config.ty)
-        if regs > 1024:
+        g = config.s1_geometry(f)
+        regs = g["rx"] * g["ryv"] * g["vw"]
+        if regs > 256:
             raise InvalidConfigError(f"{regs} register accumulators per work-item is too many",
                                      "geometry")
     return True
@@ -166,7 +173,7 @@ def als_program(context, device, config: KernelConfig, f: int, device_info):
     validate(config, f, device_info)
     src = render_als(config, f, device_info)
     prog = build(context, src)
-    needs = {"s1_hermitian": config.s1_local_size(), "s3_solve": config.solve_wg,
+    needs = {"s1_hermitian": config.s1_local_size(), "s3_solve": config.swg(f),
              "s2_rhs": als_variables(config, f, device_info)["s2_wg"]}
     for name, wg in needs.items():
         lim = prog.work_group_limit(name, device)

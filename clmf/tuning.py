@@ -47,8 +47,7 @@ def heuristic(info, f, side_stats=None, storage="float32"):
     wg = max(1, _pow2_le(min(pairs, info.max_work_group_size, 256)))
     tx = _pow2_le(max(1, int(wg ** 0.5)))
     ty = wg // tx
-    swg = max(1, _pow2_le(min(max(f, 1), 64, info.max_work_group_size)))
-    return KernelConfig(tx=tx, ty=ty, solve_wg=swg, storage=storage)
+    return KernelConfig(tx=tx, ty=ty, storage=storage)
 
 
 def choose(info, f, side, side_stats=None, storage="float32", solver=None):

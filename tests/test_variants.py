@@ -1,0 +1,99 @@
+"""Every S1 code variant (batch[+reg][+local][+vecN][+tile]) agrees with the NumPy reference
+from the same init: ‖ΔX‖/‖X‖ ≤ 1e-4 after one iteration, on edge-case problems (empty rows and
+columns, a row longer than any nnz batch, f not a multiple of the vector width or tile)."""
+import numpy as np
+import pytest
+
+import clmf
+from clmf import reference as ref
+from clmf.config import KernelConfig, representative_variants
+from clmf.errors import InvalidConfigError
+
+from conftest import random_ratings, rel_err
+
+TOL = 1e-4
+CI_F = [1, 3, 10, 17, 32]
+FULL_F = [1, 5, 10, 16, 17, 32, 50, 64, 100, 128]
+
+
+def edge_problem(f, seed=0):
+    R = random_ratings(61, 43, 0.25, seed=seed + f, empty_rows=[2, 60], empty_cols=[5]).tolil()
+    R[7, :] = 4.0                    # a row longer than any nnz batch / batch of rows
+    R[7, 5] = 0.0
+    R = R.tocsr()
+    R.eliminate_zeros()
+    return R
+
+
+def check(cl_device, variant, f):
+    R = edge_problem(f)
+    X0, Y0 = ref.start_factors(*R.shape, f, 1)
+    try:
+        m = clmf.ALS(f, iterations=1, variant=variant, device=cl_device).fit(
+            R, init=(X0, Y0), show_progress=False)
+    except InvalidConfigError as e:
+        # only geometric impossibilities may be refused, never a build failure
+        assert e.reason in ("geometry", "local_memory", "work_group_size"), e
+        pytest.skip(f"{variant} invalid at f={f}: {e}")
+    Xr, Yr = ref.als(R, f, 0.1, 1, init=(X0, Y0))
+    assert rel_err(m.user_factors_, Xr) <= TOL
+    assert rel_err(m.item_factors_, Yr) <= TOL
+    assert np.all(m.user_factors_[[2, 60]] == 0) and np.all(m.item_factors_[5] == 0)
+
+
+@pytest.mark.parametrize("f", CI_F)
+@pytest.mark.parametrize("variant", representative_variants())
+def test_variant_matches_reference(cl_device, variant, f):
+    check(cl_device, variant, f)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("f", FULL_F)
+@pytest.mark.parametrize("variant", representative_variants())
+def test_variant_full_sweep(cl_device, variant, f):
+    check(cl_device, variant, f)
+
+
+def test_per_side_variants(cl_device):
+    R = edge_problem(10)
+    X0, Y0 = ref.start_factors(*R.shape, 10, 1)
+    m = clmf.ALS(10, iterations=1, device=cl_device,
+                 variant=("batch+reg+local:tx=4,ty=4", KernelConfig.parse("batch+local+tile:bx=8,by=8,tx=4,ty=4"))
+                 ).fit(R, init=(X0, Y0), show_progress=False)
+    assert m.config_["users"].config.name == "batch+reg+local"
+    assert m.config_["items"].config.name == "batch+local+tile"
+    Xr, Yr = ref.als(R, 10, 0.1, 1, init=(X0, Y0))
+    assert rel_err(m.user_factors_, Xr) <= TOL and rel_err(m.item_factors_, Yr) <= TOL
+
+
+@pytest.mark.parametrize("name", ["batch", "batch+reg", "batch+reg+local+vec8+tile",
+                                  "batch+local+vec16"])
+def test_variant_names_roundtrip(name):
+    c = KernelConfig.parse(name + ":tx=2,ty=4")
+    assert c.name == name and KernelConfig.parse(str(c)) == c
+    assert KernelConfig.from_dict(c.to_dict()) == c
+
+
+@pytest.mark.parametrize("bad", ["reg", "batch+local+reg", "batch+vec3", "batch:tx=x",
+                                 "batch:nope=1", "batch+tile+reg"])
+def test_bad_variant_names(bad):
+    with pytest.raises(InvalidConfigError):
+        KernelConfig.parse(bad)
+
+
+def test_invalid_configs_rejected_with_reason():
+    from clmf.device import device_info, select_device
+    from clmf.kernels import validate
+    info = device_info(select_device("cpu"))
+    with pytest.raises(InvalidConfigError) as e:
+        validate(KernelConfig.parse(f"batch:tx={info.max_work_group_size},ty=2"), 8, info)
+    assert e.value.reason == "work_group_size"
+    with pytest.raises(InvalidConfigError) as e:
+        validate(KernelConfig.parse("batch+reg:tx=1,ty=1"), 100, info)
+    assert e.value.reason == "geometry"
+    with pytest.raises(InvalidConfigError) as e:
+        validate(KernelConfig.parse("batch+local:nnz_batch=100000"), 100, info)
+    assert e.value.reason == "local_memory"
+    with pytest.raises(InvalidConfigError) as e:
+        validate(KernelConfig.parse("batch:solve_wg=32"), 8, info)
+    assert e.value.reason == "geometry"
