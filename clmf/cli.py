@@ -126,6 +126,21 @@ def _fit_data(args):
 
 
 def cmd_fit(args):
+    """``clmf fit DATA|--preset NAME``: fit, print per-iteration RMSE, optionally save.
+
+    Parameters
+    ----------
+    args : argparse.Namespace from :func:`build_parser`
+
+    Returns
+    -------
+    int — the exit status (0)
+
+    Examples
+    --------
+    >>> main(["fit", "ratings.csv", "-f", "16", "-i", "5", "-o", "model.npz"])  # doctest: +SKIP
+    0
+    """
     from tqdm.auto import tqdm
     train, test, what = _fit_data(args)
     print(f"data: {what}: {train.shape[0]} users × {train.shape[1]} items, {len(train)} train"
@@ -178,6 +193,24 @@ def _eval_data(args):
 
 
 def cmd_eval(args):
+    """``clmf eval MODEL DATA``: RMSE/MAE and precision/recall/MAP/nDCG@k of a saved model.
+
+    Ratings of users or items unknown to the model are skipped (and counted). The ranking
+    recommends for every user of DATA, leaving out the items of ``--train``.
+
+    Parameters
+    ----------
+    args : argparse.Namespace from :func:`build_parser`
+
+    Returns
+    -------
+    int — the exit status (0)
+
+    Examples
+    --------
+    >>> main(["eval", "model.npz", "test.csv", "--train", "train.csv"])  # doctest: +SKIP
+    0
+    """
     import scipy.sparse as sp
     import clmf
     from . import metrics
@@ -193,7 +226,10 @@ def cmd_eval(args):
     print(f"MAE   {metrics.mae(r, pred):.4f}")
     n_items = model.item_factors_.shape[0]
     users, rows = np.unique(u, return_inverse=True)
-    relevant = sp.csr_matrix((r.astype(np.float32), (rows, i)), shape=(users.size, n_items))
+    # all test ratings are relevant unless a threshold is given (then it needs the values)
+    rel_data = r.astype(np.float32) if args.relevance_threshold is not None else \
+        np.ones(r.size, np.float32)
+    relevant = sp.csr_matrix((rel_data, (rows, i)), shape=(users.size, n_items))
     seen = None
     if train is not None:
         tu, ti, tr, _ = _to_model_index(model, train)
@@ -215,6 +251,21 @@ def cmd_eval(args):
 
 
 def cmd_recommend(args):
+    """``clmf recommend MODEL --user RAW_ID``: print rank, item id, score (and title).
+
+    Parameters
+    ----------
+    args : argparse.Namespace from :func:`build_parser`
+
+    Returns
+    -------
+    int — the exit status (0)
+
+    Examples
+    --------
+    >>> main(["recommend", "model.npz", "--user", "1", "--titles", "movies.csv"])  # doctest: +SKIP
+    0
+    """
     import clmf
     from . import datasets
     model = clmf.load(args.model)
@@ -235,6 +286,7 @@ def cmd_recommend(args):
 
 
 def cmd_tune(args):
+    """``clmf tune``: a placeholder until the tuner lands; always an error (exit status 2)."""
     raise RuntimeError("not yet available: tuning arrives with the tuner (use the shipped "
                        "tunings, or --variant to choose a kernel variant)")
 

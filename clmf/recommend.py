@@ -266,10 +266,17 @@ class RecommenderMixin:
 
         Examples
         --------
-        >>> ids, scores = model.recommend(0, train_csr, N=5)              # doctest: +SKIP
-        >>> ids, scores = model.recommend([0, 1, 2], train_csr, N=5)       # doctest: +SKIP
-        >>> ids.shape
-        (3, 5)
+        >>> import numpy as np, scipy.sparse as sp, clmf
+        >>> model = clmf.ALS(factors=2)
+        >>> model.user_factors_ = np.array([[1, 0], [0, 1]], np.float32)   # normally from fit()
+        >>> model.item_factors_ = np.array([[3, 0], [1, 1], [2, 5]], np.float32)
+        >>> seen = sp.csr_matrix([[5.0, 0, 0], [0, 0, 0]])                  # user 0 rated item 0
+        >>> model.recommend(0, seen, N=2)
+        (array([2, 1]), array([2., 1.], dtype=float32))
+        >>> ids, scores = model.recommend([0, 1], seen, N=3)               # batched, padded
+        >>> ids
+        array([[ 2,  1, -1],
+               [ 2,  1,  0]])
         """
         self._require_fitted()
         ids, scalar = _as_index_array(userid, "userid")
@@ -467,6 +474,7 @@ class RecommenderMixin:
         Examples
         --------
         >>> import scipy.sparse as sp
+        >>> n_items = model.item_factors_.shape[0]                       # doctest: +SKIP
         >>> row = sp.csr_matrix(([5.0, 3.0], ([0, 0], [10, 42])), shape=(1, n_items))  # doctest: +SKIP
         >>> model.recalculate_user(0, row).shape                         # doctest: +SKIP
         (32,)
@@ -576,8 +584,9 @@ class RecommenderMixin:
         --------
         >>> import scipy.sparse as sp
         >>> n = model.user_factors_.shape[0]                            # doctest: +SKIP
-        >>> new = sp.csr_matrix(([4.0, 5.0], ([0, 0], [3, 9])), shape=(1, model.item_factors_.shape[0]))  # doctest: +SKIP
-        >>> model.partial_fit_users([n], new).user_factors_.shape[0] == n + 1                 # doctest: +SKIP
+        >>> n_items = model.item_factors_.shape[0]                       # doctest: +SKIP
+        >>> new = sp.csr_matrix(([4.0, 5.0], ([0, 0], [3, 9])), shape=(1, n_items))  # doctest: +SKIP
+        >>> model.partial_fit_users([n], new).user_factors_.shape[0] == n + 1    # doctest: +SKIP
         True
         """
         return self._fold_in("user", userids, user_items, raw_ids)

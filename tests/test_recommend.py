@@ -50,7 +50,7 @@ def tie_problem():
     return X, Y, R
 
 
-@pytest.mark.parametrize("N", [1, 4, 20, 25])
+@pytest.mark.parametrize("N", [1, 4, 18, 20, 25])
 @pytest.mark.parametrize("case", ["plain", "liked", "filter", "items", "all"])
 def test_recommend_matches_brute_force_with_ties(tie_problem, N, case):
     X, Y, R = tie_problem
