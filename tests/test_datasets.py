@@ -191,6 +191,15 @@ class TestRatings:
         r = Ratings.from_triples([1, 2], [1, 1], [1.0, 2.0], ts)
         assert r.timestamps.tolist() == [1577836800, 86400]
 
+    def test_pickle_round_trip(self):
+        import pickle
+
+        r = Ratings.from_triples(["a", "b"], [1, 2], [1.0, 2.0], [3, 4])
+        r2 = pickle.loads(pickle.dumps(r))
+        assert r2.shape == r.shape and r2.user_ids.tolist() == ["a", "b"]
+        np.testing.assert_array_equal(r2.to_csr().toarray(), r.to_csr().toarray())
+        assert r2.user_index("b") == 1
+
     def test_from_sparse_identity_maps(self):
         X = sp.csr_matrix(np.array([[0, 4.0, 0], [1.0, 0, 2.0]]))
         r = Ratings.from_sparse(X)
@@ -521,6 +530,10 @@ class TestTitles:
         titles = datasets.load_titles(write(tmp_path / "movies.csv", text, "\r\n"))
         assert titles[11] == "American President, The (1995)" and len(titles) == 3
 
+    def test_movies_csv_without_header(self, tmp_path):
+        p = write(tmp_path / "m.csv", '1,Toy Story (1995),Adventure|Animation\n2,"A, B",Drama\n')
+        assert datasets.load_titles(p) == {1: "Toy Story (1995)", 2: "A, B"}
+
     def test_movies_dat_and_netflix_titles(self, tmp_path):
         d = datasets.load_titles(write(tmp_path / "movies.dat", "1::Toy Story (1995)::Animation\n"))
         assert d == {1: "Toy Story (1995)"}
@@ -555,7 +568,7 @@ class TestSynthetic:
         assert counts.min() >= 1  # every user rated something
         assert counts.max() >= 5 * np.median(counts)  # power-law skew
         pop = np.bincount(r.items, minlength=r.shape[1])
-        assert pop.max() >= 10 * np.median(pop)
+        assert pop.max() >= 8 * np.median(pop)
         r.to_csr()  # no duplicates
 
     def test_reproducible_and_thread_count_independent(self):
