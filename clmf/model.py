@@ -219,6 +219,13 @@ class ALS(RecommenderMixin):
         self.history_ = []
         self.best_iteration_ = self.iterations - 1
         Rc = R.tocoo()
+        if V is not None:
+            # ratings of users/items with no training ratings are predicted as global_mean_
+            # (as predict() does): their error is constant, computed once on the host
+            unk = (user_counts[V.row] == 0) | (item_counts[V.col] == 0)
+            v_unknown_se = float(np.sum((self.global_mean_ - V.data[unk].astype(np.float64)) ** 2))
+            v_total = int(V.nnz)
+            V = sp.coo_matrix((V.data[~unk], (V.row[~unk], V.col[~unk])), shape=V.shape)
         try:
             engine.set_factors("users", X0)
             engine.set_factors("items", Y0)
@@ -237,8 +244,9 @@ class ALS(RecommenderMixin):
                     se, cnt = engine.squared_error("train", Rc.row, Rc.col, Rc.data)
                     metrics["train_rmse"] = float(np.sqrt(se / cnt))
                 if V is not None:
-                    se, cnt = engine.squared_error("validation", V.row, V.col, V.data)
-                    metrics["validation_rmse"] = float(np.sqrt(se / cnt)) if cnt else float("nan")
+                    se = engine.squared_error("validation", V.row, V.col, V.data)[0] if V.nnz else 0.0
+                    metrics["validation_rmse"] = (float(np.sqrt((se + v_unknown_se) / v_total))
+                                                  if v_total else float("nan"))
                 self.history_.append(metrics)
                 bar.set_postfix({k: f"{v:.4f}" for k, v in metrics.items()})
                 log.info("iteration %d: %s", it, metrics)

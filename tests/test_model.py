@@ -190,3 +190,29 @@ def test_installed_package_is_tested():
         assert "site-packages" in clmf.__file__, clmf.__file__
         from clmf import kernels
         assert "clmf" in kernels.render_als(clmf.KernelConfig(), 4)
+
+
+def test_validation_rmse_matches_rmse_with_unknown_rows(cl_device):
+    R = random_ratings(30, 25, 0.3, seed=21, empty_rows=[4], empty_cols=[6])
+    V = random_ratings(30, 25, 0.1, seed=22)   # includes user 4 / item 6, unseen in training
+    C = V.tocoo()
+    assert np.any(C.row == 4) or np.any(C.col == 6)
+    m = clmf.ALS(4, iterations=2, device=cl_device, random_state=0)
+    m.fit(R, validation=V, show_progress=False)
+    assert m.history_[-1]["validation_rmse"] == pytest.approx(m.rmse(V), rel=1e-5)
+
+
+def test_early_stopping_keeps_best_iteration(cl_device):
+    # tiny λ and many factors on few ratings: validation RMSE rises after the first iterations
+    R = random_ratings(40, 30, 0.25, seed=23)
+    V = random_ratings(40, 30, 0.1, seed=24)
+    V = V - V.multiply(R.astype(bool))   # disjoint from training
+    V.eliminate_zeros()
+    seen = []
+    m = clmf.ALS(12, regularization=0.001, iterations=30, device=cl_device, random_state=0)
+    m.fit(R, validation=V, early_stopping_rounds=2, show_progress=False,
+          callback=lambda it, el, mt: seen.append(mt["validation_rmse"]))
+    best = int(np.argmin(seen))
+    assert m.best_iteration_ == best
+    assert len(seen) <= best + 1 + 2 and len(seen) < 30
+    assert m.rmse(V) == pytest.approx(seen[best], rel=1e-5)
