@@ -301,7 +301,7 @@ def build_parser():
                                     "train/test RMSE per iteration")
     s.add_argument("--data", default=None, help="a MovieLens file or directory instead of the "
                                                 "embedded synthetic set")
-    _add_model_args(s)
+    _add_model_args(s, factors=10, reg=0.15)
     s.set_defaults(func=cmd_demo)
     s = sub.add_parser("source", help="print the rendered OpenCL source of a configuration")
     s.add_argument("variant", nargs="?", default="batch")
