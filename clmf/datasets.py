@@ -1690,7 +1690,7 @@ _PRESETS: dict[str, tuple[int, int, int]] = {
 }
 
 _MAX_DENSITY = 0.5
-_CHUNK_NNZ = 1 << 20
+_CHUNK_NNZ = 1 << 19
 _HEAVY_FRACTION = 1 / 8
 _MAX_ROUNDS = 40
 _DOT_BLOCK = 1 << 16
@@ -1835,7 +1835,7 @@ def _exact_sample(rng, users, counts, n, inv_pop, exclude_keys=None) -> np.ndarr
     Returns sorted int64 keys ``user * n + item``; ``exclude_keys`` (sorted) are avoided.
     """
     out = []
-    batch = max(1, (1 << 22) // max(n, 1))
+    batch = max(1, (1 << 21) // max(n, 1))
     for b0 in range(0, len(users), batch):
         bu = users[b0: b0 + batch]
         bc = counts[b0: b0 + batch]
@@ -1918,7 +1918,7 @@ def synthetic(
     sorted by (user, item) with identity id maps. The result depends only on the
     arguments, not on ``n_jobs``.
 
-    Generation runs in chunks of about one million ratings on a thread pool, so memory
+    Generation runs in chunks of about half a million ratings on a thread pool, so memory
     stays close to the size of the output (int32 users and items, float32 ratings).
 
     Parameters
