@@ -36,7 +36,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -57,7 +57,7 @@ __all__ = [
     "synthetic",
     "list_presets",
     "default",
-    "DEFAULT_DATASET",
+    "DEFAULT_DATASET",  # noqa: F822 - built lazily by the module __getattr__
 ]
 
 _DUPLICATE_POLICIES = ("error", "mean", "last", "sum")

@@ -58,14 +58,13 @@ __all__ = [
 # rating prediction
 # --------------------------------------------------------------------------------------
 def _pair(y_true: Any, y_pred: Any) -> tuple[np.ndarray, np.ndarray]:
-    a = np.asarray(y_true, dtype=np.float64).reshape(-1) if np.ndim(y_true) else None
-    b = np.asarray(y_pred, dtype=np.float64).reshape(-1) if np.ndim(y_pred) else None
-    if a is None or b is None:
+    a = np.asarray(y_true, dtype=np.float64)
+    b = np.asarray(y_pred, dtype=np.float64)
+    if a.ndim == 0 or b.ndim == 0:
         raise ValueError("y_true and y_pred must be array-like, not scalars")
-    if np.shape(y_true) != np.shape(y_pred):
-        raise ValueError(
-            f"y_true and y_pred differ in shape: {np.shape(y_true)} vs {np.shape(y_pred)}"
-        )
+    if a.shape != b.shape:
+        raise ValueError(f"y_true and y_pred differ in shape: {a.shape} vs {b.shape}")
+    a, b = a.reshape(-1), b.reshape(-1)
     if a.size == 0:
         raise ValueError("y_true and y_pred are empty")
     for name, v in (("y_true", a), ("y_pred", b)):
