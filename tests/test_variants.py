@@ -84,7 +84,7 @@ def test_bad_variant_names(bad):
 def test_invalid_configs_rejected_with_reason():
     from clmf.device import device_info, select_device
     from clmf.kernels import validate
-    info = device_info(select_device("cpu"))
+    info = device_info(select_device(clmf.devices()[0].index))
     with pytest.raises(InvalidConfigError) as e:
         validate(KernelConfig.parse(f"batch:tx={info.max_work_group_size},ty=2"), 8, info)
     assert e.value.reason == "work_group_size"
