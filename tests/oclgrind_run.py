@@ -1,0 +1,265 @@
+"""Run one tiny clmf fit (or a planted-bug canary) on the Oclgrind simulator.
+
+Meant to be started in a subprocess by ``tests/test_oclgrind.py``, whose environment makes the
+Oclgrind ICD the only OpenCL platform and turns its checks on (``OCLGRIND_DATA_RACES=1`` ...).
+Oclgrind itself writes its diagnostics (to stderr, or to ``OCLGRIND_LOG``): judging them is the
+caller's job. This script only fails (non-zero exit) when the fit does not match the NumPy
+reference, or when it cannot run at all.
+
+    python tests/oclgrind_run.py --variant "batch:tx=4,ty=4,solve_wg=16" --f 5 --case empty
+    python tests/oclgrind_run.py --canary race      # must be reported as a data race
+    python tests/oclgrind_run.py --list-cases
+
+Exit status: 0 fit matches (or canary ran), 1 mismatch, 2 usage, 3 not on Oclgrind, 4 clmf
+rejects the variant for this f or device before building (``InvalidConfigError``, not a build
+failure; stdout says why), other: crash. On success the last stdout line starts with
+``OCLGRIND_RUN OK``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+import scipy.sparse as sp
+
+TOL = 1e-4
+OK_MARK = "OCLGRIND_RUN OK"
+INVALID_MARK = "OCLGRIND_RUN INVALID_CONFIG"
+EXIT_INVALID = 4
+
+
+# ----- tiny rating matrices with the edge cases ------------------------------------------------
+def _matrix(m, n, density, seed, full_rows=(), full_cols=(), empty_rows=(), empty_cols=(),
+            single_rows=(), single_cols=()):
+    rng = np.random.default_rng(seed)
+    mask = rng.random((m, n)) < density
+    for r in full_rows:
+        mask[r, :] = True
+    for c in full_cols:
+        mask[:, c] = True
+    for r in single_rows:                 # exactly one rating (first non-empty column)
+        mask[r, :] = False
+        mask[r, next(c for c in range(n) if c not in empty_cols)] = True
+    for c in single_cols:
+        mask[:, c] = False
+        mask[next(r for r in range(m) if r not in empty_rows), c] = True
+    for r in empty_rows:
+        mask[r, :] = False
+    for c in empty_cols:
+        mask[:, c] = False
+    rows, cols = np.nonzero(mask)
+    vals = rng.integers(1, 6, size=rows.size).astype(np.float32)
+    return sp.csr_matrix((vals, (rows, cols)), shape=(m, n))
+
+
+def case_empty():
+    """9 × 7: an empty user and an empty item, a user and an item with a single rating, a user
+    who rated everything; 9 rows, odd (a half-filled last work-group where one handles tz=2 rows,
+    a partial second launch under batch_rows=7)."""
+    return _matrix(9, 7, 0.5, seed=1, empty_rows=(2,), empty_cols=(4,), single_rows=(6,),
+                   single_cols=(1,), full_rows=(0,))
+
+
+def case_long():
+    """34 × 38: a user who rated every item and an item rated by every user (rows longer than
+    the default nnz_batch=32, than any tile and than any work-group's stride), plus an empty
+    user and an empty item, everything else sparse. Run in launches of 5 rows (row0 > 0 and a
+    partial last launch on both sides) unless the variant sets its own batch_rows: batch_rows is
+    no template variable, the kernels are the variant's own."""
+    return _matrix(34, 38, 0.06, seed=2, full_rows=(0,), full_cols=(0,), empty_rows=(5,),
+                   empty_cols=(7,))
+
+
+# name -> (matrix builder, batch_rows to use when the variant does not set one; 0: clmf's choice)
+CASES = {"empty": (case_empty, 0), "long": (case_long, 5)}
+
+
+# ----- the fit ----------------------------------------------------------------------------------
+def _rel_err(a, b):
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    nb = np.linalg.norm(b)
+    return float(np.linalg.norm(a - b) / (nb if nb > 0 else 1.0))
+
+
+def _quiet_pyopencl_nv_probe():
+    """pyopencl asks every device for CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV each time it sets up
+    a kernel (``invoker._check_arg_size``), and Oclgrind's API checker rightly reports that
+    clGetDeviceInfo call as CL_INVALID_VALUE. It is pyopencl's probe, not clmf's: answer it
+    without asking the device when the platform is not NVIDIA's, so that the API checker stays
+    fully on and every report it makes is about clmf."""
+    try:
+        import pyopencl.characterize as ch
+    except ImportError:
+        return
+    orig = getattr(ch, "nv_compute_capability", None)
+    if orig is None or getattr(orig, "_clmf_quiet", False):
+        return
+
+    def nv_compute_capability(dev):
+        if "nvidia" not in dev.platform.name.lower():
+            return None
+        return orig(dev)
+
+    nv_compute_capability._clmf_quiet = True
+    ch.nv_compute_capability = nv_compute_capability
+
+
+def _check_device(dev):
+    plat = dev.platform.name
+    if "oclgrind" not in plat.lower():
+        print(f"refusing to run: the selected device is on {plat!r}, not Oclgrind", file=sys.stderr)
+        sys.exit(3)
+
+
+def run_fit(variant, f, case, device, lam=0.1, seed=0):
+    import clmf
+    from clmf import reference as ref
+    from clmf.device import select_device
+
+    _quiet_pyopencl_nv_probe()
+    dev = select_device(device)
+    _check_device(dev)
+    build, batch_rows = CASES[case]
+    R = build()
+    m, n = R.shape
+    cfg = clmf.KernelConfig.parse(variant)
+    if batch_rows and "batch_rows=" not in variant:
+        cfg = cfg.replace(batch_rows=batch_rows)
+    X0, Y0 = ref.start_factors(m, n, f, seed)
+    model = clmf.ALS(factors=f, regularization=lam, iterations=1, variant=cfg, device=dev)
+    try:
+        model.fit(R, init=(X0, Y0), show_progress=False)
+    except clmf.InvalidConfigError as e:
+        if e.reason == "build_failed":     # the simulator's compiler rejected the kernel: a failure
+            raise
+        print(f"{INVALID_MARK} reason={e.reason}: {e}")
+        return EXIT_INVALID
+    Xr, Yr = ref.als(R, f, lam, 1, init=(X0, Y0))
+    ex, ey = _rel_err(model.user_factors_, Xr), _rel_err(model.item_factors_, Yr)
+    empty_u = np.flatnonzero(np.diff(R.indptr) == 0)
+    empty_i = np.flatnonzero(np.bincount(R.indices, minlength=n) == 0)
+    zeros = bool(np.all(model.user_factors_[empty_u] == 0) and np.all(model.item_factors_[empty_i] == 0))
+    finite = bool(np.all(np.isfinite(model.user_factors_)) and np.all(np.isfinite(model.item_factors_)))
+    used = {s: str(c.config) for s, c in model.config_.items()}
+    summary = (f"variant={variant!r} f={f} case={case} shape={R.shape} nnz={R.nnz} "
+               f"configs={used} clmf={clmf.__file__} rel_err_X={ex:.3g} rel_err_Y={ey:.3g} empty_rows_zero={zeros}")
+    if ex <= TOL and ey <= TOL and zeros and finite:
+        print(f"{OK_MARK} {summary}")
+        return 0
+    print(f"MISMATCH (tolerance {TOL}, finite={finite}) {summary}", file=sys.stderr)
+    return 1
+
+
+# ----- canaries: planted bugs the check must report ---------------------------------------------
+CANARY_SRC = r"""
+#define N 16
+/* read-write race in local memory: each work-item reads its neighbour's slot while the
+ * neighbour writes it, with no barrier in between */
+__kernel __attribute__((reqd_work_group_size(N, 1, 1)))
+void race_local(__global float* out)
+{
+    __local float s[N];
+    const int l = get_local_id(0);
+    s[l] = (float)l;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    s[l] += s[(l + 1) % N];                       /* planted: needs a barrier and a copy */
+    barrier(CLK_LOCAL_MEM_FENCE);
+    out[get_global_id(0)] = s[l];
+}
+
+/* write-write race in global memory: every work-item of a group writes a different value to
+ * the same word */
+__kernel __attribute__((reqd_work_group_size(N, 1, 1)))
+void race_global(__global float* out)
+{
+    out[get_group_id(0)] = (float)get_local_id(0);   /* planted */
+}
+
+/* out-of-bounds read one past the end of the buffer */
+__kernel __attribute__((reqd_work_group_size(N, 1, 1)))
+void oob_read(__global const float* in, __global float* out)
+{
+    const int g = get_global_id(0);
+    out[g] = in[g + 1];                           /* planted: in has exactly N*groups floats */
+}
+
+/* read of local memory nobody wrote */
+__kernel __attribute__((reqd_work_group_size(N, 1, 1)))
+void uninit_local(__global float* out)
+{
+    __local float s[N];
+    const int l = get_local_id(0);
+    if (l > 0) s[l] = (float)l;                   /* planted: s[0] never written */
+    barrier(CLK_LOCAL_MEM_FENCE);
+    out[get_global_id(0)] = s[0] + 1.0f;
+}
+"""
+
+CANARIES = ("race", "oob", "uninit", "api")
+
+
+def run_canary(which, device):
+    import pyopencl as cl
+    from clmf.device import select_device
+
+    _quiet_pyopencl_nv_probe()
+    dev = select_device(device)
+    _check_device(dev)
+    ctx = cl.Context([dev])
+    q = cl.CommandQueue(ctx)
+    n, groups = 16, 2
+    prog = cl.Program(ctx, CANARY_SRC).build()
+    mf = cl.mem_flags
+    out = cl.Buffer(ctx, mf.READ_WRITE, size=4 * n * groups)
+    if which == "api":
+        # a launch whose work-group size contradicts reqd_work_group_size: the API checker
+        # must report clEnqueueNDRangeKernel's CL_INVALID_WORK_GROUP_SIZE
+        try:
+            prog.race_global(q, (n * groups,), (n // 2,), out)
+        except cl.Error:
+            pass
+        q.finish()
+        print(f"{OK_MARK} canary=api")
+        return 0
+    host_in = np.arange(n * groups, dtype=np.float32)
+    inp = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=host_in)
+    if which == "race":
+        prog.race_local(q, (n * groups,), (n,), out)
+        prog.race_global(q, (n * groups,), (n,), out)
+    elif which == "oob":
+        prog.oob_read(q, (n * groups,), (n,), inp, out)
+    elif which == "uninit":
+        prog.uninit_local(q, (n * groups,), (n,), out)
+    res = np.empty(n * groups, np.float32)
+    cl.enqueue_copy(q, res, out)
+    q.finish()
+    print(f"{OK_MARK} canary={which}")
+    return 0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variant", help="variant string, e.g. 'batch:tx=4,ty=4,solve_wg=16'")
+    ap.add_argument("--f", type=int, help="factors")
+    ap.add_argument("--case", choices=sorted(CASES), default="empty")
+    ap.add_argument("--canary", choices=CANARIES, help="run a planted-bug kernel instead of a fit")
+    ap.add_argument("--device", default="oclgrind",
+                    help="clmf device spec (default: the Oclgrind platform by name)")
+    ap.add_argument("--list-cases", action="store_true")
+    a = ap.parse_args(argv)
+    if a.list_cases:
+        for name, (fn, batch_rows) in CASES.items():
+            R = fn()
+            print(name, R.shape, R.nnz, f"batch_rows={batch_rows or 'auto'}")
+        return 0
+    if a.canary:
+        return run_canary(a.canary, a.device)
+    if a.variant is None or a.f is None:
+        ap.error("--variant and --f are required (or --canary)")
+    return run_fit(a.variant, a.f, a.case, a.device)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
