@@ -179,7 +179,8 @@ class Engine:
             e2 = kern["s2_rhs"](q, (n * v["s2_wg"],), (v["s2_wg"],), b["indptr"], b["indices"],
                                 b["data"], self.factors[other], b["B"], np.int32(row0), np.int32(n))
             e3 = kern["s3_solve"](q, (n * cfg.swg(self.f),), (cfg.swg(self.f),), b["indptr"], b["A"],
-                                  b["B"], self.factors[side], self.status, np.int32(row0), np.int32(n))
+                                  b["B"], self.factors[side], self.status, np.int32(row0), np.int32(n),
+                                  np.float32(regularization), np.int32(1 if weighted else 0))
             events.append((e1, e2, e3))
         st = np.empty(1, np.int32)
         cl.enqueue_copy(q, st, self.status)   # blocking: also ends the half-step

@@ -107,6 +107,9 @@ def main():
                             driver=info.driver, f=f, variant=variant)
                 try:
                     err = verify(dev, variant, f)
+                except clmf.SingularSystemError as e:
+                    err = float("inf")
+                    print(f"f={f} {variant}: solve failed ({e})", flush=True)
                 except InvalidConfigError as e:
                     for name, R in sets:
                         w.writerow(dict(base, dataset=name, status=f"invalid:{e.reason}"))
