@@ -84,7 +84,7 @@ unregister-intel:
 	$(SETUP) --unregister-intel
 
 clean:
-	rm -rf build .whl .icd .pytest_cache *.egg-info
+	rm -rf build dist .icd .pytest_cache *.egg-info
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
