@@ -224,7 +224,9 @@ class KernelConfig:
 
 def representative_variants(f=None):
     """Variant strings that together exercise every template path (used by the correctness and
-    Oclgrind tests; kept small because every entry costs a kernel build per device and f)."""
+    Oclgrind tests; kept small because every entry costs a kernel build per device and f).
+    Checks compare each with the reference of the same solver (CG: same steps, same start) and
+    a float16-storage variant at a 1e-2 tolerance."""
     return [
         "batch:tx=4,ty=4",
         "batch:tx=3,ty=5,batch_rows=7,triangle=0",
@@ -237,4 +239,8 @@ def representative_variants(f=None):
         "batch+reg+local+vec4+tile:tx=2,ty=2,bx=8,by=8,tz=2,nnz_batch=6",
         "batch+local+tile:tx=2,ty=4,bx=6,by=6,nnz_batch=4,triangle=0",
         "batch+reg+tile:tx=4,ty=4,bx=16,by=8",
+        "batch+reg+local:tx=4,ty=4,nnz_batch=8,solver=cg,cg_steps=3",
+        "batch+local+tile:tx=4,ty=4,bx=8,by=8,nnz_batch=8,solver=cg,cg_steps=2,batch_rows=5",
+        "batch+reg+local+vec4:tx=4,ty=2,nnz_batch=8,storage=float16",
+        "batch:tx=4,ty=4,storage=float16,solver=cg",
     ]

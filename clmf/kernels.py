@@ -71,7 +71,7 @@ def als_variables(config: KernelConfig, f: int, device_info=None):
         bx=bx, by=by, nnz_batch=config.nnz_batch, s1_wg=config.s1_local_size(),
         s2_wg=min(_next_pow2(f), 256),
         solve_wg=config.swg(f), solver=config.solver, cg_steps=config.cg_steps,
-        chol_local=config.chol_local_bytes(f) + config.local_mem_bytes(f) <= local_budget,
+        chol_local=config.chol_local_bytes(f) + 4 * (4 * f + config.swg(f)) <= local_budget,
     )
     v.update(config.s1_geometry(f))
     v["bx"], v["by"] = bx, by

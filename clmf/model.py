@@ -47,7 +47,9 @@ class ALS(RecommenderMixin):
         (see :func:`clmf.select_device`; ``CLMF_DEVICE`` is honoured with "auto").
     dtype : numpy dtype, default float32 — the compute precision (float32 only).
     random_state : None, int or numpy.random.Generator — seeds the start factors.
-    storage : {"float32", "float16"} — storage of the factors on the device.
+    storage : None, "float32" or "float16" — storage of the factors on the device (compute stays
+        float32); None keeps the variant's own (float32 unless a variant string sets
+        ``storage=float16``).
 
     Attributes
     ----------
@@ -72,7 +74,7 @@ class ALS(RecommenderMixin):
 
     def __init__(self, factors=64, regularization=0.1, iterations=15, *,
                  weighted_regularization=True, solver="auto", variant="auto", device="auto",
-                 dtype=np.float32, random_state=None, storage="float32"):
+                 dtype=np.float32, random_state=None, storage=None):
         self.factors = factors
         self.regularization = regularization
         self.iterations = iterations
@@ -134,14 +136,14 @@ class ALS(RecommenderMixin):
         out = {}
         for side, v in zip(("users", "items"), pair):
             if isinstance(v, str) and v == "auto":
-                ch = tuning.choose(info, f, side, stats[side], self.storage, solver)
+                ch = tuning.choose(info, f, side, stats[side], self.storage or "float32", solver)
             else:
                 cfg = KernelConfig.parse(v)
                 if solver is not None:
                     cfg = cfg.replace(solver=solver)
                 elif self.solver == "auto" and isinstance(v, str) and "solver=" not in v:
                     cfg = cfg.replace(solver="cholesky")
-                if cfg.storage != self.storage:
+                if self.storage is not None and cfg.storage != self.storage:
                     cfg = cfg.replace(storage=self.storage)
                 ch = tuning.Choice(cfg, "explicit", "variant given by the caller")
             out[side] = ch

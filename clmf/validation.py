@@ -141,7 +141,7 @@ def check_params(est):
     if np.dtype(est.dtype) != np.float32:
         raise ValueError(f"dtype must be float32 (compute precision); got {np.dtype(est.dtype)}. "
                          "For half-precision storage use storage='float16'")
-    if est.storage not in ("float32", "float16"):
+    if est.storage not in (None, "float32", "float16"):
         raise ValueError(f"storage must be 'float32' or 'float16', not {est.storage!r}")
     if est.solver not in ("auto", "cholesky", "cg"):
         raise ValueError(f"unknown solver {est.solver!r}; choose 'auto', 'cholesky' or 'cg'")
