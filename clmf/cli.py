@@ -96,6 +96,12 @@ def cmd_source(args):
     return 0
 
 
+def cmd_bench(args):
+    """``clmf bench``: see :mod:`clmf.bench` (CSV, markdown and plots under results/bench/)."""
+    from .bench import cmd_bench as run
+    return run(args, sys.argv[2:] if len(sys.argv) > 2 and sys.argv[1] == "bench" else None)
+
+
 # ----- the workflow: fit → recommend / eval --------------------------------------------------
 def _fit_data(args):
     """(train, test or None, description) for ``clmf fit``."""
@@ -307,6 +313,12 @@ def build_parser():
     s.add_argument("variant", nargs="?", default="batch")
     s.add_argument("--factors", "-f", type=int, default=32)
     s.set_defaults(func=cmd_source)
+    s = sub.add_parser("bench", help="benchmark clmf against its peers (NumPy reference, LensKit, "
+                                     "Spark, implicit, PyTorch) and the device's measured peak; "
+                                     "writes results/bench/<device>/")
+    from .bench import configure_parser as _bench_args
+    _bench_args(s)
+    s.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("fit", help="fit a model to a ratings file (or a synthetic preset), print "
                                    "train/test RMSE per iteration, optionally save it")
