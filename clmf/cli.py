@@ -33,14 +33,19 @@ def _add_model_args(p, factors=32, reg=0.05, iterations=10):
     p.add_argument("--solver", default="auto", choices=["auto", "cholesky", "cg"])
     p.add_argument("--storage", default="float32", choices=["float32", "float16"])
     p.add_argument("--seed", type=int, default=0, help="random_state")
+    p.add_argument("--feedback", default="explicit", choices=["explicit", "implicit"])
+    p.add_argument("--alpha", type=float, default=1.0, help="implicit feedback: confidence 1 + alpha·r")
+    p.add_argument("--biases", action="store_true", help="explicit feedback: learn user/item biases")
 
 
 def _model_from(args):
     import clmf
     return clmf.ALS(factors=args.factors, regularization=args.regularization,
-                    iterations=args.iterations, weighted_regularization=not args.unweighted,
+                    iterations=args.iterations,
+                    weighted_regularization=False if args.unweighted else None,
                     solver=args.solver, variant=args.variant, device=args.device,
-                    random_state=args.seed, storage=args.storage)
+                    random_state=args.seed, storage=args.storage, feedback=args.feedback,
+                    alpha=args.alpha, biases=args.biases)
 
 
 def cmd_devices(args):

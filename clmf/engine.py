@@ -83,25 +83,34 @@ class Engine:
     configs : (users_config, items_config) KernelConfig pair
     """
 
-    def __init__(self, device, R, f, configs, profile=False):
+    def __init__(self, device, R, f, configs, profile=False, implicit_alpha=None, biased=False,
+                 offset=0.0):
         import pyopencl as cl
         self.cl = cl
         self.device = device
         self.info = device_info(device)
         self.ctx, self.queue = get_context(device)
-        self.f = f
+        self.f = f                                   # latent factors
+        self.implicit = implicit_alpha is not None
+        self.alpha = float(implicit_alpha or 0.0)
+        self.biased = bool(biased)
+        if self.implicit and self.biased:
+            raise ValueError("biases are for explicit feedback")
+        self.offset = float(offset)                  # global mean with biases
+        self.fs = f + 1 if self.biased else f        # unknowns per system
         self.configs = {"users": configs[0], "items": configs[1]}
-        if configs[0].storage != configs[1].storage or configs[0].ldf(f) != configs[1].ldf(f):
+        width = f + 2 if self.biased else f          # [factors | 1 | bias] with biases
+        if configs[0].storage != configs[1].storage or configs[0].ldf(width) != configs[1].ldf(width):
             # the two sides share factor buffers: same storage and leading dimension
             raise ValueError("both sides must use the same storage dtype and vector padding")
-        self.ldf = configs[0].ldf(f)
+        self.ldf = configs[0].ldf(width)
         self.storage = configs[0].storage
         self.np_store = np.float16 if self.storage == "float16" else np.float32
         self.side = {"users": SideData.from_csr(R), "items": SideData.from_csr(sp.csr_matrix(R).T.tocsr())}
         self.shape = R.shape
-        self.batch_rows = {s: choose_batch_rows(self.configs[s], f, self.side[s].rows, self.info)
+        self.batch_rows = {s: choose_batch_rows(self.configs[s], self.fs, self.side[s].rows, self.info)
                            for s in ("users", "items")}
-        est = memory_estimate(self.side["users"], self.side["items"], f,
+        est = memory_estimate(self.side["users"], self.side["items"], self.fs,
                               (configs[0], configs[1]), self.batch_rows)
         self.memory = est
         if est["total"] > 0.9 * self.info.global_mem:
@@ -113,9 +122,12 @@ class Engine:
             if k != "total" and v > self.info.max_alloc:
                 raise DeviceMemoryError(f"buffer {k} needs {v / 2**20:.0f} MiB, more than the device's "
                                         f"largest allocation ({self.info.max_alloc / 2**20:.0f} MiB)")
-        self.programs = {s: K.als_program(self.ctx, device, self.configs[s], f, self.info)
+        fs = self.fs
+        self.programs = {s: K.als_program(self.ctx, device, self.configs[s], fs, self.info,
+                                          self.implicit, self.biased)
                          for s in ("users", "items")}
-        self.vars = {s: K.als_variables(self.configs[s], f, self.info) for s in ("users", "items")}
+        self.vars = {s: K.als_variables(self.configs[s], fs, self.info, self.implicit, self.biased)
+                     for s in ("users", "items")}
         mf = cl.mem_flags
         self.buf = {}
         for s in ("users", "items"):
@@ -126,9 +138,23 @@ class Engine:
                                      hostbuf=d.indices if d.nnz else np.zeros(1, np.int32)),
                 "data": cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
                                   hostbuf=d.data if d.nnz else np.zeros(1, np.float32)),
-                "A": cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * f * f * self.batch_rows[s]),
-                "B": cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * f * self.batch_rows[s]),
+                "A": cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * fs * self.batch_rows[s]),
+                "B": cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * self.batch_rows[s]),
             }
+            if self.implicit:
+                # the other side's rows as K virtual rows: S1 with unit weights gives K partial
+                # Gram matrices, summed into G = (other)ᵀ(other) once per half-step
+                n_other = self.side["items" if s == "users" else "users"].rows
+                k = int(max(1, min(64, self.batch_rows[s], n_other)))
+                gptr = np.linspace(0, n_other, k + 1).astype(np.int64)
+                self.buf[s].update(
+                    gram_k=k,
+                    g_indptr=cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=gptr),
+                    g_indices=cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
+                                        hostbuf=np.arange(n_other, dtype=np.int32)),
+                    g_data=cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
+                                     hostbuf=np.ones(n_other, np.float32)))
+            self.buf[s]["G"] = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * fs)
         itemsize = np.dtype(self.np_store).itemsize
         self.factors = {s: cl.Buffer(self.ctx, mf.READ_WRITE,
                                      size=max(1, self.side[s].rows) * self.ldf * itemsize)
@@ -142,20 +168,28 @@ class Engine:
         log.debug("engine on %s: batch rows %s, memory %s", self.info.name, self.batch_rows, est)
 
     # ----- factors -------------------------------------------------------------------------
-    def set_factors(self, side, M):
+    def set_factors(self, side, M, biases=None):
         rows = self.side[side].rows
         M = np.asarray(M, dtype=np.float32)
         if M.shape != (rows, self.f):
             raise ValueError(f"{side} factors must have shape {(rows, self.f)}, not {M.shape}")
         host = np.zeros((rows, self.ldf), dtype=self.np_store)
         host[:, :self.f] = M
+        if self.biased:
+            host[:, self.f] = 1.0
+            if biases is not None:
+                host[:, self.f + 1] = biases
         self.cl.enqueue_copy(self.queue, self.factors[side], host)
 
-    def get_factors(self, side):
+    def get_factors(self, side, with_biases=False):
         rows = self.side[side].rows
         host = np.empty((rows, self.ldf), dtype=self.np_store)
         self.cl.enqueue_copy(self.queue, host, self.factors[side])
-        return np.ascontiguousarray(host[:, :self.f], dtype=np.float32)
+        X = np.ascontiguousarray(host[:, :self.f], dtype=np.float32)
+        if with_biases:
+            b = host[:, self.f + 1].astype(np.float32) if self.biased else np.zeros(rows, np.float32)
+            return X, b
+        return X
 
     # ----- one half-step -------------------------------------------------------------------
     def half_step(self, side, regularization, weighted):
@@ -166,19 +200,30 @@ class Engine:
         cfg = self.configs[side]
         kern = prog.kernels
         q = self.queue
+        fs = self.fs
         cl.enqueue_copy(q, self.status, np.array([np.iinfo(np.int32).max], np.int32))
         bs = self.batch_rows[side]
         s1_local = cfg.s1_local_size()
         events = []
+        if self.implicit:      # G = (other side)ᵀ(other side), once per half-step
+            k = b["gram_k"]
+            kern["s1_hermitian"](q, (cfg.s1_groups(fs, k) * s1_local,), (s1_local,), b["g_indptr"],
+                                 b["g_indices"], self.factors[other], b["A"], np.int32(0),
+                                 np.int32(k), np.float32(0.0), np.int32(0), b["g_data"],
+                                 np.float32(1.0), b["G"], np.int32(0))
+            kern["sum_partials"](q, (-(-fs * fs // 64) * 64,), (64,), b["A"], np.int32(k), b["G"])
         for row0 in range(0, d.rows, bs):
             n = min(bs, d.rows - row0)
-            groups = cfg.s1_groups(self.f, n)
+            groups = cfg.s1_groups(fs, n)
             e1 = kern["s1_hermitian"](q, (groups * s1_local,), (s1_local,), b["indptr"], b["indices"],
                                       self.factors[other], b["A"], np.int32(row0), np.int32(n),
-                                      np.float32(regularization), np.int32(1 if weighted else 0))
+                                      np.float32(regularization), np.int32(1 if weighted else 0),
+                                      b["data"], np.float32(self.alpha), b["G"],
+                                      np.int32(1 if self.implicit else 0))
             e2 = kern["s2_rhs"](q, (n * v["s2_wg"],), (v["s2_wg"],), b["indptr"], b["indices"],
-                                b["data"], self.factors[other], b["B"], np.int32(row0), np.int32(n))
-            e3 = kern["s3_solve"](q, (n * cfg.swg(self.f),), (cfg.swg(self.f),), b["indptr"], b["A"],
+                                b["data"], self.factors[other], b["B"], np.int32(row0), np.int32(n),
+                                np.float32(self.alpha), np.float32(self.offset))
+            e3 = kern["s3_solve"](q, (n * cfg.swg(fs),), (cfg.swg(fs),), b["indptr"], b["A"],
                                   b["B"], self.factors[side], self.status, np.int32(row0), np.int32(n),
                                   np.float32(regularization), np.int32(1 if weighted else 0))
             events.append((e1, e2, e3))
@@ -203,7 +248,8 @@ class Engine:
         cl = self.cl
         mf = cl.mem_flags
         if self._metrics_prog is None:
-            self._metrics_prog = K.metrics_program(self.ctx, self.f, self.storage, self.ldf)
+            self._metrics_prog = K.metrics_program(self.ctx, self.fs, self.storage, self.ldf,
+                                                   biased=self.biased)
         wg = 128
         if key not in self._metric_bufs:
             n = len(ratings)
@@ -217,7 +263,7 @@ class Engine:
         n, groups, bu, bi, br, bp = self._metric_bufs[key]
         self._metrics_prog.kernels["sq_error"](self.queue, (groups * wg,), (wg,), bu, bi, br,
                                                self.factors["users"], self.factors["items"],
-                                               np.int64(n), np.float32(offset), bp)
+                                               np.int64(n), np.float32(offset + self.offset), bp)
         part = np.empty(groups, np.float32)
         cl.enqueue_copy(self.queue, part, bp)
         return float(part.astype(np.float64).sum()), n
@@ -225,7 +271,8 @@ class Engine:
     def release(self):
         for d in list(self.buf.values()) + [self.factors]:
             for bufobj in d.values():
-                bufobj.release()
+                if isinstance(bufobj, self.cl.MemoryObjectHolder):
+                    bufobj.release()
         for entry in self._metric_bufs.values():
             for bufobj in entry[2:]:
                 bufobj.release()

@@ -58,14 +58,18 @@ def _next_pow2(x):
     return p
 
 
-def als_variables(config: KernelConfig, f: int, device_info=None):
-    """Template variables of the ALS program (S1, S2, S3) for ``config`` at ``f`` factors."""
+def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False, biased=False):
+    """Template variables of the ALS program (S1, S2, S3) for ``config`` at ``f`` factors.
+
+    With ``biased`` the systems have ``f`` unknowns (factors + the row's bias) and the rows are
+    ``f + 1`` wide ([factors | 1 | bias]); ``implicit`` weights the entries by confidence."""
     if f < 1:
         raise InvalidConfigError(f"factors must be ≥ 1, not {f}", "f")
     local_budget = device_info.local_mem if device_info is not None else 32 * 1024
     bx, by = config.tile_edges(f)
     v = dict(
-        f=f, ldf=config.ldf(f), storage=config.storage, config_str=str(config),
+        f=f, ldf=config.ldf(f + 1 if biased else f), storage=config.storage,
+        config_str=str(config), implicit=bool(implicit), biased=bool(biased),
         variant_name=config.name, reg=config.reg, local=config.local, vec=config.vec,
         tile=config.tile, triangle=config.triangle, tx=config.tx, ty=config.ty, tz=config.tz,
         bx=bx, by=by, nnz_batch=config.nnz_batch, s1_wg=config.s1_local_size(),
@@ -79,14 +83,14 @@ def als_variables(config: KernelConfig, f: int, device_info=None):
     return v
 
 
-def render_als(config: KernelConfig, f: int, device_info=None):
+def render_als(config: KernelConfig, f: int, device_info=None, implicit=False, biased=False):
     """The OpenCL C source of the ALS program for a configuration (for debugging: ``clmf source``)."""
-    return render("als.cl.j2", **als_variables(config, f, device_info))
+    return render("als.cl.j2", **als_variables(config, f, device_info, implicit, biased))
 
 
-def render_metrics(f, storage="float32", ldf=None, wg=128):
-    return render("metrics.cl.j2", f=f, ldf=ldf or f, storage=storage, wg=wg,
-                  config_str=f"metrics wg={wg}")
+def render_metrics(f, storage="float32", ldf=None, wg=128, biased=False):
+    return render("metrics.cl.j2", f=f, ldf=ldf or f, storage=storage, wg=wg, implicit=False,
+                  biased=biased, config_str=f"metrics wg={wg}")
 
 
 def validate(config: KernelConfig, f: int, device_info):
@@ -168,10 +172,11 @@ def build(context, source, options=BUILD_OPTIONS):
     return _programs[key]
 
 
-def als_program(context, device, config: KernelConfig, f: int, device_info):
+def als_program(context, device, config: KernelConfig, f: int, device_info, implicit=False,
+                biased=False):
     """Validate, render, build and post-check the ALS program of a configuration."""
     validate(config, f, device_info)
-    src = render_als(config, f, device_info)
+    src = render_als(config, f, device_info, implicit, biased)
     prog = build(context, src)
     needs = {"s1_hermitian": config.s1_local_size(), "s3_solve": config.swg(f),
              "s2_rhs": als_variables(config, f, device_info)["s2_wg"]}
@@ -187,5 +192,5 @@ def als_program(context, device, config: KernelConfig, f: int, device_info):
     return prog
 
 
-def metrics_program(context, f, storage, ldf):
-    return build(context, render_metrics(f, storage, ldf))
+def metrics_program(context, f, storage, ldf, biased=False):
+    return build(context, render_metrics(f, storage, ldf, biased=biased))

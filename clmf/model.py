@@ -37,8 +37,9 @@ class ALS(RecommenderMixin):
         system: :class:`clmf.SingularSystemError` is raised (before any device work).
     iterations : int, default 15
         ALS iterations (each solves users, then items).
-    weighted_regularization : bool, default True
-        λ·n_u·I (ALS-WR, as cuMF) or λ·I.
+    weighted_regularization : bool or None, default None
+        λ·n_u·I (ALS-WR, as cuMF) or λ·I; None means True for explicit feedback and False for
+        implicit feedback (as the implicit library does).
     solver : {"auto", "cholesky", "cg"}
         "auto" uses the tuned choice for the device, else Cholesky.
     variant : "auto", a variant name (``"batch+reg+local:tx=8,ty=8"``), a
@@ -47,6 +48,14 @@ class ALS(RecommenderMixin):
         (see :func:`clmf.select_device`; ``CLMF_DEVICE`` is honoured with "auto").
     dtype : numpy dtype, default float32 — the compute precision (float32 only).
     random_state : None, int or numpy.random.Generator — seeds the start factors.
+    feedback : {"explicit", "implicit"}
+        Explicit ratings, or implicit feedback (Hu, Koren & Volinsky 2008): stored entries are
+        counts/strengths r ≥ 0 with confidence ``c = 1 + alpha·r`` and preference 1;
+        ``A_u = YᵀY + Σ (c − 1) y yᵀ + λI``. ``solver="auto"`` means CG there.
+    alpha : float, default 1.0 — confidence scale of implicit feedback.
+    biases : bool, default False — explicit feedback only: learn a global mean, user and item
+        biases within ALS (``r̂ = μ + b_u + b_i + x_uᵀy_i``; each half-step solves ``[x_u, b_u]``
+        against ``[y_i, 1]`` and the targets ``r − μ − b_i``).
     storage : None, "float32" or "float16" — storage of the factors on the device (compute stays
         float32); None keeps the variant's own (float32 unless a variant string sets
         ``storage=float16``).
@@ -57,6 +66,7 @@ class ALS(RecommenderMixin):
     item_factors_ : ndarray (n_items, factors), float32
     global_mean_ : float — mean training rating, predicted for users/items with no ratings
     user_counts_, item_counts_ : ndarray — training ratings per user / item
+    user_biases_, item_biases_ : ndarray or None — learned biases (``biases=True``)
     config_ : dict side → :class:`clmf.tuning.Choice` — the kernel configuration used per side
         ("users", "items"), with the rule that chose it and why
     device_ : str — the device the fit ran on
@@ -73,8 +83,9 @@ class ALS(RecommenderMixin):
     """
 
     def __init__(self, factors=64, regularization=0.1, iterations=15, *,
-                 weighted_regularization=True, solver="auto", variant="auto", device="auto",
-                 dtype=np.float32, random_state=None, storage=None):
+                 weighted_regularization=None, solver="auto", variant="auto", device="auto",
+                 dtype=np.float32, random_state=None, storage=None, feedback="explicit",
+                 alpha=1.0, biases=False):
         self.factors = factors
         self.regularization = regularization
         self.iterations = iterations
@@ -85,6 +96,9 @@ class ALS(RecommenderMixin):
         self.dtype = dtype
         self.random_state = random_state
         self.storage = storage
+        self.feedback = feedback
+        self.alpha = alpha
+        self.biases = biases
 
     # ----- scikit-learn protocol -----------------------------------------------------------
     @classmethod
@@ -127,6 +141,8 @@ class ALS(RecommenderMixin):
         f = self.factors
         variant = self.variant
         solver = None if self.solver == "auto" else self.solver
+        if solver is None and self.feedback == "implicit":
+            solver = "cg"
         if isinstance(variant, (tuple, list)):
             if len(variant) != 2:
                 raise ValueError("variant as a pair must be (users_variant, items_variant)")
@@ -142,12 +158,18 @@ class ALS(RecommenderMixin):
                 if solver is not None:
                     cfg = cfg.replace(solver=solver)
                 elif self.solver == "auto" and isinstance(v, str) and "solver=" not in v:
-                    cfg = cfg.replace(solver="cholesky")
+                    cfg = cfg.replace(solver="cg" if self.feedback == "implicit" else "cholesky")
                 if self.storage is not None and cfg.storage != self.storage:
                     cfg = cfg.replace(storage=self.storage)
                 ch = tuning.Choice(cfg, "explicit", "variant given by the caller")
             out[side] = ch
         return out
+
+    @property
+    def _weighted(self):
+        if self.weighted_regularization is None:
+            return self.feedback != "implicit"
+        return bool(self.weighted_regularization)
 
     # ----- fitting -------------------------------------------------------------------------
     def fit(self, X, *, show_progress=True, callback=None, init=None, validation=None,
@@ -176,12 +198,16 @@ class ALS(RecommenderMixin):
 
         check_params(self)
         R = check_ratings(X)
+        implicit = self.feedback == "implicit"
+        if implicit and R.nnz and R.data.min() < 0:
+            raise ValueError(f"implicit feedback needs non-negative strengths; X has "
+                             f"{int((R.data < 0).sum())} negative value(s)")
         self._id_maps_from(X)
         m, n = R.shape
         f = int(self.factors)
         user_counts = np.diff(R.indptr)
         item_counts = np.bincount(R.indices, minlength=n)
-        if self.regularization == 0:
+        if self.regularization == 0 and not implicit:
             for side, counts in (("user", user_counts), ("item", item_counts)):
                 bad = np.nonzero((counts > 0) & (counts < f))[0]
                 if bad.size:
@@ -212,8 +238,10 @@ class ALS(RecommenderMixin):
         info = device_info(dev)
         stats = {"users": _side_stats(user_counts, n), "items": _side_stats(item_counts, m)}
         choices = self._resolve_configs(info, stats)
-        engine = Engine(dev, R, f, (choices["users"].config, choices["items"].config))
         self.global_mean_ = float(R.data.astype(np.float64).mean())
+        engine = Engine(dev, R, f, (choices["users"].config, choices["items"].config),
+                        implicit_alpha=float(self.alpha) if implicit else None,
+                        biased=bool(self.biases), offset=self.global_mean_ if self.biases else 0.0)
         self.user_counts_ = user_counts
         self.item_counts_ = item_counts
         self.config_ = choices
@@ -221,7 +249,9 @@ class ALS(RecommenderMixin):
         self.history_ = []
         self.best_iteration_ = self.iterations - 1
         Rc = R.tocoo()
-        if V is not None:
+        if V is not None and (self.biases or implicit):
+            v_unknown_se, v_total = 0.0, int(V.nnz)      # biases: the kernel predicts them itself
+        elif V is not None:
             # ratings of users/items with no training ratings are predicted as global_mean_
             # (as predict() does): their error is constant, computed once on the host
             unk = (user_counts[V.row] == 0) | (item_counts[V.col] == 0)
@@ -238,14 +268,17 @@ class ALS(RecommenderMixin):
                        leave=False)
             for it in bar:
                 t0 = time.perf_counter()
-                engine.iteration(float(self.regularization), bool(self.weighted_regularization))
+                engine.iteration(float(self.regularization), self._weighted)
                 engine.queue.finish()
                 secs = time.perf_counter() - t0
                 metrics = {"seconds": secs}
-                if want_train:
+                if want_train and not implicit:
                     se, cnt = engine.squared_error("train", Rc.row, Rc.col, Rc.data)
                     metrics["train_rmse"] = float(np.sqrt(se / cnt))
-                if V is not None:
+                if V is not None and implicit:
+                    metrics["validation_precision@10"] = _precision_at_10(
+                        engine.get_factors("users"), engine.get_factors("items"), R, V)
+                elif V is not None:
                     se = engine.squared_error("validation", V.row, V.col, V.data)[0] if V.nnz else 0.0
                     metrics["validation_rmse"] = (float(np.sqrt((se + v_unknown_se) / v_total))
                                                   if v_total else float("nan"))
@@ -255,21 +288,26 @@ class ALS(RecommenderMixin):
                 if callback is not None:
                     callback(it, time.perf_counter() - t_start, dict(metrics))
                 if V is not None and early_stopping_rounds is not None:
-                    score = metrics["validation_rmse"]
+                    score = (-metrics["validation_precision@10"] if implicit
+                             else metrics["validation_rmse"])
                     if score < best[0]:
-                        best = (score, engine.get_factors("users"), engine.get_factors("items"), it)
+                        best = (score, engine.get_factors("users", True),
+                                engine.get_factors("items", True), it)
                     elif it - best[3] >= int(early_stopping_rounds):
                         log.info("early stop at iteration %d; best %d (validation RMSE %.5f)",
                                  it, best[3], best[0])
                         break
             bar.close()
             if best[1] is not None:
-                self.user_factors_, self.item_factors_ = best[1], best[2]
+                (Xf, bu), (Yf, bi) = best[1], best[2]
                 self.best_iteration_ = best[3]
             else:
-                self.user_factors_ = engine.get_factors("users")
-                self.item_factors_ = engine.get_factors("items")
+                Xf, bu = engine.get_factors("users", True)
+                Yf, bi = engine.get_factors("items", True)
                 self.best_iteration_ = len(self.history_) - 1
+            self.user_factors_, self.item_factors_ = Xf, Yf
+            self.user_biases_ = bu if self.biases else None
+            self.item_biases_ = bi if self.biases else None
             self.memory_ = dict(engine.memory)
         finally:
             engine.release()
@@ -301,6 +339,11 @@ class ALS(RecommenderMixin):
         self._check_fitted()
         u, i = check_index_pairs(user_idx, item_idx, *self.shape_)
         p = np.einsum("ij,ij->i", self.user_factors_[u], self.item_factors_[i])
+        if getattr(self, "user_biases_", None) is not None:
+            # biased MF: unseen rows have zero factors and bias, so μ + the known side's bias
+            return (p + self.global_mean_ + self.user_biases_[u] + self.item_biases_[i]).astype(np.float32)
+        if self.feedback == "implicit":
+            return p.astype(np.float32)          # preference scores; unseen rows score 0
         unknown = (self.user_counts_[u] == 0) | (self.item_counts_[i] == 0)
         p[unknown] = self.global_mean_
         return p.astype(np.float32)
@@ -337,6 +380,25 @@ class ALS(RecommenderMixin):
         C = check_ratings(X_test, shape=self.shape_, what="X_test").tocoo()
         err = self.predict(C.row, C.col).astype(np.float64) - C.data
         return float(np.sqrt(np.mean(err * err)))
+
+
+def _precision_at_10(X, Y, R, V):
+    """precision@10 of held-out items V among unseen items (host; for implicit early stopping)."""
+    from .metrics import precision_at_k
+    users = np.unique(V.row)
+    if users.size == 0:
+        return float("nan")
+    S = X[users] @ Y.T
+    Rr = R[users]
+    rr = np.repeat(np.arange(users.size), np.diff(Rr.indptr))
+    S[rr, Rr.indices] = -np.inf
+    k = min(10, S.shape[1])
+    top = np.argpartition(-S, k - 1, axis=1)[:, :k]
+    order = np.argsort(-np.take_along_axis(S, top, 1), axis=1, kind="stable")
+    top = np.take_along_axis(top, order, 1)
+    Vc = sp.csr_matrix((np.ones_like(V.data), (V.row, V.col)), shape=V.shape)[users]
+    relevant = [Vc.indices[Vc.indptr[j]:Vc.indptr[j + 1]] for j in range(users.size)]
+    return float(precision_at_k(top, relevant, 10))
 
 
 def _side_stats(counts, other):

@@ -157,6 +157,9 @@ def _arrays_of(model):
         "item_counts": np.asarray(model.item_counts_, dtype=np.int64),
         "global_mean": np.array(float(model.global_mean_), dtype=np.float64),
     }
+    if getattr(model, "user_biases_", None) is not None:
+        arrays["user_biases"] = np.asarray(model.user_biases_, dtype=np.float32)
+        arrays["item_biases"] = np.asarray(model.item_biases_, dtype=np.float32)
     if has_maps:
         arrays["user_ids"] = _id_array(uids, "user_ids_")
         arrays["item_ids"] = _id_array(iids, "item_ids_")
@@ -350,6 +353,13 @@ def load(path):
     model.user_counts_ = uc.astype(np.int64)
     model.item_counts_ = ic.astype(np.int64)
     model.global_mean_ = float(data["global_mean"][()])
+    if "user_biases" in data and "item_biases" in data:
+        ub, ib = np.asarray(data["user_biases"]), np.asarray(data["item_biases"])
+        if ub.shape != (X.shape[0],) or ib.shape != (Y.shape[0],):
+            raise ValueError(f"{path}: corrupted clmf model file (bias lengths do not match the factors)")
+        model.user_biases_, model.item_biases_ = ub.astype(np.float32), ib.astype(np.float32)
+    else:
+        model.user_biases_ = model.item_biases_ = None
     model.user_ids_ = data["user_ids"] if meta.get("has_id_maps") else None
     model.item_ids_ = data["item_ids"] if meta.get("has_id_maps") else None
     model.config_ = _restore_config(meta.get("config", {}))

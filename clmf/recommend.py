@@ -219,8 +219,15 @@ class RecommenderMixin:
         data = rows.data
         if data.size and not np.all(np.isfinite(data)):
             raise ValueError("ratings contain NaN/inf")
+        if getattr(self, "user_biases_", None) is not None:
+            raise NotImplementedError("fold-in of a model with biases is not supported yet")
+        implicit = getattr(self, "feedback", "explicit") == "implicit"
+        weighted = getattr(self, "weighted_regularization", None)
+        if weighted is None:
+            weighted = not implicit
         X = reference.half_step(rows, np.asarray(other, np.float64), float(self.regularization),
-                                bool(getattr(self, "weighted_regularization", True)))
+                                bool(weighted),
+                                implicit_alpha=float(self.alpha) if implicit else None)
         return X.astype(np.float32)
 
     # ----- recommend -------------------------------------------------------------------------
@@ -298,7 +305,17 @@ class RecommenderMixin:
         if not filter_already_liked_items:
             rows = None
         cand = _candidates(n_items, items, filter_items)
-        pos_out, sc_out = self._rank(Xu, Y, cand, rows, N)
+        bi = getattr(self, "item_biases_", None)
+        if bi is not None:
+            # biased MF: score = μ + b_u + b_i + x·y — rank on [x, 1]·[y, b_i], then add μ + b_u
+            Xq = np.hstack([np.asarray(Xu, np.float32), np.ones((Xu.shape[0], 1), np.float32)])
+            Yq = np.hstack([np.asarray(Y, np.float32), np.asarray(bi, np.float32)[:, None]])
+            pos_out, sc_out = self._rank(Xq, Yq, cand, rows, N)
+            bu = (np.zeros(len(ids), np.float32) if recalculate_user
+                  else np.asarray(self.user_biases_, np.float32)[ids])
+            sc_out = sc_out + (np.float32(self.global_mean_) + bu)[:, None]
+        else:
+            pos_out, sc_out = self._rank(Xu, Y, cand, rows, N)
         if scalar:
             keep = pos_out[0] >= 0
             return pos_out[0][keep], sc_out[0][keep]

@@ -68,7 +68,8 @@ def _as_csr(R):
     return R
 
 
-def hermitians(R, Y, regularization, weighted=True, rows=None, dtype=np.float64):
+def hermitians(R, Y, regularization, weighted=True, rows=None, dtype=np.float64,
+               implicit_alpha=None):
     """Return ``A[k] = Σ_{i∈I_r} y_i y_iᵀ + λ·(n_r or 1)·I`` for the rows ``r`` in ``rows``.
 
     Parameters
@@ -88,8 +89,11 @@ def hermitians(R, Y, regularization, weighted=True, rows=None, dtype=np.float64)
         R = R[rows]
     f = Y.shape[1]
     Y = np.asarray(Y, dtype=dtype)
-    P = R.copy()
-    P.data = np.ones_like(P.data, dtype=dtype)
+    P = R.copy().astype(dtype)
+    if implicit_alpha is None:
+        P.data = np.ones_like(P.data, dtype=dtype)
+    else:   # implicit feedback: Σ (c − 1) y yᵀ with c = 1 + α r, plus YᵀY for every row
+        P.data = implicit_alpha * P.data
     counts = np.diff(R.indptr)
     out = np.empty((R.shape[0], f, f), dtype=dtype)
     # Outer-product table per column, computed in column chunks to bound memory.
@@ -99,18 +103,23 @@ def hermitians(R, Y, regularization, weighted=True, rows=None, dtype=np.float64)
         c1 = min(Y.shape[0], c0 + col_chunk)
         Z = np.einsum("ij,ik->ijk", Y[c0:c1], Y[c0:c1]).reshape(c1 - c0, f * f)
         out += (P[:, c0:c1] @ Z).reshape(-1, f, f)
+    if implicit_alpha is not None:
+        out += (Y.T @ Y)[None]
     diag = regularization * (counts if weighted else np.ones_like(counts))
     idx = np.arange(f)
     out[:, idx, idx] += diag[:, None].astype(dtype)
     return out
 
 
-def right_hand_sides(R, Y, rows=None, dtype=np.float64):
-    """Return ``b[r] = Σ_i r_ri y_i`` (rows × f)."""
+def right_hand_sides(R, Y, rows=None, dtype=np.float64, implicit_alpha=None):
+    """Return ``b[r] = Σ_i r_ri y_i`` (rows × f); implicit: ``Σ_i (1 + α r_ri) y_i``."""
     R = _as_csr(R)
     if rows is not None:
         R = R[rows]
-    return np.asarray(R.astype(dtype) @ np.asarray(Y, dtype=dtype))
+    R = R.astype(dtype)
+    if implicit_alpha is not None:
+        R.data = 1.0 + implicit_alpha * R.data
+    return np.asarray(R @ np.asarray(Y, dtype=dtype))
 
 
 def solve_cholesky(A, b, row_ids=None):
@@ -161,7 +170,7 @@ def cg_solve(A, b, x0, steps):
 
 
 def half_step(R, Y, regularization, weighted=True, solver="cholesky", X0=None, cg_steps=3,
-              dtype=np.float64):
+              dtype=np.float64, implicit_alpha=None):
     """One ALS half-step: solve every row of ``R`` for its factors given ``Y``.
 
     Rows with no stored entries get zero factors. Returns an ndarray (rows × f) of ``dtype``.
@@ -185,8 +194,8 @@ def half_step(R, Y, regularization, weighted=True, solver="cholesky", X0=None, c
         if nz.size == 0:
             continue
         rows = r0 + nz
-        A = hermitians(R, Y, regularization, weighted, rows=rows)
-        b = right_hand_sides(R, Y, rows=rows)
+        A = hermitians(R, Y, regularization, weighted, rows=rows, implicit_alpha=implicit_alpha)
+        b = right_hand_sides(R, Y, rows=rows, implicit_alpha=implicit_alpha)
         if solver == "cholesky":
             X[rows] = solve_cholesky(A, b, row_ids=rows)
         elif solver == "cg":
@@ -198,7 +207,7 @@ def half_step(R, Y, regularization, weighted=True, solver="cholesky", X0=None, c
 
 
 def als(R, factors, regularization, iterations, weighted=True, init=None, random_state=None,
-        solver="cholesky", cg_steps=3, callback=None):
+        solver="cholesky", cg_steps=3, callback=None, implicit_alpha=None):
     """Reference ALS: users first, then items, ``iterations`` times.
 
     Parameters
@@ -228,8 +237,10 @@ def als(R, factors, regularization, iterations, weighted=True, init=None, random
         X, Y = (np.asarray(a, dtype=np.float64).copy() for a in init)
     RT = R.T.tocsr()
     for it in range(iterations):
-        X = half_step(R, Y, regularization, weighted, solver, X0=X, cg_steps=cg_steps)
-        Y = half_step(RT, X, regularization, weighted, solver, X0=Y, cg_steps=cg_steps)
+        X = half_step(R, Y, regularization, weighted, solver, X0=X, cg_steps=cg_steps,
+                      implicit_alpha=implicit_alpha)
+        Y = half_step(RT, X, regularization, weighted, solver, X0=Y, cg_steps=cg_steps,
+                      implicit_alpha=implicit_alpha)
         if callback is not None:
             callback(it, X, Y)
     return X, Y
@@ -247,3 +258,37 @@ def rmse(X, Y, R_test):
     C = sp.coo_matrix(R_test)
     err = predict(X, Y, C.row, C.col) - C.data
     return float(np.sqrt(np.mean(err * err)))
+
+
+def als_biased(R, factors, regularization, iterations, weighted=True, init=None,
+               random_state=None, solver="cholesky", cg_steps=3):
+    """Reference biased MF by ALS: ``r̂ = μ + b_u + b_i + x_uᵀy_i``.
+
+    Each half-step solves the augmented unknowns ``[x_u, b_u]`` against the features ``[y_i, 1]``
+    and the targets ``r_ui − μ − b_i`` (biases regularised like the factors). Start biases are 0.
+
+    Returns
+    -------
+    (X, Y, user_biases, item_biases, mu)
+    """
+    R = _as_csr(R)
+    m, n = R.shape
+    mu = float(R.data.mean())
+    if init is None:
+        X, Y = (a.astype(np.float64) for a in start_factors(m, n, factors, random_state))
+    else:
+        X, Y = (np.asarray(a, dtype=np.float64).copy() for a in init)
+    bu, bi = np.zeros(m), np.zeros(n)
+    RT = R.T.tocsr()
+    for _ in range(iterations):
+        T = R.copy().astype(np.float64)
+        T.data = T.data - mu - bi[T.indices]
+        Z = half_step(T, np.hstack([Y, np.ones((n, 1))]), regularization, weighted, solver,
+                      X0=np.hstack([X, bu[:, None]]), cg_steps=cg_steps)
+        X, bu = Z[:, :-1], Z[:, -1]
+        T = RT.copy().astype(np.float64)
+        T.data = T.data - mu - bu[T.indices]
+        Z = half_step(T, np.hstack([X, np.ones((m, 1))]), regularization, weighted, solver,
+                      X0=np.hstack([Y, bi[:, None]]), cg_steps=cg_steps)
+        Y, bi = Z[:, :-1], Z[:, -1]
+    return X, Y, bu, bi, mu

@@ -143,5 +143,15 @@ def check_params(est):
                          "For half-precision storage use storage='float16'")
     if est.storage not in (None, "float32", "float16"):
         raise ValueError(f"storage must be 'float32' or 'float16', not {est.storage!r}")
+    if est.feedback not in ("explicit", "implicit"):
+        raise ValueError(f"feedback must be 'explicit' or 'implicit', not {est.feedback!r}")
+    if est.feedback == "implicit":
+        a = est.alpha
+        if not isinstance(a, numbers.Real) or not np.isfinite(a) or a < 0:
+            raise ValueError(f"alpha must be a finite number ≥ 0, not {a!r}")
+        if est.biases:
+            raise ValueError("biases=True is for explicit feedback")
+    if est.weighted_regularization not in (None, True, False):
+        raise ValueError("weighted_regularization must be True, False or None")
     if est.solver not in ("auto", "cholesky", "cg"):
         raise ValueError(f"unknown solver {est.solver!r}; choose 'auto', 'cholesky' or 'cg'")
