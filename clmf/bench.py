@@ -366,6 +366,13 @@ def device_slug(info):
     return f"{short}-{slug}"[:60].strip("-")
 
 
+def _loadavg():
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return float("nan")
+
+
 def _host_cpu():
     try:
         with open("/proc/cpuinfo") as fh:
@@ -454,6 +461,7 @@ def run_bench(datasets=("ml-100k",), factors=(10, 50, 100), devices=("auto",), v
     infos = [device_info(d) for d in devs]
     when = datetime.datetime.now(datetime.timezone.utc)
     meta = {"date": when.isoformat(timespec="seconds"), "commit": commit(), "host": _host_cpu()}
+    load0 = _loadavg()
     peer_names = _peer_list(peers, {i.type for i in infos})
     peer_max_nnz = dict(peer_max_nnz or {})
     out = Path(out) if out else Path("results") / "bench" / device_slug(infos[0])
@@ -573,7 +581,8 @@ def run_bench(datasets=("ml-100k",), factors=(10, 50, 100), devices=("auto",), v
             _write_csv(out / f"{name}.csv", rows)      # as we go: a crash keeps what ran
     paths = {"csv": out / f"{name}.csv"}
     _write_csv(paths["csv"], rows)
-    md = render_markdown(rows, meta, infos, peaks, argv=argv, elapsed=time.perf_counter() - t_run)
+    md = render_markdown(rows, meta, infos, peaks, argv=argv, elapsed=time.perf_counter() - t_run,
+                         load=(load0, _loadavg()))
     if plots:
         try:
             paths.update(make_plots(rows, out, name))
@@ -615,7 +624,7 @@ def _sys_label(r):
 GPU_TARGETS = {10: 0.02, 50: 0.06, 100: 0.12}
 
 
-def render_markdown(rows, meta, infos, peaks, argv=None, elapsed=None):
+def render_markdown(rows, meta, infos, peaks, argv=None, elapsed=None, load=None):
     L = []
     devs = "; ".join(f"{i.platform} | {i.name} (driver {i.driver})" for i in infos)
     L.append(f"# clmf bench — {devs}\n")
@@ -624,6 +633,9 @@ def render_markdown(rows, meta, infos, peaks, argv=None, elapsed=None):
         L.append(f"- command: `clmf bench {' '.join(shlex.quote(a) for a in argv)}`  ")
     if elapsed is not None:
         L.append(f"- run took {elapsed:.0f} s  ")
+    if load is not None:
+        L.append(f"- host load average (1 min) at start / end: {load[0]:.2f} / {load[1]:.2f} on "
+                 f"{os.cpu_count()} CPUs (other work on the machine slows the CPU figures)  ")
     L.append("- s/it: median over the iterations after the first; GFLOP/s count useful work only "
              "(2·nnz·f(f+1) + 4·nnz·f + (m+n)f³/3 per iteration); GB/s: minimal traffic of a fused "
              "iteration (CSR once, one gather per rating, factors written); % of the *measured* peak "

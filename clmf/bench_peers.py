@@ -333,7 +333,7 @@ def run_pytorch(problem, f, lam, iterations, seed):
     import torch
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     X0, Y0 = _start(problem, f, seed)
-    model = TorchALS(problem.train, f, lam, dev)
+    model = TorchALS(problem.train, f, lam, dev, budget=(1 << 30) if dev == "cuda" else (1 << 28))
     X = torch.as_tensor(X0, device=dev).clone()
     Y = torch.as_tensor(Y0, device=dev).clone()
     times = []
