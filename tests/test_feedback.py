@@ -1,0 +1,144 @@
+"""Implicit feedback and biases: verified against the NumPy references of the same maths on every
+device, and on real data against the explicit baseline (biases) and the `implicit` library."""
+import numpy as np
+import pytest
+
+import clmf
+from clmf import reference as ref
+
+from conftest import random_ratings, rel_err, shared_data
+
+TOL = 1e-4
+VARIANTS = ["batch:tx=4,ty=4", "batch+reg+local:tx=4,ty=4,nnz_batch=8",
+            "batch+reg+local+vec4+tile:tx=2,ty=2,bx=8,by=8,tz=2,nnz_batch=6",
+            "batch+local+tile:tx=2,ty=4,bx=6,by=6,nnz_batch=4,triangle=0,batch_rows=9"]
+
+
+def problem(f):
+    R = random_ratings(61, 43, 0.25, seed=f, empty_rows=[2], empty_cols=[5]).tolil()
+    R[7, :] = 3.0
+    R[7, 5] = 0
+    R = R.tocsr()
+    R.eliminate_zeros()
+    return R, ref.start_factors(61, 43, f, 1)
+
+
+@pytest.mark.parametrize("solver", ["cholesky", "cg"])
+@pytest.mark.parametrize("f", [1, 5, 17])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_implicit_matches_reference(cl_device, variant, f, solver):
+    R, init = problem(f)
+    m = clmf.ALS(f, 0.1, 1, device=cl_device, variant=variant, feedback="implicit", alpha=2.0,
+                 solver=solver).fit(R, init=init, show_progress=False)
+    Xr, Yr = ref.als(R, f, 0.1, 1, weighted=False, init=init, implicit_alpha=2.0, solver=solver)
+    assert rel_err(m.user_factors_, Xr) <= TOL and rel_err(m.item_factors_, Yr) <= TOL
+    assert np.all(m.user_factors_[2] == 0)          # no interactions, b = 0 → x = 0
+
+
+@pytest.mark.parametrize("f", [1, 5, 17])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_biases_match_reference(cl_device, variant, f):
+    R, init = problem(f)
+    m = clmf.ALS(f, 0.1, 2, device=cl_device, variant=variant, biases=True).fit(
+        R, init=init, show_progress=False)
+    X, Y, bu, bi, mu = ref.als_biased(R, f, 0.1, 2, init=init)
+    for got, want in ((m.user_factors_, X), (m.item_factors_, Y), (m.user_biases_, bu),
+                      (m.item_biases_, bi)):
+        assert rel_err(got, want) <= 10 * TOL
+    assert m.global_mean_ == pytest.approx(mu)
+    assert m.user_biases_[2] == 0 and m.item_biases_[5] == 0
+    p = m.predict([0, 2, 0], [1, 1, 5])
+    assert p[0] == pytest.approx(float(X[0] @ Y[1] + mu + bu[0] + bi[1]), rel=1e-4)
+    assert p[1] == pytest.approx(mu + bi[1], rel=1e-4)   # unseen user: μ + the item's bias
+    assert p[2] == pytest.approx(mu + bu[0], rel=1e-4)
+    # the device's train RMSE includes the biases
+    seen = []
+    clmf.ALS(f, 0.1, 2, device=cl_device, variant=variant, biases=True).fit(
+        R, init=init, show_progress=False, callback=lambda i, e, mt: seen.append(mt["train_rmse"]))
+    assert seen[-1] == pytest.approx(m.rmse(R), rel=1e-4)
+
+
+def test_biased_recommend_and_persistence(cl_device, tmp_path):
+    R, init = problem(6)
+    m = clmf.ALS(6, 0.1, 3, device=cl_device, biases=True).fit(R, init=init, show_progress=False)
+    ids, scores = m.recommend(0, R, N=5)
+    brute = m.predict(np.zeros(43, int), np.arange(43)).astype(np.float64)
+    brute[R[0].indices] = -np.inf
+    order = np.argsort(-brute, kind="stable")[:5]
+    assert list(ids) == list(order)
+    assert np.allclose(scores, brute[order], rtol=1e-5)
+    m.save(tmp_path / "b.npz")
+    m2 = clmf.load(tmp_path / "b.npz")
+    assert np.array_equal(m2.item_biases_, m.item_biases_)
+    assert np.allclose(m2.predict([0, 1], [3, 4]), m.predict([0, 1], [3, 4]))
+
+
+def test_implicit_rejects_negative_and_bad_params():
+    R = random_ratings(10, 8, 0.4, seed=1)
+    R.data[0] = -1.0
+    with pytest.raises(ValueError, match="non-negative"):
+        clmf.ALS(2, iterations=1, feedback="implicit").fit(R, show_progress=False)
+    with pytest.raises(ValueError, match="alpha"):
+        clmf.ALS(2, iterations=1, feedback="implicit", alpha=-1).fit(abs(R), show_progress=False)
+    with pytest.raises(ValueError, match="explicit"):
+        clmf.ALS(2, iterations=1, feedback="implicit", biases=True).fit(abs(R), show_progress=False)
+    with pytest.raises(ValueError, match="feedback"):
+        clmf.ALS(2, iterations=1, feedback="both").fit(abs(R), show_progress=False)
+
+
+def test_implicit_early_stopping_on_precision(cl_device):
+    from clmf import datasets, splits
+    data = datasets.synthetic("movielens-100k", scale=0.3, seed=3)
+    train, val = splits.leave_k_out(data, k=2, random_state=0, min_train=2)
+    seen = []
+    m = clmf.ALS(24, 0.001, 25, feedback="implicit", alpha=5.0, device=cl_device, random_state=0)
+    m.fit(train, validation=val, early_stopping_rounds=2, show_progress=False,
+          callback=lambda it, el, mt: seen.append(mt["validation_precision@10"]))
+    best = int(np.argmax(seen))
+    assert m.best_iteration_ == best and len(seen) <= best + 3
+
+
+def test_biases_improve_movielens_rmse():
+    from clmf import datasets
+    d = shared_data("ml-100k")
+    train, test = datasets.load_movielens_100k_split(d)
+    plain = clmf.ALS(10, 0.15, 10, random_state=0).fit(train, show_progress=False).rmse(test)
+    biased = clmf.ALS(10, 0.15, 10, random_state=0, biases=True).fit(train, show_progress=False).rmse(test)
+    assert biased < plain <= 0.95
+
+
+def test_lastfm_matches_implicit_library():
+    implicit_als = pytest.importorskip("implicit.cpu.als")
+    from clmf import datasets, metrics, splits
+    path = shared_data("hetrec2011-lastfm-2k/user_artists.dat")
+    data = datasets.load(path)
+    data = datasets.Ratings(data.users, data.items, np.log1p(data.ratings).astype(np.float32),
+                            data.timestamps, data.user_ids, data.item_ids)
+    train, test = splits.leave_k_out(data, k=2, random_state=0, min_train=2)
+    R, T = train.to_csr(), test.to_csr()
+    users = np.flatnonzero(np.diff(T.indptr) > 0)
+    relevant = [T.indices[T.indptr[u]:T.indptr[u + 1]] for u in users]
+
+    def scores(X, Y):
+        S = X[users] @ Y.T
+        Ru = R[users]
+        S[np.repeat(np.arange(len(users)), np.diff(Ru.indptr)), Ru.indices] = -np.inf
+        top = np.argsort(-S, axis=1, kind="stable")[:, :10]
+        return metrics.precision_at_k(top, relevant, 10), metrics.ndcg_at_k(top, relevant, 10)
+
+    kw = dict(factors=32, regularization=0.05, alpha=2.0, iterations=10)
+    # implicit ≥ 0.5 uses confidence C = alpha·data (not 1 + alpha·r): give it data = r + 1/alpha
+    # so both fit the same model, c = 1 + alpha·r, at the same alpha
+    Ri = R.copy()
+    Ri.data = Ri.data + 1.0 / kw["alpha"]
+    ours, theirs = [], []
+    for seed in range(3):      # seed-to-seed spread is about ±2%: compare means over seeds
+        m = clmf.ALS(kw["factors"], kw["regularization"], kw["iterations"], feedback="implicit",
+                     alpha=kw["alpha"], random_state=seed).fit(R, show_progress=False)
+        im = implicit_als.AlternatingLeastSquares(random_state=seed, calculate_training_loss=False,
+                                                  **kw)
+        im.fit(Ri, show_progress=False)
+        ours.append(scores(m.user_factors_, m.item_factors_))
+        theirs.append(scores(im.user_factors, im.item_factors))
+    (p_c, n_c), (p_i, n_i) = np.mean(ours, axis=0), np.mean(theirs, axis=0)
+    assert p_c >= 0.98 * p_i and n_c >= 0.98 * n_i, (ours, theirs)
