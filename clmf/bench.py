@@ -399,8 +399,8 @@ def _median_after_first(secs):
     return float(np.median(secs[1:] if len(secs) > 1 else secs))
 
 
-def _figures(row, problem, f, secs_it, stages, peak_gflops, peak_gbps, flop_counted=True):
-    """Fill the GFLOP/s, GB/s and fraction-of-peak columns of a row."""
+def _figures(row, problem, f, secs_it, stages, flop_counted=True):
+    """Fill the GFLOP/s and GB/s columns of a row (absolute figures; see :func:`_fractions`)."""
     uc, ic = problem.counts()
     m_act, n_act = int((uc > 0).sum()), int((ic > 0).sum())
     fl = useful_flops(m_act, n_act, problem.train.nnz, f)
@@ -410,20 +410,38 @@ def _figures(row, problem, f, secs_it, stages, peak_gflops, peak_gbps, flop_coun
     if flop_counted and secs_it and math.isfinite(secs_it):
         row["gflops"] = fl["total"] / secs_it * 1e-9
         row["gbps"] = by["total"] / secs_it * 1e-9
-        if peak_gflops:
-            row["frac_peak_flops"] = row["gflops"] / peak_gflops
-        if peak_gbps:
-            row["frac_peak_bw"] = row["gbps"] / peak_gbps
     if stages:
         for k in ("s1", "s2", "s3"):
             t = row[f"{k}_s"]
             if t and t > 0:
                 row[f"{k}_gflops"] = fl[k] / t * 1e-9
                 row[f"{k}_gbps"] = by[k] / t * 1e-9
-                if peak_gflops:
-                    row[f"{k}_frac_peak_flops"] = row[f"{k}_gflops"] / peak_gflops
-                if peak_gbps:
-                    row[f"{k}_frac_peak_bw"] = row[f"{k}_gbps"] / peak_gbps
+
+
+def _fractions(row, pk):
+    """Fractions of the measured peak ``pk`` (a :func:`measure_peaks` dict, or None)."""
+    row["_pk"] = pk
+    if not pk:
+        return
+    row["peak_gflops"], row["peak_gbps"] = pk["peak_gflops"], pk["peak_gbps"]
+    for pre in ("", "s1_", "s2_", "s3_"):
+        g, b = row.get(f"{pre}gflops"), row.get(f"{pre}gbps")
+        if isinstance(g, float):
+            row[f"{pre}frac_peak_flops"] = g / pk["peak_gflops"]
+        if isinstance(b, float):
+            row[f"{pre}frac_peak_bw"] = b / pk["peak_gbps"]
+
+
+def _peak_rows(meta, info, pk, when):
+    base = dict(meta, kind="peak", platform=info.platform, device=info.name, driver=info.driver,
+                status="ok", peak_gflops=pk["peak_gflops"], peak_gbps=pk["peak_gbps"])
+    fma = pk["fma"][pk["fma_width"]]
+    return [dict(base, system="peak-fma", gflops=pk["peak_gflops"], variant=f"float{pk['fma_width']}",
+                 config_rule=when, raw_seconds=" ".join(f"{x:.6f}" for x in fma["runs_s"]),
+                 note="; ".join(f"float{w}: {v['gflops']:.1f}" for w, v in pk["fma"].items())),
+            dict(base, system="peak-copy", gbps=pk["peak_gbps"], variant=pk["copy"].get("kernel", ""),
+                 config_rule=when, raw_seconds=" ".join(f"{x:.6f}" for x in pk["copy"]["runs_s"]),
+                 note=f"{pk['copy']['bytes'] >> 20} MiB float4 buffers")]
 
 
 def _peer_list(spec, device_types):
@@ -453,7 +471,7 @@ def _peer_list(spec, device_types):
 def run_bench(datasets=("ml-100k",), factors=(10, 50, 100), devices=("auto",), variants=("auto",),
               peers="auto", iterations=10, regularization=0.1, scale=1.0, seed=0, out=None,
               name=None, plots=True, ml100k=None, peak_repeats=7, quick_peaks=False,
-              peer_max_nnz=None, argv=None, progress=print):
+              peer_max_nnz=None, argv=None, progress=print, peak_at_end=True):
     """Run the benchmark; write CSV, markdown and plots; return ``(rows, paths)``."""
     from .device import device_info, select_device
     t_run = time.perf_counter()
@@ -469,33 +487,24 @@ def run_bench(datasets=("ml-100k",), factors=(10, 50, 100), devices=("auto",), v
     name = name or f"bench-{when.strftime('%Y%m%dT%H%M%SZ')}"
     rows = []
 
-    # 1. the devices' limits
+    # 1. the devices' limits (measured again at the end; the better of the two counts)
     peaks = {}
     for d, info in zip(devs, infos):
         progress(f"peak: measuring {info.platform} | {info.name} ...")
         try:
             pk = measure_peaks(d, repeats=peak_repeats, quick=quick_peaks)
-            peaks[id(info)] = pk
+            peaks[id(info)] = dict(pk)
             progress(f"peak: {pk['peak_gflops']:.1f} GFLOP/s (float{pk['fma_width']} FMA), "
                      f"{pk['peak_gbps']:.1f} GB/s copy")
-            base = dict(meta, kind="peak", platform=info.platform, device=info.name,
-                        driver=info.driver, status="ok", peak_gflops=pk["peak_gflops"],
-                        peak_gbps=pk["peak_gbps"])
-            rows.append(dict(base, system="peak-fma", gflops=pk["peak_gflops"],
-                             variant=f"float{pk['fma_width']}",
-                             raw_seconds=" ".join(f"{x:.6f}" for x in pk["fma"][pk["fma_width"]]["runs_s"]),
-                             note="; ".join(f"float{w}: {v['gflops']:.1f}" for w, v in pk["fma"].items())))
-            rows.append(dict(base, system="peak-copy", gbps=pk["peak_gbps"], variant="float4",
-                             raw_seconds=" ".join(f"{x:.6f}" for x in pk["copy"]["runs_s"]),
-                             note=f"{pk['copy']['bytes'] >> 20} MiB buffers"))
+            rows.extend(_peak_rows(meta, info, pk, "start"))
         except Exception as e:
             peaks[id(info)] = None
             rows.append(dict(meta, kind="peak", system="peak", platform=info.platform,
                              device=info.name, driver=info.driver,
                              status=f"failed: {type(e).__name__}: {e}".splitlines()[0][:200]))
             progress(f"peak: failed ({e})")
-    cpu_peaks = [p for i, p in zip(infos, [peaks[id(i)] for i in infos]) if p and i.type == "CPU"]
-    gpu_peaks = [p for i, p in zip(infos, [peaks[id(i)] for i in infos]) if p and i.type == "GPU"]
+    cpu_peaks = [peaks[id(i)] for i in infos if peaks[id(i)] and i.type == "CPU"]
+    gpu_peaks = [peaks[id(i)] for i in infos if peaks[id(i)] and i.type == "GPU"]
     host_peak = max(cpu_peaks, key=lambda p: p["peak_gflops"]) if cpu_peaks else None
     gpu_peak = gpu_peaks[0] if gpu_peaks else None
 
@@ -533,13 +542,12 @@ def run_bench(datasets=("ml-100k",), factors=(10, 50, 100), devices=("auto",), v
                     row.update(seconds_per_iteration=secs, first_iteration_s=pr.seconds[0],
                                test_rmse=pr.test_rmse,
                                raw_seconds=" ".join(f"{x:.6f}" for x in pr.seconds))
-                    pk = gpu_peak if pr.device not in ("host CPU",) and not pr.device.startswith("host CPU") \
-                        else host_peak
+                    pk = host_peak if pr.device.startswith("host CPU") else gpu_peak
                     if pk:
-                        row.update(peak_gflops=pk["peak_gflops"], peak_gbps=pk["peak_gbps"],
-                                   platform=f"(peak of {pk['platform']} | {pk['device']})")
-                    _figures(row, problem, f, secs, False, pk and pk["peak_gflops"],
-                             pk and pk["peak_gbps"], flop_counted=not pr.system.startswith("implicit"))
+                        row["platform"] = f"(peak of {pk['platform']} | {pk['device']})"
+                    _figures(row, problem, f, secs, False,
+                             flop_counted=not pr.system.startswith("implicit"))
+                    _fractions(row, pk)
                     if pr.system == "reference":
                         ref_rmse = pr.test_rmse
                     progress(f"    {secs:.4f} s/it, test RMSE {_fmt(pr.test_rmse)}")
@@ -556,8 +564,6 @@ def run_bench(datasets=("ml-100k",), factors=(10, 50, 100), devices=("auto",), v
                                device=info.name, driver=info.driver, variant=cr.variant or v,
                                config_rule=cr.rule, status=cr.status, note=cr.note,
                                device_memory_bytes=cr.memory or "")
-                    if pk:
-                        row.update(peak_gflops=pk["peak_gflops"], peak_gbps=pk["peak_gbps"])
                     if cr.status == "ok":
                         secs = _median_after_first(cr.seconds)
                         later = cr.stages[1:] if len(cr.stages) > 1 else cr.stages
@@ -566,19 +572,40 @@ def run_bench(datasets=("ml-100k",), factors=(10, 50, 100), devices=("auto",), v
                         row.update(seconds_per_iteration=secs, first_iteration_s=cr.seconds[0],
                                    test_rmse=cr.test_rmse,
                                    raw_seconds=" ".join(f"{x:.6f}" for x in cr.seconds))
-                        _figures(row, problem, f, secs, True, pk and pk["peak_gflops"],
-                                 pk and pk["peak_gbps"])
+                        _figures(row, problem, f, secs, True)
                         progress(f"    {secs:.4f} s/it (S1 {row['s1_s']:.4f} S2 {row['s2_s']:.4f} "
                                  f"S3 {row['s3_s']:.4f}), test RMSE {_fmt(cr.test_rmse)}")
                     else:
                         progress(f"    {cr.status}")
+                    _fractions(row, pk)
                     group.append(row)
             for row in group:
                 if ref_rmse and isinstance(row.get("test_rmse"), float) and math.isfinite(row["test_rmse"]) \
                         and row["system"] != "reference":
                     row["rmse_vs_reference"] = row["test_rmse"] / ref_rmse - 1.0
             rows.extend(group)
-            _write_csv(out / f"{name}.csv", rows)      # as we go: a crash keeps what ran
+            _write_csv(out / f"{name}.csv", rows)      # as we go: a crash or a time-out keeps
+            (out / f"{name}.md").write_text(          # what ran
+                render_markdown(rows, meta, infos, peaks, argv=argv,
+                                elapsed=time.perf_counter() - t_run, load=(load0, _loadavg()))
+                + "\n(run in progress: written after each data set and f)\n")
+    if peak_at_end:
+        for d, info in zip(devs, infos):
+            pk0 = peaks.get(id(info))
+            if not pk0:
+                continue
+            progress(f"peak: measuring {info.platform} | {info.name} again ...")
+            try:
+                pk = measure_peaks(d, repeats=peak_repeats, quick=quick_peaks)
+            except Exception as e:
+                progress(f"peak: failed ({e})")
+                continue
+            rows.extend(_peak_rows(meta, info, pk, "end"))
+            for key in ("peak_gflops", "peak_gbps"):      # in place: rows hold this dict
+                pk0[key] = max(pk0[key], pk[key])
+        for r in rows:
+            if "_pk" in r:
+                _fractions(r, r["_pk"])
     paths = {"csv": out / f"{name}.csv"}
     _write_csv(paths["csv"], rows)
     md = render_markdown(rows, meta, infos, peaks, argv=argv, elapsed=time.perf_counter() - t_run,
@@ -642,16 +669,23 @@ def render_markdown(rows, meta, infos, peaks, argv=None, elapsed=None, load=None
              "of the device it ran on (CPU peers: the host CPU's peak as measured through OpenCL). "
              "Ratios are clmf ÷ peer in s/it: below 1, clmf is faster.\n")
     L.append("## Measured device limits\n")
-    L.append("| device | FMA GFLOP/s (best width) | per width | copy GB/s |")
-    L.append("|---|---|---|---|")
+    L.append("| device | when | FMA GFLOP/s (best width) | per width | copy GB/s (kernel) |")
+    L.append("|---|---|---|---|---|")
     for r in rows:
         if r["kind"] == "peak" and r["system"] == "peak-fma":
             cp = next((x for x in rows if x["kind"] == "peak" and x["system"] == "peak-copy"
-                       and x["device"] == r["device"] and x["platform"] == r["platform"]), {})
-            L.append(f"| {r['platform']} \\| {r['device']} | {r['gflops']:.1f} ({r['variant']}) | "
-                     f"{r['note']} | {_fmt(cp.get('gbps'), 4)} |")
+                       and x["device"] == r["device"] and x["platform"] == r["platform"]
+                       and x.get("config_rule") == r.get("config_rule")), {})
+            L.append(f"| {r['platform']} \\| {r['device']} | {r.get('config_rule', '')} | "
+                     f"{r['gflops']:.1f} ({r['variant']}) | {r['note']} | "
+                     f"{_fmt(cp.get('gbps'), 4)} ({cp.get('variant', '')}) |")
         elif r["kind"] == "peak" and r["system"] == "peak":
-            L.append(f"| {r['platform']} \\| {r['device']} | {r['status']} | | |")
+            L.append(f"| {r['platform']} \\| {r['device']} | | {r['status']} | | |")
+    for info in infos:
+        pk = peaks.get(id(info))
+        if pk:
+            L.append(f"| {info.platform} \\| {info.name} | **used** (best of the runs) | "
+                     f"**{pk['peak_gflops']:.1f}** | | **{pk['peak_gbps']:.1f}** |")
     L.append("")
     groups = {}
     for r in rows:

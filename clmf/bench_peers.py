@@ -191,6 +191,7 @@ def _spark_session():
                   .config("spark.driver.memory", mem)
                   .config("spark.sql.shuffle.partitions", str(2 * threads))
                   .config("spark.ui.enabled", "false")
+                  .config("spark.ui.showConsoleProgress", "false")
                   .config("spark.sql.execution.arrow.pyspark.enabled", "true")
                   .getOrCreate())
         _spark.sparkContext.setLogLevel("ERROR")
