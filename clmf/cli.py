@@ -30,7 +30,7 @@ def _add_model_args(p, factors=32, reg=0.05, iterations=10):
     p.add_argument("--unweighted", action="store_true", help="plain λ·I instead of λ·n·I")
     p.add_argument("--device", "-d", default="auto", help="auto | cpu | gpu | P:D | name substring")
     p.add_argument("--variant", default="auto", help="kernel variant name or 'auto' (tuned)")
-    p.add_argument("--solver", default="auto", choices=["auto", "cholesky", "cg"])
+    p.add_argument("--solver", default="auto", choices=["auto", "cholesky", "cg", "fusedcg"])
     p.add_argument("--storage", default="float32", choices=["float32", "float16"])
     p.add_argument("--seed", type=int, default=0, help="random_state")
     p.add_argument("--feedback", default="explicit", choices=["explicit", "implicit"])
@@ -297,9 +297,55 @@ def cmd_recommend(args):
 
 
 def cmd_tune(args):
-    """``clmf tune``: a placeholder until the tuner lands; always an error (exit status 2)."""
-    raise RuntimeError("not yet available: tuning arrives with the tuner (use the shipped "
-                       "tunings, or --variant to choose a kernel variant)")
+    """``clmf tune DATA|--preset NAME``: tune the kernels for a device and store the best.
+
+    For each f of ``--factors`` it searches the configuration space (``--space``) with the
+    ``--strategy`` (``budgeted``: ``--budget`` seconds per f), appends every measurement and the
+    best configuration per side to the database (``--db``, default the per-user database that
+    ``ALS(variant="auto")`` reads), and writes a markdown report with a plot per f to ``--report``.
+    The tuner (package ``tuner``) is imported only here.
+
+    Examples
+    --------
+    >>> main(["tune", "ml-100k", "--factors", "10,50", "--budget", "120"])  # doctest: +SKIP
+    0
+    """
+    try:
+        import tuner
+    except ImportError as e:
+        raise RuntimeError(f"the tuner is not installed with this clmf ({e})") from None
+    try:
+        factors = [int(x) for x in str(args.factors).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--factors must be comma-separated integers, not {args.factors!r}") from None
+    if not factors or min(factors) < 1:
+        raise ValueError("--factors needs at least one f ≥ 1")
+    if args.budget is not None and args.budget <= 0:
+        raise ValueError("--budget must be positive (seconds)")
+    R, name = tuner.load_data(args.data, args.preset, args.scale, args.seed)
+    print(f"data: {name}: {R.shape[0]} users × {R.shape[1]} items, {R.nnz} ratings")
+    solvers = [s.strip() for s in args.solvers.split(",")] if args.solvers else None
+    summaries = tuner.tune(R, factors=factors, device=args.device, strategy=args.strategy,
+                           budget=args.budget, space=args.space, db=args.db,
+                           report_dir=args.report, dataset=name, storage=args.storage,
+                           seed=args.seed, solvers=solvers, sample_time=args.sample_time,
+                           progress=not args.no_progress, resume=not args.fresh)
+    for s in summaries:
+        b = s.get("best")
+        head = f"f={s['f']}: {s['evaluated']} configurations in {s['spent_seconds']:.0f} s"
+        if b is None:
+            print(head + ": no configuration ran correctly")
+            continue
+        print(head + f"; best iteration {b['iteration_seconds']:.4g} s (estimated)"
+              + (f", ×{b['speedup_vs_baseline']:.2f} vs batch, ×{b['speedup_vs_default']:.2f} vs "
+                 "untuned default" if b.get("speedup_vs_baseline") and b.get("speedup_vs_default")
+                 else ""))
+        print(f"  users {b['configs']['users']}")
+        print(f"  items {b['configs']['items']}")
+        if s.get("report"):
+            print(f"  report {s['report']}")
+    print(f"database: {summaries[0]['database'] if summaries else args.db}")
+    return 0
 
 
 def build_parser():
@@ -364,7 +410,29 @@ def build_parser():
                                                  "(left out)")
     s.set_defaults(func=cmd_recommend)
 
-    s = sub.add_parser("tune", help="(not yet available) tune the kernels for this device")
+    s = sub.add_parser("tune", help="tune the kernels for a device and data set; store the best "
+                                    "in the tuning database ALS(variant='auto') reads")
+    s.add_argument("data", nargs="?", default=None, metavar="DATA",
+                   help="ratings file or directory (the ml-100k directory: its ua.base)")
+    s.add_argument("--preset", default=None, help="tune on synthetic data in this preset's shape")
+    s.add_argument("--scale", type=float, default=1.0, help="scale of the --preset data")
+    s.add_argument("--factors", "-f", default="10,50,100", help="comma-separated f values")
+    s.add_argument("--device", "-d", default="auto", help="auto | cpu | gpu | P:D | name substring")
+    s.add_argument("--strategy", default="budgeted", choices=["exhaustive", "budgeted"])
+    s.add_argument("--budget", type=float, default=120.0,
+                   help="seconds of measurement per f (budgeted strategy)")
+    s.add_argument("--space", default="bounded", choices=["bounded", "full"],
+                   help="bounded: a few hundred configurations; full: every grid value (sampled)")
+    s.add_argument("--db", default=None, help="database file (default: the per-user database)")
+    s.add_argument("--report", default=None, metavar="DIR", help="write reports and plots here")
+    s.add_argument("--storage", default="float32", choices=["float32", "float16"])
+    s.add_argument("--solvers", default=None, help="solvers of the full space (cholesky,cg)")
+    s.add_argument("--sample-time", type=float, default=0.03,
+                   help="target device seconds of one sampled half-step")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--fresh", action="store_true", help="ignore the journal of an interrupted "
+                                                        "identical run (default: resume it)")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_tune)
     return p
 

@@ -15,7 +15,7 @@ from .errors import InvalidConfigError
 __all__ = ["KernelConfig", "VARIANT_FLAGS", "SOLVERS", "STORAGES", "representative_variants"]
 
 VARIANT_FLAGS = ("reg", "local", "vec", "tile")
-SOLVERS = ("cholesky", "cg")
+SOLVERS = ("cholesky", "cg", "fusedcg")
 STORAGES = ("float32", "float16")
 _NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?$")
 _INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "nnz_batch", "solve_wg", "cg_steps", "batch_rows")
@@ -39,7 +39,8 @@ class KernelConfig:
     nnz_batch : rows of Y staged in local memory per step (``local`` only)
     solve_wg : work-items per system in S3 (a power of two ≤ f); 0 = the largest power of two
         ≤ min(f, 64)
-    solver : "cholesky" (default) or "cg"; cg_steps its iterations
+    solver : "cholesky" (default), "cg" (cuMF's batched CG on the built hermitians) or "fusedcg"
+        (CG applying A from the row's entries, S1 skipped); cg_steps their iterations
     storage : "float32" or "float16" (factors stored as half, compute in float32)
     triangle : compute only the lower triangle of each hermitian and mirror it
     batch_rows : rows per S1/S2/S3 launch; 0 = sized from device memory
@@ -243,4 +244,6 @@ def representative_variants(f=None):
         "batch+local+tile:tx=4,ty=4,bx=8,by=8,nnz_batch=8,solver=cg,cg_steps=2,batch_rows=5",
         "batch+reg+local+vec4:tx=4,ty=2,nnz_batch=8,storage=float16",
         "batch:tx=4,ty=4,storage=float16,solver=cg",
+        "batch:solver=fusedcg,cg_steps=3,batch_rows=7",
+        "batch:solver=fusedcg,cg_steps=2,solve_wg=2",
     ]

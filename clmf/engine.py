@@ -215,14 +215,24 @@ class Engine:
         for row0 in range(0, d.rows, bs):
             n = min(bs, d.rows - row0)
             groups = cfg.s1_groups(fs, n)
-            e1 = kern["s1_hermitian"](q, (groups * s1_local,), (s1_local,), b["indptr"], b["indices"],
-                                      self.factors[other], b["A"], np.int32(row0), np.int32(n),
-                                      np.float32(regularization), np.int32(1 if weighted else 0),
-                                      b["data"], np.float32(self.alpha), b["G"],
-                                      np.int32(1 if self.implicit else 0))
+            fused = cfg.solver == "fusedcg"
+            e1 = None if fused else kern["s1_hermitian"](
+                q, (groups * s1_local,), (s1_local,), b["indptr"], b["indices"],
+                self.factors[other], b["A"], np.int32(row0), np.int32(n),
+                np.float32(regularization), np.int32(1 if weighted else 0),
+                b["data"], np.float32(self.alpha), b["G"], np.int32(1 if self.implicit else 0))
             e2 = kern["s2_rhs"](q, (n * v["s2_wg"],), (v["s2_wg"],), b["indptr"], b["indices"],
                                 b["data"], self.factors[other], b["B"], np.int32(row0), np.int32(n),
                                 np.float32(self.alpha), np.float32(self.offset))
+            if fused:
+                e3 = kern["s3_fused"](q, (n * cfg.swg(fs),), (cfg.swg(fs),), b["indptr"],
+                                      b["indices"], b["data"], self.factors[other], b["G"],
+                                      np.int32(1 if self.implicit else 0), b["B"],
+                                      self.factors[side], self.status, np.int32(row0), np.int32(n),
+                                      np.float32(regularization), np.int32(1 if weighted else 0),
+                                      np.float32(self.alpha))
+                events.append((e1, e2, e3))
+                continue
             e3 = kern["s3_solve"](q, (n * cfg.swg(fs),), (cfg.swg(fs),), b["indptr"], b["A"],
                                   b["B"], self.factors[side], self.status, np.int32(row0), np.int32(n),
                                   np.float32(regularization), np.int32(1 if weighted else 0))
@@ -232,7 +242,8 @@ class Engine:
         if self.profile:
             for e1, e2, e3 in events:
                 for key, e in (("s1", e1), ("s2", e2), ("s3", e3)):
-                    self.stage_times[key] += (e.profile.end - e.profile.start) * 1e-9
+                    if e is not None:
+                        self.stage_times[key] += (e.profile.end - e.profile.start) * 1e-9
         if st[0] != np.iinfo(np.int32).max:
             raise SingularSystemError(
                 f"the normal equations of {side[:-1]} row {int(st[0])} are not positive definite "

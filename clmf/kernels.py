@@ -178,7 +178,8 @@ def als_program(context, device, config: KernelConfig, f: int, device_info, impl
     validate(config, f, device_info)
     src = render_als(config, f, device_info, implicit, biased)
     prog = build(context, src)
-    needs = {"s1_hermitian": config.s1_local_size(), "s3_solve": config.swg(f),
+    s3 = "s3_fused" if config.solver == "fusedcg" else "s3_solve"
+    needs = {"s1_hermitian": config.s1_local_size(), s3: config.swg(f),
              "s2_rhs": als_variables(config, f, device_info)["s2_wg"]}
     for name, wg in needs.items():
         lim = prog.work_group_limit(name, device)

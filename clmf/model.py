@@ -51,7 +51,8 @@ class ALS(RecommenderMixin):
     feedback : {"explicit", "implicit"}
         Explicit ratings, or implicit feedback (Hu, Koren & Volinsky 2008): stored entries are
         counts/strengths r ≥ 0 with confidence ``c = 1 + alpha·r`` and preference 1;
-        ``A_u = YᵀY + Σ (c − 1) y yᵀ + λI``. ``solver="auto"`` means CG there.
+        ``A_u = YᵀY + Σ (c − 1) y yᵀ + λI``. ``solver="auto"`` means the fused CG there
+        (A applied from the row's entries and YᵀY, never built).
     alpha : float, default 1.0 — confidence scale of implicit feedback.
     biases : bool, default False — explicit feedback only: learn a global mean, user and item
         biases within ALS (``r̂ = μ + b_u + b_i + x_uᵀy_i``; each half-step solves ``[x_u, b_u]``
@@ -142,7 +143,7 @@ class ALS(RecommenderMixin):
         variant = self.variant
         solver = None if self.solver == "auto" else self.solver
         if solver is None and self.feedback == "implicit":
-            solver = "cg"
+            solver = "fusedcg"
         if isinstance(variant, (tuple, list)):
             if len(variant) != 2:
                 raise ValueError("variant as a pair must be (users_variant, items_variant)")
@@ -158,7 +159,7 @@ class ALS(RecommenderMixin):
                 if solver is not None:
                     cfg = cfg.replace(solver=solver)
                 elif self.solver == "auto" and isinstance(v, str) and "solver=" not in v:
-                    cfg = cfg.replace(solver="cg" if self.feedback == "implicit" else "cholesky")
+                    cfg = cfg.replace(solver="fusedcg" if self.feedback == "implicit" else "cholesky")
                 if self.storage is not None and cfg.storage != self.storage:
                     cfg = cfg.replace(storage=self.storage)
                 ch = tuning.Choice(cfg, "explicit", "variant given by the caller")

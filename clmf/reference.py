@@ -198,7 +198,7 @@ def half_step(R, Y, regularization, weighted=True, solver="cholesky", X0=None, c
         b = right_hand_sides(R, Y, rows=rows, implicit_alpha=implicit_alpha)
         if solver == "cholesky":
             X[rows] = solve_cholesky(A, b, row_ids=rows)
-        elif solver == "cg":
+        elif solver in ("cg", "fusedcg"):     # the same CG; fused only applies A differently
             start = np.zeros((rows.size, f)) if X0 is None else np.asarray(X0, np.float64)[rows]
             X[rows] = cg_solve(A, b, start, cg_steps)
         else:

@@ -1,22 +1,71 @@
 """Choosing a kernel configuration for a device, side and data set.
 
-This module reads tuning databases and applies the fallback chain; it never tunes (that is
-``tuner/``). The chain, first hit wins: the tuning databases (``$CLMF_TUNING_DB``, the per-user
-database, the shipped one) → a heuristic for unseen devices → the safe baseline.
-Every choice carries the rule that made it and why (``model.config_``).
+This module *reads* tuning databases and applies the fallback chain; it never tunes (that is
+``tuner/``, which writes the databases through :mod:`tuner.database`).
+
+Databases are JSON Lines files (one record per line, each with ``schema_version``). They are
+searched in this order, and the first source that answers a rung wins (so the user's own
+tunings win over the shipped ones at the same rung):
+
+1. ``$CLMF_TUNING_DB`` — a file or a directory of ``*.jsonl`` files (several joined with ``:``);
+2. the per-user database, ``platformdirs.user_data_dir("clmf")/tuning.jsonl`` (``clmf tune``
+   writes there by default);
+3. the shipped tunings, ``results/tuning/*.jsonl`` of the source tree, installed as the package
+   ``clmf_tuning_data`` (found with :mod:`importlib.resources`, so an installed wheel has them);
+   ``CLMF_TUNING_NO_SHIPPED=1`` leaves them out.
+
+The fallback chain (``Choice.rule``), first hit wins:
+
+``tuned``     the same device (platform, vendor, type, device name), f and storage, and a tuned
+              data set of the same class (:func:`class_distance` ≤ :data:`CLASS_TOL`);
+``nearest``   the same device, the nearest tuned (f, data-set class, storage);
+``vendor``    the same device type and vendor (or platform) — another device of the architecture;
+``default``   the computed default: the configuration with the best mean relative time over the
+              stored results of this device type (as CLBlast does);
+``heuristic`` an unseen device: the paper's rule, ``batch+reg`` with tx = ty = the largest divisor
+              of the tile edge that fits the device;
+``baseline``  the safe ``batch`` configuration.
+
+Each rung returns the *pair* chosen by one tuning run (users side, items side) and keys it only on
+what both sides know — (m, n, nnz) of the whole data set — so the two independent ``choose`` calls
+of a fit agree (both sides share factor buffers: same storage and vector padding). Every candidate
+is checked with :func:`clmf.kernels.validate` on this device and f before it is returned.
+
+A corrupted or foreign-schema file is reported (``logging`` and ``warnings.warn``) and skipped as a
+whole; the file is never modified. Parsed files are cached by (mtime, size), so a lookup costs a
+``stat`` per file.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import math
+import os
+import pathlib
+import re
+import threading
+import warnings
 
 from .config import KernelConfig
+from .errors import InvalidConfigError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Choice", "choose", "heuristic", "BASELINE"]
+__all__ = ["Choice", "choose", "heuristic", "BASELINE", "SCHEMA_VERSION", "CLASS_TOL",
+           "TuningDatabaseWarning", "dataset_class", "class_distance", "device_record",
+           "device_slug", "database_paths", "user_db_path", "shipped_paths", "read_database"]
 
 BASELINE = KernelConfig()
+SCHEMA_VERSION = 1
+CLASS_TOL = 0.35          # RMS of log-ratios of (m, n, nnz): ≈ within a factor 1.4 on average
+ENV_DB = "CLMF_TUNING_DB"
+ENV_NO_SHIPPED = "CLMF_TUNING_NO_SHIPPED"
+SIDES = ("users", "items")
+
+
+class TuningDatabaseWarning(UserWarning):
+    """A tuning database file could not be used (corrupted, foreign schema, unreadable)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +79,363 @@ class Choice:
         return f"{self.config} (rule: {self.rule}; {self.reason})"
 
 
+# ----- keys shared with the tuner ----------------------------------------------------------------
+def _norm(s):
+    return re.sub(r"\s+", " ", str(s).strip())
+
+
+def device_record(info):
+    """The normalised device key of a :class:`clmf.device.DeviceInfo` (driver recorded, not
+    matched)."""
+    return {"platform": _norm(info.platform), "vendor": _norm(info.vendor), "type": info.type,
+            "device": _norm(info.name), "driver": _norm(info.driver)}
+
+
+def device_slug(key):
+    """File-name slug of a device key: ``intel-r-opencl-amd-epyc``."""
+    s = f"{key['platform']} {key['device']}".lower()
+    return re.sub(r"[^a-z0-9]+", "-", s).strip("-")
+
+
+def _same_device(a, b):
+    return all(_norm(a.get(k, "")).lower() == _norm(b.get(k, "")).lower()
+               for k in ("platform", "vendor", "type", "device"))
+
+
+def dataset_class(R):
+    """The data-set class of a users × items CSR: shape, nnz, nnz per row/column, skew.
+
+    ``skew_rows``/``skew_cols`` are the coefficients of variation (std/mean) of the row/column
+    lengths.
+    """
+    import numpy as np
+    import scipy.sparse as sp
+    R = sp.csr_matrix(R)
+    m, n = R.shape
+    rl = np.diff(R.indptr)
+    cl = np.bincount(R.indices, minlength=n)
+
+    def st(x):
+        x = np.asarray(x, np.float64)
+        mean = float(x.mean()) if x.size else 0.0
+        return mean, int(x.max()) if x.size else 0, float(x.std() / mean) if mean > 0 else 0.0
+
+    rm, rx, rs = st(rl)
+    cm, cx, cs = st(cl)
+    return {"m": int(m), "n": int(n), "nnz": int(R.nnz), "row_mean": round(rm, 4), "row_max": rx,
+            "col_mean": round(cm, 4), "col_max": cx, "skew_rows": round(rs, 4),
+            "skew_cols": round(cs, 4)}
+
+
+def _class_from_stats(side, stats):
+    """(m, n, nnz) of the whole data set from one side's statistics (as ``model.fit`` passes)."""
+    if not stats:
+        return None
+    rows, cols, nnz = int(stats.get("rows", 0)), int(stats.get("cols", 0)), int(stats.get("nnz", 0))
+    if side == "items":
+        rows, cols = cols, rows
+    return {"m": rows, "n": cols, "nnz": nnz}
+
+
+def class_distance(a, b):
+    """RMS of the log-ratios of m, n and nnz (0 = same shape; log 2 ≈ 0.69 = a factor 2 apart)."""
+    if a is None or b is None:
+        return math.inf
+    d = [math.log(max(a[k], 1) / max(b[k], 1)) for k in ("m", "n", "nnz")]
+    return math.sqrt(sum(x * x for x in d) / len(d))
+
+
+# ----- where the databases are -------------------------------------------------------------------
+def user_db_path():
+    """The per-user database ``clmf tune`` writes by default."""
+    import platformdirs
+    return pathlib.Path(platformdirs.user_data_dir("clmf")) / "tuning.jsonl"
+
+
+def _jsonl_in(p):
+    p = pathlib.Path(p)
+    if p.is_dir():
+        return sorted(x for x in p.glob("*.jsonl") if x.is_file())
+    return [p]
+
+
+def shipped_paths():
+    """The tuning files shipped with clmf (``results/tuning/*.jsonl``)."""
+    if os.environ.get(ENV_NO_SHIPPED, "").strip() not in ("", "0"):
+        return []
+    out = []
+    try:
+        import importlib.resources as res
+        root = res.files("clmf_tuning_data")
+        for e in sorted(root.iterdir(), key=lambda e: e.name):
+            if e.name.endswith(".jsonl") and e.is_file():
+                out.append(pathlib.Path(str(e)))
+    except (ImportError, ModuleNotFoundError, OSError, TypeError):
+        pass
+    if not out:      # a source checkout: results/tuning next to the clmf package
+        here = pathlib.Path(__file__).resolve().parent.parent / "results" / "tuning"
+        if here.is_dir():
+            out = sorted(here.glob("*.jsonl"))
+    return out
+
+
+def database_paths():
+    """[(origin, path)] in search order: $CLMF_TUNING_DB, the per-user database, the shipped
+    files. Missing paths are left out."""
+    out = []
+    env = os.environ.get(ENV_DB, "")
+    for part in filter(None, (x.strip() for x in env.split(os.pathsep))):
+        out += [("env", p) for p in _jsonl_in(part)]
+    try:
+        out.append(("user", user_db_path()))
+    except Exception as e:  # pragma: no cover - platformdirs missing/broken
+        log.debug("no per-user tuning database: %s", e)
+    out += [("shipped", p) for p in shipped_paths()]
+    seen, uniq = set(), []
+    for origin, p in out:
+        key = os.path.abspath(p)
+        if key not in seen and os.path.isfile(p):
+            seen.add(key)
+            uniq.append((origin, pathlib.Path(p)))
+    return uniq
+
+
+# ----- reading (cached by mtime) -----------------------------------------------------------------
+_cache: dict = {}
+_warned: set = set()
+_clock = threading.Lock()
+
+
+def _warn(path, stamp, msg):
+    key = (str(path), stamp)
+    if key in _warned:
+        return
+    _warned.add(key)
+    full = f"tuning database {path} is not used: {msg} (the file is left untouched; clmf falls " \
+           "back to the next source and the untuned defaults)"
+    log.warning(full)
+    warnings.warn(full, TuningDatabaseWarning, stacklevel=4)
+
+
+def read_database(path, strict=False):
+    """The records of one JSON Lines database, or ``None`` (with a warning) when the file is
+    corrupted, of a foreign schema or unreadable. ``strict=True`` raises ``ValueError`` instead
+    (the tuner uses it before appending)."""
+    path = pathlib.Path(path)
+    try:
+        st = path.stat()
+    except OSError:
+        return [] if not strict else []
+    stamp = (st.st_mtime_ns, st.st_size)
+    with _clock:
+        hit = _cache.get(str(path))
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+    recs, err = [], None
+    try:
+        with open(path, "rb") as fh:
+            for lineno, raw in enumerate(fh, 1):
+                line = raw.strip()
+                if not line:
+                    continue
+                try:
+                    r = json.loads(line)
+                except (ValueError, UnicodeDecodeError) as e:
+                    err = f"line {lineno} is not valid JSON ({e})"
+                    break
+                if not isinstance(r, dict):
+                    err = f"line {lineno} is not a JSON object"
+                    break
+                v = r.get("schema_version")
+                if v != SCHEMA_VERSION:
+                    err = (f"line {lineno} has schema_version {v!r}; this clmf reads "
+                           f"schema_version {SCHEMA_VERSION}")
+                    break
+                recs.append(r)
+    except OSError as e:
+        err = f"cannot read it ({e})"
+    if err is not None:
+        if strict:
+            raise ValueError(f"tuning database {path}: {err}")
+        _warn(path, stamp, err)
+        recs = None
+    with _clock:
+        _cache[str(path)] = (stamp, recs)
+    return recs
+
+
+# ----- the cases a database holds ----------------------------------------------------------------
+@dataclasses.dataclass
+class _Case:
+    """The best (users, items) pair of one tuning run."""
+    origin: str
+    device: dict
+    f: int
+    storage: str
+    dataset: dict
+    configs: dict          # side -> KernelConfig
+    rel: float             # iteration time relative to the run's baseline (lower is better)
+    date: str
+    run_id: str
+
+
+def _cases(records, origin):
+    best = {}
+    for r in records:
+        if r.get("kind") != "best" or r.get("side") not in SIDES:
+            continue
+        try:
+            cfg = KernelConfig.from_dict(r["config"])
+            key = r["run_id"]
+            entry = best.setdefault(key, {"r": r, "cfg": {}})
+            if r.get("date", "") >= entry["r"].get("date", ""):
+                entry["r"] = r
+            entry["cfg"][r["side"]] = cfg
+        except (KeyError, TypeError, ValueError, InvalidConfigError) as e:
+            log.debug("skipping tuning record %s: %s", r.get("run_id"), e)
+    out = []
+    for run_id, e in best.items():
+        if set(e["cfg"]) != set(SIDES):
+            continue
+        r = e["r"]
+        try:
+            ds = {k: int(r["dataset"][k]) for k in ("m", "n", "nnz")}
+            rel = float(r.get("iteration_rel_baseline") or 1.0)
+            out.append(_Case(origin, r["device"], int(r["f"]), r.get("storage", "float32"), ds,
+                             e["cfg"], rel, r.get("date", ""), run_id))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+def _sources():
+    out = []
+    for origin, p in database_paths():
+        recs = read_database(p)
+        if recs:
+            out.append((origin, p, recs))
+    return out
+
+
+def _fits(cfgs, info, f, storage):
+    """The pair adapted to this f and storage if it validates on the device, else None."""
+    from .kernels import validate
+    out = {}
+    for side in SIDES:
+        c = cfgs[side]
+        if c.storage != storage:
+            c = c.replace(storage=storage)
+        try:
+            validate(c, f, info)
+        except InvalidConfigError:
+            if not c.solve_wg:
+                return None
+            c = c.replace(solve_wg=0)
+            try:
+                validate(c, f, info)
+            except InvalidConfigError:
+                return None
+        out[side] = c
+    if out["users"].ldf(f) != out["items"].ldf(f):
+        return None
+    return out
+
+
+def _lookup(info, f, storage, ds):
+    """(rule, pair, reason) or None from the databases."""
+    dev = device_record(info)
+    sources = _sources()
+    if not sources:
+        return None
+    per_source = [(origin, p, _cases(recs, origin)) for origin, p, recs in sources]
+
+    def fmt(c):
+        d = c.dataset
+        return (f"{c.device['platform']} | {c.device['device']}, f={c.f}, {c.storage}, "
+                f"data set {d['m']}×{d['n']} nnz={d['nnz']} ({c.origin} database, run {c.run_id})")
+
+    # 1. tuned: same device, f, storage, same data-set class
+    for origin, p, cases in per_source:
+        cand = [c for c in cases if _same_device(c.device, dev) and c.f == f and c.storage == storage
+                and (ds is None or class_distance(c.dataset, ds) <= CLASS_TOL)]
+        for c in sorted(cand, key=lambda c: (class_distance(c.dataset, ds) if ds else 0, c.rel)):
+            pair = _fits(c.configs, info, f, storage)
+            if pair:
+                return "tuned", pair, f"tuned on this device for {fmt(c)}"
+    # 2. nearest: same device, nearest f / data-set class / storage
+    for origin, p, cases in per_source:
+        cand = [c for c in cases if _same_device(c.device, dev)]
+        key = lambda c: (abs(math.log(c.f / f)), c.storage != storage,
+                         class_distance(c.dataset, ds) if ds else 0, c.rel)
+        for c in sorted(cand, key=key):
+            pair = _fits(c.configs, info, f, storage)
+            if pair:
+                return "nearest", pair, f"nearest tuning on this device: {fmt(c)}"
+    # 3. vendor: same type and vendor (or platform), another device
+    for origin, p, cases in per_source:
+        cand = [c for c in cases if c.device.get("type") == dev["type"]
+                and (_norm(c.device.get("vendor", "")).lower() == dev["vendor"].lower()
+                     or _norm(c.device.get("platform", "")).lower() == dev["platform"].lower())]
+        key = lambda c: (_norm(c.device.get("platform", "")).lower() != dev["platform"].lower(),
+                         abs(math.log(c.f / f)), c.storage != storage,
+                         class_distance(c.dataset, ds) if ds else 0, c.rel)
+        for c in sorted(cand, key=key):
+            pair = _fits(c.configs, info, f, storage)
+            if pair:
+                return "vendor", pair, f"tuned on a device of the same vendor/architecture: {fmt(c)}"
+    # 4. computed default over the stored measurements of this device type
+    cfg, why = _computed_default(info, f, storage, [(o, r) for o, p, r in sources])
+    if cfg is not None:
+        return "default", {s: cfg for s in SIDES}, why
+    return None
+
+
+def _computed_default(info, f, storage, sources):
+    """CLBlast's rule: over every stored tuning of this device type, the configuration with the
+    best mean time relative to each group's best (groups: run × side), among those measured in at
+    least half of the groups; nearest f first."""
+    from .kernels import validate
+    groups = {}
+    for origin, recs in sources:
+        for r in recs:
+            if r.get("kind") != "measurement" or r.get("status") != "ok" or r.get("side") not in SIDES:
+                continue
+            if (r.get("device") or {}).get("type") != info.type:
+                continue
+            try:
+                g = groups.setdefault((int(r["f"]), r["run_id"], r["side"]), {})
+                k = json.dumps(r["config"], sort_keys=True)
+                t = float(r["seconds"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if t > 0 and (k not in g or t < g[k]):
+                g[k] = t
+    if not groups:
+        return None, None
+    fs = sorted({k[0] for k in groups}, key=lambda x: (abs(math.log(x / f)), x))
+    for fv in fs:
+        sel = [g for k, g in groups.items() if k[0] == fv and g]
+        scores = {}
+        for g in sel:
+            best = min(g.values())
+            for k, t in g.items():
+                scores.setdefault(k, []).append(t / best)
+        need = max(1, math.ceil(len(sel) / 2))
+        ranked = sorted((sum(v) / len(v), k) for k, v in scores.items() if len(v) >= need)
+        for mean_rel, k in ranked:
+            try:
+                cfg = KernelConfig.from_dict(json.loads(k))
+                if cfg.storage != storage:
+                    cfg = cfg.replace(storage=storage)
+                validate(cfg, f, info)
+            except (InvalidConfigError, TypeError, ValueError):
+                continue
+            return cfg, (f"computed default for {info.type} devices: best mean relative time "
+                         f"{mean_rel:.3f}× over {len(sel)} stored tunings at f={fv}")
+    return None, None
+
+
+# ----- the heuristic for unseen devices ----------------------------------------------------------
 def _pow2_le(x):
     p = 1
     while p * 2 <= x:
@@ -37,24 +443,75 @@ def _pow2_le(x):
     return p
 
 
-def heuristic(info, f, side_stats=None, storage="float32"):
-    """The rule for unseen devices: the baseline thread-batching variant sized to the device.
+def _largest_divisor_le(n, cap):
+    for d in range(min(n, cap), 0, -1):
+        if n % d == 0:
+            return d
+    return 1
 
-    S1 work-items per row: the largest power of two ≤ min(f·(f+1)/2, device work-group limit,
-    256) split as tx×ty; S3 work-group: the largest power of two ≤ min(f, 64) (at least 1).
-    """
+
+def heuristic(info, f, side_stats=None, storage="float32"):
+    """The rule for unseen devices (the clMF paper's): ``batch+reg`` with tx = ty = the largest
+    divisor of the tile edge (f) such that tx·ty fits the device's work-group limit (and 256) and
+    each work-item keeps at most 64 register accumulators; if none fits, the thread-batching
+    baseline sized to the device (work-items per row: the largest power of two ≤ min(f(f+1)/2,
+    work-group limit, 256))."""
+    from .kernels import validate
+    cap = int(math.isqrt(max(1, min(info.max_work_group_size, 256))))
+    t = _largest_divisor_le(f, cap)
+    if t > 1 and (f // t) ** 2 <= 64:
+        cfg = KernelConfig(reg=True, tx=t, ty=t, storage=storage)
+        try:
+            validate(cfg, f, info)
+            return cfg
+        except InvalidConfigError:
+            pass
     pairs = f * (f + 1) // 2
     wg = max(1, _pow2_le(min(pairs, info.max_work_group_size, 256)))
     tx = _pow2_le(max(1, int(wg ** 0.5)))
-    ty = wg // tx
-    return KernelConfig(tx=tx, ty=ty, storage=storage)
+    return KernelConfig(tx=tx, ty=wg // tx, storage=storage)
 
 
+# ----- the public entry point --------------------------------------------------------------------
 def choose(info, f, side, side_stats=None, storage="float32", solver=None):
-    """Pick the configuration of one side. See the module docstring for the fallback chain."""
-    cfg = heuristic(info, f, side_stats, storage)
-    choice = Choice(cfg, "heuristic", f"no tuning record for {info.platform} | {info.name}; "
-                                      "thread-batching baseline sized to the device")
+    """Pick the configuration of one side (see the module docstring for the fallback chain).
+
+    Parameters
+    ----------
+    info : :class:`clmf.device.DeviceInfo`
+    f : factors
+    side : "users" or "items"
+    side_stats : dict with ``rows``, ``cols``, ``nnz`` (and ``mean``, ``max``) of this side, as
+        :meth:`clmf.ALS.fit` passes; ``None`` matches any data-set class
+    storage : "float32" or "float16"
+    solver : None (the tuned choice) or "cholesky"/"cg" to force one
+
+    Returns
+    -------
+    :class:`Choice` — ``rule`` is one of tuned, nearest, vendor, default, heuristic, baseline
+    """
+    from .kernels import validate
+    storage = storage or "float32"
+    ds = _class_from_stats(side, side_stats)
+    hit = None
+    try:
+        hit = _lookup(info, f, storage, ds)
+    except Exception as e:   # a database must never break a fit
+        log.warning("tuning lookup failed (%s: %s); using the untuned default", type(e).__name__, e)
+        warnings.warn(f"tuning lookup failed ({type(e).__name__}: {e}); using the untuned default",
+                      TuningDatabaseWarning, stacklevel=2)
+    if hit is not None:
+        rule, pair, reason = hit
+        choice = Choice(pair[side], rule, reason)
+    else:
+        cfg = heuristic(info, f, side_stats, storage)
+        choice = Choice(cfg, "heuristic", f"no tuning record for {info.platform} | {info.name}; "
+                                          "the paper's rule for unseen devices")
+        try:
+            validate(cfg, f, info)
+        except InvalidConfigError as e:
+            choice = Choice(BASELINE.replace(storage=storage), "baseline",
+                            f"the heuristic's configuration does not fit ({e}); safe baseline")
     if solver is not None and solver != choice.config.solver:
         choice = Choice(choice.config.replace(solver=solver), choice.rule,
                         choice.reason + f"; solver={solver} requested")

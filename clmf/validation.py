@@ -153,5 +153,5 @@ def check_params(est):
             raise ValueError("biases=True is for explicit feedback")
     if est.weighted_regularization not in (None, True, False):
         raise ValueError("weighted_regularization must be True, False or None")
-    if est.solver not in ("auto", "cholesky", "cg"):
-        raise ValueError(f"unknown solver {est.solver!r}; choose 'auto', 'cholesky' or 'cg'")
+    if est.solver not in ("auto", "cholesky", "cg", "fusedcg"):
+        raise ValueError(f"unknown solver {est.solver!r}; choose 'auto', 'cholesky', 'cg' or 'fusedcg'")

@@ -126,7 +126,7 @@ def main():
             if "status" in r:
                 lines.append(f"| {r['system']} | — | — | — | {r['status']} |")
             else:
-                note = r.get("device", "") + (f", {r['config']}" if "config" in r else "") + \
+                note = r.get("device", "").replace(" | ", " / ") + (f", {r['config']}" if "config" in r else "") + \
                     (f"version {r['version']}, 1 BLAS thread" if "version" in r else "")
                 lines.append(f"| {r['system']} | {r['precision_at_10']:.4f} | {r['ndcg_at_10']:.4f} | "
                              f"{r['seconds']:.2f} | {note} |")

@@ -23,25 +23,27 @@ def problem(f):
     return R, ref.start_factors(61, 43, f, 1)
 
 
-@pytest.mark.parametrize("solver", ["cholesky", "cg"])
+@pytest.mark.parametrize("solver", ["cholesky", "cg", "fusedcg"])
 @pytest.mark.parametrize("f", [1, 5, 17])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_implicit_matches_reference(cl_device, variant, f, solver):
     R, init = problem(f)
     m = clmf.ALS(f, 0.1, 1, device=cl_device, variant=variant, feedback="implicit", alpha=2.0,
                  solver=solver).fit(R, init=init, show_progress=False)
-    Xr, Yr = ref.als(R, f, 0.1, 1, weighted=False, init=init, implicit_alpha=2.0, solver=solver)
+    Xr, Yr = ref.als(R, f, 0.1, 1, weighted=False, init=init, implicit_alpha=2.0,
+                     solver=solver, cg_steps=3)
     assert rel_err(m.user_factors_, Xr) <= TOL and rel_err(m.item_factors_, Yr) <= TOL
     assert np.all(m.user_factors_[2] == 0)          # no interactions, b = 0 → x = 0
 
 
 @pytest.mark.parametrize("f", [1, 5, 17])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_biases_match_reference(cl_device, variant, f):
+@pytest.mark.parametrize("solver", ["cholesky", "fusedcg"])
+def test_biases_match_reference(cl_device, variant, f, solver):
     R, init = problem(f)
-    m = clmf.ALS(f, 0.1, 2, device=cl_device, variant=variant, biases=True).fit(
+    m = clmf.ALS(f, 0.1, 2, device=cl_device, variant=variant, biases=True, solver=solver).fit(
         R, init=init, show_progress=False)
-    X, Y, bu, bi, mu = ref.als_biased(R, f, 0.1, 2, init=init)
+    X, Y, bu, bi, mu = ref.als_biased(R, f, 0.1, 2, init=init, solver=solver)
     for got, want in ((m.user_factors_, X), (m.item_factors_, Y), (m.user_biases_, bu),
                       (m.item_biases_, bi)):
         assert rel_err(got, want) <= 10 * TOL
@@ -53,7 +55,7 @@ def test_biases_match_reference(cl_device, variant, f):
     assert p[2] == pytest.approx(mu + bu[0], rel=1e-4)
     # the device's train RMSE includes the biases
     seen = []
-    clmf.ALS(f, 0.1, 2, device=cl_device, variant=variant, biases=True).fit(
+    clmf.ALS(f, 0.1, 2, device=cl_device, variant=variant, biases=True, solver=solver).fit(
         R, init=init, show_progress=False, callback=lambda i, e, mt: seen.append(mt["train_rmse"]))
     assert seen[-1] == pytest.approx(m.rmse(R), rel=1e-4)
 
