@@ -229,8 +229,12 @@ def read_database(path, strict=False):
     stamp = (st.st_mtime_ns, st.st_size)
     with _clock:
         hit = _cache.get(str(path))
-        if hit is not None and hit[0] == stamp:
-            return hit[1]
+    if hit is not None and hit[0] == stamp:
+        if hit[2] is not None:
+            if strict:
+                raise ValueError(f"tuning database {path}: {hit[2]}")
+            _warn(path, stamp, hit[2])
+        return hit[1]
     recs, err = [], None
     try:
         with open(path, "rb") as fh:
@@ -260,7 +264,7 @@ def read_database(path, strict=False):
         _warn(path, stamp, err)
         recs = None
     with _clock:
-        _cache[str(path)] = (stamp, recs)
+        _cache[str(path)] = (stamp, recs, err)
     return recs
 
 

@@ -1,1 +1,82 @@
-"""clmf autotuner: search space, measurement and the tuning database writer."""
+"""The clmf autotuner: search space, measurement, strategies, database writing, reports.
+
+It sits on top of ``clmf`` (the library never imports it; ``clmf tune`` reaches it lazily).
+After a tuning run, ``clmf.ALS(variant="auto")`` picks the result up from the database with no
+argument (see :mod:`clmf.tuning` for the search order and the fallback chain).
+
+>>> import tuner                                             # doctest: +SKIP
+>>> tuner.tune(R, factors=[10], device="cpu", strategy="budgeted", budget=60)   # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+
+__all__ = ["tune", "load_data"]
+
+log = logging.getLogger(__name__)
+
+
+def load_data(path=None, preset=None, scale=1.0, seed=0, split="ua"):
+    """(users × items CSR, data-set name) of a ratings path (the ml-100k directory or
+    ``ua.base``: its training part) or a synthetic preset."""
+    from clmf import datasets
+    if preset is not None:
+        if path is not None:
+            raise ValueError("give either DATA or --preset, not both")
+        data = datasets.synthetic(preset, scale=scale, seed=seed)
+        return data.to_csr(), f"{preset}-x{scale:g}"
+    if path is None:
+        raise ValueError("give a ratings file or directory (DATA) or --preset NAME "
+                         f"(one of {', '.join(sorted(datasets.list_presets()))})")
+    p = pathlib.Path(path)
+    if p.is_dir() or p.name.endswith(".base"):
+        d = p if p.is_dir() else p.parent
+        sp = split if p.is_dir() else p.name[:-len(".base")]
+        train, _test = datasets.load_movielens_100k_split(d, split=sp)
+        return train.to_csr(), d.name
+    data = datasets.load(str(p))
+    return data.to_csr(), p.stem
+
+
+def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, space="bounded",
+         db=None, report_dir=None, dataset="data", storage="float32", seed=0, solvers=None,
+         state_dir=None, sample_time=0.03, progress=True, resume=True, plot=True):
+    """Tune the kernels of one data set on one device for each f in ``factors``.
+
+    Parameters
+    ----------
+    R : users × items ratings (scipy.sparse)
+    factors : iterable of f
+    device : clmf device specification ("auto", "cpu", "P:D", a name substring, ...)
+    strategy : "exhaustive" or "budgeted" (``budget`` seconds of measurement per f)
+    space : "bounded" (a few hundred configurations) or "full"
+    db : database path (default: the per-user database that ``ALS(variant="auto")`` reads)
+    report_dir : write a markdown report and a plot per f here
+
+    Returns
+    -------
+    list of run summaries (dicts; see :meth:`tuner.strategies.Session.finish`)
+    """
+    from clmf import tuning
+    from clmf.device import select_device
+    from . import strategies
+    from .space import make_space
+    dev = select_device(device)
+    db = pathlib.Path(db) if db else tuning.user_db_path()
+    out = []
+    for f in factors:
+        case = strategies.Case(dev, R, int(f), dataset, storage)
+        sp = make_space(space, int(f), case.info, storage, solvers)
+        log.info("tuning %s | %s, %s, f=%d: %s over the %s space", case.info.platform,
+                 case.info.name, dataset, f, strategy, space)
+        summary = strategies.run(case, sp, strategy, db=db, budget=budget, seed=seed,
+                                 state_dir=state_dir, sample_time=sample_time, progress=progress,
+                                 resume=resume)
+        summary["database"] = str(db)
+        if report_dir:
+            from .report import write_run_report
+            summary["report"] = str(write_run_report(summary, report_dir, plot=plot))
+        out.append(summary)
+    return out

@@ -1,0 +1,283 @@
+"""The tuning database and the library's fallback chain (clmf.tuning): every rung, the search
+order, corrupted and foreign-schema files (warning, safe default, file untouched), atomic appends
+under concurrency. No OpenCL device needed: a DeviceInfo is made up."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+import os
+import pathlib
+import warnings
+
+import pytest
+
+from clmf import tuning
+from clmf.config import KernelConfig
+from clmf.device import DeviceInfo
+from tuner.database import Database, base_record
+
+
+def fake_info(platform="FakeCL", vendor="FakeVendor", name="Fake GPU 1", type_="GPU", **kw):
+    d = dict(index="0:0", platform=platform, platform_version="FakeCL 3.0", vendor=vendor, name=name,
+             type=type_, driver="1.0", opencl_c_version="OpenCL C 1.2", compute_units=8,
+             global_mem=8 << 30, max_alloc=2 << 30, local_mem=48 * 1024, local_mem_type="local",
+             max_work_group_size=1024, max_work_item_sizes=(1024, 1024, 64),
+             preferred_vector_width_float=1, native_vector_width_float=1, clock_mhz=1000)
+    d.update(kw)
+    names = {f.name for f in dataclasses.fields(DeviceInfo)}
+    return DeviceInfo(**{k: v for k, v in d.items() if k in names})
+
+
+ML = {"m": 943, "n": 1682, "nnz": 90570}
+NETFLIX = {"m": 24009, "n": 888, "nnz": 4953606}
+
+
+def stats(side, ds):
+    rows, cols = (ds["m"], ds["n"]) if side == "users" else (ds["n"], ds["m"])
+    return {"rows": rows, "cols": cols, "nnz": ds["nnz"], "mean": ds["nnz"] / rows, "max": 100}
+
+
+def best_records(info, f, ds, users, items, run_id, rel=0.5, storage="float32"):
+    dev = tuning.device_record(info)
+    out = []
+    for side, v in (("users", users), ("items", items)):
+        cfg = KernelConfig.parse(v, storage=storage)
+        out.append(base_record("best", run_id=run_id, device=dev, f=f, storage=storage, side=side,
+                               dataset=dict(ds, name="x"), config=cfg.to_dict(), variant=str(cfg),
+                               seconds=1.0, iteration_rel_baseline=rel))
+    return out
+
+
+def measurement(info, f, run_id, side, variant, seconds):
+    cfg = KernelConfig.parse(variant)
+    return base_record("measurement", status="ok", run_id=run_id, device=tuning.device_record(info),
+                       f=f, storage="float32", side=side, dataset=dict(ML, name="x"),
+                       config=cfg.to_dict(), variant=str(cfg), seconds=seconds)
+
+
+@pytest.fixture
+def dbenv(tmp_path, monkeypatch):
+    """Isolated search path: $CLMF_TUNING_DB, the per-user database and no shipped files."""
+    env = tmp_path / "env.jsonl"
+    user = tmp_path / "user" / "tuning.jsonl"
+    monkeypatch.setenv("CLMF_TUNING_DB", str(env))
+    monkeypatch.setattr(tuning, "user_db_path", lambda: user)
+    monkeypatch.setattr(tuning, "shipped_paths", lambda: [])
+    return {"env": env, "user": user, "tmp": tmp_path}
+
+
+def write(path, records):
+    Database(path).append(records)
+
+
+A = "batch+reg+local:tx=8,ty=8,nnz_batch=16"
+B = "batch+reg:tx=4,ty=4"
+C = "batch+local:tx=4,ty=8,nnz_batch=64"
+
+
+def test_no_database_uses_the_heuristic(dbenv):
+    info = fake_info()
+    ch = tuning.choose(info, 10, "users", stats("users", ML))
+    assert ch.rule == "heuristic"
+    assert ch.config == tuning.heuristic(info, 10)
+    # the paper's rule: tx = ty = the largest divisor of the tile edge that fits
+    assert ch.config.reg and ch.config.tx == ch.config.ty == 10
+
+
+def test_heuristic_rule_sizes():
+    info = fake_info(max_work_group_size=256)
+    assert tuning.heuristic(info, 64).tx == 16          # 16 | 64, 16·16 ≤ 256, 4×4 registers
+    assert tuning.heuristic(info, 50).tx == 10
+    c = tuning.heuristic(info, 17)                       # prime: no divisor fits → sized baseline
+    assert not c.reg and c.tx * c.ty <= 256
+
+
+def test_baseline_when_nothing_fits(dbenv):
+    info = fake_info(max_work_group_size=32, max_work_item_sizes=(32, 32, 32))
+    ch = tuning.choose(info, 17, "users", None)
+    assert ch.rule in ("heuristic", "baseline")
+    tiny = fake_info(max_work_group_size=1, max_work_item_sizes=(1, 1, 1))
+    ch = tuning.choose(tiny, 17, "users", None)
+    assert ch.rule == "baseline" and ch.config == tuning.BASELINE
+
+
+def test_tuned_exact_and_pair_consistency(dbenv):
+    info = fake_info()
+    write(dbenv["env"], best_records(info, 10, ML, A, B, "r1"))
+    write(dbenv["env"], best_records(info, 10, NETFLIX, C, A, "r2"))
+    u = tuning.choose(info, 10, "users", stats("users", ML))
+    i = tuning.choose(info, 10, "items", stats("items", ML))
+    assert (u.rule, i.rule) == ("tuned", "tuned")
+    assert u.config == KernelConfig.parse(A) and i.config == KernelConfig.parse(B)
+    assert "r1" in u.reason
+    u = tuning.choose(info, 10, "users", stats("users", NETFLIX))
+    i = tuning.choose(info, 10, "items", stats("items", NETFLIX))
+    assert u.config == KernelConfig.parse(C) and i.config == KernelConfig.parse(A)
+
+
+def test_nearest_class_and_f_on_the_same_device(dbenv):
+    info = fake_info()
+    write(dbenv["env"], best_records(info, 10, ML, A, B, "r1"))
+    # a data set of another class, same f → nearest
+    far = {"m": 400000, "n": 17000, "nnz": 90_000_000}
+    ch = tuning.choose(info, 10, "users", stats("users", far))
+    assert ch.rule == "nearest" and ch.config == KernelConfig.parse(A)
+    # another f → nearest f of the same device (validated for this f)
+    ch = tuning.choose(info, 12, "users", stats("users", ML))
+    assert ch.rule == "nearest" and ch.config.name == "batch+reg+local"
+
+
+def test_vendor_rung(dbenv):
+    seen = fake_info(name="Fake GPU 1")
+    other = fake_info(name="Fake GPU 2")       # same vendor and platform, another device
+    write(dbenv["env"], best_records(seen, 10, ML, A, B, "r1"))
+    ch = tuning.choose(other, 10, "users", stats("users", ML))
+    assert ch.rule == "vendor" and ch.config == KernelConfig.parse(A)
+
+
+def test_computed_default_rung(dbenv):
+    seen = fake_info(platform="OtherCL", vendor="OtherVendor", name="GPU X")
+    unseen = fake_info(platform="FakeCL", vendor="FakeVendor", name="GPU Y")
+    recs = []
+    # two runs × two sides: A is best on average though never the single best
+    for run, (ta, tb, tc) in {"m1": (1.1, 1.0, 3.0), "m2": (1.1, 3.0, 1.0)}.items():
+        for side in ("users", "items"):
+            recs += [measurement(seen, 10, run, side, A, ta), measurement(seen, 10, run, side, B, tb),
+                     measurement(seen, 10, run, side, C, tc)]
+    write(dbenv["env"], recs)
+    ch = tuning.choose(unseen, 10, "users", stats("users", ML))
+    assert ch.rule == "default" and ch.config == KernelConfig.parse(A)
+    assert "mean relative time" in ch.reason
+    # another device type: no stored results of its type → the heuristic
+    cpu = fake_info(type_="CPU", name="CPU Z", max_work_group_size=8192)
+    assert tuning.choose(cpu, 10, "users", stats("users", ML)).rule == "heuristic"
+
+
+def test_invalid_tuned_config_falls_through(dbenv):
+    info = fake_info()
+    small = fake_info(max_work_group_size=16, max_work_item_sizes=(16, 16, 16))
+    write(dbenv["env"], best_records(info, 10, ML, A, A, "r1"))   # 64 work-items
+    ch = tuning.choose(small, 10, "users", stats("users", ML))
+    assert ch.rule not in ("tuned", "nearest", "vendor") or ch.config.s1_local_size() <= 16
+
+
+def test_user_database_wins_over_shipped(dbenv, tmp_path, monkeypatch):
+    info = fake_info()
+    shipped = tmp_path / "shipped.jsonl"
+    write(shipped, best_records(info, 10, ML, B, B, "shipped-run"))
+    write(dbenv["user"], best_records(info, 10, ML, A, A, "user-run"))
+    monkeypatch.setattr(tuning, "shipped_paths", lambda: [shipped])
+    monkeypatch.delenv("CLMF_TUNING_DB")
+    ch = tuning.choose(info, 10, "users", stats("users", ML))
+    assert ch.rule == "tuned" and ch.config == KernelConfig.parse(A) and "user database" in ch.reason
+    # $CLMF_TUNING_DB comes first
+    write(dbenv["env"], best_records(info, 10, ML, C, C, "env-run"))
+    monkeypatch.setenv("CLMF_TUNING_DB", str(dbenv["env"]))
+    ch = tuning.choose(info, 10, "users", stats("users", ML))
+    assert ch.config == KernelConfig.parse(C) and "env database" in ch.reason
+    # the shipped file alone still answers
+    monkeypatch.delenv("CLMF_TUNING_DB")
+    dbenv["user"].unlink()
+    ch = tuning.choose(info, 10, "users", stats("users", ML))
+    assert ch.config == KernelConfig.parse(B) and "shipped" in ch.reason
+
+
+def test_solver_request_overrides(dbenv):
+    info = fake_info()
+    write(dbenv["env"], best_records(info, 10, ML, A, B, "r1"))
+    ch = tuning.choose(info, 10, "users", stats("users", ML), solver="cg")
+    assert ch.rule == "tuned" and ch.config.solver == "cg" and "solver=cg requested" in ch.reason
+
+
+@pytest.mark.parametrize("content", [
+    b'{"schema_version": 1, "kind": "best"\n',                                  # torn JSON
+    b"\x00\xff\xfe garbage\n",                                                    # binary junk
+    b'[1, 2, 3]\n',                                                               # not an object
+    b'{"schema_version": 99, "kind": "best", "future": true}\n',                 # foreign schema
+    b'{"kind": "best", "no_schema": true}\n',                                    # no schema
+], ids=["torn", "binary", "array", "foreign-schema", "no-schema"])
+def test_corrupted_or_foreign_file(dbenv, content):
+    info = fake_info()
+    good = best_records(info, 10, ML, A, B, "r1")
+    raw = b"".join(json.dumps(r).encode() + b"\n" for r in good) + content
+    dbenv["env"].write_bytes(raw)
+    before = os.stat(dbenv["env"])
+    with pytest.warns(tuning.TuningDatabaseWarning, match="not used"):
+        ch = tuning.choose(info, 10, "users", stats("users", ML))
+    assert ch.rule == "heuristic"                 # the whole file is set aside: safe default
+    assert dbenv["env"].read_bytes() == raw       # untouched
+    assert os.stat(dbenv["env"]).st_mtime_ns == before.st_mtime_ns
+    # the writer refuses to append to it, and leaves it alone
+    with pytest.raises(ValueError):
+        Database(dbenv["env"]).append(good)
+    assert dbenv["env"].read_bytes() == raw
+    # a fit-time lookup warns once per file version, not on every call
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tuning.choose(info, 10, "items", stats("items", ML))
+
+
+def test_unreadable_directory_entry_is_ignored(dbenv, tmp_path, monkeypatch):
+    d = tmp_path / "dbdir"
+    d.mkdir()
+    info = fake_info()
+    write(d / "a.jsonl", best_records(info, 10, ML, A, B, "r1"))
+    (d / "notes.txt").write_text("not a database")
+    monkeypatch.setenv("CLMF_TUNING_DB", str(d))
+    assert tuning.choose(info, 10, "users", stats("users", ML)).rule == "tuned"
+
+
+def test_reads_are_cached_by_mtime(dbenv):
+    info = fake_info()
+    write(dbenv["env"], best_records(info, 10, ML, A, B, "r1"))
+    first = tuning.read_database(dbenv["env"])
+    assert tuning.read_database(dbenv["env"]) is first          # no re-parse
+    write(dbenv["env"], best_records(info, 50, ML, A, B, "r2"))
+    again = tuning.read_database(dbenv["env"])
+    assert again is not first and len(again) == len(first) + 2
+
+
+def _writer(path, wid, n):
+    db = Database(path)
+    for k in range(n):
+        db.append([{"schema_version": tuning.SCHEMA_VERSION, "kind": "measurement", "w": wid,
+                    "k": k, "part": p, "pad": "x" * (1000 + 37 * p)} for p in range(3)])
+
+
+def test_atomic_appends_under_concurrency(tmp_path):
+    path = tmp_path / "db.jsonl"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_writer, args=(path, w, 40)) for w in range(6)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    lines = path.read_bytes().split(b"\n")
+    assert lines[-1] == b""
+    recs = [json.loads(x) for x in lines[:-1]]          # every line whole
+    assert len(recs) == 6 * 40 * 3
+    # each append's records are contiguous (one write under the lock)
+    for i in range(0, len(recs), 3):
+        grp = recs[i:i + 3]
+        assert [r["part"] for r in grp] == [0, 1, 2]
+        assert len({(r["w"], r["k"]) for r in grp}) == 1
+    assert tuning.read_database(path, strict=True) is not None
+
+
+def test_dataset_class_and_distance():
+    import scipy.sparse as sp
+    import numpy as np
+    R = sp.random(50, 30, density=0.2, random_state=0, format="csr")
+    c = tuning.dataset_class(R)
+    assert (c["m"], c["n"], c["nnz"]) == (50, 30, R.nnz)
+    assert c["row_max"] == int(np.diff(R.indptr).max())
+    assert tuning.class_distance(c, c) == 0
+    assert tuning.class_distance(ML, NETFLIX) > tuning.CLASS_TOL
+
+
+def test_device_slug():
+    info = fake_info(platform="Portable Computing Language", name="pthread-skylake-avx512-AMD EPYC")
+    assert tuning.device_slug(tuning.device_record(info)) == \
+        "portable-computing-language-pthread-skylake-avx512-amd-epyc"

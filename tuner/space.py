@@ -1,0 +1,299 @@
+"""The search space: variant flags × tx, ty, bx, by, tz, nnz_batch, vec, solve_wg, solver.
+
+A :class:`Space` is a product of per-field value grids with conditional fields (``nnz_batch``
+only with ``local``; ``bx``, ``by``, ``tz`` only with ``tile``; ``cg_steps`` only with the CG
+solver; the plain ``batch`` variant only sees ``tx·ty``). Every configuration is put in a
+canonical form (:func:`canonical`) so equivalent ones are built once, and pruned *before* any
+build by :func:`prune` (idle work-items, :func:`clmf.kernels.validate`: work-group limits, local
+memory by :meth:`KernelConfig.local_mem_bytes` against the device's, register blocks). What a
+built kernel allows is checked later, by :func:`clmf.kernels.als_program` (typed
+``InvalidConfigError.reason``), during measurement.
+
+Two presets: ``bounded`` (a few hundred configurations, cholesky only: the exhaustive-vs-budgeted
+comparison) and ``full`` (every grid value; solvers as asked, Cholesky by default; far too large
+to enumerate: the budgeted strategy samples and walks it).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+from clmf.config import SOLVERS, KernelConfig
+from clmf.errors import InvalidConfigError
+from clmf.kernels import validate
+
+__all__ = ["Space", "canonical", "prune", "make_space", "SPACES", "config_id"]
+
+FLAG_FIELDS = ("reg", "local", "vec", "tile")
+# The CG solvers are opt-in (``solvers=``): a CG half-step is cheaper but converges less per
+# iteration, which a per-iteration time objective cannot judge. Their steps stay ≤ 3: with more,
+# float32 CG mid-convergence departs from the float64 reference CG beyond the 1e-4 validation
+# tolerance (≈ 5e-3 at 6 steps, f = 10, on the validation problems), so they could not pass.
+DEFAULT_SOLVERS = ("cholesky",)
+PARAM_FIELDS = ("tx", "ty", "bx", "by", "tz", "nnz_batch", "solve_wg", "solver", "cg_steps")
+
+
+def _pow2_le(x):
+    p = 1
+    while p * 2 <= x:
+        p *= 2
+    return p
+
+
+def config_id(cfg):
+    """A short, stable text id of a configuration (its readable string)."""
+    return str(cfg)
+
+
+def canonical(cfg: KernelConfig) -> KernelConfig:
+    """The representative of the configurations that build the same kernels."""
+    kw = {}
+    if cfg.solver == "fusedcg":
+        # the fused CG applies A from the row's entries: no S1 in explicit ALS, only the
+        # vector width (factor padding) still matters
+        kw.update(reg=False, local=False, tile=False)
+        kw.update(tx=1, ty=1) if cfg.vec else kw.update(tx=8, ty=8)
+        cfg = cfg.replace(**kw)
+        kw = {}
+    if not cfg.local:
+        kw["nnz_batch"] = KernelConfig.nnz_batch
+    if not cfg.tile:
+        kw.update(bx=0, by=0, tz=1)
+    if cfg.solver == "cholesky":
+        kw["cg_steps"] = KernelConfig.cg_steps
+    if not (cfg.reg or cfg.local or cfg.vec or cfg.tile):
+        p = cfg.tx * cfg.ty           # the baseline uses tx·ty work-items, flat
+        tx = _pow2_le(max(1, int(math.isqrt(p)))) if (p & (p - 1)) == 0 else cfg.tx
+        kw.update(tx=tx, ty=p // tx)
+    return cfg.replace(**kw) if kw else cfg
+
+
+def prune(cfg: KernelConfig, f: int, info):
+    """Raise :class:`InvalidConfigError` (typed reason) if ``cfg`` cannot or should not be built
+    for ``f`` factors on the device ``info``; returns ``cfg`` otherwise."""
+    bx, by = cfg.tile_edges(f)
+    vw = cfg.vec or 1
+    if cfg.reg or cfg.local or cfg.vec or cfg.tile:
+        # work-items that would own no output element
+        if cfg.tx > bx:
+            raise InvalidConfigError(f"tx={cfg.tx} > tile edge {bx}", "idle_work_items")
+        if cfg.ty > -(-by // vw):
+            raise InvalidConfigError(f"ty={cfg.ty} > tile edge {by}/{vw}", "idle_work_items")
+    else:
+        if cfg.tx * cfg.ty > 2 * f * (f + 1) // 2 and cfg.tx * cfg.ty > 1:
+            raise InvalidConfigError(f"{cfg.tx * cfg.ty} work-items for {f * (f + 1) // 2} "
+                                     "output elements", "idle_work_items")
+    if cfg.tile:
+        if (cfg.bx and cfg.bx > f) or (cfg.by and cfg.by > f):
+            raise InvalidConfigError(f"tile {cfg.bx}×{cfg.by} larger than f={f}", "geometry")
+    if cfg.solver != "cholesky" and cfg.cg_steps > f:
+        raise InvalidConfigError(f"cg_steps={cfg.cg_steps} > f={f}", "geometry")
+    validate(cfg, f, info)
+    return cfg
+
+
+@dataclasses.dataclass
+class Space:
+    """A product space of configurations at ``f`` factors for one device.
+
+    ``flags`` lists the (reg, local, vec, tile) tuples; ``grid`` maps each field to its values
+    (``square_tiles`` restricts tiles to bx = by). Small spaces are enumerated
+    (:meth:`enumerate`); large ones are sampled (:meth:`sample`) and walked (:meth:`mutate`).
+    """
+    name: str
+    f: int
+    flags: list
+    grid: dict
+    storage: str = "float32"
+    ENUMERATE_LIMIT = 50_000
+
+    def active(self, flags, solver):
+        """The fields that matter for a configuration with these flags and solver."""
+        reg, local, vec, tile = flags
+        out = ["tx", "ty", "solve_wg", "solver"]
+        if local:
+            out.append("nnz_batch")
+        if tile:
+            out += ["bx", "tz"] if self.grid.get("square_tiles") else ["bx", "by", "tz"]
+        if solver != "cholesky":
+            out.append("cg_steps")
+        return out
+
+    def _make(self, flags, vals):
+        reg, local, vec, tile = flags
+        kw = dict(vals)
+        if self.grid.get("square_tiles") and "bx" in kw:
+            kw["by"] = kw["bx"]
+        return KernelConfig(reg=reg, local=local, vec=vec, tile=tile, storage=self.storage, **kw)
+
+    def _raw(self):
+        g = self.grid
+        for fl in self.flags:
+            for solver in g["solver"]:
+                fields = [k for k in self.active(fl, solver) if k != "solver"]
+                for combo in itertools.product(*(g[k] for k in fields)):
+                    try:
+                        yield self._make(fl, dict(zip(fields, combo), solver=solver))
+                    except InvalidConfigError:
+                        continue
+
+    def size_upper(self):
+        """The number of raw grid points (before canonical forms and pruning)."""
+        g, n = self.grid, 0
+        for fl in self.flags:
+            for solver in g["solver"]:
+                fields = [k for k in self.active(fl, solver) if k != "solver"]
+                n += math.prod(len(g[k]) for k in fields)
+        return n
+
+    @property
+    def enumerable(self):
+        return self.size_upper() <= self.ENUMERATE_LIMIT
+
+    def enumerate(self, info, rejected=None):
+        """Every valid canonical configuration, in a stable order. ``rejected`` (a list) collects
+        ``(config, reason, message)`` of the pruned ones."""
+        if not self.enumerable:
+            raise ValueError(f"the {self.name} space at f={self.f} has {self.size_upper()} grid "
+                             "points: too many to enumerate; sample it (budgeted strategy)")
+        seen, out = set(), []
+        for cfg in self._raw():
+            c = canonical(cfg)
+            k = c.key()
+            if k in seen:
+                continue
+            seen.add(k)
+            try:
+                prune(c, self.f, info)
+            except InvalidConfigError as e:
+                if rejected is not None:
+                    rejected.append((c, e.reason, str(e)))
+                continue
+            out.append(c)
+        return out
+
+    def _valid(self, cfg, info):
+        try:
+            return prune(canonical(cfg), self.f, info)
+        except InvalidConfigError:
+            return None
+
+    def sample(self, rng, info, tries=200):
+        """A random valid configuration (flags uniformly, then each active field uniformly)."""
+        g = self.grid
+        for _ in range(tries):
+            fl = self.flags[rng.integers(len(self.flags))]
+            solver = g["solver"][rng.integers(len(g["solver"]))]
+            vals = {k: g[k][rng.integers(len(g[k]))] for k in self.active(fl, solver) if k != "solver"}
+            try:
+                c = self._valid(self._make(fl, dict(vals, solver=solver)), info)
+            except InvalidConfigError:
+                c = None
+            if c is not None:
+                return c
+        return None
+
+    def mutate(self, cfg, rng, info, tries=50):
+        """A valid neighbour of ``cfg``: one flag toggled, or one active field moved one grid step
+        (tx/ty and bx/by may move together), or the solver switched."""
+        g = self.grid
+        fl0 = (cfg.reg, cfg.local, cfg.vec, cfg.tile)
+        for _ in range(tries):
+            fl = list(fl0)
+            vals = {k: getattr(cfg, k) for k in ("tx", "ty", "bx", "by", "tz", "nnz_batch",
+                                                 "solve_wg", "cg_steps")}
+            solver = cfg.solver
+            fields = self.active(fl0, solver)
+            what = rng.integers(len(fields) + 1)
+            if what == len(fields):           # a flag
+                alts = [f for f in self.flags if sum(a != b for a, b in zip(f, fl0)) == 1]
+                if not alts:
+                    continue
+                fl = list(alts[rng.integers(len(alts))])
+            else:
+                k = fields[what]
+                if k == "solver":
+                    others = [s for s in g["solver"] if s != solver]
+                    if not others:
+                        continue
+                    solver = others[rng.integers(len(others))]
+                else:
+                    keys = [k] + ([{"tx": "ty", "ty": "tx"}[k]] if k in ("tx", "ty")
+                                  and rng.random() < 0.3 else [])
+                    for kk in keys:
+                        vs = g[kk]
+                        cur = vals[kk]
+                        i = vs.index(cur) if cur in vs else int(rng.integers(len(vs)))
+                        j = min(len(vs) - 1, max(0, i + (1 if rng.random() < 0.5 else -1)))
+                        vals[kk] = vs[j]
+            act = self.active(tuple(fl), solver)
+            for k in ("tx", "ty", "bx", "by", "tz", "nnz_batch", "solve_wg", "cg_steps"):
+                if k in act and vals[k] not in g[k]:
+                    vals[k] = g[k][rng.integers(len(g[k]))]
+            keep = {k: vals[k] for k in act if k != "solver"}
+            try:
+                c = self._valid(self._make(tuple(fl), dict(keep, solver=solver)), info)
+            except InvalidConfigError:
+                c = None
+            if c is not None and c.key() != cfg.key():
+                return c
+        return None
+
+    def neighbours(self, cfg, candidates):
+        """Members of ``candidates`` that differ from ``cfg`` in exactly one field (flags count as
+        fields; tx/ty and bx/by may move together), nearest grid steps first."""
+        a = cfg.to_dict()
+        out = []
+        for c in candidates:
+            b = c.to_dict()
+            diff = [k for k in a if a[k] != b[k]]
+            if len(diff) == 1 or (len(diff) == 2 and set(diff) in ({"tx", "ty"}, {"bx", "by"})):
+                k = diff[0]
+                va, vb = a[k], b[k]
+                step = abs(math.log2(max(vb, 1) / max(va, 1))) if isinstance(va, int) and \
+                    not isinstance(va, bool) else 1.0
+                out.append((step, c))
+        out.sort(key=lambda t: t[0])
+        return [c for _, c in out]
+
+
+def _pow2s(lo, hi):
+    out, p = [], lo
+    while p <= hi:
+        out.append(p)
+        p *= 2
+    return out
+
+
+def _tile_edges(f, choices):
+    return sorted({e for e in choices if e < f} | {f})
+
+
+def make_space(name, f, info, storage="float32", solvers=None):
+    """The ``bounded`` or ``full`` preset at ``f`` factors for the device ``info``."""
+    maxwg = info.max_work_group_size
+    if name == "bounded":
+        flags = [(False, False, 0, False), (True, False, 0, False), (False, True, 0, False),
+                 (True, True, 0, False), (True, True, 4, False), (True, True, 0, True),
+                 (True, True, 4, True)]
+        edges = [e for e in (8, 16, 32) if e < f] or [f]
+        grid = dict(tx=[1, 2, 4, 8, 16], ty=[1, 2, 4, 8, 16], nnz_batch=[16, 64],
+                    bx=edges, by=edges,
+                    square_tiles=True, tz=[1, 2], solve_wg=[0], solver=["cholesky"], cg_steps=[3])
+        return Space("bounded", f, flags, grid, storage)
+    if name == "full":
+        solvers = [s for s in (solvers or DEFAULT_SOLVERS) if s in SOLVERS]
+        flags = [(r, l, v, t) for r in (False, True) for l in (False, True)
+                 for v in (0, 4, 8, 16) for t in (False, True)]
+        cap = min(maxwg, 1024)
+        grid = dict(tx=_pow2s(1, min(32, cap)), ty=_pow2s(1, min(32, cap)),
+                    nnz_batch=[8, 16, 32, 64, 128],
+                    bx=_tile_edges(f, (4, 8, 16, 24, 32, 48, 64)),
+                    by=_tile_edges(f, (4, 8, 16, 24, 32, 48, 64)), tz=[1, 2, 4],
+                    solve_wg=_pow2s(1, min(f, maxwg, 256)), solver=solvers, cg_steps=[2, 3])
+        return Space("full", f, flags, grid, storage)
+    raise ValueError(f"unknown space {name!r}; choose from {SPACES}")
+
+
+SPACES = ("bounded", "full")

@@ -1,0 +1,537 @@
+"""Search strategies over a :class:`tuner.space.Space`, and the tuning session that runs them.
+
+A :class:`Session` is one tuning case (device, data set, f, storage) under one strategy. It
+measures candidates through :class:`tuner.measure.Measurer`, appends every outcome to the
+database, and keeps a *journal* (``<state_dir>/<run_id>.jsonl``, one line per event) so that a
+crashed run resumes where it stopped: the run id hashes everything that defines the run (device
+and driver, data-set class, f, storage, space, strategy, budget, seed, kernel templates), a
+resumed run reuses the journal's sample and results (replaying the strategy's decisions
+deterministically: the budget is the sum of the candidates' measurement times, so the replay
+spends it exactly as the first attempt did) and a candidate that was started but never finished
+(the process died in it) is recorded as ``failed``/``crashed`` and not retried.
+
+Strategies (both measure the baseline ``batch`` configuration and the untuned default first):
+
+``exhaustive``  every configuration of an enumerable space at full fidelity;
+``budgeted``    within ``budget`` seconds: random exploration at low fidelity (3 runs), then local
+                search around the best (neighbours of the current top configurations), then a
+                stage-composed candidate (the best S1/S2 configuration with the best S3 solver
+                settings, since the objective adds per-stage times), then successive halving's
+                last rung: the finalists re-measured at full fidelity (≥ 7 runs, minimum time),
+                best first, until the budget is spent.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import pathlib
+import time
+
+import numpy as np
+
+from clmf import tuning
+from clmf.config import KernelConfig
+from clmf.errors import InvalidConfigError
+
+from .database import Database, base_record
+from .measure import SIDES, Measurer, Result, calibrate_samples
+from .space import Space, canonical, prune
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Case", "Session", "exhaustive", "budgeted", "STRATEGIES", "run"]
+
+STRATEGIES = ("exhaustive", "budgeted")
+SKIP_STATUSES = ("invalid", "wrong", "failed")
+
+
+@dataclasses.dataclass
+class Case:
+    """What is tuned: a device, a data set (users × items CSR), f and the storage dtype."""
+    device: object
+    R: object
+    f: int
+    dataset: str = "data"
+    storage: str = "float32"
+
+    def __post_init__(self):
+        import scipy.sparse as sp
+        from clmf.device import device_info
+        self.R = sp.csr_matrix(self.R)
+        self.R.sort_indices()
+        self.info = device_info(self.device)
+        self.key = tuning.device_record(self.info)
+        self.dataset_class = tuning.dataset_class(self.R)
+
+    def side_class(self, side):
+        """The data-set class oriented to ``side`` (rows = the side's rows)."""
+        c = dict(self.dataset_class)
+        if side == "items":
+            for a, b in (("row_mean", "col_mean"), ("row_max", "col_max"),
+                         ("skew_rows", "skew_cols")):
+                c[a], c[b] = c[b], c[a]
+        c["rows"], c["cols"] = (c["m"], c["n"]) if side == "users" else (c["n"], c["m"])
+        c["name"] = self.dataset
+        return c
+
+
+def _result_to_json(r: Result):
+    return {"config": r.config.to_dict(), "status": r.status, "reason": r.reason,
+            "message": r.message, "verify_rel_err": r.verify_rel_err, "sides": r.sides,
+            "fidelity": r.fidelity, "seconds_spent": r.seconds_spent}
+
+
+def _result_from_json(d):
+    return Result(KernelConfig.from_dict(d["config"]), d["status"], d.get("reason", ""),
+                  d.get("message", ""), d.get("verify_rel_err"), d.get("sides") or {},
+                  d.get("fidelity", "full"), float(d.get("seconds_spent", 0.0)))
+
+
+def default_state_dir():
+    import platformdirs
+    return pathlib.Path(platformdirs.user_cache_dir("clmf")) / "tune-state"
+
+
+class Session:
+    """One tuning run (see the module docstring).
+
+    Parameters
+    ----------
+    case : :class:`Case`
+    space : :class:`tuner.space.Space`
+    strategy : "exhaustive" | "budgeted"
+    db : path of the JSON Lines database to append to
+    budget : seconds (budgeted strategy)
+    state_dir : where the journal lives (default: the per-user cache directory)
+    sample_time : target device seconds of one sampled half-step (see
+        :func:`tuner.measure.calibrate_samples`)
+    progress : show a tqdm bar with the best so far
+    """
+
+    def __init__(self, case, space, strategy, db, budget=None, seed=0, state_dir=None,
+                 sample_time=0.03, progress=True, repeats=7, min_time=0.05, resume=True):
+        from clmf.kernels import template_hash
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; choose from {STRATEGIES}")
+        self.case, self.space, self.strategy = case, space, strategy
+        self.db = Database(db)
+        self.budget = float(budget) if budget is not None else None
+        self.seed = int(seed)
+        self.sample_time = float(sample_time)
+        self.progress = progress
+        self.repeats, self.min_time = repeats, min_time
+        self.template_hash = template_hash()
+        ident = {"device": case.key, "dataset": case.dataset_class, "f": case.f,
+                 "storage": case.storage, "space": space.name, "strategy": strategy,
+                 "budget": self.budget, "seed": self.seed, "templates": self.template_hash,
+                 "sample_time": self.sample_time, "repeats": repeats, "min_time": min_time}
+        self.run_id = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+        self.state_dir = pathlib.Path(state_dir) if state_dir else default_state_dir()
+        self.journal = self.state_dir / f"{self.run_id}.jsonl"
+        if not resume and self.journal.exists():
+            self.journal.unlink()
+        self.results = {}            # (config key, fidelity) -> Result
+        self.order = []              # evaluation order of keys
+        self.spent = 0.0             # budget consumed (sum of measurement times), replayed
+        self._replay = {}
+        self.anchors = {}
+        self.measurer = None
+        self.samples_desc = None
+        self._bar = None
+        self.resumed = False
+
+    # ----- journal ---------------------------------------------------------------------------
+    def _jwrite(self, entry):
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.journal, "a") as fh:
+            fh.write(json.dumps(entry, sort_keys=True) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def _jread(self):
+        if not self.journal.exists():
+            return None, {}, []
+        header, results, started = None, {}, []
+        with open(self.journal) as fh:
+            for line in fh:
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue        # a torn last line from a crash
+                if e.get("event") == "header":
+                    header = e
+                elif e.get("event") == "start":
+                    started.append((e["key"], e["fidelity"]))
+                elif e.get("event") == "result":
+                    results[(e["key"], e["fidelity"])] = _result_from_json(e["result"])
+        crashed = [s for s in started if s not in results]
+        return header, results, crashed
+
+    def _skip_from_db(self):
+        """Configurations this device/driver/f/storage/templates already rejected."""
+        skip = {}
+        try:
+            recs = self.db.records()
+        except ValueError:
+            raise
+        for r in recs:
+            if (r.get("kind") == "measurement" and r.get("status") in SKIP_STATUSES
+                    and r.get("device") == self.case.key and r.get("f") == self.case.f
+                    and r.get("storage") == self.case.storage
+                    and r.get("template_hash") == self.template_hash):
+                try:
+                    c = KernelConfig.from_dict(r["config"])
+                except (ValueError, TypeError, KeyError):
+                    continue
+                skip[c.key()] = Result(c, r["status"], r.get("reason", ""),
+                                       r.get("message", "") + " (recorded earlier; not retried)",
+                                       r.get("verify_rel_err"), {}, "full", 0.0)
+        return skip
+
+    # ----- lifecycle -------------------------------------------------------------------------
+    def start(self):
+        from clmf.device import device_info
+        case = self.case
+        header, results, crashed = self._jread()
+        self._skip = self._skip_from_db()
+        self._replay = results
+        probe = canonical(tuning.heuristic(case.info, case.f, storage=case.storage))
+        t0 = time.perf_counter()
+        if header is None:
+            samples = calibrate_samples(case.device, case.R, case.f, probe, self.sample_time,
+                                        seed=self.seed)
+            fr = {s: samples[s].fraction for s in SIDES}
+            cal = time.perf_counter() - t0
+            header = {"event": "header", "run_id": self.run_id, "fractions": fr,
+                      "calibration_seconds": cal, "date": base_record("x")["date"]}
+            self._jwrite(header)
+            self.samples = samples
+            self.db.append(base_record(
+                "run", run_id=self.run_id, device=case.key, device_info=dataclasses.asdict(case.info),
+                f=case.f, storage=case.storage, dataset=case.side_class("users"),
+                strategy=self.strategy, space=self.space.name, budget=self.budget, seed=self.seed,
+                template_hash=self.template_hash,
+                sample={s: samples[s].describe() for s in SIDES}))
+        else:
+            from .measure import make_sample
+            self.resumed = True
+            min_rows = max(32, 16 * case.info.compute_units)
+            self.samples = {s: make_sample(case.R, s, header["fractions"][s], self.seed, min_rows)
+                            for s in SIDES}
+            log.info("resuming run %s: %d results in the journal, %d crashed", self.run_id,
+                     len(results), len(crashed))
+        self.spent = float(header.get("calibration_seconds", 0.0))
+        self.samples_desc = {s: self.samples[s].describe() for s in SIDES}
+        self.measurer = Measurer(case.device, case.R, case.f, self.samples, case.storage,
+                                 repeats=self.repeats, min_time=self.min_time)
+        for key, fid in crashed:
+            cfg = KernelConfig.from_dict(json.loads(key))
+            res = Result(cfg, "failed", "crashed", "the tuning process died while measuring "
+                         "this configuration", None, {}, fid, 0.0)
+            self._record(res, key, fid, journal=True)
+        total = None
+        if self.progress:
+            from tqdm.auto import tqdm
+            total = self.budget if self.strategy == "budgeted" else None
+            self._bar = tqdm(total=total, desc=f"tune f={case.f} {case.dataset}",
+                             unit="s" if total else "cfg", leave=True,
+                             bar_format=None)
+        return self
+
+    def close(self):
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    # ----- records ---------------------------------------------------------------------------
+    def _common(self):
+        c = self.case
+        return dict(run_id=self.run_id, device=c.key, f=c.f, storage=c.storage,
+                    template_hash=self.template_hash, strategy=self.strategy,
+                    space=self.space.name)
+
+    def _record(self, res, key, fidelity, journal=True):
+        self.results[(key, fidelity)] = res
+        self.order.append((key, fidelity))
+        if not journal:          # replayed from the journal: the database has it already
+            return
+        self._jwrite({"event": "result", "key": key, "fidelity": fidelity,
+                      "result": _result_to_json(res)})
+        recs = []
+        cfgd = res.config.to_dict()
+        if res.ok:
+            for side in SIDES:
+                d = res.sides[side]
+                recs.append(base_record(
+                    "measurement", status="ok", side=side, config=cfgd, variant=str(res.config),
+                    dataset=self.case.side_class(side), seconds=d["seconds"],
+                    sample_seconds=d["sample_seconds"], stages=d["stages"],
+                    stages_estimated=d["stages_estimated"], raw=d["raw"], runs=d["runs"],
+                    fidelity=fidelity, verify_rel_err=res.verify_rel_err,
+                    sample=self.samples_desc[side], **self._common()))
+        else:
+            recs.append(base_record(
+                "measurement", status=res.status, reason=res.reason, message=res.message[:500],
+                side="both", config=cfgd, variant=str(res.config),
+                dataset=self.case.side_class("users"), verify_rel_err=res.verify_rel_err,
+                fidelity=fidelity, **self._common()))
+        self.db.append(recs)
+
+    def evaluate(self, cfg, fidelity="full"):
+        """The Result of ``cfg`` at ``fidelity`` ("low" or "full"), measured at most once."""
+        key = cfg.key()
+        for fid in (fidelity, "full") if fidelity == "low" else ("full",):
+            if (key, fid) in self.results:
+                return self.results[(key, fid)]
+        if key in self._skip:
+            res = self._skip[key]
+            self.results[(key, fidelity)] = res
+            return res
+        low = self.results.get((key, "low"))
+        if low is not None and not low.ok:
+            return low
+        if (key, fidelity) in self._replay:          # resumed: replay the journal
+            res = self._replay.pop((key, fidelity))
+            self._record(res, key, fidelity, journal=False)
+            self.results[(key, fidelity)] = res
+        else:
+            self._jwrite({"event": "start", "key": key, "fidelity": fidelity})
+            verified = low.verify_rel_err if low is not None and low.ok else None
+            res = self.measurer.evaluate(cfg, fidelity, verified=verified)
+            self._record(res, key, fidelity)
+        self.spent += res.seconds_spent
+        self._tick(res)
+        return res
+
+    def _tick(self, res):
+        if self._bar is None:
+            return
+        if self.strategy == "budgeted":
+            self._bar.n = min(self.budget or 0, round(self.spent, 1))
+            self._bar.refresh()
+        else:
+            self._bar.update(1)
+        b = self.best_pair(any_fidelity=True)
+        if b:
+            self._bar.set_postfix_str(f"best {b['iteration_seconds']:.4g} s/it "
+                                      f"({b['configs']['users']} | {b['configs']['items']})")
+
+    # ----- results ---------------------------------------------------------------------------
+    def ok_results(self, any_fidelity=False):
+        """{config key: Result} of the ok results, the full-fidelity one where there is one."""
+        out = {}
+        for (key, fid), r in self.results.items():
+            if not r.ok:
+                continue
+            if fid == "full" or (any_fidelity and key not in out):
+                out[key] = r
+        if not out and not any_fidelity:
+            return self.ok_results(True)
+        return out
+
+    def ranking(self, side, any_fidelity=True):
+        rs = self.ok_results(any_fidelity).values()
+        return sorted(rs, key=lambda r: r.side_seconds(side))
+
+    def best_pair(self, any_fidelity=False):
+        """The best (users, items) pair with one factor padding (same vector width rounding)."""
+        res = list(self.ok_results(any_fidelity).values())
+        if not res:
+            return None
+        f = self.case.f
+        best = None
+        for ldf in sorted({r.config.ldf(f) for r in res}):
+            grp = [r for r in res if r.config.ldf(f) == ldf]
+            u = min(grp, key=lambda r: r.side_seconds("users"))
+            i = min(grp, key=lambda r: r.side_seconds("items"))
+            t = u.side_seconds("users") + i.side_seconds("items")
+            if best is None or t < best["iteration_seconds"]:
+                best = {"iteration_seconds": t, "results": {"users": u, "items": i},
+                        "configs": {"users": u.config, "items": i.config}}
+        return best
+
+    def measure_anchors(self):
+        """The baseline ``batch`` and the untuned default (the heuristic), at full fidelity."""
+        c = self.case
+        base = canonical(tuning.BASELINE.replace(storage=c.storage))
+        heur = canonical(tuning.heuristic(c.info, c.f, storage=c.storage))
+        self.anchors = {"baseline": self.evaluate(base, "full"),
+                        "default": self.evaluate(heur, "full")}
+        return self.anchors
+
+    def finish(self):
+        """Write the best records and return the run's summary (for :mod:`tuner.report`)."""
+        c = self.case
+        best = self.best_pair()
+        summary = {"run_id": self.run_id, "device": c.key, "device_info": dataclasses.asdict(c.info),
+                   "dataset": c.dataset, "dataset_class": c.dataset_class, "f": c.f,
+                   "storage": c.storage, "strategy": self.strategy, "space": self.space.name,
+                   "budget": self.budget, "spent_seconds": self.spent, "samples": self.samples_desc,
+                   "evaluated": len({k for k, _ in self.results}),
+                   "statuses": {}, "best": None, "anchors": {}, "results": []}
+        for (key, fid), r in self.results.items():
+            summary["statuses"][r.status] = summary["statuses"].get(r.status, 0) + 1
+        for name, r in self.anchors.items():
+            summary["anchors"][name] = {"config": str(r.config), "status": r.status,
+                                        "iteration_seconds": r.iteration_seconds if r.ok else None,
+                                        "sides": {s: r.side_seconds(s) for s in SIDES} if r.ok else {}}
+        summary["results"] = [_result_to_json(r) | {"key": k} for (k, fid), r in self.results.items()
+                              if fid == "full" or (k, "full") not in self.results]
+        if best is None:
+            return summary
+        base = self.anchors.get("baseline")
+        heur = self.anchors.get("default")
+        bt = base.iteration_seconds if base is not None and base.ok else None
+        ht = heur.iteration_seconds if heur is not None and heur.ok else None
+        it = best["iteration_seconds"]
+        summary["best"] = {"iteration_seconds": it,
+                           "configs": {s: str(best["configs"][s]) for s in SIDES},
+                           "sides": {s: best["results"][s].sides[s] for s in SIDES},
+                           "speedup_vs_baseline": bt / it if bt else None,
+                           "speedup_vs_default": ht / it if ht else None}
+        recs = []
+        for side in SIDES:
+            r = best["results"][side]
+            recs.append(base_record(
+                "best", side=side, config=r.config.to_dict(), variant=str(r.config),
+                dataset=c.side_class(side), seconds=r.side_seconds(side),
+                iteration_seconds=it, baseline_iteration_seconds=bt, default_iteration_seconds=ht,
+                iteration_rel_baseline=(it / bt) if bt else None,
+                speedup_vs_baseline=(bt / it) if bt else None,
+                speedup_vs_default=(ht / it) if ht else None,
+                evaluated=summary["evaluated"], spent_seconds=self.spent, budget=self.budget,
+                sample=self.samples_desc[side], **self._common()))
+        self.db.append(recs)
+        return summary
+
+
+# ----- strategies ------------------------------------------------------------------------------
+def exhaustive(session: Session):
+    """Every configuration of the (enumerable) space at full fidelity."""
+    cands = session.space.enumerate(session.case.info)
+    if session._bar is not None:
+        session._bar.total = len(cands) + 2
+        session._bar.refresh()
+    session.measure_anchors()
+    for cfg in cands:
+        session.evaluate(cfg, "full")
+    return session
+
+
+def _top(session, k):
+    """Union of the top-k configurations of each side (any fidelity)."""
+    out, seen = [], set()
+    for side in SIDES:
+        for r in session.ranking(side)[:k]:
+            if r.config.key() not in seen:
+                seen.add(r.config.key())
+                out.append(r.config)
+    return out
+
+
+def _composed(session):
+    """The best S1/S2 configuration with the best S3 settings of each side (stage times add)."""
+    out = []
+    res = list(session.ok_results(True).values())
+    if not res:
+        return out
+    for side in SIDES:
+        s12 = min(res, key=lambda r: r.sides[side]["stages_estimated"]["s1"]
+                  + r.sides[side]["stages_estimated"]["s2"])
+        s3 = min(res, key=lambda r: r.sides[side]["stages_estimated"]["s3"])
+        c = s12.config.replace(solve_wg=s3.config.solve_wg, solver=s3.config.solver,
+                               cg_steps=s3.config.cg_steps)
+        try:
+            c = prune(canonical(c), session.case.f, session.case.info)
+        except InvalidConfigError:
+            continue
+        if all(c.key() != o.key() for o in out):
+            out.append(c)
+    return out
+
+
+def budgeted(session: Session, explore=0.4, exploit=0.75, finalists=3):
+    """Random exploration → local search → stage composition → full-fidelity finalists, within
+    ``session.budget`` seconds of measurement."""
+    budget = session.budget or 60.0
+    space, info = session.space, session.case.info
+    rng = np.random.default_rng(session.seed)
+    session.measure_anchors()
+    pool = space.enumerate(info) if space.enumerable else None
+    if pool is not None:
+        order = [pool[i] for i in rng.permutation(len(pool))]
+    tried = set()
+
+    def next_random():
+        if pool is not None:
+            while order:
+                c = order.pop()
+                if c.key() not in tried:
+                    return c
+            return None
+        for _ in range(100):
+            c = space.sample(rng, info)
+            if c is not None and c.key() not in tried:
+                return c
+        return None
+
+    def run(cfg, fid="low"):
+        tried.add(cfg.key())
+        return session.evaluate(cfg, fid)
+
+    # 1. random exploration
+    while session.spent < explore * budget:
+        c = next_random()
+        if c is None:
+            break
+        run(c)
+    # 2. local search around the current best of each side
+    stall = 0
+    while session.spent < exploit * budget and stall < 50:
+        parents = _top(session, 3)
+        if not parents:
+            break
+        parent = parents[int(rng.integers(len(parents)))]
+        if pool is not None:
+            nb = [c for c in space.neighbours(parent, pool) if c.key() not in tried]
+            child = nb[0] if nb and rng.random() < 0.7 else (nb[int(rng.integers(len(nb)))]
+                                                            if nb else None)
+        else:
+            child = space.mutate(parent, rng, info)
+            if child is not None and child.key() in tried:
+                child = None
+        if child is None:
+            stall += 1
+            c = next_random()
+            if c is None:
+                break
+            run(c)
+            continue
+        stall = 0
+        run(child)
+    # 3. stage composition
+    for c in _composed(session):
+        if c.key() not in tried and session.spent < budget:
+            run(c)
+    # 4. last rung of successive halving: finalists at full fidelity, best first
+    fin = _top(session, finalists)
+    for i, c in enumerate(fin):
+        if i >= 2 and session.spent >= budget:
+            break
+        session.evaluate(c, "full")
+    return session
+
+
+def run(case, space, strategy="budgeted", db=None, budget=None, **kw):
+    """Run one tuning session to the end; returns its summary (see :meth:`Session.finish`)."""
+    s = Session(case, space, strategy, db or tuning.user_db_path(), budget=budget, **kw)
+    try:
+        s.start()
+        (exhaustive if strategy == "exhaustive" else budgeted)(s)
+        return s.finish()
+    finally:
+        s.close()
