@@ -1,0 +1,225 @@
+"""The autotuner (tuner/): space, sampling, validation/timing, strategies, resume, report, CLI,
+and that ALS(variant="auto") then uses the tuning (rule "tuned")."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import clmf
+from clmf import tuning
+from clmf.config import KernelConfig
+from clmf.device import device_info
+from conftest import DEVICES, random_ratings
+
+from tuner import strategies
+from tuner.measure import Measurer, make_sample, stratified_rows
+from tuner.space import Space, canonical, make_space, prune
+
+
+def tiny_space(f):
+    """7 configurations: the baseline at 3 widths and batch+reg+local at 4 (tx, ty)."""
+    return Space("tiny", f, [(False, False, 0, False), (True, True, 0, False)],
+                 dict(tx=[2, 4], ty=[2, 4], nnz_batch=[8], bx=[f], by=[f], square_tiles=True,
+                      tz=[1], solve_wg=[0], solver=["cholesky"], cg_steps=[3]))
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    """No shipped or per-user tunings; the test's database through $CLMF_TUNING_DB."""
+    db = tmp_path / "db.jsonl"
+    monkeypatch.setenv("CLMF_TUNING_DB", str(db))
+    monkeypatch.setattr(tuning, "user_db_path", lambda: tmp_path / "user.jsonl")
+    monkeypatch.setattr(tuning, "shipped_paths", lambda: [])
+    return db
+
+
+def skewed(m=240, n=160, seed=0):
+    rng = np.random.default_rng(seed)
+    lengths = np.minimum(n, (rng.pareto(1.2, m) * 4 + 1).astype(int))
+    rows = np.repeat(np.arange(m), lengths)
+    cols = np.concatenate([rng.choice(n, k, replace=False) for k in lengths])
+    return sp.csr_matrix((rng.integers(1, 6, rows.size).astype(np.float32), (rows, cols)),
+                         shape=(m, n))
+
+
+# ----- space -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("f", [10, 50, 100])
+def test_bounded_space_is_a_few_hundred(f):
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    for d in DEVICES:
+        info = device_info(d)
+        rejected = []
+        cands = make_space("bounded", f, info).enumerate(info, rejected)
+        assert 100 <= len(cands) <= 800
+        assert len({c.key() for c in cands}) == len(cands)
+        assert all(r in ("idle_work_items", "geometry", "work_group_size", "local_memory",
+                         "work_item_sizes") for _, r, _ in rejected)
+        assert all(c.storage == "float32" and c.solver == "cholesky" for c in cands)
+
+
+def test_canonical_forms():
+    assert canonical(KernelConfig.parse("batch:tx=2,ty=8")) == canonical(KernelConfig.parse("batch:tx=4,ty=4"))
+    assert canonical(KernelConfig.parse("batch+reg:tx=4,ty=4,nnz_batch=64")).nnz_batch == 32
+    assert canonical(KernelConfig.parse("batch+reg:tx=4,ty=4,bx=8,tz=2")).tz == 1
+    fused = canonical(KernelConfig.parse("batch+reg+local+tile:tx=4,ty=4,bx=8,by=8,solver=fusedcg"))
+    assert fused.name == "batch"
+
+
+def test_full_space_sampling_and_mutation():
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    info = device_info(DEVICES[0])
+    full = make_space("full", 50, info, solvers=["cholesky", "cg"])
+    assert not full.enumerable
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        c = full.sample(rng, info)
+        assert c is not None and prune(c, 50, info) is c and canonical(c) == c
+        m = full.mutate(c, rng, info)
+        if m is not None:
+            assert m != c and prune(m, 50, info) is m
+
+
+# ----- sampling ----------------------------------------------------------------------------------
+def test_stratified_sample_keeps_the_length_distribution():
+    R = skewed(2000, 300, seed=3)
+    lengths = np.diff(R.indptr)
+    idx = stratified_rows(lengths, 0.1, np.random.default_rng(0))
+    assert lengths.argmax() in idx
+    bins_all = np.bincount(np.floor(np.log2(lengths[lengths > 0])).astype(int))
+    bins_s = np.bincount(np.floor(np.log2(lengths[idx])).astype(int), minlength=bins_all.size)
+    for a, b in zip(bins_all, bins_s):
+        if a >= 20:
+            assert abs(b / a - 0.1) < 0.03
+    s = make_sample(R, "users", 0.1)
+    assert s.R.shape[1] == R.shape[1] and s.rows == idx.size
+    t = make_sample(R, "items", 0.2)
+    assert t.R.shape[0] == R.shape[0] and t.R.shape[1] == t.rows
+    assert 0.15 < t.fraction < 0.3
+
+
+# ----- measurement -------------------------------------------------------------------------------
+def test_measure_wrong_invalid_and_ok(cl_device, monkeypatch):
+    R = skewed()
+    m = Measurer(cl_device, R, 4, {s: make_sample(R, s, 0.5) for s in ("users", "items")})
+    ok = m.evaluate(KernelConfig.parse("batch:tx=2,ty=2"))
+    assert ok.status == "ok" and ok.verify_rel_err <= 1e-4
+    for side in ("users", "items"):
+        d = ok.sides[side]
+        assert d["runs"] >= 7 and len(d["raw"]) == d["runs"] and d["seconds"] > 0
+        assert set(d["stages"]) == {"s1", "s2", "s3"}
+    info = device_info(cl_device)
+    big = KernelConfig(tx=64, ty=64 * 64)
+    bad = m.evaluate(big)
+    assert bad.status == "invalid" and bad.reason in ("work_group_size", "work_item_sizes")
+    # a kernel that disagrees with the reference is "wrong" (the reference is perturbed here)
+    X0, Y0, Xr, Yr = m._reference(KernelConfig())
+    m._verify_ref[("cholesky", 0)] = (X0, Y0, Xr * 1.01, Yr)
+    wrong = m.evaluate(KernelConfig.parse("batch:tx=2,ty=4"))
+    assert wrong.status == "wrong" and wrong.reason == "reference_mismatch"
+    assert not wrong.sides
+    assert info.max_work_group_size < big.s1_local_size()
+
+
+# ----- a tiny real tuning run, then ALS(variant="auto") ------------------------------------------
+def test_tiny_tuning_then_auto_uses_it(cl_device, isolated, tmp_path):
+    R = random_ratings(160, 120, 0.08, seed=5)
+    case = strategies.Case(cl_device, R, 4, "tiny", "float32")
+    summary = strategies.run(case, tiny_space(4), "exhaustive", db=isolated,
+                             state_dir=tmp_path / "state", progress=False, sample_time=0.01)
+    assert summary["best"] is not None
+    assert summary["statuses"].get("ok", 0) >= 5
+    recs = [json.loads(x) for x in isolated.read_text().splitlines()]
+    kinds = {r["kind"] for r in recs}
+    assert {"run", "measurement", "best"} <= kinds
+    for r in recs:
+        assert r["schema_version"] == tuning.SCHEMA_VERSION and r["date"] and r["commit"]
+        assert r["device"]["platform"] == device_info(cl_device).platform.strip()
+    best = {r["side"]: KernelConfig.from_dict(r["config"]) for r in recs if r["kind"] == "best"}
+    model = clmf.ALS(4, 0.1, 2, device=cl_device, random_state=0).fit(R, show_progress=False)
+    for side in ("users", "items"):
+        assert model.config_[side].rule == "tuned", model.config_[side]
+        assert model.config_[side].config == best[side]
+    # the report: markdown with the best, runner-ups, speed-ups, and the Figure-13-style plot
+    from tuner.report import write_run_report
+    md = write_run_report(summary, tmp_path / "rep")
+    text = md.read_text()
+    assert "## Best" in text and "Runner-ups" in text and "speed-up" in text
+    pytest.importorskip("matplotlib")
+    assert md.with_suffix(".png").exists()
+
+
+class _Crash(BaseException):
+    pass
+
+
+def test_resume_after_a_crash(isolated, tmp_path, monkeypatch):
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    dev = DEVICES[0]
+    R = random_ratings(120, 90, 0.1, seed=6)
+    case = strategies.Case(dev, R, 4, "tiny", "float32")
+    real = Measurer.evaluate
+    calls = []
+
+    def crashing(self, cfg, fidelity="full", verified=None):
+        calls.append(cfg.key())
+        if len(calls) == 4:
+            raise _Crash("the process dies in the fourth measurement")
+        return real(self, cfg, fidelity, verified)
+
+    monkeypatch.setattr(Measurer, "evaluate", crashing)
+    kw = dict(db=isolated, state_dir=tmp_path / "state", progress=False, sample_time=0.01)
+    with pytest.raises(_Crash):
+        strategies.run(case, tiny_space(4), "exhaustive", **kw)
+    first = list(calls)
+    calls.clear()
+    monkeypatch.setattr(Measurer, "evaluate", lambda self, *a, **k: (calls.append(a[0].key()),
+                                                                      real(self, *a, **k))[1])
+    summary = strategies.run(case, tiny_space(4), "exhaustive", **kw)
+    assert not set(calls) & set(first)               # nothing measured twice, the crash not retried
+    recs = [json.loads(x) for x in isolated.read_text().splitlines()]
+    crashed = [r for r in recs if r.get("reason") == "crashed"]
+    assert len(crashed) == 1 and crashed[0]["status"] == "failed"
+    assert KernelConfig.from_dict(crashed[0]["config"]).key() == first[3]
+    assert summary["best"] is not None
+    assert summary["evaluated"] >= 7
+    # a third run is a pure replay: nothing measured
+    calls.clear()
+    again = strategies.run(case, tiny_space(4), "exhaustive", **kw)
+    assert calls == [] and again["best"]["configs"] == summary["best"]["configs"]
+
+
+def test_budgeted_stays_within_its_budget(isolated, tmp_path):
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    R = random_ratings(120, 90, 0.1, seed=7)
+    case = strategies.Case(DEVICES[-1], R, 4, "tiny", "float32")
+    space = make_space("bounded", 4, case.info)
+    s = strategies.run(case, space, "budgeted", db=isolated, budget=4.0,
+                       state_dir=tmp_path / "state", progress=False, sample_time=0.01)
+    assert s["best"] is not None
+    assert s["evaluated"] < len(space.enumerate(case.info))
+    slack = max(r["seconds_spent"] for r in s["results"]) * 3
+    assert s["spent_seconds"] <= 4.0 + slack
+
+
+def test_cli_tune(isolated, tmp_path, capsys):
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    from clmf.cli import main
+    d = DEVICES[0]
+    spec = f"{d.platform.name.strip()} | {d.name.strip()}"
+    rc = main(["tune", "--preset", "movielens-100k", "--scale", "0.02", "--factors", "4",
+               "--device", spec, "--strategy", "budgeted", "--budget", "3", "--db", str(isolated),
+               "--report", str(tmp_path / "rep"), "--no-progress", "--sample-time", "0.01"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "best iteration" in out and str(isolated) in out
+    assert list((tmp_path / "rep").glob("*.md"))
+    assert main(["tune", "--factors", "x"]) == 2
