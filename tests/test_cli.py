@@ -112,7 +112,8 @@ def test_cli_errors(small_files, tmp_path, capsys):
         (["fit", str(tmp_path / "nothing.csv")], "not found"),
         (["fit", str(data), "--test-fraction", "1.5"], "--test-fraction"),
         (["fit", "--preset", "nope"], "unknown preset"),
-        (["tune"], "not yet available"),
+        (["tune"], "give a ratings file"),
+        (["tune", "--preset", "movielens-100k", "--factors", "0"], "--factors"),
     ]
     for argv, msg in cases:
         assert main(argv) == 2, argv
