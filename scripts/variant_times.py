@@ -21,8 +21,22 @@ import time
 import numpy as np
 
 
-def variants_for(f):
+def variants_for(f, device_type="GPU"):
+    """The standard set per f: GPU-shaped work-groups on GPUs; on CPUs small work-groups (one
+    work-item per row of the output, vectors along it) and a small S3 work-group, since CPU
+    runtimes pay for every barrier."""
     t = min(32, f)
+    if device_type == "CPU":
+        return [
+            "batch:tx=4,ty=4,solve_wg=2",
+            "batch+local:tx=4,ty=4,nnz_batch=16,solve_wg=2",
+            "batch+reg:tx=8,ty=8,solve_wg=2",
+            "batch+reg+vec8:tx=16,ty=1,solve_wg=2" if f <= 50 else "batch+reg+vec8:tx=32,ty=2,solve_wg=2",
+            ("batch+reg+local+vec8:tx=16,ty=1,nnz_batch=32,solve_wg=2" if f <= 50
+             else "batch+reg+local+vec8:tx=32,ty=2,nnz_batch=32,solve_wg=2"),
+            f"batch+reg+vec8+tile:tx=8,ty=1,bx={-(-t // 8) * 8},by={-(-t // 8) * 8},solve_wg=2",
+            "batch:solver=fusedcg,solve_wg=2",
+        ]
     return [
         "batch",
         "batch+local:tx=8,ty=8,nnz_batch=16",
@@ -31,6 +45,8 @@ def variants_for(f):
         "batch+reg+local+vec4:tx=16,ty=8,nnz_batch=32",
         f"batch+reg+local+tile:tx=8,ty=8,bx={t},by={t},nnz_batch=32",
         f"batch+reg+local+vec4+tile:tx=8,ty=2,bx={-(-t // 4) * 4},by={-(-t // 4) * 4},nnz_batch=32",
+        "batch:solver=fusedcg",
+        "batch+reg+local:tx=16,ty=16,nnz_batch=32,solver=cg",
     ]
 
 
@@ -100,7 +116,7 @@ def main():
         if new:
             w.writeheader()
         for f in [int(x) for x in a.factors.split(",")]:
-            vlist = a.variants.split(";") if a.variants else variants_for(f)
+            vlist = a.variants.split(";") if a.variants else variants_for(f, info.type)
             for variant in vlist:
                 base = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                             commit=commit(), platform=info.platform, device=info.name,
