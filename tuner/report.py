@@ -80,7 +80,7 @@ def plot_space(summary, path):
     txs = sorted({c.tx for v in panels.values() for c, _ in v})
     tys = sorted({c.ty for v in panels.values() for c, _ in v})
     fig, axes = plt.subplots(len(SIDES), len(keys), squeeze=False,
-                             figsize=(2.6 * len(keys) + 1.2, 2.5 * len(SIDES) + 0.8))
+                             figsize=(max(6.5, 2.6 * len(keys) + 1.2), 2.5 * len(SIDES) + 1.0))
     best = {s: min(r["sides"][s]["seconds"] for r in res) for s in SIDES}
     vmax = max(max(r["sides"][s]["seconds"] / best[s] for r in res) for s in SIDES)
     norm = LogNorm(vmin=1.0, vmax=max(vmax, 1.01))
@@ -110,8 +110,9 @@ def plot_space(summary, path):
             if j == 0:
                 ax.set_ylabel("ty", fontsize=8)
     d = summary["device"]
-    fig.suptitle(f"{d['platform']} | {d['device']} — {summary['dataset']}, f={f}: time relative to "
-                 "the best (min over the other parameters)", fontsize=9)
+    fig.suptitle(f"{d['platform']} | {d['device']} — {summary['dataset']}, f={f}\n"
+                 "half-step time relative to the side's best (min over the other parameters)",
+                 fontsize=9)
     if im is not None:
         fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="time / best")
     fig.savefig(path, dpi=110)

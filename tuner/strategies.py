@@ -13,12 +13,13 @@ spends it exactly as the first attempt did) and a candidate that was started but
 Strategies (both measure the baseline ``batch`` configuration and the untuned default first):
 
 ``exhaustive``  every configuration of an enumerable space at full fidelity;
-``budgeted``    within ``budget`` seconds: random exploration at low fidelity (3 runs), then local
-                search around the best (neighbours of the current top configurations), then a
-                stage-composed candidate (the best S1/S2 configuration with the best S3 solver
-                settings, since the objective adds per-stage times), then successive halving's
-                last rung: the finalists re-measured at full fidelity (≥ 7 runs, minimum time),
-                best first, until the budget is spent.
+``budgeted``    within ``budget`` seconds: random exploration at low fidelity (3 runs, 30% of the
+                budget), then stage-composed candidates (the best S1/S2 configuration with the
+                best S3 solver settings: the objective adds per-stage times), then local search
+                (neighbours of the current top configurations of each side) until the budget
+                is spent; successive halving's last rung promotes every candidate that enters
+                a side's top 3 to full fidelity (≥ 7 runs and a minimum time) at once, so the
+                best is always a full-fidelity measurement.
 """
 from __future__ import annotations
 
@@ -454,17 +455,16 @@ def _composed(session):
     return out
 
 
-def budgeted(session: Session, explore=0.4, exploit=0.75, finalists=3):
-    """Random exploration → local search → stage composition → full-fidelity finalists, within
-    ``session.budget`` seconds of measurement."""
+def budgeted(session: Session, explore=0.3, finalists=3):
+    """Random exploration → local search with promotion → stage composition, within
+    ``session.budget`` seconds of measurement (see the module docstring)."""
     budget = session.budget or 60.0
     space, info = session.space, session.case.info
     rng = np.random.default_rng(session.seed)
     session.measure_anchors()
     pool = space.enumerate(info) if space.enumerable else None
-    if pool is not None:
-        order = [pool[i] for i in rng.permutation(len(pool))]
-    tried = set()
+    order = [pool[i] for i in rng.permutation(len(pool))] if pool is not None else None
+    tried = {r.config.key() for r in session.ok_results(True).values()}
 
     def next_random():
         if pool is not None:
@@ -479,50 +479,57 @@ def budgeted(session: Session, explore=0.4, exploit=0.75, finalists=3):
                 return c
         return None
 
-    def run(cfg, fid="low"):
-        tried.add(cfg.key())
-        return session.evaluate(cfg, fid)
+    def promote():
+        """Successive halving's last rung: the current top of each side at full fidelity."""
+        for c in _top(session, finalists):
+            if (c.key(), "full") not in session.results:
+                session.evaluate(c, "full")
 
-    # 1. random exploration
+    def run(cfg):
+        tried.add(cfg.key())
+        r = session.evaluate(cfg, "low")
+        if r.ok and any(r.config.key() == c.key() for c in _top(session, finalists)):
+            promote()
+        return r
+
+    # 1. random exploration at low fidelity
     while session.spent < explore * budget:
         c = next_random()
         if c is None:
             break
         run(c)
-    # 2. local search around the current best of each side
-    stall = 0
-    while session.spent < exploit * budget and stall < 50:
-        parents = _top(session, 3)
-        if not parents:
-            break
-        parent = parents[int(rng.integers(len(parents)))]
-        if pool is not None:
-            nb = [c for c in space.neighbours(parent, pool) if c.key() not in tried]
-            child = nb[0] if nb and rng.random() < 0.7 else (nb[int(rng.integers(len(nb)))]
-                                                            if nb else None)
-        else:
-            child = space.mutate(parent, rng, info)
-            if child is not None and child.key() in tried:
-                child = None
-        if child is None:
-            stall += 1
-            c = next_random()
-            if c is None:
-                break
-            run(c)
-            continue
-        stall = 0
-        run(child)
-    # 3. stage composition
+    # 2. stage composition, then local search around the current best of each side
     for c in _composed(session):
-        if c.key() not in tried and session.spent < budget:
+        if c.key() not in tried:
             run(c)
-    # 4. last rung of successive halving: finalists at full fidelity, best first
-    fin = _top(session, finalists)
-    for i, c in enumerate(fin):
-        if i >= 2 and session.spent >= budget:
-            break
-        session.evaluate(c, "full")
+    composed_again = False
+    while session.spent < budget:
+        if not composed_again and session.spent >= 0.8 * budget:
+            composed_again = True
+            for c in _composed(session):
+                if c.key() not in tried:
+                    run(c)
+            continue
+        parents = _top(session, finalists)
+        child = None
+        if parents:
+            parent = parents[int(rng.integers(len(parents)))]
+            if pool is not None:
+                nb = [c for c in space.neighbours(parent, pool) if c.key() not in tried]
+                if nb:
+                    child = nb[0] if rng.random() < 0.6 else nb[int(rng.integers(len(nb)))]
+            else:
+                for _ in range(5):
+                    child = space.mutate(parent, rng, info)
+                    if child is not None and child.key() not in tried:
+                        break
+                    child = None
+        if child is None:
+            child = next_random()
+            if child is None:
+                break
+        run(child)
+    promote()
     return session
 
 
