@@ -129,7 +129,7 @@ def main():
                         "process_wall_seconds": bu["process_wall_seconds"],
                         "best": bu_pick, "iteration_seconds_own": bu["best"]["iteration_seconds"],
                         "iteration_seconds_in_exhaustive": bu_in_ex, "statuses": bu["statuses"]},
-           "gap_vs_exhaustive_best": gap, "time_ratio": ratio, "wall_ratio": wall_ratio,
+           "load_average": os.getloadavg(), "gap_vs_exhaustive_best": gap, "time_ratio": ratio, "wall_ratio": wall_ratio,
            "within_5_percent": gap is not None and gap <= 0.05,
            "within_quarter_time": ratio <= 0.25}
     base = f"compare_{slug}_{ex['dataset']}_f{a.factors}"
@@ -140,7 +140,9 @@ def main():
          f"Bounded space: **{ex['space_size']} configurations** (after pruning; plus the baseline and "
          "the untuned default, measured first by both). Cold OpenCL program caches for both runs "
          "(PYOPENCL_NO_CACHE=1, POCL_KERNEL_CACHE=0), separate processes and databases. "
-         f"Driver {d['driver']}; commit {res['commit']}; {res['date']}.",
+         f"Driver {d['driver']}; commit {res['commit']}; {res['date']}; host load average at the "
+         f"end {res['load_average'][0]:.1f} (1 min) / {res['load_average'][2]:.1f} (15 min) on "
+         f"{os.cpu_count()} CPUs (the machine was shared with other jobs).",
          "",
          "| | exhaustive | budgeted |", "|---|---|---|",
          f"| configurations evaluated | {ex['evaluated']} | {bu['evaluated']} |",

@@ -215,7 +215,7 @@ class Session:
                 "run", run_id=self.run_id, device=case.key, device_info=dataclasses.asdict(case.info),
                 f=case.f, storage=case.storage, dataset=case.side_class("users"),
                 strategy=self.strategy, space=self.space.name, budget=self.budget, seed=self.seed,
-                template_hash=self.template_hash,
+                template_hash=self.template_hash, load_average=os.getloadavg(),
                 sample={s: samples[s].describe() for s in SIDES}))
         else:
             from .measure import make_sample
@@ -373,6 +373,7 @@ class Session:
                    "storage": c.storage, "strategy": self.strategy, "space": self.space.name,
                    "budget": self.budget, "spent_seconds": self.spent, "samples": self.samples_desc,
                    "evaluated": len({k for k, _ in self.results}),
+                   "load_average": os.getloadavg(),
                    "statuses": {}, "best": None, "anchors": {}, "results": []}
         for (key, fid), r in self.results.items():
             summary["statuses"][r.status] = summary["statuses"].get(r.status, 0) + 1
@@ -405,6 +406,7 @@ class Session:
                 speedup_vs_baseline=(bt / it) if bt else None,
                 speedup_vs_default=(ht / it) if ht else None,
                 evaluated=summary["evaluated"], spent_seconds=self.spent, budget=self.budget,
+                load_average=os.getloadavg(),
                 sample=self.samples_desc[side], **self._common()))
         self.db.append(recs)
         return summary
