@@ -138,7 +138,11 @@ def run_fit(variant, f, case, device, lam=0.1, seed=0):
         return EXIT_INVALID
     Xr, Yr = ref.als(R, f, lam, 1, init=(X0, Y0), solver=cfg.solver, cg_steps=cfg.cg_steps)
     ex, ey = _rel_err(model.user_factors_, Xr), _rel_err(model.item_factors_, Yr)
-    tol = 1e-2 if cfg.storage == "float16" else TOL
+    # float16 storage: the 1e-2. CG solvers: float32 CG drifts from float64 CG by about
+    # eps·cond(A) per step, and Oclgrind builds with -cl-opt-disable (no fma contraction), so the
+    # race check allows 5e-4 there; the 1e-4 accuracy bound is asserted on the real devices
+    # (tests/test_variants.py, tests/test_feedback.py).
+    tol = 1e-2 if cfg.storage == "float16" else (5e-4 if cfg.solver != "cholesky" else TOL)
     empty_u = np.flatnonzero(np.diff(R.indptr) == 0)
     empty_i = np.flatnonzero(np.bincount(R.indices, minlength=n) == 0)
     zeros = bool(np.all(model.user_factors_[empty_u] == 0) and np.all(model.item_factors_[empty_i] == 0))
