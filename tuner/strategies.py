@@ -17,9 +17,13 @@ Strategies (both measure the baseline ``batch`` configuration and the untuned de
                 budget), then stage-composed candidates (the best S1/S2 configuration with the
                 best S3 solver settings: the objective adds per-stage times), then local search
                 (neighbours of the current top configurations of each side) until the budget
-                is spent; successive halving's last rung promotes every candidate that enters
-                a side's top 3 to full fidelity (≥ 7 runs and a minimum time) at once, so the
-                best is always a full-fidelity measurement.
+                is 90% spent; successive halving's last rung promotes every candidate that
+                enters a side's top 3 to full fidelity (≥ 7 runs and a minimum time) at once, so
+                the best is always a full-fidelity measurement.
+
+Both end with a *showdown*: the top 2 of each side re-measured round-robin (2 rounds), so the
+final choice compares them under the same machine conditions (a shared or throttling machine
+drifts between measurements minutes apart).
 """
 from __future__ import annotations
 
@@ -322,17 +326,63 @@ class Session:
                                       f"({b['configs']['users']} | {b['configs']['items']})")
 
     # ----- results ---------------------------------------------------------------------------
+    _PRI = {"low": 0, "full": 1, "final": 2}
+
     def ok_results(self, any_fidelity=False):
-        """{config key: Result} of the ok results, the full-fidelity one where there is one."""
-        out = {}
+        """{config key: Result} of the ok results at the highest fidelity measured (showdown >
+        full > low); low-fidelity ones only with ``any_fidelity`` (or when there is nothing
+        else)."""
+        out, pri = {}, {}
         for (key, fid), r in self.results.items():
-            if not r.ok:
+            if not r.ok or (fid == "low" and not any_fidelity):
                 continue
-            if fid == "full" or (any_fidelity and key not in out):
-                out[key] = r
+            p = self._PRI.get(fid, 0)
+            if key not in out or p > pri[key]:
+                out[key], pri[key] = r, p
         if not out and not any_fidelity:
             return self.ok_results(True)
         return out
+
+    def showdown(self, configs, rounds=2):
+        """Re-measure ``configs`` round-robin (so they share the machine's conditions) at full
+        fidelity; each gets a "final" result whose per-side time is the median over its full
+        measurement and the rounds."""
+        configs = [c for c in configs if (c.key(), "full") in self.results
+                   and self.results[(c.key(), "full")].ok]
+        if len(configs) < 2:
+            return
+        if all((c.key(), "final") in self._replay for c in configs):
+            return self._replay_final(configs)
+        per = {c.key(): [self.results[(c.key(), "full")]] for c in configs}
+        for _ in range(rounds):
+            for c in configs:
+                key = c.key()
+                r = self.measurer.evaluate(c, "full", verified=per[key][0].verify_rel_err)
+                self.spent += r.seconds_spent
+                if not r.ok:
+                    continue
+                per[key].append(r)
+        for c in configs:
+            key = c.key()
+            rs = per[key]
+            sides = {}
+            for side in SIDES:
+                d = dict(rs[0].sides[side])
+                vals = [x.sides[side]["seconds"] for x in rs]
+                d["seconds"] = float(np.median(vals))
+                d["rounds_seconds"] = vals
+                sides[side] = d
+            res = Result(c, "ok", "", "", rs[0].verify_rel_err, sides, "final",
+                         sum(x.seconds_spent for x in rs[1:]))
+            self._record(res, key, "final")
+            self._tick(res)
+
+    def _replay_final(self, configs):
+        for c in configs:
+            r = self._replay.pop((c.key(), "final"), None)
+            if r is not None:
+                self.spent += r.seconds_spent
+                self._record(r, c.key(), "final", journal=False)
 
     def ranking(self, side, any_fidelity=True):
         rs = self.ok_results(any_fidelity).values()
@@ -381,8 +431,11 @@ class Session:
             summary["anchors"][name] = {"config": str(r.config), "status": r.status,
                                         "iteration_seconds": r.iteration_seconds if r.ok else None,
                                         "sides": {s: r.side_seconds(s) for s in SIDES} if r.ok else {}}
-        summary["results"] = [_result_to_json(r) | {"key": k} for (k, fid), r in self.results.items()
-                              if fid == "full" or (k, "full") not in self.results]
+        top = {}
+        for (k, fid), r in self.results.items():
+            if k not in top or self._PRI.get(fid, 0) > self._PRI.get(top[k].fidelity, 0):
+                top[k] = r
+        summary["results"] = [_result_to_json(r) | {"key": k} for k, r in top.items()]
         if best is None:
             return summary
         base = self.anchors.get("baseline")
@@ -422,14 +475,15 @@ def exhaustive(session: Session):
     session.measure_anchors()
     for cfg in cands:
         session.evaluate(cfg, "full")
+    session.showdown(_top(session, 2, fidelity=False))
     return session
 
 
-def _top(session, k):
-    """Union of the top-k configurations of each side (any fidelity)."""
+def _top(session, k, fidelity=True):
+    """Union of the top-k configurations of each side (any fidelity, or full only)."""
     out, seen = [], set()
     for side in SIDES:
-        for r in session.ranking(side)[:k]:
+        for r in session.ranking(side, any_fidelity=fidelity)[:k]:
             if r.config.key() not in seen:
                 seen.add(r.config.key())
                 out.append(r.config)
@@ -505,8 +559,8 @@ def budgeted(session: Session, explore=0.3, finalists=3):
         if c.key() not in tried:
             run(c)
     composed_again = False
-    while session.spent < budget:
-        if not composed_again and session.spent >= 0.8 * budget:
+    while session.spent < 0.9 * budget:
+        if not composed_again and session.spent >= 0.75 * budget:
             composed_again = True
             for c in _composed(session):
                 if c.key() not in tried:
@@ -532,6 +586,7 @@ def budgeted(session: Session, explore=0.3, finalists=3):
                 break
         run(child)
     promote()
+    session.showdown(_top(session, 2, fidelity=False))
     return session
 
 
