@@ -219,3 +219,30 @@ def test_early_stopping_keeps_best_iteration(cl_device):
     assert m.best_iteration_ == best
     assert len(seen) <= best + 1 + 2 and len(seen) < 30
     assert m.rmse(V) == pytest.approx(seen[best], rel=1e-5)
+
+
+def test_device_memory_error_before_allocating(cl_device, monkeypatch):
+    import dataclasses
+    from clmf import engine
+    real = engine.device_info
+
+    def tiny(dev, index="?"):
+        return dataclasses.replace(real(dev, index), global_mem=64 * 1024, max_alloc=16 * 1024)
+
+    monkeypatch.setattr(engine, "device_info", tiny)
+    R = random_ratings(200, 150, 0.3, seed=30)
+    with pytest.raises(clmf.DeviceMemoryError, match="device memory|largest allocation"):
+        clmf.ALS(16, iterations=1, device=cl_device).fit(R, show_progress=False)
+
+
+def test_scratch_is_bounded_by_batch(cl_device):
+    from clmf.config import KernelConfig
+    from clmf.engine import Engine
+    R = random_ratings(300, 40, 0.2, seed=31)
+    cfg = KernelConfig.parse("batch:batch_rows=16")
+    eng = Engine(cl_device, R, 12, (cfg, cfg))
+    try:
+        assert eng.batch_rows == {"users": 16, "items": 16}
+        assert eng.memory["scratch_users"] == 16 * 4 * (12 * 12 + 12)   # O(batch·f²), not O(m·f²)
+    finally:
+        eng.release()
