@@ -71,6 +71,46 @@ def head_to_head(a):
     return 0
 
 
+def exhaustive_from_db(a, dev):
+    """The summary of the latest exhaustive bounded run of this case in ``--db`` (with its
+    process wall time from the earlier comparison's JSON), to compare a new budgeted run against
+    it without repeating it."""
+    from clmf.config import KernelConfig
+    from clmf.tuning import read_database
+    recs = read_database(a.db, strict=True)
+    same = lambda r: (r.get("device") == dev and r.get("f") == a.factors
+                      and r.get("strategy") == "exhaustive" and r.get("space") == "bounded")
+    bests = [r for r in recs if r.get("kind") == "best" and same(r)]
+    if not bests:
+        raise SystemExit("no exhaustive bounded run of this case in --db")
+    run_id = max(bests, key=lambda r: r["date"])["run_id"]
+    bests = {r["side"]: r for r in bests if r["run_id"] == run_id}
+    pri = {"low": 0, "full": 1, "final": 2}
+    res, stat = {}, {}
+    for r in recs:
+        if r.get("kind") != "measurement" or r.get("run_id") != run_id:
+            continue
+        k = json.dumps(r["config"], sort_keys=True)
+        e = res.setdefault(k, {"config": r["config"], "status": r["status"], "sides": {}, "p": {}})
+        if r["status"] != "ok":
+            e["status"] = r["status"]
+            continue
+        p = pri.get(r.get("fidelity", "full"), 1)
+        if p >= e["p"].get(r["side"], -1):
+            e["p"][r["side"]] = p
+            e["sides"][r["side"]] = {"seconds": r["seconds"]}
+    for e in res.values():
+        stat[e["status"]] = stat.get(e["status"], 0) + 1
+    old = json.loads(pathlib.Path(a.reuse_exhaustive).read_text())["exhaustive"]
+    b = bests["users"]
+    return {"dataset": b["dataset"]["name"], "space_size": None, "evaluated": b["evaluated"],
+            "spent_seconds": b["spent_seconds"], "statuses": stat, "results": list(res.values()),
+            "process_wall_seconds": old["process_wall_seconds"], "run_id": run_id,
+            "best": {"iteration_seconds": b["iteration_seconds"],
+                     "configs": {s: str(KernelConfig.from_dict(bests[s]["config"]))
+                                 for s in ("users", "items")}}}
+
+
 def run_child(args, strategy, budget, db, state, report, pairs=None):
     env = dict(os.environ, PYOPENCL_NO_CACHE="1", POCL_KERNEL_CACHE="0")
     cmd = [sys.executable, __file__, "--one", strategy, "--device", args.device, "-f",
@@ -123,6 +163,9 @@ def main():
     p.add_argument("--report", default=None, help=argparse.SUPPRESS)
     p.add_argument("--pairs", default=None, help=argparse.SUPPRESS)
     p.add_argument("--rounds", type=int, default=5, help="head-to-head rounds")
+    p.add_argument("--reuse-exhaustive", default=None, metavar="COMPARE_JSON",
+                   help="take the exhaustive run from --db (the latest of this case) and its wall "
+                        "time from this earlier comparison JSON instead of running it again")
     a = p.parse_args()
     if a.one == "h2h":
         return head_to_head(a)
@@ -138,7 +181,11 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
-        ex = run_child(a, "exhaustive", None, tmp / "ex.jsonl", tmp / "st-ex", out)
+        if a.reuse_exhaustive:
+            ex = exhaustive_from_db(a, device_record(info))
+            (tmp / "ex.jsonl").write_text("")
+        else:
+            ex = run_child(a, "exhaustive", None, tmp / "ex.jsonl", tmp / "st-ex", out)
         budget = a.fraction * ex["spent_seconds"]
         bu = run_child(a, "budgeted", budget, tmp / "bu.jsonl", tmp / "st-bu", out)
         if a.db:
@@ -157,7 +204,11 @@ def main():
     gap = bu_in_ex / ex_best - 1 if bu_in_ex else None
     ratio = bu["spent_seconds"] / ex["spent_seconds"]
     wall_ratio = bu["process_wall_seconds"] / ex["process_wall_seconds"]
+    if ex.get("space_size") is None:
+        from tuner.space import make_space
+        ex["space_size"] = len(make_space("bounded", a.factors, info).enumerate(info))
     res = {"date": now(), "commit": clmf_commit(), "device": device_record(info),
+           "exhaustive_reused": bool(a.reuse_exhaustive),
            "dataset": ex["dataset"], "f": a.factors, "space_size": ex["space_size"],
            "exhaustive": {"evaluated": ex["evaluated"], "spent_seconds": ex["spent_seconds"],
                           "process_wall_seconds": ex["process_wall_seconds"],
@@ -184,7 +235,9 @@ def main():
          "(PYOPENCL_NO_CACHE=1, POCL_KERNEL_CACHE=0), separate processes and databases. "
          f"Driver {d['driver']}; commit {res['commit']}; {res['date']}; host load average at the "
          f"end {res['load_average'][0]:.1f} (1 min) / {res['load_average'][2]:.1f} (15 min) on "
-         f"{os.cpu_count()} CPUs (the machine was shared with other jobs).",
+         f"{os.cpu_count()} CPUs (the machine was shared with other jobs)."
+         + (f" The exhaustive run is the earlier one of this case (run {ex['run_id']}), reused; "
+            "only the budgeted run and the head-to-head are new." if a.reuse_exhaustive else ""),
          "",
          "| | exhaustive | budgeted |", "|---|---|---|",
          f"| configurations evaluated | {ex['evaluated']} | {bu['evaluated']} |",

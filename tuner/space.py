@@ -241,17 +241,23 @@ class Space:
         return None
 
     def neighbours(self, cfg, candidates):
-        """Members of ``candidates`` one step from ``cfg``: one flag toggled or one field changed
-        (tx/ty and bx/by may move together), comparing only the fields active in both (a tile
-        toggle is one step, whatever bx/by/tz become); nearest grid steps first."""
+        """Members of ``candidates`` one step from ``cfg``: one or two flags toggled, or one field
+        changed (tx/ty and bx/by may move together), comparing only the fields active in both (a
+        tile toggle is one step, whatever bx/by/tz become); nearest grid steps first."""
         a = cfg.to_dict()
         act_a = set(self.active((cfg.reg, cfg.local, cfg.vec, cfg.tile), cfg.solver))
         out = []
         for c in candidates:
             b = c.to_dict()
             act = act_a & set(self.active((c.reg, c.local, c.vec, c.tile), c.solver))
-            diff = [k for k in FLAG_FIELDS if a[k] != b[k]]
-            diff += [k for k in PARAM_FIELDS if k in act and a[k] != b[k]]
+            fdiff = [k for k in FLAG_FIELDS if a[k] != b[k]]
+            diff = [k for k in PARAM_FIELDS if k in act and a[k] != b[k]]
+            if fdiff:
+                # one or two flags toggled, nothing else: the flag combinations of a bounded
+                # space are sparse (batch+reg+local+vec4 → batch+reg is two toggles)
+                if not diff and len(fdiff) <= 2:
+                    out.append((float(len(fdiff)), c))
+                continue
             if len(diff) == 1 or (len(diff) == 2 and set(diff) in ({"tx", "ty"}, {"bx", "by"})):
                 k = diff[0]
                 va, vb = a[k], b[k]

@@ -14,10 +14,10 @@ Strategies (both measure the baseline ``batch`` configuration and the untuned de
 
 ``exhaustive``  every configuration of an enumerable space at full fidelity;
 ``budgeted``    within ``budget`` seconds: random exploration at low fidelity (3 runs, 30% of the
-                budget), then stage-composed candidates (the best S1/S2 configuration with the
+                budget; stratified by variant family, round-robin), then stage-composed candidates (the best S1/S2 configuration with the
                 best S3 solver settings: the objective adds per-stage times), then local search
-                (neighbours of the current top configurations of each side) until the budget
-                is 90% spent; successive halving's last rung promotes every candidate that
+                (neighbours of the current top configurations of each side) until only the
+                final re-timing's share of the budget is left; successive halving's last rung promotes every candidate that
                 enters a side's top 3 to full fidelity (≥ 7 runs and a minimum time) at once, so
                 the best is always a full-fidelity measurement.
 
@@ -343,16 +343,29 @@ class Session:
             return self.ok_results(True)
         return out
 
-    def showdown(self, configs, rounds=2):
+    def retime_cost(self, configs):
+        """Estimated seconds to re-time ``configs`` once at full fidelity (no build)."""
+        t = 0.0
+        for c in configs:
+            r = self.results.get((c.key(), "full")) or self.results.get((c.key(), "low"))
+            if r is not None and r.ok:
+                t += sum(sum(r.sides[s].get("wall", [])) * 1.3 + 0.02 for s in SIDES)
+        return t
+
+    def showdown(self, configs, rounds=2, budget_left=None):
         """Re-measure ``configs`` round-robin (so they share the machine's conditions) at full
         fidelity; each gets a "final" result whose per-side time is the median over its full
-        measurement and the rounds."""
+        measurement and the rounds (as many rounds as ``budget_left`` seconds allow)."""
         configs = [c for c in configs if (c.key(), "full") in self.results
                    and self.results[(c.key(), "full")].ok]
         if len(configs) < 2:
             return
         if all((c.key(), "final") in self._replay for c in configs):
             return self._replay_final(configs)
+        if budget_left is not None:
+            rounds = min(rounds, int(budget_left // max(self.retime_cost(configs), 1e-6)))
+            if rounds < 1:
+                return
         per = {c.key(): [self.results[(c.key(), "full")]] for c in configs}
         for _ in range(rounds):
             for c in configs:
@@ -519,7 +532,21 @@ def budgeted(session: Session, explore=0.3, finalists=3):
     rng = np.random.default_rng(session.seed)
     session.measure_anchors()
     pool = space.enumerate(info) if space.enumerable else None
-    order = [pool[i] for i in rng.permutation(len(pool))] if pool is not None else None
+    order = None
+    if pool is not None:
+        # stratified by variant family (the flags): round-robin over the families in random
+        # order, each family's members in random order, so small families are seen early
+        fam = {}
+        for i in rng.permutation(len(pool)):
+            fam.setdefault(pool[i].name, []).append(pool[i])
+        groups = [fam[k] for k in sorted(fam)]
+        groups = [groups[i] for i in rng.permutation(len(groups))]
+        order = []
+        while any(groups):
+            for g in groups:
+                if g:
+                    order.append(g.pop())
+        order.reverse()                         # next_random() pops from the end
     tried = {r.config.key() for r in session.ok_results(True).values()}
 
     def next_random():
@@ -558,8 +585,11 @@ def budgeted(session: Session, explore=0.3, finalists=3):
     for c in _composed(session):
         if c.key() not in tried:
             run(c)
+    def reserve():      # the final promotion and one showdown round
+        return 1.2 * session.retime_cost(_top(session, 2))
+
     composed_again = False
-    while session.spent < 0.9 * budget:
+    while session.spent < budget - reserve():
         if not composed_again and session.spent >= 0.75 * budget:
             composed_again = True
             for c in _composed(session):
@@ -586,7 +616,7 @@ def budgeted(session: Session, explore=0.3, finalists=3):
                 break
         run(child)
     promote()
-    session.showdown(_top(session, 2, fidelity=False))
+    session.showdown(_top(session, 2, fidelity=False), budget_left=budget - session.spent)
     return session
 
 
