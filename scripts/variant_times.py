@@ -63,6 +63,7 @@ def commit():
 
 def verify(dev, variant, f):
     import clmf
+    from clmf.config import KernelConfig
     from clmf import reference
     from clmf.errors import InvalidConfigError
     rng = np.random.default_rng(f)
@@ -71,7 +72,8 @@ def verify(dev, variant, f):
     R.data = rng.integers(1, 6, R.nnz).astype(np.float32)
     X0, Y0 = reference.start_factors(97, 61, f, 0)
     m = clmf.ALS(f, 0.1, 1, device=dev, variant=variant).fit(R, init=(X0, Y0), show_progress=False)
-    Xr, Yr = reference.als(R, f, 0.1, 1, init=(X0, Y0))
+    cfg = KernelConfig.parse(variant)
+    Xr, Yr = reference.als(R, f, 0.1, 1, init=(X0, Y0), solver=cfg.solver, cg_steps=cfg.cg_steps)
     return max(np.linalg.norm(m.user_factors_ - Xr) / np.linalg.norm(Xr),
                np.linalg.norm(m.item_factors_ - Yr) / np.linalg.norm(Yr))
 
