@@ -15,6 +15,15 @@ def load(path):
         return list(csv.DictReader(fh))
 
 
+def label(variant):
+    """Row label: the variant name, plus the solver when it is not Cholesky."""
+    name = variant.split(":")[0]
+    for part in variant.partition(":")[2].split(","):
+        if part.strip().startswith("solver=") and part.strip() != "solver=cholesky":
+            name += f" [{part.strip()[7:]}]"
+    return name
+
+
 def report(path):
     rows = load(path)
     base = os.path.splitext(path)[0]
@@ -35,11 +44,11 @@ def report(path):
         lines += [f"## {ds} ({next(r for k, r in latest.items() if k[0] == ds)['nnz']} ratings)", "",
                   "| variant | " + " | ".join(f"f={f} s/it (S1 / S2 / S3)" for f in fs) + " |",
                   "|---|" + "---|" * len(fs)]
-        names = list(OrderedDict((k[2].split(":")[0], 0) for k in latest if k[0] == ds))
+        names = list(OrderedDict((label(k[2]), 0) for k in latest if k[0] == ds))
         for name in names:
             cells = []
             for f in fs:
-                hit = [r for k, r in latest.items() if k[0] == ds and k[1] == f and k[2].split(":")[0] == name]
+                hit = [r for k, r in latest.items() if k[0] == ds and k[1] == f and label(k[2]) == name]
                 if hit:
                     r = hit[0]
                     cells.append(f"{float(r['seconds_per_iteration']):.4f} ({float(r['s1_seconds']):.4f} / "
@@ -67,12 +76,12 @@ def report(path):
     fig, axes = plt.subplots(1, len(sets), figsize=(6 * len(sets), 4.5), squeeze=False)
     for ax, ds in zip(axes[0], sets):
         fs = sorted({k[1] for k in latest if k[0] == ds})
-        names = list(OrderedDict((k[2].split(":")[0], 0) for k in latest if k[0] == ds))
+        names = list(OrderedDict((label(k[2]), 0) for k in latest if k[0] == ds))
         width = 0.8 / max(1, len(names))
         for i, name in enumerate(names):
             ys = []
             for f in fs:
-                hit = [r for k, r in latest.items() if k[0] == ds and k[1] == f and k[2].split(":")[0] == name]
+                hit = [r for k, r in latest.items() if k[0] == ds and k[1] == f and label(k[2]) == name]
                 ys.append(float(hit[0]["seconds_per_iteration"]) if hit else float("nan"))
             ax.bar([j + i * width for j in range(len(fs))], ys, width, label=name)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(fs))])
