@@ -32,6 +32,8 @@ def main():
     p.add_argument("--compare", action="store_true")
     p.add_argument("--skip", default="", help="comma-separated dataset:f cases to skip, e.g. ml-100k:10")
     p.add_argument("--sample-time", type=float, default=0.03)
+    p.add_argument("--fresh", action="store_true", help="do not resume interrupted runs")
+    p.add_argument("--only", default="", help="comma-separated dataset:f cases to run (default all)")
     a = p.parse_args()
 
     import tuner
@@ -68,13 +70,13 @@ def main():
         print(f"data {name}: {R.shape[0]} × {R.shape[1]}, {R.nnz} ratings "
               f"({time.perf_counter() - t0:.1f} s)", flush=True)
         for f in factors:
-            if f"{name}:{f}" in skip:
+            if f"{name}:{f}" in skip or (a.only and f"{name}:{f}" not in a.only.split(",")):
                 continue
             b = budgets.get(f, list(budgets.values())[-1])
             t0 = time.perf_counter()
             s = tuner.tune(R, factors=[f], device=dev, strategy="budgeted", budget=b,
                            space=a.space, db=db, report_dir=out / "reports", dataset=name,
-                           progress=False, sample_time=a.sample_time)[0]
+                           progress=False, sample_time=a.sample_time, resume=not a.fresh)[0]
             best = s["best"]
             print(f"{name} f={f}: {s['evaluated']} configurations, {s['spent_seconds']:.0f} s "
                   f"measured, {time.perf_counter() - t0:.0f} s wall; best "

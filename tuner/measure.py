@@ -11,7 +11,8 @@ Per candidate (the same configuration on both sides):
    a singular system or an OpenCL error → "failed";
 3. **time** each side's half-step on a *sample* of that side's rows (:class:`Sample`: stratified
    by row length, all columns kept) with OpenCL profiling events: one warm-up, then at least
-   ``repeats`` runs and until ``min_time`` seconds have been timed; the median of the runs' device
+   ``repeats`` (7) runs and until ``min_time`` seconds have been timed — or, for a slow candidate
+   whose runs reach ``max_time`` seconds, 3 runs (the adaptive minimum time); the median of the runs' device
    times is kept with the raw times and the per-stage (S1, S2, S3) medians. The sampled times are
    scaled to the whole side (S1/S2 by nnz, S3 by rows), and the objective is the estimated time
    of a whole ALS iteration (both half-steps).
@@ -158,7 +159,7 @@ class Measurer:
     """
 
     def __init__(self, device, R, f, samples, storage="float32", repeats=7, min_time=0.05,
-                 max_runs=60, low_repeats=3):
+                 max_runs=60, low_repeats=3, max_time=2.0):
         from clmf.device import device_info
         self.device = device
         self.info = device_info(device)
@@ -170,6 +171,7 @@ class Measurer:
         self.min_time = float(min_time)
         self.max_runs = int(max_runs)
         self.low_repeats = max(1, int(low_repeats))
+        self.max_time = float(max_time)
         self._init = {}
         self._verify_R = _verify_problem()
         self._verify_ref = {}
@@ -231,7 +233,11 @@ class Measurer:
             eng.queue.finish()
             raw, wall, stages = [], [], {"s1": [], "s2": [], "s3": []}
             total = 0.0
+            # at least `repeats` runs and `min_time` seconds; a slow candidate (one whose runs
+            # add up to `max_time`) stops after 3 runs: the adaptive minimum time
             while len(raw) < self.max_runs and (len(raw) < repeats or total < min_time):
+                if len(raw) >= min(3, repeats) and total >= self.max_time:
+                    break
                 eng.stage_times = {"s1": 0.0, "s2": 0.0, "s3": 0.0}
                 t0 = time.perf_counter()
                 eng.half_step(side, REG, True)
@@ -296,15 +302,22 @@ class Measurer:
         return res
 
 
+MEASURE_VERSION = 2      # part of a run's identity: a journal of another method is not resumed
+
+
+def sample_min_rows(info):
+    return max(8, 4 * info.compute_units)
+
+
 def calibrate_samples(device, R, f, probe, target_seconds=0.03, min_rows=None, seed=0,
                       max_fraction=1.0):
     """Per side, the sample fraction whose half-step with ``probe`` (a KernelConfig) takes about
-    ``target_seconds`` of device time (never fewer than ``min_rows`` rows: by default 32 or
-    16 per compute unit, whichever is larger). Returns ``{side: Sample}``."""
+    ``target_seconds`` of device time (never fewer than ``min_rows`` rows: by default 8 or
+    4 per compute unit, whichever is larger). Returns ``{side: Sample}``."""
     from clmf.device import device_info
     info = device_info(device)
     if min_rows is None:
-        min_rows = max(32, 16 * info.compute_units)
+        min_rows = sample_min_rows(info)
     R = sp.csr_matrix(R)
     out = {}
     for side in SIDES:

@@ -43,7 +43,7 @@ from clmf.config import KernelConfig
 from clmf.errors import InvalidConfigError
 
 from .database import Database, base_record
-from .measure import SIDES, Measurer, Result, calibrate_samples
+from .measure import MEASURE_VERSION, SIDES, Measurer, Result, calibrate_samples, sample_min_rows
 from .space import Space, canonical, prune
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,8 @@ class Session:
         ident = {"device": case.key, "dataset": case.dataset_class, "f": case.f,
                  "storage": case.storage, "space": space.name, "strategy": strategy,
                  "budget": self.budget, "seed": self.seed, "templates": self.template_hash,
-                 "sample_time": self.sample_time, "repeats": repeats, "min_time": min_time}
+                 "sample_time": self.sample_time, "repeats": repeats, "min_time": min_time,
+                 "method": MEASURE_VERSION}
         self.run_id = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
         self.state_dir = pathlib.Path(state_dir) if state_dir else default_state_dir()
         self.journal = self.state_dir / f"{self.run_id}.jsonl"
@@ -224,7 +225,7 @@ class Session:
         else:
             from .measure import make_sample
             self.resumed = True
-            min_rows = max(32, 16 * case.info.compute_units)
+            min_rows = sample_min_rows(case.info)
             self.samples = {s: make_sample(case.R, s, header["fractions"][s], self.seed, min_rows)
                             for s in SIDES}
             log.info("resuming run %s: %d results in the journal, %d crashed", self.run_id,
