@@ -330,9 +330,19 @@ class TorchALS:
         self.half_step("items", X, Y)
 
 
+class PeerSkipped(Exception):
+    """Raised by a peer that will not run on this problem (reported as ``skipped: ...``)."""
+
+
+TORCH_CPU_MAX_NNZ = 20_000_000
+
+
 def run_pytorch(problem, f, lam, iterations, seed):
     import torch
     dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev == "cpu" and problem.train.nnz > TORCH_CPU_MAX_NNZ:
+        raise PeerSkipped(f"no CUDA device, and {problem.train.nnz} ratings > {TORCH_CPU_MAX_NNZ} "
+                          "is too many for the CPU fallback")
     X0, Y0 = _start(problem, f, seed)
     model = TorchALS(problem.train, f, lam, dev, budget=(1 << 30) if dev == "cuda" else (1 << 28))
     X = torch.as_tensor(X0, device=dev).clone()
@@ -347,6 +357,9 @@ def run_pytorch(problem, f, lam, iterations, seed):
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
     Xh, Yh = X.cpu().numpy(), Y.cpu().numpy()
+    del model, X, Y
+    if dev == "cuda":
+        torch.cuda.empty_cache()          # give the memory back before clmf's OpenCL runs
     name = torch.cuda.get_device_name(0) if dev == "cuda" else f"host CPU ({torch.get_num_threads()} threads)"
     return PeerRun("pytorch", seconds=times, test_rmse=rmse_of(problem, Xh, Yh), device=name,
                    note=f"torch {torch.__version__} on {dev}: bucketed gather + bmm + batched "
@@ -389,6 +402,8 @@ def run_peer(name, problem, f, lam, iterations, seed):
         return PeerRun(name, status=f"unavailable: {why}")
     try:
         return PEERS[name](problem, f, lam, iterations, seed)
+    except PeerSkipped as e:
+        return PeerRun(name, status=f"skipped: {e}")
     except Exception as e:
         tb = traceback.format_exc(limit=3).strip().splitlines()
         where = tb[-3].strip() if len(tb) >= 3 else ""

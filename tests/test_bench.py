@@ -163,3 +163,12 @@ def test_cli_bench_parser():
                                    "--variant", "auto", "--variant", "batch", "--peers", "cpu"])
     assert a.data == ["ml-100k", "netflix@0.01"] and a.factors == [10, 50]
     assert a.variant == ["auto", "batch"] and a.func.__name__ == "cmd_bench"
+
+
+def test_skipping_peer_is_reported(monkeypatch):
+    problem = bench_peers.Problem("p", random_ratings(10, 8, seed=1), random_ratings(10, 8, 0.05, seed=2))
+
+    def skip(*a):
+        raise bench_peers.PeerSkipped("too big")
+    monkeypatch.setitem(bench_peers.PEERS, "reference", skip)
+    assert bench_peers.run_peer("reference", problem, 2, 0.1, 2, 0).status == "skipped: too big"
