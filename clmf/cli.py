@@ -72,12 +72,10 @@ def _load_train_test(path, seed, test_fraction=0.1):
 
 
 def cmd_demo(args):
-    import clmf
     train, test, what = _load_train_test(args.data, args.seed)
     print(f"data: {what}: {train.shape[0]} users × {train.shape[1]} items, "
           f"{len(train)} train / {len(test)} test ratings")
     model = _model_from(args)
-    tc = test.to_csr().tocoo()
 
     def show(it, elapsed, metrics):
         print(f"iteration {it + 1:3d}  train RMSE {metrics['train_rmse']:.4f}  "

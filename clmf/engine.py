@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 
 import numpy as np
 import scipy.sparse as sp
 
 from . import kernels as K
-from .config import KernelConfig
 from .device import device_info, get_context
 from .errors import DeviceMemoryError, SingularSystemError
 

@@ -13,7 +13,6 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -21,14 +20,8 @@ import numpy as np
 
 
 def commit():
-    c = os.environ.get("CLMF_COMMIT")
-    if c:
-        return c
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except Exception:
-        return "unknown"
+    from clmf.provenance import commit as clmf_commit
+    return clmf_commit()
 
 
 def top_n(X, Y, train_csr, users, k=10):
@@ -116,7 +109,7 @@ def main():
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
         with open(a.out + ".json", "w") as fh:
             json.dump(dict(meta=meta, rows=rows), fh, indent=1)
-        lines = [f"# Implicit-feedback ALS on Last.fm (HetRec 2011): clmf vs implicit", "",
+        lines = ["# Implicit-feedback ALS on Last.fm (HetRec 2011): clmf vs implicit", "",
                  f"`python scripts/lastfm_implicit.py` — {meta['date']}, commit {meta['commit'][:10]}; "
                  f"{meta['users']} users × {meta['items']} artists, {meta['train_nnz']} train / "
                  f"{meta['test_nnz']} held-out (leave-{a.k_out}-out), strengths log1p(plays), "

@@ -16,28 +16,20 @@ import glob
 import json
 import os
 import re
-import subprocess
 import sys
-import time
 
 import numpy as np
 
 
 def commit():
-    c = os.environ.get("CLMF_COMMIT")
-    if c:
-        return c
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except Exception:
-        return "unknown"
+    from clmf.provenance import commit as clmf_commit
+    return clmf_commit()
 
 
 def run(args):
     import clmf
     from clmf import datasets, reference
-    from clmf.device import device_info, select_device
+    from clmf.device import select_device
     train, test = datasets.load_movielens_100k_split(args.data)
     R = train.to_csr()
     f, lam, iters = args.factors, args.regularization, args.iterations

@@ -14,7 +14,6 @@ import argparse
 import csv
 import datetime
 import os
-import subprocess
 import sys
 import time
 
@@ -51,21 +50,14 @@ def variants_for(f, device_type="GPU"):
 
 
 def commit():
-    c = os.environ.get("CLMF_COMMIT")
-    if c:
-        return c
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except Exception:
-        return "unknown"
+    from clmf.provenance import commit as clmf_commit
+    return clmf_commit()
 
 
 def verify(dev, variant, f):
     import clmf
     from clmf.config import KernelConfig
     from clmf import reference
-    from clmf.errors import InvalidConfigError
     rng = np.random.default_rng(f)
     import scipy.sparse as sp
     R = sp.random(97, 61, density=0.2, random_state=f, format="csr", dtype=np.float32)

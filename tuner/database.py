@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import datetime
 import fcntl
-import functools
 import json
 import os
 import pathlib
-import subprocess
 
 import numpy as np
 
@@ -39,23 +37,10 @@ def now():
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-@functools.lru_cache(maxsize=1)
 def clmf_commit():
-    """The commit of the clmf sources in use (``$CLMF_COMMIT`` wins), ``+dirty`` if modified."""
-    env = os.environ.get("CLMF_COMMIT")
-    if env:
-        return env
-    import clmf
-    here = pathlib.Path(clmf.__file__).resolve().parent
-    try:
-        c = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
-                           text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--", str(here),
-                                str(here.parent / "cl_kernels"), str(here.parent / "tuner")],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return c + ("+dirty" if dirty else "")
-    except Exception:
-        return "unknown"
+    """The commit of the clmf sources in use (see :func:`clmf.provenance.commit`)."""
+    from clmf.provenance import commit
+    return commit()
 
 
 def _jsonable(x):
