@@ -520,8 +520,3 @@ def choose(info, f, side, side_stats=None, storage="float32", solver=None):
         choice = Choice(choice.config.replace(solver=solver), choice.rule,
                         choice.reason + f"; solver={solver} requested")
     return choice
-
-
-def sized(config: KernelConfig, info, f):
-    """Fit an explicitly requested configuration to the device where it names no sizes."""
-    return config
