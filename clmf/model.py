@@ -386,6 +386,7 @@ class ALS(RecommenderMixin):
 def _precision_at_10(X, Y, R, V):
     """precision@10 of held-out items V among unseen items (host; for implicit early stopping)."""
     from .metrics import precision_at_k
+    from .recommend import _top_n
     users = np.unique(V.row)
     if users.size == 0:
         return float("nan")
@@ -393,10 +394,7 @@ def _precision_at_10(X, Y, R, V):
     Rr = R[users]
     rr = np.repeat(np.arange(users.size), np.diff(Rr.indptr))
     S[rr, Rr.indices] = -np.inf
-    k = min(10, S.shape[1])
-    top = np.argpartition(-S, k - 1, axis=1)[:, :k]
-    order = np.argsort(-np.take_along_axis(S, top, 1), axis=1, kind="stable")
-    top = np.take_along_axis(top, order, 1)
+    top = _top_n(S, 10)[0]           # the ranking recommend() uses (ties by item index)
     Vc = sp.csr_matrix((np.ones_like(V.data), (V.row, V.col)), shape=V.shape)[users]
     relevant = [Vc.indices[Vc.indptr[j]:Vc.indptr[j + 1]] for j in range(users.size)]
     return float(precision_at_k(top, relevant, 10))
