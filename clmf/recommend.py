@@ -2,8 +2,9 @@
 
 :class:`RecommenderMixin` is mixed into :class:`clmf.ALS`; it relies only on the learned
 attributes (``user_factors_``, ``item_factors_``, ``user_counts_``, ``item_counts_``,
-``global_mean_``, the id maps ``user_ids_``/``item_ids_``) and the hyper-parameters
-``regularization`` and ``weighted_regularization``. Everything runs on the host in NumPy; no
+``global_mean_``, the id maps ``user_ids_``/``item_ids_``, and ``user_biases_``/``item_biases_``
+when the model has biases) and the hyper-parameters ``regularization`` and
+``weighted_regularization``. Everything runs on the host in NumPy; no
 OpenCL device is needed, so a model loaded with :func:`clmf.load` recommends anywhere.
 
 Conventions (the same as the `implicit <https://benfred.github.io/implicit/>`_ library):
@@ -214,26 +215,51 @@ class RecommenderMixin:
         elif not hasattr(self, "user_factors_"):
             raise RuntimeError(f"this {type(self).__name__} is not fitted yet; call fit() first")
 
-    def _solve_rows(self, rows, other):
-        """Least-squares factors of the rows of ``rows`` against the fixed factors ``other``."""
+    def _biased(self):
+        return getattr(self, "user_biases_", None) is not None
+
+    def _solve_rows(self, rows, side):
+        """Solve the rows of ``rows`` (ratings of ``side`` = "user" or "item" against the other
+        side's columns) for their factors, with the other side fixed: one ALS half-step.
+
+        Returns ``(factors, biases)`` as float32; ``biases`` is None for a model without biases.
+        With biases the system is the fit's augmented one (:func:`clmf.reference.als_biased`,
+        the engine's ``[x | b]`` rows): unknowns ``[x_u, b_u]``, features ``[y_i, 1]``, targets
+        ``r_ui − μ − b_i``, and the bias regularised like the factors (λ·n_u, or λ).
+        """
         data = rows.data
         if data.size and not np.all(np.isfinite(data)):
             raise ValueError("ratings contain NaN/inf")
-        if getattr(self, "user_biases_", None) is not None:
-            raise NotImplementedError("fold-in of a model with biases is not supported yet")
+        other = np.asarray(self.item_factors_ if side == "user" else self.user_factors_,
+                           np.float64)
         implicit = getattr(self, "feedback", "explicit") == "implicit"
         weighted = getattr(self, "weighted_regularization", None)
         if weighted is None:
             weighted = not implicit
-        X = reference.half_step(rows, np.asarray(other, np.float64), float(self.regularization),
-                                bool(weighted),
-                                implicit_alpha=float(self.alpha) if implicit else None)
-        return X.astype(np.float32)
+        lam = float(self.regularization)
+        if not self._biased():
+            X = reference.half_step(rows, other, lam, bool(weighted),
+                                    implicit_alpha=float(self.alpha) if implicit else None)
+            return X.astype(np.float32), None
+        if implicit:
+            raise ValueError("biases are for explicit feedback")
+        ob = np.asarray(self.item_biases_ if side == "user" else self.user_biases_, np.float64)
+        if ob.shape != (other.shape[0],):
+            raise ValueError(f"the model's {'item' if side == 'user' else 'user'} biases "
+                             f"({ob.shape}) do not match its factors ({other.shape[0]} rows)")
+        T = sp.csr_matrix(rows, dtype=np.float64, copy=True)
+        T.sum_duplicates()
+        # explicit zeros stay stored: the pattern (and n_u) is the rows' own, as in the fit
+        T.data = T.data - float(self.global_mean_) - ob[T.indices]
+        Z = reference.half_step(T, np.hstack([other, np.ones((other.shape[0], 1))]), lam,
+                                bool(weighted))
+        return Z[:, :-1].astype(np.float32), Z[:, -1].astype(np.float32)
 
     # ----- recommend -------------------------------------------------------------------------
     def recommend(self, userid, user_items=None, N=10, filter_already_liked_items=True,
                   filter_items=None, recalculate_user=False, items=None):
-        """Top-N items for a user (or a batch of users) by predicted rating ``x_u·y_i``.
+        """Top-N items for a user (or a batch of users) by predicted rating ``x_u·y_i``
+        (``μ + b_u + b_i + x_u·y_i`` for a model with biases).
 
         Parameters
         ----------
@@ -252,8 +278,8 @@ class RecommenderMixin:
             Item indices never to return.
         recalculate_user : bool, default False
             Solve the user's factors from ``user_items`` (one least-squares step against the
-            item factors, as :meth:`recalculate_user`) instead of using the stored ones; the
-            user ids may then lie beyond the model's users.
+            item factors, as :meth:`recalculate_user`; with biases the user's bias too) instead
+            of using the stored ones; the user ids may then lie beyond the model's users.
         items : array_like of int, optional
             Restrict the candidates to these item indices.
 
@@ -301,7 +327,10 @@ class RecommenderMixin:
         rows = None
         if user_items is not None and (filter_already_liked_items or recalculate_user):
             rows = _rows_for(ids, user_items, "user_items", n_items)
-        Xu = self._solve_rows(rows, Y) if recalculate_user else self.user_factors_[ids]
+        if recalculate_user:
+            Xu, bu_new = self._solve_rows(rows, "user")
+        else:
+            Xu, bu_new = self.user_factors_[ids], None
         if not filter_already_liked_items:
             rows = None
         cand = _candidates(n_items, items, filter_items)
@@ -311,7 +340,7 @@ class RecommenderMixin:
             Xq = np.hstack([np.asarray(Xu, np.float32), np.ones((Xu.shape[0], 1), np.float32)])
             Yq = np.hstack([np.asarray(Y, np.float32), np.asarray(bi, np.float32)[:, None]])
             pos_out, sc_out = self._rank(Xq, Yq, cand, rows, N)
-            bu = (np.zeros(len(ids), np.float32) if recalculate_user
+            bu = (bu_new if recalculate_user
                   else np.asarray(self.user_biases_, np.float32)[ids])
             sc_out = sc_out + (np.float32(self.global_mean_) + bu)[:, None]
         else:
@@ -469,11 +498,13 @@ class RecommenderMixin:
         return self._similar(F, ids, scalar, N, filter_users, users, "users")
 
     # ----- fold-in ---------------------------------------------------------------------------
-    def recalculate_user(self, userid, user_items):
+    def recalculate_user(self, userid, user_items, *, return_biases=False):
         """Solve a user's factors from their ratings against the fixed item factors.
 
         One least-squares solve with the model's λ and weighting (the ALS user half-step):
-        ``x_u = (Σ y_i y_iᵀ + λ·n_u·I)⁻¹ Σ r_ui y_i``. Nothing is stored.
+        ``x_u = (Σ y_i y_iᵀ + λ·n_u·I)⁻¹ Σ r_ui y_i``. For a model with biases it is the fit's
+        augmented system: ``[x_u, b_u] = (Σ ŷ_i ŷ_iᵀ + λ·n_u·I)⁻¹ Σ (r_ui − μ − b_i) ŷ_i`` with
+        ``ŷ_i = [y_i, 1]`` (the bias regularised like the factors). Nothing is stored.
 
         Parameters
         ----------
@@ -481,12 +512,15 @@ class RecommenderMixin:
             The user index (any value ≥ 0, also new users), or an array of them.
         user_items : scipy.sparse matrix or :class:`clmf.datasets.Ratings`
             The users' ratings, one row per userid (or indexed by userid), items as columns.
+        return_biases : bool, default False
+            Also return the users' biases (zeros for a model without biases).
 
         Returns
         -------
-        numpy.ndarray
+        numpy.ndarray, or (numpy.ndarray, numpy.ndarray) with ``return_biases``
             float32 factors: ``(factors,)`` for a scalar userid, ``(len(userid), factors)``
-            otherwise. A user with no ratings gets zeros.
+            otherwise; the biases a float32 scalar or ``(len(userid),)``. A user with no
+            ratings gets zeros.
 
         Examples
         --------
@@ -498,14 +532,14 @@ class RecommenderMixin:
         """
         self._require_fitted()
         ids, scalar = _as_index_array(userid, "userid")
-        Y = self.item_factors_
-        X = self._solve_rows(_rows_for(ids, user_items, "user_items", Y.shape[0]), Y)
-        return X[0] if scalar else X
+        rows = _rows_for(ids, user_items, "user_items", self.item_factors_.shape[0])
+        return self._recalculated(*self._solve_rows(rows, "user"), scalar, return_biases)
 
-    def recalculate_item(self, itemid, item_users):
+    def recalculate_item(self, itemid, item_users, *, return_biases=False):
         """Solve an item's factors from its ratings against the fixed user factors.
 
-        The item analogue of :meth:`recalculate_user`.
+        The item analogue of :meth:`recalculate_user` (with biases: ``[y_i, b_i]`` against
+        ``[x_u, 1]`` and the targets ``r_ui − μ − b_u``).
 
         Parameters
         ----------
@@ -513,11 +547,14 @@ class RecommenderMixin:
             The item index (any value ≥ 0), or an array of them.
         item_users : scipy.sparse matrix
             Item × user ratings, one row per itemid (or indexed by itemid).
+        return_biases : bool, default False
+            Also return the items' biases (zeros for a model without biases).
 
         Returns
         -------
-        numpy.ndarray
-            float32 factors, ``(factors,)`` or ``(len(itemid), factors)``.
+        numpy.ndarray, or (numpy.ndarray, numpy.ndarray) with ``return_biases``
+            float32 factors, ``(factors,)`` or ``(len(itemid), factors)``; biases as in
+            :meth:`recalculate_user`.
 
         Examples
         --------
@@ -526,9 +563,16 @@ class RecommenderMixin:
         """
         self._require_fitted()
         ids, scalar = _as_index_array(itemid, "itemid")
-        X = self.user_factors_
-        Y = self._solve_rows(_rows_for(ids, item_users, "item_users", X.shape[0]), X)
-        return Y[0] if scalar else Y
+        rows = _rows_for(ids, item_users, "item_users", self.user_factors_.shape[0])
+        return self._recalculated(*self._solve_rows(rows, "item"), scalar, return_biases)
+
+    @staticmethod
+    def _recalculated(F, b, scalar, return_biases):
+        if not return_biases:
+            return F[0] if scalar else F
+        if b is None:
+            b = np.zeros(F.shape[0], np.float32)
+        return (F[0], b[0]) if scalar else (F, b)
 
     def _fold_in(self, side, ids, M, raw_ids):
         self._require_fitted()
@@ -538,7 +582,7 @@ class RecommenderMixin:
         other = self.item_factors_ if side == "user" else self.user_factors_
         name = "user_items" if side == "user" else "item_users"
         rows = _rows_for(ids, M, name, other.shape[0])
-        F = self._solve_rows(rows, other)
+        F, b = self._solve_rows(rows, side)
         counts = np.diff(rows.indptr)
         fac_attr, cnt_attr, map_attr = f"{side}_factors_", f"{side}_counts_", f"{side}_ids_"
         old = getattr(self, fac_attr).shape[0]
@@ -568,6 +612,10 @@ class RecommenderMixin:
         cnt = _grow(getattr(self, cnt_attr), new)
         fac[ids] = F
         cnt[ids] = counts
+        if b is not None:          # rows skipped by growing get bias 0 (they predict μ + b_other)
+            bias = _grow(np.asarray(getattr(self, f"{side}_biases_"), np.float32), new)
+            bias[ids] = b
+            setattr(self, f"{side}_biases_", bias)
         setattr(self, fac_attr, fac)
         setattr(self, cnt_attr, cnt)
         log.info("folded in %d %s(s) (%d new)", ids.size, side, new - old)
@@ -578,9 +626,12 @@ class RecommenderMixin:
 
         Each user's factors are solved by one least-squares step against the fixed item
         factors with the model's λ and weighting (see :meth:`recalculate_user`) and stored;
-        ``user_counts_`` is updated. Ids beyond the current users grow the factor matrix
-        (indices skipped in between get zero factors and zero counts, i.e. predict
-        ``global_mean_``). ``global_mean_`` and the item factors are unchanged.
+        ``user_counts_`` is updated; a model with biases solves and stores each user's bias
+        with the factors (``user_biases_``), so ``predict``, ``recommend`` and ``save`` see it.
+        Ids beyond the current users grow the factor matrix (indices skipped in between get
+        zero factors, zero counts and zero bias, i.e. predict ``global_mean_``, plus the
+        item's bias with biases). ``global_mean_``, the item factors and item biases are
+        unchanged.
 
         Parameters
         ----------
@@ -611,7 +662,8 @@ class RecommenderMixin:
     def partial_fit_items(self, itemids, item_users, *, raw_ids=None):
         """Fold new or changed items into the model without refitting the users.
 
-        The item analogue of :meth:`partial_fit_users` (``item_users`` is item × user).
+        The item analogue of :meth:`partial_fit_users` (``item_users`` is item × user; with
+        biases ``item_biases_`` is solved and stored too).
 
         Parameters
         ----------

@@ -271,6 +271,148 @@ def test_fold_in_agrees_with_a_device_fit(cl_device):
     assert rel_err(m.item_factors_, before) < 1e-4
 
 
+def biased_model(X, Y, bu, bi, mu, lam=0.1, weighted=True, R=None):
+    m = make_model(X, Y, R, lam=lam, weighted=weighted)
+    m.biases = True
+    m.user_biases_ = np.asarray(bu, np.float32)
+    m.item_biases_ = np.asarray(bi, np.float32)
+    m.global_mean_ = float(mu)
+    return m
+
+
+def augmented_solve(rows, F, b_other, mu, lam, weighted):
+    """Row-by-row normal equations of the biased half-step, written out independently of
+    clmf.reference.half_step: [x, b] = (Σ ŷŷᵀ + λ·(n or 1)·I)⁻¹ Σ (r − μ − b_i) ŷ, ŷ = [y, 1]."""
+    rows = sp.csr_matrix(rows)
+    f = F.shape[1]
+    X, b = np.zeros((rows.shape[0], f)), np.zeros(rows.shape[0])
+    for u in range(rows.shape[0]):
+        idx, r = rows[u].indices, rows[u].data.astype(np.float64)
+        if idx.size == 0:
+            continue
+        Fa = np.hstack([F[idx].astype(np.float64), np.ones((idx.size, 1))])
+        A = Fa.T @ Fa + lam * (idx.size if weighted else 1) * np.eye(f + 1)
+        z = np.linalg.solve(A, Fa.T @ (r - mu - np.asarray(b_other, np.float64)[idx]))
+        X[u], b[u] = z[:f], z[f]
+    return X, b
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+def test_biased_fold_in_is_the_reference_half_step(weighted):
+    """Fold-in with biases solves the fit's augmented system: the users' fold-in against the
+    factors and biases after k reference iterations is iteration k+1's users half-step of
+    reference.als_biased, and the items' fold-in against iteration k's users is its items
+    half-step (so an existing row's own ratings reproduce its fitted factors and bias)."""
+    R = random_ratings(50, 35, 0.25, seed=31, empty_rows=[4], empty_cols=[6])
+    f, lam = 5, 0.1
+    init = ref.start_factors(50, 35, f, 2)
+    X2, Y2, bu2, bi2, mu = ref.als_biased(R, f, lam, 2, weighted=weighted, init=init)
+    X3, _, bu3, _, _ = ref.als_biased(R, f, lam, 3, weighted=weighted, init=init)
+    assert rel_err(X3, X2) > 1e-3 and rel_err(bu3, bu2) > 1e-3   # not a fixed point yet
+    m = biased_model(X2, Y2, bu2, bi2, mu, lam, weighted, R)
+    x, b = m.recalculate_user(np.arange(50), R, return_biases=True)
+    assert x.dtype == np.float32 and b.dtype == np.float32 and b.shape == (50,)
+    assert rel_err(x, X3) < 1e-5 and rel_err(b, bu3) < 1e-5
+    xe, be = augmented_solve(R, Y2, bi2, mu, lam, weighted)
+    assert rel_err(x, xe) < 1e-5 and rel_err(b, be) < 1e-5
+    assert not x[4].any() and b[4] == 0                          # no ratings: [0 | 0]
+    # without biases in the system (or with the unbiased targets) the answer differs
+    assert rel_err(m.recalculate_user(np.arange(50), R), ref.half_step(R, Y2, lam, weighted)) > 1e-2
+    x1, b1 = m.recalculate_user(7, R[[7]], return_biases=True)
+    assert x1.shape == (f,) and np.allclose(x1, x[7]) and b1 == pytest.approx(b[7])
+    # partial_fit_users stores factors and biases of the next users half-step
+    m.partial_fit_users(np.arange(50), R)
+    assert rel_err(m.user_factors_, X3) < 1e-5 and rel_err(m.user_biases_, bu3) < 1e-5
+    # items: fold-in against iteration 2's users reproduces iteration 2's item half-step
+    m = biased_model(X2, Y2 + 1.0, bu2, bi2 + 1.0, mu, lam, weighted, R)   # stale items
+    RT = R.T.tocsr()
+    y, c = m.recalculate_item(np.arange(35), RT, return_biases=True)
+    assert rel_err(y, Y2) < 1e-5 and rel_err(c, bi2) < 1e-5
+    m.partial_fit_items(np.arange(35), RT)
+    assert rel_err(m.item_factors_, Y2) < 1e-5 and rel_err(m.item_biases_, bi2) < 1e-5
+    assert m.item_biases_[6] == 0
+
+
+def test_biased_fold_in_grows_recommends_and_persists(tmp_path):
+    rng = np.random.default_rng(41)
+    X = rng.standard_normal((10, 4)).astype(np.float32)
+    Y = rng.standard_normal((25, 4)).astype(np.float32)
+    bu = rng.standard_normal(10).astype(np.float32)
+    bi = (2 * rng.standard_normal(25)).astype(np.float32)        # biases that move the ranking
+    R = random_ratings(10, 25, 0.3, seed=42)
+    m = biased_model(X, Y, bu, bi, 3.4, lam=0.15, R=R)
+    rows = random_ratings(2, 25, 0.4, seed=43)
+    xe, be = augmented_solve(rows, Y, bi, 3.4, 0.15, True)
+    m.partial_fit_users([3, 12], rows)
+    assert m.user_factors_.shape == (13, 4) and m.user_biases_.shape == (13,)
+    np.testing.assert_allclose(m.user_factors_[[3, 12]], xe, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(m.user_biases_[[3, 12]], be, rtol=1e-5, atol=1e-6)
+    assert m.user_biases_[12] != 0
+    np.testing.assert_array_equal(m.user_biases_[[0, 1, 2, 4]], bu[[0, 1, 2, 4]])   # untouched
+    assert not m.user_biases_[10:12].any() and not m.user_factors_[10:12].any()      # the gap
+    # predictions and recommendations include the new user's bias (and the items' biases)
+    full = 3.4 + be[1] + bi + Y.astype(np.float64) @ xe[1]
+    np.testing.assert_allclose(m.predict(np.full(25, 12), np.arange(25)), full, rtol=1e-5)
+    assert m.predict([10], [3])[0] == pytest.approx(3.4 + bi[3], rel=1e-6)
+    ids, scores = m.recommend(12, rows[[1]], N=6)
+    brute = full.copy()
+    brute[rows[1].indices] = -np.inf
+    order = np.argsort(-brute, kind="stable")[:6]
+    assert ids.tolist() == order.tolist()
+    np.testing.assert_allclose(scores, full[order], rtol=1e-5)
+    # recalculate_user=True in recommend scores with the solved bias, not 0
+    ids2, scores2 = m.recommend(99, rows[[1]], N=6, recalculate_user=True)
+    assert ids2.tolist() == ids.tolist()
+    np.testing.assert_allclose(scores2, scores, rtol=1e-5)
+    # items grow the same way; a new item's bias enters the ranking
+    cols = random_ratings(1, 13, 0.6, seed=44)
+    ye, ce = augmented_solve(cols, m.user_factors_, m.user_biases_, 3.4, 0.15, True)
+    m.partial_fit_items([26], cols)
+    assert m.item_factors_.shape == (27, 4) and m.item_biases_.shape == (27,)
+    np.testing.assert_allclose(m.item_factors_[26], ye[0], rtol=1e-5, atol=1e-6)
+    assert m.item_biases_[26] == pytest.approx(ce[0], rel=1e-5)
+    assert m.item_biases_[25] == 0 and not m.item_factors_[25].any()
+    allp = m.predict(np.full(27, 12), np.arange(27)).astype(np.float64)
+    ids, scores = m.recommend(12, N=27, filter_already_liked_items=False)
+    assert ids.tolist() == np.argsort(-allp, kind="stable").tolist()
+    np.testing.assert_allclose(scores, allp[ids], rtol=1e-5, atol=1e-5)
+    # save/load keeps the folded-in factors and biases
+    m.save(tmp_path / "folded.npz")
+    m2 = clmf.load(tmp_path / "folded.npz")
+    np.testing.assert_array_equal(m2.user_biases_, m.user_biases_)
+    np.testing.assert_array_equal(m2.item_biases_, m.item_biases_)
+    np.testing.assert_array_equal(m2.user_factors_, m.user_factors_)
+    np.testing.assert_array_equal(m2.predict([12, 3, 11], [26, 0, 25]), m.predict([12, 3, 11], [26, 0, 25]))
+    a, b = m.recommend(np.array([12, 3]), N=5), m2.recommend(np.array([12, 3]), N=5)
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+    # an unbiased model's return_biases gives zeros
+    plain = make_model(X, Y, R, lam=0.15)
+    z = plain.recalculate_user([0, 1], R, return_biases=True)[1]
+    assert z.dtype == np.float32 and not z.any()
+
+
+def test_biased_fold_in_agrees_with_a_device_fit(cl_device):
+    """On the device: the fit's last half-step (items) is reproduced by the items' fold-in, and
+    the users' fold-in equals the users half-step of one more iteration of the same fit."""
+    R = random_ratings(60, 40, 0.2, seed=22, empty_rows=[5])
+    init = ref.start_factors(60, 40, 4, 3)
+    kw = dict(factors=4, regularization=0.1, device=cl_device, biases=True, solver="cholesky")
+    m = clmf.ALS(iterations=3, **kw).fit(R, init=init, show_progress=False)
+    m4 = clmf.ALS(iterations=4, **kw).fit(R, init=init, show_progress=False)
+    y, c = m.recalculate_item(np.arange(40), R.T.tocsr(), return_biases=True)
+    assert rel_err(y, m.item_factors_) < 1e-4 and rel_err(c, m.item_biases_) < 1e-4
+    assert rel_err(m4.user_biases_, m.user_biases_) > 1e-3      # the extra half-step moves them
+    m.partial_fit_users(np.arange(60), R)
+    assert rel_err(m.user_factors_, m4.user_factors_) < 1e-4
+    assert rel_err(m.user_biases_, m4.user_biases_) < 1e-4
+    assert m.user_biases_[5] == 0
+    p = m.predict([0, 1], [2, 3])
+    expect = (m.global_mean_ + m.user_biases_[[0, 1]] + m.item_biases_[[2, 3]]
+              + np.einsum("ij,ij->i", m.user_factors_[[0, 1]], m.item_factors_[[2, 3]]))
+    np.testing.assert_allclose(p, expect, rtol=1e-5)
+
+
 def test_raw_ids():
     r = Ratings.from_triples(["bob", "ann", "bob", "cy", "ann"], [10, 20, 30, 10, 40],
                              [5.0, 3.0, 4.0, 2.0, 1.0])
