@@ -1,8 +1,14 @@
 """The one kernel configuration object: the currency between tuner, database, builder and model.
 
-Variant names follow one grammar, ``batch[+reg][+local][+vecN][+tile]`` (in that order, each at most
-once), parsed by :meth:`KernelConfig.parse`; the numeric parameters ride along as ``name:key=value``
-pairs, e.g. ``"batch+reg+local:tx=8,ty=8,nnz_batch=32"``.
+Variant names follow one grammar, ``batch[+reg][+local][+vecN][+tile][+gemm]`` (in that order, each
+at most once), parsed by :meth:`KernelConfig.parse`; the numeric parameters ride along as
+``name:key=value`` pairs, e.g. ``"batch+reg+local:tx=8,ty=8,nnz_batch=32"``.
+
+``gemm`` is the GEMM-shaped S1 (``batch+gemm``, optionally ``batch+vec4+gemm``): lower-triangle tiles
+of edge ``bx``, both operand panels staged in local memory ``nnz_batch`` entries at a time, an
+``rx × ry`` register micro-tile per work-item, ``tz`` rows per work-group, and the right-hand side
+(S2) computed in the diagonal tiles from the same staged panels. It stages, tiles and keeps
+registers by construction, so it does not combine with ``reg``/``local``/``tile``.
 """
 from __future__ import annotations
 
@@ -14,10 +20,10 @@ from .errors import InvalidConfigError
 
 __all__ = ["KernelConfig", "VARIANT_FLAGS", "SOLVERS", "STORAGES", "representative_variants"]
 
-VARIANT_FLAGS = ("reg", "local", "vec", "tile")
+VARIANT_FLAGS = ("reg", "local", "vec", "tile", "gemm")
 SOLVERS = ("cholesky", "cg", "fusedcg")
 STORAGES = ("float32", "float16")
-_NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?$")
+_NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?(\+gemm)?$")
 _INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "nnz_batch", "solve_wg", "cg_steps", "batch_rows")
 
 
@@ -55,6 +61,7 @@ class KernelConfig:
     local: bool = False
     vec: int = 0
     tile: bool = False
+    gemm: bool = False
     tx: int = 8
     ty: int = 8
     bx: int = 0
@@ -85,6 +92,11 @@ class KernelConfig:
                 raise InvalidConfigError(f"{k} must be ≥ 1", k)
         if self.cg_steps < 1:
             raise InvalidConfigError("cg_steps must be ≥ 1", "cg_steps")
+        if self.gemm and (self.reg or self.local or self.tile):
+            raise InvalidConfigError("gemm stages in local memory, keeps register tiles and tiles the "
+                                     "triangle by itself: it combines only with +vec4", "name")
+        if self.gemm and self.vec not in (0, 4):
+            raise InvalidConfigError("gemm takes vec4 (vector local loads) or no vector", "vec")
         if self.solve_wg and not _pow2(self.solve_wg):
             raise InvalidConfigError(f"solve_wg must be a power of two, not {self.solve_wg}", "solve_wg")
 
@@ -101,6 +113,8 @@ class KernelConfig:
             s += f"+vec{self.vec}"
         if self.tile:
             s += "+tile"
+        if self.gemm:
+            s += "+gemm"
         return s
 
     @classmethod
@@ -117,7 +131,8 @@ class KernelConfig:
                 f"unknown variant {text!r}: expected batch[+reg][+local][+vec4|8|16][+tile] "
                 "(flags in that order)", "name")
         kw = dict(reg=bool(m.group(1)), local=bool(m.group(2)),
-                  vec=int(m.group(4)) if m.group(4) else 0, tile=bool(m.group(5)))
+                  vec=int(m.group(4)) if m.group(4) else 0, tile=bool(m.group(5)),
+                  gemm=bool(m.group(6)))
         if tail.strip():
             for pair in tail.split(","):
                 k, eq, v = pair.partition("=")
@@ -176,10 +191,18 @@ class KernelConfig:
         return p
 
     def s1_local_size(self):
-        return self.tx * self.ty * (self.tz if self.tile else 1)
+        return self.tx * self.ty * (self.tz if (self.tile or self.gemm) else 1)
+
+    @property
+    def fuses_rhs(self):
+        """True when S1 also computes the right-hand sides (S2 is then not launched)."""
+        return self.gemm and self.solver != "fusedcg"
 
     def tile_edges(self, f):
         """(bx, by) of the S1 output block one work-group computes."""
+        if self.gemm:
+            b = min(self.bx or f, f)
+            return (b, b)
         if self.tile:
             return (min(self.bx or f, f), min(self.by or f, f))
         return (f, f)
@@ -188,6 +211,8 @@ class KernelConfig:
         """Derived S1 geometry (template variables and launch shape) at ``f`` factors."""
         vw = self.vec or 1
         bx, by = self.tile_edges(f)
+        if self.gemm:
+            return self._gemm_geometry(f, bx, vw)
         rx = -(-bx // self.tx)
         jw = -(-(rx * self.tx) // vw) * vw
         ryv = -(-by // (self.ty * vw))
@@ -205,15 +230,33 @@ class KernelConfig:
         return dict(vw=vw, bx=bx, by=by, rx=rx, ryv=ryv, jw=jw, kw=kw, koff=koff, cols=cols,
                     pitch=pitch, ntj=ntj, nt=nt, tri_tiles=tri, tz_eff=tz)
 
+    def _gemm_geometry(self, f, b, vw):
+        # micro-tile rx × ry per work-item; with vec4 the rows/columns a work-item owns are
+        # contiguous (vector local loads), else strided by tx/ty (conflict-free scalar loads)
+        rx, ry = -(-b // self.tx), -(-b // self.ty)
+        if vw > 1:
+            rx, ry = -(-rx // vw) * vw, -(-ry // vw) * vw
+        pw = max(self.tx * rx, self.ty * ry)
+        pw = -(-pw // vw) * vw
+        nti = -(-f // b)
+        return dict(vw=vw, bx=b, by=b, rx=rx, ry=ry, pw=pw, pitch=pw, nti=nti,
+                    nt=nti * (nti + 1) // 2, tz_eff=self.tz, tri_tiles=True,
+                    qb=-(-b // (self.tx * self.ty)),
+                    # names the other variants' template expects (unused by gemm)
+                    ryv=ry, jw=pw, kw=pw, koff=0, cols=pw, ntj=nti)
+
     def s1_groups(self, f, nrows):
         """Number of S1 work-groups for a batch of ``nrows`` rows."""
-        if not (self.reg or self.local or self.vec or self.tile):
+        if not (self.reg or self.local or self.vec or self.tile or self.gemm):
             return nrows
         g = self.s1_geometry(f)
         return -(-nrows // g["tz_eff"]) * g["nt"]
 
     def local_mem_bytes(self, f, device_local=None):
         """Local memory the S1 kernel of this configuration declares, by formula (bytes)."""
+        if self.gemm:
+            g = self.s1_geometry(f)
+            return 4 * g["tz_eff"] * self.nnz_batch * (2 * g["pitch"] + 2)
         if not self.local:
             return 0
         g = self.s1_geometry(f)
@@ -246,4 +289,7 @@ def representative_variants(f=None):
         "batch:tx=4,ty=4,storage=float16,solver=cg",
         "batch:solver=fusedcg,cg_steps=3,batch_rows=7",
         "batch:solver=fusedcg,cg_steps=2,solve_wg=2",
+        "batch+gemm:tx=3,ty=2,bx=7,tz=3,nnz_batch=4,batch_rows=7",
+        "batch+vec4+gemm:tx=2,ty=2,bx=8,tz=2,nnz_batch=5",
+        "batch+vec4+gemm:tx=2,ty=4,bx=12,nnz_batch=8,solver=cg,storage=float16",
     ]

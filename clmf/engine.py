@@ -208,7 +208,8 @@ class Engine:
             kern["s1_hermitian"](q, (cfg.s1_groups(fs, k) * s1_local,), (s1_local,), b["g_indptr"],
                                  b["g_indices"], self.factors[other], b["A"], np.int32(0),
                                  np.int32(k), np.float32(0.0), np.int32(0), b["g_data"],
-                                 np.float32(1.0), b["G"], np.int32(0))
+                                 np.float32(1.0), b["G"], np.int32(0), b["B"], np.int32(0),
+                                 np.float32(0.0))
             kern["sum_partials"](q, (-(-fs * fs // 64) * 64,), (64,), b["A"], np.int32(k), b["G"])
         for row0 in range(0, d.rows, bs):
             n = min(bs, d.rows - row0)
@@ -218,10 +219,13 @@ class Engine:
                 q, (groups * s1_local,), (s1_local,), b["indptr"], b["indices"],
                 self.factors[other], b["A"], np.int32(row0), np.int32(n),
                 np.float32(regularization), np.int32(1 if weighted else 0),
-                b["data"], np.float32(self.alpha), b["G"], np.int32(1 if self.implicit else 0))
-            e2 = kern["s2_rhs"](q, (n * v["s2_wg"],), (v["s2_wg"],), b["indptr"], b["indices"],
-                                b["data"], self.factors[other], b["B"], np.int32(row0), np.int32(n),
-                                np.float32(self.alpha), np.float32(self.offset))
+                b["data"], np.float32(self.alpha), b["G"], np.int32(1 if self.implicit else 0),
+                b["B"], np.int32(1 if cfg.fuses_rhs else 0), np.float32(self.offset))
+            # S2 (right-hand sides), unless the S1 variant computed them from its staged panels
+            e2 = None if cfg.fuses_rhs else kern["s2_rhs"](
+                q, (n * v["s2_wg"],), (v["s2_wg"],), b["indptr"], b["indices"], b["data"],
+                self.factors[other], b["B"], np.int32(row0), np.int32(n), np.float32(self.alpha),
+                np.float32(self.offset))
             if fused:
                 e3 = kern["s3_fused"](q, (n * cfg.swg(fs),), (cfg.swg(fs),), b["indptr"],
                                       b["indices"], b["data"], self.factors[other], b["G"],

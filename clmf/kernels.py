@@ -71,7 +71,7 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
         f=f, ldf=config.ldf(f + 1 if biased else f), storage=config.storage,
         config_str=str(config), implicit=bool(implicit), biased=bool(biased),
         variant_name=config.name, reg=config.reg, local=config.local, vec=config.vec,
-        tile=config.tile, triangle=config.triangle, tx=config.tx, ty=config.ty, tz=config.tz,
+        tile=config.tile, gemm=config.gemm, triangle=config.triangle, tx=config.tx, ty=config.ty, tz=config.tz,
         bx=bx, by=by, nnz_batch=config.nnz_batch, s1_wg=config.s1_local_size(),
         s2_wg=min(_next_pow2(f), 256),
         solve_wg=config.swg(f), solver=config.solver, cg_steps=config.cg_steps,
@@ -121,6 +121,14 @@ def validate(config: KernelConfig, f: int, device_info):
         if config.vec and (bx % config.vec or by % config.vec) and (bx < f or by < f):
             raise InvalidConfigError(f"tile edges {bx}×{by} must be multiples of the vector width "
                                      f"{config.vec}", "geometry")
+    if config.gemm:
+        g = config.s1_geometry(f)
+        if config.vec and g["bx"] < f and g["bx"] % config.vec:
+            raise InvalidConfigError(f"gemm tile edge {g['bx']} must be a multiple of the vector "
+                                     f"width {config.vec}", "geometry")
+        if g["rx"] * g["ry"] > 256:
+            raise InvalidConfigError(f"{g['rx']}×{g['ry']} register micro-tile per work-item is too "
+                                     "many accumulators", "geometry")
     if config.reg:
         g = config.s1_geometry(f)
         regs = g["rx"] * g["ryv"] * g["vw"]
