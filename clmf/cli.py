@@ -301,11 +301,17 @@ def cmd_tune(args):
     ``--strategy`` (``budgeted``: ``--budget`` seconds per f), appends every measurement and the
     best configuration per side to the database (``--db``, default the per-user database that
     ``ALS(variant="auto")`` reads), and writes a markdown report with a plot per f to ``--report``.
+    ``--feedback implicit --alpha A`` tunes implicit-feedback ALS and ``--biases`` explicit ALS with
+    biases (what ``ALS(feedback=..., biases=...)`` then looks up first). ``--sample full`` times
+    whole half-steps instead of a checked sample of rows.
     The tuner (package ``tuner``) is imported only here.
 
     Examples
     --------
     >>> main(["tune", "ml-100k", "--factors", "10,50", "--budget", "120"])  # doctest: +SKIP
+    0
+    >>> main(["tune", "hetrec2011-lastfm-2k", "--log1p", "--feedback", "implicit",
+    ...       "--alpha", "2", "--factors", "64"])                          # doctest: +SKIP
     0
     """
     try:
@@ -320,14 +326,25 @@ def cmd_tune(args):
         raise ValueError("--factors needs at least one f ≥ 1")
     if args.budget is not None and args.budget <= 0:
         raise ValueError("--budget must be positive (seconds)")
-    R, name = tuner.load_data(args.data, args.preset, args.scale, args.seed)
-    print(f"data: {name}: {R.shape[0]} users × {R.shape[1]} items, {R.nnz} ratings")
+    if args.biases and args.feedback == "implicit":
+        raise ValueError("--biases is for explicit feedback")
+    if args.feedback == "implicit" and not args.alpha > 0:
+        raise ValueError("--alpha must be positive")
+    if args.sample_tol < 0:
+        raise ValueError("--sample-tol must be ≥ 0 (0: no check)")
+    mode = "implicit" if args.feedback == "implicit" else "biased" if args.biases else "explicit"
+    R, name = tuner.load_data(args.data, args.preset, args.scale, args.seed, log1p=args.log1p)
+    print(f"data: {name}: {R.shape[0]} users × {R.shape[1]} items, {R.nnz} ratings"
+          + ("" if mode == "explicit" else f"; mode {mode}"
+             + (f", alpha {args.alpha:g}" if mode == "implicit" else "")))
     solvers = [s.strip() for s in args.solvers.split(",")] if args.solvers else None
     summaries = tuner.tune(R, factors=factors, device=args.device, strategy=args.strategy,
                            budget=args.budget, space=args.space, db=args.db,
                            report_dir=args.report, dataset=name, storage=args.storage,
                            seed=args.seed, solvers=solvers, sample_time=args.sample_time,
-                           progress=not args.no_progress, resume=not args.fresh)
+                           progress=not args.no_progress, resume=not args.fresh, mode=mode,
+                           alpha=args.alpha, sample=args.sample, sample_tol=args.sample_tol,
+                           check_time=args.check_time)
     for s in summaries:
         b = s.get("best")
         head = f"f={s['f']}: {s['evaluated']} configurations in {s['spent_seconds']:.0f} s"
@@ -340,6 +357,11 @@ def cmd_tune(args):
                  else ""))
         print(f"  users {b['configs']['users']}")
         print(f"  items {b['configs']['items']}")
+        for side, c in sorted(((s.get("calibration") or {}).get("sides") or {}).items()):
+            if c.get("checked"):
+                print(f"  sample check {side}: {c['steps'][0]['rows']} → {c['final']['rows']} rows, "
+                      f"estimate / reference {c['ratio']:.2f}"
+                      + (" (grown)" if c.get("grown") else ""))
         if s.get("report"):
             print(f"  report {s['report']}")
     print(f"database: {summaries[0]['database'] if summaries else args.db}")
@@ -424,7 +446,23 @@ def build_parser():
     s.add_argument("--db", default=None, help="database file (default: the per-user database)")
     s.add_argument("--report", default=None, metavar="DIR", help="write reports and plots here")
     s.add_argument("--storage", default="float32", choices=["float32", "float16"])
-    s.add_argument("--solvers", default=None, help="solvers of the full space (cholesky,cg)")
+    s.add_argument("--solvers", default=None, help="solvers of the full space (cholesky,cg,fusedcg; "
+                                                   "default cholesky, all three with implicit)")
+    s.add_argument("--feedback", default="explicit", choices=["explicit", "implicit"],
+                   help="tune implicit-feedback ALS (confidence 1 + alpha·r) instead of explicit")
+    s.add_argument("--alpha", type=float, default=1.0, help="implicit feedback: confidence scale")
+    s.add_argument("--biases", action="store_true", help="tune explicit ALS with user/item biases")
+    s.add_argument("--log1p", action="store_true", help="use log(1 + r) of the data's values "
+                                                        "(implicit strengths from play counts)")
+    s.add_argument("--sample", default="auto", metavar="auto|full|FRACTION",
+                   help="auto: a calibrated sample of rows, checked against the whole side; full: "
+                        "time whole half-steps (no sampling); a fraction: that sample (checked)")
+    s.add_argument("--sample-tol", type=float, default=0.2,
+                   help="the sample check's tolerance: grow the sample while the reference "
+                        "configuration's estimate is off by more than this (0: no check)")
+    s.add_argument("--check-time", type=float, default=1.0,
+                   help="the check times the whole side when it takes ≤ this many seconds, else a "
+                        "larger sample")
     s.add_argument("--sample-time", type=float, default=0.03,
                    help="target device seconds of one sampled half-step")
     s.add_argument("--seed", type=int, default=0)

@@ -142,8 +142,8 @@ class ALS(RecommenderMixin):
         f = self.factors
         variant = self.variant
         solver = None if self.solver == "auto" else self.solver
-        if solver is None and self.feedback == "implicit":
-            solver = "fusedcg"
+        mode = tuning.fit_mode(self.feedback, self.biases)        # tunings of the fit's mode first
+        forced = solver or tuning.MODE_DEFAULT_SOLVER.get(mode)   # given variants: as before
         if isinstance(variant, (tuple, list)):
             if len(variant) != 2:
                 raise ValueError("variant as a pair must be (users_variant, items_variant)")
@@ -153,11 +153,12 @@ class ALS(RecommenderMixin):
         out = {}
         for side, v in zip(("users", "items"), pair):
             if isinstance(v, str) and v == "auto":
-                ch = tuning.choose(info, f, side, stats[side], self.storage or "float32", solver)
+                ch = tuning.choose(info, f, side, stats[side], self.storage or "float32", solver,
+                                   mode=mode)
             else:
                 cfg = KernelConfig.parse(v)
-                if solver is not None:
-                    cfg = cfg.replace(solver=solver)
+                if forced is not None:
+                    cfg = cfg.replace(solver=forced)
                 elif self.solver == "auto" and isinstance(v, str) and "solver=" not in v:
                     cfg = cfg.replace(solver="fusedcg" if self.feedback == "implicit" else "cholesky")
                 if self.storage is not None and cfg.storage != self.storage:

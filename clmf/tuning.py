@@ -26,6 +26,17 @@ The fallback chain (``Choice.rule``), first hit wins:
               of the tile edge that fits the device;
 ``baseline``  the safe ``batch`` configuration.
 
+Modes (``mode=`` of :func:`choose`, the ``mode`` key of a record; a record without it is
+``explicit``): ``explicit`` (ratings), ``implicit`` (confidence-weighted feedback, with the
+Gram YᵀY per half-step) and ``biased`` (explicit with user/item biases: the kernels solve f + 1
+unknowns over rows f + 2 wide). The weight term changes the best variant, so the chain looks for
+tunings of the fit's mode first, then falls back to explicit ones, rung by rung:
+tuned (mode) → nearest (mode) → tuned (explicit) → nearest (explicit) → vendor (mode) → vendor
+(explicit) → default (mode) → default (explicit) → heuristic → baseline. A choice taken from an
+explicit tuning for an implicit/biased fit says so in its reason; for an implicit fit with no
+implicit tuning the solver is the implicit default, the fused CG (:data:`MODE_DEFAULT_SOLVER`),
+unless the caller asked for one.
+
 Each rung returns the *pair* chosen by one tuning run (users side, items side) and keys it only on
 what both sides know — (m, n, nnz) of the whole data set — so the two independent ``choose`` calls
 of a fit agree (both sides share factor buffers: same storage and vector padding). Every candidate
@@ -52,7 +63,8 @@ from .errors import InvalidConfigError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Choice", "choose", "heuristic", "BASELINE", "SCHEMA_VERSION", "CLASS_TOL",
+__all__ = ["Choice", "choose", "heuristic", "BASELINE", "SCHEMA_VERSION", "CLASS_TOL", "MODES",
+           "MODE_DEFAULT_SOLVER", "fit_mode", "record_mode", "kernel_factors", "factor_width",
            "TuningDatabaseWarning", "dataset_class", "class_distance", "device_record",
            "device_slug", "database_paths", "user_db_path", "shipped_paths", "read_database"]
 
@@ -62,6 +74,32 @@ CLASS_TOL = 0.35          # RMS of log-ratios of (m, n, nnz): ≈ within a facto
 ENV_DB = "CLMF_TUNING_DB"
 ENV_NO_SHIPPED = "CLMF_TUNING_NO_SHIPPED"
 SIDES = ("users", "items")
+MODES = ("explicit", "implicit", "biased")
+# the solver a fit of this mode uses when nothing tuned for the mode says otherwise
+MODE_DEFAULT_SOLVER = {"implicit": "fusedcg"}
+
+
+def fit_mode(feedback="explicit", biases=False):
+    """The tuning mode of a fit: ``implicit``, ``biased`` or ``explicit``."""
+    if feedback == "implicit":
+        return "implicit"
+    return "biased" if biases else "explicit"
+
+
+def record_mode(r):
+    """The mode of a database record (records written before modes existed are explicit)."""
+    m = r.get("mode") or "explicit"
+    return m if m in MODES else None
+
+
+def kernel_factors(f, mode="explicit"):
+    """Unknowns per system the kernels are built for: f, or f + 1 with biases."""
+    return f + 1 if mode == "biased" else f
+
+
+def factor_width(f, mode="explicit"):
+    """Width of a factor row on the device: f, or f + 2 ([factors | 1 | bias]) with biases."""
+    return f + 2 if mode == "biased" else f
 
 
 class TuningDatabaseWarning(UserWarning):
@@ -281,6 +319,7 @@ class _Case:
     rel: float             # iteration time relative to the run's baseline (lower is better)
     date: str
     run_id: str
+    mode: str = "explicit"
 
 
 def _cases(records, origin):
@@ -302,11 +341,14 @@ def _cases(records, origin):
         if set(e["cfg"]) != set(SIDES):
             continue
         r = e["r"]
+        mode = record_mode(r)
+        if mode is None:             # a mode this clmf does not know
+            continue
         try:
             ds = {k: int(r["dataset"][k]) for k in ("m", "n", "nnz")}
             rel = float(r.get("iteration_rel_baseline") or 1.0)
             out.append(_Case(origin, r["device"], int(r["f"]), r.get("storage", "float32"), ds,
-                             e["cfg"], rel, r.get("date", ""), run_id))
+                             e["cfg"], rel, r.get("date", ""), run_id, mode))
         except (KeyError, TypeError, ValueError):
             continue
     return out
@@ -321,9 +363,12 @@ def _sources():
     return out
 
 
-def _fits(cfgs, info, f, storage):
-    """The pair adapted to this f and storage if it validates on the device, else None."""
+def _fits(cfgs, info, f, storage, mode="explicit"):
+    """The pair adapted to this f and storage if it validates on the device (at the kernels' f of
+    the mode), else None."""
     from .kernels import validate
+    kf, width = kernel_factors(f, mode), factor_width(f, mode)
+    f = kf
     out = {}
     for side in SIDES:
         c = cfgs[side]
@@ -340,13 +385,14 @@ def _fits(cfgs, info, f, storage):
             except InvalidConfigError:
                 return None
         out[side] = c
-    if out["users"].ldf(f) != out["items"].ldf(f):
+    if out["users"].ldf(width) != out["items"].ldf(width):
         return None
     return out
 
 
-def _lookup(info, f, storage, ds):
-    """(rule, pair, reason) or None from the databases."""
+def _lookup(info, f, storage, ds, mode="explicit"):
+    """(rule, pair, reason, mode of the tuning used) or None from the databases (see the module
+    docstring for the order of the rungs and modes)."""
     dev = device_record(info)
     sources = _sources()
     if not sources:
@@ -358,51 +404,79 @@ def _lookup(info, f, storage, ds):
         return (f"{c.device['platform']} | {c.device['device']}, f={c.f}, {c.storage}, "
                 f"data set {d['m']}×{d['n']} nnz={d['nnz']} ({c.origin} database, run {c.run_id})")
 
-    # 1. tuned: same device, f, storage, same data-set class
-    for origin, p, cases in per_source:
-        cand = [c for c in cases if _same_device(c.device, dev) and c.f == f and c.storage == storage
-                and (ds is None or class_distance(c.dataset, ds) <= CLASS_TOL)]
-        for c in sorted(cand, key=lambda c: (class_distance(c.dataset, ds) if ds else 0, c.rel)):
-            pair = _fits(c.configs, info, f, storage)
-            if pair:
-                return "tuned", pair, f"tuned on this device for {fmt(c)}"
-    # 2. nearest: same device, nearest f / data-set class / storage
-    for origin, p, cases in per_source:
-        cand = [c for c in cases if _same_device(c.device, dev)]
-        key = lambda c: (abs(math.log(c.f / f)), c.storage != storage,
-                         class_distance(c.dataset, ds) if ds else 0, c.rel)
-        for c in sorted(cand, key=key):
-            pair = _fits(c.configs, info, f, storage)
-            if pair:
-                return "nearest", pair, f"nearest tuning on this device: {fmt(c)}"
-    # 3. vendor: same type and vendor (or platform), another device
-    for origin, p, cases in per_source:
-        cand = [c for c in cases if c.device.get("type") == dev["type"]
-                and (_norm(c.device.get("vendor", "")).lower() == dev["vendor"].lower()
-                     or _norm(c.device.get("platform", "")).lower() == dev["platform"].lower())]
-        key = lambda c: (_norm(c.device.get("platform", "")).lower() != dev["platform"].lower(),
-                         abs(math.log(c.f / f)), c.storage != storage,
-                         class_distance(c.dataset, ds) if ds else 0, c.rel)
-        for c in sorted(cand, key=key):
-            pair = _fits(c.configs, info, f, storage)
-            if pair:
-                return "vendor", pair, f"tuned on a device of the same vendor/architecture: {fmt(c)}"
-    # 4. computed default over the stored measurements of this device type
-    cfg, why = _computed_default(info, f, storage, [(o, r) for o, p, r in sources])
-    if cfg is not None:
-        return "default", {s: cfg for s in SIDES}, why
+    def note(cm):
+        return "" if cm == mode else f" (from an {cm}-mode tuning: no {mode}-mode tuning fits here)"
+
+    def tuned(cm):
+        # same device, f, storage, same data-set class
+        for origin, p, cases in per_source:
+            cand = [c for c in cases if c.mode == cm and _same_device(c.device, dev) and c.f == f
+                    and c.storage == storage
+                    and (ds is None or class_distance(c.dataset, ds) <= CLASS_TOL)]
+            for c in sorted(cand, key=lambda c: (class_distance(c.dataset, ds) if ds else 0, c.rel)):
+                pair = _fits(c.configs, info, f, storage, mode)
+                if pair:
+                    return "tuned", pair, f"tuned on this device for {fmt(c)}{note(cm)}", cm
+        return None
+
+    def nearest(cm):
+        # same device, nearest f / data-set class / storage
+        for origin, p, cases in per_source:
+            cand = [c for c in cases if c.mode == cm and _same_device(c.device, dev)]
+            key = lambda c: (abs(math.log(c.f / f)), c.storage != storage,
+                             class_distance(c.dataset, ds) if ds else 0, c.rel)
+            for c in sorted(cand, key=key):
+                pair = _fits(c.configs, info, f, storage, mode)
+                if pair:
+                    return "nearest", pair, f"nearest tuning on this device: {fmt(c)}{note(cm)}", cm
+        return None
+
+    def vendor(cm):
+        # same type and vendor (or platform), another device
+        for origin, p, cases in per_source:
+            cand = [c for c in cases if c.mode == cm and c.device.get("type") == dev["type"]
+                    and (_norm(c.device.get("vendor", "")).lower() == dev["vendor"].lower()
+                         or _norm(c.device.get("platform", "")).lower() == dev["platform"].lower())]
+            key = lambda c: (_norm(c.device.get("platform", "")).lower() != dev["platform"].lower(),
+                             abs(math.log(c.f / f)), c.storage != storage,
+                             class_distance(c.dataset, ds) if ds else 0, c.rel)
+            for c in sorted(cand, key=key):
+                pair = _fits(c.configs, info, f, storage, mode)
+                if pair:
+                    return ("vendor", pair, "tuned on a device of the same vendor/architecture: "
+                            f"{fmt(c)}{note(cm)}", cm)
+        return None
+
+    def default(cm):
+        # the computed default over the stored measurements of this device type
+        cfg, why = _computed_default(info, f, storage, [(o, r) for o, p, r in sources], cm, mode)
+        if cfg is not None:
+            return "default", {s: cfg for s in SIDES}, why + note(cm), cm
+        return None
+
+    modes = (mode,) if mode == "explicit" else (mode, "explicit")
+    for rung in ((tuned, nearest), (vendor,), (default,)):
+        for cm in modes:
+            for fn in rung:
+                hit = fn(cm)
+                if hit is not None:
+                    return hit
     return None
 
 
-def _computed_default(info, f, storage, sources):
-    """CLBlast's rule: over every stored tuning of this device type, the configuration with the
-    best mean time relative to each group's best (groups: run × side), among those measured in at
-    least half of the groups; nearest f first."""
+def _computed_default(info, f, storage, sources, record_mode_=None, mode="explicit"):
+    """CLBlast's rule: over every stored tuning of this device type (of ``record_mode_``, default
+    ``mode``), the configuration with the best mean time relative to each group's best (groups:
+    run × side), among those measured in at least half of the groups; nearest f first. Validated
+    at the kernels' f of the fit's ``mode``."""
     from .kernels import validate
+    record_mode_ = record_mode_ or mode
     groups = {}
     for origin, recs in sources:
         for r in recs:
             if r.get("kind") != "measurement" or r.get("status") != "ok" or r.get("side") not in SIDES:
+                continue
+            if record_mode(r) != record_mode_:
                 continue
             if (r.get("device") or {}).get("type") != info.type:
                 continue
@@ -431,7 +505,7 @@ def _computed_default(info, f, storage, sources):
                 cfg = KernelConfig.from_dict(json.loads(k))
                 if cfg.storage != storage:
                     cfg = cfg.replace(storage=storage)
-                validate(cfg, f, info)
+                validate(cfg, kernel_factors(f, mode), info)
             except (InvalidConfigError, TypeError, ValueError):
                 continue
             return cfg, (f"computed default for {info.type} devices: best mean relative time "
@@ -477,7 +551,7 @@ def heuristic(info, f, side_stats=None, storage="float32"):
 
 
 # ----- the public entry point --------------------------------------------------------------------
-def choose(info, f, side, side_stats=None, storage="float32", solver=None):
+def choose(info, f, side, side_stats=None, storage="float32", solver=None, mode="explicit"):
     """Pick the configuration of one side (see the module docstring for the fallback chain).
 
     Parameters
@@ -488,34 +562,46 @@ def choose(info, f, side, side_stats=None, storage="float32", solver=None):
     side_stats : dict with ``rows``, ``cols``, ``nnz`` (and ``mean``, ``max``) of this side, as
         :meth:`clmf.ALS.fit` passes; ``None`` matches any data-set class
     storage : "float32" or "float16"
-    solver : None (the tuned choice) or "cholesky"/"cg" to force one
+    solver : None (the tuned choice) or "cholesky"/"cg"/"fusedcg" to force one
+    mode : "explicit", "implicit" or "biased" (see :func:`fit_mode`): tunings of this mode are
+        preferred; an implicit fit with no implicit tuning gets :data:`MODE_DEFAULT_SOLVER`
 
     Returns
     -------
     :class:`Choice` — ``rule`` is one of tuned, nearest, vendor, default, heuristic, baseline
     """
     from .kernels import validate
+    if mode not in MODES:
+        raise ValueError(f"unknown tuning mode {mode!r}; choose from {MODES}")
     storage = storage or "float32"
+    kf = kernel_factors(f, mode)
     ds = _class_from_stats(side, side_stats)
     hit = None
     try:
-        hit = _lookup(info, f, storage, ds)
+        hit = _lookup(info, f, storage, ds, mode)
     except Exception as e:   # a database must never break a fit
         log.warning("tuning lookup failed (%s: %s); using the untuned default", type(e).__name__, e)
         warnings.warn(f"tuning lookup failed ({type(e).__name__}: {e}); using the untuned default",
                       TuningDatabaseWarning, stacklevel=2)
+    used_mode = None
     if hit is not None:
-        rule, pair, reason = hit
+        rule, pair, reason, used_mode = hit
         choice = Choice(pair[side], rule, reason)
     else:
-        cfg = heuristic(info, f, side_stats, storage)
+        cfg = heuristic(info, kf, side_stats, storage)
         choice = Choice(cfg, "heuristic", f"no tuning record for {info.platform} | {info.name}; "
                                           "the paper's rule for unseen devices")
         try:
-            validate(cfg, f, info)
+            validate(cfg, kf, info)
         except InvalidConfigError as e:
             choice = Choice(BASELINE.replace(storage=storage), "baseline",
                             f"the heuristic's configuration does not fit ({e}); safe baseline")
+    if solver is None and used_mode != mode and mode in MODE_DEFAULT_SOLVER:
+        dflt = MODE_DEFAULT_SOLVER[mode]
+        if dflt != choice.config.solver:
+            choice = Choice(choice.config.replace(solver=dflt), choice.rule,
+                            choice.reason + f"; solver={dflt} (the {mode} default: no {mode} "
+                                            "tuning chose one)")
     if solver is not None and solver != choice.config.solver:
         choice = Choice(choice.config.replace(solver=solver), choice.rule,
                         choice.reason + f"; solver={solver} requested")

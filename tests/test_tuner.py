@@ -227,3 +227,202 @@ def test_cli_tune(isolated, tmp_path, capsys):
     assert "best iteration" in out and str(isolated) in out
     assert list((tmp_path / "rep").glob("*.md"))
     assert main(["tune", "--factors", "x"]) == 2
+
+
+# ----- modes: implicit feedback and biases ------------------------------------------------------
+def mode_space(f, mode):
+    """The tiny space with the fused CG too (at the kernels' f: f + 1 with biases)."""
+    kf = tuning.kernel_factors(f, mode)
+    return Space("tiny", kf, [(False, False, 0, False), (True, True, 0, False)],
+                 dict(tx=[2, 4], ty=[2, 4], nnz_batch=[8], bx=[kf], by=[kf], square_tiles=True,
+                      tz=[1], solve_wg=[0], solver=["cholesky", "fusedcg"], cg_steps=[3]), mode=mode)
+
+
+@pytest.mark.parametrize("mode", ["implicit", "biased"])
+def test_measure_in_a_mode_validates_and_rejects_wrong(cl_device, mode):
+    R = skewed()
+    m = Measurer(cl_device, R, 4, {s: make_sample(R, s, 0.5) for s in ("users", "items")},
+                 mode=mode, alpha=2.0)
+    for v in ("batch:tx=2,ty=2", "batch+reg+local:tx=2,ty=2,nnz_batch=8,solver=fusedcg"):
+        ok = m.evaluate(KernelConfig.parse(v))
+        assert ok.status == "ok", ok.message
+        assert ok.verify_rel_err <= 1e-4              # far inside the mode's tolerance here
+        for side in ("users", "items"):
+            st = ok.sides[side]["stages"]
+            assert ("gram" in st) == (mode == "implicit")
+            if mode == "implicit":
+                assert st["gram"] > 0                 # the Gram YᵀY every implicit half-step runs
+    # a kernel that disagrees with the mode's reference is "wrong" (the reference is perturbed)
+    ref = m._reference(KernelConfig())
+    m._verify_ref[("cholesky", 0)] = (ref[0], ref[1], ref[2] * 1.05) + tuple(ref[3:])
+    wrong = m.evaluate(KernelConfig.parse("batch:tx=2,ty=4"))
+    assert wrong.status == "wrong" and wrong.reason == "reference_mismatch" and not wrong.sides
+
+
+def test_explicit_kernels_are_wrong_for_the_implicit_reference(cl_device):
+    """The validation really compares with the mode's maths: explicit results (the engine run
+    without the confidence weights) are rejected by the implicit reference."""
+    R = skewed()
+    imp = Measurer(cl_device, R, 4, {}, mode="implicit", alpha=2.0)
+    exp = Measurer(cl_device, R, 4, {})
+    cfg = KernelConfig.parse("batch:tx=2,ty=2")
+    imp._verify_ref[("cholesky", 0)] = exp._reference(cfg)     # swap in the explicit answer
+    assert imp.verify(cfg) > 1e-2
+    bia = Measurer(cl_device, R, 4, {}, mode="biased")
+    ref = exp._reference(cfg)
+    bia._verify_ref[("cholesky", 0)] = ref + ((np.zeros(61), np.zeros(173), 3.0),)
+    assert bia.verify(cfg) > 1e-2
+
+
+@pytest.mark.parametrize("mode", ["implicit", "biased"])
+def test_tiny_tuning_in_a_mode_then_auto_uses_it(cl_device, isolated, tmp_path, mode):
+    R = random_ratings(160, 120, 0.08, seed=5)
+    case = strategies.Case(cl_device, R, 4, "tiny", "float32", mode, 2.0)
+    summary = strategies.run(case, mode_space(4, mode), "exhaustive", db=isolated,
+                             state_dir=tmp_path / "state", progress=False, sample_time=0.01)
+    assert summary["best"] is not None and summary["mode"] == mode
+    assert summary["statuses"].get("ok", 0) >= 5
+    recs = [json.loads(x) for x in isolated.read_text().splitlines()]
+    assert {r["mode"] for r in recs} == {mode}
+    assert all(r["alpha"] == 2.0 for r in recs) if mode == "implicit" else \
+        all("alpha" not in r for r in recs)
+    best = {r["side"]: KernelConfig.from_dict(r["config"]) for r in recs if r["kind"] == "best"}
+    # the anchors are what an untuned fit of this mode runs
+    if mode == "implicit":
+        assert "solver=fusedcg" in summary["anchors"]["default"]["config"]
+    kw = dict(feedback="implicit", alpha=2.0) if mode == "implicit" else dict(biases=True)
+    model = clmf.ALS(4, 0.1, 2, device=cl_device, random_state=0, **kw).fit(R, show_progress=False)
+    for side in ("users", "items"):
+        ch = model.config_[side]
+        assert ch.rule == "tuned" and ch.config == best[side], ch
+        assert "-mode tuning" not in ch.reason and "default: no" not in ch.reason
+    # an explicit fit does not take the implicit/biased tuning as its own
+    plain = clmf.ALS(4, 0.1, 1, device=cl_device, random_state=0).fit(R, show_progress=False)
+    assert plain.config_["users"].rule == "heuristic"
+    from tuner.report import write_run_report
+    text = write_run_report(summary, tmp_path / "rep", plot=False).read_text()
+    assert mode in text and "## Best" in text
+    assert ("Gram" in text) == (mode == "implicit")
+
+
+def test_implicit_fit_falls_back_to_explicit_tunings(cl_device, isolated, tmp_path):
+    R = random_ratings(160, 120, 0.08, seed=5)
+    case = strategies.Case(cl_device, R, 4, "tiny", "float32")
+    strategies.run(case, tiny_space(4), "exhaustive", db=isolated, state_dir=tmp_path / "state",
+                   progress=False, sample_time=0.01)
+    model = clmf.ALS(4, 0.1, 1, device=cl_device, random_state=0, feedback="implicit",
+                     alpha=2.0).fit(R, show_progress=False)
+    for side in ("users", "items"):
+        ch = model.config_[side]
+        assert ch.rule == "tuned" and ch.config.solver == "fusedcg", ch
+        assert "explicit-mode tuning" in ch.reason and "solver=fusedcg" in ch.reason
+
+
+# ----- the sample and its calibration check ----------------------------------------------------
+def synthetic_csr(scale=0.004):
+    from clmf import datasets
+    return datasets.synthetic("movielens-100k", scale=1.0, seed=3).to_csr() if scale is None \
+        else datasets.synthetic("netflix", scale=scale, seed=3).to_csr()
+
+
+def test_sample_check_passes_on_a_synthetic_problem(isolated, tmp_path):
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    from tuner.measure import check_samples
+    dev = DEVICES[0]
+    R = synthetic_csr(None)                      # MovieLens-100K-shaped, 943 × 1682
+    info = device_info(dev)
+    probe = canonical(tuning.heuristic(info, 8))
+    samples = {s: make_sample(R, s, 0.3, 0, 8) for s in ("users", "items")}
+    out, cal = check_samples(dev, R, 8, probe, samples, tol=0.5, check_time=5.0)
+    for side in ("users", "items"):
+        c = cal[side]
+        assert c["checked"] and c["reference"]["whole_side"]
+        assert c["reference"]["rows"] == out[side].full_rows
+        # a stratified 30% sample of a MovieLens-shaped set extrapolates within the tolerance:
+        # the check passes as it is, without growing the sample
+        assert c["ok"] and not c["grown"], c
+        assert abs(c["first_ratio"] - 1) <= 0.5 and out[side] is samples[side]
+
+
+def test_sample_check_grows_a_tiny_sample_under_a_strict_tolerance(isolated, tmp_path):
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    dev = DEVICES[0]
+    R = synthetic_csr(None)
+    case = strategies.Case(dev, R, 4, "synthetic", "float32")
+    s = strategies.Session(case, tiny_space(4), "exhaustive", isolated, state_dir=tmp_path / "st",
+                           progress=False, sample=0.01, sample_tol=1e-9)
+    s.start()
+    try:
+        cal = s.calibration
+        assert cal["sample"] == 0.01
+        for side in ("users", "items"):
+            c = cal["sides"][side]
+            assert c["checked"] and c["grown"] and len(c["steps"]) >= 2
+            rows = [x["rows"] for x in c["steps"]]
+            assert rows == sorted(rows) and rows[-1] > rows[0]
+            assert s.samples[side].rows == c["final"]["rows"] > rows[0]
+            for x in c["steps"]:
+                assert x["sample_seconds"] > 0 and x["estimate_seconds"] > 0 and x["ratio"] > 0
+            assert c["reference"]["estimate_seconds"] > 0
+    finally:
+        s.close()
+    run = [json.loads(x) for x in isolated.read_text().splitlines()
+           if json.loads(x)["kind"] == "run"]
+    assert run[-1]["calibration"]["sides"]["users"]["grown"]
+    # a resumed run rebuilds the grown samples from the journal
+    again = strategies.Session(case, tiny_space(4), "exhaustive", isolated,
+                               state_dir=tmp_path / "st", progress=False, sample=0.01,
+                               sample_tol=1e-9)
+    again.start()
+    again.close()
+    assert again.resumed
+    assert {k: v.rows for k, v in again.samples.items()} == {k: v.rows for k, v in s.samples.items()}
+
+
+def test_sample_full_times_whole_half_steps(isolated, tmp_path):
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    R = random_ratings(300, 200, 0.05, seed=8)
+    case = strategies.Case(DEVICES[0], R, 4, "tiny", "float32")
+    summary = strategies.run(case, tiny_space(4), "exhaustive", db=isolated,
+                             state_dir=tmp_path / "state", progress=False, sample="full")
+    assert summary["calibration"]["sample"] == "full"
+    for side in ("users", "items"):
+        d = summary["samples"][side]
+        assert d["fraction"] == 1.0 and d["rows"] == d["full_rows"] and d["nnz"] == d["full_nnz"]
+        b = summary["best"]["sides"][side]
+        for k in ("s1", "s2", "s3"):                                         # nothing scaled
+            assert b["stages_estimated"][k] == pytest.approx(b["stages"][k], abs=1e-9)
+    with pytest.raises(ValueError):
+        strategies.Session(case, tiny_space(4), "exhaustive", isolated, sample="most")
+
+
+def test_gpu_samples_fill_the_device():
+    from test_tuning_db import fake_info
+    gpu = fake_info(type_="GPU", compute_units=132, max_work_group_size=1024)
+    from tuner.measure import sample_min_rows
+    assert sample_min_rows(gpu, KernelConfig(reg=True, tx=10, ty=10)) >= 132 * 20
+    cpu = fake_info(type_="CPU", compute_units=2, max_work_group_size=8192)
+    assert sample_min_rows(cpu, KernelConfig()) == 8              # CPUs as before
+
+
+def test_cli_tune_modes(isolated, tmp_path, capsys):
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    from clmf.cli import main
+    d = DEVICES[0]
+    spec = f"{d.platform.name.strip()} | {d.name.strip()}"
+    rc = main(["tune", "--preset", "movielens-100k", "--scale", "0.02", "--factors", "4",
+               "--device", spec, "--budget", "3", "--db", str(isolated), "--no-progress",
+               "--feedback", "implicit", "--alpha", "2", "--log1p", "--sample", "full",
+               "--report", str(tmp_path / "rep")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "mode implicit, alpha 2" in out and "best iteration" in out
+    assert list((tmp_path / "rep").glob("*_implicit-a2.md"))
+    recs = [json.loads(x) for x in isolated.read_text().splitlines()]
+    assert {r["mode"] for r in recs} == {"implicit"} and all(r["alpha"] == 2.0 for r in recs)
+    assert main(["tune", "--preset", "movielens-100k", "--feedback", "implicit", "--biases"]) == 2
+    assert main(["tune", "--preset", "movielens-100k", "--sample", "2"]) == 2

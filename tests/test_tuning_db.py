@@ -38,22 +38,28 @@ def stats(side, ds):
     return {"rows": rows, "cols": cols, "nnz": ds["nnz"], "mean": ds["nnz"] / rows, "max": 100}
 
 
-def best_records(info, f, ds, users, items, run_id, rel=0.5, storage="float32"):
+def best_records(info, f, ds, users, items, run_id, rel=0.5, storage="float32", mode=None,
+                 alpha=None):
+    """``best`` records of one run; ``mode=None`` writes them as before modes existed."""
     dev = tuning.device_record(info)
+    extra = {} if mode is None else {"mode": mode}
+    if alpha is not None:
+        extra["alpha"] = alpha
     out = []
     for side, v in (("users", users), ("items", items)):
         cfg = KernelConfig.parse(v, storage=storage)
         out.append(base_record("best", run_id=run_id, device=dev, f=f, storage=storage, side=side,
                                dataset=dict(ds, name="x"), config=cfg.to_dict(), variant=str(cfg),
-                               seconds=1.0, iteration_rel_baseline=rel))
+                               seconds=1.0, iteration_rel_baseline=rel, **extra))
     return out
 
 
-def measurement(info, f, run_id, side, variant, seconds):
+def measurement(info, f, run_id, side, variant, seconds, mode=None):
     cfg = KernelConfig.parse(variant)
+    extra = {} if mode is None else {"mode": mode}
     return base_record("measurement", status="ok", run_id=run_id, device=tuning.device_record(info),
                        f=f, storage="float32", side=side, dataset=dict(ML, name="x"),
-                       config=cfg.to_dict(), variant=str(cfg), seconds=seconds)
+                       config=cfg.to_dict(), variant=str(cfg), seconds=seconds, **extra)
 
 
 @pytest.fixture
@@ -281,3 +287,126 @@ def test_device_slug():
     info = fake_info(platform="Portable Computing Language", name="pthread-skylake-avx512-AMD EPYC")
     assert tuning.device_slug(tuning.device_record(info)) == \
         "portable-computing-language-pthread-skylake-avx512-amd-epyc"
+
+
+# ----- modes: explicit, implicit, biased -------------------------------------------------------
+D = "batch+reg+local:tx=4,ty=4,nnz_batch=32,solver=cg"
+E = "batch+reg:tx=2,ty=2,solver=cholesky"
+
+
+def test_mode_round_trip_and_old_records_are_explicit(dbenv):
+    info = fake_info()
+    write(dbenv["env"], best_records(info, 10, ML, A, B, "old"))                 # no mode key
+    write(dbenv["env"], best_records(info, 10, ML, C, D, "imp", mode="implicit", alpha=2.0))
+    write(dbenv["env"], best_records(info, 10, ML, E, E, "bia", mode="biased"))
+    recs = tuning.read_database(dbenv["env"], strict=True)
+    assert all(r["schema_version"] == tuning.SCHEMA_VERSION == 1 for r in recs)
+    assert [tuning.record_mode(r) for r in recs] == ["explicit"] * 2 + ["implicit"] * 2 + \
+        ["biased"] * 2
+    assert recs[2]["alpha"] == 2.0
+    cases = {c.run_id: c for c in tuning._cases(recs, "env")}
+    assert {k: c.mode for k, c in cases.items()} == {"old": "explicit", "imp": "implicit",
+                                                     "bia": "biased"}
+    assert cases["imp"].configs["items"] == KernelConfig.parse(D)
+    # a mode this clmf does not know is skipped, the rest of the file still answers
+    write(dbenv["env"], best_records(info, 10, ML, E, E, "fut", mode="tensor"))
+    assert "fut" not in {c.run_id for c in tuning._cases(tuning.read_database(dbenv["env"]), "e")}
+    assert tuning.choose(info, 10, "users", stats("users", ML)).rule == "tuned"
+
+
+def test_lookup_prefers_the_fits_mode(dbenv):
+    info = fake_info()
+    write(dbenv["env"], best_records(info, 10, ML, A, B, "exp", mode="explicit"))
+    write(dbenv["env"], best_records(info, 10, ML, C, D, "imp", mode="implicit", alpha=2.0))
+    write(dbenv["env"], best_records(info, 10, ML, E, E, "bia", mode="biased", rel=0.9))
+    u = tuning.choose(info, 10, "users", stats("users", ML))
+    assert u.rule == "tuned" and u.config == KernelConfig.parse(A) and "exp" in u.reason
+    u = tuning.choose(info, 10, "users", stats("users", ML), mode="implicit")
+    i = tuning.choose(info, 10, "items", stats("items", ML), mode="implicit")
+    assert (u.rule, i.rule) == ("tuned", "tuned")
+    assert u.config == KernelConfig.parse(C) and i.config == KernelConfig.parse(D)
+    assert i.config.solver == "cg"              # tuned for implicit: its solver is kept
+    assert "-mode tuning" not in u.reason and "imp" in u.reason
+    b = tuning.choose(info, 10, "users", stats("users", ML), mode="biased")
+    assert b.rule == "tuned" and b.config == KernelConfig.parse(E) and "bia" in b.reason
+    # same mode on this device beats a nearer data-set class of another mode
+    far = {"m": 400000, "n": 17000, "nnz": 90_000_000}
+    write(dbenv["env"], best_records(info, 10, far, A, A, "exp-far", mode="explicit"))
+    n = tuning.choose(info, 10, "users", stats("users", far), mode="implicit")
+    assert n.rule == "nearest" and n.config == KernelConfig.parse(C)
+    with pytest.raises(ValueError):
+        tuning.choose(info, 10, "users", None, mode="tensor")
+
+
+def test_lookup_falls_back_to_explicit_tunings_with_a_reason(dbenv):
+    info = fake_info()
+    write(dbenv["env"], best_records(info, 10, ML, A, B, "exp"))      # an old, explicit record
+    u = tuning.choose(info, 10, "users", stats("users", ML), mode="implicit")
+    i = tuning.choose(info, 10, "items", stats("items", ML), mode="implicit")
+    assert (u.rule, i.rule) == ("tuned", "tuned")
+    # the explicit tuning's kernels with the implicit default solver, as before modes existed
+    assert u.config == KernelConfig.parse(A, solver="fusedcg")
+    assert i.config == KernelConfig.parse(B, solver="fusedcg")
+    assert "explicit-mode tuning" in u.reason and "no implicit-mode tuning" in u.reason
+    assert "solver=fusedcg (the implicit default" in u.reason
+    # a solver the caller asks for still wins
+    u = tuning.choose(info, 10, "users", stats("users", ML), solver="cg", mode="implicit")
+    assert u.config.solver == "cg" and "solver=cg requested" in u.reason
+    assert "fusedcg" not in u.reason
+    # biases: the explicit tuning as it is, validated for the biased kernels (f + 1 unknowns)
+    b = tuning.choose(info, 10, "users", stats("users", ML), mode="biased")
+    assert b.rule == "tuned" and b.config == KernelConfig.parse(A)
+    assert "explicit-mode tuning" in b.reason and "no biased-mode tuning" in b.reason
+    # the same device's explicit tuning comes before another device's implicit tuning
+    other = fake_info(name="Fake GPU 2")
+    write(dbenv["env"], best_records(other, 10, ML, C, C, "imp-other", mode="implicit"))
+    assert tuning.choose(info, 10, "users", stats("users", ML), mode="implicit").rule == "tuned"
+    v = tuning.choose(fake_info(name="Fake GPU 3"), 10, "users", stats("users", ML),
+                      mode="implicit")
+    assert v.rule == "vendor" and v.config == KernelConfig.parse(C) and "-mode" not in v.reason
+
+
+def test_implicit_with_nothing_tuned_keeps_the_fused_cg(dbenv):
+    info = fake_info()
+    ch = tuning.choose(info, 10, "users", stats("users", ML), mode="implicit")
+    assert ch.rule == "heuristic" and ch.config == tuning.heuristic(info, 10).replace(
+        solver="fusedcg")
+    assert "solver=fusedcg" in ch.reason
+    # explicit and biased fits keep the heuristic's Cholesky; biases size it for f + 1
+    assert tuning.choose(info, 10, "users", None).config.solver == "cholesky"
+    assert tuning.choose(info, 10, "users", None, mode="biased").config == \
+        tuning.heuristic(info, 11)
+
+
+def test_biased_lookup_validates_at_f_plus_one(dbenv, monkeypatch):
+    import clmf.kernels
+    info = fake_info()
+    write(dbenv["env"], best_records(info, 10, ML, A, B, "bia", mode="biased"))
+    seen = []
+    real = clmf.kernels.validate
+
+    def spy(cfg, f, dev):
+        seen.append(f)
+        return real(cfg, f, dev)
+    monkeypatch.setattr(clmf.kernels, "validate", spy)
+    assert tuning.choose(info, 10, "users", stats("users", ML), mode="biased").rule == "tuned"
+    assert seen and set(seen) == {11}
+
+
+def test_computed_default_by_mode(dbenv):
+    seen = fake_info(platform="OtherCL", vendor="OtherVendor", name="GPU X")
+    unseen = fake_info(platform="FakeCL", vendor="FakeVendor", name="GPU Y")
+    recs = []
+    for run, (ta, tb) in {"m1": (1.0, 2.0), "m2": (1.0, 2.0)}.items():
+        for side in ("users", "items"):
+            recs += [measurement(seen, 10, run, side, A, ta), measurement(seen, 10, run, side, B, tb)]
+            recs += [measurement(seen, 10, "i" + run, side, A, tb, mode="implicit"),
+                     measurement(seen, 10, "i" + run, side, B, ta, mode="implicit")]
+    write(dbenv["env"], recs)
+    assert tuning.choose(unseen, 10, "users", None).config == KernelConfig.parse(A)
+    ch = tuning.choose(unseen, 10, "users", None, mode="implicit")
+    assert ch.rule == "default" and ch.config == KernelConfig.parse(B)   # its own kernel
+    assert "-mode tuning" not in ch.reason and ch.config.solver == "cholesky"
+    ch = tuning.choose(unseen, 10, "users", None, mode="biased")       # none: explicit ones
+    assert ch.rule == "default" and ch.config == KernelConfig.parse(A)
+    assert "explicit-mode tuning" in ch.reason

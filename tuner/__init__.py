@@ -6,6 +6,7 @@ argument (see :mod:`clmf.tuning` for the search order and the fallback chain).
 
 >>> import tuner                                             # doctest: +SKIP
 >>> tuner.tune(R, factors=[10], device="cpu", strategy="budgeted", budget=60)   # doctest: +SKIP
+>>> tuner.tune(P, factors=[64], device="cpu", mode="implicit", alpha=2.0)       # doctest: +SKIP
 """
 from __future__ import annotations
 
@@ -18,9 +19,26 @@ __all__ = ["tune", "load_data"]
 log = logging.getLogger(__name__)
 
 
-def load_data(path=None, preset=None, scale=1.0, seed=0, split="ua"):
+LASTFM_FILE = "user_artists.dat"
+
+
+def load_data(path=None, preset=None, scale=1.0, seed=0, split="ua", log1p=False):
     """(users × items CSR, data-set name) of a ratings path (the ml-100k directory or
-    ``ua.base``: its training part) or a synthetic preset."""
+    ``ua.base``: its training part; the HetRec Last.fm directory: its ``user_artists.dat`` play
+    counts) or a synthetic preset. ``log1p`` stores log(1 + r) (implicit strengths, as
+    ``scripts/lastfm_implicit.py``) and adds ``-log1p`` to the name."""
+    import numpy as np
+    R, name = _load_data(path, preset, scale, seed, split)
+    if log1p:
+        if R.nnz and R.data.min() < 0:
+            raise ValueError("log1p needs non-negative values")
+        R = R.copy()
+        R.data = np.log1p(R.data.astype(np.float64)).astype(np.float32)
+        name += "-log1p"
+    return R, name
+
+
+def _load_data(path, preset, scale, seed, split):
     from clmf import datasets
     if preset is not None:
         if path is not None:
@@ -31,6 +49,8 @@ def load_data(path=None, preset=None, scale=1.0, seed=0, split="ua"):
         raise ValueError("give a ratings file or directory (DATA) or --preset NAME "
                          f"(one of {', '.join(sorted(datasets.list_presets()))})")
     p = pathlib.Path(path)
+    if p.is_dir() and (p / LASTFM_FILE).is_file():
+        return datasets.load(str(p / LASTFM_FILE)).to_csr(), p.name
     if p.is_dir() or p.name.endswith(".base"):
         d = p if p.is_dir() else p.parent
         sp = split if p.is_dir() else p.name[:-len(".base")]
@@ -42,7 +62,8 @@ def load_data(path=None, preset=None, scale=1.0, seed=0, split="ua"):
 
 def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, space="bounded",
          db=None, report_dir=None, dataset="data", storage="float32", seed=0, solvers=None,
-         state_dir=None, sample_time=0.03, progress=True, resume=True, plot=True):
+         state_dir=None, sample_time=0.03, progress=True, resume=True, plot=True,
+         mode="explicit", alpha=1.0, sample="auto", sample_tol=None, check_time=None):
     """Tune the kernels of one data set on one device for each f in ``factors``.
 
     Parameters
@@ -54,6 +75,13 @@ def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, spac
     space : "bounded" (a few hundred configurations) or "full"
     db : database path (default: the per-user database that ``ALS(variant="auto")`` reads)
     report_dir : write a markdown report and a plot per f here
+    mode : "explicit" (ratings), "implicit" (feedback with confidence 1 + ``alpha``·r) or
+        "biased" (explicit with user/item biases): what ``ALS(feedback=..., biases=...)`` fits
+    sample : "auto" (a calibrated sample of rows, checked against the whole side), "full" (whole
+        half-steps, no sampling) or a fraction in (0, 1] (checked too)
+    sample_tol : the check's tolerance on the probe's estimate (default 0.2; 0: no check)
+    check_time : the check times the whole side when it takes ≤ this (default 1 s), else a
+        larger sample
 
     Returns
     -------
@@ -62,18 +90,21 @@ def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, spac
     from clmf import tuning
     from clmf.device import select_device
     from . import strategies
+    from .measure import CHECK_TIME, SAMPLE_TOL
     from .space import make_space
     dev = select_device(device)
     db = pathlib.Path(db) if db else tuning.user_db_path()
     out = []
     for f in factors:
-        case = strategies.Case(dev, R, int(f), dataset, storage)
-        sp = make_space(space, int(f), case.info, storage, solvers)
-        log.info("tuning %s | %s, %s, f=%d: %s over the %s space", case.info.platform,
-                 case.info.name, dataset, f, strategy, space)
+        case = strategies.Case(dev, R, int(f), dataset, storage, mode, alpha)
+        sp = make_space(space, case.kf, case.info, storage, solvers, mode)
+        log.info("tuning %s | %s, %s, f=%d, %s: %s over the %s space", case.info.platform,
+                 case.info.name, dataset, f, mode, strategy, space)
         summary = strategies.run(case, sp, strategy, db=db, budget=budget, seed=seed,
                                  state_dir=state_dir, sample_time=sample_time, progress=progress,
-                                 resume=resume)
+                                 resume=resume, sample=sample,
+                                 sample_tol=SAMPLE_TOL if sample_tol is None else sample_tol,
+                                 check_time=CHECK_TIME if check_time is None else check_time)
         summary["database"] = str(db)
         if report_dir:
             from .report import write_run_report

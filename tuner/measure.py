@@ -1,21 +1,39 @@
 """Measuring one candidate configuration: validate, then time on sampled rows.
 
-Per candidate (the same configuration on both sides):
+Per candidate (the same configuration on both sides), in the tuning *mode* of the case
+(``explicit`` ratings, ``implicit`` feedback with confidence ``1 + alpha·r``, or ``biased``:
+explicit with user/item biases, f + 1 unknowns per system):
 
 1. **build** through :func:`clmf.kernels.als_program` (pre-build validation and the built
-   kernel's limits; :class:`InvalidConfigError` carries the typed reason → record "invalid");
-2. **validate** against the NumPy reference (:mod:`clmf.reference`) on a small problem with row
-   lengths from 0 to beyond every ``nnz_batch``: one iteration from the same start, relative
-   Frobenius error ≤ 1e-4 (float32 storage; 1e-2 for float16 — half precision rounding) on both
-   factor matrices, against reference CG with the same steps for the CG solver → else "wrong";
-   a singular system or an OpenCL error → "failed";
+   kernel's limits, for the mode's kernels; :class:`InvalidConfigError` carries the typed reason
+   → record "invalid");
+2. **validate** against the NumPy reference of the mode (:func:`clmf.reference.als`, with
+   ``implicit_alpha`` and λ·I for implicit; :func:`clmf.reference.als_biased` for biased) on a
+   small problem with row lengths from 0 to beyond every ``nnz_batch``: one iteration from the
+   same start, relative Frobenius error ≤ :func:`verify_tolerance` (1e-4 for float32 storage,
+   1e-2 for float16 — half precision rounding; ×50 in implicit mode, where float32 rounding is
+   amplified by the dense YᵀY term: ≈ 1e-3 seen for correct CG kernels at f = 64–100) on both
+   factor matrices (with biases: [factors | bias]), against reference CG with the same steps for
+   the CG solvers → else "wrong"; a singular system or an OpenCL error → "failed";
 3. **time** each side's half-step on a *sample* of that side's rows (:class:`Sample`: stratified
    by row length, all columns kept) with OpenCL profiling events: one warm-up, then at least
    ``repeats`` (7) runs and until ``min_time`` seconds have been timed — or, for a slow candidate
    whose runs reach ``max_time`` seconds, 3 runs (the adaptive minimum time); the median of the runs' device
    times is kept with the raw times and the per-stage (S1, S2, S3) medians. The sampled times are
-   scaled to the whole side (S1/S2 by nnz, S3 by rows), and the objective is the estimated time
-   of a whole ALS iteration (both half-steps).
+   scaled to the whole side (S1/S2 by nnz, S3 by rows; the fused CG's S3 by nnz), and the
+   objective is the estimated time of a whole ALS iteration (both half-steps). In implicit mode
+   each half-step also builds the Gram matrix of the other side (S1 over its rows in ≤ 64 partial
+   sums, then ``sum_partials``); the engine does not profile those launches, so the measurer
+   records the engine's launches (through its own view of the program) and adds the Gram's
+   device time unscaled (stage ``gram``: the other side is never sampled; with a sample of
+   fewer than 64 rows the engine splits it into fewer partial sums than for the whole data).
+
+The sample (:func:`calibrate_samples`) holds enough rows to keep every compute unit busy
+(:func:`sample_min_rows`) and is *checked* (:func:`check_samples`): one reference configuration is
+timed on the sample and on the whole side (or, when that would take longer than ``check_time``,
+on a much larger sample); when the sample's scaled estimate is off by more than ``tol`` (20 %)
+the sample grows ×2, ×4, … up to the reference. ``sample="full"`` times whole half-steps (no
+sampling).
 """
 from __future__ import annotations
 
@@ -32,11 +50,21 @@ from clmf.errors import InvalidConfigError, SingularSystemError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Sample", "stratified_rows", "make_sample", "Measurer", "Result", "SIDES"]
+__all__ = ["Sample", "stratified_rows", "make_sample", "full_sample", "Measurer", "Result",
+           "SIDES", "MODES", "verify_tolerance", "calibrate_samples", "check_samples",
+           "sample_min_rows"]
 
 SIDES = ("users", "items")
+MODES = ("explicit", "implicit", "biased")
 VERIFY_TOL = {"float32": 1e-4, "float16": 1e-2}
+MODE_TOL_FACTOR = {"explicit": 1.0, "biased": 1.0, "implicit": 50.0}
 REG = 0.05
+VERIFY_REG = 0.1
+
+
+def verify_tolerance(storage="float32", mode="explicit"):
+    """The relative error a correct kernel stays within on the validation problem."""
+    return VERIFY_TOL.get(storage, 1e-4) * MODE_TOL_FACTOR.get(mode, 1.0)
 
 
 def stratified_rows(lengths, fraction, rng, min_rows=1):
@@ -83,8 +111,20 @@ class Sample:
                 "full_nnz": int(self.full_nnz), "fraction": round(float(self.fraction), 6)}
 
 
+def full_sample(R, side):
+    """The whole side as a "sample" (scale 1): timing it times whole half-steps."""
+    R = sp.csr_matrix(R)
+    lengths = np.diff(R.indptr) if side == "users" else np.bincount(R.indices,
+                                                                      minlength=R.shape[1])
+    rows = int(np.count_nonzero(lengths))
+    return Sample(side, R, rows, int(R.nnz), rows, int(R.nnz), 1.0)
+
+
 def make_sample(R, side, fraction, seed=0, min_rows=32):
-    """The sample of ``side``'s rows of ``R`` (users × items CSR) at ``fraction``."""
+    """The sample of ``side``'s rows of ``R`` (users × items CSR) at ``fraction`` (the whole side,
+    unsampled, at ``fraction`` ≥ 1)."""
+    if fraction >= 1.0:
+        return full_sample(R, side)
     R = sp.csr_matrix(R)
     rng = np.random.default_rng(seed)
     if side == "users":
@@ -121,6 +161,44 @@ def _verify_problem(seed=12345):
     return sp.csr_matrix((vals, (rows, cols)), shape=(m, n))
 
 
+class _Recorder:
+    """A kernel that appends (name, event) of every launch to a list."""
+
+    def __init__(self, kernel, name, sink):
+        self._kernel, self._name, self._sink = kernel, name, sink
+
+    def __call__(self, *args, **kw):
+        ev = self._kernel(*args, **kw)
+        self._sink.append((self._name, ev))
+        return ev
+
+    def __getattr__(self, attr):
+        return getattr(self._kernel, attr)
+
+
+class _RecordingProgram:
+    """One engine's view of a (shared, memoised) program whose launches are recorded."""
+
+    def __init__(self, prog, sink):
+        self._prog = prog
+        self.kernels = {k: _Recorder(v, k, sink) for k, v in prog.kernels.items()}
+
+    def __getattr__(self, attr):
+        return getattr(self._prog, attr)
+
+
+def _gram_seconds(launches):
+    """Device seconds of an implicit half-step's Gram matrix: its launches up to the last
+    ``sum_partials`` (the partial S1 sums over the other side, then their sum), which precede
+    every batch."""
+    last = max((i for i, (name, _e) in enumerate(launches) if name == "sum_partials"), default=-1)
+    t = 0.0
+    for _name, ev in launches[:last + 1]:
+        ev.wait()
+        t += (ev.profile.end - ev.profile.start) * 1e-9
+    return t
+
+
 @dataclasses.dataclass
 class Result:
     """The outcome of one candidate at one fidelity."""
@@ -146,7 +224,7 @@ class Result:
 
 
 class Measurer:
-    """Validates and times configurations of one tuning case (device, data, f, storage).
+    """Validates and times configurations of one tuning case (device, data, f, storage, mode).
 
     Parameters
     ----------
@@ -156,11 +234,14 @@ class Measurer:
     samples : {side: Sample} (see :func:`calibrate_samples`)
     repeats : minimum timed runs at full fidelity (≥ 7)
     min_time : keep timing until this many seconds of device time (full fidelity)
+    mode : "explicit", "implicit" (with ``alpha``) or "biased"
     """
 
     def __init__(self, device, R, f, samples, storage="float32", repeats=7, min_time=0.05,
-                 max_runs=60, low_repeats=3, max_time=2.0):
+                 max_runs=60, low_repeats=3, max_time=2.0, mode="explicit", alpha=1.0):
         from clmf.device import device_info
+        if mode not in MODES:
+            raise ValueError(f"unknown tuning mode {mode!r}; choose from {MODES}")
         self.device = device
         self.info = device_info(device)
         self.R = sp.csr_matrix(R)
@@ -172,10 +253,24 @@ class Measurer:
         self.max_runs = int(max_runs)
         self.low_repeats = max(1, int(low_repeats))
         self.max_time = float(max_time)
+        self.mode = mode
+        self.alpha = float(alpha)
+        self.kf = self.f + 1 if mode == "biased" else self.f       # unknowns per system
+        self.weighted = mode != "implicit"                          # as ALS(weighted_regularization=None)
+        self.offset = float(self.R.data.astype(np.float64).mean()) if (
+            mode == "biased" and self.R.nnz) else 0.0
         self._init = {}
         self._verify_R = _verify_problem()
         self._verify_ref = {}
         self._verified = {}
+
+    def engine(self, R, cfg, profile=False, offset=None):
+        """An :class:`clmf.engine.Engine` of this mode on ``R`` with ``cfg`` on both sides."""
+        from clmf.engine import Engine
+        return Engine(self.device, R, self.f, (cfg, cfg), profile=profile,
+                      implicit_alpha=self.alpha if self.mode == "implicit" else None,
+                      biased=self.mode == "biased",
+                      offset=self.offset if offset is None else offset)
 
     # ----- starting factors ------------------------------------------------------------------
     def _start(self):
@@ -186,41 +281,68 @@ class Measurer:
 
     # ----- validation ------------------------------------------------------------------------
     def _reference(self, cfg):
+        """(X0, Y0, X, Y[, extra]) of one reference iteration of this mode on the validation
+        problem (biased: extra = (user biases, item biases, μ))."""
         key = (cfg.solver, cfg.cg_steps if cfg.solver != "cholesky" else 0)   # both CG solvers
         if key not in self._verify_ref:
             R = self._verify_R
             X0, Y0 = reference.start_factors(*R.shape, self.f, 7)
-            Xr, Yr = reference.als(R, self.f, 0.1, 1, init=(X0, Y0), solver=cfg.solver,
-                                   cg_steps=cfg.cg_steps)
-            self._verify_ref[key] = (X0, Y0, Xr, Yr)
+            if self.mode == "biased":
+                Xr, Yr, bu, bi, mu = reference.als_biased(R, self.f, VERIFY_REG, 1, init=(X0, Y0),
+                                                          solver=cfg.solver, cg_steps=cfg.cg_steps)
+                self._verify_ref[key] = (X0, Y0, Xr, Yr, (bu, bi, mu))
+            else:
+                alpha = self.alpha if self.mode == "implicit" else None
+                Xr, Yr = reference.als(R, self.f, VERIFY_REG, 1, weighted=self.weighted,
+                                       init=(X0, Y0), solver=cfg.solver, cg_steps=cfg.cg_steps,
+                                       implicit_alpha=alpha)
+                self._verify_ref[key] = (X0, Y0, Xr, Yr)
         return self._verify_ref[key]
 
     def verify(self, cfg):
         """Relative error of one iteration on the validation problem (raises like Engine)."""
-        from clmf.engine import Engine
-        X0, Y0, Xr, Yr = self._reference(cfg)
-        eng = Engine(self.device, self._verify_R, self.f, (cfg, cfg))
+        ref = self._reference(cfg)
+        X0, Y0, Xr, Yr = ref[:4]
+        extra = ref[4] if len(ref) > 4 else None
+        if self.mode == "biased":
+            mu = extra[2] if extra is not None else float(self._verify_R.data.mean())
+            eng = self.engine(self._verify_R, cfg, offset=mu)
+        else:
+            eng = self.engine(self._verify_R, cfg)
         try:
             eng.set_factors("users", X0)
             eng.set_factors("items", Y0)
-            eng.iteration(0.1, True)
-            X, Y = eng.get_factors("users"), eng.get_factors("items")
+            eng.iteration(VERIFY_REG, self.weighted)
+            if self.mode == "biased":
+                (X, bu), (Y, bi) = (eng.get_factors("users", with_biases=True),
+                                    eng.get_factors("items", with_biases=True))
+            else:
+                X, Y = eng.get_factors("users"), eng.get_factors("items")
         finally:
             eng.release()
 
         def rel(a, b):
             nb = np.linalg.norm(b)
             return float(np.linalg.norm(a.astype(np.float64) - b) / (nb if nb > 0 else 1.0))
+        if self.mode == "biased" and extra is not None:
+            # the augmented unknowns [x_u, b_u] are one solution vector
+            X, Xr = np.column_stack([X, bu]), np.column_stack([Xr, extra[0]])
+            Y, Yr = np.column_stack([Y, bi]), np.column_stack([Yr, extra[1]])
         err = max(rel(X, Xr), rel(Y, Yr))
         return err if np.isfinite(err) else float("inf")
 
     # ----- timing ----------------------------------------------------------------------------
-    def time_side(self, cfg, side, repeats, min_time):
+    def time_side(self, cfg, side, repeats, min_time, sample=None):
         """Median device time of ``side``'s half-step on its sample (see module docstring)."""
-        from clmf.engine import Engine
-        s = self.samples[side]
+        s = sample if sample is not None else self.samples[side]
         X0, Y0 = self._start()
-        eng = Engine(self.device, s.R, self.f, (cfg, cfg), profile=True)
+        eng = self.engine(s.R, cfg, profile=True)
+        launches = None
+        if self.mode == "implicit":
+            # the engine profiles S1/S2/S3 of its batches, not the Gram launches that precede
+            # them: record this engine's launches (its own view of the shared program)
+            launches = []
+            eng.programs[side] = _RecordingProgram(eng.programs[side], launches)
         try:
             # the sample's own rows start from the full problem's start factors
             if side == "users":
@@ -229,9 +351,10 @@ class Measurer:
             else:
                 eng.set_factors("users", X0)
                 eng.set_factors("items", np.zeros((s.R.shape[1], self.f), np.float32))
-            eng.half_step(side, REG, True)          # warm-up (and JIT on lazy runtimes)
+            eng.half_step(side, REG, self.weighted)     # warm-up (and JIT on lazy runtimes)
             eng.queue.finish()
             raw, wall, stages = [], [], {"s1": [], "s2": [], "s3": []}
+            grams = []
             total = 0.0
             # at least `repeats` runs and `min_time` seconds; a slow candidate (one whose runs
             # add up to `max_time`) stops after 3 runs: the adaptive minimum time
@@ -239,11 +362,16 @@ class Measurer:
                 if len(raw) >= min(3, repeats) and total >= self.max_time:
                     break
                 eng.stage_times = {"s1": 0.0, "s2": 0.0, "s3": 0.0}
+                if launches is not None:
+                    launches.clear()
                 t0 = time.perf_counter()
-                eng.half_step(side, REG, True)
+                eng.half_step(side, REG, self.weighted)
                 wall.append(time.perf_counter() - t0)
                 st = dict(eng.stage_times)
                 dt = st["s1"] + st["s2"] + st["s3"]
+                if launches is not None:
+                    grams.append(_gram_seconds(launches))
+                    dt += grams[-1]
                 raw.append(dt)
                 for k in stages:
                     stages[k].append(st[k])
@@ -251,16 +379,22 @@ class Measurer:
         finally:
             eng.release()
         med = {k: float(np.median(v)) for k, v in stages.items()}
+        gram = float(np.median(grams)) if grams else 0.0
         sample_seconds = float(np.median(raw))
         # the fused CG's S3 walks the row's entries: it scales with the ratings, not the rows
         s3_scale = s.scale_nnz if cfg.solver == "fusedcg" else s.scale_rows
-        est = (med["s1"] + med["s2"]) * s.scale_nnz + med["s3"] * s3_scale
-        return {"seconds": est, "sample_seconds": sample_seconds,
-                "stages": {k: round(v, 9) for k, v in med.items()},
-                "stages_estimated": {"s1": med["s1"] * s.scale_nnz, "s2": med["s2"] * s.scale_nnz,
-                                     "s3": med["s3"] * s3_scale},
-                "raw": [round(x, 9) for x in raw], "wall": [round(x, 6) for x in wall],
-                "runs": len(raw)}
+        est = (med["s1"] + med["s2"]) * s.scale_nnz + med["s3"] * s3_scale + gram
+        out = {"seconds": est, "sample_seconds": sample_seconds,
+               "stages": {k: round(v, 9) for k, v in med.items()},
+               "stages_estimated": {"s1": med["s1"] * s.scale_nnz, "s2": med["s2"] * s.scale_nnz,
+                                    "s3": med["s3"] * s3_scale},
+               "raw": [round(x, 9) for x in raw], "wall": [round(x, 6) for x in wall],
+               "runs": len(raw)}
+        if launches is not None:
+            # the Gram is the other side's whole YᵀY (never sampled): not scaled
+            out["stages"]["gram"] = round(gram, 9)
+            out["stages_estimated"]["gram"] = gram
+        return out
 
     # ----- one candidate ---------------------------------------------------------------------
     def evaluate(self, cfg, fidelity="full", verified=None):
@@ -273,12 +407,13 @@ class Measurer:
                 from clmf.kernels import als_program
                 from clmf.device import get_context
                 ctx, _q = get_context(self.device)
-                als_program(ctx, self.device, cfg, self.f, self.info)   # typed invalid reasons
+                als_program(ctx, self.device, cfg, self.kf, self.info,        # typed invalid
+                            self.mode == "implicit", self.mode == "biased")   # reasons
                 err = self.verify(cfg)
             else:
                 err = verified
             res.verify_rel_err = err
-            tol = VERIFY_TOL.get(cfg.storage, 1e-4)
+            tol = verify_tolerance(cfg.storage, self.mode)
             if not err <= tol:
                 res.status, res.reason = "wrong", "reference_mismatch"
                 res.message = f"relative error {err:.3g} > {tol:g} after one iteration"
@@ -304,32 +439,43 @@ class Measurer:
         return res
 
 
-MEASURE_VERSION = 2      # part of a run's identity: a journal of another method is not resumed
+MEASURE_VERSION = 3      # part of a run's identity: a journal of another method is not resumed
+SAMPLE_TOL = 0.2         # the sample's scaled estimate of the probe within 20 % of the reference
+CHECK_TIME = 1.0         # the reference timing: the whole side when it takes ≤ this (device s)
 
 
-def sample_min_rows(info):
-    return max(8, 4 * info.compute_units)
+def sample_min_rows(info, probe=None):
+    """Rows a sample keeps at least so one launch fills the device: on a CPU 4 per compute unit
+    (at least 8); on a GPU/accelerator as many work-groups as every compute unit holds at once
+    (≈ 2 × the work-group limit in work-items per unit, e.g. 2048 on NVIDIA: 4–32 rows per unit
+    with the S1 work-group of ``probe``)."""
+    if info.type == "CPU":
+        return max(8, 4 * info.compute_units)
+    local = max(1, probe.s1_local_size()) if probe is not None else 256
+    per_cu = min(32, max(4, -(-2 * info.max_work_group_size // local)))
+    return max(8, info.compute_units * per_cu)
 
 
 def calibrate_samples(device, R, f, probe, target_seconds=0.03, min_rows=None, seed=0,
-                      max_fraction=1.0):
+                      max_fraction=1.0, storage="float32", mode="explicit", alpha=1.0):
     """Per side, the sample fraction whose half-step with ``probe`` (a KernelConfig) takes about
-    ``target_seconds`` of device time (never fewer than ``min_rows`` rows: by default 8 or
-    4 per compute unit, whichever is larger). Returns ``{side: Sample}``."""
+    ``target_seconds`` of device time (never fewer than ``min_rows`` rows: by default
+    :func:`sample_min_rows`). Returns ``{side: Sample}`` (check them with :func:`check_samples`)."""
     from clmf.device import device_info
     info = device_info(device)
     if min_rows is None:
-        min_rows = sample_min_rows(info)
+        min_rows = sample_min_rows(info, probe)
     R = sp.csr_matrix(R)
     out = {}
     for side in SIDES:
         lengths = np.diff(R.indptr) if side == "users" else np.bincount(R.indices,
                                                                           minlength=R.shape[1])
         rows, nnz = int(np.count_nonzero(lengths)), int(R.nnz)
-        frac = min(max_fraction, 4096 / max(rows, 1), 500_000 / max(nnz, 1))
+        frac = min(max_fraction, max(4096, min_rows) / max(rows, 1), 500_000 / max(nnz, 1))
         for _round in range(3):
             s = make_sample(R, side, frac, seed, min_rows)
-            m = Measurer(device, R, f, {side: s}, "float32", repeats=7, min_time=0.0)
+            m = Measurer(device, R, f, {side: s}, storage, repeats=7, min_time=0.0, mode=mode,
+                         alpha=alpha)
             t = m.time_side(probe, side, 1, 0.0)["sample_seconds"]
             log.info("calibrate %s: fraction %.4g (%d rows, %d nnz) takes %.4f s", side, frac,
                      s.rows, s.nnz, t)
@@ -343,3 +489,74 @@ def calibrate_samples(device, R, f, probe, target_seconds=0.03, min_rows=None, s
             frac = new
         out[side] = s
     return out
+
+
+def _step(s, t, ref_seconds=None):
+    d = {"fraction": round(float(s.fraction), 6), "rows": int(s.rows), "nnz": int(s.nnz),
+         "sample_seconds": t["sample_seconds"], "estimate_seconds": t["seconds"]}
+    if ref_seconds:
+        d["ratio"] = t["seconds"] / ref_seconds
+    return d
+
+
+def check_samples(device, R, f, probe, samples, tol=SAMPLE_TOL, check_time=CHECK_TIME, seed=0,
+                  min_rows=None, storage="float32", mode="explicit", alpha=1.0, repeats=3):
+    """The calibration check: per side, ``probe`` timed on the sample (scaled to the whole side)
+    and on a reference — the whole side when the estimate is ≤ ``check_time`` seconds, else a
+    sample ≥ 4× larger (as large as ``check_time`` allows); while the estimate is off by more than
+    ``tol`` (relative), the sample grows ×2, ×4, … up to the reference.
+
+    Returns ``(samples, calibration)``: the (possibly grown) samples and, per side, a dict with the
+    reference (whole side or not, rows, ratings, time), every sample tried (fraction, rows,
+    ratings, sampled and estimated time, estimate / reference), the final ratio and whether the
+    sample grew."""
+    from clmf.device import device_info
+    info = device_info(device)
+    if min_rows is None:
+        min_rows = sample_min_rows(info, probe)
+    R = sp.csr_matrix(R)
+    samples = dict(samples)
+    cal = {}
+    for side in SIDES:
+        t0 = time.perf_counter()
+        s = samples[side]
+        c = {"probe": str(probe), "tolerance": tol, "check_time": check_time}
+        if s.rows >= s.full_rows:
+            c.update(checked=False, note="the whole side is timed: nothing to check",
+                     ratio=1.0, grown=False, final={"fraction": 1.0, "rows": int(s.rows)})
+            cal[side] = c
+            continue
+        m = Measurer(device, R, f, {side: s}, storage, repeats=7, min_time=0.0, mode=mode,
+                     alpha=alpha)
+        t = m.time_side(probe, side, repeats, 0.0)
+        if t["seconds"] <= check_time:
+            ref = full_sample(R, side)
+        else:
+            grow = max(4.0, check_time / max(t["sample_seconds"], 1e-9))
+            ref = make_sample(R, side, min(1.0, s.fraction * grow), seed, min_rows)
+        tr = m.time_side(probe, side, repeats, 0.0, sample=ref)
+        ref_s = tr["seconds"]
+        c["reference"] = dict(_step(ref, tr), whole_side=bool(ref.rows >= ref.full_rows))
+        steps = [_step(s, t, ref_s)]
+        ratio = t["seconds"] / ref_s if ref_s > 0 else 1.0
+        while abs(ratio - 1.0) > tol:
+            frac = s.fraction * 2.0
+            if frac >= ref.fraction or frac >= 1.0:
+                s, ratio = ref, 1.0
+                steps.append(dict(_step(ref, tr, ref_s), reference=True))
+                break
+            s = make_sample(R, side, frac, seed, min_rows)
+            t = m.time_side(probe, side, repeats, 0.0, sample=s)
+            ratio = t["seconds"] / ref_s if ref_s > 0 else 1.0
+            steps.append(_step(s, t, ref_s))
+        log.info("sample check %s: %d → %d rows, estimate / reference %.3f (%s)", side,
+                 steps[0]["rows"], s.rows, ratio,
+                 "whole side" if c["reference"]["whole_side"] else "larger sample")
+        samples[side] = s
+        c.update(checked=True, steps=steps, ratio=ratio, grown=len(steps) > 1,
+                 first_ratio=steps[0]["ratio"], ok=abs(ratio - 1.0) <= tol,
+                 final={"fraction": round(float(s.fraction), 6), "rows": int(s.rows),
+                        "nnz": int(s.nnz)},
+                 seconds=time.perf_counter() - t0)
+        cal[side] = c
+    return samples, cal

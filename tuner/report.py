@@ -41,10 +41,23 @@ def _slug(s):
     return re.sub(r"[^a-z0-9]+", "-", str(s).lower()).strip("-")
 
 
+def _mode_label(d):
+    """"" for explicit; "implicit α=2" / "biased" otherwise (records and summaries)."""
+    mode = d.get("mode") or "explicit"
+    if mode == "explicit":
+        return ""
+    if mode == "implicit" and d.get("alpha") is not None:
+        return f"implicit α={d['alpha']:g}"
+    return mode
+
+
 def run_basename(summary):
     from clmf.tuning import device_slug
+    mode = summary.get("mode") or "explicit"
+    tag = "" if mode == "explicit" else "_" + _slug(mode + (
+        f"-a{summary['alpha']:g}" if mode == "implicit" and summary.get("alpha") is not None else ""))
     return (f"{device_slug(summary['device'])}_{_slug(summary['dataset'])}_f{summary['f']}_"
-            f"{summary['storage']}_{summary['strategy']}-{summary['space']}")
+            f"{summary['storage']}_{summary['strategy']}-{summary['space']}{tag}")
 
 
 def _ok(results):
@@ -70,7 +83,7 @@ def plot_space(summary, path):
     res = _ok(summary["results"])
     if not res:
         return None
-    f = summary["f"]
+    f = summary.get("kernel_f") or summary["f"]
     panels = {}
     for r in res:
         c = KernelConfig.from_dict(r["config"])
@@ -110,7 +123,9 @@ def plot_space(summary, path):
             if j == 0:
                 ax.set_ylabel("ty", fontsize=8)
     d = summary["device"]
-    fig.suptitle(f"{d['platform']} | {d['device']} — {summary['dataset']}, f={f}\n"
+    ml = _mode_label(summary)
+    fig.suptitle(f"{d['platform']} | {d['device']} — {summary['dataset']}, f={summary['f']}"
+                 + (f", {ml}" if ml else "") + "\n"
                  "half-step time relative to the side's best (min over the other parameters)",
                  fontsize=9)
     if im is not None:
@@ -128,8 +143,15 @@ def write_run_report(summary, out_dir, plot=True):
     md = out / f"{base}.md"
     png = out / f"{base}.png"
     d, info, ds = summary["device"], summary.get("device_info", {}), summary["dataset_class"]
+    ml = _mode_label(summary)
     L = [f"# Tuning: {d['platform']} | {d['device']} — {summary['dataset']}, f = {summary['f']}, "
-         f"{summary['storage']}", ""]
+         f"{summary['storage']}" + (f", {ml}" if ml else ""), ""]
+    if ml:
+        L.append(f"- mode: {ml} — candidates validated against the NumPy reference of this mode "
+                 "and timed in it" + (" (each half-step includes the Gram matrix YᵀY, stage "
+                                      "`gram`, timed at the whole data's size, never scaled)"
+                                      if summary.get("mode") == "implicit" else
+                                      " (f + 1 unknowns per system: factors and the row's bias)"))
     L.append(f"- device: {d['platform']} | {d['device']} ({d['type']}, vendor {d['vendor']}, "
              f"{info.get('compute_units', '?')} compute units, local memory "
              f"{info.get('local_mem', 0) // 1024} KiB, work-group ≤ {info.get('max_work_group_size', '?')}), "
@@ -144,6 +166,8 @@ def write_run_report(summary, out_dir, plot=True):
             f"{s} {sm[s]['rows']} of {sm[s]['full_rows']} rows ({sm[s]['nnz']} of "
             f"{sm[s]['full_nnz']} ratings)" for s in SIDES if s in sm)
             + "; times are scaled to the whole data (S1/S2 by ratings, S3 by rows)")
+    cal = summary.get("calibration") or {}
+    L += _calibration_lines(cal)
     L.append(f"- strategy {summary['strategy']} over the `{summary['space']}` space; "
              f"{summary['evaluated']} configurations evaluated in {summary['spent_seconds']:.1f} s"
              + (f" (budget {summary['budget']:.0f} s)" if summary.get("budget") else "")
@@ -160,12 +184,15 @@ def write_run_report(summary, out_dir, plot=True):
     else:
         L.append("## Best")
         L.append("")
-        L.append("| side | configuration | half-step (est.) | S1 | S2 | S3 |")
-        L.append("|---|---|---|---|---|---|")
+        gram = any("gram" in b["sides"][s]["stages_estimated"] for s in SIDES)
+        L.append("| side | configuration | half-step (est.) | S1 | S2 | S3 |"
+                 + (" Gram |" if gram else ""))
+        L.append("|---|---|---|---|---|---|" + ("---|" if gram else ""))
         for s in SIDES:
             st = b["sides"][s]["stages_estimated"]
             L.append(f"| {s} | `{b['configs'][s]}` | {_fmt_s(b['sides'][s]['seconds'])} | "
-                     f"{_fmt_s(st['s1'])} | {_fmt_s(st['s2'])} | {_fmt_s(st['s3'])} |")
+                     f"{_fmt_s(st['s1'])} | {_fmt_s(st['s2'])} | {_fmt_s(st['s3'])} |"
+                     + (f" {_fmt_s(st.get('gram'))} |" if gram else ""))
         L.append("")
         a = summary.get("anchors", {})
         base, dflt = a.get("baseline", {}), a.get("default", {})
@@ -217,6 +244,34 @@ def write_run_report(summary, out_dir, plot=True):
     return md
 
 
+def _calibration_lines(cal):
+    """Markdown bullet lines of the sample calibration check (see tuner.measure.check_samples)."""
+    if not cal:
+        return []
+    if cal.get("sample") == "full":
+        return ["- sample: `full` — whole half-steps timed (no sampling, no scaling)"]
+    sides = cal.get("sides")
+    if not sides:
+        return [f"- sample: `{cal.get('sample', 'auto')}`, not checked"]
+    out = []
+    for s in SIDES:
+        c = sides.get(s)
+        if not c:
+            continue
+        if not c.get("checked"):
+            out.append(f"- sample check, {s}: {c.get('note', 'not checked')}")
+            continue
+        ref, steps = c["reference"], c["steps"]
+        what = "the whole side" if ref.get("whole_side") else \
+            f"a larger sample ({ref['rows']} rows, estimate)"
+        tried = " → ".join(f"{x['rows']} rows ×{x['ratio']:.2f}" for x in steps)
+        out.append(
+            f"- sample check, {s} (probe `{c['probe']}`, tolerance {c['tolerance']:.0%}): "
+            f"{what} {_fmt_s(ref['estimate_seconds'])}; sample estimates / reference: {tried}"
+            + ("; grown" if c.get("grown") else "; kept"))
+    return out
+
+
 # ----- cross-device summary ----------------------------------------------------------------------
 def summary_markdown(paths, title="Tuned configurations"):
     """A markdown table of the best configuration per (data set, f, side) and device, from the
@@ -231,7 +286,9 @@ def summary_markdown(paths, title="Tuned configurations"):
             dev = f"{r['device']['platform']} &#124; {r['device']['device']}"
             if dev not in devices:
                 devices.append(dev)
-            k = (r["dataset"].get("name", "?"), r["f"], r.get("storage", "float32"), r["side"])
+            ml = _mode_label(r)
+            name = r["dataset"].get("name", "?") + (f" ({ml})" if ml else "")
+            k = (name, r["f"], r.get("storage", "float32"), r["side"])
             cur = cells.setdefault(k, {}).get(dev)
             rel = r.get("iteration_rel_baseline") or 1.0
             if cur is None or rel < (cur.get("iteration_rel_baseline") or 1.0):

@@ -12,6 +12,13 @@ built kernel allows is checked later, by :func:`clmf.kernels.als_program` (typed
 Two presets: ``bounded`` (a few hundred configurations, cholesky only: the exhaustive-vs-budgeted
 comparison) and ``full`` (every grid value; solvers as asked, Cholesky by default; far too large
 to enumerate: the budgeted strategy samples and walks it).
+
+Modes (:data:`clmf.tuning.MODES`): a space is built at the kernels' f (f + 1 with biases: pass
+:func:`clmf.tuning.kernel_factors`). In ``implicit`` mode every solver is a default candidate
+(the implicit fit's untuned solver is the fused CG; Cholesky and the CG on built hermitians are
+at least as exact) with the fused CG's 3 steps only (what an untuned implicit fit runs: fewer
+steps would be faster and converge less), and the fused CG keeps its S1 flags: they build the
+Gram matrix YᵀY every implicit half-step runs.
 """
 from __future__ import annotations
 
@@ -31,6 +38,8 @@ FLAG_FIELDS = ("reg", "local", "vec", "tile")
 # float32 CG mid-convergence departs from the float64 reference CG beyond the 1e-4 validation
 # tolerance (≈ 5e-3 at 6 steps, f = 10, on the validation problems), so they could not pass.
 DEFAULT_SOLVERS = ("cholesky",)
+MODE_SOLVERS = {"implicit": ("cholesky", "cg", "fusedcg")}
+MODE_CG_STEPS = {"implicit": [3]}
 PARAM_FIELDS = ("tx", "ty", "bx", "by", "tz", "nnz_batch", "solve_wg", "solver", "cg_steps")
 
 
@@ -46,10 +55,11 @@ def config_id(cfg):
     return str(cfg)
 
 
-def canonical(cfg: KernelConfig) -> KernelConfig:
-    """The representative of the configurations that build the same kernels."""
+def canonical(cfg: KernelConfig, mode="explicit") -> KernelConfig:
+    """The representative of the configurations that build the same kernels (in ``mode``: the
+    implicit fused CG still runs S1, for the Gram matrix)."""
     kw = {}
-    if cfg.solver == "fusedcg":
+    if cfg.solver == "fusedcg" and mode != "implicit":
         # the fused CG applies A from the row's entries: no S1 in explicit ALS, only the
         # vector width (factor padding) still matters
         kw.update(reg=False, local=False, tile=False)
@@ -106,6 +116,7 @@ class Space:
     flags: list
     grid: dict
     storage: str = "float32"
+    mode: str = "explicit"
     ENUMERATE_LIMIT = 50_000
 
     def active(self, flags, solver):
@@ -159,7 +170,7 @@ class Space:
                              "points: too many to enumerate; sample it (budgeted strategy)")
         seen, out = set(), []
         for cfg in self._raw():
-            c = canonical(cfg)
+            c = canonical(cfg, self.mode)
             k = c.key()
             if k in seen:
                 continue
@@ -175,7 +186,7 @@ class Space:
 
     def _valid(self, cfg, info):
         try:
-            return prune(canonical(cfg), self.f, info)
+            return prune(canonical(cfg, self.mode), self.f, info)
         except InvalidConfigError:
             return None
 
@@ -280,9 +291,11 @@ def _tile_edges(f, choices):
     return sorted({e for e in choices if e < f} | {f})
 
 
-def make_space(name, f, info, storage="float32", solvers=None):
-    """The ``bounded`` or ``full`` preset at ``f`` factors for the device ``info``."""
+def make_space(name, f, info, storage="float32", solvers=None, mode="explicit"):
+    """The ``bounded`` or ``full`` preset at ``f`` factors (the kernels' f: f + 1 with biases) for
+    the device ``info`` in the tuning ``mode``."""
     maxwg = info.max_work_group_size
+    mode_solvers = MODE_SOLVERS.get(mode)
     if name == "bounded":
         flags = [(False, False, 0, False), (True, False, 0, False), (False, True, 0, False),
                  (True, True, 0, False), (True, True, 4, False), (True, True, 0, True),
@@ -290,10 +303,12 @@ def make_space(name, f, info, storage="float32", solvers=None):
         edges = [e for e in (8, 16, 32) if e < f] or [f]
         grid = dict(tx=[1, 2, 4, 8, 16], ty=[1, 2, 4, 8, 16], nnz_batch=[16, 64],
                     bx=edges, by=edges,
-                    square_tiles=True, tz=[1, 2], solve_wg=[0], solver=["cholesky"], cg_steps=[3])
-        return Space("bounded", f, flags, grid, storage)
+                    square_tiles=True, tz=[1, 2], solve_wg=[0],
+                    solver=list(mode_solvers or ["cholesky"]),
+                    cg_steps=[3])
+        return Space("bounded", f, flags, grid, storage, mode)
     if name == "full":
-        solvers = [s for s in (solvers or DEFAULT_SOLVERS) if s in SOLVERS]
+        solvers = [s for s in (solvers or mode_solvers or DEFAULT_SOLVERS) if s in SOLVERS]
         flags = [(r, l, v, t) for r in (False, True) for l in (False, True)
                  for v in (0, 4, 8, 16) for t in (False, True)]
         cap = min(maxwg, 1024)
@@ -301,8 +316,9 @@ def make_space(name, f, info, storage="float32", solvers=None):
                     nnz_batch=[8, 16, 32, 64, 128],
                     bx=_tile_edges(f, (4, 8, 16, 24, 32, 48, 64)),
                     by=_tile_edges(f, (4, 8, 16, 24, 32, 48, 64)), tz=[1, 2, 4],
-                    solve_wg=_pow2s(1, min(f, maxwg, 256)), solver=solvers, cg_steps=[2, 3])
-        return Space("full", f, flags, grid, storage)
+                    solve_wg=_pow2s(1, min(f, maxwg, 256)), solver=solvers,
+                    cg_steps=list(MODE_CG_STEPS.get(mode, [2, 3])))
+        return Space("full", f, flags, grid, storage, mode)
     raise ValueError(f"unknown space {name!r}; choose from {SPACES}")
 
 

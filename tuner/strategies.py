@@ -21,6 +21,16 @@ Strategies (both measure the baseline ``batch`` configuration and the untuned de
                 enters a side's top 3 to full fidelity (≥ 7 runs and a minimum time) at once, so
                 the best is always a full-fidelity measurement.
 
+Modes: a :class:`Case` tunes explicit ALS (default), implicit feedback (``mode="implicit"``,
+``alpha``: the half-step includes the Gram YᵀY) or explicit ALS with biases (``mode="biased"``:
+f + 1 unknowns per system); every candidate is validated against that mode's reference and timed
+in that mode, and the records carry ``mode`` (and ``alpha``).
+
+Sampling (``sample=``): ``"auto"`` calibrates the sample to ``sample_time`` and checks it against
+the whole side (:func:`tuner.measure.check_samples`, growing it while the probe's estimate is off
+by more than ``sample_tol``); a number forces that fraction (still checked); ``"full"`` times
+whole half-steps. The check is recorded in the run record, the journal header and the summary.
+
 Both end with a *showdown*: the top 2 of each side re-measured round-robin (2 rounds), so the
 final choice compares them under the same machine conditions (a shared or throttling machine
 drifts between measurements minutes apart).
@@ -43,7 +53,8 @@ from clmf.config import KernelConfig
 from clmf.errors import InvalidConfigError
 
 from .database import Database, base_record
-from .measure import MEASURE_VERSION, SIDES, Measurer, Result, calibrate_samples, sample_min_rows
+from .measure import (CHECK_TIME, MEASURE_VERSION, SAMPLE_TOL, SIDES, Measurer, Result,
+                      calibrate_samples, check_samples, full_sample, make_sample, sample_min_rows)
 from .space import Space, canonical, prune
 
 log = logging.getLogger(__name__)
@@ -62,15 +73,43 @@ class Case:
     f: int
     dataset: str = "data"
     storage: str = "float32"
+    mode: str = "explicit"
+    alpha: float = 1.0
 
     def __post_init__(self):
         import scipy.sparse as sp
         from clmf.device import device_info
+        if self.mode not in tuning.MODES:
+            raise ValueError(f"unknown tuning mode {self.mode!r}; choose from {tuning.MODES}")
+        if self.mode == "implicit" and not self.alpha > 0:
+            raise ValueError(f"implicit feedback needs alpha > 0, not {self.alpha!r}")
         self.R = sp.csr_matrix(self.R)
         self.R.sort_indices()
+        if self.mode == "implicit" and self.R.nnz and self.R.data.min() < 0:
+            raise ValueError("implicit feedback needs non-negative strengths")
+        self.alpha = float(self.alpha)
         self.info = device_info(self.device)
         self.key = tuning.device_record(self.info)
         self.dataset_class = tuning.dataset_class(self.R)
+
+    @property
+    def kf(self):
+        """Unknowns per system the kernels solve (f, or f + 1 with biases)."""
+        return tuning.kernel_factors(self.f, self.mode)
+
+    @property
+    def width(self):
+        """Width of a factor row on the device (f, or f + 2 with biases)."""
+        return tuning.factor_width(self.f, self.mode)
+
+    def mode_fields(self):
+        """The mode keys of this case's records."""
+        return {"mode": self.mode, **({"alpha": self.alpha} if self.mode == "implicit" else {})}
+
+    def default_solver(self, cfg):
+        """``cfg`` with the solver an untuned fit of this mode uses."""
+        s = tuning.MODE_DEFAULT_SOLVER.get(self.mode)
+        return cfg.replace(solver=s) if s else cfg
 
     def side_class(self, side):
         """The data-set class oriented to ``side`` (rows = the side's rows)."""
@@ -96,6 +135,22 @@ def _result_from_json(d):
                   d.get("fidelity", "full"), float(d.get("seconds_spent", 0.0)))
 
 
+def _sample_spec(sample):
+    """"auto", "full" or a fraction in (0, 1] (1 → "full")."""
+    if sample is None:
+        return "auto"
+    if isinstance(sample, str) and sample.strip().lower() in ("auto", "full"):
+        return sample.strip().lower()
+    try:
+        x = float(sample)
+    except (TypeError, ValueError):
+        raise ValueError(f"sample must be 'auto', 'full' or a fraction in (0, 1], not {sample!r}") \
+            from None
+    if not 0 < x <= 1:
+        raise ValueError(f"a sample fraction must be in (0, 1], not {x}")
+    return "full" if x == 1 else x
+
+
 def default_state_dir():
     import platformdirs
     return pathlib.Path(platformdirs.user_cache_dir("clmf")) / "tune-state"
@@ -114,11 +169,15 @@ class Session:
     state_dir : where the journal lives (default: the per-user cache directory)
     sample_time : target device seconds of one sampled half-step (see
         :func:`tuner.measure.calibrate_samples`)
+    sample : "auto" (calibrated and checked), "full" (whole half-steps) or a fraction in (0, 1]
+    sample_tol : the calibration check's tolerance (relative); 0 or None: no check
+    check_time : the check times the whole side when it takes ≤ this many seconds
     progress : show a tqdm bar with the best so far
     """
 
     def __init__(self, case, space, strategy, db, budget=None, seed=0, state_dir=None,
-                 sample_time=0.03, progress=True, repeats=7, min_time=0.05, resume=True):
+                 sample_time=0.03, progress=True, repeats=7, min_time=0.05, resume=True,
+                 sample="auto", sample_tol=SAMPLE_TOL, check_time=CHECK_TIME):
         from clmf.kernels import template_hash
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; choose from {STRATEGIES}")
@@ -130,11 +189,17 @@ class Session:
         self.progress = progress
         self.repeats, self.min_time = repeats, min_time
         self.template_hash = template_hash()
+        self.sample = _sample_spec(sample)
+        self.sample_tol = float(sample_tol) if sample_tol else 0.0
+        self.check_time = float(check_time)
         ident = {"device": case.key, "dataset": case.dataset_class, "f": case.f,
                  "storage": case.storage, "space": space.name, "strategy": strategy,
                  "budget": self.budget, "seed": self.seed, "templates": self.template_hash,
                  "sample_time": self.sample_time, "repeats": repeats, "min_time": min_time,
-                 "method": MEASURE_VERSION}
+                 "method": MEASURE_VERSION, "sample": self.sample, "sample_tol": self.sample_tol,
+                 "check_time": self.check_time}
+        if case.mode != "explicit":
+            ident.update(case.mode_fields())
         self.run_id = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
         self.state_dir = pathlib.Path(state_dir) if state_dir else default_state_dir()
         self.journal = self.state_dir / f"{self.run_id}.jsonl"
@@ -147,6 +212,7 @@ class Session:
         self.anchors = {}
         self.measurer = None
         self.samples_desc = None
+        self.calibration = None
         self._bar = None
         self.resumed = False
 
@@ -188,6 +254,7 @@ class Session:
             if (r.get("kind") == "measurement" and r.get("status") in SKIP_STATUSES
                     and r.get("device") == self.case.key and r.get("f") == self.case.f
                     and r.get("storage") == self.case.storage
+                    and tuning.record_mode(r) == self.case.mode
                     and r.get("template_hash") == self.template_hash):
                 try:
                     c = KernelConfig.from_dict(r["config"])
@@ -199,41 +266,69 @@ class Session:
         return skip
 
     # ----- lifecycle -------------------------------------------------------------------------
+    def probe(self):
+        """The reference configuration of the sample calibration: the untuned default."""
+        c = self.case
+        return canonical(c.default_solver(tuning.heuristic(c.info, c.kf, storage=c.storage)),
+                         c.mode)
+
+    def _samples(self):
+        """Calibrated (and checked) samples: ({side: Sample}, calibration record)."""
+        c = self.case
+        probe = self.probe()
+        kw = dict(storage=c.storage, mode=c.mode, alpha=c.alpha)
+        min_rows = sample_min_rows(c.info, probe)
+        if self.sample == "full":
+            return ({s: full_sample(c.R, s) for s in SIDES},
+                    {"sample": "full", "note": "whole half-steps timed, no sampling"})
+        if self.sample == "auto":
+            samples = calibrate_samples(c.device, c.R, c.f, probe, self.sample_time,
+                                        min_rows=min_rows, seed=self.seed, **kw)
+        else:
+            samples = {s: make_sample(c.R, s, self.sample, self.seed, min_rows) for s in SIDES}
+        cal = {"sample": self.sample, "min_rows": min_rows}
+        if self.sample_tol > 0:
+            samples, sides = check_samples(c.device, c.R, c.f, probe, samples, self.sample_tol,
+                                           self.check_time, self.seed, min_rows, **kw)
+            cal["sides"] = sides
+        return samples, cal
+
     def start(self):
-        from clmf.device import device_info
         case = self.case
         header, results, crashed = self._jread()
         self._skip = self._skip_from_db()
         self._replay = results
-        probe = canonical(tuning.heuristic(case.info, case.f, storage=case.storage))
         t0 = time.perf_counter()
         if header is None:
-            samples = calibrate_samples(case.device, case.R, case.f, probe, self.sample_time,
-                                        seed=self.seed)
+            samples, cal = self._samples()
             fr = {s: samples[s].fraction for s in SIDES}
-            cal = time.perf_counter() - t0
+            spent = time.perf_counter() - t0
             header = {"event": "header", "run_id": self.run_id, "fractions": fr,
-                      "calibration_seconds": cal, "date": base_record("x")["date"]}
+                      "min_rows": cal.get("min_rows"), "calibration": cal,
+                      "calibration_seconds": spent, "date": base_record("x")["date"]}
             self._jwrite(header)
             self.samples = samples
+            self.calibration = cal
             self.db.append(base_record(
                 "run", run_id=self.run_id, device=case.key, device_info=dataclasses.asdict(case.info),
                 f=case.f, storage=case.storage, dataset=case.side_class("users"),
                 strategy=self.strategy, space=self.space.name, budget=self.budget, seed=self.seed,
                 template_hash=self.template_hash, load_average=os.getloadavg(),
-                sample={s: samples[s].describe() for s in SIDES}))
+                sample={s: samples[s].describe() for s in SIDES}, calibration=cal,
+                calibration_seconds=spent, **case.mode_fields()))
         else:
-            from .measure import make_sample
             self.resumed = True
-            min_rows = sample_min_rows(case.info)
+            min_rows = header.get("min_rows") or sample_min_rows(case.info, self.probe())
             self.samples = {s: make_sample(case.R, s, header["fractions"][s], self.seed, min_rows)
                             for s in SIDES}
+            self.calibration = header.get("calibration")
             log.info("resuming run %s: %d results in the journal, %d crashed", self.run_id,
                      len(results), len(crashed))
         self.spent = float(header.get("calibration_seconds", 0.0))
         self.samples_desc = {s: self.samples[s].describe() for s in SIDES}
         self.measurer = Measurer(case.device, case.R, case.f, self.samples, case.storage,
-                                 repeats=self.repeats, min_time=self.min_time)
+                                 repeats=self.repeats, min_time=self.min_time, mode=case.mode,
+                                 alpha=case.alpha)
         for key, fid in crashed:
             cfg = KernelConfig.from_dict(json.loads(key))
             res = Result(cfg, "failed", "crashed", "the tuning process died while measuring "
@@ -258,7 +353,7 @@ class Session:
         c = self.case
         return dict(run_id=self.run_id, device=c.key, f=c.f, storage=c.storage,
                     template_hash=self.template_hash, strategy=self.strategy,
-                    space=self.space.name)
+                    space=self.space.name, **c.mode_fields())
 
     def _record(self, res, key, fidelity, journal=True):
         self.results[(key, fidelity)] = res
@@ -407,10 +502,10 @@ class Session:
         res = list(self.ok_results(any_fidelity).values())
         if not res:
             return None
-        f = self.case.f
+        w = self.case.width           # both sides share the factor buffers' padding
         best = None
-        for ldf in sorted({r.config.ldf(f) for r in res}):
-            grp = [r for r in res if r.config.ldf(f) == ldf]
+        for ldf in sorted({r.config.ldf(w) for r in res}):
+            grp = [r for r in res if r.config.ldf(w) == ldf]
             u = min(grp, key=lambda r: r.side_seconds("users"))
             i = min(grp, key=lambda r: r.side_seconds("items"))
             t = u.side_seconds("users") + i.side_seconds("items")
@@ -422,8 +517,8 @@ class Session:
     def measure_anchors(self):
         """The baseline ``batch`` and the untuned default (the heuristic), at full fidelity."""
         c = self.case
-        base = canonical(tuning.BASELINE.replace(storage=c.storage))
-        heur = canonical(tuning.heuristic(c.info, c.f, storage=c.storage))
+        base = canonical(c.default_solver(tuning.BASELINE.replace(storage=c.storage)), c.mode)
+        heur = self.probe()
         self.anchors = {"baseline": self.evaluate(base, "full"),
                         "default": self.evaluate(heur, "full")}
         return self.anchors
@@ -433,9 +528,10 @@ class Session:
         c = self.case
         best = self.best_pair()
         summary = {"run_id": self.run_id, "device": c.key, "device_info": dataclasses.asdict(c.info),
-                   "dataset": c.dataset, "dataset_class": c.dataset_class, "f": c.f,
+                   "dataset": c.dataset, "dataset_class": c.dataset_class, "f": c.f, "kernel_f": c.kf,
                    "storage": c.storage, "strategy": self.strategy, "space": self.space.name,
                    "budget": self.budget, "spent_seconds": self.spent, "samples": self.samples_desc,
+                   "calibration": self.calibration, **c.mode_fields(),
                    "evaluated": len({k for k, _ in self.results}),
                    "load_average": os.getloadavg(),
                    "statuses": {}, "best": None, "anchors": {}, "results": []}
@@ -510,14 +606,18 @@ def _composed(session):
     res = list(session.ok_results(True).values())
     if not res:
         return out
+    def s12_time(r, side):      # S1 (and the implicit Gram, an S1 launch), S2
+        st = r.sides[side]["stages_estimated"]
+        return st["s1"] + st["s2"] + st.get("gram", 0.0)
+
     for side in SIDES:
-        s12 = min(res, key=lambda r: r.sides[side]["stages_estimated"]["s1"]
-                  + r.sides[side]["stages_estimated"]["s2"])
+        # in explicit/biased mode the fused CG has no S1: its S1/S2 time says nothing of flags
+        s12 = min(res, key=lambda r: s12_time(r, side))
         s3 = min(res, key=lambda r: r.sides[side]["stages_estimated"]["s3"])
         c = s12.config.replace(solve_wg=s3.config.solve_wg, solver=s3.config.solver,
                                cg_steps=s3.config.cg_steps)
         try:
-            c = prune(canonical(c), session.case.f, session.case.info)
+            c = prune(canonical(c, session.case.mode), session.case.kf, session.case.info)
         except InvalidConfigError:
             continue
         if all(c.key() != o.key() for o in out):
