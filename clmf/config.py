@@ -256,7 +256,8 @@ class KernelConfig:
         """Local memory the S1 kernel of this configuration declares, by formula (bytes)."""
         if self.gemm:
             g = self.s1_geometry(f)
-            return 4 * g["tz_eff"] * self.nnz_batch * (2 * g["pitch"] + 2)
+            nb = self.nnz_batch
+            return 4 * g["tz_eff"] * ((nb * 2 * g["pitch"] + 3) // 4 * 4 + (2 * nb + 3) // 4 * 4)
         if not self.local:
             return 0
         g = self.s1_geometry(f)
