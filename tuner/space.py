@@ -1,5 +1,8 @@
 """The search space: variant flags × tx, ty, bx, by, tz, nnz_batch, vec, solve_wg, solver.
 
+The ``full`` preset includes the gemm variant (``batch[+vec4]+gemm``: bx, tz, nnz_batch active);
+the ``bounded`` preset keeps the flag set its exhaustive-vs-budgeted comparisons were run on.
+
 A :class:`Space` is a product of per-field value grids with conditional fields (``nnz_batch``
 only with ``local``; ``bx``, ``by``, ``tz`` only with ``tile``; ``cg_steps`` only with the CG
 solver; the plain ``batch`` variant only sees ``tx·ty``). Every configuration is put in a
@@ -32,7 +35,7 @@ from clmf.kernels import validate
 
 __all__ = ["Space", "canonical", "prune", "make_space", "SPACES", "config_id"]
 
-FLAG_FIELDS = ("reg", "local", "vec", "tile")
+FLAG_FIELDS = ("reg", "local", "vec", "tile", "gemm")
 # The CG solvers are opt-in (``solvers=``): a CG half-step is cheaper but converges less per
 # iteration, which a per-iteration time objective cannot judge. Their steps stay ≤ 3: with more,
 # float32 CG mid-convergence departs from the float64 reference CG beyond the 1e-4 validation
@@ -66,13 +69,15 @@ def canonical(cfg: KernelConfig, mode="explicit") -> KernelConfig:
         kw.update(tx=1, ty=1) if cfg.vec else kw.update(tx=8, ty=8)
         cfg = cfg.replace(**kw)
         kw = {}
-    if not cfg.local:
+    if not (cfg.local or cfg.gemm):
         kw["nnz_batch"] = KernelConfig.nnz_batch
-    if not cfg.tile:
+    if not (cfg.tile or cfg.gemm):
         kw.update(bx=0, by=0, tz=1)
+    if cfg.gemm:                      # square tiles: by is not used
+        kw["by"] = 0
     if cfg.solver == "cholesky":
         kw["cg_steps"] = KernelConfig.cg_steps
-    if not (cfg.reg or cfg.local or cfg.vec or cfg.tile):
+    if not (cfg.reg or cfg.local or cfg.vec or cfg.tile or cfg.gemm):
         p = cfg.tx * cfg.ty           # the baseline uses tx·ty work-items, flat
         tx = _pow2_le(max(1, int(math.isqrt(p)))) if (p & (p - 1)) == 0 else cfg.tx
         kw.update(tx=tx, ty=p // tx)
@@ -84,7 +89,14 @@ def prune(cfg: KernelConfig, f: int, info):
     for ``f`` factors on the device ``info``; returns ``cfg`` otherwise."""
     bx, by = cfg.tile_edges(f)
     vw = cfg.vec or 1
-    if cfg.reg or cfg.local or cfg.vec or cfg.tile:
+    if cfg.gemm:
+        g = cfg.s1_geometry(f)
+        if (cfg.tx - 1) * g["rx"] >= bx or (cfg.ty - 1) * g["ry"] >= bx:
+            raise InvalidConfigError(f"{cfg.tx}×{cfg.ty} work-items with {g['rx']}×{g['ry']} "
+                                     f"micro-tiles for a tile edge {bx}", "idle_work_items")
+        if cfg.bx and cfg.bx > f:
+            raise InvalidConfigError(f"tile {cfg.bx} larger than f={f}", "geometry")
+    elif cfg.reg or cfg.local or cfg.vec or cfg.tile:
         # work-items that would own no output element
         if cfg.tx > bx:
             raise InvalidConfigError(f"tx={cfg.tx} > tile edge {bx}", "idle_work_items")
@@ -107,7 +119,7 @@ def prune(cfg: KernelConfig, f: int, info):
 class Space:
     """A product space of configurations at ``f`` factors for one device.
 
-    ``flags`` lists the (reg, local, vec, tile) tuples; ``grid`` maps each field to its values
+    ``flags`` lists the (reg, local, vec, tile, gemm) tuples; ``grid`` maps each field to its values
     (``square_tiles`` restricts tiles to bx = by). Small spaces are enumerated
     (:meth:`enumerate`); large ones are sampled (:meth:`sample`) and walked (:meth:`mutate`).
     """
@@ -119,12 +131,18 @@ class Space:
     mode: str = "explicit"
     ENUMERATE_LIMIT = 50_000
 
+    def __post_init__(self):
+        # (reg, local, vec, tile) tuples of older callers: gemm off
+        self.flags = [tuple(fl) + (False,) * (5 - len(fl)) for fl in self.flags]
+
     def active(self, flags, solver):
         """The fields that matter for a configuration with these flags and solver."""
-        reg, local, vec, tile = flags
+        reg, local, vec, tile, gemm = flags
         out = ["tx", "ty", "solve_wg", "solver"]
-        if local:
+        if local or gemm:
             out.append("nnz_batch")
+        if gemm:
+            out += ["bx", "tz"]
         if tile:
             out += ["bx", "tz"] if self.grid.get("square_tiles") else ["bx", "by", "tz"]
         if solver != "cholesky":
@@ -132,11 +150,12 @@ class Space:
         return out
 
     def _make(self, flags, vals):
-        reg, local, vec, tile = flags
+        reg, local, vec, tile, gemm = flags
         kw = dict(vals)
-        if self.grid.get("square_tiles") and "bx" in kw:
+        if (self.grid.get("square_tiles") or gemm) and "bx" in kw:
             kw["by"] = kw["bx"]
-        return KernelConfig(reg=reg, local=local, vec=vec, tile=tile, storage=self.storage, **kw)
+        return KernelConfig(reg=reg, local=local, vec=vec, tile=tile, gemm=gemm,
+                            storage=self.storage, **kw)
 
     def _raw(self):
         g = self.grid
@@ -209,7 +228,7 @@ class Space:
         """A valid neighbour of ``cfg``: one flag toggled, or one active field moved one grid step
         (tx/ty and bx/by may move together), or the solver switched."""
         g = self.grid
-        fl0 = (cfg.reg, cfg.local, cfg.vec, cfg.tile)
+        fl0 = (cfg.reg, cfg.local, cfg.vec, cfg.tile, cfg.gemm)
         for _ in range(tries):
             fl = list(fl0)
             vals = {k: getattr(cfg, k) for k in ("tx", "ty", "bx", "by", "tz", "nnz_batch",
@@ -256,11 +275,11 @@ class Space:
         changed (tx/ty and bx/by may move together), comparing only the fields active in both (a
         tile toggle is one step, whatever bx/by/tz become); nearest grid steps first."""
         a = cfg.to_dict()
-        act_a = set(self.active((cfg.reg, cfg.local, cfg.vec, cfg.tile), cfg.solver))
+        act_a = set(self.active((cfg.reg, cfg.local, cfg.vec, cfg.tile, cfg.gemm), cfg.solver))
         out = []
         for c in candidates:
             b = c.to_dict()
-            act = act_a & set(self.active((c.reg, c.local, c.vec, c.tile), c.solver))
+            act = act_a & set(self.active((c.reg, c.local, c.vec, c.tile, c.gemm), c.solver))
             fdiff = [k for k in FLAG_FIELDS if a[k] != b[k]]
             diff = [k for k in PARAM_FIELDS if k in act and a[k] != b[k]]
             if fdiff:
@@ -297,9 +316,10 @@ def make_space(name, f, info, storage="float32", solvers=None, mode="explicit"):
     maxwg = info.max_work_group_size
     mode_solvers = MODE_SOLVERS.get(mode)
     if name == "bounded":
-        flags = [(False, False, 0, False), (True, False, 0, False), (False, True, 0, False),
-                 (True, True, 0, False), (True, True, 4, False), (True, True, 0, True),
-                 (True, True, 4, True)]
+        flags = [(False, False, 0, False, False), (True, False, 0, False, False),
+                 (False, True, 0, False, False), (True, True, 0, False, False),
+                 (True, True, 4, False, False), (True, True, 0, True, False),
+                 (True, True, 4, True, False)]
         edges = [e for e in (8, 16, 32) if e < f] or [f]
         grid = dict(tx=[1, 2, 4, 8, 16], ty=[1, 2, 4, 8, 16], nnz_batch=[16, 64],
                     bx=edges, by=edges,
@@ -309,12 +329,17 @@ def make_space(name, f, info, storage="float32", solvers=None, mode="explicit"):
         return Space("bounded", f, flags, grid, storage, mode)
     if name == "full":
         solvers = [s for s in (solvers or mode_solvers or DEFAULT_SOLVERS) if s in SOLVERS]
-        flags = [(r, l, v, t) for r in (False, True) for l in (False, True)
+        flags = [(r, l, v, t, False) for r in (False, True) for l in (False, True)
                  for v in (0, 4, 8, 16) for t in (False, True)]
+        flags += [(False, False, 0, False, True), (False, False, 4, False, True)]   # gemm
         cap = min(maxwg, 1024)
-        grid = dict(tx=_pow2s(1, min(32, cap)), ty=_pow2s(1, min(32, cap)),
+        # powers of two, and the work-item counts that split a tile edge of f, f/2 or f/3 into
+        # whole micro-tiles of 4 or 8 (the gemm variant's natural shapes, e.g. 13 × 4 = 52)
+        extra = {-(-e // r) for e in (f, -(-f // 2), -(-f // 3)) for r in (4, 8)}
+        ts = sorted(set(_pow2s(1, min(32, cap))) | {t for t in extra if 2 < t <= min(32, cap)})
+        grid = dict(tx=ts, ty=ts,
                     nnz_batch=[8, 16, 32, 64, 128],
-                    bx=_tile_edges(f, (4, 8, 16, 24, 32, 48, 64)),
+                    bx=_tile_edges(f, (4, 8, 16, 24, 32, 48, 52, 64, -(-f // 2), -(-f // 3))),
                     by=_tile_edges(f, (4, 8, 16, 24, 32, 48, 64)), tz=[1, 2, 4],
                     solve_wg=_pow2s(1, min(f, maxwg, 256)), solver=solvers,
                     cg_steps=list(MODE_CG_STEPS.get(mode, [2, 3])))
