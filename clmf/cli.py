@@ -344,7 +344,7 @@ def cmd_tune(args):
                            seed=args.seed, solvers=solvers, sample_time=args.sample_time,
                            progress=not args.no_progress, resume=not args.fresh, mode=mode,
                            alpha=args.alpha, sample=args.sample, sample_tol=args.sample_tol,
-                           check_time=args.check_time)
+                           check_time=args.check_time, starts=args.start)
     for s in summaries:
         b = s.get("best")
         head = f"f={s['f']}: {s['evaluated']} configurations in {s['spent_seconds']:.0f} s"
@@ -465,6 +465,10 @@ def build_parser():
                         "larger sample")
     s.add_argument("--sample-time", type=float, default=0.03,
                    help="target device seconds of one sampled half-step")
+    s.add_argument("--start", action="append", default=[], metavar="VARIANT",
+                   help="a configuration to measure first (repeatable), e.g. "
+                        "'batch+vec4+gemm:tx=8,ty=8,bx=64,nnz_batch=8'; the search goes on from "
+                        "the best measured")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--fresh", action="store_true", help="ignore the journal of an interrupted "
                                                         "identical run (default: resume it)")

@@ -63,7 +63,7 @@ def _load_data(path, preset, scale, seed, split):
 def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, space="bounded",
          db=None, report_dir=None, dataset="data", storage="float32", seed=0, solvers=None,
          state_dir=None, sample_time=0.03, progress=True, resume=True, plot=True,
-         mode="explicit", alpha=1.0, sample="auto", sample_tol=None, check_time=None):
+         mode="explicit", alpha=1.0, sample="auto", sample_tol=None, check_time=None, starts=()):
     """Tune the kernels of one data set on one device for each f in ``factors``.
 
     Parameters
@@ -82,6 +82,8 @@ def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, spac
     sample_tol : the check's tolerance on the probe's estimate (default 0.2; 0: no check)
     check_time : the check times the whole side when it takes ≤ this (default 1 s), else a
         larger sample
+    starts : configurations (strings or KernelConfig) measured first, beside the baseline and
+        the untuned default; the search goes on from the best of them all
 
     Returns
     -------
@@ -104,7 +106,8 @@ def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, spac
                                  state_dir=state_dir, sample_time=sample_time, progress=progress,
                                  resume=resume, sample=sample,
                                  sample_tol=SAMPLE_TOL if sample_tol is None else sample_tol,
-                                 check_time=CHECK_TIME if check_time is None else check_time)
+                                 check_time=CHECK_TIME if check_time is None else check_time,
+                                 starts=starts)
         summary["database"] = str(db)
         if report_dir:
             from .report import write_run_report

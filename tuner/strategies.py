@@ -177,11 +177,14 @@ class Session:
 
     def __init__(self, case, space, strategy, db, budget=None, seed=0, state_dir=None,
                  sample_time=0.03, progress=True, repeats=7, min_time=0.05, resume=True,
-                 sample="auto", sample_tol=SAMPLE_TOL, check_time=CHECK_TIME):
+                 sample="auto", sample_tol=SAMPLE_TOL, check_time=CHECK_TIME, starts=()):
         from clmf.kernels import template_hash
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; choose from {STRATEGIES}")
         self.case, self.space, self.strategy = case, space, strategy
+        # configurations measured at full fidelity right after the anchors (e.g. known-good shapes
+        # of a variant family the random exploration might sample rarely); they compete as any other
+        self.starts = [KernelConfig.parse(c) if isinstance(c, str) else c for c in (starts or ())]
         self.db = Database(db)
         self.budget = float(budget) if budget is not None else None
         self.seed = int(seed)
@@ -521,6 +524,14 @@ class Session:
         heur = self.probe()
         self.anchors = {"baseline": self.evaluate(base, "full"),
                         "default": self.evaluate(heur, "full")}
+        for i, cfg in enumerate(self.starts):
+            cfg = canonical(cfg.replace(storage=c.storage), c.mode)
+            try:
+                prune(cfg, c.kf, c.info)
+            except InvalidConfigError as e:
+                log.warning("start configuration %s skipped: %s", cfg, e)
+                continue
+            self.anchors[f"start{i + 1}"] = self.evaluate(cfg, "full")
         return self.anchors
 
     def finish(self):
