@@ -381,6 +381,28 @@ def test_sample_check_grows_a_tiny_sample_under_a_strict_tolerance(isolated, tmp
     assert {k: v.rows for k, v in again.samples.items()} == {k: v.rows for k, v in s.samples.items()}
 
 
+def test_the_best_is_checked_on_the_whole_side(isolated, tmp_path):
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    R = synthetic_csr(None)
+    case = strategies.Case(DEVICES[0], R, 4, "synthetic", "float32")
+    summary = strategies.run(case, tiny_space(4), "exhaustive", db=isolated,
+                             state_dir=tmp_path / "state", progress=False, sample=0.2,
+                             sample_tol=10.0)           # a loose check: the 20% sample is kept
+    ver = summary["best"]["verified"]
+    assert set(ver) == {"users", "items"}
+    for side, v in ver.items():
+        assert v["whole_side"] and v["rows"] == summary["samples"][side]["full_rows"]
+        assert v["measured_seconds"] > 0 and v["ratio"] == pytest.approx(
+            v["estimate_seconds"] / v["measured_seconds"])
+        assert v["config"] == summary["best"]["configs"][side]
+    best = [json.loads(x) for x in isolated.read_text().splitlines()
+            if json.loads(x)["kind"] == "best"]
+    assert {r["side"]: r["verified"]["whole_side"] for r in best} == {"users": True, "items": True}
+    from tuner.report import write_run_report
+    assert "Checked afterwards" in write_run_report(summary, tmp_path / "rep", plot=False).read_text()
+
+
 def test_sample_full_times_whole_half_steps(isolated, tmp_path):
     if not DEVICES:
         pytest.skip("no OpenCL device")
@@ -395,6 +417,7 @@ def test_sample_full_times_whole_half_steps(isolated, tmp_path):
         b = summary["best"]["sides"][side]
         for k in ("s1", "s2", "s3"):                                         # nothing scaled
             assert b["stages_estimated"][k] == pytest.approx(b["stages"][k], abs=1e-9)
+    assert summary["best"]["verified"] == {}                  # nothing to check
     with pytest.raises(ValueError):
         strategies.Session(case, tiny_space(4), "exhaustive", isolated, sample="most")
 

@@ -194,6 +194,17 @@ def write_run_report(summary, out_dir, plot=True):
                      f"{_fmt_s(st['s1'])} | {_fmt_s(st['s2'])} | {_fmt_s(st['s3'])} |"
                      + (f" {_fmt_s(st.get('gram'))} |" if gram else ""))
         L.append("")
+        ver = b.get("verified") or {}
+        if ver:
+            L.append("Checked afterwards (the best of each side re-timed on "
+                     + ("the whole side" if all(v["whole_side"] for v in ver.values())
+                        else "the calibration check's reference") + "): " + "; ".join(
+                         f"{s} {_fmt_s(v['measured_seconds'])} against the estimate "
+                         f"{_fmt_s(v['estimate_seconds'])} (×{v['ratio']:.2f}"
+                         + ("" if abs(v["ratio"] - 1) <= v.get("tolerance", 0.2) else
+                            ", **outside the tolerance**: the sample flatters this configuration")
+                         + ")" for s, v in ver.items()) + ".")
+            L.append("")
         a = summary.get("anchors", {})
         base, dflt = a.get("baseline", {}), a.get("default", {})
         L.append(f"Whole iteration (both half-steps, estimated for the whole data): "

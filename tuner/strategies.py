@@ -534,6 +534,45 @@ class Session:
             self.anchors[f"start{i + 1}"] = self.evaluate(cfg, "full")
         return self.anchors
 
+    def verify_best(self, best):
+        """The best configuration of each side re-timed on the calibration check's reference (the
+        whole side when its estimate is ≤ ``check_time``, else the check's larger sample): the
+        check's probe says the sample extrapolates for *it*; a much faster configuration can fit
+        the sample's working set in a cache the whole side spills, or leave a device idle. Returns
+        {side: {estimate_seconds, measured_seconds, ratio, whole_side, rows}} (nothing when the
+        whole side was timed anyway or the check is off)."""
+        if self.sample == "full" or not self.sample_tol:
+            return {}
+        c, out = self.case, {}
+        cal = (self.calibration or {}).get("sides") or {}
+        for side in SIDES:
+            s = self.samples[side]
+            if s.rows >= s.full_rows:
+                continue
+            r = best["results"][side]
+            est = r.side_seconds(side)
+            if est <= self.check_time:
+                ref = full_sample(c.R, side)
+            else:
+                frac = ((cal.get(side) or {}).get("reference") or {}).get("fraction")
+                frac = max(frac or 0.0, min(1.0, 4 * s.fraction))
+                ref = make_sample(c.R, side, frac, self.seed,
+                                  (self.calibration or {}).get("min_rows") or 8)
+            t0 = time.perf_counter()
+            try:
+                t = self.measurer.time_side(r.config, side, self.repeats, self.min_time, sample=ref)
+            except Exception as e:      # a verification must not lose the run
+                log.warning("verifying the best %s configuration failed: %s", side, e)
+                continue
+            out[side] = {"config": str(r.config), "estimate_seconds": est,
+                         "measured_seconds": t["seconds"],
+                         "ratio": est / t["seconds"] if t["seconds"] > 0 else None,
+                         "whole_side": bool(ref.rows >= ref.full_rows), "rows": int(ref.rows),
+                         "tolerance": self.sample_tol, "seconds": time.perf_counter() - t0}
+            log.info("best %s: estimate %.4g s, %s %.4g s", side, est,
+                     "whole side" if out[side]["whole_side"] else "larger sample", t["seconds"])
+        return out
+
     def finish(self):
         """Write the best records and return the run's summary (for :mod:`tuner.report`)."""
         c = self.case
@@ -564,11 +603,13 @@ class Session:
         bt = base.iteration_seconds if base is not None and base.ok else None
         ht = heur.iteration_seconds if heur is not None and heur.ok else None
         it = best["iteration_seconds"]
+        verified = self.verify_best(best)
         summary["best"] = {"iteration_seconds": it,
                            "configs": {s: str(best["configs"][s]) for s in SIDES},
                            "sides": {s: best["results"][s].sides[s] for s in SIDES},
                            "speedup_vs_baseline": bt / it if bt else None,
-                           "speedup_vs_default": ht / it if ht else None}
+                           "speedup_vs_default": ht / it if ht else None,
+                           "verified": verified}
         recs = []
         for side in SIDES:
             r = best["results"][side]
@@ -580,7 +621,7 @@ class Session:
                 speedup_vs_baseline=(bt / it) if bt else None,
                 speedup_vs_default=(ht / it) if ht else None,
                 evaluated=summary["evaluated"], spent_seconds=self.spent, budget=self.budget,
-                load_average=os.getloadavg(),
+                load_average=os.getloadavg(), verified=verified.get(side),
                 sample=self.samples_desc[side], **self._common()))
         self.db.append(recs)
         return summary
