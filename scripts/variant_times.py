@@ -46,7 +46,21 @@ def variants_for(f, device_type="GPU"):
         f"batch+reg+local+vec4+tile:tx=8,ty=2,bx={-(-t // 4) * 4},by={-(-t // 4) * 4},nnz_batch=32",
         "batch:solver=fusedcg",
         "batch+reg+local:tx=16,ty=16,nnz_batch=32,solver=cg",
+        gemm_shape(f),
+        gemm_shape(f) + ",solver=cg",
     ]
+
+
+def gemm_shape(f):
+    """The gemm variant's shape that the H100 tuning picked at Netflix scale, as a rule of f:
+    one tile of f with a work-item per row and column up to f = 16, one tile with 4 × 4
+    micro-tiles (float4) up to 64, else tiles of 64 with 8 × 8 micro-tiles."""
+    if f <= 16:
+        return f"batch+gemm:tx={f},ty={f},nnz_batch=32"
+    if f <= 64:
+        t = -(-f // 4)
+        return f"batch+vec4+gemm:tx={t},ty={t},nnz_batch=16"
+    return "batch+vec4+gemm:tx=8,ty=8,bx=64,nnz_batch=8"
 
 
 def commit():
