@@ -449,3 +449,27 @@ def test_cli_tune_modes(isolated, tmp_path, capsys):
     assert {r["mode"] for r in recs} == {"implicit"} and all(r["alpha"] == 2.0 for r in recs)
     assert main(["tune", "--preset", "movielens-100k", "--feedback", "implicit", "--biases"]) == 2
     assert main(["tune", "--preset", "movielens-100k", "--sample", "2"]) == 2
+
+
+def test_sample_check_promotes_the_reference_to_the_whole_side(monkeypatch):
+    """A sample that overestimates (a GPU sample leaving the device idle) must not talk the check
+    out of timing the whole side: when the larger reference sample's estimate is affordable, the
+    whole side becomes the reference."""
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    from tuner.measure import check_samples
+    R = synthetic_csr(None)
+    full = {"users": int(np.count_nonzero(np.diff(R.indptr))),
+            "items": int(np.count_nonzero(np.bincount(R.indices, minlength=R.shape[1])))}
+
+    def fake_time_side(self, cfg, side, repeats, min_time, sample=None):
+        s = sample if sample is not None else self.samples[side]
+        est = 0.5 * (1 + 9 * (1 - s.rows / full[side]) ** 16)     # ≈ 4 s at 2% → 0.5 s whole
+        return {"seconds": est, "sample_seconds": est * s.rows / full[side]}
+    monkeypatch.setattr(Measurer, "time_side", fake_time_side)
+    samples = {s: make_sample(R, s, 0.02, 0, 8) for s in ("users", "items")}
+    out, cal = check_samples(DEVICES[0], R, 4, KernelConfig(), samples, tol=0.2, check_time=1.0)
+    for side in ("users", "items"):
+        c = cal[side]
+        assert c["reference"]["whole_side"] and c["reference"]["estimate_seconds"] == 0.5
+        assert c["grown"] and c["ok"] and out[side].rows > samples[side].rows
