@@ -126,6 +126,14 @@ def validate(config: KernelConfig, f: int, device_info):
         if config.vec and g["bx"] < f and g["bx"] % config.vec:
             raise InvalidConfigError(f"gemm tile edge {g['bx']} must be a multiple of the vector "
                                      f"width {config.vec}", "geometry")
+        spt = -(-config.nnz_batch * (g["pw"] // g["vw"]) // (config.tx * config.ty))
+        if spt > 16:
+            # the staging is unrolled per work-item: more than 16 vectors each is slow to
+            # build (minutes on PoCL) and spills
+            raise InvalidConfigError(f"gemm would stage {spt} vectors per work-item and chunk "
+                                     f"(nnz_batch {config.nnz_batch}, {config.tx}×{config.ty} "
+                                     "work-items); use fewer entries per chunk or more work-items",
+                                     "geometry")
         if g["rx"] * g["ry"] > 256:
             raise InvalidConfigError(f"{g['rx']}×{g['ry']} register micro-tile per work-item is too "
                                      "many accumulators", "geometry")

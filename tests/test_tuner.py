@@ -339,10 +339,13 @@ def test_sample_check_passes_on_a_synthetic_problem(isolated, tmp_path):
         c = cal[side]
         assert c["checked"] and c["reference"]["whole_side"]
         assert c["reference"]["rows"] == out[side].full_rows
-        # a stratified 30% sample of a MovieLens-shaped set extrapolates within the tolerance:
-        # the check passes as it is, without growing the sample
-        assert c["ok"] and not c["grown"], c
-        assert abs(c["first_ratio"] - 1) <= 0.5 and out[side] is samples[side]
+        # the check's outcome depends on timings (a loaded machine may grow the sample), so only
+        # its consistency is asserted: a sample that agreed is kept, one that did not was grown
+        assert c["ok"], c
+        if c["grown"]:
+            assert out[side].rows > samples[side].rows
+        else:
+            assert abs(c["first_ratio"] - 1) <= 0.5 and out[side] is samples[side]
 
 
 def test_sample_check_grows_a_tiny_sample_under_a_strict_tolerance(isolated, tmp_path):
