@@ -360,8 +360,15 @@ def test_sample_check_grows_a_tiny_sample_under_a_strict_tolerance(isolated, tmp
     try:
         cal = s.calibration
         assert cal["sample"] == 0.01
+        grown = {}
         for side in ("users", "items"):
             c = cal["sides"][side]
+            if c["steps"][0]["rows"] >= s.samples[side].full_rows:
+                # a GPU's minimum sample (enough rows to fill every compute unit) is already the
+                # whole side of this small problem: there is nothing to grow
+                assert not c["grown"]
+                continue
+            grown[side] = True
             assert c["checked"] and c["grown"] and len(c["steps"]) >= 2
             rows = [x["rows"] for x in c["steps"]]
             assert rows == sorted(rows) and rows[-1] > rows[0]
@@ -373,7 +380,8 @@ def test_sample_check_grows_a_tiny_sample_under_a_strict_tolerance(isolated, tmp
         s.close()
     run = [json.loads(x) for x in isolated.read_text().splitlines()
            if json.loads(x)["kind"] == "run"]
-    assert run[-1]["calibration"]["sides"]["users"]["grown"]
+    for side in grown:
+        assert run[-1]["calibration"]["sides"][side]["grown"]
     # a resumed run rebuilds the grown samples from the journal
     again = strategies.Session(case, tiny_space(4), "exhaustive", isolated,
                                state_dir=tmp_path / "st", progress=False, sample=0.01,
