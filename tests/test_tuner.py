@@ -411,9 +411,11 @@ def test_the_best_is_checked_on_the_whole_side(isolated, tmp_path):
         assert v["config"] == summary["best"]["configs"][side]
     best = [json.loads(x) for x in isolated.read_text().splitlines()
             if json.loads(x)["kind"] == "best"]
-    assert {r["side"]: r["verified"]["whole_side"] for r in best} == {"users": True, "items": True}
+    assert {r["side"] for r in best if r["verified"]} == sampled
+    assert all(r["verified"]["whole_side"] for r in best if r["verified"])
     from tuner.report import write_run_report
-    assert "Checked afterwards" in write_run_report(summary, tmp_path / "rep", plot=False).read_text()
+    text = write_run_report(summary, tmp_path / "rep", plot=False).read_text()
+    assert ("Checked afterwards" in text) == bool(sampled)
 
 
 def test_sample_full_times_whole_half_steps(isolated, tmp_path):
