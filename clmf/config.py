@@ -128,7 +128,7 @@ class KernelConfig:
         m = _NAME_RE.match(head.strip())
         if not m:
             raise InvalidConfigError(
-                f"unknown variant {text!r}: expected batch[+reg][+local][+vec4|8|16][+tile] "
+                f"unknown variant {text!r}: expected batch[+reg][+local][+vec4|8|16][+tile][+gemm] "
                 "(flags in that order)", "name")
         kw = dict(reg=bool(m.group(1)), local=bool(m.group(2)),
                   vec=int(m.group(4)) if m.group(4) else 0, tile=bool(m.group(5)),
