@@ -488,3 +488,28 @@ def test_sample_check_promotes_the_reference_to_the_whole_side(monkeypatch):
         c = cal[side]
         assert c["reference"]["whole_side"] and c["reference"]["estimate_seconds"] == 0.5
         assert c["grown"] and c["ok"] and out[side].rows > samples[side].rows
+
+
+def test_best_pair_chooses_among_the_showdown_finalists(isolated, tmp_path):
+    """After a showdown the finalists were re-timed side by side; a configuration with one
+    older (and possibly luckier) timing must not beat them on that alone."""
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    from tuner.measure import Result
+    R = synthetic_csr(None)
+    case = strategies.Case(DEVICES[0], R, 4, "synthetic", "float32")
+    s = strategies.Session(case, tiny_space(4), "exhaustive", isolated, state_dir=tmp_path / "st",
+                           progress=False)
+    a, b, c = (KernelConfig.parse(v) for v in ("batch:tx=2,ty=2", "batch:tx=2,ty=4",
+                                               "batch:tx=4,ty=4"))
+
+    def res(cfg, t, fid):
+        return Result(cfg, "ok", sides={side: {"seconds": t} for side in ("users", "items")},
+                      fidelity=fid)
+    s.results = {(a.key(), "full"): res(a, 1.0, "full"), (a.key(), "final"): res(a, 1.5, "final"),
+                 (b.key(), "full"): res(b, 1.1, "full"), (b.key(), "final"): res(b, 1.4, "final"),
+                 (c.key(), "full"): res(c, 1.3, "full")}
+    best = s.best_pair()
+    assert best["configs"] == {"users": b, "items": b}
+    s.results = {k: v for k, v in s.results.items() if k[1] != "final"}   # no showdown: all compete
+    assert s.best_pair()["configs"] == {"users": a, "items": a}

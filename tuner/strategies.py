@@ -446,9 +446,13 @@ class Session:
         """Estimated seconds to re-time ``configs`` once at full fidelity (no build)."""
         t = 0.0
         for c in configs:
-            r = self.results.get((c.key(), "full")) or self.results.get((c.key(), "low"))
+            r = self.results.get((c.key(), "full"))
+            scale = 1.0
+            if r is None:
+                # only the low-fidelity timing (3 runs): a full one takes ≥ 7
+                r, scale = self.results.get((c.key(), "low")), 7 / 3
             if r is not None and r.ok:
-                t += sum(sum(r.sides[s].get("wall", [])) * 1.3 + 0.02 for s in SIDES)
+                t += sum(sum(r.sides[s].get("wall", [])) * 1.3 * scale + 0.02 for s in SIDES)
         return t
 
     def showdown(self, configs, rounds=2, budget_left=None):
@@ -505,6 +509,13 @@ class Session:
         res = list(self.ok_results(any_fidelity).values())
         if not res:
             return None
+        # After a showdown, choose among its finalists only: they were re-timed side by side
+        # under the same machine conditions, while everyone else keeps one older measurement.
+        # (Re-timing the finalists, picked for their low first timing, can only push them up:
+        # ranking them against the others' single timings would favour a runner-up by noise.)
+        finals = [r for r in res if r.fidelity == "final"]
+        if finals:
+            res = finals
         w = self.case.width           # both sides share the factor buffers' padding
         best = None
         for ldf in sorted({r.config.ldf(w) for r in res}):
@@ -738,8 +749,9 @@ def budgeted(session: Session, explore=0.3, finalists=3):
     for c in _composed(session):
         if c.key() not in tried:
             run(c)
-    def reserve():      # the final promotion and one showdown round
-        return 1.2 * session.retime_cost(_top(session, 2))
+    def reserve():      # the final promotion of the finalists and one showdown round
+        return 1.2 * (session.retime_cost(_top(session, finalists))
+                      + session.retime_cost(_top(session, 2)))
 
     composed_again = False
     while session.spent < budget - reserve():
