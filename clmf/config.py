@@ -241,9 +241,7 @@ class KernelConfig:
         nti = -(-f // b)
         return dict(vw=vw, bx=b, by=b, rx=rx, ry=ry, pw=pw, pitch=pw, nti=nti,
                     nt=nti * (nti + 1) // 2, tz_eff=self.tz, tri_tiles=True,
-                    qb=-(-b // (self.tx * self.ty)),
-                    # names the other variants' template expects (unused by gemm)
-                    ryv=ry, jw=pw, kw=pw, koff=0, cols=pw, ntj=nti)
+                    qb=-(-b // (self.tx * self.ty)))
 
     def s1_groups(self, f, nrows):
         """Number of S1 work-groups for a batch of ``nrows`` rows."""
