@@ -1,6 +1,6 @@
 """The one kernel configuration object: the currency between tuner, database, builder and model.
 
-Variant names follow one grammar, ``batch[+reg][+local][+vecN][+tile][+gemm]`` (in that order, each
+Variant names follow one grammar, ``batch[+reg][+local][+vecN][+tile][+gemm|+syrk]`` (in that order, each
 at most once), parsed by :meth:`KernelConfig.parse`; the numeric parameters ride along as
 ``name:key=value`` pairs, e.g. ``"batch+reg+local:tx=8,ty=8,nnz_batch=32"``.
 
@@ -9,6 +9,15 @@ of edge ``bx``, both operand panels staged in local memory ``nnz_batch`` entries
 ``rx × ry`` register micro-tile per work-item, ``tz`` rows per work-group, and the right-hand side
 (S2) computed in the diagonal tiles from the same staged panels. It stages, tiles and keeps
 registers by construction, so it does not combine with ``reg``/``local``/``tile``.
+
+``syrk`` (``batch+vec4+syrk``) computes a row's whole lower triangle in one work-group with no tile
+waste: the padded f × f triangle is cut into ``bx × bx`` register micro-tiles (bx a multiple of 4),
+one work-item per micro-tile of the lower triangle; the row's gathered factors are staged once per
+chunk of ``nnz_batch`` entries and shared by every micro-tile; ``ks`` slices of work-items split a
+chunk's entries between them (split-K) and are summed by a tree in local memory at the end, which
+also makes the write-back of the full f × f matrix coalesced. The right-hand side is computed from
+the same staged rows (S2 is not launched). When one micro-tile covers the whole f (bx ≥ f) only its
+lower triangle is accumulated: one work-item per slice holds the row's whole partial hermitian.
 """
 from __future__ import annotations
 
@@ -20,11 +29,12 @@ from .errors import InvalidConfigError
 
 __all__ = ["KernelConfig", "VARIANT_FLAGS", "SOLVERS", "STORAGES", "representative_variants"]
 
-VARIANT_FLAGS = ("reg", "local", "vec", "tile", "gemm")
+VARIANT_FLAGS = ("reg", "local", "vec", "tile", "gemm", "syrk")
 SOLVERS = ("cholesky", "cg", "fusedcg")
 STORAGES = ("float32", "float16")
-_NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?(\+gemm)?$")
-_INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "nnz_batch", "solve_wg", "cg_steps", "batch_rows")
+_NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?(\+gemm)?(\+syrk)?$")
+_INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "cg_steps",
+               "batch_rows")
 
 
 def _pow2(x):
@@ -40,9 +50,10 @@ class KernelConfig:
     reg, local, vec, tile : the variant flags; ``vec`` is 0 (scalar) or the vector width 4/8/16
     tx, ty : work-items per work-group in each dimension of the S1 output block (the baseline
         ``batch`` variant uses ``tx*ty`` work-items per row, flat)
-    bx, by : S1 tile edge (``tile`` only; 0 means the whole f)
-    tz : rows of a batch handled by one work-group at once (``tile`` only)
-    nnz_batch : rows of Y staged in local memory per step (``local`` only)
+    bx, by : S1 tile edge (``tile``/``gemm``; 0 means the whole f); ``syrk``: the micro-tile edge
+    tz : rows of a batch handled by one work-group at once (``tile``/``gemm`` only)
+    ks : ``syrk`` only: slices of work-items that split a row's entries (a power of two)
+    nnz_batch : rows of Y staged in local memory per step (``local``/``gemm``/``syrk``)
     solve_wg : work-items per system in S3 (a power of two ≤ f); 0 = the largest power of two
         ≤ min(f, 64)
     solver : "cholesky" (default), "cg" (cuMF's batched CG on the built hermitians) or "fusedcg"
@@ -62,11 +73,13 @@ class KernelConfig:
     vec: int = 0
     tile: bool = False
     gemm: bool = False
+    syrk: bool = False
     tx: int = 8
     ty: int = 8
     bx: int = 0
     by: int = 0
     tz: int = 1
+    ks: int = 1
     nnz_batch: int = 32
     solve_wg: int = 0
     solver: str = "cholesky"
@@ -87,7 +100,7 @@ class KernelConfig:
             v = getattr(self, k)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise InvalidConfigError(f"{k} must be a non-negative integer, not {v!r}", k)
-        for k in ("tx", "ty", "tz", "nnz_batch"):
+        for k in ("tx", "ty", "tz", "ks", "nnz_batch"):
             if getattr(self, k) < 1:
                 raise InvalidConfigError(f"{k} must be ≥ 1", k)
         if self.cg_steps < 1:
@@ -97,6 +110,18 @@ class KernelConfig:
                                      "triangle by itself: it combines only with +vec4", "name")
         if self.gemm and self.vec not in (0, 4):
             raise InvalidConfigError("gemm takes vec4 (vector local loads) or no vector", "vec")
+        if self.syrk:
+            if self.reg or self.local or self.tile or self.gemm or self.vec != 4:
+                raise InvalidConfigError("syrk stages, keeps register micro-tiles and covers the "
+                                         "triangle by itself with float4 loads: it is "
+                                         "batch+vec4+syrk only", "name")
+            if self.bx % 4:
+                raise InvalidConfigError(f"syrk micro-tile edge bx must be a multiple of 4 "
+                                         f"(0: 8), not {self.bx}", "bx")
+            if not _pow2(self.ks):
+                raise InvalidConfigError(f"ks must be a power of two, not {self.ks}", "ks")
+        elif self.ks != 1:
+            raise InvalidConfigError("ks (split-K slices) is a syrk parameter", "ks")
         if self.solve_wg and not _pow2(self.solve_wg):
             raise InvalidConfigError(f"solve_wg must be a power of two, not {self.solve_wg}", "solve_wg")
 
@@ -115,6 +140,8 @@ class KernelConfig:
             s += "+tile"
         if self.gemm:
             s += "+gemm"
+        if self.syrk:
+            s += "+syrk"
         return s
 
     @classmethod
@@ -128,11 +155,12 @@ class KernelConfig:
         m = _NAME_RE.match(head.strip())
         if not m:
             raise InvalidConfigError(
-                f"unknown variant {text!r}: expected batch[+reg][+local][+vec4|8|16][+tile][+gemm] "
+                f"unknown variant {text!r}: expected "
+                "batch[+reg][+local][+vec4|8|16][+tile][+gemm|+syrk] "
                 "(flags in that order)", "name")
         kw = dict(reg=bool(m.group(1)), local=bool(m.group(2)),
                   vec=int(m.group(4)) if m.group(4) else 0, tile=bool(m.group(5)),
-                  gemm=bool(m.group(6)))
+                  gemm=bool(m.group(6)), syrk=bool(m.group(7)))
         if tail.strip():
             for pair in tail.split(","):
                 k, eq, v = pair.partition("=")
@@ -190,16 +218,23 @@ class KernelConfig:
             p *= 2
         return p
 
-    def s1_local_size(self):
+    def s1_local_size(self, f=None):
+        """Work-items of one S1 work-group (``syrk``: depends on ``f``, which it then needs)."""
+        if self.syrk:
+            if f is None:
+                raise ValueError("the syrk work-group size depends on f")
+            return self.s1_geometry(f)["wg"]
         return self.tx * self.ty * (self.tz if (self.tile or self.gemm) else 1)
 
     @property
     def fuses_rhs(self):
         """True when S1 also computes the right-hand sides (S2 is then not launched)."""
-        return self.gemm and self.solver != "fusedcg"
+        return (self.gemm or self.syrk) and self.solver != "fusedcg"
 
     def tile_edges(self, f):
         """(bx, by) of the S1 output block one work-group computes."""
+        if self.syrk:
+            return (f, f)
         if self.gemm:
             b = min(self.bx or f, f)
             return (b, b)
@@ -211,6 +246,8 @@ class KernelConfig:
         """Derived S1 geometry (template variables and launch shape) at ``f`` factors."""
         vw = self.vec or 1
         bx, by = self.tile_edges(f)
+        if self.syrk:
+            return self._syrk_geometry(f)
         if self.gemm:
             return self._gemm_geometry(f, bx, vw)
         rx = -(-bx // self.tx)
@@ -243,8 +280,33 @@ class KernelConfig:
                     nt=nti * (nti + 1) // 2, tz_eff=self.tz, tri_tiles=True,
                     qb=-(-b // (self.tx * self.ty)))
 
+    def _syrk_geometry(self, f):
+        # r × r micro-tiles over the triangle of f padded to nti·r; one work-item per micro-tile
+        # of the lower triangle (nth per slice), ks slices; the staged row of fp floats is stored
+        # as r/4 planes of nti float4s (plane h holds part h of every micro-tile: a warp's loads of
+        # consecutive micro-tiles read consecutive float4s)
+        r = self.bx or 8
+        nti = -(-f // r)
+        fp = nti * r
+        nth = nti * (nti + 1) // 2
+        single = nti == 1
+        nacc = r * (r + 1) // 2 if single else r * r
+        qb = -(-(fp // 4) // nth)                  # right-hand-side float4s per work-item
+        wg = nth * self.ks
+        nb = self.nnz_batch
+        panel = nb * fp + 2 * nb
+        red = (self.ks // 2) * nth * (nacc + 4 * qb)
+        packed = fp * (fp + 1) // 2 + fp
+        lds = -(-max(panel, red, packed) // 4) * 4
+        return dict(vw=4, bx=f, by=f, r=r, nti=nti, fp=fp, nth=nth, single=single, nacc=nacc,
+                    qb=qb, wg=wg, ks=self.ks, lds_floats=lds, nt=1, tz_eff=1, tri_tiles=True,
+                    spt=-(-(nb * fp // 4) // wg), ept=-(-nb // wg),
+                    levels=[self.ks >> i for i in range(1, self.ks.bit_length())])
+
     def s1_groups(self, f, nrows):
         """Number of S1 work-groups for a batch of ``nrows`` rows."""
+        if self.syrk:
+            return nrows
         if not (self.reg or self.local or self.vec or self.tile or self.gemm):
             return nrows
         g = self.s1_geometry(f)
@@ -252,6 +314,8 @@ class KernelConfig:
 
     def local_mem_bytes(self, f, device_local=None):
         """Local memory the S1 kernel of this configuration declares, by formula (bytes)."""
+        if self.syrk:
+            return 4 * self.s1_geometry(f)["lds_floats"]
         if self.gemm:
             g = self.s1_geometry(f)
             nb = self.nnz_batch
@@ -291,4 +355,7 @@ def representative_variants(f=None):
         "batch+gemm:tx=3,ty=2,bx=7,tz=3,nnz_batch=4,batch_rows=7",
         "batch+vec4+gemm:tx=2,ty=2,bx=8,tz=2,nnz_batch=5",
         "batch+vec4+gemm:tx=2,ty=4,bx=12,nnz_batch=8,solver=cg,storage=float16",
+        "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5,batch_rows=7",
+        "batch+vec4+syrk:bx=8,ks=4,nnz_batch=16,solver=cg",
+        "batch+vec4+syrk:bx=16,ks=8,nnz_batch=8,storage=float16",
     ]

@@ -201,7 +201,7 @@ class Engine:
         fs = self.fs
         cl.enqueue_copy(q, self.status, np.array([np.iinfo(np.int32).max], np.int32))
         bs = self.batch_rows[side]
-        s1_local = cfg.s1_local_size()
+        s1_local = cfg.s1_local_size(fs)
         events = []
         if self.implicit:      # G = (other side)ᵀ(other side), once per half-step
             k = b["gram_k"]

@@ -71,8 +71,8 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
         f=f, ldf=config.ldf(f + 1 if biased else f), storage=config.storage,
         config_str=str(config), implicit=bool(implicit), biased=bool(biased),
         variant_name=config.name, reg=config.reg, local=config.local, vec=config.vec,
-        tile=config.tile, gemm=config.gemm, triangle=config.triangle, tx=config.tx, ty=config.ty, tz=config.tz,
-        bx=bx, by=by, nnz_batch=config.nnz_batch, s1_wg=config.s1_local_size(),
+        tile=config.tile, gemm=config.gemm, syrk=config.syrk, triangle=config.triangle, tx=config.tx, ty=config.ty, tz=config.tz,
+        bx=bx, by=by, nnz_batch=config.nnz_batch, s1_wg=config.s1_local_size(f),
         s2_wg=min(_next_pow2(f), 256),
         solve_wg=config.swg(f), solver=config.solver, cg_steps=config.cg_steps,
         chol_local=config.chol_local_bytes(f) + 4 * (4 * f + config.swg(f)) <= local_budget,
@@ -97,7 +97,7 @@ def validate(config: KernelConfig, f: int, device_info):
     """Check a configuration against a device *before* building; raise InvalidConfigError with a
     typed ``reason`` ("work_group_size", "work_item_sizes", "local_memory", "opencl_version",
     "geometry")."""
-    wg = config.s1_local_size()
+    wg = config.s1_local_size(f)
     maxwg = device_info.max_work_group_size
     if wg > maxwg:
         raise InvalidConfigError(f"S1 work-group {wg} exceeds the device's {maxwg}", "work_group_size")
@@ -137,6 +137,15 @@ def validate(config: KernelConfig, f: int, device_info):
         if g["rx"] * g["ry"] > 256:
             raise InvalidConfigError(f"{g['rx']}×{g['ry']} register micro-tile per work-item is too "
                                      "many accumulators", "geometry")
+    if config.syrk:
+        g = config.s1_geometry(f)
+        if g["spt"] > 16:
+            raise InvalidConfigError(f"syrk would stage {g['spt']} vectors per work-item and chunk "
+                                     f"(nnz_batch {config.nnz_batch}, {g['wg']} work-items); use "
+                                     "fewer entries per chunk or more slices (ks)", "geometry")
+        if g["nacc"] > 256:
+            raise InvalidConfigError(f"{g['nacc']} register accumulators per work-item (micro-tile "
+                                     f"{g['r']}×{g['r']}) is too many", "geometry")
     if config.reg:
         g = config.s1_geometry(f)
         regs = g["rx"] * g["ryv"] * g["vw"]
@@ -195,7 +204,7 @@ def als_program(context, device, config: KernelConfig, f: int, device_info, impl
     src = render_als(config, f, device_info, implicit, biased)
     prog = build(context, src)
     s3 = "s3_fused" if config.solver == "fusedcg" else "s3_solve"
-    needs = {"s1_hermitian": config.s1_local_size(), s3: config.swg(f),
+    needs = {"s1_hermitian": config.s1_local_size(f), s3: config.swg(f),
              "s2_rhs": als_variables(config, f, device_info)["s2_wg"]}
     for name, wg in needs.items():
         lim = prog.work_group_limit(name, device)

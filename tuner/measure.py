@@ -444,14 +444,17 @@ SAMPLE_TOL = 0.2         # the sample's scaled estimate of the probe within 20 %
 CHECK_TIME = 1.0         # the reference timing: the whole side when it takes ≤ this (device s)
 
 
-def sample_min_rows(info, probe=None):
+def sample_min_rows(info, probe=None, f=None):
     """Rows a sample keeps at least so one launch fills the device: on a CPU 4 per compute unit
     (at least 8); on a GPU/accelerator as many work-groups as every compute unit holds at once
     (≈ 2 × the work-group limit in work-items per unit, e.g. 2048 on NVIDIA: 4–32 rows per unit
     with the S1 work-group of ``probe``)."""
     if info.type == "CPU":
         return max(8, 4 * info.compute_units)
-    local = max(1, probe.s1_local_size()) if probe is not None else 256
+    if probe is not None and (f is not None or not probe.syrk):
+        local = max(1, probe.s1_local_size(f))
+    else:
+        local = 256
     per_cu = min(32, max(4, -(-2 * info.max_work_group_size // local)))
     return max(8, info.compute_units * per_cu)
 
@@ -464,7 +467,7 @@ def calibrate_samples(device, R, f, probe, target_seconds=0.03, min_rows=None, s
     from clmf.device import device_info
     info = device_info(device)
     if min_rows is None:
-        min_rows = sample_min_rows(info, probe)
+        min_rows = sample_min_rows(info, probe, f)
     R = sp.csr_matrix(R)
     out = {}
     for side in SIDES:
@@ -513,7 +516,7 @@ def check_samples(device, R, f, probe, samples, tol=SAMPLE_TOL, check_time=CHECK
     from clmf.device import device_info
     info = device_info(device)
     if min_rows is None:
-        min_rows = sample_min_rows(info, probe)
+        min_rows = sample_min_rows(info, probe, f)
     R = sp.csr_matrix(R)
     samples = dict(samples)
     cal = {}

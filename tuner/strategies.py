@@ -280,7 +280,7 @@ class Session:
         c = self.case
         probe = self.probe()
         kw = dict(storage=c.storage, mode=c.mode, alpha=c.alpha)
-        min_rows = sample_min_rows(c.info, probe)
+        min_rows = sample_min_rows(c.info, probe, c.f)
         if self.sample == "full":
             return ({s: full_sample(c.R, s) for s in SIDES},
                     {"sample": "full", "note": "whole half-steps timed, no sampling"})
@@ -321,7 +321,7 @@ class Session:
                 calibration_seconds=spent, **case.mode_fields()))
         else:
             self.resumed = True
-            min_rows = header.get("min_rows") or sample_min_rows(case.info, self.probe())
+            min_rows = header.get("min_rows") or sample_min_rows(case.info, self.probe(), case.f)
             self.samples = {s: make_sample(case.R, s, header["fractions"][s], self.seed, min_rows)
                             for s in SIDES}
             self.calibration = header.get("calibration")
