@@ -15,9 +15,11 @@ waste: the padded f × f triangle is cut into ``bx × bx`` register micro-tiles 
 one work-item per micro-tile of the lower triangle; the row's gathered factors are staged once per
 chunk of ``nnz_batch`` entries and shared by every micro-tile; ``ks`` slices of work-items split a
 chunk's entries between them (split-K) and are summed by a tree in local memory at the end, which
-also makes the write-back of the full f × f matrix coalesced. The right-hand side is computed from
-the same staged rows (S2 is not launched). When one micro-tile covers the whole f (bx ≥ f) only its
-lower triangle is accumulated: one work-item per slice holds the row's whole partial hermitian.
+also makes the write-back of the full f × f matrix coalesced. The right-hand side rides along as
+an extra staged column (row f of the triangle is b; implicit feedback, whose b weights differ from
+the Gram's, sums it apart), so S2 is not launched. When one micro-tile covers the whole triangle
+(bx ≥ f + 1) only its lower triangle is accumulated: one work-item per slice holds the row's whole
+partial hermitian.
 """
 from __future__ import annotations
 
@@ -286,7 +288,7 @@ class KernelConfig:
         # as r/4 planes of nti float4s (plane h holds part h of every micro-tile: a warp's loads of
         # consecutive micro-tiles read consecutive float4s)
         r = self.bx or 8
-        nti = -(-f // r)
+        nti = -(-(f + 1) // r)                    # one more row: b rides along as row f
         fp = nti * r
         nth = nti * (nti + 1) // 2
         single = nti == 1
@@ -295,13 +297,20 @@ class KernelConfig:
         wg = nth * self.ks
         nb = self.nnz_batch
         panel = nb * fp + 2 * nb
-        red = (self.ks // 2) * nth * (nacc + 4 * qb)
+        # the split-K tree sums slice pairs through `slots` slices' worth of local memory at a
+        # time (as many as fit in 8192 floats, at least one): level h, slices [h + g, h + g + p)
+        # hand over to [g, g + p)
+        per_slot = nth * (nacc + 4 * qb)
+        slots = max(1, min(self.ks // 2, 8192 // per_slot))
+        rounds = [(h, g, min(slots, h - g)) for h in (self.ks >> i for i in range(1, self.ks.bit_length()))
+                  for g in range(0, h, slots)]
+        red = slots * per_slot if self.ks > 1 else 0
         packed = fp * (fp + 1) // 2 + fp
         lds = -(-max(panel, red, packed) // 4) * 4
         return dict(vw=4, bx=f, by=f, r=r, nti=nti, fp=fp, nth=nth, single=single, nacc=nacc,
                     qb=qb, wg=wg, ks=self.ks, lds_floats=lds, nt=1, tz_eff=1, tri_tiles=True,
-                    spt=-(-(nb * fp // 4) // wg), ept=-(-nb // wg),
-                    levels=[self.ks >> i for i in range(1, self.ks.bit_length())])
+                    spt=-(-(nb * fp // 4) // wg), ept=-(-nb // wg), slots=slots, rounds=rounds,
+                    aug=True, idx_ahead=True)
 
     def s1_groups(self, f, nrows):
         """Number of S1 work-groups for a batch of ``nrows`` rows."""
@@ -356,6 +365,6 @@ def representative_variants(f=None):
         "batch+vec4+gemm:tx=2,ty=2,bx=8,tz=2,nnz_batch=5",
         "batch+vec4+gemm:tx=2,ty=4,bx=12,nnz_batch=8,solver=cg,storage=float16",
         "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5,batch_rows=7",
-        "batch+vec4+syrk:bx=8,ks=4,nnz_batch=16,solver=cg",
+        "batch+vec4+syrk:bx=8,ks=32,nnz_batch=16,solver=cg",
         "batch+vec4+syrk:bx=16,ks=8,nnz_batch=8,storage=float16",
     ]

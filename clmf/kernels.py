@@ -146,6 +146,15 @@ def validate(config: KernelConfig, f: int, device_info):
         if g["nacc"] > 256:
             raise InvalidConfigError(f"{g['nacc']} register accumulators per work-item (micro-tile "
                                      f"{g['r']}×{g['r']}) is too many", "geometry")
+        if getattr(device_info, "type", "") == "CPU":
+            # CPU runtimes run a work-group's work-items as loops and keep every work-item's
+            # private state across the barriers in one stack frame: PoCL 3.1 crashes (stack
+            # overflow) at 1440 work-items × 64 accumulators; this bound keeps clear of it
+            priv = 4 * g["wg"] * (g["nacc"] + 4 * g["spt"] + 4 * g["qb"] + 16)
+            if priv > 256 * 1024:
+                raise InvalidConfigError(f"syrk work-group of {g['wg']} work-items keeps {priv} B "
+                                         "of private state across barriers: too much for a CPU "
+                                         "runtime's stack", "work_group_size")
     if config.reg:
         g = config.s1_geometry(f)
         regs = g["rx"] * g["ryv"] * g["vw"]

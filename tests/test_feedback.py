@@ -11,7 +11,9 @@ from conftest import random_ratings, rel_err, shared_data
 TOL = 1e-4
 VARIANTS = ["batch:tx=4,ty=4", "batch+reg+local:tx=4,ty=4,nnz_batch=8",
             "batch+reg+local+vec4+tile:tx=2,ty=2,bx=8,by=8,tz=2,nnz_batch=6",
-            "batch+local+tile:tx=2,ty=4,bx=6,by=6,nnz_batch=4,triangle=0,batch_rows=9"]
+            "batch+local+tile:tx=2,ty=4,bx=6,by=6,nnz_batch=4,triangle=0,batch_rows=9",
+            # the fused right-hand side: a separate sum (implicit), an extra staged column (biases)
+            "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5,batch_rows=9"]
 
 
 def problem(f):

@@ -1,6 +1,7 @@
 """The search space: variant flags × tx, ty, bx, by, tz, nnz_batch, vec, solve_wg, solver.
 
-The ``full`` preset includes the gemm variant (``batch[+vec4]+gemm``: bx, tz, nnz_batch active);
+The ``full`` preset includes the gemm variant (``batch[+vec4]+gemm``: bx, tz, nnz_batch active) and
+the syrk variant (``batch+vec4+syrk``: bx — its micro-tile edge —, ks, nnz_batch active);
 the ``bounded`` preset keeps the flag set its exhaustive-vs-budgeted comparisons were run on.
 
 A :class:`Space` is a product of per-field value grids with conditional fields (``nnz_batch``
@@ -35,7 +36,7 @@ from clmf.kernels import validate
 
 __all__ = ["Space", "canonical", "prune", "make_space", "SPACES", "config_id"]
 
-FLAG_FIELDS = ("reg", "local", "vec", "tile", "gemm")
+FLAG_FIELDS = ("reg", "local", "vec", "tile", "gemm", "syrk")
 # The CG solvers are opt-in (``solvers=``): a CG half-step is cheaper but converges less per
 # iteration, which a per-iteration time objective cannot judge. Their steps stay ≤ 3: with more,
 # float32 CG mid-convergence departs from the float64 reference CG beyond the 1e-4 validation
@@ -43,7 +44,12 @@ FLAG_FIELDS = ("reg", "local", "vec", "tile", "gemm")
 DEFAULT_SOLVERS = ("cholesky",)
 MODE_SOLVERS = {"implicit": ("cholesky", "cg", "fusedcg")}
 MODE_CG_STEPS = {"implicit": [3]}
-PARAM_FIELDS = ("tx", "ty", "bx", "by", "tz", "nnz_batch", "solve_wg", "solver", "cg_steps")
+PARAM_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solver", "cg_steps")
+
+
+def flags_of(cfg):
+    """The flag tuple of a configuration, in FLAG_FIELDS order."""
+    return tuple(getattr(cfg, k) for k in FLAG_FIELDS)
 
 
 def _pow2_le(x):
@@ -65,19 +71,21 @@ def canonical(cfg: KernelConfig, mode="explicit") -> KernelConfig:
     if cfg.solver == "fusedcg" and mode != "implicit":
         # the fused CG applies A from the row's entries: no S1 in explicit ALS, only the
         # vector width (factor padding) still matters
-        kw.update(reg=False, local=False, tile=False)
+        kw.update(reg=False, local=False, tile=False, syrk=False, ks=1)
         kw.update(tx=1, ty=1) if cfg.vec else kw.update(tx=8, ty=8)
         cfg = cfg.replace(**kw)
         kw = {}
-    if not (cfg.local or cfg.gemm):
+    if not (cfg.local or cfg.gemm or cfg.syrk):
         kw["nnz_batch"] = KernelConfig.nnz_batch
-    if not (cfg.tile or cfg.gemm):
+    if not (cfg.tile or cfg.gemm or cfg.syrk):
         kw.update(bx=0, by=0, tz=1)
     if cfg.gemm:                      # square tiles: by is not used
         kw["by"] = 0
+    if cfg.syrk:                      # micro-tile edge bx and slices ks only
+        kw.update(tx=KernelConfig.tx, ty=KernelConfig.ty, by=0, tz=1)
     if cfg.solver == "cholesky":
         kw["cg_steps"] = KernelConfig.cg_steps
-    if not (cfg.reg or cfg.local or cfg.vec or cfg.tile or cfg.gemm):
+    if not (cfg.reg or cfg.local or cfg.vec or cfg.tile or cfg.gemm or cfg.syrk):
         p = cfg.tx * cfg.ty           # the baseline uses tx·ty work-items, flat
         tx = _pow2_le(max(1, int(math.isqrt(p)))) if (p & (p - 1)) == 0 else cfg.tx
         kw.update(tx=tx, ty=p // tx)
@@ -89,7 +97,11 @@ def prune(cfg: KernelConfig, f: int, info):
     for ``f`` factors on the device ``info``; returns ``cfg`` otherwise."""
     bx, by = cfg.tile_edges(f)
     vw = cfg.vec or 1
-    if cfg.gemm:
+    if cfg.syrk:
+        r = cfg.bx or 8
+        if r > 4 and r - 4 >= f + 1:         # (the triangle has f + 1 rows: b rides along)
+            raise InvalidConfigError(f"micro-tile {r} when {r - 4} already covers f={f}", "geometry")
+    elif cfg.gemm:
         g = cfg.s1_geometry(f)
         if (cfg.tx - 1) * g["rx"] >= bx or (cfg.ty - 1) * g["ry"] >= bx:
             raise InvalidConfigError(f"{cfg.tx}×{cfg.ty} work-items with {g['rx']}×{g['ry']} "
@@ -119,7 +131,7 @@ def prune(cfg: KernelConfig, f: int, info):
 class Space:
     """A product space of configurations at ``f`` factors for one device.
 
-    ``flags`` lists the (reg, local, vec, tile, gemm) tuples; ``grid`` maps each field to its values
+    ``flags`` lists the (reg, local, vec, tile, gemm, syrk) tuples; ``grid`` maps each field to its values
     (``square_tiles`` restricts tiles to bx = by). Small spaces are enumerated
     (:meth:`enumerate`); large ones are sampled (:meth:`sample`) and walked (:meth:`mutate`).
     """
@@ -132,12 +144,15 @@ class Space:
     ENUMERATE_LIMIT = 50_000
 
     def __post_init__(self):
-        # (reg, local, vec, tile) tuples of older callers: gemm off
-        self.flags = [tuple(fl) + (False,) * (5 - len(fl)) for fl in self.flags]
+        # shorter tuples of older callers (reg, local, vec, tile[, gemm]): the later flags off
+        self.flags = [tuple(fl) + (False,) * (len(FLAG_FIELDS) - len(fl)) for fl in self.flags]
 
     def active(self, flags, solver):
         """The fields that matter for a configuration with these flags and solver."""
-        reg, local, vec, tile, gemm = flags
+        reg, local, vec, tile, gemm, syrk = flags
+        if syrk:
+            out = ["bx", "ks", "nnz_batch", "solve_wg", "solver"]
+            return out + (["cg_steps"] if solver != "cholesky" else [])
         out = ["tx", "ty", "solve_wg", "solver"]
         if local or gemm:
             out.append("nnz_batch")
@@ -150,11 +165,11 @@ class Space:
         return out
 
     def _make(self, flags, vals):
-        reg, local, vec, tile, gemm = flags
+        reg, local, vec, tile, gemm, syrk = flags
         kw = dict(vals)
         if (self.grid.get("square_tiles") or gemm) and "bx" in kw:
             kw["by"] = kw["bx"]
-        return KernelConfig(reg=reg, local=local, vec=vec, tile=tile, gemm=gemm,
+        return KernelConfig(reg=reg, local=local, vec=vec, tile=tile, gemm=gemm, syrk=syrk,
                             storage=self.storage, **kw)
 
     def _raw(self):
@@ -228,10 +243,10 @@ class Space:
         """A valid neighbour of ``cfg``: one flag toggled, or one active field moved one grid step
         (tx/ty and bx/by may move together), or the solver switched."""
         g = self.grid
-        fl0 = (cfg.reg, cfg.local, cfg.vec, cfg.tile, cfg.gemm)
+        fl0 = flags_of(cfg)
         for _ in range(tries):
             fl = list(fl0)
-            vals = {k: getattr(cfg, k) for k in ("tx", "ty", "bx", "by", "tz", "nnz_batch",
+            vals = {k: getattr(cfg, k) for k in ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch",
                                                  "solve_wg", "cg_steps")}
             solver = cfg.solver
             fields = self.active(fl0, solver)
@@ -258,7 +273,7 @@ class Space:
                         j = min(len(vs) - 1, max(0, i + (1 if rng.random() < 0.5 else -1)))
                         vals[kk] = vs[j]
             act = self.active(tuple(fl), solver)
-            for k in ("tx", "ty", "bx", "by", "tz", "nnz_batch", "solve_wg", "cg_steps"):
+            for k in ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "cg_steps"):
                 if k in act and vals[k] not in g[k]:
                     vals[k] = g[k][rng.integers(len(g[k]))]
             keep = {k: vals[k] for k in act if k != "solver"}
@@ -275,11 +290,11 @@ class Space:
         changed (tx/ty and bx/by may move together), comparing only the fields active in both (a
         tile toggle is one step, whatever bx/by/tz become); nearest grid steps first."""
         a = cfg.to_dict()
-        act_a = set(self.active((cfg.reg, cfg.local, cfg.vec, cfg.tile, cfg.gemm), cfg.solver))
+        act_a = set(self.active(flags_of(cfg), cfg.solver))
         out = []
         for c in candidates:
             b = c.to_dict()
-            act = act_a & set(self.active((c.reg, c.local, c.vec, c.tile, c.gemm), c.solver))
+            act = act_a & set(self.active(flags_of(c), c.solver))
             fdiff = [k for k in FLAG_FIELDS if a[k] != b[k]]
             diff = [k for k in PARAM_FIELDS if k in act and a[k] != b[k]]
             if fdiff:
@@ -332,6 +347,7 @@ def make_space(name, f, info, storage="float32", solvers=None, mode="explicit"):
         flags = [(r, l, v, t, False) for r in (False, True) for l in (False, True)
                  for v in (0, 4, 8, 16) for t in (False, True)]
         flags += [(False, False, 0, False, True), (False, False, 4, False, True)]   # gemm
+        flags += [(False, False, 4, False, False, True)]                             # syrk
         cap = min(maxwg, 1024)
         # powers of two, and the work-item counts that split a tile edge of f, f/2 or f/3 into
         # whole micro-tiles of 4 or 8 (the gemm variant's natural shapes, e.g. 13 × 4 = 52)
@@ -339,8 +355,9 @@ def make_space(name, f, info, storage="float32", solvers=None, mode="explicit"):
         ts = sorted(set(_pow2s(1, min(32, cap))) | {t for t in extra if 2 < t <= min(32, cap)})
         grid = dict(tx=ts, ty=ts,
                     nnz_batch=[8, 16, 32, 64, 128],
-                    bx=_tile_edges(f, (4, 8, 16, 24, 32, 48, 52, 64, -(-f // 2), -(-f // 3))),
+                    bx=_tile_edges(f, (4, 8, 12, 16, 24, 32, 48, 52, 64, -(-f // 2), -(-f // 3))),
                     by=_tile_edges(f, (4, 8, 16, 24, 32, 48, 64)), tz=[1, 2, 4],
+                    ks=_pow2s(1, min(128, cap)),
                     solve_wg=_pow2s(1, min(f, maxwg, 256)), solver=solvers,
                     cg_steps=list(MODE_CG_STEPS.get(mode, [2, 3])))
         return Space("full", f, flags, grid, storage, mode)
