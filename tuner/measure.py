@@ -62,9 +62,19 @@ REG = 0.05
 VERIFY_REG = 0.1
 
 
-def verify_tolerance(storage="float32", mode="explicit"):
+# A float32 CG stopped after a few steps amplifies rounding differences the float64 reference CG
+# does not have: on the validation problem every correct CG configuration lands at 8–9e-5 on the
+# items side (Intel CPU) and a kernel summing in another order (split-K) at 1.2e-4 (H100), against
+# 4e-7–4e-6 with Cholesky. A wrong kernel is off by far more (≥ 1e-2).
+CG_TOL_FACTOR = 10.0
+
+
+def verify_tolerance(storage="float32", mode="explicit", solver="cholesky"):
     """The relative error a correct kernel stays within on the validation problem."""
-    return VERIFY_TOL.get(storage, 1e-4) * MODE_TOL_FACTOR.get(mode, 1.0)
+    f = MODE_TOL_FACTOR.get(mode, 1.0)
+    if solver != "cholesky":
+        f = max(f, CG_TOL_FACTOR)
+    return VERIFY_TOL.get(storage, 1e-4) * f
 
 
 def stratified_rows(lengths, fraction, rng, min_rows=1):
@@ -413,7 +423,7 @@ class Measurer:
             else:
                 err = verified
             res.verify_rel_err = err
-            tol = verify_tolerance(cfg.storage, self.mode)
+            tol = verify_tolerance(cfg.storage, self.mode, cfg.solver)
             if not err <= tol:
                 res.status, res.reason = "wrong", "reference_mismatch"
                 res.message = f"relative error {err:.3g} > {tol:g} after one iteration"
