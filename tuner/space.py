@@ -43,6 +43,9 @@ FLAG_FIELDS = ("reg", "local", "vec", "tile", "gemm", "syrk")
 # tolerance (≈ 5e-3 at 6 steps, f = 10, on the validation problems), so they could not pass.
 DEFAULT_SOLVERS = ("cholesky",)
 MODE_SOLVERS = {"implicit": ("cholesky", "cg", "fusedcg")}
+# CG steps trade accuracy per iteration for time per iteration, which a per-iteration time
+# objective cannot judge (the H100 Netflix f=10 tuning picked 2 steps: 2% worse test RMSE after 4
+# iterations); the tuner keeps the solver's default number of steps
 MODE_CG_STEPS = {"implicit": [3]}
 PARAM_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solver", "cg_steps")
 
@@ -359,7 +362,7 @@ def make_space(name, f, info, storage="float32", solvers=None, mode="explicit"):
                     by=_tile_edges(f, (4, 8, 16, 24, 32, 48, 64)), tz=[1, 2, 4],
                     ks=_pow2s(1, min(128, cap)),
                     solve_wg=_pow2s(1, min(f, maxwg, 256)), solver=solvers,
-                    cg_steps=list(MODE_CG_STEPS.get(mode, [2, 3])))
+                    cg_steps=list(MODE_CG_STEPS.get(mode, [KernelConfig.cg_steps])))
         return Space("full", f, flags, grid, storage, mode)
     raise ValueError(f"unknown space {name!r}; choose from {SPACES}")
 
