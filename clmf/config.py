@@ -57,7 +57,8 @@ class KernelConfig:
     ks : ``syrk`` only: slices of work-items that split a row's entries (a power of two)
     nnz_batch : rows of Y staged in local memory per step (``local``/``gemm``/``syrk``)
     solve_wg : work-items per system in S3 (a power of two ≤ f); 0 = the largest power of two
-        ≤ min(f, 64)
+        ≤ min(f, 64). At 1, S2 also runs one work-item per row and both walk the factors in an
+        inner, contiguous loop (what CPU compilers vectorise)
     solver : "cholesky" (default), "cg" (cuMF's batched CG on the built hermitians) or "fusedcg"
         (CG applying A from the row's entries, S1 skipped); cg_steps their iterations
     storage : "float32" or "float16" (factors stored as half, compute in float32)
@@ -364,6 +365,8 @@ def representative_variants(f=None):
         "batch+gemm:tx=3,ty=2,bx=7,tz=3,nnz_batch=4,batch_rows=7",
         "batch+vec4+gemm:tx=2,ty=2,bx=8,tz=2,nnz_batch=5",
         "batch+vec4+gemm:tx=2,ty=4,bx=12,nnz_batch=8,solver=cg,storage=float16",
+        "batch+reg+vec8:tx=4,ty=1,solve_wg=1,solver=cg",
+        "batch+reg:tx=4,ty=4,solve_wg=1,batch_rows=7",
         "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5,batch_rows=7",
         "batch+vec4+syrk:bx=8,ks=32,nnz_batch=16,solver=cg",
         "batch+vec4+syrk:bx=16,ks=8,nnz_batch=8,storage=float16",

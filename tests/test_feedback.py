@@ -13,7 +13,9 @@ VARIANTS = ["batch:tx=4,ty=4", "batch+reg+local:tx=4,ty=4,nnz_batch=8",
             "batch+reg+local+vec4+tile:tx=2,ty=2,bx=8,by=8,tz=2,nnz_batch=6",
             "batch+local+tile:tx=2,ty=4,bx=6,by=6,nnz_batch=4,triangle=0,batch_rows=9",
             # the fused right-hand side: a separate sum (implicit), an extra staged column (biases)
-            "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5,batch_rows=9"]
+            "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5,batch_rows=9",
+            # one work-item per row in S2 and per system in S3
+            "batch+reg+local:tx=4,ty=4,nnz_batch=8,solve_wg=1"]
 
 
 def problem(f):
