@@ -310,8 +310,7 @@ class KernelConfig:
         lds = -(-max(panel, red, packed) // 4) * 4
         return dict(vw=4, bx=f, by=f, r=r, nti=nti, fp=fp, nth=nth, single=single, nacc=nacc,
                     qb=qb, wg=wg, ks=self.ks, lds_floats=lds, nt=1, tz_eff=1, tri_tiles=True,
-                    spt=-(-(nb * fp // 4) // wg), ept=-(-nb // wg), slots=slots, rounds=rounds,
-                    aug=True, idx_ahead=True)
+                    spt=-(-(nb * fp // 4) // wg), ept=-(-nb // wg), slots=slots, rounds=rounds)
 
     def s1_groups(self, f, nrows):
         """Number of S1 work-groups for a batch of ``nrows`` rows."""
