@@ -175,6 +175,13 @@ def _class_from_stats(side, stats):
     return {"m": rows, "n": cols, "nnz": nnz}
 
 
+def _newest_first(case):
+    """Sort key among equally close tunings: the newest run first (it measured the current kernels;
+    times relative to each run's own baseline are not comparable across runs), then the run's
+    own ranking."""
+    return (not case.date, tuple(-ord(ch) for ch in case.date), case.rel)
+
+
 def class_distance(a, b):
     """RMS of the log-ratios of m, n and nnz (0 = same shape; log 2 ≈ 0.69 = a factor 2 apart)."""
     if a is None or b is None:
@@ -413,7 +420,8 @@ def _lookup(info, f, storage, ds, mode="explicit"):
             cand = [c for c in cases if c.mode == cm and _same_device(c.device, dev) and c.f == f
                     and c.storage == storage
                     and (ds is None or class_distance(c.dataset, ds) <= CLASS_TOL)]
-            for c in sorted(cand, key=lambda c: (class_distance(c.dataset, ds) if ds else 0, c.rel)):
+            for c in sorted(cand, key=lambda c: (class_distance(c.dataset, ds) if ds else 0,
+                                                 _newest_first(c))):
                 pair = _fits(c.configs, info, f, storage, mode)
                 if pair:
                     return "tuned", pair, f"tuned on this device for {fmt(c)}{note(cm)}", cm
@@ -424,7 +432,7 @@ def _lookup(info, f, storage, ds, mode="explicit"):
         for origin, p, cases in per_source:
             cand = [c for c in cases if c.mode == cm and _same_device(c.device, dev)]
             key = lambda c: (abs(math.log(c.f / f)), c.storage != storage,
-                             class_distance(c.dataset, ds) if ds else 0, c.rel)
+                             class_distance(c.dataset, ds) if ds else 0, _newest_first(c))
             for c in sorted(cand, key=key):
                 pair = _fits(c.configs, info, f, storage, mode)
                 if pair:
@@ -439,7 +447,7 @@ def _lookup(info, f, storage, ds, mode="explicit"):
                          or _norm(c.device.get("platform", "")).lower() == dev["platform"].lower())]
             key = lambda c: (_norm(c.device.get("platform", "")).lower() != dev["platform"].lower(),
                              abs(math.log(c.f / f)), c.storage != storage,
-                             class_distance(c.dataset, ds) if ds else 0, c.rel)
+                             class_distance(c.dataset, ds) if ds else 0, _newest_first(c))
             for c in sorted(cand, key=key):
                 pair = _fits(c.configs, info, f, storage, mode)
                 if pair:

@@ -410,3 +410,18 @@ def test_computed_default_by_mode(dbenv):
     ch = tuning.choose(unseen, 10, "users", None, mode="biased")       # none: explicit ones
     assert ch.rule == "default" and ch.config == KernelConfig.parse(A)
     assert "explicit-mode tuning" in ch.reason
+
+
+def test_newest_run_of_the_same_case_wins(dbenv):
+    """Two runs of one case: the newer measured the current kernels; its pair is used even when
+    the older run's time relative to its own (older, slower) baseline looks better."""
+    info = fake_info()
+    old = best_records(info, 10, ML, A, A, "old", rel=0.1)
+    new = best_records(info, 10, ML, B, B, "new", rel=0.6)
+    for r in old:
+        r["date"] = "2026-11-21T10:00:00+00:00"
+    for r in new:
+        r["date"] = "2026-11-22T10:00:00+00:00"
+    write(dbenv["env"], new + old)                   # file order does not decide either
+    ch = tuning.choose(info, 10, "users", stats("users", ML))
+    assert ch.rule == "tuned" and ch.config == KernelConfig.parse(B) and "new" in ch.reason
