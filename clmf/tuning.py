@@ -17,7 +17,8 @@ tunings win over the shipped ones at the same rung):
 The fallback chain (``Choice.rule``), first hit wins:
 
 ``tuned``     the same device (platform, vendor, type, device name), f and storage, and a tuned
-              data set of the same class (:func:`class_distance` ≤ :data:`CLASS_TOL`);
+              data set of the same class (:func:`class_distance` ≤ :data:`CLASS_TOL`); the
+              closest class first, and among equally close ones the newest run;
 ``nearest``   the same device, the nearest tuned (f, data-set class, storage);
 ``vendor``    the same device type and vendor (or platform) — another device of the architecture;
 ``default``   the computed default: the configuration with the best mean relative time over the
