@@ -433,7 +433,8 @@ def build_parser():
     s = sub.add_parser("tune", help="tune the kernels for a device and data set; store the best "
                                     "in the tuning database ALS(variant='auto') reads")
     s.add_argument("data", nargs="?", default=None, metavar="DATA",
-                   help="ratings file or directory (the ml-100k directory: its ua.base)")
+                   help="ratings file or directory (the ml-100k directory: its ua.base), or "
+                        "synthetic:USERSxITEMSxRATINGS (the bench's synthetic sets)")
     s.add_argument("--preset", default=None, help="tune on synthetic data in this preset's shape")
     s.add_argument("--scale", type=float, default=1.0, help="scale of the --preset data")
     s.add_argument("--factors", "-f", default="10,50,100", help="comma-separated f values")
