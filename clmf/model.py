@@ -41,7 +41,10 @@ class ALS(RecommenderMixin):
         λ·n_u·I (ALS-WR, as cuMF) or λ·I; None means True for explicit feedback and False for
         implicit feedback (as the implicit library does).
     solver : {"auto", "cholesky", "cg"}
-        "auto" uses the tuned choice for the device, else Cholesky.
+        "auto" uses the tuned choice for the device (the CG solver where the tuning chose it:
+        3 warm-started steps per half-step, approximate per iteration), else Cholesky; with
+        ``regularization=0`` (explicit feedback) always Cholesky, which reports singular systems.
+        "cholesky" solves every system exactly.
     variant : "auto", a variant name (``"batch+reg+local:tx=8,ty=8"``), a
         :class:`clmf.KernelConfig`, or a pair (users side, items side) of those.
     device : "auto", "cpu", "gpu", "P:D", a name substring or a ``pyopencl.Device``
@@ -143,6 +146,10 @@ class ALS(RecommenderMixin):
         variant = self.variant
         solver = None if self.solver == "auto" else self.solver
         mode = tuning.fit_mode(self.feedback, self.biases)        # tunings of the fit's mode first
+        if solver is None and self.regularization == 0 and mode != "implicit":
+            # unregularized systems may be singular, which only the Cholesky solve detects (a CG
+            # returns some solution of a singular system): a tuned CG gives way
+            solver = "cholesky"
         forced = solver or tuning.MODE_DEFAULT_SOLVER.get(mode)   # given variants: as before
         if isinstance(variant, (tuple, list)):
             if len(variant) != 2:

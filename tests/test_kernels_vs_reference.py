@@ -14,8 +14,9 @@ TOL = 1e-4
 def fit_one(cl_device, R, f, variant="auto", iterations=1, weighted=True, lam=0.1, seed=0):
     m, n = R.shape
     X0, Y0 = ref.start_factors(m, n, f, seed)
+    # solver="cholesky": the reference solves exactly (variant="auto" may pick a tuned CG)
     model = clmf.ALS(factors=f, regularization=lam, iterations=iterations, device=cl_device,
-                     variant=variant, weighted_regularization=weighted)
+                     variant=variant, weighted_regularization=weighted, solver="cholesky")
     model.fit(R, init=(X0, Y0), show_progress=False)
     Xr, Yr = ref.als(R, f, lam, iterations, weighted=weighted, init=(X0, Y0))
     return model, Xr, Yr

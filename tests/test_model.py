@@ -212,7 +212,8 @@ def test_early_stopping_keeps_best_iteration(cl_device):
     V = V - V.multiply(R.astype(bool))   # disjoint from training
     V.eliminate_zeros()
     seen = []
-    m = clmf.ALS(12, regularization=0.001, iterations=30, device=cl_device, random_state=0)
+    m = clmf.ALS(12, regularization=0.001, iterations=30, device=cl_device, random_state=0,
+                 solver="cholesky")     # exact solves: the overfitting this test relies on
     m.fit(R, validation=V, early_stopping_rounds=2, show_progress=False,
           callback=lambda it, el, mt: seen.append(mt["validation_rmse"]))
     best = int(np.argmin(seen))
