@@ -218,14 +218,6 @@ def _find_ml100k(path=None):
     return None
 
 
-def _fmt_count(x):
-    for div, suf in ((1e6, "M"), (1e3, "K")):
-        if x >= div:
-            v = x / div
-            return f"{v:.3g}{suf}"
-    return str(int(x))
-
-
 def load_problem(spec, scale=1.0, seed=0, ml100k=None):
     """A :class:`Problem` from a data-set spec.
 
@@ -246,11 +238,9 @@ def load_problem(spec, scale=1.0, seed=0, ml100k=None):
                                     "CLMF_ML100K; looked in .data/ml-100k and ../shared/data/ml-100k)")
         tr, te = datasets.load_movielens_100k_split(path, split="ua")
         return Problem("ml-100k", *_train_test_csr(tr, te))
-    m = re.fullmatch(r"synthetic:(\d+)x(\d+)x(\d+)", s)
-    if m:
-        u, i, z = (int(g) for g in m.groups())
-        data = datasets.synthetic(shape=(u, i), nnz=z, seed=seed)
-        name = f"synthetic-{_fmt_count(u)}x{_fmt_count(i)}x{_fmt_count(z)}"
+    spec_set = datasets.synthetic_from_spec(s, seed=seed)
+    if spec_set is not None:
+        data, name = spec_set
     else:
         preset, _, sc = s.partition("@")
         sc = float(sc) if sc else float(scale)

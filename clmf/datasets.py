@@ -55,6 +55,7 @@ __all__ = [
     "load_triples",
     "load_titles",
     "synthetic",
+    "synthetic_from_spec",
     "list_presets",
     "default",
     "DEFAULT_DATASET",  # noqa: F822 - built lazily by the module __getattr__
@@ -1730,6 +1731,25 @@ class SyntheticFactors(NamedTuple):
     item_bias: np.ndarray
     global_mean: float
     item_popularity: np.ndarray
+
+
+def _fmt_count(x: int) -> str:
+    for div, suf in ((1e6, "M"), (1e3, "K")):
+        if x >= div:
+            return f"{x / div:.3g}{suf}"
+    return str(int(x))
+
+
+def synthetic_from_spec(spec: str, seed: int = 0) -> tuple[Ratings, str] | None:
+    """``(ratings, name)`` of a ``synthetic:USERSxITEMSxRATINGS`` spec (the benchmark's and the
+    tuner's data-set syntax, e.g. ``synthetic:200000x10000x4450000`` → ``synthetic-200Kx10Kx4.45M``),
+    or None when ``spec`` is not one."""
+    m = re.fullmatch(r"synthetic:(\d+)x(\d+)x(\d+)", str(spec).strip())
+    if not m:
+        return None
+    u, i, z = (int(g) for g in m.groups())
+    data = synthetic(shape=(u, i), nnz=z, seed=seed)
+    return data, f"synthetic-{_fmt_count(u)}x{_fmt_count(i)}x{_fmt_count(z)}"
 
 
 def list_presets() -> dict[str, tuple[int, int, int]]:

@@ -50,6 +50,7 @@ whole; the file is never modified. Parsed files are cached by (mtime, size), so 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import logging
 import math
@@ -180,7 +181,11 @@ def _newest_first(case):
     """Sort key among equally close tunings: the newest run first (it measured the current kernels;
     times relative to each run's own baseline are not comparable across runs), then the run's
     own ranking."""
-    return (not case.date, tuple(-ord(ch) for ch in case.date), case.rel)
+    try:
+        age = -datetime.datetime.fromisoformat(case.date).timestamp()
+    except (TypeError, ValueError):
+        age = math.inf                      # undated records last
+    return (age, case.rel)
 
 
 def class_distance(a, b):

@@ -726,3 +726,16 @@ class TestRealData:
     def test_lastfm(self):
         r = datasets.load(shared_data("hetrec2011-lastfm-2k/user_artists.dat"))
         assert len(r) == 92_834 and r.shape == (1_892, 17_632)
+
+
+def test_synthetic_from_spec_is_shared_by_bench_and_tuner():
+    got = datasets.synthetic_from_spec("synthetic:300x40x2000", seed=1)
+    assert got is not None
+    data, name = got
+    R = data.to_csr()
+    assert R.shape == (300, 40) and name == "synthetic-300x40x2K"
+    assert datasets.synthetic_from_spec("ml-100k") is None
+    assert datasets.synthetic_from_spec("synthetic:3x4") is None
+    import tuner
+    R2, name2 = tuner.load_data("synthetic:300x40x2000", seed=1)
+    assert name2 == name and (R2 != R).nnz == 0

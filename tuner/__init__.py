@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
-import re
 
 __all__ = ["tune", "load_data"]
 
@@ -46,11 +45,10 @@ def _load_data(path, preset, scale, seed, split):
             raise ValueError("give either DATA or --preset, not both")
         data = datasets.synthetic(preset, scale=scale, seed=seed)
         return data.to_csr(), f"{preset}-x{scale:g}"
-    m = re.fullmatch(r"synthetic:(\d+)x(\d+)x(\d+)", str(path or ""))
-    if m:                                   # the bench's synthetic:USERSxITEMSxRATINGS sets
-        u, i, z = (int(g) for g in m.groups())
-        data = datasets.synthetic(shape=(u, i), nnz=z, seed=seed)
-        return data.to_csr(), f"synthetic-{u}x{i}x{z}"
+    spec_set = datasets.synthetic_from_spec(path, seed=seed) if path is not None else None
+    if spec_set is not None:                # the bench's synthetic:USERSxITEMSxRATINGS sets
+        data, name = spec_set
+        return data.to_csr(), name
     if path is None:
         raise ValueError("give a ratings file or directory (DATA) or --preset NAME "
                          f"(one of {', '.join(sorted(datasets.list_presets()))})")
