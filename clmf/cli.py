@@ -93,15 +93,15 @@ def cmd_demo(args):
 
 
 def cmd_source(args):
-    from .config import KernelConfig
-    from .kernels import render_als
+    from .engine.config import KernelConfig
+    from .engine.kernels import render_als
     print(render_als(KernelConfig.parse(args.variant), args.factors))
     return 0
 
 
 def cmd_bench(args):
     """``clmf bench``: see :mod:`clmf.bench` (CSV, markdown and plots under results/bench/)."""
-    from .bench import cmd_bench as run
+    from .bench.runner import cmd_bench as run
     return run(args, sys.argv[2:] if len(sys.argv) > 2 and sys.argv[1] == "bench" else None)
 
 
@@ -315,7 +315,7 @@ def cmd_tune(args):
     0
     """
     try:
-        import tuner
+        from clmf import tuner
     except ImportError as e:
         raise RuntimeError(f"the tuner is not installed with this clmf ({e})") from None
     try:
@@ -387,7 +387,7 @@ def build_parser():
     s = sub.add_parser("bench", help="benchmark clmf against its peers (NumPy reference, LensKit, "
                                      "Spark, implicit, PyTorch) and the device's measured peak; "
                                      "writes results/bench/<device>/")
-    from .bench import configure_parser as _bench_args
+    from .bench.runner import configure_parser as _bench_args
     _bench_args(s)
     s.set_defaults(func=cmd_bench)
 

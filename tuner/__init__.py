@@ -94,7 +94,7 @@ def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, spac
     list of run summaries (dicts; see :meth:`tuner.strategies.Session.finish`)
     """
     from clmf import tuning
-    from clmf.device import select_device
+    from clmf.engine.device import select_device
     from . import strategies
     from .measure import CHECK_TIME, SAMPLE_TOL
     from .space import make_space

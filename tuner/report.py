@@ -65,7 +65,7 @@ def _ok(results):
 
 
 def _cfg_str(d):
-    from clmf.config import KernelConfig
+    from clmf.engine.config import KernelConfig
     return str(KernelConfig.from_dict(d))
 
 
@@ -79,7 +79,7 @@ def plot_space(summary, path):
     except ImportError:
         log.warning("matplotlib is not installed (pip install 'clmf[plot]'): no plot")
         return None
-    from clmf.config import KernelConfig
+    from clmf.engine.config import KernelConfig
     res = _ok(summary["results"])
     if not res:
         return None

@@ -30,9 +30,9 @@ import dataclasses
 import itertools
 import math
 
-from clmf.config import SOLVERS, KernelConfig
+from clmf.engine.config import SOLVERS, KernelConfig
 from clmf.errors import InvalidConfigError
-from clmf.kernels import validate
+from clmf.engine.kernels import validate
 
 __all__ = ["Space", "canonical", "prune", "make_space", "SPACES", "config_id"]
 

@@ -49,7 +49,7 @@ import time
 import numpy as np
 
 from clmf import tuning
-from clmf.config import KernelConfig
+from clmf.engine.config import KernelConfig
 from clmf.errors import InvalidConfigError
 
 from .database import Database, base_record
@@ -78,7 +78,7 @@ class Case:
 
     def __post_init__(self):
         import scipy.sparse as sp
-        from clmf.device import device_info
+        from clmf.engine.device import device_info
         if self.mode not in tuning.MODES:
             raise ValueError(f"unknown tuning mode {self.mode!r}; choose from {tuning.MODES}")
         if self.mode == "implicit" and not self.alpha > 0:
@@ -178,7 +178,7 @@ class Session:
     def __init__(self, case, space, strategy, db, budget=None, seed=0, state_dir=None,
                  sample_time=0.03, progress=True, repeats=7, min_time=0.05, resume=True,
                  sample="auto", sample_tol=SAMPLE_TOL, check_time=CHECK_TIME, starts=()):
-        from clmf.kernels import template_hash
+        from clmf.engine.kernels import template_hash
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; choose from {STRATEGIES}")
         self.case, self.space, self.strategy = case, space, strategy

@@ -242,8 +242,8 @@ def _restore_params(params, cls):
 
 
 def _restore_config(entries):
-    from .config import KernelConfig
-    from .tuning import Choice
+    from ..engine.config import KernelConfig
+    from ..tuning import Choice
     out = {}
     for side, e in entries.items():
         cfg = None
@@ -292,7 +292,7 @@ def load(path):
     >>> model = clmf.load("model.npz")                              # doctest: +SKIP
     >>> model.recommend(0, N=5)                                     # doctest: +SKIP
     """
-    from .model import ALS
+    from .estimator import ALS
     path = os.fspath(path)
     if not os.path.exists(path):
         raise ValueError(f"{path}: no such clmf model file")

@@ -60,8 +60,8 @@ import re
 import threading
 import warnings
 
-from .config import KernelConfig
-from .errors import InvalidConfigError
+from ..engine.config import KernelConfig
+from ..errors import InvalidConfigError
 
 log = logging.getLogger(__name__)
 
@@ -379,7 +379,7 @@ def _sources():
 def _fits(cfgs, info, f, storage, mode="explicit"):
     """The pair adapted to this f and storage if it validates on the device (at the kernels' f of
     the mode), else None."""
-    from .kernels import validate
+    from ..engine.kernels import validate
     kf, width = kernel_factors(f, mode), factor_width(f, mode)
     f = kf
     out = {}
@@ -483,7 +483,7 @@ def _computed_default(info, f, storage, sources, record_mode_=None, mode="explic
     ``mode``), the configuration with the best mean time relative to each group's best (groups:
     run × side), among those measured in at least half of the groups; nearest f first. Validated
     at the kernels' f of the fit's ``mode``."""
-    from .kernels import validate
+    from ..engine.kernels import validate
     record_mode_ = record_mode_ or mode
     groups = {}
     for origin, recs in sources:
@@ -548,7 +548,7 @@ def heuristic(info, f, side_stats=None, storage="float32"):
     each work-item keeps at most 64 register accumulators; if none fits, the thread-batching
     baseline sized to the device (work-items per row: the largest power of two ≤ min(f(f+1)/2,
     work-group limit, 256))."""
-    from .kernels import validate
+    from ..engine.kernels import validate
     cap = int(math.isqrt(max(1, min(info.max_work_group_size, 256))))
     t = _largest_divisor_le(f, cap)
     if t > 1 and (f // t) ** 2 <= 64:
@@ -584,7 +584,7 @@ def choose(info, f, side, side_stats=None, storage="float32", solver=None, mode=
     -------
     :class:`Choice` — ``rule`` is one of tuned, nearest, vendor, default, heuristic, baseline
     """
-    from .kernels import validate
+    from ..engine.kernels import validate
     if mode not in MODES:
         raise ValueError(f"unknown tuning mode {mode!r}; choose from {MODES}")
     storage = storage or "float32"

@@ -8,12 +8,12 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from . import reference
-from .config import KernelConfig
-from .errors import SingularSystemError
+from .. import reference
+from ..engine.config import KernelConfig
+from ..errors import SingularSystemError
 from .persistence import load  # noqa: F401  (clmf.load / clmf.model.load)
-from .recommend import RecommenderMixin
-from .validation import check_index_pairs, check_params, check_ratings
+from ..inference.recommend import RecommenderMixin
+from ..data.validation import check_index_pairs, check_params, check_ratings
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class ALS(RecommenderMixin):
 
     # ----- configuration -------------------------------------------------------------------
     def _resolve_configs(self, info, stats):
-        from . import tuning
+        from .. import tuning
         f = self.factors
         variant = self.variant
         solver = None if self.solver == "auto" else self.solver
@@ -202,8 +202,8 @@ class ALS(RecommenderMixin):
         self
         """
         from tqdm.auto import tqdm
-        from .device import device_info, select_device
-        from .engine import Engine
+        from ..engine.device import device_info, select_device
+        from ..engine.core import Engine
 
         check_params(self)
         R = check_ratings(X)
@@ -393,8 +393,8 @@ class ALS(RecommenderMixin):
 
 def _precision_at_10(X, Y, R, V):
     """precision@10 of held-out items V among unseen items (host; for implicit early stopping)."""
-    from .metrics import precision_at_k
-    from .recommend import _top_n
+    from ..metrics import precision_at_k
+    from ..inference.recommend import _top_n
     users = np.unique(V.row)
     if users.size == 0:
         return float("nan")

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from .bench_peers import CPU_PEERS, GPU_PEERS, PEERS, PeerRun, Problem, rmse_of, run_peer
+from .peers import CPU_PEERS, GPU_PEERS, PEERS, PeerRun, Problem, rmse_of, run_peer
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +137,8 @@ def measure_peaks(device, repeats=7, quick=False, widths=(1, 4, 8, 16), chains=8
     byte copied. Returns a dict.
     """
     import pyopencl as cl
-    from . import kernels as K
-    from .device import device_info, get_context
+    from ..engine import kernels as K
+    from ..engine.device import device_info, get_context
     info = device_info(device)
     ctx, queue = get_context(device)
     gpu = info.type == "GPU"
@@ -229,7 +229,7 @@ def load_problem(spec, scale=1.0, seed=0, ml100k=None):
 
     Synthetic sets hold out 1.4 % of the ratings at random (seeded) as the test set.
     """
-    from . import datasets, splits
+    from .. import datasets, splits
     s = spec.strip()
     if s.lower() in ("ml-100k", "ml100k", "movielens-100k-ua"):
         path = _find_ml100k(ml100k)
@@ -278,12 +278,12 @@ class ClmfRun:
 
 def run_clmf(device, problem, f, lam, iterations, seed, variant="auto"):
     """Fit with clmf's engine (profiling on) from the reference's start; never raises."""
-    from .device import device_info
-    from .engine import Engine
-    from .errors import ClmfError
-    from .model import ALS, _side_stats
-    from .reference import start_factors
-    from .validation import check_ratings
+    from ..engine.device import device_info
+    from ..engine.core import Engine
+    from ..errors import ClmfError
+    from ..model.estimator import ALS, _side_stats
+    from ..reference import start_factors
+    from ..data.validation import check_ratings
     run = ClmfRun()
     eng = None
     try:
@@ -465,7 +465,7 @@ def run_bench(datasets=("ml-100k",), factors=(10, 50, 100), devices=("auto",), v
               name=None, plots=True, ml100k=None, peak_repeats=7, quick_peaks=False,
               peer_max_nnz=None, argv=None, progress=print, peak_at_end=True):
     """Run the benchmark; write CSV, markdown and plots; return ``(rows, paths)``."""
-    from .device import device_info, select_device
+    from ..engine.device import device_info, select_device
     t_run = time.perf_counter()
     devs = [select_device(d) for d in devices]
     infos = [device_info(d) for d in devs]

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from .datasets import Ratings
+from .ratings import Ratings
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import scipy.sparse as sp
 
 from . import kernels as K
 from .device import device_info, get_context
-from .errors import DeviceMemoryError, SingularSystemError
+from ..errors import DeviceMemoryError, SingularSystemError
 
 log = logging.getLogger(__name__)
 
