@@ -29,7 +29,7 @@ def commit():
 def run(args):
     import clmf
     from clmf import datasets, reference
-    from clmf.device import select_device
+    from clmf.engine.device import select_device
     train, test = datasets.load_movielens_100k_split(args.data)
     R = train.to_csr()
     f, lam, iters = args.factors, args.regularization, args.iterations

@@ -24,10 +24,10 @@ CUTS = {
 
 
 def main(argv=None):
-    import clmf.kernels as K
+    import clmf.engine.kernels as K
     from clmf import datasets
-    from clmf.config import KernelConfig
-    from clmf.device import select_device
+    from clmf.engine.config import KernelConfig
+    from clmf.engine.device import select_device
     from clmf.engine import Engine
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

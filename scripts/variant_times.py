@@ -70,7 +70,7 @@ def commit():
 
 def verify(dev, variant, f):
     import clmf
-    from clmf.config import KernelConfig
+    from clmf.engine.config import KernelConfig
     from clmf import reference
     rng = np.random.default_rng(f)
     import scipy.sparse as sp
@@ -97,9 +97,9 @@ def main():
 
     import clmf
     from clmf import datasets, reference
-    from clmf.device import device_info, select_device
+    from clmf.engine.device import device_info, select_device
     from clmf.engine import Engine
-    from clmf.config import KernelConfig
+    from clmf.engine.config import KernelConfig
     from clmf.errors import InvalidConfigError
 
     dev = select_device(a.device)

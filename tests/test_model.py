@@ -172,7 +172,7 @@ def test_devices_listed_and_ci_platforms():
 
 
 def test_select_device_grammar():
-    from clmf.device import select_device
+    from clmf.engine.device import select_device
     infos = clmf.devices()
     d0 = select_device(infos[0].index)
     assert d0.name.strip() == infos[0].name
@@ -224,7 +224,7 @@ def test_early_stopping_keeps_best_iteration(cl_device):
 
 def test_device_memory_error_before_allocating(cl_device, monkeypatch):
     import dataclasses
-    from clmf import engine
+    from clmf.engine import core as engine
     real = engine.device_info
 
     def tiny(dev, index="?"):
@@ -237,7 +237,7 @@ def test_device_memory_error_before_allocating(cl_device, monkeypatch):
 
 
 def test_scratch_is_bounded_by_batch(cl_device):
-    from clmf.config import KernelConfig
+    from clmf.engine.config import KernelConfig
     from clmf.engine import Engine
     R = random_ratings(300, 40, 0.2, seed=31)
     cfg = KernelConfig.parse("batch:batch_rows=16")

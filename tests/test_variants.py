@@ -6,7 +6,7 @@ import pytest
 
 import clmf
 from clmf import reference as ref
-from clmf.config import KernelConfig, representative_variants
+from clmf.engine.config import KernelConfig, representative_variants
 from clmf.errors import InvalidConfigError
 
 from conftest import random_ratings, rel_err
@@ -86,8 +86,8 @@ def test_bad_variant_names(bad):
 
 
 def test_invalid_configs_rejected_with_reason():
-    from clmf.device import device_info, select_device
-    from clmf.kernels import validate
+    from clmf.engine.device import device_info, select_device
+    from clmf.engine.kernels import validate
     info = device_info(select_device(clmf.devices()[0].index))
     with pytest.raises(InvalidConfigError) as e:
         validate(KernelConfig.parse(f"batch:tx={info.max_work_group_size},ty=2"), 8, info)

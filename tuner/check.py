@@ -87,7 +87,7 @@ def check(R, factors, device="auto", mode="explicit", alpha=1.0, regularization=
 
 def markdown(info, rows, title, command):
     from clmf.provenance import commit
-    from .database import now
+    from clmf.tuning.database import now
     la = os.getloadavg()
     L = [f"# {title}", "",
          f"- device: {info.platform} | {info.name} ({info.type}), driver {info.driver}",

@@ -4,7 +4,7 @@ Per candidate (the same configuration on both sides), in the tuning *mode* of th
 (``explicit`` ratings, ``implicit`` feedback with confidence ``1 + alpha·r``, or ``biased``:
 explicit with user/item biases, f + 1 unknowns per system):
 
-1. **build** through :func:`clmf.kernels.als_program` (pre-build validation and the built
+1. **build** through :func:`clmf.engine.kernels.als_program` (pre-build validation and the built
    kernel's limits, for the mode's kernels; :class:`InvalidConfigError` carries the typed reason
    → record "invalid");
 2. **validate** against the NumPy reference of the mode (:func:`clmf.reference.als`, with

@@ -172,7 +172,7 @@ def write_run_report(summary, out_dir, plot=True):
              f"{summary['evaluated']} configurations evaluated in {summary['spent_seconds']:.1f} s"
              + (f" (budget {summary['budget']:.0f} s)" if summary.get("budget") else "")
              + "; outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(summary["statuses"].items())))
-    from .database import clmf_commit, now
+    from clmf.tuning.database import clmf_commit, now
     la = summary.get("load_average")
     L.append(f"- run {summary['run_id']}, written {now()}, clmf commit {clmf_commit()}"
              + (f"; host load average at the end {la[0]:.1f} / {la[1]:.1f} / {la[2]:.1f} "

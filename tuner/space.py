@@ -8,9 +8,9 @@ A :class:`Space` is a product of per-field value grids with conditional fields (
 only with ``local``; ``bx``, ``by``, ``tz`` only with ``tile``; ``cg_steps`` only with the CG
 solver; the plain ``batch`` variant only sees ``tx·ty``). Every configuration is put in a
 canonical form (:func:`canonical`) so equivalent ones are built once, and pruned *before* any
-build by :func:`prune` (idle work-items, :func:`clmf.kernels.validate`: work-group limits, local
+build by :func:`prune` (idle work-items, :func:`clmf.engine.kernels.validate`: work-group limits, local
 memory by :meth:`KernelConfig.local_mem_bytes` against the device's, register blocks). What a
-built kernel allows is checked later, by :func:`clmf.kernels.als_program` (typed
+built kernel allows is checked later, by :func:`clmf.engine.kernels.als_program` (typed
 ``InvalidConfigError.reason``), during measurement.
 
 Two presets: ``bounded`` (a few hundred configurations, cholesky only: the exhaustive-vs-budgeted

@@ -52,7 +52,7 @@ from clmf import tuning
 from clmf.engine.config import KernelConfig
 from clmf.errors import InvalidConfigError
 
-from .database import Database, base_record
+from clmf.tuning.database import Database, base_record
 from .measure import (CHECK_TIME, MEASURE_VERSION, SAMPLE_TOL, SIDES, Measurer, Result,
                       calibrate_samples, check_samples, full_sample, make_sample, sample_min_rows)
 from .space import Space, canonical, prune

@@ -15,8 +15,8 @@ import threading
 
 import jinja2
 
-from .config import KernelConfig
 from ..errors import InvalidConfigError
+from .config import KernelConfig
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,13 @@ import scipy.sparse as sp
 from .. import reference
 from ..engine.config import KernelConfig
 from ..errors import SingularSystemError
-from .persistence import load  # noqa: F401  (clmf.load / clmf.model.load)
+from .persistence import register_estimator
 from ..inference.recommend import RecommenderMixin
 from ..data.validation import check_index_pairs, check_params, check_ratings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ALS", "load"]
+__all__ = ["ALS"]
 
 
 class ALS(RecommenderMixin):
@@ -358,7 +358,7 @@ class ALS(RecommenderMixin):
         return p.astype(np.float32)
 
     def save(self, path):
-        """Write the fitted model to ``path`` (``.npz``, no pickle, atomic); see :mod:`clmf.persistence`.
+        """Write the fitted model to ``path`` (``.npz``, no pickle, atomic); see :mod:`clmf.model.persistence`.
 
         Parameters
         ----------
@@ -389,6 +389,9 @@ class ALS(RecommenderMixin):
         C = check_ratings(X_test, shape=self.shape_, what="X_test").tocoo()
         err = self.predict(C.row, C.col).astype(np.float64) - C.data
         return float(np.sqrt(np.mean(err * err)))
+
+
+register_estimator(ALS)
 
 
 def _precision_at_10(X, Y, R, V):
