@@ -11,8 +11,13 @@ from __future__ import annotations
 
 from . import errors, reference  # noqa: F401  (pure NumPy ground truth, always importable)
 from ._version import __version__
-from .errors import (ClmfError, DeviceMemoryError, InvalidConfigError, NoOpenCLError,
-                     SingularSystemError)
+from .errors import (
+    ClmfError,
+    DeviceMemoryError,
+    InvalidConfigError,
+    NoOpenCLError,
+    SingularSystemError,
+)
 
 __all__ = [
     "ALS", "load", "devices", "select_device", "KernelConfig", "reference", "datasets", "metrics",

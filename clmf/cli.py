@@ -109,6 +109,7 @@ def cmd_bench(args):
 def _fit_data(args):
     """(train, test or None, description) for ``clmf fit``."""
     import os
+
     from . import datasets, splits
     if args.preset is not None:
         if args.data is not None:
@@ -189,6 +190,7 @@ def _to_model_index(model, data):
 
 def _eval_data(args):
     import os
+
     from . import datasets
     if args.split is not None:
         d = args.data if os.path.isdir(args.data) else os.path.dirname(args.data) or "."
@@ -221,7 +223,9 @@ def cmd_eval(args):
     0
     """
     import scipy.sparse as sp
+
     import clmf
+
     from . import metrics
     model = clmf.load(args.model)
     test, train, what = _eval_data(args)
@@ -276,6 +280,7 @@ def cmd_recommend(args):
     0
     """
     import clmf
+
     from . import datasets
     model = clmf.load(args.model)
     train = datasets.load(args.train) if args.train is not None else None

@@ -29,8 +29,12 @@ from __future__ import annotations
 from typing import Any
 
 from .data.default import default
-from .data.movielens import (load_movielens_100k, load_movielens_100k_split, load_movielens_csv,
-                             load_movielens_dat)
+from .data.movielens import (
+    load_movielens_100k,
+    load_movielens_100k_split,
+    load_movielens_csv,
+    load_movielens_dat,
+)
 from .data.netflix import load_netflix
 from .data.ratings import Ratings
 from .data.synthetic import SyntheticFactors, list_presets, synthetic, synthetic_from_spec

@@ -38,8 +38,8 @@ def main():
 
     from clmf import tuner
     from clmf.engine.device import device_info, select_device
-    from clmf.tuning import device_record, device_slug
     from clmf.tuner.report import summary_markdown
+    from clmf.tuning import device_record, device_slug
     dev = select_device(a.device)
     info = device_info(dev)
     slug = device_slug(device_record(info))

@@ -27,7 +27,6 @@ import time
 def one(a):
     """Run one strategy (in this process) and print its summary as JSON on the last line."""
     from clmf import tuner
-    from clmf.tuner import strategies
     R, name = tuner.load_data(a.data, a.preset, a.scale)
     t0 = time.perf_counter()
     s = tuner.tune(R, factors=[a.factors], device=a.device, strategy=a.one, budget=a.budget,
@@ -47,8 +46,8 @@ def one(a):
 def head_to_head(a):
     """Time two (users, items) pairs round-robin under the same conditions; print JSON."""
     import numpy as np
-    from clmf import tuner
-    from clmf import tuning
+
+    from clmf import tuner, tuning
     from clmf.engine.config import KernelConfig
     from clmf.engine.device import device_info, select_device
     from clmf.tuner.measure import Measurer, calibrate_samples

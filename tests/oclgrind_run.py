@@ -207,6 +207,7 @@ CANARIES = ("race", "oob", "uninit", "api")
 
 def run_canary(which, device):
     import pyopencl as cl
+
     from clmf.engine.device import select_device
 
     _quiet_pyopencl_nv_probe()

@@ -7,10 +7,10 @@ import math
 
 import numpy as np
 import pytest
+from conftest import random_ratings
 
 from clmf.bench import peers as bench_peers
 from clmf.bench import runner as bench
-from conftest import random_ratings
 
 
 # ----- accounting, against numbers worked out by hand ------------------------------------------

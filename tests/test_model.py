@@ -7,12 +7,11 @@ import sys
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from conftest import IN_CI, random_ratings, rel_err
 
 import clmf
 from clmf import reference as ref
 from clmf.errors import SingularSystemError
-
-from conftest import IN_CI, random_ratings, rel_err
 
 
 def test_init_only_stores_params_and_clone():
@@ -224,6 +223,7 @@ def test_early_stopping_keeps_best_iteration(cl_device):
 
 def test_device_memory_error_before_allocating(cl_device, monkeypatch):
     import dataclasses
+
     from clmf.engine import core as engine
     real = engine.device_info
 
@@ -237,8 +237,8 @@ def test_device_memory_error_before_allocating(cl_device, monkeypatch):
 
 
 def test_scratch_is_bounded_by_batch(cl_device):
-    from clmf.engine.config import KernelConfig
     from clmf.engine import Engine
+    from clmf.engine.config import KernelConfig
     R = random_ratings(300, 40, 0.2, seed=31)
     cfg = KernelConfig.parse("batch:batch_rows=16")
     eng = Engine(cl_device, R, 12, (cfg, cfg))

@@ -6,12 +6,11 @@ import zipfile
 
 import numpy as np
 import pytest
+from conftest import random_ratings
 
 import clmf
-from clmf.model import persistence
 from clmf.datasets import Ratings
-
-from conftest import random_ratings
+from clmf.model import persistence
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ import json
 import pathlib
 
 import numpy as np
-import pytest
 
 RUNS = pathlib.Path(__file__).resolve().parents[1] / "results" / "runs"
 

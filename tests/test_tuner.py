@@ -3,18 +3,16 @@ and that ALS(variant="auto") then uses the tuning (rule "tuned")."""
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from conftest import DEVICES, random_ratings
 
 import clmf
 from clmf import tuning
 from clmf.engine.config import KernelConfig
 from clmf.engine.device import device_info
-from conftest import DEVICES, random_ratings
-
 from clmf.tuner import strategies
 from clmf.tuner.measure import Measurer, make_sample, stratified_rows
 from clmf.tuner.space import Space, canonical, make_space, prune

@@ -7,7 +7,6 @@ import dataclasses
 import json
 import multiprocessing
 import os
-import pathlib
 import warnings
 
 import pytest
@@ -273,8 +272,8 @@ def test_atomic_appends_under_concurrency(tmp_path):
 
 
 def test_dataset_class_and_distance():
-    import scipy.sparse as sp
     import numpy as np
+    import scipy.sparse as sp
     R = sp.random(50, 30, density=0.2, random_state=0, format="csr")
     c = tuning.dataset_class(R)
     assert (c["m"], c["n"], c["nnz"]) == (50, 30, R.nnz)

@@ -3,13 +3,12 @@ from the same init: ‖ΔX‖/‖X‖ ≤ 1e-4 after one iteration, on edge-case
 columns, a row longer than any nnz batch, f not a multiple of the vector width or tile)."""
 import numpy as np
 import pytest
+from conftest import random_ratings, rel_err
 
 import clmf
 from clmf import reference as ref
 from clmf.engine.config import KernelConfig, representative_variants
 from clmf.errors import InvalidConfigError
-
-from conftest import random_ratings, rel_err
 
 TOL = 1e-4
 CI_F = [1, 3, 10, 17, 32]

@@ -95,6 +95,7 @@ def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, spac
     """
     from clmf import tuning
     from clmf.engine.device import select_device
+
     from . import strategies
     from .measure import CHECK_TIME, SAMPLE_TOL
     from .space import make_space

@@ -414,8 +414,8 @@ class Measurer:
         res = Result(cfg, "ok", fidelity=fidelity)
         try:
             if verified is None:
-                from clmf.engine.kernels import als_program
                 from clmf.engine.device import get_context
+                from clmf.engine.kernels import als_program
                 ctx, _q = get_context(self.device)
                 als_program(ctx, self.device, cfg, self.kf, self.info,        # typed invalid
                             self.mode == "implicit", self.mode == "biased")   # reasons

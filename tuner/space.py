@@ -31,8 +31,8 @@ import itertools
 import math
 
 from clmf.engine.config import SOLVERS, KernelConfig
-from clmf.errors import InvalidConfigError
 from clmf.engine.kernels import validate
+from clmf.errors import InvalidConfigError
 
 __all__ = ["Space", "canonical", "prune", "make_space", "SPACES", "config_id"]
 

@@ -41,7 +41,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 import pathlib
 import time
@@ -51,11 +50,22 @@ import numpy as np
 from clmf import tuning
 from clmf.engine.config import KernelConfig
 from clmf.errors import InvalidConfigError
-
 from clmf.tuning.database import Database, base_record
-from .measure import (CHECK_TIME, MEASURE_VERSION, SAMPLE_TOL, SIDES, Measurer, Result,
-                      calibrate_samples, check_samples, full_sample, make_sample, sample_min_rows)
-from .space import Space, canonical, prune
+
+from .measure import (
+    CHECK_TIME,
+    MEASURE_VERSION,
+    SAMPLE_TOL,
+    SIDES,
+    Measurer,
+    Result,
+    calibrate_samples,
+    check_samples,
+    full_sample,
+    make_sample,
+    sample_min_rows,
+)
+from .space import canonical, prune
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +88,7 @@ class Case:
 
     def __post_init__(self):
         import scipy.sparse as sp
+
         from clmf.engine.device import device_info
         if self.mode not in tuning.MODES:
             raise ValueError(f"unknown tuning mode {self.mode!r}; choose from {tuning.MODES}")

@@ -9,11 +9,11 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import reference
+from ..data.validation import check_index_pairs, check_params, check_ratings
 from ..engine.config import KernelConfig
 from ..errors import SingularSystemError
-from .persistence import register_estimator
 from ..inference.recommend import RecommenderMixin
-from ..data.validation import check_index_pairs, check_params, check_ratings
+from .persistence import register_estimator
 
 log = logging.getLogger(__name__)
 
@@ -202,8 +202,9 @@ class ALS(RecommenderMixin):
         self
         """
         from tqdm.auto import tqdm
-        from ..engine.device import device_info, select_device
+
         from ..engine.core import Engine
+        from ..engine.device import device_info, select_device
 
         check_params(self)
         R = check_ratings(X)
@@ -396,8 +397,8 @@ register_estimator(ALS)
 
 def _precision_at_10(X, Y, R, V):
     """precision@10 of held-out items V among unseen items (host; for implicit early stopping)."""
-    from ..metrics import precision_at_k
     from ..inference.recommend import _top_n
+    from ..metrics import precision_at_k
     users = np.unique(V.row)
     if users.size == 0:
         return float("nan")
