@@ -79,7 +79,7 @@ def compare(args):
             ok &= good
             print(f"{os.path.basename(a)} vs {os.path.basename(b)}: X {ex:.2e}  Y {ey:.2e}  "
                   f"{'ok' if good else 'DIFFER'}")
-    recs = [json.loads(l) for l in open(os.path.join(args.compare, "ml100k.jsonl"))]
+    recs = [json.loads(line) for line in open(os.path.join(args.compare, "ml100k.jsonl"))]
     latest = {}
     for r in recs:
         latest[(r["platform"], r["device"])] = r

@@ -77,8 +77,9 @@ def exhaustive_from_db(a, dev):
     from clmf.engine.config import KernelConfig
     from clmf.tuning import read_database
     recs = read_database(a.db, strict=True)
-    same = lambda r: (r.get("device") == dev and r.get("f") == a.factors
-                      and r.get("strategy") == "exhaustive" and r.get("space") == "bounded")
+    def same(r):
+        return (r.get("device") == dev and r.get("f") == a.factors
+                and r.get("strategy") == "exhaustive" and r.get("space") == "bounded")
     bests = [r for r in recs if r.get("kind") == "best" and same(r)]
     if not bests:
         raise SystemExit("no exhaustive bounded run of this case in --db")

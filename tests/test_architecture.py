@@ -151,7 +151,7 @@ def find_cycles(graph):
 
 def forbidden_imports(graph, not_core=NOT_CORE, internal=FORBIDDEN_INTERNAL,
                       external=FORBIDDEN_EXTERNAL):
-    """["core module -> ... -> forbidden"] for what the core reaches through module-level imports."""
+    """["core module -> ... -> forbidden"]: what the core reaches through module-level imports."""
     bad = []
     for mod in sorted(graph):
         if _under(mod, not_core):

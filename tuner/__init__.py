@@ -11,7 +11,6 @@ argument (see :mod:`clmf.tuning` for the search order and the fallback chain).
 from __future__ import annotations
 
 import logging
-import os
 import pathlib
 
 __all__ = ["tune", "load_data"]

@@ -347,7 +347,7 @@ def make_space(name, f, info, storage="float32", solvers=None, mode="explicit"):
         return Space("bounded", f, flags, grid, storage, mode)
     if name == "full":
         solvers = [s for s in (solvers or mode_solvers or DEFAULT_SOLVERS) if s in SOLVERS]
-        flags = [(r, l, v, t, False) for r in (False, True) for l in (False, True)
+        flags = [(r, loc, v, t, False) for r in (False, True) for loc in (False, True)
                  for v in (0, 4, 8, 16) for t in (False, True)]
         flags += [(False, False, 0, False, True), (False, False, 4, False, True)]   # gemm
         flags += [(False, False, 4, False, False, True)]                             # syrk

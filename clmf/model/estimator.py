@@ -359,7 +359,8 @@ class ALS(RecommenderMixin):
         return p.astype(np.float32)
 
     def save(self, path):
-        """Write the fitted model to ``path`` (``.npz``, no pickle, atomic); see :mod:`clmf.model.persistence`.
+        """Write the fitted model to ``path`` (``.npz``, no pickle, atomic); see
+        :mod:`clmf.model.persistence`.
 
         Parameters
         ----------

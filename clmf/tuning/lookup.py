@@ -243,8 +243,9 @@ def _lookup(info, f, storage, ds, mode="explicit"):
         # same device, nearest f / data-set class / storage
         for origin, p, cases in per_source:
             cand = [c for c in cases if c.mode == cm and _same_device(c.device, dev)]
-            key = lambda c: (abs(math.log(c.f / f)), c.storage != storage,
-                             class_distance(c.dataset, ds) if ds else 0, _newest_first(c))
+            def key(c):
+                return (abs(math.log(c.f / f)), c.storage != storage,
+                        class_distance(c.dataset, ds) if ds else 0, _newest_first(c))
             for c in sorted(cand, key=key):
                 pair = _fits(c.configs, info, f, storage, mode)
                 if pair:
@@ -257,9 +258,10 @@ def _lookup(info, f, storage, ds, mode="explicit"):
             cand = [c for c in cases if c.mode == cm and c.device.get("type") == dev["type"]
                     and (_norm(c.device.get("vendor", "")).lower() == dev["vendor"].lower()
                          or _norm(c.device.get("platform", "")).lower() == dev["platform"].lower())]
-            key = lambda c: (_norm(c.device.get("platform", "")).lower() != dev["platform"].lower(),
-                             abs(math.log(c.f / f)), c.storage != storage,
-                             class_distance(c.dataset, ds) if ds else 0, _newest_first(c))
+            def key(c):
+                return (_norm(c.device.get("platform", "")).lower() != dev["platform"].lower(),
+                        abs(math.log(c.f / f)), c.storage != storage,
+                        class_distance(c.dataset, ds) if ds else 0, _newest_first(c))
             for c in sorted(cand, key=key):
                 pair = _fits(c.configs, info, f, storage, mode)
                 if pair:
