@@ -52,19 +52,8 @@ from clmf.engine.config import KernelConfig
 from clmf.errors import InvalidConfigError
 from clmf.tuning.database import Database, base_record
 
-from .measure import (
-    CHECK_TIME,
-    MEASURE_VERSION,
-    SAMPLE_TOL,
-    SIDES,
-    Measurer,
-    Result,
-    calibrate_samples,
-    check_samples,
-    full_sample,
-    make_sample,
-    sample_min_rows,
-)
+from .measure import (CHECK_TIME, MEASURE_VERSION, SAMPLE_TOL, SIDES, Measurer, Result,
+                      calibrate_samples, check_samples, full_sample, make_sample, sample_min_rows)
 from .space import canonical, prune
 
 log = logging.getLogger(__name__)
@@ -88,7 +77,6 @@ class Case:
 
     def __post_init__(self):
         import scipy.sparse as sp
-
         from clmf.engine.device import device_info
         if self.mode not in tuning.MODES:
             raise ValueError(f"unknown tuning mode {self.mode!r}; choose from {tuning.MODES}")
