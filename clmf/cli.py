@@ -309,7 +309,7 @@ def cmd_tune(args):
     ``--feedback implicit --alpha A`` tunes implicit-feedback ALS and ``--biases`` explicit ALS with
     biases (what ``ALS(feedback=..., biases=...)`` then looks up first). ``--sample full`` times
     whole half-steps instead of a checked sample of rows.
-    The tuner (package ``tuner``) is imported only here.
+    The tuner (package ``clmf.tuner``) is imported only here.
 
     Examples
     --------

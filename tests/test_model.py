@@ -190,7 +190,7 @@ def test_select_device_grammar():
 def test_installed_package_is_tested():
     if os.environ.get("CLMF_TEST_INSTALLED") == "1":
         assert "site-packages" in clmf.__file__, clmf.__file__
-        from clmf import kernels
+        from clmf.engine import kernels
         assert "clmf" in kernels.render_als(clmf.KernelConfig(), 4)
 
 
