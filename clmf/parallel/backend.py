@@ -1,0 +1,269 @@
+"""Backends of a fit: the single-device :class:`clmf.engine.Engine`, or :class:`MultiEngine`
+(any number of devices, resident or streamed) behind the same small interface:
+``set_factors(side, M, biases=None)``, ``iteration(regularization, weighted)``, ``finish()``,
+``squared_error(key, users, items, ratings)``, ``get_factors(side, with_biases=False)``,
+``release()``, ``memory`` (dict with a ``total``) and ``configs`` (per device and side).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+
+import numpy as np
+
+from ..errors import DeviceMemoryError
+from .layout import Layout
+from .memory import plan_device
+from .partition import choose_modes, make_plan
+from .worker import SIDES, DeviceWorker, Exchange, other_side
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MultiEngine", "make_backend", "common_ldf"]
+
+
+def common_ldf(configs, width):
+    """One leading dimension for every device's factor rows: the largest of their own (vector
+    widths are powers of two, so it is a multiple of each)."""
+    return max(c.ldf(width) for pair in configs for c in pair)
+
+
+def _single_fits(device, R, fs, configs, max_device_memory):
+    """Whether the single-device engine's own estimate (``fs`` unknowns per system) fits the
+    budget, so that it runs unchanged."""
+    import scipy.sparse as sp
+    from ..device import device_info
+    from ..engine import SideData, choose_batch_rows, memory_estimate
+    from .memory import device_budget
+    info = device_info(device)
+    budget, alloc = device_budget(info.global_mem, info.max_alloc, max_device_memory)
+    R = sp.csr_matrix(R)
+    users = SideData(R.indptr, R.indices, R.data)
+    items = SideData(np.zeros(R.shape[1] + 1, np.int64), R.indices, R.data)   # same sizes
+    br = {s: choose_batch_rows(c, fs, d.rows, info) for s, c, d in
+          (("users", configs[0], users), ("items", configs[1], items))}
+    est = memory_estimate(users, items, fs, configs, br)
+    big = max(v for k, v in est.items() if k != "total")
+    return est["total"] <= budget and big <= alloc and R.nnz * 4 <= alloc
+
+
+def make_backend(devices, R, f, configs, *, implicit_alpha=None, biased=False, offset=0.0,
+                 max_device_memory=None, profile=False, force_stream=(), modes=None):
+    """The backend of a fit: today's :class:`clmf.engine.Engine` for one device when the data
+    fit (same speed), else a :class:`MultiEngine`.
+
+    Parameters
+    ----------
+    devices : list of pyopencl.Device
+    R : scipy.sparse CSR (users × items) or a :class:`clmf.parallel.layout.Layout`
+    f : factors; ``configs``: one ``(users_config, items_config)`` pair per device.
+    max_device_memory : bytes, or a fraction (≤ 1) of each device's global memory.
+    force_stream : sides to stream even if they fit (tests).
+    modes : optional side → "replicate"/"reduce" (default: :func:`choose_modes`).
+    """
+    from ..engine import Engine
+    if len(devices) != len(configs):
+        raise ValueError("one configuration pair per device")
+    if (len(devices) == 1 and not isinstance(R, Layout) and not force_stream and modes is None
+            and _single_fits(devices[0], R, f + (1 if biased else 0), configs[0],
+                             max_device_memory)):
+        return Engine(devices[0], R, f, configs[0], profile=profile,
+                      implicit_alpha=implicit_alpha, biased=biased, offset=offset)
+    return MultiEngine(devices, R, f, configs, implicit_alpha=implicit_alpha, biased=biased,
+                       offset=offset, max_device_memory=max_device_memory, profile=profile,
+                       force_stream=force_stream, modes=modes)
+
+
+class MultiEngine:
+    """A fit over several devices (or one device out of core), see :mod:`clmf.parallel`."""
+
+    def __init__(self, devices, R, f, configs, *, implicit_alpha=None, biased=False, offset=0.0,
+                 max_device_memory=None, profile=False, force_stream=(), modes=None,
+                 shares=None):
+        from ..device import device_info
+        self.layout = R if isinstance(R, Layout) else Layout.from_csr(R)
+        self.shape = self.layout.shape
+        self.f = int(f)
+        self.biased = bool(biased)
+        self.implicit = implicit_alpha is not None
+        self.offset = float(offset)
+        self.fs = self.f + 1 if self.biased else self.f
+        width = self.f + 2 if self.biased else self.f
+        self.devices = list(devices)
+        n = len(self.devices)
+        self.infos = [device_info(d) for d in self.devices]
+        self.config_pairs = [tuple(c) for c in configs]
+        storages = {c.storage for pair in self.config_pairs for c in pair}
+        if len(storages) != 1:
+            raise ValueError(f"every device must store factors alike, got {sorted(storages)}")
+        self.storage = storages.pop()
+        self.np_store = np.float16 if self.storage == "float16" else np.float32
+        itemsize = np.dtype(self.np_store).itemsize
+        self.ldf = common_ldf(self.config_pairs, width)
+        if self.implicit and self.biased:
+            raise ValueError("biases are for explicit feedback")
+        L = self.layout
+        m, nn = self.shape
+        if modes is None:
+            modes = choose_modes(self.shape, self.fs, self.ldf, n)
+        if any(mo != "replicate" for mo in modes.values()):
+            # the reduce mode's device path is not wired yet: every device replicates
+            log.info("reduce mode requested (%s); replicating instead", modes)
+            modes = {s: "replicate" for s in SIDES}
+        self.plan = make_plan(L.users.counts(), L.items.counts(), n, self.fs, self.ldf,
+                              shares=shares, modes=modes)
+        # memory plans of every device before any device work
+        self.dplans = []
+        for d, info in enumerate(self.infos):
+            blocks = {s: (L[s].indptr, *self.plan[s].block(d)) for s in SIDES}
+            frows = {}
+            for s in SIDES:
+                whole = self.plan[other_side(s)].mode == "replicate" or n == 1
+                a, b_ = (0, L[s].rows) if whole else self.plan[s].block(d)
+                frows[s] = b_ - a
+            batch = {s: self.config_pairs[d][k].batch_rows for k, s in enumerate(SIDES)}
+            self.dplans.append(plan_device(
+                f"device {d} ({info.name})", info.global_mem, info.max_alloc, f=self.fs,
+                ldf=self.ldf, itemsize=itemsize, blocks=blocks, factor_rows=frows,
+                batch_rows=batch, implicit=self.implicit, max_device_memory=max_device_memory,
+                force_stream=force_stream))
+        for p in self.dplans:
+            log.info("memory plan: %s", p.describe())
+        self.memory = {"total": max(p.total for p in self.dplans),
+                       "per_device": [dict(p.bytes, total=p.total) for p in self.dplans],
+                       "streamed": [p.streamed for p in self.dplans]}
+        self.host = {s: np.zeros((max(1, L[s].rows), self.ldf), self.np_store) for s in SIDES}
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=n)
+        contexts = _shared_contexts(self.devices)
+        try:
+            futs = [self.pool.submit(DeviceWorker, d, dev, L, self.plan, self.dplans[d], self.f,
+                                     self.ldf, {"users": self.config_pairs[d][0],
+                                                "items": self.config_pairs[d][1]},
+                                     implicit_alpha, biased, offset, contexts[d], profile)
+                    for d, dev in enumerate(self.devices)]
+            self.workers = [fu.result() for fu in futs]
+        except BaseException:
+            for fu in futs:
+                if fu.done() and fu.exception() is None:
+                    fu.result().release()
+            self.pool.shutdown()
+            raise
+        self.configs = [{"users": p[0], "items": p[1]} for p in self.config_pairs]
+        self.times = {"compute": 0.0, "exchange": 0.0, "iterations": 0, "wall": 0.0}
+        self._metric_cache = {}
+
+    # ----- factors -------------------------------------------------------------------------
+    def _padded(self, side, M, biases):
+        rows = self.layout[side].rows
+        M = np.asarray(M, dtype=np.float32)
+        if M.shape != (rows, self.f):
+            raise ValueError(f"{side} factors must have shape {(rows, self.f)}, not {M.shape}")
+        host = np.zeros((max(1, rows), self.ldf), dtype=self.np_store)
+        host[:rows, :self.f] = M
+        if self.biased:
+            host[:, self.f] = 1.0
+            if biases is not None:
+                host[:rows, self.f + 1] = biases
+        return host
+
+    def set_factors(self, side, M, biases=None):
+        """Upload a side's factors (n_rows × f) to every device (the rows each holds)."""
+        host = self._padded(side, M, biases)
+        self.host[side][...] = host
+        for w in self.workers:
+            w.write_rows(side, host, 0, self.layout[side].rows, blocking=True)
+
+    def get_factors(self, side, with_biases=False):
+        """A side's factors gathered from the devices solving them."""
+        rows = self.layout[side].rows
+        host = np.empty((max(1, rows), self.ldf), dtype=self.np_store)
+        for d, w in enumerate(self.workers):
+            r0, r1 = self.plan[side].block(d)
+            w.read_rows(side, host, r0, r1, blocking=True)
+        X = np.ascontiguousarray(host[:rows, :self.f], dtype=np.float32)
+        if with_biases:
+            b = (host[:rows, self.f + 1].astype(np.float32) if self.biased
+                 else np.zeros(rows, np.float32))
+            return X, b
+        return X
+
+    # ----- iterations ----------------------------------------------------------------------
+    def half_step(self, side, regularization, weighted):
+        """Solve ``side`` on every device concurrently, exchanging the solved rows."""
+        needed = len(self.workers) > 1 and self.plan[other_side(side)].mode == "replicate"
+        ex = Exchange(side, self.host[side], len(self.workers), needed=needed)
+        futs = [self.pool.submit(w.half_step, side, regularization, weighted, ex)
+                for w in self.workers]
+        errors = []
+        for fu in futs:
+            try:
+                fu.result()
+            except BaseException as e:      # noqa: PERF203 - first error re-raised below
+                errors.append(e)
+        if errors:
+            # a singular system is the user's error; report it rather than a follower's
+            from ..errors import SingularSystemError
+            first = next((e for e in errors if isinstance(e, SingularSystemError)), errors[0])
+            raise first
+
+    def iteration(self, regularization, weighted):
+        """One ALS iteration on every device: users, then items."""
+        t0 = time.perf_counter()
+        self.half_step("users", regularization, weighted)
+        self.half_step("items", regularization, weighted)
+        self.times["wall"] += time.perf_counter() - t0
+        self.times["iterations"] += 1
+        self.times["compute"] = max(w.times["compute"] for w in self.workers)
+        self.times["exchange"] = max(w.times["exchange"] for w in self.workers)
+
+    def finish(self):
+        """Wait for every device."""
+        for w in self.workers:
+            w.finish()
+
+    def time_split(self):
+        """Seconds per iteration so far: wall, compute and exchange tail (slowest device), and
+        with profiling the devices' busy times (kernels, streamed copies, exchange copies)."""
+        it = max(1, self.times["iterations"])
+        out = {"wall": self.times["wall"] / it, "compute": self.times["compute"] / it,
+               "exchange": self.times["exchange"] / it}
+        for key in ("kernels", "stream_copies", "exchange_copies"):
+            vals = [w.times.get(key) for w in self.workers if key in w.times]
+            if vals:
+                out[key] = max(vals) / it
+        return out
+
+    # ----- metrics -------------------------------------------------------------------------
+    def squared_error(self, key, users, items, ratings, offset=0.0):
+        """Sum of squared errors on triples, split by user block over the devices."""
+        users = np.asarray(users)
+        if key not in self._metric_cache:
+            bounds = self.plan["users"].bounds
+            owner = np.searchsorted(bounds, users, side="right") - 1
+            order = np.argsort(owner, kind="stable")
+            cuts = np.searchsorted(owner[order], np.arange(len(self.workers) + 1))
+            self._metric_cache[key] = (order, cuts)
+        order, cuts = self._metric_cache[key]
+        items = np.asarray(items)
+        ratings = np.asarray(ratings)
+
+        def part(d):
+            sel = order[cuts[d]:cuts[d + 1]]
+            return self.workers[d].squared_error(users[sel], items[sel], ratings[sel], offset)
+
+        total = sum(self.pool.map(part, range(len(self.workers))))
+        return float(total), int(len(ratings))
+
+    def release(self):
+        """Free every device's buffers and stop the threads."""
+        for w in getattr(self, "workers", []):
+            w.release()
+        self.workers = []
+        self.pool.shutdown()
+
+
+def _shared_contexts(devices):
+    """One context per device (clmf's memoized ones)."""
+    from ..device import get_context
+    return [get_context(d)[0] for d in devices]
