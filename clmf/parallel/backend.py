@@ -20,7 +20,7 @@ from .worker import SIDES, DeviceWorker, Exchange, other_side
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MultiEngine", "make_backend", "common_ldf"]
+__all__ = ["MultiEngine", "make_backend", "common_ldf", "plan_fit"]
 
 
 def common_ldf(configs, width):
@@ -75,6 +75,27 @@ def make_backend(devices, R, f, configs, *, implicit_alpha=None, biased=False, o
                        force_stream=force_stream, modes=modes)
 
 
+def plan_fit(infos, layout, plan, fs, ldf, itemsize, config_pairs, implicit=False,
+             max_device_memory=None, force_stream=()):
+    """The memory plan of every device of a fit (a list of
+    :class:`~clmf.parallel.memory.DevicePlan`); raises DeviceMemoryError before device work."""
+    n = len(infos)
+    out = []
+    for d, info in enumerate(infos):
+        blocks = {s: (layout[s].indptr, *plan[s].block(d)) for s in SIDES}
+        frows = {}
+        for s in SIDES:
+            whole = plan[other_side(s)].mode == "replicate" or n == 1
+            a, b_ = (0, layout[s].rows) if whole else plan[s].block(d)
+            frows[s] = b_ - a
+        batch = {s: config_pairs[d][k].batch_rows for k, s in enumerate(SIDES)}
+        out.append(plan_device(
+            f"device {d} ({info.name})", info.global_mem, info.max_alloc, f=fs, ldf=ldf,
+            itemsize=itemsize, blocks=blocks, factor_rows=frows, batch_rows=batch,
+            implicit=implicit, max_device_memory=max_device_memory, force_stream=force_stream))
+    return out
+
+
 class MultiEngine:
     """A fit over several devices (or one device out of core), see :mod:`clmf.parallel`."""
 
@@ -114,20 +135,8 @@ class MultiEngine:
         self.plan = make_plan(L.users.counts(), L.items.counts(), n, self.fs, self.ldf,
                               shares=shares, modes=modes)
         # memory plans of every device before any device work
-        self.dplans = []
-        for d, info in enumerate(self.infos):
-            blocks = {s: (L[s].indptr, *self.plan[s].block(d)) for s in SIDES}
-            frows = {}
-            for s in SIDES:
-                whole = self.plan[other_side(s)].mode == "replicate" or n == 1
-                a, b_ = (0, L[s].rows) if whole else self.plan[s].block(d)
-                frows[s] = b_ - a
-            batch = {s: self.config_pairs[d][k].batch_rows for k, s in enumerate(SIDES)}
-            self.dplans.append(plan_device(
-                f"device {d} ({info.name})", info.global_mem, info.max_alloc, f=self.fs,
-                ldf=self.ldf, itemsize=itemsize, blocks=blocks, factor_rows=frows,
-                batch_rows=batch, implicit=self.implicit, max_device_memory=max_device_memory,
-                force_stream=force_stream))
+        self.dplans = plan_fit(self.infos, L, self.plan, self.fs, self.ldf, itemsize,
+                               self.config_pairs, self.implicit, max_device_memory, force_stream)
         for p in self.dplans:
             log.info("memory plan: %s", p.describe())
         self.memory = {"total": max(p.total for p in self.dplans),

@@ -73,8 +73,9 @@ def transpose_csr(side: SideLayout, n_cols, threads=None):
     nnz = side.nnz
     indptr = np.asarray(side.indptr, dtype=np.int64)
     threads = int(threads or min(os.cpu_count() or 1, 16))
-    parts = max(1, min(threads * 2, -(-nnz // (1 << 22)) if nnz else 1,
-                       (1 << 27) // max(1, n_cols)))      # per-block column counts ≤ 1 GiB
+    # blocks of ≤ 2^24 entries (bounded temporaries per thread), per-block column counts ≤ 1 GiB
+    parts = max(1, min(max(threads * 2, -(-nnz // (1 << 24))) if nnz else 1,
+                       (1 << 27) // max(1, n_cols)))
     bounds = np.searchsorted(indptr, np.linspace(0, nnz, parts + 1).astype(np.int64))
     bounds[0], bounds[-1] = 0, rows
     bounds = np.maximum.accumulate(bounds)
