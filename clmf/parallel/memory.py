@@ -110,7 +110,7 @@ def _mib(x):
 
 
 def plan_device(name, global_mem, max_alloc, *, f, ldf, itemsize, blocks, factor_rows,
-                batch_rows=None, implicit=False, reduce_sides=(), other_rows=None,
+                batch_rows=None, implicit=False, other_rows=None,
                 max_device_memory=None, force_stream=()):
     """Plan one device's memory.
 
@@ -124,8 +124,6 @@ def plan_device(name, global_mem, max_alloc, *, f, ldf, itemsize, blocks, factor
     factor_rows : side -> rows of that side's factor held on the device (whole or a block).
     batch_rows : side -> the configuration's rows per launch (None: fit the scratch cap).
     implicit : the Gram matrix buffers of implicit feedback.
-    reduce_sides : sides whose normal equations are reduced (their partials are computed for
-        every row, so the scratch is downloaded per batch: no change in bytes here).
     other_rows : side -> rows of the fixed factor read by the Gram (implicit), default the
         factor rows of the other side.
     max_device_memory : the user's cap (bytes, or fraction ≤ 1 of global memory).
@@ -140,6 +138,25 @@ def plan_device(name, global_mem, max_alloc, *, f, ldf, itemsize, blocks, factor
     DeviceMemoryError when the factors, the scratch and one chunk of the longest row cannot fit.
     """
     budget, alloc = device_budget(global_mem, max_alloc, max_device_memory)
+    full, _ = device_budget(global_mem, max_alloc)
+    # the scratch the uncapped device would use (a cap streams ratings first); smaller scratch
+    # (more launches) only when even streaming does not fit
+    per_row = 4 * (f * f + f)
+    caps = [min(_SCRATCH_CAP, max(per_row, full // 8), alloc)]
+    caps += [c for c in (budget // 8, budget // 32, per_row) if c < caps[-1]]
+    for k, scratch_cap in enumerate(caps):
+        try:
+            return _plan(name, budget, alloc, scratch_cap, f=f, ldf=ldf, itemsize=itemsize,
+                         blocks=blocks, factor_rows=factor_rows, batch_rows=batch_rows,
+                         implicit=implicit, other_rows=other_rows, force_stream=force_stream)
+        except DeviceMemoryError:
+            if k == len(caps) - 1:
+                raise
+
+
+def _plan(name, budget, alloc, scratch_cap, *, f, ldf, itemsize, blocks, factor_rows,
+          batch_rows, implicit, other_rows, force_stream):
+    """:func:`plan_device` at one scratch size."""
     batch_rows = batch_rows or {}
     fixed = {}
     for s, rows in factor_rows.items():
@@ -150,7 +167,6 @@ def plan_device(name, global_mem, max_alloc, *, f, ldf, itemsize, blocks, factor
                 f"{name}'s largest allocation ({_mib(alloc)}); use more devices (the reduce mode "
                 "keeps only a block of a huge factor per device), fewer factors or a larger "
                 "max_device_memory")
-    scratch_cap = min(_SCRATCH_CAP, max(4 * (f * f + f), budget // 8), alloc)
     rows_per = {}
     for s, (indptr, r0, r1) in blocks.items():
         br = scratch_rows(f, r1 - r0, batch_rows.get(s), scratch_cap)
