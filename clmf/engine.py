@@ -81,17 +81,24 @@ def launch_gram(kern, q, cfg, fs, k, g_indptr, g_indices, g_data, Yother, A, B, 
 
 
 def launch_batch(kern, q, cfg, v, fs, indptr, indices, data, Yother, A, B, G, Xout, status, row0,
-                 n, xoff, regularization, weighted, implicit, alpha, offset, wait_for=None):
+                 n, xoff, regularization, weighted, implicit, alpha, offset, wait_for=None,
+                 solve=True, gram=None):
     """Enqueue S1 → S2 → S3 for rows ``row0 .. row0 + n - 1`` of ``indptr`` (entry offsets
     relative to ``indices``/``data``), writing factor rows ``xoff + row0 ..`` of ``Xout``;
-    returns the (S1, S2, S3) events (None for a stage the variant fuses)."""
+    returns the (S1, S2, S3) events (None for a stage the variant fuses or skips).
+
+    ``solve=False`` stops after S2 (partial normal equations in ``A``/``B``: pass
+    ``regularization=0`` and ``gram=False``); ``gram`` (default: ``implicit``) adds ``G``."""
     s1_local = cfg.s1_local_size(fs)
     groups = cfg.s1_groups(fs, n)
     fused = cfg.solver == "fusedcg"
+    add_gram = implicit if gram is None else gram
+    if fused and not solve:
+        raise ValueError("the fused CG solver builds no normal equations to reduce")
     e1 = None if fused else kern["s1_hermitian"](
         q, (groups * s1_local,), (s1_local,), indptr, indices, Yother, A, np.int32(row0),
         np.int32(n), np.float32(regularization), np.int32(1 if weighted else 0), data,
-        np.float32(alpha), G, np.int32(1 if implicit else 0), B,
+        np.float32(alpha), G, np.int32(1 if add_gram else 0), B,
         np.int32(1 if cfg.fuses_rhs else 0), np.float32(offset), wait_for=wait_for)
     if e1 is not None:
         wait_for = None           # the queue is in order: only the first kernel waits
@@ -99,17 +106,27 @@ def launch_batch(kern, q, cfg, v, fs, indptr, indices, data, Yother, A, B, G, Xo
     e2 = None if cfg.fuses_rhs else kern["s2_rhs"](
         q, (n * v["s2_wg"],), (v["s2_wg"],), indptr, indices, data, Yother, B, np.int32(row0),
         np.int32(n), np.float32(alpha), np.float32(offset), wait_for=wait_for)
+    if not solve:
+        return e1, e2, None
     if fused:
         e3 = kern["s3_fused"](q, (n * cfg.swg(fs),), (cfg.swg(fs),), indptr, indices, data, Yother,
-                              G, np.int32(1 if implicit else 0), B, Xout, status, np.int32(row0),
+                              G, np.int32(1 if add_gram else 0), B, Xout, status, np.int32(row0),
                               np.int32(n), np.float32(regularization),
                               np.int32(1 if weighted else 0), np.float32(alpha), np.int32(xoff),
                               wait_for=wait_for if e2 is None else None)
         return e1, e2, e3
-    e3 = kern["s3_solve"](q, (n * cfg.swg(fs),), (cfg.swg(fs),), indptr, A, B, Xout, status,
-                          np.int32(row0), np.int32(n), np.float32(regularization),
-                          np.int32(1 if weighted else 0), np.int32(xoff))
+    e3 = launch_solve(kern, q, cfg, fs, indptr, A, B, Xout, status, row0, n, xoff,
+                      regularization, weighted)
     return e1, e2, e3
+
+
+def launch_solve(kern, q, cfg, fs, indptr, A, B, Xout, status, row0, n, xoff, regularization,
+                 weighted, wait_for=None):
+    """Enqueue S3 alone (Cholesky or CG) on the systems in ``A``/``B``; ``indptr`` gives the
+    rows' counts (an empty row gets zero factors)."""
+    return kern["s3_solve"](q, (n * cfg.swg(fs),), (cfg.swg(fs),), indptr, A, B, Xout, status,
+                            np.int32(row0), np.int32(n), np.float32(regularization),
+                            np.int32(1 if weighted else 0), np.int32(xoff), wait_for=wait_for)
 
 
 class Engine:

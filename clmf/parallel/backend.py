@@ -13,14 +13,14 @@ import time
 import numpy as np
 
 from ..errors import DeviceMemoryError
-from .layout import Layout
+from .layout import Layout, SideLayout, transpose_csr
 from .memory import plan_device
 from .partition import choose_modes, make_plan
 from .worker import SIDES, DeviceWorker, Exchange, other_side
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MultiEngine", "make_backend", "common_ldf", "plan_fit"]
+__all__ = ["MultiEngine", "make_backend", "common_ldf", "plan_fit", "partial_layout"]
 
 
 def common_ldf(configs, width):
@@ -76,13 +76,18 @@ def make_backend(devices, R, f, configs, *, implicit_alpha=None, biased=False, o
 
 
 def plan_fit(infos, layout, plan, fs, ldf, itemsize, config_pairs, implicit=False,
-             max_device_memory=None, force_stream=()):
+             max_device_memory=None, force_stream=(), sources=None):
     """The memory plan of every device of a fit (a list of
-    :class:`~clmf.parallel.memory.DevicePlan`); raises DeviceMemoryError before device work."""
+    :class:`~clmf.parallel.memory.DevicePlan`); raises DeviceMemoryError before device work.
+    ``sources[d][side]``: the partial layout of a reduced side on device ``d``."""
     n = len(infos)
     out = []
     for d, info in enumerate(infos):
-        blocks = {s: (layout[s].indptr, *plan[s].block(d)) for s in SIDES}
+        blocks = {}
+        for s in SIDES:
+            src = (sources or [{}] * n)[d].get(s)
+            blocks[s] = ((src.indptr, 0, src.rows) if src is not None
+                         else (layout[s].indptr, *plan[s].block(d)))
         frows = {}
         for s in SIDES:
             whole = plan[other_side(s)].mode == "replicate" or n == 1
@@ -128,15 +133,27 @@ class MultiEngine:
         m, nn = self.shape
         if modes is None:
             modes = choose_modes(self.shape, self.fs, self.ldf, n)
-        if any(mo != "replicate" for mo in modes.values()):
-            # the reduce mode's device path is not wired yet: every device replicates
-            log.info("reduce mode requested (%s); replicating instead", modes)
+        if n == 1 or all(mo == "reduce" for mo in modes.values()):
             modes = {s: "replicate" for s in SIDES}
+        for k, s in enumerate(SIDES):
+            if modes[s] == "reduce":
+                # the reduced systems are solved from A: no fused CG there
+                self.config_pairs = [tuple(c.replace(solver="cg") if j == k and
+                                           c.solver == "fusedcg" else c
+                                           for j, c in enumerate(p)) for p in self.config_pairs]
         self.plan = make_plan(L.users.counts(), L.items.counts(), n, self.fs, self.ldf,
                               shares=shares, modes=modes)
+        # the reduced sides' partial layouts (host work, before any device work)
+        self.sources = [{} for _ in range(n)]
+        for s in SIDES:
+            if self.plan[s].mode == "reduce":
+                o = other_side(s)
+                for d in range(n):
+                    self.sources[d][s] = partial_layout(L, s, *self.plan[o].block(d))
         # memory plans of every device before any device work
         self.dplans = plan_fit(self.infos, L, self.plan, self.fs, self.ldf, itemsize,
-                               self.config_pairs, self.implicit, max_device_memory, force_stream)
+                               self.config_pairs, self.implicit, max_device_memory, force_stream,
+                               self.sources)
         for p in self.dplans:
             log.info("memory plan: %s", p.describe())
         self.memory = {"total": max(p.total for p in self.dplans),
@@ -149,7 +166,8 @@ class MultiEngine:
             futs = [self.pool.submit(DeviceWorker, d, dev, L, self.plan, self.dplans[d], self.f,
                                      self.ldf, {"users": self.config_pairs[d][0],
                                                 "items": self.config_pairs[d][1]},
-                                     implicit_alpha, biased, offset, contexts[d], profile)
+                                     implicit_alpha, biased, offset, contexts[d], profile,
+                                     self.sources[d])
                     for d, dev in enumerate(self.devices)]
             self.workers = [fu.result() for fu in futs]
         except BaseException:
@@ -159,8 +177,10 @@ class MultiEngine:
             self.pool.shutdown()
             raise
         self.configs = [{"users": p[0], "items": p[1]} for p in self.config_pairs]
-        self.times = {"compute": 0.0, "exchange": 0.0, "iterations": 0, "wall": 0.0}
+        self.times = {"compute": 0.0, "exchange": 0.0, "iterations": 0, "wall": 0.0,
+                      "reduce": 0.0}
         self._metric_cache = {}
+        self._partials = {}
 
     # ----- factors -------------------------------------------------------------------------
     def _padded(self, side, M, biases):
@@ -199,11 +219,62 @@ class MultiEngine:
 
     # ----- iterations ----------------------------------------------------------------------
     def half_step(self, side, regularization, weighted):
-        """Solve ``side`` on every device concurrently, exchanging the solved rows."""
+        """Solve ``side`` on every device concurrently, exchanging the solved rows (or reducing
+        the partial normal equations first, in the reduce mode)."""
         needed = len(self.workers) > 1 and self.plan[other_side(side)].mode == "replicate"
         ex = Exchange(side, self.host[side], len(self.workers), needed=needed)
-        futs = [self.pool.submit(w.half_step, side, regularization, weighted, ex)
-                for w in self.workers]
+        if self.plan[side].mode == "reduce":
+            A, B, G = self._partial_arrays(side)
+            self._gather([self.pool.submit(w.partials, side, A[d], B[d], G[d])
+                          for d, w in enumerate(self.workers)])
+            t = time.perf_counter()
+            self._reduce(side, regularization, weighted)
+            self.times["reduce"] += time.perf_counter() - t
+            self._gather([self.pool.submit(w.solve_reduced, side, A[d], B[d], regularization,
+                                           weighted, ex) for d, w in enumerate(self.workers)])
+            return
+        self._gather([self.pool.submit(w.half_step, side, regularization, weighted, ex)
+                      for w in self.workers])
+
+    def _partial_arrays(self, side):
+        """Host arrays of every device's partial systems of ``side`` (allocated once)."""
+        if side not in self._partials:
+            rows, fs = max(1, self.layout[side].rows), self.fs
+            n = len(self.workers)
+            self._partials[side] = ([np.empty((rows, fs, fs), np.float32) for _ in range(n)],
+                                    [np.empty((rows, fs), np.float32) for _ in range(n)],
+                                    [np.zeros((fs, fs), np.float32) for _ in range(n)])
+        return self._partials[side]
+
+    def _reduce(self, side, regularization, weighted):
+        """Sum the devices' partial systems of each device's own rows into that device's
+        arrays, with the Gram matrix (implicit) and the regularisation added, in threads."""
+        A, B, G = self._partials[side]
+        counts = self.layout[side].counts()
+        n = len(self.workers)
+        Gs = np.sum(G, axis=0) if self.implicit else None
+        diag = np.arange(self.fs)
+        step = max(1, (64 << 20) // (4 * self.fs * self.fs))
+        jobs = [(d, a, min(a + step, self.plan[side].block(d)[1]))
+                for d in range(n) for a in range(*self.plan[side].block(d), step)]
+
+        def work(job):
+            d, a, b = job
+            Ad, Bd = A[d][a:b], B[d][a:b]
+            for e in range(n):
+                if e != d:
+                    Ad += A[e][a:b]
+                    Bd += B[e][a:b]
+            if Gs is not None:
+                Ad += Gs
+            lam = (regularization * counts[a:b] if weighted
+                   else np.full(b - a, regularization))
+            Ad[:, diag, diag] += lam.astype(np.float32)[:, None]
+
+        _map_threads(work, jobs)
+
+    def _gather(self, futs):
+        """Wait for every device's task; re-raise the first error (a singular system first)."""
         errors = []
         for fu in futs:
             try:
@@ -245,16 +316,18 @@ class MultiEngine:
 
     # ----- metrics -------------------------------------------------------------------------
     def squared_error(self, key, users, items, ratings, offset=0.0):
-        """Sum of squared errors on triples, split by user block over the devices."""
+        """Sum of squared errors on triples, split over the devices by the blocks of the side
+        whose factor is partitioned (users when both are replicated)."""
         users = np.asarray(users)
+        items = np.asarray(items)
         if key not in self._metric_cache:
-            bounds = self.plan["users"].bounds
-            owner = np.searchsorted(bounds, users, side="right") - 1
+            by = "items" if self.plan["users"].mode == "reduce" else "users"
+            bounds = self.plan[by].bounds
+            owner = np.searchsorted(bounds, users if by == "users" else items, side="right") - 1
             order = np.argsort(owner, kind="stable")
             cuts = np.searchsorted(owner[order], np.arange(len(self.workers) + 1))
             self._metric_cache[key] = (order, cuts)
         order, cuts = self._metric_cache[key]
-        items = np.asarray(items)
         ratings = np.asarray(ratings)
 
         def part(d):
@@ -270,6 +343,22 @@ class MultiEngine:
             w.release()
         self.workers = []
         self.pool.shutdown()
+
+
+def _map_threads(fn, jobs):
+    """``fn`` over ``jobs`` on a pool of host threads (NumPy releases the GIL)."""
+    import os
+    with concurrent.futures.ThreadPoolExecutor(min(len(jobs) or 1, os.cpu_count() or 1, 32)) as p:
+        return list(p.map(fn, jobs))
+
+
+def partial_layout(layout, side, r0, r1):
+    """Every row of ``side`` restricted to the entries of the other side's rows ``[r0, r1)``,
+    indices rebased to that block: a device's share of the partial normal equations of
+    ``side`` in the reduce mode (the transpose of the other side's block)."""
+    o = other_side(side)
+    ip, idx, val = layout[o].entries(r0, r1)
+    return transpose_csr(SideLayout(ip, idx, val), layout[side].rows)
 
 
 def _shared_contexts(devices):

@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from .. import kernels as K
-from ..engine import launch_batch, launch_gram
+from ..engine import launch_batch, launch_gram, launch_solve
 from ..errors import SingularSystemError
 
 log = logging.getLogger(__name__)
@@ -97,10 +97,13 @@ class DeviceWorker:
         :class:`clmf.parallel.memory.DevicePlan`.
     f : factors; ``ldf``: the fit's common row width; ``configs``: side → KernelConfig.
     implicit_alpha, biased, offset : the mode, as :class:`clmf.engine.Engine`.
+    sources : optional side → SideLayout of the rows this device computes on for a side whose
+        normal equations are reduced: every row of the side, restricted to the entries of the
+        fixed side's block held here, indices rebased to that block (:func:`partial_layout`).
     """
 
     def __init__(self, index, device, layout, plan, dplan, f, ldf, configs, implicit_alpha=None,
-                 biased=False, offset=0.0, context=None, profile=False):
+                 biased=False, offset=0.0, context=None, profile=False, sources=None):
         import pyopencl as cl
         from ..device import device_info, get_context
         self.cl = cl
@@ -112,6 +115,7 @@ class DeviceWorker:
         self.q = {k: cl.CommandQueue(self.ctx, device, properties=props)
                   for k in ("compute", "stream", "out", "into")}
         self.layout = layout
+        self.sources = {s: (sources or {}).get(s, layout[s]) for s in SIDES}
         self.plan = plan
         self.dplan = dplan
         self.f = f
@@ -180,6 +184,11 @@ class DeviceWorker:
                                              hostbuf=np.arange(max(1, n_other), dtype=np.int32)),
                          g_data=cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
                                           hostbuf=np.ones(max(1, n_other), np.float32)))
+            if self.plan[s].mode == "reduce" and self.plan.devices > 1:
+                r0, r1 = self.plan[s].block(self.index)
+                ip = np.asarray(self.layout[s].indptr[r0:r1 + 1], np.int64)
+                b["counts"] = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
+                                        hostbuf=ip - ip[0])
             self.buf[s] = b
             if m.resident:
                 self._upload_chunk(s, sets[0], m.chunks[0], blocking=True)
@@ -189,7 +198,7 @@ class DeviceWorker:
         """Copy rows ``chunk`` of ``side`` (rebased row pointers, entries) into a buffer set."""
         cl = self.cl
         r0, r1 = chunk
-        ip, idx, val = self.layout[side].entries(r0, r1)
+        ip, idx, val = self.sources[side].entries(r0, r1)
         q = self.q["stream"]
         evs = [cl.enqueue_copy(q, bset["indptr"], ip, is_blocking=False, wait_for=wait_for)]
         if len(idx):
@@ -247,7 +256,8 @@ class DeviceWorker:
         fs = self.fs
         lo, _hi = self.frange[side]
         if self.frange[other] != (0, self.layout[other].rows):
-            raise NotImplementedError("a half-step needs the whole fixed factor on the device")
+            raise ValueError(f"the {side} half-step reduces partial normal equations here: "
+                             "use partials() and solve_reduced()")
         cl.enqueue_copy(q, self.status, np.array([_INT_MAX], np.int32))
         if self.implicit:
             launch_gram(kern, q, cfg, fs, b["gram_k"], b["g_indptr"], b["g_indices"],
@@ -285,6 +295,15 @@ class DeviceWorker:
                     copy_events.append(ev)
                     publisher.put(ev, g0, g0 + n)
             bset["event"] = last
+        self._finish_half_step(side, regularization, publisher, exchange, t0,
+                               kernel_events, stream_events, copy_events)
+
+    def _finish_half_step(self, side, regularization, publisher, exchange, t0, kernel_events,
+                          stream_events, copy_events):
+        """Receive the other devices' rows while this device's kernels run, wait for all,
+        account the times and report a singular system."""
+        cl = self.cl
+        q = self.q["compute"]
         st = np.empty(1, np.int32)
         st_ev = cl.enqueue_copy(q, st, self.status, is_blocking=False)
         done_at = []
@@ -312,6 +331,95 @@ class DeviceWorker:
             raise SingularSystemError(
                 f"the normal equations of {side[:-1]} row {int(st[0])} are not positive "
                 f"definite (regularization={regularization}); increase regularization")
+
+    # ----- the reduce mode: partial normal equations -----------------------------------------
+    def partials(self, side, host_A, host_B, host_G):
+        """Partial normal equations of every row of ``side`` over this device's block of the
+        fixed side, into ``host_A`` (rows × f × f), ``host_B`` (rows × f) and, with implicit
+        feedback, ``host_G`` (f × f, the block's Gram matrix); nothing regularised."""
+        cl = self.cl
+        t0 = time.perf_counter()
+        other = other_side(side)
+        m = self.dplan.sides[side]
+        b, v, cfg = self.buf[side], self.vars[side], self.configs[side]
+        kern = self.programs[side].kernels
+        q = self.q["compute"]
+        fs = self.fs
+        kernel_events, stream_events = [], []
+        if self.implicit:
+            kernel_events.append(launch_gram(kern, q, cfg, fs, b["gram_k"], b["g_indptr"],
+                                             b["g_indices"], b["g_data"], self.factors[other],
+                                             b["A"], b["B"], b["G"]))
+            cl.enqueue_copy(q, host_G, b["G"], is_blocking=False)
+        sets = b["sets"]
+        bs = m.batch_rows
+        for c, chunk in enumerate(m.chunks):
+            bset = sets[c % len(sets)]
+            wait = None
+            if not m.resident:
+                prev = bset["event"]
+                up = self._upload_chunk(side, bset, chunk, wait_for=[prev] if prev else None)
+                wait = [up]
+                stream_events.append(up)
+            r0, r1 = chunk
+            last = None
+            for row0 in range(0, r1 - r0, bs):
+                n = min(bs, r1 - r0 - row0)
+                evs = launch_batch(
+                    kern, q, cfg, v, fs, bset["indptr"], bset["indices"], bset["data"],
+                    self.factors[other], b["A"], b["B"], b["G"], None, None, row0, n, 0, 0.0,
+                    False, self.implicit, self.alpha, self.offset, wait_for=wait, solve=False,
+                    gram=False)
+                wait = None
+                kernel_events.extend(e for e in evs if e is not None)
+                g0 = r0 + row0
+                # the scratch is reused by the next batch: copied on the same (in-order) queue
+                cl.enqueue_copy(q, host_A[g0:g0 + n], b["A"], is_blocking=False)
+                last = cl.enqueue_copy(q, host_B[g0:g0 + n], b["B"], is_blocking=False)
+            bset["event"] = last
+        q.finish()
+        self.times["compute"] += time.perf_counter() - t0
+        if self.profile:
+            self.times["kernels"] = self.times.get("kernels", 0.0) + sum(
+                (e.profile.end - e.profile.start) * 1e-9 for e in kernel_events)
+
+    def solve_reduced(self, side, host_A, host_B, regularization, weighted, exchange):
+        """Solve this device's rows of ``side`` from the reduced systems in ``host_A``/``host_B``
+        (regularised, Gram added) and exchange them as :meth:`half_step` does."""
+        try:
+            self._solve_reduced(side, host_A, host_B, regularization, weighted, exchange)
+        except BaseException as e:
+            exchange.fail(e)
+            raise
+
+    def _solve_reduced(self, side, host_A, host_B, regularization, weighted, exchange):
+        cl = self.cl
+        t0 = time.perf_counter()
+        b, cfg = self.buf[side], self.configs[side]
+        kern = self.programs[side].kernels
+        q = self.q["compute"]
+        fs = self.fs
+        lo, _hi = self.frange[side]
+        r0, r1 = self.plan[side].block(self.index)
+        bs = self.dplan.sides[side].batch_rows
+        cl.enqueue_copy(q, self.status, np.array([_INT_MAX], np.int32))
+        publisher = _Publisher(exchange, self.index) if exchange.needed else None
+        kernel_events, copy_events = [], []
+        for row0 in range(0, r1 - r0, bs):
+            n = min(bs, r1 - r0 - row0)
+            g0 = r0 + row0
+            cl.enqueue_copy(q, b["A"], host_A[g0:g0 + n], is_blocking=False)
+            cl.enqueue_copy(q, b["B"], host_B[g0:g0 + n], is_blocking=False)
+            e3 = launch_solve(kern, q, cfg, fs, b["counts"], b["A"], b["B"], self.factors[side],
+                              self.status, row0, n, r0 - lo, regularization, weighted)
+            kernel_events.append(e3)
+            if publisher is not None:
+                ev = self.read_rows(side, exchange.host, g0, g0 + n, blocking=False,
+                                    wait_for=[e3])
+                copy_events.append(ev)
+                publisher.put(ev, g0, g0 + n)
+        self._finish_half_step(side, regularization, publisher, exchange, t0, kernel_events, [],
+                               copy_events)
 
     def _receive(self, side, exchange):
         """Upload the other devices' rows of ``side`` as they are published."""
