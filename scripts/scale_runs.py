@@ -14,6 +14,8 @@ Steps (``--which``, default all, in this order):
 * ``hugewiki1``  — the same on one GPU out of core (``max_device_memory`` capped so that only
   ``--ooc-share`` of the ratings fit: streamed).
 * ``hugewiki1r`` — the same on one GPU, resident (when it fits).
+* ``modes``      — both fixed-factor modes on 2 devices for a Netflix-like ratio and for
+  m/n = 1000 > f (the replicate/reduce rule of :mod:`clmf.parallel.partition`).
 
 Every step prints timestamped progress, writes ``OUTDIR/STEP.json`` after each measurement and
 appends its rows to ``OUTDIR/summary.md`` (a timeout keeps what was measured). Per-iteration
@@ -50,109 +52,12 @@ def provenance(devices):
                         for i in (device_info(d) for d in devices)]}
 
 
-def configs_for(devices, layout, f):
-    """Each device's tuned configuration pair (ALS's own lookup, solver auto)."""
-    import clmf
-    from clmf.device import device_info
-    from clmf.model import _side_stats
-    m, n = layout.shape
-    stats = {"users": _side_stats(layout.users.counts(), n),
-             "items": _side_stats(layout.items.counts(), m)}
-    est = clmf.ALS(factors=f, regularization=0.05)
-    out = []
-    for d in devices:
-        ch = est._resolve_configs(device_info(d), stats)
-        out.append((ch["users"].config, ch["items"].config))
-    return out
-
-
-def sample_triples(layout, k=1_000_000, seed=0):
-    """``k`` random training ratings as triples (RMSE check)."""
-    rng = np.random.default_rng(seed)
-    e = np.sort(rng.integers(0, layout.nnz, size=min(k, layout.nnz)))
-    u = np.searchsorted(layout.users.indptr, e, side="right") - 1
-    return u.astype(np.int32), np.asarray(layout.users.indices[e]), np.asarray(layout.users.data[e])
-
-
 def timed_fit(devices, layout, f, iterations, budget_s, single=False, max_device_memory=None,
-              label=""):
-    """Build the backend, run a warm-up iteration and up to ``iterations`` timed ones within
-    ``budget_s``; returns a dict of times."""
-    import scipy.sparse as sp
-    from clmf import reference
-    from clmf.engine import Engine
-    from clmf.parallel import MultiEngine
-    t0 = time.time()
-    cfgs = configs_for(devices, layout, f)
-    say(f"{label}: configs {[(str(a), str(b)) for a, b in cfgs]}")
-    if single:
-        R = sp.csr_matrix((layout.users.data, layout.users.indices, layout.users.indptr),
-                          shape=layout.shape)
-        eng = Engine(devices[0], R, f, cfgs[0], profile=True)
-        kind = "Engine"
-    else:
-        eng = MultiEngine(devices, layout, f, cfgs, max_device_memory=max_device_memory,
-                          profile=True)
-        kind = "MultiEngine"
-    t_build = time.time() - t0
-    say(f"{label}: {kind} built in {t_build:.1f} s; memory {json.dumps(_mem(eng.memory))}")
-    out = {"backend": kind, "build_s": t_build, "memory": _mem(eng.memory),
-           "configs": [[str(a), str(b)] for a, b in cfgs]}
-    if kind == "MultiEngine":
-        out["plan"] = eng.plan.describe()
-        out["device_plans"] = [p.describe() for p in eng.dplans]
-    try:
-        m, n = layout.shape
-        X0, Y0 = reference.start_factors(m, n, f, 0)
-        eng.set_factors("users", X0)
-        eng.set_factors("items", Y0)
-        del X0, Y0
-        eng.finish()
-        t = time.time()
-        eng.iteration(0.05, True)
-        eng.finish()
-        out["warmup_s"] = time.time() - t
-        say(f"{label}: warm-up iteration {out['warmup_s']:.3f} s")
-        if kind == "MultiEngine":
-            _reset_times(eng)
-        else:
-            eng.stage_times = {k: 0.0 for k in eng.stage_times}
-        times = []
-        start = time.time()
-        for it in range(iterations):
-            t = time.time()
-            eng.iteration(0.05, True)
-            eng.finish()
-            times.append(time.time() - t)
-            say(f"{label}: iteration {it + 1}: {times[-1]:.4f} s")
-            if time.time() - start + times[-1] > budget_s:
-                say(f"{label}: time budget reached")
-                break
-        out["iter_s"] = times
-        out["s_per_it"] = float(np.median(times))
-        if kind == "MultiEngine":
-            out["split"] = eng.time_split()
-        else:
-            out["split"] = {"wall": float(np.mean(times)),
-                            **{k: v / len(times) for k, v in eng.stage_times.items()}}
-        u, i, r = sample_triples(layout)
-        se, cnt = eng.squared_error("sample", u, i, r)
-        out["train_rmse_sample"] = float(np.sqrt(se / cnt))
-        say(f"{label}: {out['s_per_it']:.4f} s/it, split {out['split']}, "
-            f"sample RMSE {out['train_rmse_sample']:.4f}")
-    finally:
-        eng.release()
-    return out
-
-
-def _reset_times(eng):
-    for w in eng.workers:
-        w.times = {"compute": 0.0, "exchange": 0.0, "stream": 0.0}
-    eng.times = {"compute": 0.0, "exchange": 0.0, "iterations": 0, "wall": 0.0}
-
-
-def _mem(mem):
-    return {k: v for k, v in mem.items() if k in ("total", "streamed", "per_device")}
+              label="", modes=None):
+    """:func:`clmf.parallel.scaling.timed_fit` with this script's progress lines."""
+    from clmf.parallel.scaling import timed_fit as run
+    return run(devices, layout, f, iterations, budget_s, single=single,
+               max_device_memory=max_device_memory, modes=modes, say=say, label=label)
 
 
 def ooc_cap(device, layout, f, share):
@@ -161,6 +66,7 @@ def ooc_cap(device, layout, f, share):
     from clmf.device import device_info
     from clmf.parallel import common_ldf, make_plan
     from clmf.parallel.backend import plan_fit
+    from clmf.parallel.scaling import configs_for
     cfgs = configs_for([device], layout, f)
     plan = make_plan(layout.users.counts(), layout.items.counts(), 1, f)
     dp = plan_fit([device_info(device)], layout, plan, f, common_ldf(cfgs, f), 4, cfgs)[0]
@@ -197,7 +103,7 @@ class Recorder:
                      f"{run.get('s_per_it', float('nan')):.4f} | "
                      f"{run.get('speedup', '')} | {sp.get('compute', sp.get('s1', ''))} | "
                      f"{sp.get('exchange', '')} | {sp.get('stream_copies', '')} | "
-                     f"{run.get('error', '')} |\n")
+                     f"{run.get('plan', '')} | {run.get('error', '')} |\n")
 
     def flush(self):
         tmp = self.path + ".tmp"
@@ -234,6 +140,11 @@ def main():
     ap.add_argument("--scale", type=float, default=1.0,
                     help="share of the Netflix shapes' users and ratings (small test runs)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--no-compare-modes", action="store_true",
+                    help="skip the second run with the other fixed-factor mode (2 GPUs: Netflix "
+                         "f=100 reduced, Hugewiki replicated)")
+    ap.add_argument("--no-engine", action="store_true",
+                    help="netflix4x: skip the single-device Engine attempt after the planned fit")
     a = ap.parse_args()
     os.makedirs(a.outdir, exist_ok=True)
     import logging
@@ -250,17 +161,21 @@ def main():
             fh.write(f"# scale runs {meta['date']} commit {meta['commit']}\n\n"
                      f"devices: {[d['name'] + ' ' + d['driver'] for d in meta['devices']]}\n\n"
                      "| step | run | devices | f | ratings | s/it | speedup | compute s | "
-                     "exchange s | stream copies s | error |\n|---|---|---|---|---|---|---|---|"
-                     "---|---|---|\n")
+                     "exchange s | stream copies s | plan | error |\n|---|---|---|---|---|---|---|"
+                     "---|---|---|---|---|\n")
     steps = [s.strip() for s in a.which.split(",") if s.strip()]
     for step in steps:
         say(f"== step {step}")
         rec = Recorder(a.outdir, step, meta)
         if step == "netflix4x":
             L = synthetic_layout("netflix-4x", a.scale, threads=a.threads, progress=say)
-            guarded(rec, "netflix-4x f=100 1 GPU", lambda: timed_fit(
+            guarded(rec, "netflix-4x f=100 1 GPU (planned, MultiEngine)", lambda: timed_fit(
                 devices[:1], L, 100, a.iterations, a.budget_s, label="netflix4x"),
                 devices=1, f=100, nnz=L.nnz, shape=L.shape)
+            if not a.no_engine:     # the path that failed in the issue, for the record
+                guarded(rec, "netflix-4x f=100 1 GPU (Engine)", lambda: timed_fit(
+                    devices[:1], L, 100, a.iterations, a.budget_s, single=True,
+                    label="netflix4x Engine"), devices=1, f=100, nnz=L.nnz, shape=L.shape)
             del L
         elif step == "netflix":
             L = synthetic_layout("netflix", a.scale, threads=a.threads, progress=say)
@@ -278,6 +193,11 @@ def main():
                         two["efficiency"] = round(sp_ / 2, 3)
                         rec.flush()
                         say(f"netflix f={f}: speedup {sp_:.2f}× (efficiency {sp_ / 2:.0%})")
+                    if f == 100 and not a.no_compare_modes:
+                        guarded(rec, f"netflix f={f} 2 GPUs, items reduced", lambda: timed_fit(
+                            devices[:2], L, f, a.iterations, a.budget_s,
+                            modes={"users": "replicate", "items": "reduce"},
+                            label=f"netflix f={f} x2 reduce"), devices=2, f=f, nnz=L.nnz)
             del L
         elif step in ("hugewiki2", "hugewiki1", "hugewiki1r"):
             L = synthetic_layout("hugewiki", a.fraction, threads=a.threads, progress=say)
@@ -293,7 +213,26 @@ def main():
                                           max_device_memory=cap, label=step),
                         devices=nd, f=100, nnz=L.nnz, shape=L.shape, fraction=a.fraction,
                         max_device_memory=cap)
+                if nd == 2 and not a.no_compare_modes:
+                    guarded(rec, f"hugewiki x{a.fraction:g} f=100 2 GPU, both replicated",
+                            lambda: timed_fit(devices[:2], L, 100, a.iterations, a.budget_s,
+                                              modes={"users": "replicate", "items": "replicate"},
+                                              label=step + " replicate"),
+                            devices=2, f=100, nnz=L.nnz, shape=L.shape, fraction=a.fraction)
             del L
+        elif step == "modes":
+            # the replicate/reduce rule: the fixed side's rows against f × the solved side's
+            for shape, nnz, f in (((200_000, 7_400), 4_000_000, 32),     # Netflix's ratio m/n
+                                  ((400_000, 400), 4_000_000, 32)):      # m/n = 1000 > f
+                L = synthetic_layout("netflix", shape=shape, nnz=nnz, threads=a.threads,
+                                     progress=say)
+                for modes in ({"users": "replicate", "items": "replicate"},
+                              {"users": "replicate", "items": "reduce"}):
+                    tag = f"{shape[0]}x{shape[1]} f={f} items {modes['items']}"
+                    guarded(rec, tag, lambda: timed_fit(devices[:2], L, f, a.iterations,
+                                                        a.budget_s, modes=modes, label=tag),
+                            devices=2, f=f, nnz=L.nnz, shape=shape)
+                del L
         else:
             say(f"unknown step {step}")
     say("done")

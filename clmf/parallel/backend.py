@@ -302,12 +302,19 @@ class MultiEngine:
         for w in self.workers:
             w.finish()
 
+    def reset_times(self):
+        """Start the time accounting afresh (after a warm-up iteration)."""
+        for w in self.workers:
+            w.times = {"compute": 0.0, "exchange": 0.0}
+        self.times = {"compute": 0.0, "exchange": 0.0, "iterations": 0, "wall": 0.0,
+                      "reduce": 0.0}
+
     def time_split(self):
         """Seconds per iteration so far: wall, compute and exchange tail (slowest device), and
         with profiling the devices' busy times (kernels, streamed copies, exchange copies)."""
         it = max(1, self.times["iterations"])
         out = {"wall": self.times["wall"] / it, "compute": self.times["compute"] / it,
-               "exchange": self.times["exchange"] / it}
+               "exchange": self.times["exchange"] / it, "reduce": self.times["reduce"] / it}
         for key in ("kernels", "stream_copies", "exchange_copies"):
             vals = [w.times.get(key) for w in self.workers if key in w.times]
             if vals:

@@ -51,7 +51,7 @@ def _alias(p):
 
 
 def synthetic_layout(preset="hugewiki", fraction=1.0, *, seed=0, threads=None, rank=4,
-                     user_exponent=0.6, item_exponent=0.5, progress=None):
+                     user_exponent=0.6, item_exponent=0.5, progress=None, shape=None, nnz=None):
     """Both layouts of a synthetic ratings set of a preset's shape (scaled by ``fraction``:
     users and ratings scale, items stay — a fraction of Hugewiki is its first users).
 
@@ -62,6 +62,7 @@ def synthetic_layout(preset="hugewiki", fraction=1.0, *, seed=0, threads=None, r
     fraction : share of the users and ratings (0 < fraction ≤ 1 ... any positive number).
     seed : int; threads : worker threads (default: all cores, at most 32).
     progress : optional callable(message) for timestamps (the scaling script prints them).
+    shape, nnz : optional ``(users, items)`` and ratings overriding the preset's.
 
     Returns
     -------
@@ -73,6 +74,10 @@ def synthetic_layout(preset="hugewiki", fraction=1.0, *, seed=0, threads=None, r
     if not (fraction > 0 and math.isfinite(fraction)):
         raise ValueError(f"fraction must be a positive number, not {fraction!r}")
     m0, n, z0 = LARGE_PRESETS[preset]
+    if shape is not None:
+        m0, n = (int(x) for x in shape)
+    if nnz is not None:
+        z0 = int(nnz)
     m = max(1, int(round(m0 * fraction)))
     total = max(m, int(round(z0 * fraction)))
     threads = int(threads or min(os.cpu_count() or 1, 32))
