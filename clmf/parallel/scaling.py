@@ -145,3 +145,40 @@ def render_scaling(rows, title="Scaling"):
         out.append(f"| {r['devices']} | {r['f']} | {r['s_per_it']:.4f} | {r['speedup']:.2f}× | "
                    f"{r['efficiency']:.0%} | {r['exchange_share']:.0%} | {r['backend']} |")
     return "\n".join(out) + "\n"
+
+
+def cmd_scaling(args, load, argv=None):
+    """``clmf bench --scaling DEVICES``: for each data set and f, time the fit on the first
+    1..N devices; write ``scaling-<time>.md`` and ``.json`` in the output folder."""
+    import datetime
+    import json
+    import pathlib
+    from ..device import device_info
+    from ..provenance import commit
+    from .devices import select_devices
+    spec = args.scaling
+    devices = select_devices([s for s in spec.split(",") if s] if "," in spec else spec)
+    infos = [device_info(d) for d in devices]
+    when = datetime.datetime.now(datetime.timezone.utc)
+    out = pathlib.Path(args.out or pathlib.Path("results") / "bench" / "scaling")
+    out.mkdir(parents=True, exist_ok=True)
+    name = args.name or f"scaling-{when.strftime('%Y%m%dT%H%M%SZ')}"
+    rows = []
+    parts = [f"# clmf scaling {when.isoformat(timespec='seconds')}", "",
+             f"commit {commit()}; command `clmf bench {' '.join(argv or [])}`", "",
+             "devices: " + "; ".join(f"{i.platform} | {i.name} (driver {i.driver})"
+                                     for i in infos), ""]
+    for data_spec in args.data or ["ml-100k"]:
+        R = load(data_spec)
+        for f in args.factors:
+            got = scaling_rows(devices, R, f, iterations=args.iterations, say=print)
+            for r in got:
+                r["data"] = data_spec
+            rows += got
+            parts.append(render_scaling(got, f"{data_spec}, f = {f} ({R.nnz:,} ratings)"))
+    (out / f"{name}.md").write_text("\n".join(parts))
+    (out / f"{name}.json").write_text(json.dumps({"date": when.isoformat(), "commit": commit(),
+                                                  "argv": argv, "rows": rows}, indent=1))
+    print("\n".join(parts))
+    print(f"wrote {out / (name + '.md')}")
+    return 0
