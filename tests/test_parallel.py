@@ -187,6 +187,32 @@ def test_streamed_fit_matches_resident(cl_device, mode):
         assert rel_err(st.user_factors_, X1) <= 1e-4 and rel_err(st.item_factors_, Y1) <= 1e-4
 
 
+@pytest.mark.parametrize("pinned", [False, True])
+def test_streamed_chunks_pinned_or_not(cl_device, pinned):
+    """Streaming through page-locked staging arrays (the GPU default) or straight from the
+    host arrays gives the resident answer; several chunks per side, two workers."""
+    from clmf.config import KernelConfig
+    from clmf.parallel import MultiEngine
+    R = random_ratings(300, 160, 0.1, seed=12, empty_rows=(1,))
+    cfg = KernelConfig.parse("batch+reg:solver=cholesky")
+    X0, Y0 = reference.start_factors(*R.shape, 6, 0)
+    got = []
+    for kw in (dict(), dict(force_stream=("users", "items"), pinned=pinned)):
+        e = MultiEngine([cl_device] * 2, R, 6, [(cfg, cfg)] * 2, **kw)
+        try:
+            if kw:
+                assert all(len(p.sides[s].chunks) >= 3 for p in e.dplans for s in p.streamed)
+                assert all(p.streamed == ["users", "items"] for p in e.dplans)
+            e.set_factors("users", X0)
+            e.set_factors("items", Y0)
+            e.iteration(0.1, True)
+            e.iteration(0.1, True)
+            got.append((e.get_factors("users"), e.get_factors("items")))
+        finally:
+            e.release()
+    assert rel_err(got[1][0], got[0][0]) <= 1e-6 and rel_err(got[1][1], got[0][1]) <= 1e-6
+
+
 def test_plan_that_cannot_fit_raises_before_device_work(cl_device, monkeypatch):
     from clmf.parallel import backend
 

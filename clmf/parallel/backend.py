@@ -106,7 +106,7 @@ class MultiEngine:
 
     def __init__(self, devices, R, f, configs, *, implicit_alpha=None, biased=False, offset=0.0,
                  max_device_memory=None, profile=False, force_stream=(), modes=None,
-                 shares=None):
+                 shares=None, pinned=None):
         from ..device import device_info
         self.layout = R if isinstance(R, Layout) else Layout.from_csr(R)
         self.shape = self.layout.shape
@@ -167,7 +167,7 @@ class MultiEngine:
                                      self.ldf, {"users": self.config_pairs[d][0],
                                                 "items": self.config_pairs[d][1]},
                                      implicit_alpha, biased, offset, contexts[d], profile,
-                                     self.sources[d])
+                                     self.sources[d], pinned)
                     for d, dev in enumerate(self.devices)]
             self.workers = [fu.result() for fu in futs]
         except BaseException:

@@ -97,13 +97,17 @@ class DeviceWorker:
         :class:`clmf.parallel.memory.DevicePlan`.
     f : factors; ``ldf``: the fit's common row width; ``configs``: side → KernelConfig.
     implicit_alpha, biased, offset : the mode, as :class:`clmf.engine.Engine`.
+    pinned : stream rating chunks through page-locked host buffers (``ALLOC_HOST_PTR``,
+        mapped; filled by host threads while the previous chunk's copy and kernels run); default
+        on GPUs, where DMA from pinned memory is several times faster than from pageable memory.
     sources : optional side → SideLayout of the rows this device computes on for a side whose
         normal equations are reduced: every row of the side, restricted to the entries of the
         fixed side's block held here, indices rebased to that block (:func:`partial_layout`).
     """
 
     def __init__(self, index, device, layout, plan, dplan, f, ldf, configs, implicit_alpha=None,
-                 biased=False, offset=0.0, context=None, profile=False, sources=None):
+                 biased=False, offset=0.0, context=None, profile=False, sources=None,
+                 pinned=None):
         import pyopencl as cl
         from ..device import device_info, get_context
         self.cl = cl
@@ -130,7 +134,10 @@ class DeviceWorker:
         self.np_store = np.float16 if self.storage == "float16" else np.float32
         self.itemsize = np.dtype(self.np_store).itemsize
         self.profile = profile
-        self.times = {"compute": 0.0, "exchange": 0.0, "stream": 0.0}
+        self.times = {"compute": 0.0, "exchange": 0.0}
+        self.pinned = (self.info.type == "GPU") if pinned is None else bool(pinned)
+        self._staging = []          # (buffer, mapped arrays) to unmap at release
+        self._fill_pool = None
         self._build()
 
     # ----- set-up --------------------------------------------------------------------------
@@ -172,6 +179,13 @@ class DeviceWorker:
                              "data": cl.Buffer(self.ctx, mf.READ_ONLY, size=4 * m.chunk_nnz),
                              "event": None, "chunk": None})
             b["sets"] = sets
+            if not m.resident and self.pinned:
+                for bset in sets:
+                    bset["stage"] = {
+                        "indptr": self._pinned(m.chunk_rows + 1, np.int64),
+                        "indices": self._pinned(m.chunk_nnz, np.int32),
+                        "data": self._pinned(m.chunk_nnz, np.float32)}
+                    bset["staged"] = None
             if self.implicit:
                 o = other_side(s)
                 lo, hi = self.frange[o]
@@ -194,12 +208,57 @@ class DeviceWorker:
                 self._upload_chunk(s, sets[0], m.chunks[0], blocking=True)
         log.debug("worker %d on %s: %s", self.index, self.info.name, self.dplan.describe())
 
+    def _pinned(self, count, dtype):
+        """A page-locked host array of ``count`` items (a mapped ALLOC_HOST_PTR buffer)."""
+        cl = self.cl
+        buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR,
+                        size=max(1, count) * np.dtype(dtype).itemsize)
+        arr, _ev = cl.enqueue_map_buffer(self.q["stream"], buf,
+                                         cl.map_flags.READ | cl.map_flags.WRITE, 0,
+                                         (max(1, count),), dtype, is_blocking=True)
+        self._staging.append((buf, arr))
+        return arr
+
+    def _fill(self, dst, src):
+        """``dst[:len(src)] = src`` in host threads (NumPy releases the GIL)."""
+        import concurrent.futures
+        n = len(src)
+        parts = max(1, min(4, n // (1 << 22)))
+        if parts == 1:
+            np.copyto(dst[:n], src, casting="unsafe")
+            return
+        if self._fill_pool is None:
+            self._fill_pool = concurrent.futures.ThreadPoolExecutor(4)
+        cuts = np.linspace(0, n, parts + 1).astype(np.int64)
+        list(self._fill_pool.map(lambda k: np.copyto(dst[cuts[k]:cuts[k + 1]],
+                                                     src[cuts[k]:cuts[k + 1]], casting="unsafe"),
+                                 range(parts)))
+
     def _upload_chunk(self, side, bset, chunk, blocking=False, wait_for=None):
-        """Copy rows ``chunk`` of ``side`` (rebased row pointers, entries) into a buffer set."""
+        """Copy rows ``chunk`` of ``side`` (rebased row pointers, entries) into a buffer set
+        (through its pinned staging arrays when it has them)."""
         cl = self.cl
         r0, r1 = chunk
         ip, idx, val = self.sources[side].entries(r0, r1)
         q = self.q["stream"]
+        stage = bset.get("stage")
+        if stage is not None:
+            if bset["staged"] is not None:
+                bset["staged"].wait()          # the staging arrays' previous copy is done
+            self._fill(stage["indptr"], ip)
+            self._fill(stage["indices"], idx)
+            self._fill(stage["data"], val)
+            n = len(idx)
+            evs = [cl.enqueue_copy(q, bset["indptr"], stage["indptr"][:len(ip)],
+                                   is_blocking=False, wait_for=wait_for)]
+            if n:
+                evs.append(cl.enqueue_copy(q, bset["indices"], stage["indices"][:n],
+                                           is_blocking=False))
+                evs.append(cl.enqueue_copy(q, bset["data"], stage["data"][:n],
+                                           is_blocking=False))
+            bset["staged"] = evs[-1]
+            bset["chunk"] = chunk
+            return evs[-1]
         evs = [cl.enqueue_copy(q, bset["indptr"], ip, is_blocking=False, wait_for=wait_for)]
         if len(idx):
             evs.append(cl.enqueue_copy(q, bset["indices"], np.ascontiguousarray(idx, np.int32),
@@ -479,6 +538,15 @@ class DeviceWorker:
     def release(self):
         """Free the device buffers."""
         self.finish()
+        for buf, arr in self._staging:
+            mapping = getattr(arr, "base", None)
+            if hasattr(mapping, "release"):
+                mapping.release(self.q["stream"])     # unmap before freeing
+            buf.release()
+        self._staging = []
+        if self._fill_pool is not None:
+            self._fill_pool.shutdown()
+            self._fill_pool = None
         for s in list(self.buf):
             b = self.buf[s]
             for key, val in list(b.items()):
