@@ -65,6 +65,13 @@ def main():
             many3.partial_fit_users([0, 7], u)
             ids, _scores = many3.recommend(1, sp.csr_matrix(R[1]), N=5)
             out["recommend"] = len(ids)
+            import os
+            import tempfile
+            with tempfile.TemporaryDirectory() as tmp:
+                path = many3.save(os.path.join(tmp, "m.npz"))
+                back = clmf.load(path)
+                out["saved"] = bool(np.allclose(back.predict([0, 1], [2, 3]),
+                                                many3.predict([0, 1], [2, 3])))
             out["configs"] = [str(c["users"].config) for c in many.device_configs_]
             print(json.dumps(out), flush=True)
 

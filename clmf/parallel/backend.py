@@ -369,6 +369,17 @@ def partial_layout(layout, side, r0, r1):
 
 
 def _shared_contexts(devices):
-    """One context per device (clmf's memoized ones)."""
+    """One context per device (clmf's memoized one; a device named again — several workers on
+    one device — gets a fresh context, so no two threads share a program's kernel objects,
+    which are not thread-safe)."""
+    import pyopencl as cl
     from ..device import get_context
-    return [get_context(d)[0] for d in devices]
+    seen = set()
+    out = []
+    for d in devices:
+        if d.int_ptr in seen:
+            out.append(cl.Context([d]))
+        else:
+            seen.add(d.int_ptr)
+            out.append(get_context(d)[0])
+    return out
