@@ -31,8 +31,6 @@ import sys
 import time
 import traceback
 
-import numpy as np
-
 T0 = time.time()
 
 

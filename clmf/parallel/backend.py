@@ -12,7 +12,6 @@ import time
 
 import numpy as np
 
-from ..errors import DeviceMemoryError
 from .layout import Layout, SideLayout, transpose_csr
 from .memory import plan_device
 from .partition import choose_modes, make_plan

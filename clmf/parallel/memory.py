@@ -178,7 +178,6 @@ def _plan(name, budget, alloc, scratch_cap, *, f, ldf, itemsize, blocks, factor_
                 o = factor_rows["items" if s == "users" else "users"]
             fixed[f"gram_{s}"] = 65 * 8 + int(o) * 8
     fixed["status"] = 16
-    free = budget - sum(fixed.values())
     sides = {}
     lengths = {}
     for s, (indptr, r0, r1) in blocks.items():

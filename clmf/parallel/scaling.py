@@ -132,7 +132,8 @@ def scaling_rows(devices, data, f, iterations=5, budget_s=60.0, say=None):
         split = res.get("split", {})
         rows.append({"devices": k, "f": f, "s_per_it": s, "speedup": base / s,
                      "efficiency": base / s / k,
-                     "exchange_share": split.get("exchange", 0.0) / max(split.get("wall", s), 1e-12),
+                     "exchange_share": (split.get("exchange", 0.0)
+                                        / max(split.get("wall", s), 1e-12)),
                      "backend": res["backend"], "plan": res.get("plan", "")})
     return rows
 

@@ -174,7 +174,8 @@ class DeviceWorker:
                  "G": cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * fs)}
             sets = []
             for _ in range(m.buffers):
-                sets.append({"indptr": cl.Buffer(self.ctx, mf.READ_ONLY, size=8 * (m.chunk_rows + 1)),
+                sets.append({"indptr": cl.Buffer(self.ctx, mf.READ_ONLY,
+                                                 size=8 * (m.chunk_rows + 1)),
                              "indices": cl.Buffer(self.ctx, mf.READ_ONLY, size=4 * m.chunk_nnz),
                              "data": cl.Buffer(self.ctx, mf.READ_ONLY, size=4 * m.chunk_nnz),
                              "event": None, "chunk": None})
@@ -193,7 +194,8 @@ class DeviceWorker:
                 k = int(max(1, min(64, bs, n_other)))
                 gptr = np.linspace(0, n_other, k + 1).astype(np.int64)
                 b.update(gram_k=k,
-                         g_indptr=cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=gptr),
+                         g_indptr=cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
+                                            hostbuf=gptr),
                          g_indices=cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
                                              hostbuf=np.arange(max(1, n_other), dtype=np.int32)),
                          g_data=cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
@@ -366,8 +368,8 @@ class DeviceWorker:
         st = np.empty(1, np.int32)
         st_ev = cl.enqueue_copy(q, st, self.status, is_blocking=False)
         done_at = []
-        watcher = threading.Thread(target=lambda: (st_ev.wait(), done_at.append(time.perf_counter())),
-                                   daemon=True)
+        watcher = threading.Thread(
+            target=lambda: (st_ev.wait(), done_at.append(time.perf_counter())), daemon=True)
         watcher.start()
         if publisher is not None:
             publisher.close()
