@@ -409,3 +409,15 @@ def test_pocl_and_intel_together_match_one():
 def test_four_pocl_devices_match_one():
     _need(_pocl_available(), "PoCL")
     _check_rows(_run_check("pthread pthread pthread pthread", '["0:0", "0:1", "0:2", "0:3"]'), 4)
+
+
+def test_scaling_table(cl_device):
+    from clmf.parallel import render_scaling, scaling_rows
+    R = random_ratings(150, 60, 0.15, seed=14)
+    rows = scaling_rows([cl_device, cl_device], R, 4, iterations=2, budget_s=30)
+    assert [r["devices"] for r in rows] == [1, 2]
+    assert rows[0]["speedup"] == 1.0 and rows[0]["backend"] == "Engine"
+    assert rows[1]["backend"] == "MultiEngine" and 0 <= rows[1]["exchange_share"] <= 1
+    table = render_scaling(rows, "t")
+    assert "| devices | f | s/it | speedup | efficiency | exchange share |" in table
+    assert table.count("\n| ") >= 3

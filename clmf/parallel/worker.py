@@ -212,12 +212,19 @@ class DeviceWorker:
 
     def _pinned(self, count, dtype):
         """A page-locked host array of ``count`` items (a mapped ALLOC_HOST_PTR buffer)."""
+        return self.pinned_array((max(1, count),), dtype)
+
+    def pinned_array(self, shape, dtype):
+        """A zeroed page-locked host array in this device's context (unmapped and freed by
+        :meth:`release`)."""
         cl = self.cl
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR,
-                        size=max(1, count) * np.dtype(dtype).itemsize)
+                        size=max(1, nbytes))
         arr, _ev = cl.enqueue_map_buffer(self.q["stream"], buf,
                                          cl.map_flags.READ | cl.map_flags.WRITE, 0,
-                                         (max(1, count),), dtype, is_blocking=True)
+                                         tuple(shape), dtype, is_blocking=True)
+        arr[...] = 0
         self._staging.append((buf, arr))
         return arr
 
