@@ -48,7 +48,9 @@ class ALS(RecommenderMixin):
     variant : "auto", a variant name (``"batch+reg+local:tx=8,ty=8"``), a
         :class:`clmf.KernelConfig`, or a pair (users side, items side) of those.
     device : "auto", "cpu", "gpu", "P:D", a name substring or a ``pyopencl.Device``
-        (see :func:`clmf.select_device`; ``CLMF_DEVICE`` is honoured with "auto").
+        (see :func:`clmf.select_device`; ``CLMF_DEVICE`` is honoured with "auto"); a list of
+        those, or ``"gpu:all"`` / ``"cpu:all"``, fits on several devices at once (users and items
+        split into blocks balanced by ratings, see :mod:`clmf.parallel`).
     dtype : numpy dtype, default float32 — the compute precision (float32 only).
     random_state : None, int or numpy.random.Generator — seeds the start factors.
     feedback : {"explicit", "implicit"}
@@ -63,6 +65,9 @@ class ALS(RecommenderMixin):
     storage : None, "float32" or "float16" — storage of the factors on the device (compute stays
         float32); None keeps the variant's own (float32 unless a variant string sets
         ``storage=float16``).
+    max_device_memory : None, int (bytes) or float ≤ 1 (fraction of each device's memory) — a cap
+        on the device memory the fit plans with; ratings that do not fit are streamed from host
+        memory (see "Multi-device and out-of-core" in the README).
 
     Attributes
     ----------
@@ -72,8 +77,10 @@ class ALS(RecommenderMixin):
     user_counts_, item_counts_ : ndarray — training ratings per user / item
     user_biases_, item_biases_ : ndarray or None — learned biases (``biases=True``)
     config_ : dict side → :class:`clmf.tuning.Choice` — the kernel configuration used per side
-        ("users", "items"), with the rule that chose it and why
-    device_ : str — the device the fit ran on
+        ("users", "items"), with the rule that chose it and why (the first device's with several)
+    device_ : str — the device the fit ran on (a list of str with several devices)
+    device_configs_ : list of dict — per device: ``{"device": str, "users": Choice, "items":
+        Choice}`` (each device its own tuning lookup)
     history_ : list of dict — per-iteration seconds and metrics
     best_iteration_ : int — iteration whose factors were kept (0-based)
 
@@ -89,7 +96,7 @@ class ALS(RecommenderMixin):
     def __init__(self, factors=64, regularization=0.1, iterations=15, *,
                  weighted_regularization=None, solver="auto", variant="auto", device="auto",
                  dtype=np.float32, random_state=None, storage=None, feedback="explicit",
-                 alpha=1.0, biases=False):
+                 alpha=1.0, biases=False, max_device_memory=None):
         self.factors = factors
         self.regularization = regularization
         self.iterations = iterations
@@ -103,6 +110,7 @@ class ALS(RecommenderMixin):
         self.feedback = feedback
         self.alpha = alpha
         self.biases = biases
+        self.max_device_memory = max_device_memory
 
     # ----- scikit-learn protocol -----------------------------------------------------------
     @classmethod
@@ -135,7 +143,10 @@ class ALS(RecommenderMixin):
         state = dict(self.__dict__)
         state.pop("_engine", None)      # no OpenCL objects in a pickle; reconnect lazily
         dev = state.get("device")
-        if not isinstance(dev, (str, type(None))):   # a pyopencl.Device → its name, which
+        if isinstance(dev, (list, tuple)):            # pyopencl.Devices → their names
+            state["device"] = [d if isinstance(d, (str, type(None))) else
+                               f"{d.platform.name.strip()} | {d.name.strip()}" for d in dev]
+        elif not isinstance(dev, (str, type(None))):  # a pyopencl.Device → its name, which
             state["device"] = f"{dev.platform.name.strip()} | {dev.name.strip()}"  # selects it again
         return state
 
@@ -203,8 +214,9 @@ class ALS(RecommenderMixin):
         """
         from tqdm.auto import tqdm
 
-        from ..engine.core import Engine
-        from ..engine.device import device_info, select_device
+        from ..engine.device import device_info
+        from ..parallel.backend import make_backend
+        from ..parallel.devices import device_label, select_devices
 
         check_params(self)
         R = check_ratings(X)
@@ -244,18 +256,23 @@ class ALS(RecommenderMixin):
         else:
             X0, Y0 = reference.start_factors(m, n, f, self.random_state)
 
-        dev = select_device(self.device)
-        info = device_info(dev)
+        devs = select_devices(self.device)
         stats = {"users": _side_stats(user_counts, n), "items": _side_stats(item_counts, m)}
-        choices = self._resolve_configs(info, stats)
+        per_device = [self._resolve_configs(device_info(d), stats) for d in devs]
+        choices = per_device[0]
         self.global_mean_ = float(R.data.astype(np.float64).mean())
-        engine = Engine(dev, R, f, (choices["users"].config, choices["items"].config),
-                        implicit_alpha=float(self.alpha) if implicit else None,
-                        biased=bool(self.biases), offset=self.global_mean_ if self.biases else 0.0)
+        engine = make_backend(devs, R, f, [(c["users"].config, c["items"].config)
+                                           for c in per_device],
+                              implicit_alpha=float(self.alpha) if implicit else None,
+                              biased=bool(self.biases),
+                              offset=self.global_mean_ if self.biases else 0.0,
+                              max_device_memory=self.max_device_memory)
         self.user_counts_ = user_counts
         self.item_counts_ = item_counts
         self.config_ = choices
-        self.device_ = f"{info.platform} | {info.name}"
+        labels = [device_label(d) for d in devs]
+        self.device_ = labels[0] if len(devs) == 1 else labels
+        self.device_configs_ = [{"device": lab, **c} for lab, c in zip(labels, per_device)]
         self.history_ = []
         self.best_iteration_ = self.iterations - 1
         Rc = R.tocoo()
@@ -279,7 +296,7 @@ class ALS(RecommenderMixin):
             for it in bar:
                 t0 = time.perf_counter()
                 engine.iteration(float(self.regularization), self._weighted)
-                engine.queue.finish()
+                engine.finish()
                 secs = time.perf_counter() - t0
                 metrics = {"seconds": secs}
                 if want_train and not implicit:
