@@ -259,7 +259,7 @@ class ALS(_ALS):
         from .parallel import dask_tasks as T
         if hasattr(X_test, "to_delayed") and hasattr(X_test, "npartitions"):
             client = get_client(self.client)
-            st = client.scatter(self._state(), broadcast=True)
+            st = client.scatter([self._state()], broadcast=True, hash=False)[0]
             parts = client.compute(X_test[list(columns)].to_delayed())
             res = client.gather(client.map(T.partition_sse, parts, columns=tuple(columns),
                                            state=st, pure=False))
@@ -290,9 +290,9 @@ class ALS(_ALS):
         st.pop("X")
         st.pop("user_index")
         st.pop("item_index")
-        sf = client.scatter(st, broadcast=True)
+        sf = client.scatter([st], broadcast=True, hash=False)[0]
         starts = list(range(0, m, step))
-        blocks = client.scatter([self.user_factors_[a:a + step] for a in starts])
+        blocks = client.scatter([self.user_factors_[a:a + step] for a in starts], hash=False)
         futs = [client.submit(T.recommend_block, b, a, sf, int(N), pure=False)
                 for b, a in zip(blocks, starts)]
         uids, iids = st["user_ids"], st["item_ids"]

@@ -104,13 +104,14 @@ def _partitions(client, X, columns, n_parts):
                                 icol: np.asarray(i[a:b], np.int32),
                                 rcol: np.asarray(r[a:b], np.float32)})
                   for a, b in zip(cuts[:-1], cuts[1:])]
-        return client.scatter(frames), (tuple(int(s) for s in shape), uids, iids)
+        return client.scatter(frames, hash=False), (tuple(int(s) for s in shape), uids, iids)
     if isinstance(X, str):
         import dask.dataframe as dd
         X = dd.read_parquet(X, columns=list(columns))
     if isinstance(X, pd.DataFrame):
         cuts = np.linspace(0, len(X), max(1, n_parts) + 1).astype(np.int64)
-        return client.scatter([X.iloc[a:b] for a, b in zip(cuts[:-1], cuts[1:])]), None
+        return client.scatter([X.iloc[a:b] for a, b in zip(cuts[:-1], cuts[1:])],
+                              hash=False), None
     if hasattr(X, "to_delayed") and hasattr(X, "npartitions"):
         missing = [c for c in columns if c not in X.columns]
         if missing:
@@ -154,8 +155,9 @@ def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=No
                 ids.append(_sorted_index(client.submit(T.union_ids, *uniq).result()))
             uidx, iidx = ids
         else:
-            uidx, iidx = maps
-        uf, if_ = client.scatter([uidx, iidx], broadcast=True)
+            import pandas as pd
+            uidx, iidx = (m if isinstance(m, pd.Index) else pd.Index(m) for m in maps)
+        uf, if_ = client.scatter([uidx, iidx], broadcast=True, hash=False)
         codes = client.map(T.encode, parts, columns=tuple(columns), user_index=uf,
                            item_index=if_)
         shape = (len(uidx), len(iidx))
@@ -223,9 +225,9 @@ class DaskEngine:
         t0 = time.perf_counter()
         built = False
         try:
-            sfut = client.scatter(setup, broadcast=True, workers=self.addrs)
+            sfut = client.scatter([setup], broadcast=True, workers=self.addrs, hash=False)[0]
             pieces = self._route(data.parts)
-            futs = [self._on(d, T.build, self.fit_id, d, sfut, self.n,
+            futs = [self._on(d, T.build, self.fit_id, d, sfut, len(pieces),
                              *[pieces[p][d] for p in range(len(pieces))],
                              *[pieces[p][self.n + d] for p in range(len(pieces))])
                     for d in range(self.n)]
@@ -298,8 +300,8 @@ class DaskEngine:
     def set_factors(self, side, M, biases=None):
         """Upload a side's factors to every worker (the rows each device holds)."""
         self.phase = f"uploading the {side} factors"
-        fut = self.client.scatter(self.padded(side, M, biases), broadcast=True,
-                                  workers=self.addrs)
+        fut = self.client.scatter([self.padded(side, M, biases)], broadcast=True,
+                                  workers=self.addrs, hash=False)[0]
         self._wait([self._on(d, T.write, self.fit_id, side, fut) for d in range(self.n)])
 
     def get_factors(self, side, with_biases=False):
@@ -353,7 +355,7 @@ class DaskEngine:
         """
         self.phase = f"routing the {key} ratings"
         uc, ic = self.client.scatter([self.user_counts, self.item_counts], broadcast=True,
-                                     workers=self.addrs)
+                                     hash=False, workers=self.addrs)
         split = self.client.map(T.heldout, data.parts, mean=mean, user_counts=uc,
                                 item_counts=ic, to_mean=bool(to_mean), pure=False)
         kept = [self.client.submit(T.pick, s, 0, pure=False) for s in split]
