@@ -271,8 +271,11 @@ class DaskEngine:
             self._check_alive()
             if all(fu.done() for fu in futs):
                 break
-        self._check_alive()
-        return [fu.result() for fu in futs]
+        try:
+            return [fu.result() for fu in futs]
+        except Exception:
+            self._check_alive()     # a lost worker's tasks fail too: say so first
+            raise
 
     def _check_alive(self):
         """Raise :class:`WorkerLostError` when a worker of the fit has left the cluster."""
@@ -320,32 +323,33 @@ class DaskEngine:
         return X
 
     # ----- iterations ----------------------------------------------------------------------
-    def half_step(self, side, regularization, weighted):
-        """Solve ``side`` on every worker; the solved blocks go to the other workers (when the
-        next half-step replicates this side) or the partial systems are reduced first."""
+    def half_step(self, side, regularization, weighted, previous=()):
+        """Submit the half-step of ``side`` on every worker (no wait): each worker first installs
+        the ``previous`` half-step's blocks (``(side, needed, *futures)``), then solves its rows
+        (reduce mode: partial systems, reduced on their owners, solved). Returns the next
+        half-step's ``previous``."""
         n = self.n
         needed = n > 1 and self.plan[other_side(side)].mode == "replicate"
         if self.plan[side].mode == "reduce":
-            parts = [self._on(d, T.partials, self.fit_id, side) for d in range(n)]
+            parts = [self._on(d, T.partials, self.fit_id, side, *previous) for d in range(n)]
             picks = [[self._on(d, T.pick, parts[d], e) for e in range(n + 1)] for d in range(n)]
             solved = [self._on(e, T.reduce_solve, self.fit_id, side, regularization, weighted,
                                needed, n, *[picks[d][e] for d in range(n)],
                                *[picks[d][n] for d in range(n)]) for e in range(n)]
         else:
-            solved = [self._on(d, T.solve, self.fit_id, side, regularization, weighted, needed)
-                      for d in range(n)]
-        if needed:
-            done = [self._on(d, T.install, self.fit_id, side,
-                             *[solved[e] for e in range(n) if e != d]) for d in range(n)]
-            self._wait(done + solved)
-        else:
-            self._wait(solved)
+            solved = [self._on(d, T.solve, self.fit_id, side, regularization, weighted, needed,
+                               *previous) for d in range(n)]
+        return (side, needed, *solved)
 
     def iteration(self, regularization, weighted, it=None):
-        """One ALS iteration on every worker: users, then items."""
+        """One ALS iteration on every worker, users then items, submitted at once (Dask orders
+        the tasks by their dependencies; the solved blocks go straight from worker to worker);
+        one wait, for the last blocks installed everywhere."""
+        self.phase = f"iteration {it}"
+        previous = ()
         for side in SIDES:
-            self.phase = f"the {side} half-step of iteration {it}"
-            self.half_step(side, float(regularization), bool(weighted))
+            previous = self.half_step(side, float(regularization), bool(weighted), previous)
+        self._wait([self._on(d, T.install, self.fit_id, *previous) for d in range(self.n)])
 
     # ----- metrics -------------------------------------------------------------------------
     def set_heldout(self, key, data, mean, to_mean):

@@ -265,9 +265,11 @@ def write(fit_id, side, host):
     w.write_rows(side, host, 0, st["layout"][side].rows, blocking=True)
 
 
-def solve(fit_id, side, regularization, weighted, needed):
-    """Solve this worker's rows of ``side`` (replicated fixed factor); returns ``(r0, rows)``
-    of the solved block when the other workers need it, else None."""
+def solve(fit_id, side, regularization, weighted, needed, *previous):
+    """Solve this worker's rows of ``side`` (replicated fixed factor) after installing the
+    ``previous`` half-step's blocks (see :func:`install`); returns ``(r0, rows)`` of the solved
+    block when the other workers need it, else None."""
+    install(fit_id, *previous)
     st = _state(fit_id)
     w = st["worker"]
     r0, r1 = st["plan"][side].block(st["d"])
@@ -277,20 +279,28 @@ def solve(fit_id, side, regularization, weighted, needed):
     return (r0, buf) if needed else None
 
 
-def install(fit_id, side, *blocks):
-    """Upload the blocks of ``side`` other workers solved (``(r0, rows)`` pairs)."""
-    w = _state(fit_id)["worker"]
+def install(fit_id, side=None, needed=False, *blocks):
+    """Upload the blocks of ``side`` that other workers solved (``(r0, rows)`` pairs; this
+    worker's own block and None are skipped: they only order the tasks)."""
+    if side is None or not needed:
+        return None
+    st = _state(fit_id)
+    w = st["worker"]
+    own = st["plan"][side].block(st["d"])[0]
     for blk in blocks:
-        if blk is None:
+        if blk is None or blk[0] == own:
             continue
         r0, rows = blk
         w.write_rows(side, Rows(rows, r0), r0, r0 + len(rows), blocking=False)
     w.q["into"].finish()
+    return None
 
 
-def partials(fit_id, side):
+def partials(fit_id, side, *previous):
     """Reduce mode: partial normal equations of every row of ``side`` over this worker's block of
-    the fixed side, cut by owning worker: a list of ``(A, B)`` per worker and the Gram ``G``."""
+    the fixed side (after installing the ``previous`` half-step's blocks), cut by owning worker:
+    a list of ``(A, B)`` per worker and the Gram ``G``."""
+    install(fit_id, *previous)
     st = _state(fit_id)
     w = st["worker"]
     rows, fs = max(1, st["layout"][side].rows), w.fs
