@@ -61,7 +61,7 @@ class ALS(_ALS):
     # ----- fitting -------------------------------------------------------------------------
     def fit(self, X, *, columns=("user", "item", "rating"), show_progress=True, callback=None,
             init=None, validation=None, early_stopping_rounds=None, checkpoint=None,
-            checkpoint_every=1, resume=None, modes=None):
+            checkpoint_every=1, resume=None, modes=None, on_worker_lost="raise"):
         """Fit on the cluster.
 
         Parameters
@@ -77,6 +77,9 @@ class ALS(_ALS):
         resume : a checkpoint to continue from (same data and parameters): its iterations are
             not run again.
         modes : optional side → "replicate"/"reduce" (default: the partition plan's rule).
+        on_worker_lost : "raise" (default) or "resume": when a worker holding blocks leaves the
+            cluster, "resume" starts the fit again from the last checkpoint on the workers then
+            in the cluster (needs ``checkpoint``; at most 3 times), redoing the lost iterations.
 
         Raises
         ------
@@ -84,6 +87,27 @@ class ALS(_ALS):
             A worker holding blocks left the cluster; the message names the checkpoint to
             resume from (``fit(X, resume=...)``).
         """
+        if on_worker_lost not in ("raise", "resume"):
+            raise ValueError("on_worker_lost must be 'raise' or 'resume'")
+        if on_worker_lost == "resume" and checkpoint is None:
+            raise ValueError("on_worker_lost='resume' needs checkpoint=PATH")
+        kw = dict(columns=columns, show_progress=show_progress, callback=callback, init=init,
+                  validation=validation, early_stopping_rounds=early_stopping_rounds,
+                  checkpoint=checkpoint, checkpoint_every=checkpoint_every, modes=modes)
+        for attempt in range(4):
+            try:
+                return self._fit_once(X, resume=resume, **kw)
+            except WorkerLostError as e:
+                if on_worker_lost == "raise" or attempt == 3 or not _exists(checkpoint):
+                    raise
+                log.warning("%s; resuming from %s on the workers left", e.__cause__ or e,
+                            checkpoint)
+                resume = checkpoint
+        raise AssertionError("unreachable")
+
+    def _fit_once(self, X, *, columns, show_progress, callback, init, validation,
+                  early_stopping_rounds, checkpoint, checkpoint_every, resume, modes):
+        """One attempt of :meth:`fit`."""
         from tqdm.auto import tqdm
 
         from . import reference
@@ -301,6 +325,15 @@ class ALS(_ALS):
             "item": pd.Series([], dtype=(iids.dtype if iids is not None else np.int64)),
             "score": pd.Series([], dtype=np.float32), "rank": pd.Series([], dtype=np.int32)})
         return dd.from_delayed(futs, meta=meta, verify_meta=False)
+
+
+def _exists(path):
+    """Whether a checkpoint exists at ``path`` (any fsspec URL)."""
+    import fsspec
+    if path is None:
+        return False
+    fs, p = fsspec.core.url_to_fs(str(path))
+    return fs.exists(p)
 
 
 def _resume_hint(checkpoint, model):

@@ -217,7 +217,7 @@ def test_checkpoint_resume_equals_uninterrupted(client, ml100k, tmp_path):
             path, resume=str(ck), show_progress=False)
 
 
-def test_killed_worker_raises_with_checkpoint_to_resume(ml100k, tmp_path):
+def test_killed_worker_raises_or_resumes_from_checkpoint(ml100k, tmp_path):
     path, R, _raw = ml100k
     cluster, c = _cluster()
     try:
@@ -237,7 +237,24 @@ def test_killed_worker_raises_with_checkpoint_to_resume(ml100k, tmp_path):
         c.wait_for_workers(2, timeout=60)          # the nanny restarts the process
         dm = clmf.dask.ALS(client=c, iterations=5, device=POCL, **KW).fit(
             path, resume=str(ck), show_progress=False)
-        _check_close(dm, _one_device(R, iterations=5))
+        lm = _one_device(R, iterations=5)
+        _check_close(dm, lm)
+        # on_worker_lost="resume": the fit goes on from the checkpoint on the workers there
+        pids = c.run(os.getpid)
+        victim = sorted(pids)[0]
+        killed = []
+
+        def kill_once(it, _t, _m):
+            if it == 2 and not killed:
+                killed.append(it)
+                os.kill(pids[victim], signal.SIGKILL)
+
+        dm = clmf.dask.ALS(client=c, iterations=5, device=POCL, **KW).fit(
+            path, checkpoint=str(tmp_path / "again.npz"), callback=kill_once,
+            on_worker_lost="resume", show_progress=False)
+        assert killed and victim not in dm.workers_
+        assert len(dm.history_) == 5
+        _check_close(dm, lm)
     finally:
         c.close()
         cluster.close()
