@@ -41,7 +41,7 @@ def say(msg):
 
 def provenance(devices):
     """Device, driver, date and commit."""
-    from clmf.device import device_info
+    from clmf.engine.device import device_info
     from clmf.provenance import commit
     return {"date": datetime.datetime.utcnow().isoformat(timespec="seconds") + "Z",
             "commit": commit(),
@@ -61,7 +61,7 @@ def timed_fit(devices, layout, f, iterations, budget_s, single=False, max_device
 def ooc_cap(device, layout, f, share):
     """A ``max_device_memory`` holding the resident plan's factors and scratch but only
     ``share`` of its rating buffers (so the fit streams)."""
-    from clmf.device import device_info
+    from clmf.engine.device import device_info
     from clmf.parallel import common_ldf, make_plan
     from clmf.parallel.backend import plan_fit
     from clmf.parallel.scaling import configs_for

@@ -11,13 +11,20 @@ import sys
 import numpy as np
 import pytest
 import scipy.sparse as sp
-
 from conftest import DEVICES, IN_CI, random_ratings, rel_err
 
 import clmf
 from clmf import reference
-from clmf.parallel import (Layout, SideLayout, balanced_blocks, choose_modes, chunk_rows,
-                           make_plan, plan_device, transpose_csr)
+from clmf.parallel import (
+    Layout,
+    SideLayout,
+    balanced_blocks,
+    choose_modes,
+    chunk_rows,
+    make_plan,
+    plan_device,
+    transpose_csr,
+)
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -191,7 +198,7 @@ def test_streamed_fit_matches_resident(cl_device, mode):
 def test_streamed_chunks_pinned_or_not(cl_device, pinned):
     """Streaming through page-locked staging arrays (the GPU default) or straight from the
     host arrays gives the resident answer; several chunks per side, two workers."""
-    from clmf.config import KernelConfig
+    from clmf.engine.config import KernelConfig
     from clmf.parallel import MultiEngine
     R = random_ratings(300, 160, 0.1, seed=12, empty_rows=(1,))
     cfg = KernelConfig.parse("batch+reg:solver=cholesky")
@@ -249,7 +256,7 @@ def test_workers_replicate_and_reduce_match_engine(cl_device, mode, modes):
     """Three workers sharing one device (each its own queues and buffers) exchange through
     host memory exactly as three devices do; replicating and reducing give the one-device
     answer (factors 1e-4 relative after two iterations, squared error 0.1 %)."""
-    from clmf.config import KernelConfig
+    from clmf.engine.config import KernelConfig
     from clmf.parallel import MultiEngine, make_backend
     R = random_ratings(240, 110, 0.1, seed=9, empty_rows=(4,), empty_cols=(7,))
     m, n = R.shape
@@ -288,7 +295,7 @@ def test_workers_replicate_and_reduce_match_engine(cl_device, mode, modes):
 def test_workers_with_cg_solvers_match_engine(cl_device, solver, mode):
     """The CG solvers warm-start from the factor rows at their offset (``xoff``) in each
     worker's buffer: two workers give the one-device answer."""
-    from clmf.config import KernelConfig
+    from clmf.engine.config import KernelConfig
     from clmf.parallel import MultiEngine, make_backend
     R = random_ratings(200, 90, 0.12, seed=13)
     cfg = KernelConfig.parse(f"batch+reg:solver={solver}")
@@ -315,7 +322,7 @@ def test_worker_on_a_block_past_2_31(cl_device, tmp_path):
     """Three ghost rows hold 2^31 + 12,345 ratings (a sparse memory-mapped file: nothing is
     written there); the device owns the 40 real users behind them, whose entries start at that
     offset. Its half-step must read them from there and solve them as the reference does."""
-    from clmf.config import KernelConfig
+    from clmf.engine.config import KernelConfig
     from clmf.parallel import DeviceWorker, Exchange
     from clmf.parallel.partition import Plan, SidePlan
     R = random_ratings(40, 30, 0.3, seed=8)
@@ -412,7 +419,7 @@ def test_four_pocl_devices_match_one():
 
 
 def test_scaling_table(cl_device):
-    from clmf.parallel import render_scaling, scaling_rows
+    from clmf.parallel.scaling import render_scaling, scaling_rows
     R = random_ratings(150, 60, 0.15, seed=14)
     rows = scaling_rows([cl_device, cl_device], R, 4, iterations=2, budget_s=30)
     assert [r["devices"] for r in rows] == [1, 2]

@@ -34,8 +34,9 @@ def _single_fits(device, R, fs, configs, max_device_memory):
     """Whether the single-device engine's own estimate (``fs`` unknowns per system) fits the
     budget, so that it runs unchanged."""
     import scipy.sparse as sp
-    from ..device import device_info
+
     from ..engine import SideData, choose_batch_rows, memory_estimate
+    from ..engine.device import device_info
     from .memory import device_budget
     info = device_info(device)
     budget, alloc = device_budget(info.global_mem, info.max_alloc, max_device_memory)
@@ -108,7 +109,7 @@ class MultiEngine:
     def __init__(self, devices, R, f, configs, *, implicit_alpha=None, biased=False, offset=0.0,
                  max_device_memory=None, profile=False, force_stream=(), modes=None,
                  shares=None, pinned=None):
-        from ..device import device_info
+        from ..engine.device import device_info
         self.layout = R if isinstance(R, Layout) else Layout.from_csr(R)
         self.shape = self.layout.shape
         self.f = int(f)
@@ -384,7 +385,8 @@ def _shared_contexts(devices):
     one device — gets a fresh context, so no two threads share a program's kernel objects,
     which are not thread-safe)."""
     import pyopencl as cl
-    from ..device import get_context
+
+    from ..engine.device import get_context
     seen = set()
     out = []
     for d in devices:

@@ -12,7 +12,8 @@ def select_devices(spec):
     list/tuple of those (any mix). A device named twice is an error.
     """
     import pyopencl as cl
-    from ..device import _all_devices, _type_name, select_device
+
+    from ..engine.device import _all_devices, _type_name, select_device
     from ..errors import NoOpenCLError
     if isinstance(spec, (list, tuple)):
         if not spec:

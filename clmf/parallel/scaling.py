@@ -16,8 +16,8 @@ __all__ = ["configs_for", "timed_fit", "scaling_rows", "render_scaling"]
 
 def configs_for(devices, layout, f, solver="auto", regularization=0.05):
     """Each device's tuned configuration pair (the estimator's own lookup)."""
-    from ..device import device_info
-    from ..model import ALS, _side_stats
+    from ..engine.device import device_info
+    from ..model.estimator import ALS, _side_stats
     m, n = layout.shape
     stats = {"users": _side_stats(layout.users.counts(), n),
              "items": _side_stats(layout.items.counts(), m)}
@@ -49,6 +49,7 @@ def timed_fit(devices, data, f, iterations=5, budget_s=120.0, single=None,
     seconds, per-iteration seconds and their median ``s_per_it``, the split (compute, exchange
     tail, device busy times), memory plan, configurations and a sampled train RMSE."""
     import scipy.sparse as sp
+
     from .. import reference
     from ..engine import Engine
     from .backend import MultiEngine, make_backend
@@ -154,7 +155,8 @@ def cmd_scaling(args, load, argv=None):
     import datetime
     import json
     import pathlib
-    from ..device import device_info
+
+    from ..engine.device import device_info
     from ..provenance import commit
     from .devices import select_devices
     spec = args.scaling

@@ -19,8 +19,8 @@ import time
 
 import numpy as np
 
-from .. import kernels as K
-from ..engine import launch_batch, launch_gram, launch_solve
+from ..engine import kernels as K
+from ..engine.core import launch_batch, launch_gram, launch_solve
 from ..errors import SingularSystemError
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,8 @@ class DeviceWorker:
                  biased=False, offset=0.0, context=None, profile=False, sources=None,
                  pinned=None):
         import pyopencl as cl
-        from ..device import device_info, get_context
+
+        from ..engine.device import device_info, get_context
         self.cl = cl
         self.index = index
         self.device = device
