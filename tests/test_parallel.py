@@ -268,7 +268,10 @@ def test_workers_replicate_and_reduce_match_engine(cl_device, mode, modes):
     out = []
     for devs, md in (([cl_device], None),
                      ([cl_device] * 3, dict(zip(("users", "items"), modes)))):
-        e = make_backend(devs, R, 6, [(cfg, cfg)] * len(devs), modes=md, **kw)
+        if md is None:
+            e = make_backend(devs, R, 6, [(cfg, cfg)], **kw)
+        else:    # page-locked exchange and partial arrays, as on GPUs
+            e = MultiEngine(devs, R, 6, [(cfg, cfg)] * len(devs), modes=md, pinned=True, **kw)
         try:
             assert isinstance(e, MultiEngine) == (len(devs) > 1)
             if md:
