@@ -233,6 +233,13 @@ def test_plan_that_cannot_fit_raises_before_device_work(cl_device, monkeypatch):
                  max_device_memory=90_000).fit(R, show_progress=False)
 
 
+def test_bad_max_device_memory(cl_device):
+    R = random_ratings(30, 20, 0.3, seed=15)
+    with pytest.raises(ValueError, match="max_device_memory"):
+        clmf.ALS(4, iterations=1, device=cl_device, max_device_memory=-1).fit(
+            R, show_progress=False)
+
+
 def test_device_lists_and_all():
     from clmf.parallel import select_devices
     if not DEVICES:
