@@ -215,8 +215,8 @@ class ALS(RecommenderMixin):
         from tqdm.auto import tqdm
 
         from ..engine.device import device_info
-        from ..parallel.backend import make_backend
-        from ..parallel.devices import device_label, select_devices
+        from ..parallel import make_backend, select_devices
+        from ..parallel.devices import device_label
 
         check_params(self)
         R = check_ratings(X)

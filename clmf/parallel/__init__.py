@@ -41,8 +41,9 @@ worker processes and exchanges through Dask instead of host memory):
 ``devices`` — :func:`select_devices`: ``ALS(device=[...])``, ``"gpu:all"``, ``"cpu:all"``.
 ``generate`` — :func:`synthetic_layout`: the Hugewiki / 4×-Netflix shapes built as a
     :class:`Layout` block by block in threads (no whole-set COO).
-``scaling`` — :func:`timed_fit`, :func:`scaling_rows`, :func:`render_scaling` (``clmf bench
-    --scaling`` and ``scripts/scale_runs.py``).
+``scaling`` — ``timed_fit``, ``scaling_rows``, ``render_scaling`` (``clmf bench --scaling`` and
+    ``scripts/scale_runs.py``; not imported by the package: it uses the estimator's tuning
+    lookup, and the estimator imports this package).
 
 A Dask backend runs one :class:`DeviceWorker` per device in worker processes (each with the
 layout blocks its plan assigns — only ``layout[side].entries(r0, r1)`` and ``counts()`` are
@@ -62,11 +63,10 @@ from .partition import (
                         make_plan,
                         row_weights,
 )
-from .scaling import render_scaling, scaling_rows, timed_fit
 from .worker import DeviceWorker, Exchange
 
 __all__ = ["MultiEngine", "make_backend", "common_ldf", "partial_layout", "plan_fit",
-           "synthetic_layout", "render_scaling", "scaling_rows", "timed_fit",
+           "synthetic_layout",
            "select_devices", "Layout",
            "SideLayout", "transpose_csr", "DevicePlan", "SideMemory", "plan_device", "Plan",
            "SidePlan", "balanced_blocks", "choose_modes", "chunk_rows", "make_plan",

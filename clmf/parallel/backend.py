@@ -35,9 +35,8 @@ def _single_fits(device, R, fs, configs, max_device_memory):
     budget, so that it runs unchanged."""
     import scipy.sparse as sp
 
-    from ..engine.core import SideData
+    from ..engine import SideData, choose_batch_rows, memory_estimate
     from ..engine.device import device_info
-    from ..engine.memory import choose_batch_rows, memory_estimate
     from .memory import device_budget
     info = device_info(device)
     budget, alloc = device_budget(info.global_mem, info.max_alloc, max_device_memory)
@@ -65,7 +64,7 @@ def make_backend(devices, R, f, configs, *, implicit_alpha=None, biased=False, o
     force_stream : sides to stream even if they fit (tests).
     modes : optional side → "replicate"/"reduce" (default: :func:`choose_modes`).
     """
-    from ..engine.core import Engine
+    from ..engine import Engine
     if len(devices) != len(configs):
         raise ValueError("one configuration pair per device")
     if (len(devices) == 1 and not isinstance(R, Layout) and not force_stream and modes is None
@@ -182,6 +181,7 @@ class MultiEngine:
         # the exchange's host arrays: page-locked (in the first device's context) on GPUs when
         # they are exchanged and not huge, which speeds up that device's copies at least
         pin = any(i.type == "GPU" for i in self.infos) if pinned is None else bool(pinned)
+        self.pin = pin
         self.host = {}
         for s in SIDES:
             shape = (max(1, L[s].rows), self.ldf)
@@ -254,8 +254,14 @@ class MultiEngine:
         if side not in self._partials:
             rows, fs = max(1, self.layout[side].rows), self.fs
             n = len(self.workers)
-            self._partials[side] = ([np.empty((rows, fs, fs), np.float32) for _ in range(n)],
-                                    [np.empty((rows, fs), np.float32) for _ in range(n)],
+            def host(d, shape):
+                # page-locked in the device's own context when pinning (GPUs), else pageable
+                if self.pin and 4 * int(np.prod(shape)) <= _PIN_LIMIT:
+                    return self.workers[d].pinned_array(shape, np.float32)
+                return np.zeros(shape, np.float32)
+
+            self._partials[side] = ([host(d, (rows, fs, fs)) for d in range(n)],
+                                    [host(d, (rows, fs)) for d in range(n)],
                                     [np.zeros((fs, fs), np.float32) for _ in range(n)])
         return self._partials[side]
 
