@@ -258,3 +258,39 @@ def test_killed_worker_raises_or_resumes_from_checkpoint(ml100k, tmp_path):
     finally:
         c.close()
         cluster.close()
+
+
+def test_bad_input_is_a_clear_error(client):
+    df = pd.DataFrame({"user": [1, 2, 2], "item": ["a", "b", "a"], "rating": [4.0, 5.0, 3.0]})
+    with pytest.raises(ValueError, match="no column"):
+        clmf.dask.ALS(client=client, iterations=1, device=POCL, **KW).fit(
+            df, columns=("user", "movie", "rating"), show_progress=False)
+    bad = df.assign(rating=[4.0, np.nan, 3.0])
+    with pytest.raises(ValueError, match="NaN"):
+        clmf.dask.ALS(client=client, iterations=1, device=POCL, **KW).fit(
+            bad, show_progress=False)
+    dup = pd.concat([df, df.iloc[:1]])
+    with pytest.raises(ValueError, match="duplicate"):
+        clmf.dask.ALS(client=client, iterations=1, device=POCL, **KW).fit(
+            dup, show_progress=False)
+    with pytest.raises(ValueError, match="on_worker_lost"):
+        clmf.dask.ALS(client=client, iterations=1, device=POCL, **KW).fit(
+            df, on_worker_lost="resume", show_progress=False)
+
+
+def test_checkpoint_to_an_fsspec_url(client, ml100k):
+    path, R, _raw = ml100k
+    url = "memory://clmf-test/ck.npz"
+    clmf.dask.ALS(client=client, iterations=2, device=POCL, **KW).fit(
+        path, checkpoint=url, show_progress=False)
+    ck = clmf.dask.load_checkpoint(url)
+    assert ck["iteration"] == 1 and ck["X"].shape == (R.shape[0], 8)
+    np.testing.assert_array_equal(ck["Y"], _one_device(R, iterations=2).item_factors_)
+
+
+@pytest.mark.skipif(not HAVE_INTEL, reason="needs two CPU devices")
+def test_workers_of_a_host_take_its_devices_in_turn():
+    from clmf.parallel.dask_tasks import worker_device
+    a, b = worker_device("cpu", 0), worker_device("cpu", 1)
+    assert a.int_ptr != b.int_ptr
+    assert worker_device("cpu", 2).int_ptr == a.int_ptr

@@ -108,15 +108,16 @@ def _partitions(client, X, columns, n_parts):
     if isinstance(X, str):
         import dask.dataframe as dd
         X = dd.read_parquet(X, columns=list(columns))
+    if isinstance(X, pd.DataFrame) or (hasattr(X, "to_delayed") and hasattr(X, "npartitions")):
+        missing = [c for c in columns if c not in X.columns]
+        if missing:
+            raise ValueError(f"the ratings have no column(s) {missing}; found {list(X.columns)} "
+                             "(pass columns=(user, item, rating))")
     if isinstance(X, pd.DataFrame):
         cuts = np.linspace(0, len(X), max(1, n_parts) + 1).astype(np.int64)
         return client.scatter([X.iloc[a:b] for a, b in zip(cuts[:-1], cuts[1:])],
                               hash=False), None
     if hasattr(X, "to_delayed") and hasattr(X, "npartitions"):
-        missing = [c for c in columns if c not in X.columns]
-        if missing:
-            raise ValueError(f"the ratings have no column(s) {missing}; found {list(X.columns)} "
-                             "(pass columns=(user, item, rating))")
         return client.compute(X[list(columns)].to_delayed()), None
     raise TypeError("ratings must be a dask or pandas DataFrame of (user, item, rating), a "
                     f"parquet path, a scipy.sparse matrix or clmf.datasets.Ratings, not "
