@@ -41,15 +41,18 @@ class ALS(_ALS):
 
     def __init__(self, factors=64, regularization=0.1, iterations=15, *, client=None,
                  workers=None, **params):
+        """Keep the parameters (scikit-learn protocol)."""
         super().__init__(factors, regularization, iterations, **params)
         self.client = client
         self.workers = workers
 
     @classmethod
     def _get_param_names(cls):
+        """The constructor's parameters: clmf.ALS's, client and workers."""
         return _ALS._get_param_names() + ["client", "workers"]
 
     def __getstate__(self):
+        """Picklable state: no client."""
         state = super().__getstate__()
         state["client"] = None
         return state

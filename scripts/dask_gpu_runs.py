@@ -111,6 +111,7 @@ def main(argv=None):
         seen = []
 
         def cb(it, t, metrics):
+            """Log each iteration."""
             seen.append(t)
             say(f"{label} dask: iteration {it}: {metrics}")
 

@@ -185,6 +185,7 @@ class DaskEngine:
     def __init__(self, client, addrs, ranks, specs, data, f, infos, config_pairs, *,
                  implicit_alpha=None, biased=False, offset=0.0, max_device_memory=None,
                  modes=None, poll=1.0):
+        """Plan the fit, route the ratings to their workers, build the blocks and devices."""
         from .backend import common_ldf
         self.client = client
         self.addrs = list(addrs)

@@ -29,6 +29,7 @@ class BlockSide(SideLayout):
     pointers so rows keep their global numbering (``entries`` of other rows is an error)."""
 
     def __init__(self, indptr, r0, r1, indices, data):
+        """The block's rows and entries, the side's global row pointers."""
         super().__init__(indptr, indices, data)
         self.r0, self.r1 = int(r0), int(r1)
         self.base = int(indptr[r0])
@@ -48,10 +49,12 @@ class Rows:
     :class:`DeviceWorker` reads and writes through ``host[a:b]``)."""
 
     def __init__(self, array, r0):
+        """Wrap ``array`` whose first row is global row ``r0``."""
         self.array = array
         self.r0 = int(r0)
 
     def __getitem__(self, key):
+        """The array rows of a slice of global rows."""
         if not isinstance(key, slice) or key.step not in (None, 1):
             raise TypeError("Rows takes a contiguous slice of global rows")
         a, b = key.start - self.r0, key.stop - self.r0
@@ -273,7 +276,7 @@ def solve(fit_id, side, regularization, weighted, needed, *previous):
     st = _state(fit_id)
     w = st["worker"]
     r0, r1 = st["plan"][side].block(st["d"])
-    buf = np.zeros((max(0, r1 - r0), st["ldf"]), st["store"])
+    buf = np.empty((max(0, r1 - r0), st["ldf"]), st["store"])    # every row is copied in
     ex = Exchange(side, Rows(buf, r0), 1, needed=needed)
     w.half_step(side, float(regularization), bool(weighted), ex)
     return (r0, buf) if needed else None
@@ -331,7 +334,7 @@ def reduce_solve(fit_id, side, regularization, weighted, needed, n, *parts):
     lam = regularization * counts if weighted else np.full(r1 - r0, regularization)
     diag = np.arange(w.fs)
     A[:, diag, diag] += lam.astype(np.float32)[:, None]
-    buf = np.zeros((max(0, r1 - r0), st["ldf"]), st["store"])
+    buf = np.empty((max(0, r1 - r0), st["ldf"]), st["store"])    # every row is copied in
     ex = Exchange(side, Rows(buf, r0), 1, needed=needed)
     w.solve_reduced(side, Rows(A, r0), Rows(B, r0), float(regularization), bool(weighted), ex)
     return (r0, buf) if needed else None
