@@ -36,7 +36,10 @@ class ALS(_ALS):
     :class:`clmf.ALS`. ``device`` is per worker (module docstring).
 
     The fitted object is a :class:`clmf.ALS` in every respect (``save``/``clmf.load`` give a
-    plain one), with ``user_ids_`` / ``item_ids_`` the raw ids of the rows.
+    plain one), with ``user_ids_`` / ``item_ids_`` the raw ids of the rows (sorted), and
+    ``workers_`` (the fit's worker addresses), ``device_`` (their devices), ``plan_`` (the
+    :class:`clmf.parallel.Plan`), ``time_to_first_iteration_`` (seconds from ``fit`` to the end
+    of the first iteration) and ``fit_times_`` (the set-up's phases).
     """
 
     def __init__(self, factors=64, regularization=0.1, iterations=15, *, client=None,
@@ -124,6 +127,7 @@ class ALS(_ALS):
         implicit = self.feedback == "implicit"
         t_start = time.perf_counter()
         data = prepare(client, X, columns)
+        self.fit_times_ = {"prepare_s": time.perf_counter() - t_start}
         m, n = data.shape
         f = int(self.factors)
         if implicit and data.minimum < 0:
@@ -181,6 +185,8 @@ class ALS(_ALS):
                             offset=self.global_mean_ if self.biases else 0.0,
                             max_device_memory=self.max_device_memory, modes=modes)
         data.release()
+        self.fit_times_["probe_and_build_s"] = (time.perf_counter() - t_start
+                                                - self.fit_times_["prepare_s"])
         self.user_counts_, self.item_counts_ = data.user_counts, data.item_counts
         self.user_ids_, self.item_ids_ = data.user_ids, data.item_ids
         self.config_ = probes[0][2]

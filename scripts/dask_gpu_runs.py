@@ -123,6 +123,7 @@ def main(argv=None):
         secs = [h["seconds"] for h in model.history_]
         rec["dask"] = {"workers": len(gpus), "fit_s": time.time() - t,
                        "time_to_first_iteration_s": model.time_to_first_iteration_,
+                       "set_up": model.fit_times_,
                        "iter_s": secs, "s_per_it": float(np.median(secs[1:] or secs)),
                        "devices": model.device_, "train_rmse": model.history_[-1]["train_rmse"],
                        "modes": {s: model.plan_[s].mode for s in ("users", "items")},
