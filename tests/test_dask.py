@@ -174,9 +174,13 @@ def test_string_ids_round_trip_and_recommend_all(client, tmp_path):
     got = recs.set_index(["user", "rank"]).loc[list(zip(want_users, np.tile(np.arange(1, 6),
                                                                            len(dm.user_ids_))))]
     np.testing.assert_allclose(got["score"].to_numpy(), scores.reshape(-1), rtol=1e-4, atol=1e-5)
-    same_item = got["item"].to_numpy() == want_items
-    # an item may only differ where two scores tie within rounding
-    assert same_item.mean() > 0.99
+    differ = np.flatnonzero(got["item"].to_numpy() != want_items)
+    # an item may only differ where two of the user's scores tie within rounding (the scores
+    # agree, checked above): a tie inside the top 5, or the 5th with the 6th
+    flat = scores.reshape(-1)
+    for k in differ:
+        row = flat[k - k % 5:k - k % 5 + 5]
+        assert k % 5 == 4 or np.sort(np.abs(row - flat[k]))[1] < 1e-5, (k, row)
 
 
 def test_validation_early_stopping_and_callback(client, ml100k):
