@@ -57,6 +57,15 @@ class ALS(RecommenderMixin):
         ``A_u = YᵀY + Σ (c − 1) y yᵀ + λI``. ``solver="auto"`` means the fused CG there
         (A applied from the row's entries and YᵀY, never built).
     alpha : float, default 1.0 — confidence scale of implicit feedback.
+    confidence : {"1+alpha*r", "alpha*r"}, default "1+alpha*r"
+        Implicit feedback's confidence of a stored entry r: ``c = 1 + alpha·r`` (Hu, Koren &
+        Volinsky; Spark's ``ALS(implicitPrefs=True)``), or ``c = alpha·r`` (the ``implicit``
+        library's: it weights the entries by ``alpha·r``, so an entry with ``alpha·r < 1`` counts
+        less than an absent one). In both, ``A_u = YᵀY + Σ (c − 1) y yᵀ + λI`` and
+        ``b_u = Σ c y``; the same ``alpha`` fits different models under the two. With
+        ``"alpha*r"``, ``factors``, ``regularization``, ``iterations``, ``alpha`` and
+        ``weighted_regularization=False`` (the implicit-feedback default) fit the model that
+        ``implicit.als.AlternatingLeastSquares`` fits with the same parameters.
     biases : bool, default False — explicit feedback only: learn a global mean, user and item
         biases within ALS (``r̂ = μ + b_u + b_i + x_uᵀy_i``; each half-step solves ``[x_u, b_u]``
         against ``[y_i, 1]`` and the targets ``r − μ − b_i``).
@@ -89,7 +98,7 @@ class ALS(RecommenderMixin):
     def __init__(self, factors=64, regularization=0.1, iterations=15, *,
                  weighted_regularization=None, solver="auto", variant="auto", device="auto",
                  dtype=np.float32, random_state=None, storage=None, feedback="explicit",
-                 alpha=1.0, biases=False):
+                 alpha=1.0, confidence="1+alpha*r", biases=False):
         self.factors = factors
         self.regularization = regularization
         self.iterations = iterations
@@ -102,6 +111,7 @@ class ALS(RecommenderMixin):
         self.storage = storage
         self.feedback = feedback
         self.alpha = alpha
+        self.confidence = confidence
         self.biases = biases
 
     # ----- scikit-learn protocol -----------------------------------------------------------
@@ -173,6 +183,40 @@ class ALS(RecommenderMixin):
                 ch = tuning.Choice(cfg, "explicit", "variant given by the caller")
             out[side] = ch
         return out
+
+    def _engine(self, dev, info, R, stats):
+        """The fit's :class:`Engine` and configurations: a chosen configuration that fails to
+        build, lacks a kernel or exceeds a kernel's limits is rejected (one warning, see
+        :mod:`clmf.fallback`) and the choice falls through to the next rule; a configuration
+        given by the caller raises :class:`clmf.InvalidConfigError`."""
+        from . import fallback, tuning
+        from .engine import Engine
+        from .errors import InvalidConfigError
+        mode = tuning.fit_mode(self.feedback, self.biases)
+        f = int(self.factors)
+        while True:
+            choices = self._resolve_configs(info, stats)
+            try:
+                engine = Engine(dev, R, f, (choices["users"].config, choices["items"].config),
+                                implicit_alpha=self._kernel_alpha(),
+                                biased=bool(self.biases),
+                                offset=self.global_mean_ if self.biases else 0.0)
+                return engine, choices
+            except InvalidConfigError as e:
+                ch = choices.get(getattr(e, "side", None))
+                if ch is None or ch.rule == "explicit" or \
+                        fallback.rejection(info, ch.config, f, mode) is not None:
+                    raise                    # the caller's own variant, or nothing left to try
+                fallback.reject(info, ch.config, f, mode, f"the {ch.rule} rule ({ch.reason})", e)
+
+    def _kernel_alpha(self):
+        """The alpha the kernels weight implicit entries with (None: explicit feedback)."""
+        return float(self.alpha) if self.feedback == "implicit" else None
+
+    def _kernel_ratings(self, R):
+        """``R`` as the kernels read it: the kernels weight an implicit entry by 1 + alpha·r, so
+        ``confidence="alpha*r"`` passes r − 1/alpha (1 + alpha·(r − 1/alpha) = alpha·r)."""
+        return _confidence_shift(R, self)
 
     @property
     def _weighted(self):
@@ -246,11 +290,8 @@ class ALS(RecommenderMixin):
         dev = select_device(self.device)
         info = device_info(dev)
         stats = {"users": _side_stats(user_counts, n), "items": _side_stats(item_counts, m)}
-        choices = self._resolve_configs(info, stats)
         self.global_mean_ = float(R.data.astype(np.float64).mean())
-        engine = Engine(dev, R, f, (choices["users"].config, choices["items"].config),
-                        implicit_alpha=float(self.alpha) if implicit else None,
-                        biased=bool(self.biases), offset=self.global_mean_ if self.biases else 0.0)
+        engine, choices = self._engine(dev, info, self._kernel_ratings(R), stats)
         self.user_counts_ = user_counts
         self.item_counts_ = item_counts
         self.config_ = choices
@@ -406,6 +447,17 @@ def _precision_at_10(X, Y, R, V):
     Vc = sp.csr_matrix((np.ones_like(V.data), (V.row, V.col)), shape=V.shape)[users]
     relevant = [Vc.indices[Vc.indptr[j]:Vc.indptr[j + 1]] for j in range(users.size)]
     return float(precision_at_k(top, relevant, 10))
+
+
+def _confidence_shift(R, est):
+    """A copy of the CSR ``R`` with r − 1/alpha for ``confidence="alpha*r"`` (implicit
+    feedback), else ``R`` itself (see :class:`ALS`'s ``confidence``)."""
+    if getattr(est, "feedback", "explicit") != "implicit" or \
+            getattr(est, "confidence", "1+alpha*r") != "alpha*r":
+        return R
+    R = sp.csr_matrix(R, dtype=np.float64, copy=True)
+    R.data = R.data - 1.0 / float(est.alpha)
+    return R
 
 
 def _side_stats(counts, other):

@@ -238,6 +238,9 @@ class RecommenderMixin:
             weighted = not implicit
         lam = float(self.regularization)
         if not self._biased():
+            if implicit and getattr(self, "confidence", "1+alpha*r") == "alpha*r":
+                rows = sp.csr_matrix(rows, dtype=np.float64, copy=True)   # c = alpha·r (see ALS)
+                rows.data = rows.data - 1.0 / float(self.alpha)
             X = reference.half_step(rows, other, lam, bool(weighted),
                                     implicit_alpha=float(self.alpha) if implicit else None)
             return X.astype(np.float32), None
