@@ -17,7 +17,7 @@ from .errors import ClmfError, NoOpenCLError, SingularSystemError, DeviceMemoryE
 __all__ = [
     "ALS", "devices", "select_device", "KernelConfig", "reference", "datasets",
     "ClmfError", "NoOpenCLError", "SingularSystemError", "DeviceMemoryError", "InvalidConfigError",
-    "__version__",
+    "NotFittedError", "load", "__version__",
 ]
 
 
@@ -34,6 +34,9 @@ def __getattr__(name):  # lazy imports keep `import clmf` cheap and free of Open
     if name in ("datasets", "metrics", "splits", "model", "engine", "kernels", "device", "config"):
         import importlib
         return importlib.import_module(f".{name}", __name__)
+    if name == "NotFittedError":
+        from .errors import _not_fitted_error
+        return _not_fitted_error()
     if name == "load":
         from .model import load
         return load

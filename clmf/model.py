@@ -225,7 +225,7 @@ class ALS(RecommenderMixin):
         return bool(self.weighted_regularization)
 
     # ----- fitting -------------------------------------------------------------------------
-    def fit(self, X, *, show_progress=True, callback=None, init=None, validation=None,
+    def fit(self, X, y=None, *, show_progress=True, callback=None, init=None, validation=None,
             early_stopping_rounds=None):
         """Fit the factors to the explicit ratings ``X``.
 
@@ -233,6 +233,7 @@ class ALS(RecommenderMixin):
         ----------
         X : scipy.sparse matrix/array (users × items; stored entries are ratings), a
             ``(user_idx, item_idx, ratings)`` tuple of 1-D arrays, or :class:`clmf.datasets.Ratings`.
+        y : ignored (scikit-learn's signature of unsupervised estimators).
         show_progress : bool — a tqdm bar with the per-iteration train (and validation) RMSE.
         callback : ``callback(iteration, elapsed_seconds, metrics_dict)`` after each iteration.
         init : optional ``(X0, Y0)`` start factors of shapes (n_users, f) and (n_items, f).
@@ -373,8 +374,32 @@ class ALS(RecommenderMixin):
 
     # ----- inference -----------------------------------------------------------------------
     def _check_fitted(self):
-        if not hasattr(self, "user_factors_"):
-            raise RuntimeError(f"this {type(self).__name__} is not fitted yet; call fit() first")
+        """Raise :class:`clmf.NotFittedError` (scikit-learn's, when installed) if not fitted."""
+        if not self.__sklearn_is_fitted__():
+            from .errors import _not_fitted_error
+            raise _not_fitted_error()(f"this {type(self).__name__} is not fitted yet; call "
+                                      "fit() first")
+
+    def __sklearn_is_fitted__(self):
+        """Whether the model has learned factors (``sklearn.utils.validation.check_is_fitted``)."""
+        return "user_factors_" in self.__dict__
+
+    def __sklearn_tags__(self):
+        """scikit-learn's estimator tags (≥ 1.6): an unsupervised estimator of sparse rating
+        matrices that needs ``fit``. Only scikit-learn calls it, so it imports scikit-learn."""
+        from sklearn.utils import InputTags, Tags, TargetTags
+        return Tags(estimator_type=None, target_tags=TargetTags(required=False),
+                    input_tags=InputTags(two_d_array=False, sparse=True), requires_fit=True)
+
+    @classmethod
+    def load(cls, file):
+        """Read a model written by :meth:`save` (a path or a binary file object); see
+        :func:`clmf.load`."""
+        from .persistence import load
+        model = load(file)
+        if not isinstance(model, cls):
+            raise TypeError(f"the file holds a {type(model).__name__}, not a {cls.__name__}")
+        return model
 
     def predict(self, user_idx, item_idx):
         """Predicted ratings for element-wise pairs of 0-based indices.
@@ -399,17 +424,18 @@ class ALS(RecommenderMixin):
         return p.astype(np.float32)
 
     def save(self, path):
-        """Write the fitted model to ``path`` (``.npz``, no pickle, atomic); see :mod:`clmf.persistence`.
+        """Write the fitted model to ``path`` (``.npz``, no pickle); see :mod:`clmf.persistence`.
 
         Parameters
         ----------
-        path : str or path-like
-            The target file (written exactly there).
+        path : str, path-like or a binary file object
+            The target file (written exactly there, atomically), or an open file (anything
+            with ``write``, e.g. ``open(p, "wb")`` or ``io.BytesIO()``), written at its position.
 
         Returns
         -------
-        str
-            The path written.
+        str or file object
+            What was written to.
 
         Examples
         --------
@@ -427,13 +453,45 @@ class ALS(RecommenderMixin):
     def rmse(self, X_test):
         """Root-mean-square error on held-out ratings (same forms as ``fit``'s ``X``)."""
         self._check_fitted()
-        C = check_ratings(X_test, shape=self.shape_, what="X_test").tocoo()
+        C = check_ratings(X_test, shape=self.shape_, what="X_test", allow_empty=True).tocoo()
+        if C.nnz == 0:
+            raise ValueError("X_test holds no ratings: the RMSE of an empty test set is undefined")
         err = self.predict(C.row, C.col).astype(np.float64) - C.data
         return float(np.sqrt(np.mean(err * err)))
 
+    def score(self, X, y=None, *, user_items=None, k=10):
+        """Higher is better (scikit-learn's ``score``): −RMSE on held-out ratings ``X`` for
+        explicit feedback; for implicit feedback, precision@``k`` (default 10) of the held-out
+        items ``X`` among each user's top-k recommendations, the items of ``user_items`` (the
+        training matrix, recommended) left out of the ranking.
 
-def _precision_at_10(X, Y, R, V):
-    """precision@10 of held-out items V among unseen items (host; for implicit early stopping)."""
+        Parameters
+        ----------
+        X : held-out ratings, same forms as ``fit``'s ``X`` and the model's shape
+        y : ignored (scikit-learn's signature)
+        user_items : optional sparse users × items matrix of items not to recommend (implicit)
+        k : cut-off of the implicit score
+
+        Examples
+        --------
+        >>> model.score(test)                      # doctest: +SKIP
+        -0.9405
+        """
+        self._check_fitted()
+        if self.feedback != "implicit":
+            return -self.rmse(X)
+        V = check_ratings(X, shape=self.shape_, what="X", allow_empty=True).tocoo()
+        if V.nnz == 0:
+            raise ValueError("X holds no held-out items: precision@k of an empty test set is "
+                             "undefined")
+        seen = (sp.csr_matrix(self.shape_, dtype=np.float32) if user_items is None else
+                check_ratings(user_items, shape=self.shape_, what="user_items", allow_empty=True))
+        return _precision_at_10(self.user_factors_, self.item_factors_, seen, V, k)
+
+
+def _precision_at_10(X, Y, R, V, k=10):
+    """precision@k (10) of held-out items V among items not in R (host; for implicit early
+    stopping and ``score``)."""
     from .metrics import precision_at_k
     from .recommend import _top_n
     users = np.unique(V.row)
@@ -443,10 +501,10 @@ def _precision_at_10(X, Y, R, V):
     Rr = R[users]
     rr = np.repeat(np.arange(users.size), np.diff(Rr.indptr))
     S[rr, Rr.indices] = -np.inf
-    top = _top_n(S, 10)[0]           # the ranking recommend() uses (ties by item index)
+    top = _top_n(S, k)[0]            # the ranking recommend() uses (ties by item index)
     Vc = sp.csr_matrix((np.ones_like(V.data), (V.row, V.col)), shape=V.shape)[users]
     relevant = [Vc.indices[Vc.indptr[j]:Vc.indptr[j + 1]] for j in range(users.size)]
-    return float(precision_at_k(top, relevant, 10))
+    return float(precision_at_k(top, relevant, k))
 
 
 def _confidence_shift(R, est):

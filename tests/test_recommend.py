@@ -463,7 +463,7 @@ def test_raw_ids():
 
 
 def test_errors():
-    with pytest.raises(RuntimeError, match="not fitted"):
+    with pytest.raises(clmf.NotFittedError, match="not fitted"):
         clmf.ALS().recommend(0)
     X, Y = int_factors(4, 6)
     m = make_model(X, Y)
