@@ -177,7 +177,7 @@ def _device_present(info):
 
 
 def _probe_command():
-    return [sys.executable, "-m", "clmf.fallback"]
+    return [sys.executable, "-m", __spec__.name if __spec__ else "clmf.fallback"]
 
 
 def _describe_exit(rc):
@@ -213,7 +213,7 @@ def probe(info, cfg, f, mode="explicit", timeout=None):
         with _lock:
             _probed[key] = reason
         return reason
-    job = {"platform": info.platform, "device": info.name, "config": str(cfg), "f": int(f),
+    job = {"platform": info.platform, "device": info.name, "config": cfg.to_dict(), "f": int(f),
            "mode": mode}
     t0 = time.perf_counter()
     log.info("probing kernel configuration %s (f=%d, %s) on %s | %s in a child process",
@@ -268,7 +268,7 @@ def _child(job):
             break
     if dev is None:
         raise SystemExit(f"clmf probe: device {job['platform']} | {job['device']} not found")
-    cfg = KernelConfig.parse(job["config"])
+    cfg = KernelConfig.from_dict(job["config"])
     f, mode = int(job["f"]), job["mode"]
     rng = np.random.default_rng(0)
     m, n = 53, 41
