@@ -46,9 +46,15 @@ class ALS(RecommenderMixin):
         ``regularization=0`` (explicit feedback) always Cholesky, which reports singular systems.
         "cholesky" solves every system exactly.
     variant : "auto", a variant name (``"batch+reg+local:tx=8,ty=8"``), a
-        :class:`clmf.KernelConfig`, or a pair (users side, items side) of those.
+        :class:`clmf.KernelConfig`, or a pair (users side, items side) of those. With "auto",
+        a configuration that cannot run on the device (build failure, missing kernel, a kernel
+        limit, a probe that crashed) is reported once as a
+        :class:`clmf.fallback.TuningFallbackWarning` and the next rule's is used; a variant
+        given here is used as is and such failures raise :class:`clmf.InvalidConfigError`.
     device : "auto", "cpu", "gpu", "P:D", a name substring or a ``pyopencl.Device``
-        (see :func:`clmf.select_device`; ``CLMF_DEVICE`` is honoured with "auto").
+        (see :func:`clmf.select_device`; ``CLMF_DEVICE`` is honoured with "auto"). Give a
+        string where the estimator is cloned (scikit-learn's ``clone`` deep-copies parameters;
+        a ``pyopencl.Device`` cannot be copied).
     dtype : numpy dtype, default float32 — the compute precision (float32 only).
     random_state : None, int or numpy.random.Generator — seeds the start factors.
     feedback : {"explicit", "implicit"}

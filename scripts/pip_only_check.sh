@@ -21,7 +21,8 @@ if [ -z "$WHEEL" ]; then
     shopt -s nullglob
     wheels=("$ROOT"/dist/clmf-*.whl)
     shopt -u nullglob
-    [ ${#wheels[@]} -eq 1 ] || die "expected one clmf wheel in dist/ (make setup builds it), found ${#wheels[@]}"
+    [ ${#wheels[@]} -eq 1 ] ||
+        die "expected one clmf wheel in dist/ (make setup builds it), found ${#wheels[@]}"
     WHEEL="${wheels[0]}"
 fi
 [ -f "$WHEEL" ] || die "no wheel at $WHEEL"
@@ -42,7 +43,8 @@ log "fresh venv ($("$PY" --version 2>&1)) in $WORK/venv"
 V="$WORK/venv/bin/python"
 log "pip install $(basename "$WHEEL") \"pyopencl[pocl]\" (pip cache: $PIP_CACHE_DIR)"
 "$V" -m pip install -q "$WHEEL" "pyopencl[pocl]"
-log "installed in $((SECONDS - t0)) s: $("$V" -m pip list --format=freeze 2>/dev/null | tr '\n' ' ')"
+log "installed in $((SECONDS - t0)) s:" \
+    "$("$V" -m pip list --format=freeze 2>/dev/null | tr '\n' ' ')"
 
 # exactly one top-level package added by the clmf wheel, and nothing unowned in site-packages
 # (run outside the checkout: its clmf.egg-info must not be what importlib.metadata finds)
