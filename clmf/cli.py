@@ -440,6 +440,14 @@ def cmd_tune(args):
         raise UsageError("--alpha must be positive")
     if args.sample_tol < 0:
         raise UsageError("--sample-tol must be ≥ 0 (0: no check)")
+    if args.sample not in ("auto", "full"):
+        try:
+            frac = float(args.sample)
+        except ValueError:
+            frac = None
+        if frac is None or not 0 < frac <= 1:
+            raise UsageError(f"--sample must be 'auto', 'full' or a fraction in (0, 1], not "
+                             f"{args.sample!r}")
     mode = "implicit" if args.feedback == "implicit" else "biased" if args.biases else "explicit"
     R, name = tuner.load_data(args.data, args.preset, args.scale, args.seed, log1p=args.log1p)
     print(f"data: {name}: {R.shape[0]} users × {R.shape[1]} items, {R.nnz} ratings"
