@@ -153,15 +153,15 @@ def cmd_demo(args):
 
 
 def cmd_source(args):
-    from .config import KernelConfig
-    from .kernels import render_als
+    from .engine.config import KernelConfig
+    from .engine.kernels import render_als
     print(render_als(KernelConfig.parse(args.variant), args.factors))
     return 0
 
 
 def cmd_bench(args):
     """``clmf bench``: see :mod:`clmf.bench` (CSV, markdown and plots under results/bench/)."""
-    from . import bench
+    from .bench import runner
     if args.iterations < 1:
         raise UsageError("--iterations must be ≥ 1")
     for item in args.peer_max_nnz:
@@ -170,8 +170,8 @@ def cmd_bench(args):
             float(v)
         except ValueError:
             raise UsageError(f"--peer-max-nnz wants PEER=N, not {item!r}") from None
-    status = bench.cmd_bench(args, sys.argv[2:] if len(sys.argv) > 2 and sys.argv[1] == "bench"
-                             else None)
+    status = runner.cmd_bench(args, sys.argv[2:] if len(sys.argv) > 2 and sys.argv[1] == "bench"
+                              else None)
     args.result = {"command": "bench", "files": getattr(args, "bench_files", None),
                    "rows": getattr(args, "bench_rows", None)}
     return status
@@ -194,6 +194,7 @@ def _check_data_args(args):
 def _fit_data(args):
     """(train, test or None, description) for ``clmf fit``."""
     import os
+
     from . import datasets, splits
     _check_data_args(args)
     if args.preset is not None:
@@ -232,7 +233,8 @@ def cmd_fit(args):
     0
     """
     from tqdm.auto import tqdm
-    from .validation import check_params
+
+    from .data.validation import check_params
     model = _model_from(args)
     try:
         check_params(model)                  # bad model options are usage errors (exit 2)
@@ -284,6 +286,7 @@ def _to_model_index(model, data):
 
 def _eval_data(args):
     import os
+
     from . import datasets
     if args.split is not None:
         d = args.data if os.path.isdir(args.data) else os.path.dirname(args.data) or "."
@@ -316,7 +319,9 @@ def cmd_eval(args):
     0
     """
     import scipy.sparse as sp
+
     import clmf
+
     from . import metrics
     model = clmf.load(args.model)
     test, train, what = _eval_data(args)
@@ -375,6 +380,7 @@ def cmd_recommend(args):
     0
     """
     import clmf
+
     from . import datasets
     model = clmf.load(args.model)
     train = datasets.load(args.train) if args.train is not None else None
@@ -409,7 +415,7 @@ def cmd_tune(args):
     ``--feedback implicit --alpha A`` tunes implicit-feedback ALS and ``--biases`` explicit ALS with
     biases (what ``ALS(feedback=..., biases=...)`` then looks up first). ``--sample full`` times
     whole half-steps instead of a checked sample of rows.
-    The tuner (package ``tuner``) is imported only here.
+    The tuner (package ``clmf.tuner``) is imported only here.
 
     Examples
     --------
@@ -422,7 +428,7 @@ def cmd_tune(args):
     if args.data is None or args.preset is not None:
         _check_data_args(args)
     try:
-        import tuner
+        from clmf import tuner
     except ImportError as e:
         raise RuntimeError(f"the tuner is not installed with this clmf ({e})") from None
     try:
@@ -517,7 +523,7 @@ def build_parser():
                        help="benchmark clmf against its peers (NumPy reference, LensKit, Spark, "
                             "implicit, PyTorch) and the device's measured peak; writes "
                             "results/bench/<device>/")
-    from .bench import configure_parser as _bench_args
+    from .bench.runner import configure_parser as _bench_args
     _bench_args(s)
     s.set_defaults(func=cmd_bench)
 

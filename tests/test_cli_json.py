@@ -10,19 +10,20 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import DEVICES
+from test_cli import small_files  # noqa: F401  (fixture)
 
 import clmf
 from clmf.cli import build_parser, main
 
-from conftest import DEVICES
-from test_cli import small_files  # noqa: F401  (fixture)
-
 
 def run_cli(*argv, timeout=300):
-    """``python -m clmf ARGV`` in a subprocess: (exit status, stdout, stderr)."""
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(clmf.__file__)))
+    """``python -m clmf ARGV`` in a subprocess, from the folder of the clmf under test (not the
+    checkout, whose clmf has no cl_kernels): (exit status, stdout, stderr)."""
+    root = os.path.dirname(os.path.dirname(clmf.__file__))
+    env = dict(os.environ, PYTHONPATH=root)
     r = subprocess.run([sys.executable, "-m", "clmf", *map(str, argv)], capture_output=True,
-                       text=True, env=env, timeout=timeout)
+                       text=True, env=env, timeout=timeout, cwd=root)
     return r.returncode, r.stdout, r.stderr
 
 

@@ -1,4 +1,4 @@
-"""A tuning never breaks a fit (clmf.fallback): a planted record whose configuration fails to
+"""A tuning never breaks a fit (clmf.tuning.fallback): a planted record whose configuration fails to
 build (no s1_hermitian kernel, as PyPI's PoCL 3.0 did) or whose probe process aborts is reported
 once and the fit falls back; a caller's own variant still raises."""
 from __future__ import annotations
@@ -8,14 +8,16 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import random_ratings
 
 import clmf
-from clmf import fallback, kernels, tuning
-from clmf.config import KernelConfig
-from clmf.device import device_info
+from clmf import tuning
+from clmf.engine import kernels
+from clmf.engine.config import KernelConfig
+from clmf.engine.device import device_info
 from clmf.errors import InvalidConfigError
-from conftest import random_ratings
-from tuner.database import Database, base_record
+from clmf.tuning import fallback
+from clmf.tuning.database import Database, base_record
 
 F = 8
 PLANTED = "batch+reg:tx=4,ty=4,nnz_batch=16"
@@ -27,8 +29,8 @@ def isolated(tmp_path, monkeypatch):
     shipped = tmp_path / "shipped.jsonl"
     monkeypatch.delenv("CLMF_TUNING_DB", raising=False)
     monkeypatch.delenv(fallback.PROBE_ENV, raising=False)
-    monkeypatch.setattr(tuning, "user_db_path", lambda: tmp_path / "none" / "tuning.jsonl")
-    monkeypatch.setattr(tuning, "shipped_paths", lambda: [shipped])
+    monkeypatch.setattr(tuning.database, "user_db_path", lambda: tmp_path / "none" / "tuning.jsonl")
+    monkeypatch.setattr(tuning.database, "shipped_paths", lambda: [shipped])
     monkeypatch.setattr(fallback, "_rejected", {})
     monkeypatch.setattr(fallback, "_probed", {})
     monkeypatch.setattr(fallback, "probe_cache_path", lambda: tmp_path / "probes.json")

@@ -13,10 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from conftest import rel_err
 
 import clmf
 from clmf import reference
-from conftest import rel_err
 
 implicit = pytest.importorskip("implicit")
 from implicit.cpu.als import AlternatingLeastSquares  # noqa: E402

@@ -7,9 +7,9 @@ import io
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from conftest import random_ratings
 
 import clmf
-from conftest import random_ratings
 
 sklearn = pytest.importorskip("sklearn")
 from sklearn.base import clone  # noqa: E402

@@ -8,16 +8,17 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from . import reference
-from .config import KernelConfig
-from .errors import SingularSystemError
-from .persistence import load  # noqa: F401  (clmf.load / clmf.model.load)
-from .recommend import RecommenderMixin
-from .validation import check_index_pairs, check_params, check_ratings
+from .. import reference
+from ..data.validation import check_index_pairs, check_params, check_ratings
+from ..engine.config import KernelConfig
+from ..errors import SingularSystemError
+from ..inference.conventions import confidence_rows
+from ..inference.recommend import RecommenderMixin
+from .persistence import register_estimator
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ALS", "load"]
+__all__ = ["ALS"]
 
 
 class ALS(RecommenderMixin):
@@ -49,7 +50,7 @@ class ALS(RecommenderMixin):
         :class:`clmf.KernelConfig`, or a pair (users side, items side) of those. With "auto",
         a configuration that cannot run on the device (build failure, missing kernel, a kernel
         limit, a probe that crashed) is reported once as a
-        :class:`clmf.fallback.TuningFallbackWarning` and the next rule's is used; a variant
+        :class:`clmf.tuning.fallback.TuningFallbackWarning` and the next rule's is used; a variant
         given here is used as is and such failures raise :class:`clmf.InvalidConfigError`.
     device : "auto", "cpu", "gpu", "P:D", a name substring or a ``pyopencl.Device``
         (see :func:`clmf.select_device`; ``CLMF_DEVICE`` is honoured with "auto"). Give a
@@ -157,7 +158,7 @@ class ALS(RecommenderMixin):
 
     # ----- configuration -------------------------------------------------------------------
     def _resolve_configs(self, info, stats):
-        from . import tuning
+        from .. import tuning
         f = self.factors
         variant = self.variant
         solver = None if self.solver == "auto" else self.solver
@@ -193,11 +194,12 @@ class ALS(RecommenderMixin):
     def _engine(self, dev, info, R, stats):
         """The fit's :class:`Engine` and configurations: a chosen configuration that fails to
         build, lacks a kernel or exceeds a kernel's limits is rejected (one warning, see
-        :mod:`clmf.fallback`) and the choice falls through to the next rule; a configuration
+        :mod:`clmf.tuning.fallback`) and the choice falls through to the next rule; a configuration
         given by the caller raises :class:`clmf.InvalidConfigError`."""
-        from . import fallback, tuning
-        from .engine import Engine
-        from .errors import InvalidConfigError
+        from .. import tuning
+        from ..engine.core import Engine
+        from ..errors import InvalidConfigError
+        from ..tuning import fallback
         mode = tuning.fit_mode(self.feedback, self.biases)
         f = int(self.factors)
         while True:
@@ -222,7 +224,7 @@ class ALS(RecommenderMixin):
     def _kernel_ratings(self, R):
         """``R`` as the kernels read it: the kernels weight an implicit entry by 1 + alpha·r, so
         ``confidence="alpha*r"`` passes r − 1/alpha (1 + alpha·(r − 1/alpha) = alpha·r)."""
-        return _confidence_shift(R, self)
+        return confidence_rows(R, self)
 
     @property
     def _weighted(self):
@@ -253,8 +255,8 @@ class ALS(RecommenderMixin):
         self
         """
         from tqdm.auto import tqdm
-        from .device import device_info, select_device
-        from .engine import Engine
+
+        from ..engine.device import device_info, select_device
 
         check_params(self)
         R = check_ratings(X)
@@ -382,7 +384,7 @@ class ALS(RecommenderMixin):
     def _check_fitted(self):
         """Raise :class:`clmf.NotFittedError` (scikit-learn's, when installed) if not fitted."""
         if not self.__sklearn_is_fitted__():
-            from .errors import _not_fitted_error
+            from ..errors import _not_fitted_error
             raise _not_fitted_error()(f"this {type(self).__name__} is not fitted yet; call "
                                       "fit() first")
 
@@ -430,7 +432,8 @@ class ALS(RecommenderMixin):
         return p.astype(np.float32)
 
     def save(self, path):
-        """Write the fitted model to ``path`` (``.npz``, no pickle); see :mod:`clmf.persistence`.
+        """Write the fitted model to ``path`` (``.npz``, no pickle); see
+        :mod:`clmf.model.persistence`.
 
         Parameters
         ----------
@@ -495,11 +498,14 @@ class ALS(RecommenderMixin):
         return _precision_at_10(self.user_factors_, self.item_factors_, seen, V, k)
 
 
+register_estimator(ALS)
+
+
 def _precision_at_10(X, Y, R, V, k=10):
     """precision@k (10) of held-out items V among items not in R (host; for implicit early
     stopping and ``score``)."""
-    from .metrics import precision_at_k
-    from .recommend import _top_n
+    from ..inference.recommend import _top_n
+    from ..metrics import precision_at_k
     users = np.unique(V.row)
     if users.size == 0:
         return float("nan")
@@ -511,17 +517,6 @@ def _precision_at_10(X, Y, R, V, k=10):
     Vc = sp.csr_matrix((np.ones_like(V.data), (V.row, V.col)), shape=V.shape)[users]
     relevant = [Vc.indices[Vc.indptr[j]:Vc.indptr[j + 1]] for j in range(users.size)]
     return float(precision_at_k(top, relevant, k))
-
-
-def _confidence_shift(R, est):
-    """A copy of the CSR ``R`` with r − 1/alpha for ``confidence="alpha*r"`` (implicit
-    feedback), else ``R`` itself (see :class:`ALS`'s ``confidence``)."""
-    if getattr(est, "feedback", "explicit") != "implicit" or \
-            getattr(est, "confidence", "1+alpha*r") != "alpha*r":
-        return R
-    R = sp.csr_matrix(R, dtype=np.float64, copy=True)
-    R.data = R.data - 1.0 / float(est.alpha)
-    return R
 
 
 def _side_stats(counts, other):

@@ -83,7 +83,7 @@ def reject(info, cfg, f, mode, source, reason):
 
 def _caller_level():
     """The ``stacklevel`` of the first frame outside the clmf package (the user's call)."""
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.join(_package_root(), "clmf", "")
     frame, level = sys._getframe(1), 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here):
         frame, level = frame.f_back, level + 1
@@ -130,8 +130,8 @@ def probe_cache_path():
 
 
 def _cache_key(info, cfg, f, mode):
-    from . import __version__
-    from .kernels import template_hash
+    from .._version import __version__
+    from ..engine.kernels import template_hash
     return json.dumps([info.platform, info.name, info.driver, __version__, template_hash(),
                        cfg.key(), int(f), mode])
 
@@ -176,8 +176,13 @@ def _device_present(info):
     return False
 
 
+def _package_root():
+    """The folder that holds the clmf package this module belongs to."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
 def _probe_command():
-    return [sys.executable, "-m", __spec__.name if __spec__ else "clmf.fallback"]
+    return [sys.executable, "-m", __spec__.name if __spec__ else "clmf.tuning.fallback"]
 
 
 def _describe_exit(rc):
@@ -219,8 +224,10 @@ def probe(info, cfg, f, mode="explicit", timeout=None):
     log.info("probing kernel configuration %s (f=%d, %s) on %s | %s in a child process",
              cfg, f, mode, info.platform, info.name)
     try:
+        # started in the folder that holds this clmf package, so `-m` imports this clmf (not
+        # a source checkout that happens to be the working directory)
         res = subprocess.run(_probe_command(), input=json.dumps(job), capture_output=True,
-                             text=True, timeout=timeout or PROBE_TIMEOUT)
+                             text=True, timeout=timeout or PROBE_TIMEOUT, cwd=_package_root())
     except subprocess.TimeoutExpired:
         reason = f"the probe did not finish in {timeout or PROBE_TIMEOUT:.0f} s"
     except OSError as e:
@@ -253,9 +260,9 @@ def _child(job):
     import pyopencl as cl
     import scipy.sparse as sp
 
-    from .config import KernelConfig
-    from .engine import Engine
-    from .errors import InvalidConfigError
+    from ..engine.config import KernelConfig
+    from ..engine.core import Engine
+    from ..errors import InvalidConfigError
     dev = None
     for p in cl.get_platforms():
         if p.name.strip() != job["platform"]:
@@ -295,5 +302,5 @@ def _child(job):
     print(json.dumps({"ok": True}))
 
 
-if __name__ == "__main__":      # python -m clmf.fallback < job.json (see probe())
+if __name__ == "__main__":      # python -m clmf.tuning.fallback < job.json (see probe())
     _child(json.loads(sys.stdin.read()))

@@ -24,21 +24,14 @@ import numbers
 import numpy as np
 import scipy.sparse as sp
 
-from . import reference
+from .. import reference
+from .conventions import LIKED_SCORE, confidence_rows, ids_dtype
 
 log = logging.getLogger(__name__)
 
 __all__ = ["RecommenderMixin"]
 
 _CHUNK_BYTES = 64 << 20      # bound on a (users × candidates) score block
-# score of an already-liked item kept by recommend(items=...): last, as implicit's -FLT_MAX
-LIKED_SCORE = np.finfo(np.float32).min
-
-
-def _ids_dtype(ids, n):
-    """Returned ids as int32 (what implicit returns and its evaluation functions read), int64
-    only for more than 2³¹ − 1 rows."""
-    return ids.astype(np.int32) if n < np.iinfo(np.int32).max else ids
 
 
 # ----- helpers ---------------------------------------------------------------------------------
@@ -246,10 +239,7 @@ class RecommenderMixin:
             weighted = not implicit
         lam = float(self.regularization)
         if not self._biased():
-            if implicit and getattr(self, "confidence", "1+alpha*r") == "alpha*r":
-                rows = sp.csr_matrix(rows, dtype=np.float64, copy=True)   # c = alpha·r (see ALS)
-                rows.data = rows.data - 1.0 / float(self.alpha)
-            X = reference.half_step(rows, other, lam, bool(weighted),
+            X = reference.half_step(confidence_rows(rows, self), other, lam, bool(weighted),
                                     implicit_alpha=float(self.alpha) if implicit else None)
             return X.astype(np.float32), None
         if implicit:
@@ -292,18 +282,16 @@ class RecommenderMixin:
             item factors, as :meth:`recalculate_user`; with biases the user's bias too) instead
             of using the stored ones; the user ids may then lie beyond the model's users.
         items : array_like of int, optional
-            Rank only these item indices (implicit's semantics: the user's already-liked items
-            among them are kept and ranked last, with score ``LIKED_SCORE`` = −FLT_MAX, rather
-            than left out, so every row has ``min(N, len(items))`` entries and no padding).
+            Rank only these items; the user's liked ones among them are kept, ranked last with
+            score −FLT_MAX, as implicit does (so rows hold ``min(N, len(items))``, no padding).
 
         Returns
         -------
         (ids, scores)
             For a scalar ``userid``: 1-D int32 item indices and float32 scores, best first,
             ``min(N, candidates)`` long (shorter when fewer items remain after filtering).
-            For an array: 2-D arrays ``(len(userid), min(N, candidates))``; without ``items``,
-            rows with fewer candidates are padded with id ``-1`` and score ``-inf``. The ids are
-            int32, as implicit's (``implicit.evaluation`` reads them as such).
+            For an array: 2-D ``(len(userid), min(N, candidates))``; without ``items`` shorter rows
+            are padded with id ``-1``, score ``-inf``. Ids are int32, as implicit's.
 
         Notes
         -----
@@ -361,7 +349,7 @@ class RecommenderMixin:
             sc_out = sc_out + (np.float32(self.global_mean_) + bu)[:, None]
         else:
             pos_out, sc_out = self._rank(Xu, Y, cand, rows, N, liked_last=items is not None)
-        pos_out = _ids_dtype(pos_out, n_items)
+        pos_out = ids_dtype(pos_out, n_items)
         if scalar:
             keep = pos_out[0] >= 0
             return pos_out[0][keep], sc_out[0][keep]
@@ -370,9 +358,8 @@ class RecommenderMixin:
     def _rank(self, Q, F, cand, rows, N, self_ids=None, liked_last=False):
         """Rank candidates ``cand`` of ``F`` for the query vectors ``Q`` by ``Q·F[cand]ᵀ``.
 
-        ``rows`` (CSR aligned with ``Q``) marks entries to exclude, or with ``liked_last`` to
-        rank last with score :data:`LIKED_SCORE` (implicit's ``items=`` semantics); ``self_ids``
-        are forced to the top with score 1 (similarity of an item with itself).
+        ``rows`` (CSR aligned with ``Q``) marks entries to exclude (``liked_last``: to rank last
+        with :data:`LIKED_SCORE`); ``self_ids`` are forced to the top with score 1 (self-similarity).
         """
         n = F.shape[0]
         Fc = F if cand is None else F[cand]
@@ -425,7 +412,7 @@ class RecommenderMixin:
             self_ids = None
         pos, sc = self._rank(Q, Fn, cand, None, N, self_ids=self_ids)
         sc = np.where(np.isfinite(sc), np.clip(sc, -1.0, 1.0), sc).astype(np.float32)
-        pos = _ids_dtype(pos, F.shape[0])
+        pos = ids_dtype(pos, F.shape[0])
         if scalar:
             keep = pos[0] >= 0
             return pos[0][keep], sc[0][keep]
