@@ -53,25 +53,34 @@ def fallback_warnings(rec):
     return [w for w in rec if issubclass(w.category, fallback.TuningFallbackWarning)]
 
 
-def drop_s1_from_planted(monkeypatch, cfg):
-    """kernels.build returns the planted configuration's program without s1_hermitian."""
+def drop_s1_from_planted(monkeypatch, cfg, how="no_s1"):
+    """kernels.build, for the planted configuration's source: a program without s1_hermitian
+    (what PyPI's PoCL 3.0 returned), a kernel work-group limit of 1, or a failed build."""
     real = kernels.build
 
     def build(context, source, options=kernels.BUILD_OPTIONS):
+        if f"{cfg}" in source and how == "build_fails":
+            raise InvalidConfigError("OpenCL build failed: simulated", "build_failed")
         prog = real(context, source, options)
         if f"{cfg}" in source and "s1_hermitian" in prog.kernels:
             prog = kernels.Program(prog.program, source, options)
-            del prog.kernels["s1_hermitian"]
+            if how == "no_s1":
+                del prog.kernels["s1_hermitian"]
+            else:
+                prog.work_group_limit = lambda name, device: 1
         return prog
     monkeypatch.setattr(kernels, "build", build)
 
 
-def test_planted_record_without_s1_kernel_falls_back_with_one_warning(cl_device, isolated,
-                                                                      monkeypatch):
+@pytest.mark.parametrize("how,reason", [("no_s1", "s1_hermitian"),
+                                        ("wg_limit", "at most 1"),
+                                        ("build_fails", "build failed")])
+def test_planted_record_that_cannot_run_falls_back_with_one_warning(cl_device, isolated,
+                                                                     monkeypatch, how, reason):
     R = random_ratings(60, 45, density=0.25, seed=3)
     info = device_info(cl_device)
     cfg = plant(isolated, tuning.device_record(info), R)     # "tuned" on this device and driver
-    drop_s1_from_planted(monkeypatch, cfg)
+    drop_s1_from_planted(monkeypatch, cfg, how)
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         m1 = clmf.ALS(factors=F, iterations=3, random_state=0, device=cl_device,
@@ -81,7 +90,7 @@ def test_planted_record_without_s1_kernel_falls_back_with_one_warning(cl_device,
     ws = fallback_warnings(rec)
     assert len(ws) == 1, [str(w.message) for w in ws]
     msg = str(ws[0].message)
-    assert str(cfg) in msg and "shipped database" in msg and "s1_hermitian" in msg
+    assert str(cfg) in msg and "shipped database" in msg and reason in msg
     for m in (m1, m2):
         assert m.config_["users"].config != cfg.replace(solver="cholesky")
         assert m.config_["users"].rule in ("heuristic", "baseline")
