@@ -191,7 +191,7 @@ class ALS(RecommenderMixin):
             out[side] = ch
         return out
 
-    def _engine(self, dev, info, R, stats):
+    def _build_engine(self, dev, info, R, stats):
         """The fit's :class:`Engine` and configurations: a chosen configuration that fails to
         build, lacks a kernel or exceeds a kernel's limits is rejected (one warning, see
         :mod:`clmf.tuning.fallback`) and the choice falls through to the next rule; a configuration
@@ -300,7 +300,7 @@ class ALS(RecommenderMixin):
         info = device_info(dev)
         stats = {"users": _side_stats(user_counts, n), "items": _side_stats(item_counts, m)}
         self.global_mean_ = float(R.data.astype(np.float64).mean())
-        engine, choices = self._engine(dev, info, self._kernel_ratings(R), stats)
+        engine, choices = self._build_engine(dev, info, self._kernel_ratings(R), stats)
         self.user_counts_ = user_counts
         self.item_counts_ = item_counts
         self.config_ = choices
