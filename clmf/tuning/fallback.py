@@ -17,7 +17,8 @@ Debian's PoCL). A database must never break a fit, so:
   child, not the caller. Verdicts are cached on disk per (device, driver, clmf version, kernel
   templates, configuration, f, mode) in ``platformdirs.user_cache_dir("clmf")``, so a probe runs
   once per machine. ``CLMF_PROBE=off`` disables probing, ``CLMF_PROBE=always`` probes every
-  configuration that is not the caller's own.
+  configuration taken from a database or the computed default, this device's own tunings too.
+  The heuristic and the baseline (clmf's own plain kernels) are checked in process only.
 
 Configurations given by the caller (``ALS(variant=...)``) are never replaced: their failures
 raise :class:`clmf.InvalidConfigError`.
