@@ -103,7 +103,8 @@ def _ran_here(info, record_device):
     here = (info.platform, info.vendor, info.type, info.name, info.driver)
     there = tuple(record_device.get(k, "") for k in ("platform", "vendor", "type", "device",
                                                       "driver"))
-    norm = lambda t: tuple(" ".join(str(x).split()).lower() for x in t)  # noqa: E731
+    def norm(t):
+        return tuple(" ".join(str(x).split()).lower() for x in t)
     return norm(here) == norm(there)
 
 
