@@ -58,17 +58,20 @@ def _next_pow2(x):
     return p
 
 
-def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False, biased=False):
+def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False, biased=False,
+                  ldf=None):
     """Template variables of the ALS program (S1, S2, S3) for ``config`` at ``f`` factors.
 
     With ``biased`` the systems have ``f`` unknowns (factors + the row's bias) and the rows are
-    ``f + 1`` wide ([factors | 1 | bias]); ``implicit`` weights the entries by confidence."""
+    ``f + 1`` wide ([factors | 1 | bias]); ``implicit`` weights the entries by confidence.
+    ``ldf`` overrides the factor rows' leading dimension (a multiple of the config's own: devices
+    of one fit with different vector widths share one row layout)."""
     if f < 1:
         raise InvalidConfigError(f"factors must be ≥ 1, not {f}", "f")
     local_budget = device_info.local_mem if device_info is not None else 32 * 1024
     bx, by = config.tile_edges(f)
     v = dict(
-        f=f, ldf=config.ldf(f + 1 if biased else f), storage=config.storage,
+        f=f, ldf=_check_ldf(config, f + 1 if biased else f, ldf), storage=config.storage,
         config_str=str(config), implicit=bool(implicit), biased=bool(biased),
         variant_name=config.name, reg=config.reg, local=config.local, vec=config.vec,
         tile=config.tile, gemm=config.gemm, syrk=config.syrk, triangle=config.triangle, tx=config.tx, ty=config.ty, tz=config.tz,
@@ -88,9 +91,21 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
     return v
 
 
-def render_als(config: KernelConfig, f: int, device_info=None, implicit=False, biased=False):
+def _check_ldf(config, width, ldf):
+    """The config's leading dimension for rows of ``width``, or ``ldf`` when it is a valid one."""
+    own = config.ldf(width)
+    if ldf is None:
+        return own
+    if ldf < own or ldf % (config.vec or 1):
+        raise InvalidConfigError(f"leading dimension {ldf} is not a multiple of the vector width "
+                                 f"{config.vec or 1} at least {own}", "geometry")
+    return int(ldf)
+
+
+def render_als(config: KernelConfig, f: int, device_info=None, implicit=False, biased=False,
+               ldf=None):
     """The OpenCL C source of the ALS program for a configuration (for debugging: ``clmf source``)."""
-    return render("als.cl.j2", **als_variables(config, f, device_info, implicit, biased))
+    return render("als.cl.j2", **als_variables(config, f, device_info, implicit, biased, ldf))
 
 
 def render_metrics(f, storage="float32", ldf=None, wg=128, biased=False):
@@ -212,10 +227,10 @@ def build(context, source, options=BUILD_OPTIONS):
 
 
 def als_program(context, device, config: KernelConfig, f: int, device_info, implicit=False,
-                biased=False):
+                biased=False, ldf=None):
     """Validate, render, build and post-check the ALS program of a configuration."""
     validate(config, f, device_info)
-    src = render_als(config, f, device_info, implicit, biased)
+    src = render_als(config, f, device_info, implicit, biased, ldf)
     prog = build(context, src)
     s3 = "s3_fused" if config.solver == "fusedcg" else "s3_solve"
     needs = {"s1_hermitian": config.s1_local_size(f), s3: config.swg(f),

@@ -53,9 +53,11 @@ class ALS(RecommenderMixin):
         :class:`clmf.tuning.fallback.TuningFallbackWarning` and the next rule's is used; a variant
         given here is used as is and such failures raise :class:`clmf.InvalidConfigError`.
     device : "auto", "cpu", "gpu", "P:D", a name substring or a ``pyopencl.Device``
-        (see :func:`clmf.select_device`; ``CLMF_DEVICE`` is honoured with "auto"). Give a
-        string where the estimator is cloned (scikit-learn's ``clone`` deep-copies parameters;
-        a ``pyopencl.Device`` cannot be copied).
+        (see :func:`clmf.select_device`; ``CLMF_DEVICE`` is honoured with "auto"); a list of
+        those, or ``"gpu:all"`` / ``"cpu:all"``, fits on several devices at once (users and items
+        split into blocks balanced by ratings, see :mod:`clmf.parallel`). Give strings where the
+        estimator is cloned (scikit-learn's ``clone`` deep-copies parameters; a
+        ``pyopencl.Device`` cannot be copied).
     dtype : numpy dtype, default float32 — the compute precision (float32 only).
     random_state : None, int or numpy.random.Generator — seeds the start factors.
     feedback : {"explicit", "implicit"}
@@ -79,6 +81,9 @@ class ALS(RecommenderMixin):
     storage : None, "float32" or "float16" — storage of the factors on the device (compute stays
         float32); None keeps the variant's own (float32 unless a variant string sets
         ``storage=float16``).
+    max_device_memory : None, int (bytes) or float ≤ 1 (fraction of each device's memory) — a cap
+        on the device memory the fit plans with; ratings that do not fit are streamed from host
+        memory (see "Multi-device and out-of-core" in the README).
 
     Attributes
     ----------
@@ -88,8 +93,10 @@ class ALS(RecommenderMixin):
     user_counts_, item_counts_ : ndarray — training ratings per user / item
     user_biases_, item_biases_ : ndarray or None — learned biases (``biases=True``)
     config_ : dict side → :class:`clmf.tuning.Choice` — the kernel configuration used per side
-        ("users", "items"), with the rule that chose it and why
-    device_ : str — the device the fit ran on
+        ("users", "items"), with the rule that chose it and why (the first device's with several)
+    device_ : str — the device the fit ran on (a list of str with several devices)
+    device_configs_ : list of dict — per device: ``{"device": str, "users": Choice, "items":
+        Choice}`` (each device its own tuning lookup)
     history_ : list of dict — per-iteration seconds and metrics
     best_iteration_ : int — iteration whose factors were kept (0-based)
 
@@ -105,7 +112,7 @@ class ALS(RecommenderMixin):
     def __init__(self, factors=64, regularization=0.1, iterations=15, *,
                  weighted_regularization=None, solver="auto", variant="auto", device="auto",
                  dtype=np.float32, random_state=None, storage=None, feedback="explicit",
-                 alpha=1.0, confidence="1+alpha*r", biases=False):
+                 alpha=1.0, confidence="1+alpha*r", biases=False, max_device_memory=None):
         self.factors = factors
         self.regularization = regularization
         self.iterations = iterations
@@ -120,6 +127,7 @@ class ALS(RecommenderMixin):
         self.alpha = alpha
         self.confidence = confidence
         self.biases = biases
+        self.max_device_memory = max_device_memory
 
     # ----- scikit-learn protocol -----------------------------------------------------------
     @classmethod
@@ -152,7 +160,10 @@ class ALS(RecommenderMixin):
         state = dict(self.__dict__)
         state.pop("_engine", None)      # no OpenCL objects in a pickle; reconnect lazily
         dev = state.get("device")
-        if not isinstance(dev, (str, type(None))):   # a pyopencl.Device → its name, which
+        if isinstance(dev, (list, tuple)):            # pyopencl.Devices → their names
+            state["device"] = [d if isinstance(d, (str, type(None))) else
+                               f"{d.platform.name.strip()} | {d.name.strip()}" for d in dev]
+        elif not isinstance(dev, (str, type(None))):  # a pyopencl.Device → its name, which
             state["device"] = f"{dev.platform.name.strip()} | {dev.name.strip()}"  # selects it again
         return state
 
@@ -191,31 +202,38 @@ class ALS(RecommenderMixin):
             out[side] = ch
         return out
 
-    def _build_engine(self, dev, info, R, stats):
-        """The fit's :class:`Engine` and configurations: a chosen configuration that fails to
-        build, lacks a kernel or exceeds a kernel's limits is rejected (one warning, see
-        :mod:`clmf.tuning.fallback`) and the choice falls through to the next rule; a configuration
-        given by the caller raises :class:`clmf.InvalidConfigError`."""
+    def _build_engine(self, devs, R, stats):
+        """The fit's backend (one device's :class:`Engine` or a multi-device one) and the
+        configurations per device: a chosen configuration that fails to build, lacks a kernel or
+        exceeds a kernel's limits is rejected (one warning, see :mod:`clmf.tuning.fallback`) and
+        that device's choice falls through to the next rule; a configuration given by the caller
+        raises :class:`clmf.InvalidConfigError`."""
         from .. import tuning
-        from ..engine.core import Engine
+        from ..engine.device import device_info
         from ..errors import InvalidConfigError
+        from ..parallel import make_backend
         from ..tuning import fallback
         mode = tuning.fit_mode(self.feedback, self.biases)
         f = int(self.factors)
+        infos = [device_info(d) for d in devs]
         while True:
-            choices = self._resolve_configs(info, stats)
+            per_device = [self._resolve_configs(info, stats) for info in infos]
             try:
-                engine = Engine(dev, R, f, (choices["users"].config, choices["items"].config),
-                                implicit_alpha=self._kernel_alpha(),
-                                biased=bool(self.biases),
-                                offset=self.global_mean_ if self.biases else 0.0)
-                return engine, choices
+                engine = make_backend(devs, R, f, [(c["users"].config, c["items"].config)
+                                                   for c in per_device],
+                                      implicit_alpha=self._kernel_alpha(),
+                                      biased=bool(self.biases),
+                                      offset=self.global_mean_ if self.biases else 0.0,
+                                      max_device_memory=self.max_device_memory)
+                return engine, per_device
             except InvalidConfigError as e:
-                ch = choices.get(getattr(e, "side", None))
+                k = int(getattr(e, "device_index", 0) or 0)
+                ch = per_device[k].get(getattr(e, "side", None))
                 if ch is None or ch.rule == "explicit" or \
-                        fallback.rejection(info, ch.config, f, mode) is not None:
+                        fallback.rejection(infos[k], ch.config, f, mode) is not None:
                     raise                    # the caller's own variant, or nothing left to try
-                fallback.reject(info, ch.config, f, mode, f"the {ch.rule} rule ({ch.reason})", e)
+                fallback.reject(infos[k], ch.config, f, mode,
+                                f"the {ch.rule} rule ({ch.reason})", e)
 
     def _kernel_alpha(self):
         """The alpha the kernels weight implicit entries with (None: explicit feedback)."""
@@ -256,7 +274,8 @@ class ALS(RecommenderMixin):
         """
         from tqdm.auto import tqdm
 
-        from ..engine.device import device_info, select_device
+        from ..parallel import select_devices
+        from ..parallel.devices import device_label
 
         check_params(self)
         R = check_ratings(X)
@@ -296,15 +315,17 @@ class ALS(RecommenderMixin):
         else:
             X0, Y0 = reference.start_factors(m, n, f, self.random_state)
 
-        dev = select_device(self.device)
-        info = device_info(dev)
+        devs = select_devices(self.device)
         stats = {"users": _side_stats(user_counts, n), "items": _side_stats(item_counts, m)}
         self.global_mean_ = float(R.data.astype(np.float64).mean())
-        engine, choices = self._build_engine(dev, info, self._kernel_ratings(R), stats)
+        engine, per_device = self._build_engine(devs, self._kernel_ratings(R), stats)
+        choices = per_device[0]
         self.user_counts_ = user_counts
         self.item_counts_ = item_counts
         self.config_ = choices
-        self.device_ = f"{info.platform} | {info.name}"
+        labels = [device_label(d) for d in devs]
+        self.device_ = labels[0] if len(devs) == 1 else labels
+        self.device_configs_ = [{"device": lab, **c} for lab, c in zip(labels, per_device)]
         self.history_ = []
         self.best_iteration_ = self.iterations - 1
         Rc = R.tocoo()
@@ -328,7 +349,7 @@ class ALS(RecommenderMixin):
             for it in bar:
                 t0 = time.perf_counter()
                 engine.iteration(float(self.regularization), self._weighted)
-                engine.queue.finish()
+                engine.finish()
                 secs = time.perf_counter() - t0
                 metrics = {"seconds": secs}
                 if want_train and not implicit:
