@@ -126,7 +126,9 @@ class ALS(_ALS):
         addrs, ranks = fit_workers(client, self.workers)
         implicit = self.feedback == "implicit"
         t_start = time.perf_counter()
-        data = prepare(client, X, columns)
+        shift = (-1.0 / float(self.alpha) if implicit and
+                 getattr(self, "confidence", "1+alpha*r") == "alpha*r" else 0.0)
+        data = prepare(client, X, columns, shift=shift)     # the kernels' view (confidence)
         self.fit_times_ = {"prepare_s": time.perf_counter() - t_start}
         m, n = data.shape
         f = int(self.factors)

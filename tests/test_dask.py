@@ -115,7 +115,8 @@ def test_synthetic_1m_matches_one_device(client):
     dict(modes={"users": "reduce", "items": "replicate"}, feedback="implicit", alpha=2.0,
          solver="cg"),
     dict(biases=True),
-], ids=["reduce-users", "reduce-items-biased", "reduce-implicit", "biased"])
+    dict(feedback="implicit", alpha=2.0, confidence="alpha*r", solver="cg"),
+], ids=["reduce-users", "reduce-items-biased", "reduce-implicit", "biased", "implicit-alpha-r"])
 def test_modes_and_variants_match_one_device(client, mode):
     rng = np.random.default_rng(1)
     m, n, nnz = 700, 300, 12_000

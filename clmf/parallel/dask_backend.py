@@ -134,17 +134,19 @@ def _sorted_index(ids):
     return pd.Index(ids)
 
 
-def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=None):
+def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=None, shift=0.0):
     """Encode ratings on the cluster: distinct ids per partition reduced on the workers, sorted
     into the id maps (or the given ``maps`` of a fitted model: ids unknown to it become -1),
     every partition mapped to dense indices where it lies. Nothing but ids comes to the
-    client. Returns a :class:`DistRatings` (counts filled when ``maps`` is None)."""
+    client. ``shift`` is added to the ratings on the workers (``total`` and ``minimum`` are of
+    the ratings as given). Returns a :class:`DistRatings` (counts filled when ``maps`` is
+    None)."""
     n_parts = n_parts or len(client.nthreads())
     parts, known = _partitions(client, X, tuple(columns), n_parts)
     if known is not None and maps is None:
         shape, uids, iids = known
         codes = client.map(T.encode, parts, columns=tuple(columns), user_index=None,
-                           item_index=None)
+                           item_index=None, shift=shift)
     else:
         if maps is None:
             ids = []
@@ -160,7 +162,7 @@ def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=No
             uidx, iidx = (m if isinstance(m, pd.Index) else pd.Index(m) for m in maps)
         uf, if_ = client.scatter([uidx, iidx], broadcast=True, hash=False)
         codes = client.map(T.encode, parts, columns=tuple(columns), user_index=uf,
-                           item_index=if_)
+                           item_index=if_, shift=shift)
         shape = (len(uidx), len(iidx))
         uids, iids = np.asarray(uidx), np.asarray(iidx)
     out = DistRatings(codes, shape, uids, iids)
@@ -173,7 +175,8 @@ def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=No
         if bad:
             raise ValueError(f"the ratings contain {bad} NaN/inf value(s)")
         out.user_counts, out.item_counts = uc, ic
-        out.total, out.minimum, out.nnz = s, lo, int(uc.sum())
+        out.nnz = int(uc.sum())
+        out.total, out.minimum = s - shift * out.nnz, lo - shift
         if out.nnz == 0:
             raise ValueError("the ratings are empty")
     return out

@@ -78,9 +78,10 @@ def union_ids(*parts):
     return pd.unique(np.concatenate([np.asarray(p) for p in parts]))
 
 
-def encode(df, columns, user_index, item_index):
+def encode(df, columns, user_index, item_index, shift=0.0):
     """A partition's ``(users, items, ratings)`` as int32 dense indices (-1: an id not in the
-    training maps) and float32 values; ``*_index`` None: the column holds indices already."""
+    training maps) and float32 values plus ``shift`` (the kernels' view of implicit
+    ``confidence="alpha*r"``); ``*_index`` None: the column holds indices already."""
     ucol, icol, rcol = columns
     missing = [c for c in columns if c not in df.columns]
     if missing:
@@ -94,7 +95,9 @@ def encode(df, columns, user_index, item_index):
         else:
             codes = index.get_indexer(vals)
         out.append(codes.astype(np.int32))
-    r = df[rcol].to_numpy(dtype=np.float32)
+    r = df[rcol].to_numpy(dtype=np.float64 if shift else np.float32)
+    if shift:
+        r = (r + shift).astype(np.float32)
     return out[0], out[1], r
 
 
