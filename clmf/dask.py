@@ -120,7 +120,7 @@ class ALS(_ALS):
         from .data.validation import check_params
         from .errors import SingularSystemError
         from .parallel import dask_tasks as T
-        from .parallel.dask_backend import DaskEngine, fit_workers, prepare
+        from .parallel.dask_backend import DaskEngine, fit_workers, prepare, wait_alive
         check_params(self)
         client = get_client(self.client)
         addrs, ranks = fit_workers(client, self.workers)
@@ -176,9 +176,10 @@ class ALS(_ALS):
         stats = {"users": _side_stats(data.user_counts, n),
                  "items": _side_stats(data.item_counts, m)}
         params = self._base_params()
-        probes = client.gather([client.submit(T.probe, specs[d], ranks[d], params, stats,
-                                              workers=[a], allow_other_workers=False, pure=False)
-                                for d, a in enumerate(addrs)])
+        probes = wait_alive(client, addrs, [
+            client.submit(T.probe, specs[d], ranks[d], params, stats, workers=[a],
+                          allow_other_workers=False, pure=False)
+            for d, a in enumerate(addrs)], "the fit", "the device probe")
         self.global_mean_ = float(data.total / data.nnz)
         engine = DaskEngine(client, addrs, ranks, specs, data, f, [p[1] for p in probes],
                             [(p[2]["users"].config, p[2]["items"].config) for p in probes],

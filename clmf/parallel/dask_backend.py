@@ -25,7 +25,7 @@ from .worker import SIDES, other_side
 log = logging.getLogger(__name__)
 
 __all__ = ["WorkerLostError", "DaskEngine", "DistRatings", "prepare", "fit_workers",
-           "get_client"]
+           "get_client", "wait_alive"]
 
 
 class WorkerLostError(RuntimeError):
@@ -65,6 +65,34 @@ def fit_workers(client, workers=None):
         ranks.append(hosts.get(host, 0))
         hosts[host] = ranks[-1] + 1
     return addrs, ranks
+
+
+def wait_alive(client, addrs, futs, what, phase, poll=1.0):
+    """Results of ``futs``; one of the workers ``addrs`` leaving the cluster meanwhile raises
+    :class:`WorkerLostError` (tasks pinned to a lost worker would wait for it forever)."""
+    from distributed import wait
+
+    def check():
+        alive = set(client.nthreads())
+        gone = [a for a in addrs if a not in alive]
+        if gone:
+            raise WorkerLostError(f"Dask worker(s) {gone} holding blocks of {what} left the "
+                                  f"cluster during {phase}")
+
+    while True:
+        try:
+            wait(futs, timeout=poll)
+            break
+        except Exception:        # noqa: BLE001 - a timeout; its type differs between versions
+            pass
+        check()
+        if all(fu.done() for fu in futs):
+            break
+    try:
+        return [fu.result() for fu in futs]
+    except Exception:
+        check()                  # a lost worker's tasks fail too: say so first
+        raise
 
 
 @dataclasses.dataclass
@@ -262,33 +290,9 @@ class DaskEngine:
                 for s in splits]
 
     def _wait(self, futs):
-        """Results of ``futs``; a worker of the fit leaving the cluster raises
-        :class:`WorkerLostError` instead of waiting for it forever."""
-        from distributed import wait
-        while True:
-            try:
-                wait(futs, timeout=self.poll)
-                break
-            except TimeoutError:
-                pass
-            except Exception:        # noqa: BLE001 - the dask versions differ in the type
-                pass
-            self._check_alive()
-            if all(fu.done() for fu in futs):
-                break
-        try:
-            return [fu.result() for fu in futs]
-        except Exception:
-            self._check_alive()     # a lost worker's tasks fail too: say so first
-            raise
-
-    def _check_alive(self):
-        """Raise :class:`WorkerLostError` when a worker of the fit has left the cluster."""
-        alive = set(self.client.nthreads())
-        gone = [a for a in self.addrs if a not in alive]
-        if gone:
-            raise WorkerLostError(f"Dask worker(s) {gone} holding blocks of fit {self.fit_id} "
-                                  f"left the cluster during {self.phase}")
+        """Results of ``futs`` (see :func:`wait_alive`)."""
+        return wait_alive(self.client, self.addrs, futs, f"fit {self.fit_id}", self.phase,
+                          self.poll)
 
     # ----- factors -------------------------------------------------------------------------
     def padded(self, side, M, biases=None):
