@@ -382,7 +382,7 @@ def squared_error(fit_id, key):
             u, i = (rows, np.asarray(idx)) if by == "users" else (np.asarray(idx), rows)
             st["triples"]["train"] = (u, i, np.asarray(val))
     u, i, r = st["triples"][key]
-    return w.squared_error(u, i, r, 0.0), len(r)
+    return w.squared_error(u, i, r, 0.0, key=key), len(r)
 
 
 def release(fit_id):
