@@ -54,6 +54,16 @@ class ALS(_ALS):
         """The constructor's parameters: clmf.ALS's, client and workers."""
         return _ALS._get_param_names() + ["client", "workers"]
 
+    def __repr__(self):
+        """``ALS(...)`` with the parameters that differ from :class:`clmf.ALS`'s defaults."""
+        import inspect
+        default = {k: p.default for k, p in inspect.signature(_ALS.__init__).parameters.items()}
+        default.update(client=None, workers=None)
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items()
+                         if not (isinstance(v, (int, float, str, bool, type(None), type))
+                                 and v == default.get(k)))
+        return f"clmf.dask.ALS({args})"
+
     def __getstate__(self):
         """Picklable state: no client."""
         state = super().__getstate__()
