@@ -155,3 +155,17 @@ def check_params(est):
         raise ValueError("weighted_regularization must be True, False or None")
     if est.solver not in ("auto", "cholesky", "cg", "fusedcg"):
         raise ValueError(f"unknown solver {est.solver!r}; choose 'auto', 'cholesky', 'cg' or 'fusedcg'")
+    _check_variant(est.variant)
+
+
+def _check_variant(variant):
+    """A variant parameter: "auto", a variant string or KernelConfig, or a pair of those; strings
+    are parsed (and their fields checked) here, before any device work."""
+    from .config import KernelConfig
+    pair = variant if isinstance(variant, (tuple, list)) else (variant,)
+    if isinstance(variant, (tuple, list)) and len(variant) != 2:
+        raise ValueError("variant as a pair must be (users_variant, items_variant)")
+    for v in pair:
+        if isinstance(v, str) and v == "auto":
+            continue
+        KernelConfig.parse(v)          # raises InvalidConfigError / TypeError naming the problem

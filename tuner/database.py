@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 import fcntl
 import json
+import logging
 import os
 import pathlib
 
@@ -31,6 +32,8 @@ import numpy as np
 from clmf import tuning
 
 __all__ = ["Database", "now", "clmf_commit", "base_record"]
+
+log = logging.getLogger(__name__)
 
 
 def now():
@@ -66,13 +69,51 @@ def base_record(kind, **fields):
     return _jsonable(r)
 
 
+def _repair_tail(fd, path):
+    """Repair a file that does not end with a newline (the caller holds the file's lock): a last
+    line that is a whole JSON record gets its newline, a cut-short one is truncated away.
+    Returns the bytes dropped."""
+    size = os.fstat(fd).st_size
+    if not size:
+        return 0
+    with open(path, "rb") as fh:
+        fh.seek(size - 1)
+        if fh.read(1) == b"\n":
+            return 0
+        pos, chunk = size, 1 << 16
+        while pos > 0:
+            start = max(0, pos - chunk)
+            fh.seek(start)
+            block = fh.read(pos - start)
+            i = block.rfind(b"\n")
+            if i >= 0:
+                keep = start + i + 1
+                break
+            pos = start
+        else:
+            keep = 0
+        fh.seek(keep)
+        tail = fh.read()
+    try:
+        if isinstance(json.loads(tail), dict):
+            os.write(fd, b"\n")            # a whole record that lacks only its newline
+            return 0
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        pass
+    os.ftruncate(fd, keep)
+    log.warning("tuning database %s: dropped a torn last line (%d bytes, a writer died while "
+                "writing it)", path, size - keep)
+    return size - keep
+
+
 class Database:
     """One JSON Lines tuning database file.
 
     ``append`` writes all its records with a single ``write`` on an ``O_APPEND`` descriptor while
     holding an exclusive ``fcntl.flock`` on the file, then ``fsync``s: concurrent writers (other
     processes, other threads) never interleave or tear lines. Before the first append the file is
-    checked: a corrupted or foreign-schema file is refused (``ValueError``), never modified.
+        checked: a corrupted or foreign-schema file is refused (``ValueError``), never modified; the
+    one repair made is to a torn last line (a writer killed mid-line), which is dropped.
     """
 
     def __init__(self, path):
@@ -99,13 +140,9 @@ class Database:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                # a torn tail (a writer killed mid-line before this scheme) must not glue lines
-                size = os.fstat(fd).st_size
-                if size:
-                    with open(self.path, "rb") as fh:
-                        fh.seek(size - 1)
-                        if fh.read(1) != b"\n":
-                            data = b"\n" + data
+                # a torn tail (a writer killed mid-line, a full disk) is repaired: the cut-short
+                # record is dropped (it cannot be completed) so that lines never glue together
+                _repair_tail(fd, self.path)
                 view = memoryview(data)
                 while view:
                     n = os.write(fd, view)

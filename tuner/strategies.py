@@ -7,8 +7,10 @@ crashed run resumes where it stopped: the run id hashes everything that defines 
 and driver, data-set class, f, storage, space, strategy, budget, seed, kernel templates), a
 resumed run reuses the journal's sample and results (replaying the strategy's decisions
 deterministically: the budget is the sum of the candidates' measurement times, so the replay
-spends it exactly as the first attempt did) and a candidate that was started but never finished
-(the process died in it) is recorded as ``failed``/``crashed`` and not retried.
+spends it exactly as the first attempt did). A measurement cut short — Ctrl-C (recorded at once)
+or a killed process (found in the journal on resume) — is recorded as ``interrupted`` and
+measured again on resume; only a candidate during which the process died twice is recorded as
+``failed``/``crashed`` and not retried (a configuration that kills its driver).
 
 Strategies (both measure the baseline ``batch`` configuration and the untuned default first):
 
@@ -230,20 +232,32 @@ class Session:
     def _jread(self):
         if not self.journal.exists():
             return None, {}, []
-        header, results, started = None, {}, []
+        header, results, open_, deaths = None, {}, set(), {}
         with open(self.journal) as fh:
             for line in fh:
                 try:
                     e = json.loads(line)
                 except ValueError:
                     continue        # a torn last line from a crash
-                if e.get("event") == "header":
+                ev = e.get("event")
+                if ev == "header":
                     header = e
-                elif e.get("event") == "start":
-                    started.append((e["key"], e["fidelity"]))
-                elif e.get("event") == "result":
-                    results[(e["key"], e["fidelity"])] = _result_from_json(e["result"])
-        crashed = [s for s in started if s not in results]
+                    continue
+                k = (e.get("key"), e.get("fidelity"))
+                if ev == "start":
+                    if k in open_:                    # started again after a death in it
+                        deaths[k] = deaths.get(k, 0) + 1
+                    open_.add(k)
+                elif ev == "result":
+                    results[k] = _result_from_json(e["result"])
+                    open_.discard(k)
+                elif ev == "interrupted":             # Ctrl-C, recorded when it happened
+                    open_.discard(k)
+                elif ev == "died":                    # a death found by an earlier resume
+                    open_.discard(k)
+                    deaths[k] = deaths.get(k, 0) + 1
+        # started, never finished: the process died in it (how often, this time included)
+        crashed = [(k, deaths.get(k, 0) + 1) for k in sorted(open_) if k not in results]
         return header, results, crashed
 
     def _skip_from_db(self):
@@ -332,11 +346,16 @@ class Session:
         self.measurer = Measurer(case.device, case.R, case.f, self.samples, case.storage,
                                  repeats=self.repeats, min_time=self.min_time, mode=case.mode,
                                  alpha=case.alpha)
-        for key, fid in crashed:
+        for (key, fid), times in crashed:
             cfg = KernelConfig.from_dict(json.loads(key))
-            res = Result(cfg, "failed", "crashed", "the tuning process died while measuring "
-                         "this configuration", None, {}, fid, 0.0)
-            self._record(res, key, fid, journal=True)
+            if times >= 2:
+                res = Result(cfg, "failed", "crashed", f"the tuning process died {times} times "
+                             "while measuring this configuration", None, {}, fid, 0.0)
+                self._record(res, key, fid, journal=True)
+            else:       # once: a kill or a power cut, not the configuration — measured again
+                self._jwrite({"event": "died", "key": key, "fidelity": fid})
+                self._record_interrupted(cfg, key, fid, "killed", "the tuning process died while "
+                                         "measuring this configuration; measured again")
         total = None
         if self.progress:
             from tqdm.auto import tqdm
@@ -385,6 +404,13 @@ class Session:
                 fidelity=fidelity, **self._common()))
         self.db.append(recs)
 
+    def _record_interrupted(self, cfg, key, fidelity, reason, message):
+        """Record a measurement cut short (not a result: it is measured again on resume)."""
+        self.db.append(base_record(
+            "measurement", status="interrupted", reason=reason, message=message, side="both",
+            config=cfg.to_dict(), variant=str(cfg), dataset=self.case.side_class("users"),
+            fidelity=fidelity, **self._common()))
+
     def evaluate(self, cfg, fidelity="full"):
         """The Result of ``cfg`` at ``fidelity`` ("low" or "full"), measured at most once."""
         key = cfg.key()
@@ -405,7 +431,13 @@ class Session:
         else:
             self._jwrite({"event": "start", "key": key, "fidelity": fidelity})
             verified = low.verify_rel_err if low is not None and low.ok else None
-            res = self.measurer.evaluate(cfg, fidelity, verified=verified)
+            try:
+                res = self.measurer.evaluate(cfg, fidelity, verified=verified)
+            except KeyboardInterrupt:
+                self._jwrite({"event": "interrupted", "key": key, "fidelity": fidelity})
+                self._record_interrupted(cfg, key, fidelity, "interrupted", "Ctrl-C while "
+                                         "measuring this configuration; measured again on resume")
+                raise
             self._record(res, key, fidelity)
         self.spent += res.seconds_spent
         self._tick(res)
