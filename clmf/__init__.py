@@ -12,11 +12,13 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from . import reference  # noqa: F401  (pure NumPy ground truth, always importable)
-from .errors import ClmfError, NoOpenCLError, SingularSystemError, DeviceMemoryError, InvalidConfigError
+from .errors import (ClmfError, NoOpenCLError, SingularSystemError, DeviceMemoryError,
+                     InvalidConfigError, HostMemoryError, OverflowRangeError)
 
 __all__ = [
     "ALS", "devices", "select_device", "KernelConfig", "reference", "datasets",
     "ClmfError", "NoOpenCLError", "SingularSystemError", "DeviceMemoryError", "InvalidConfigError",
+    "HostMemoryError", "OverflowRangeError",
     "__version__",
 ]
 

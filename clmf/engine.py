@@ -14,14 +14,12 @@ import scipy.sparse as sp
 
 from . import kernels as K
 from .device import device_info, get_context
-from .errors import DeviceMemoryError, SingularSystemError
+from .errors import SingularSystemError
+from .memory import choose_batch_rows, plan_fit
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Engine", "SideData", "memory_estimate", "choose_batch_rows"]
-
-_SCRATCH_BUDGET = 512 << 20     # default cap on per-side hermitian scratch
-_MAX_BATCH_ROWS = 1 << 16
+__all__ = ["Engine", "SideData", "choose_batch_rows"]
 
 
 @dataclasses.dataclass
@@ -46,28 +44,6 @@ class SideData:
 
     def nbytes(self):
         return self.indptr.nbytes + self.indices.nbytes + self.data.nbytes
-
-
-def choose_batch_rows(config, f, rows, info, budget=None):
-    """Rows per launch: the config's ``batch_rows`` or what fits the scratch budget, ≥ 1."""
-    per_row = 4 * (f * f + f)
-    cap = min(info.max_alloc, budget or _SCRATCH_BUDGET, max(per_row, info.global_mem // 8))
-    fit = max(1, cap // per_row)
-    want = config.batch_rows or _MAX_BATCH_ROWS
-    return int(max(1, min(want, fit, rows)))
-
-
-def memory_estimate(users: SideData, items: SideData, f, configs, batch_rows):
-    """Bytes clmf allocates on the device for a fit (dict with a 'total')."""
-    est = {}
-    est["csr"] = users.nbytes() + items.nbytes()
-    for side, cfg, rows in (("users", configs[0], users.rows), ("items", configs[1], items.rows)):
-        itemsize = 2 if cfg.storage == "float16" else 4
-        est[f"factors_{side}"] = rows * cfg.ldf(f) * itemsize
-        est[f"scratch_{side}"] = batch_rows[side] * 4 * (f * f + f)
-    est["status"] = 16
-    est["total"] = sum(est.values())
-    return est
 
 
 class Engine:
@@ -104,22 +80,19 @@ class Engine:
         self.ldf = configs[0].ldf(width)
         self.storage = configs[0].storage
         self.np_store = np.float16 if self.storage == "float16" else np.float32
-        self.side = {"users": SideData.from_csr(R), "items": SideData.from_csr(sp.csr_matrix(R).T.tocsr())}
         self.shape = R.shape
-        self.batch_rows = {s: choose_batch_rows(self.configs[s], self.fs, self.side[s].rows, self.info)
+        m, n = R.shape
+        rows = {"users": m, "items": n}
+        self.batch_rows = {s: choose_batch_rows(self.configs[s], self.fs, rows[s], self.info)
                            for s in ("users", "items")}
-        est = memory_estimate(self.side["users"], self.side["items"], self.fs,
-                              (configs[0], configs[1]), self.batch_rows)
-        self.memory = est
-        if est["total"] > 0.9 * self.info.global_mem:
-            raise DeviceMemoryError(
-                f"the fit needs about {est['total'] / 2**30:.2f} GiB of device memory, "
-                f"{self.info.name} has {self.info.global_mem / 2**30:.2f} GiB; reduce factors or "
-                "use a device with more memory")
-        for k, v in est.items():
-            if k != "total" and v > self.info.max_alloc:
-                raise DeviceMemoryError(f"buffer {k} needs {v / 2**20:.0f} MiB, more than the device's "
-                                        f"largest allocation ({self.info.max_alloc / 2**20:.0f} MiB)")
+        # every device buffer planned from the shapes, and checked, before any is created (and
+        # before the CSR copies of both sides are made on the host)
+        plan = plan_fit(m, n, R.nnz, f, (configs[0], configs[1]), self.info,
+                        implicit=self.implicit, biased=self.biased, batch_rows=self.batch_rows)
+        plan.check_device(self.info)
+        self.memory = plan.device_dict()
+        est = self.memory
+        self.side = {"users": SideData.from_csr(R), "items": SideData.from_csr(sp.csr_matrix(R).T.tocsr())}
         fs = self.fs
         self.programs = {s: K.als_program(self.ctx, device, self.configs[s], fs, self.info,
                                           self.implicit, self.biased)

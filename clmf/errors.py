@@ -18,7 +18,28 @@ class InvalidConfigError(ClmfError, ValueError):
 
 
 class DeviceMemoryError(ClmfError, MemoryError):
-    """The problem does not fit in the device's memory."""
+    """The problem does not fit in the device's memory; ``needed`` and ``available`` are bytes
+    (None where not known)."""
+
+    def __init__(self, message, needed=None, available=None):
+        super().__init__(message)
+        self.needed = needed
+        self.available = available
+
+
+class HostMemoryError(ClmfError, MemoryError):
+    """The fit's host arrays would not fit in the host's available memory; ``needed`` and
+    ``available`` are bytes."""
+
+    def __init__(self, message, needed=None, available=None):
+        super().__init__(message)
+        self.needed = needed
+        self.available = available
+
+
+class OverflowRangeError(ClmfError, ValueError):
+    """Ratings too large for the float32 (or float16) arithmetic of the kernels: the normal
+    equations overflow. The message names the range that works."""
 
 
 class SingularSystemError(ClmfError, ValueError):

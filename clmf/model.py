@@ -204,14 +204,18 @@ class ALS(RecommenderMixin):
         from tqdm.auto import tqdm
         from .device import device_info, select_device
         from .engine import Engine
+        from .memory import plan_fit
 
+        # all-or-nothing: the new state is built in locals and assigned in one step at the end,
+        # so a fit that fails or is interrupted (KeyboardInterrupt included) leaves a fitted
+        # model exactly as it was
         check_params(self)
         R = check_ratings(X)
         implicit = self.feedback == "implicit"
         if implicit and R.nnz and R.data.min() < 0:
             raise ValueError(f"implicit feedback needs non-negative strengths; X has "
                              f"{int((R.data < 0).sum())} negative value(s)")
-        self._id_maps_from(X)
+        user_ids, item_ids = _id_maps_of(X)
         m, n = R.shape
         f = int(self.factors)
         user_counts = np.diff(R.indptr)
@@ -240,23 +244,27 @@ class ALS(RecommenderMixin):
                 raise ValueError(f"init shapes must be {(m, f)} and {(n, f)}, got {X0.shape} and {Y0.shape}")
             if not (np.all(np.isfinite(X0)) and np.all(np.isfinite(Y0))):
                 raise ValueError("init factors contain NaN/inf")
-        else:
-            X0, Y0 = reference.start_factors(m, n, f, self.random_state)
 
         dev = select_device(self.device)
         info = device_info(dev)
         stats = {"users": _side_stats(user_counts, n), "items": _side_stats(item_counts, m)}
         choices = self._resolve_configs(info, stats)
-        self.global_mean_ = float(R.data.astype(np.float64).mean())
-        engine = Engine(dev, R, f, (choices["users"].config, choices["items"].config),
+        configs = (choices["users"].config, choices["items"].config)
+        want_train = bool(show_progress or callback is not None)
+        # the memory plan, from shapes alone, before any large allocation (host and device)
+        plan = plan_fit(m, n, R.nnz, f, configs, info, implicit=implicit, biased=bool(self.biases),
+                        validation_nnz=0 if V is None else V.nnz,
+                        train_metrics=want_train and not implicit,
+                        early_stopping=early_stopping_rounds is not None)
+        plan.check_host()
+        plan.check_device(info)
+        if init is None:
+            X0, Y0 = reference.start_factors(m, n, f, self.random_state)
+        global_mean = float(R.data.astype(np.float64).mean())
+        engine = Engine(dev, R, f, configs,
                         implicit_alpha=float(self.alpha) if implicit else None,
-                        biased=bool(self.biases), offset=self.global_mean_ if self.biases else 0.0)
-        self.user_counts_ = user_counts
-        self.item_counts_ = item_counts
-        self.config_ = choices
-        self.device_ = f"{info.platform} | {info.name}"
-        self.history_ = []
-        self.best_iteration_ = self.iterations - 1
+                        biased=bool(self.biases), offset=global_mean if self.biases else 0.0)
+        history = []
         Rc = R.tocoo()
         if V is not None and (self.biases or implicit):
             v_unknown_se, v_total = 0.0, int(V.nnz)      # biases: the kernel predicts them itself
@@ -264,20 +272,24 @@ class ALS(RecommenderMixin):
             # ratings of users/items with no training ratings are predicted as global_mean_
             # (as predict() does): their error is constant, computed once on the host
             unk = (user_counts[V.row] == 0) | (item_counts[V.col] == 0)
-            v_unknown_se = float(np.sum((self.global_mean_ - V.data[unk].astype(np.float64)) ** 2))
+            v_unknown_se = float(np.sum((global_mean - V.data[unk].astype(np.float64)) ** 2))
             v_total = int(V.nnz)
             V = sp.coo_matrix((V.data[~unk], (V.row[~unk], V.col[~unk])), shape=V.shape)
+        storage = configs[0].storage
         try:
             engine.set_factors("users", X0)
             engine.set_factors("items", Y0)
-            want_train = bool(show_progress or callback is not None)
+            del X0, Y0
             best = (np.inf, None, None, -1)
             t_start = time.perf_counter()
             bar = tqdm(range(self.iterations), desc="ALS", unit="it", disable=not show_progress,
                        leave=False)
             for it in bar:
                 t0 = time.perf_counter()
-                engine.iteration(float(self.regularization), self._weighted)
+                try:
+                    engine.iteration(float(self.regularization), self._weighted)
+                except SingularSystemError as e:
+                    raise _overflow_error(engine, R, f, storage) or e from None
                 engine.queue.finish()
                 secs = time.perf_counter() - t0
                 metrics = {"seconds": secs}
@@ -291,7 +303,7 @@ class ALS(RecommenderMixin):
                     se = engine.squared_error("validation", V.row, V.col, V.data)[0] if V.nnz else 0.0
                     metrics["validation_rmse"] = (float(np.sqrt((se + v_unknown_se) / v_total))
                                                   if v_total else float("nan"))
-                self.history_.append(metrics)
+                history.append(metrics)
                 bar.set_postfix({k: f"{v:.4f}" for k, v in metrics.items()})
                 log.info("iteration %d: %s", it, metrics)
                 if callback is not None:
@@ -309,26 +321,33 @@ class ALS(RecommenderMixin):
             bar.close()
             if best[1] is not None:
                 (Xf, bu), (Yf, bi) = best[1], best[2]
-                self.best_iteration_ = best[3]
+                best_iteration = best[3]
             else:
                 Xf, bu = engine.get_factors("users", True)
                 Yf, bi = engine.get_factors("items", True)
-                self.best_iteration_ = len(self.history_) - 1
-            self.user_factors_, self.item_factors_ = Xf, Yf
-            self.user_biases_ = bu if self.biases else None
-            self.item_biases_ = bi if self.biases else None
-            self.memory_ = dict(engine.memory)
+                best_iteration = len(history) - 1
+            if not (np.isfinite(Xf).all() and np.isfinite(Yf).all()
+                    and np.isfinite(bu).all() and np.isfinite(bi).all()):
+                raise _overflow_error(engine, R, f, storage) or FloatingPointError(
+                    "the fit produced non-finite factors (NaN/inf); the previous state of the "
+                    "model is kept")
+            memory = dict(engine.memory)
         finally:
             engine.release()
+        new = {
+            "user_ids_": user_ids, "item_ids_": item_ids, "global_mean_": global_mean,
+            "user_counts_": user_counts, "item_counts_": item_counts, "config_": choices,
+            "device_": f"{info.platform} | {info.name}", "history_": history,
+            "best_iteration_": best_iteration, "user_factors_": Xf, "item_factors_": Yf,
+            "user_biases_": bu if self.biases else None,
+            "item_biases_": bi if self.biases else None, "memory_": memory,
+        }
+        self.__dict__.update(new)          # one step: nothing half-assigned
         return self
 
     def _id_maps_from(self, X):
-        if hasattr(X, "user_ids") and hasattr(X, "item_ids"):
-            self.user_ids_ = np.asarray(X.user_ids)
-            self.item_ids_ = np.asarray(X.item_ids)
-        else:
-            self.user_ids_ = None
-            self.item_ids_ = None
+        """Set the raw-id maps of ``X`` (a Ratings) or None."""
+        self.user_ids_, self.item_ids_ = _id_maps_of(X)
 
     # ----- inference -----------------------------------------------------------------------
     def _check_fitted(self):
@@ -389,6 +408,49 @@ class ALS(RecommenderMixin):
         C = check_ratings(X_test, shape=self.shape_, what="X_test").tocoo()
         err = self.predict(C.row, C.col).astype(np.float64) - C.data
         return float(np.sqrt(np.mean(err * err)))
+
+
+def _id_maps_of(X):
+    """The (user_ids, item_ids) raw-id maps of a Ratings, or (None, None)."""
+    if hasattr(X, "user_ids") and hasattr(X, "item_ids"):
+        return np.asarray(X.user_ids), np.asarray(X.item_ids)
+    return None, None
+
+
+def _overflow_error(engine, R, f, storage):
+    """An :class:`OverflowRangeError` when the fit's factors show float overflow (non-finite, or
+    large enough that a hermitian's entries pass the float32 range), else None."""
+    from .errors import OverflowRangeError
+    from .validation import overflow_limit
+    try:
+        X = engine.get_factors("users")
+        Y = engine.get_factors("items")
+    except Exception:  # noqa: BLE001 - the diagnosis must not hide the original error
+        return None
+    counts = max(int(np.diff(R.indptr).max(initial=0)),
+                 int(np.bincount(R.indices, minlength=R.shape[1]).max(initial=0)), 1)
+    fmax = float(np.finfo(np.float32).max)
+    big = 0.0
+    for M in (X, Y):
+        with np.errstate(all="ignore"):
+            a = np.abs(M.astype(np.float64))
+        if not np.isfinite(a).all():
+            big = np.inf
+            break
+        big = max(big, float(a.max(initial=0.0)))
+    if big < np.inf and big * big * counts * max(f, 1) < 0.01 * fmax:
+        return None
+    rmax = float(np.abs(R.data).max(initial=0.0))
+    limit = overflow_limit(f, counts, storage)
+    dtype = "float16 factor storage" if storage == "float16" else "float32"
+    fix = (f"scale the ratings into that range (e.g. divide by {10 ** np.ceil(np.log10(rmax / limit)):.0e}) "
+           "and predictions back" if rmax > limit else "scale the ratings down")
+    if storage == "float16":
+        fix += f", or use storage='float32' (ratings up to about {overflow_limit(f, counts):.1e})"
+    return OverflowRangeError(
+        f"the normal equations overflowed the {dtype} range (largest |rating| {rmax:.3g}; "
+        f"factors reached {big:.3g}): ratings up to about {limit:.1e} work at factors={f} with "
+        f"up to {counts} ratings per user/item; {fix}")
 
 
 def _precision_at_10(X, Y, R, V):
