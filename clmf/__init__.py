@@ -13,12 +13,12 @@ __version__ = "0.1.0"
 
 from . import reference  # noqa: F401  (pure NumPy ground truth, always importable)
 from .errors import (ClmfError, NoOpenCLError, SingularSystemError, DeviceMemoryError,
-                     InvalidConfigError, HostMemoryError, OverflowRangeError)
+                     InvalidConfigError, HostMemoryError, RatingRangeError)
 
 __all__ = [
     "ALS", "devices", "select_device", "KernelConfig", "reference", "datasets",
     "ClmfError", "NoOpenCLError", "SingularSystemError", "DeviceMemoryError", "InvalidConfigError",
-    "HostMemoryError", "OverflowRangeError",
+    "HostMemoryError", "RatingRangeError",
     "__version__",
 ]
 

@@ -37,9 +37,10 @@ class HostMemoryError(ClmfError, MemoryError):
         self.available = available
 
 
-class OverflowRangeError(ClmfError, ValueError):
-    """Ratings too large for the float32 (or float16) arithmetic of the kernels: the normal
-    equations overflow. The message names the range that works."""
+class RatingRangeError(ClmfError, ValueError):
+    """Ratings outside the range the kernels' float32 (or float16 storage) arithmetic handles:
+    the normal equations overflow, or their entries grow so large that the regularization falls
+    below float32 precision. The message names the range that works."""
 
 
 class SingularSystemError(ClmfError, ValueError):

@@ -289,7 +289,8 @@ class ALS(RecommenderMixin):
                 try:
                     engine.iteration(float(self.regularization), self._weighted)
                 except SingularSystemError as e:
-                    raise _overflow_error(engine, R, f, storage) or e from None
+                    raise _range_error(engine, R, f, storage,
+                                       float(self.regularization)) or e from None
                 engine.queue.finish()
                 secs = time.perf_counter() - t0
                 metrics = {"seconds": secs}
@@ -328,7 +329,8 @@ class ALS(RecommenderMixin):
                 best_iteration = len(history) - 1
             if not (np.isfinite(Xf).all() and np.isfinite(Yf).all()
                     and np.isfinite(bu).all() and np.isfinite(bi).all()):
-                raise _overflow_error(engine, R, f, storage) or FloatingPointError(
+                raise _range_error(engine, R, f, storage,
+                                   float(self.regularization)) or FloatingPointError(
                     "the fit produced non-finite factors (NaN/inf); the previous state of the "
                     "model is kept")
             memory = dict(engine.memory)
@@ -417,40 +419,47 @@ def _id_maps_of(X):
     return None, None
 
 
-def _overflow_error(engine, R, f, storage):
-    """An :class:`OverflowRangeError` when the fit's factors show float overflow (non-finite, or
-    large enough that a hermitian's entries pass the float32 range), else None."""
-    from .errors import OverflowRangeError
-    from .validation import overflow_limit
-    try:
-        X = engine.get_factors("users")
-        Y = engine.get_factors("items")
-    except Exception:  # noqa: BLE001 - the diagnosis must not hide the original error
-        return None
+def _range_error(engine, R, f, storage, regularization):
+    """A :class:`RatingRangeError` when a failed or non-finite fit is explained by the ratings'
+    magnitude — float overflow of the normal equations (or of float16 factors), or a
+    regularization below float32 precision — else None (the original error stands)."""
+    from .errors import RatingRangeError
+    from .validation import overflow_limit, precision_limit
     counts = max(int(np.diff(R.indptr).max(initial=0)),
                  int(np.bincount(R.indices, minlength=R.shape[1]).max(initial=0)), 1)
-    fmax = float(np.finfo(np.float32).max)
-    big = 0.0
-    for M in (X, Y):
-        with np.errstate(all="ignore"):
-            a = np.abs(M.astype(np.float64))
-        if not np.isfinite(a).all():
-            big = np.inf
-            break
-        big = max(big, float(a.max(initial=0.0)))
-    if big < np.inf and big * big * counts * max(f, 1) < 0.01 * fmax:
-        return None
     rmax = float(np.abs(R.data).max(initial=0.0))
+    big = 0.0
+    try:
+        for M in (engine.get_factors("users"), engine.get_factors("items")):
+            with np.errstate(all="ignore"):
+                a = np.abs(M.astype(np.float64))
+            big = max(big, float(a.max(initial=0.0))) if np.isfinite(a).all() else np.inf
+    except Exception:  # noqa: BLE001 - the diagnosis must not hide the original error
+        pass
+    fmax = float(np.finfo(np.float32).max)
     limit = overflow_limit(f, counts, storage)
-    dtype = "float16 factor storage" if storage == "float16" else "float32"
-    fix = (f"scale the ratings into that range (e.g. divide by {10 ** np.ceil(np.log10(rmax / limit)):.0e}) "
-           "and predictions back" if rmax > limit else "scale the ratings down")
-    if storage == "float16":
-        fix += f", or use storage='float32' (ratings up to about {overflow_limit(f, counts):.1e})"
-    return OverflowRangeError(
-        f"the normal equations overflowed the {dtype} range (largest |rating| {rmax:.3g}; "
-        f"factors reached {big:.3g}): ratings up to about {limit:.1e} work at factors={f} with "
-        f"up to {counts} ratings per user/item; {fix}")
+    scale = 10.0 ** np.ceil(np.log10(max(rmax, 1e-30) / limit)) if rmax > limit else None
+    if rmax > limit or big == np.inf or big * big * counts * max(f, 1) >= 0.01 * fmax:
+        what = "float16 factor storage" if storage == "float16" else "float32"
+        fix = (f"scale the ratings into that range (e.g. divide them by {scale:.0e}, and "
+               "multiply predictions back)" if scale else "scale the ratings down")
+        if storage == "float16":
+            fix += (f", or use storage='float32' (ratings up to about "
+                    f"{overflow_limit(f, counts):.1e})")
+        return RatingRangeError(
+            f"the normal equations overflowed the {what} range (largest |rating| {rmax:.3g}, "
+            f"factors reached {big:.3g}): ratings up to about {limit:.1e} work at factors={f} "
+            f"with up to {counts} ratings per user/item; {fix}")
+    plimit = precision_limit(regularization)
+    if plimit is not None and rmax > plimit:
+        scale = 10.0 ** np.ceil(np.log10(rmax / plimit))
+        return RatingRangeError(
+            f"ratings up to |r| = {rmax:.3g} make the normal equations' entries so large that "
+            f"regularization={regularization} falls below float32 precision (users/items with "
+            f"fewer ratings than factors then have singular systems): ratings up to about "
+            f"{plimit:.1e} work at this regularization; divide the ratings by {scale:.0e} (and "
+            "multiply predictions back), or raise regularization in proportion to the scale")
+    return None
 
 
 def _precision_at_10(X, Y, R, V):

@@ -7,7 +7,7 @@ import numpy as np
 import scipy.sparse as sp
 
 __all__ = ["check_ratings", "check_index_pairs", "check_params", "check_shape_vs_ratings",
-           "overflow_limit", "SPARSE_ROWS_FLOOR", "SPARSE_ROWS_PER_RATING"]
+           "overflow_limit", "precision_limit", "SPARSE_ROWS_FLOOR", "SPARSE_ROWS_PER_RATING"]
 
 # ids that imply a matrix vastly larger than its ratings are refused before anything is sized by
 # them (the CSR's row pointers, the factors): more than SPARSE_ROWS_FLOOR rows (or columns) and
@@ -28,6 +28,15 @@ def overflow_limit(f, max_count, storage="float32"):
     if storage == "float16":
         return _F16_MAX / (2.0 * np.sqrt(f))
     return float(np.sqrt(_F32_MAX / (64.0 * f * c)))
+
+
+def precision_limit(regularization):
+    """Largest |rating| at which ``regularization`` stays above float32 rounding in the normal
+    equations of a row with fewer ratings than factors (entries ≈ n·r, regularizer λ·n), with a
+    safety margin; None when λ = 0 (such systems are singular at any scale)."""
+    if not regularization > 0:
+        return None
+    return float(regularization) / (64.0 * float(np.finfo(np.float32).eps))
 
 
 def check_shape_vs_ratings(shape, nnz, what="X", ids=True):
@@ -134,9 +143,9 @@ def _finish(C, allow_empty, what):
     if data.size:
         big = np.abs(data) > _F32_MAX
         if big.any():
-            from .errors import OverflowRangeError
+            from .errors import RatingRangeError
             k = int(np.argmax(big))
-            raise OverflowRangeError(
+            raise RatingRangeError(
                 f"{what} has {int(big.sum())} rating(s) beyond the float32 range (±{_F32_MAX:.3g}; "
                 f"first {float(data[k]):.3g} at user {int(C.row[k])}, item {int(C.col[k])}), "
                 "which become inf in the kernels' float32 arithmetic; ratings up to about "
