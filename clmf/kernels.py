@@ -135,6 +135,10 @@ def validate(config: KernelConfig, f: int, device_info):
     """Check a configuration against a device *before* building; raise InvalidConfigError with a
     typed ``reason`` ("work_group_size", "work_item_sizes", "local_memory", "opencl_version",
     "geometry")."""
+    if f * (f + 2) >= 2 ** 31:
+        # the templates index a system's f × f entries (and the rows f + 2 wide) with 32-bit ints
+        raise InvalidConfigError(f"f={f}: f² reaches 2^31, beyond the kernels' 32-bit indexing "
+                                 "within one system", "geometry")
     if config.solver != "cholesky" and config.cg_steps > max(f, CG_STEPS_FLOOR):
         # CG on f unknowns is exact after f steps (the kernels stop a converged system): more
         # steps only cost time, and an untrusted record's huge count would hang the fit

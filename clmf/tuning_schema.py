@@ -59,7 +59,7 @@ def _device(d):
     if not isinstance(d, dict):
         raise RecordError(f"device must be an object with {list(_DEVICE_KEYS)}, not {_show(d)}")
     for k in _DEVICE_KEYS:
-        v = d.get(k, "")
+        v = d.get(k)
         if type(v) is not str or len(v) > _MAX_TEXT:
             raise RecordError(f"device.{k} must be a string, not {_show(v)}")
 
