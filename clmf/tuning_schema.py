@@ -73,6 +73,29 @@ def _dataset(d, required):
         _int(d.get(k), f"dataset.{k}", 0, 1 << 62)
 
 
+_checked: dict = {}            # configurations already checked (a database repeats them often)
+
+
+def _config(d):
+    """The checked KernelConfig of a record's ``config`` (memoized by its items)."""
+    try:
+        # typed: True and 1 (or 4 and 4.0) are equal keys but not equally valid values
+        key = (tuple(sorted((k, type(v), v) for k, v in d.items())) if isinstance(d, dict)
+               else None)
+        hit = _checked.get(key) if key is not None else None
+    except TypeError:                  # unhashable values: checked (and refused) below
+        key = hit = None
+    if hit is not None:
+        return hit
+    try:
+        cfg = KernelConfig.from_dict(d)
+    except (InvalidConfigError, TypeError) as e:
+        raise RecordError(f"config: {e}") from None
+    if key is not None and len(_checked) < 4096:
+        _checked[key] = cfg
+    return cfg
+
+
 def check_record(r):
     """Raise :class:`RecordError` naming the first problem of the record ``r`` (a parsed JSON
     line); return the record's kind. Only the kinds the lookup reads (``best``, ``measurement``)
@@ -100,10 +123,7 @@ def check_record(r):
         raise RecordError(f"storage must be 'float32' or 'float16', not {_show(storage)}")
     _text(r, "run_id")
     _text(r, "date", required=False)
-    try:
-        cfg = KernelConfig.from_dict(r.get("config"))
-    except (InvalidConfigError, TypeError) as e:
-        raise RecordError(f"config: {e}") from None
+    cfg = _config(r.get("config"))
     if cfg.solver != "cholesky" and cfg.cg_steps > max(f + 1, KernelConfig.cg_steps):
         raise RecordError(f"config: cg_steps={cfg.cg_steps} exceeds f={f}")
     if kind == "best":
