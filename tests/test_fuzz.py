@@ -7,20 +7,25 @@ import json
 import os
 import stat
 import tracemalloc
-import warnings
-import zipfile
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from conftest import DEVICES, random_ratings
 
 import clmf
-from clmf import kernels, memory, persistence, reference, tuning
-from clmf.config import KernelConfig
-from clmf.device import device_info
-from clmf.errors import (DeviceMemoryError, HostMemoryError, InvalidConfigError,
-                         RatingRangeError, SingularSystemError)
-from conftest import DEVICES, random_ratings
+from clmf import reference, tuning
+from clmf.engine import kernels, memory
+from clmf.engine.config import KernelConfig
+from clmf.engine.device import DeviceInfo, device_info
+from clmf.errors import (
+    DeviceMemoryError,
+    HostMemoryError,
+    InvalidConfigError,
+    RatingRangeError,
+    SingularSystemError,
+)
+from clmf.tuning.database import Database
 
 # the payloads of issue 22, verbatim, and one that compiles
 INJECT = ("*/ #define fma(a,b,c) ((a)*(b)*0.9f+(c)) __kernel void clmf_injected(...) {...} /*")
@@ -35,8 +40,8 @@ def dbenv(tmp_path, monkeypatch):
     env = tmp_path / "env.jsonl"
     user = tmp_path / "user.jsonl"
     monkeypatch.setenv("CLMF_TUNING_DB", str(env))
-    monkeypatch.setattr(tuning, "user_db_path", lambda: user)
-    monkeypatch.setattr(tuning, "shipped_paths", lambda: [])
+    monkeypatch.setattr(tuning.database, "user_db_path", lambda: user)
+    monkeypatch.setattr(tuning.database, "shipped_paths", lambda: [])
     return {"env": env, "user": user, "tmp": tmp_path}
 
 
@@ -60,7 +65,6 @@ def _write(path, records, tail=b""):
 
 def _fake_info(**kw):
     import dataclasses
-    from clmf.device import DeviceInfo
     d = dict(index="0:0", platform="FakeCL", platform_version="FakeCL 3.0", vendor="FakeVendor",
              name="Fake GPU", type="GPU", driver="1.0", opencl_c_version="OpenCL C 1.2",
              compute_units=8, global_mem=8 << 30, max_alloc=2 << 30, local_mem=48 * 1024,
@@ -189,7 +193,6 @@ def test_cli_variant_is_refused_without_traceback(tmp_path, capsys):
 
 # ----- the tuner survives interruption -----------------------------------------------------------
 def test_torn_tail_is_repaired_and_fit_uses_the_good_records(dbenv):
-    from tuner.database import Database
     info = _fake_info()
     R = random_ratings(40, 30, 0.3, seed=1)
     good = _best(info, 10, R, KernelConfig.parse("batch+reg:tx=2,ty=5").to_dict())
@@ -208,7 +211,7 @@ def test_torn_tail_is_repaired_and_fit_uses_the_good_records(dbenv):
 
 
 def _tiny_space(f):
-    from tuner.space import Space
+    from clmf.tuner.space import Space
     return Space("tiny", f, [(False, False, 0, False), (True, True, 0, False)],
                  dict(tx=[2, 4], ty=[2, 4], nnz_batch=[8], bx=[f], by=[f], square_tiles=True,
                       tz=[1], solve_wg=[0], solver=["cholesky"], cg_steps=[3]))
@@ -220,8 +223,8 @@ class _Killed(BaseException):
 
 @pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
 def test_interrupted_measurement_is_retried(dbenv, monkeypatch):
-    from tuner import strategies
-    from tuner.measure import Measurer
+    from clmf.tuner import strategies
+    from clmf.tuner.measure import Measurer
     case = strategies.Case(DEVICES[0], random_ratings(120, 90, 0.1, seed=6), 4, "tiny", "float32")
     real = Measurer.evaluate
     calls = []
@@ -330,7 +333,7 @@ def test_interrupted_refit_keeps_the_model(fitted_pair):
     assert np.isfinite(m.rmse(a))
 
 
-# ----- memory is planned before it is taken --------------------------------------------------------
+# ----- memory is planned before it is taken ---------------------------------------------------
 def _peak_during(fn):
     tracemalloc.start()
     try:
@@ -391,7 +394,7 @@ def test_device_plan_counts_the_gram_buffers():
 
 
 def test_engine_memory_matches_the_plan(cl_device):
-    from clmf.engine import Engine
+    from clmf.engine.core import Engine
     R = random_ratings(50, 40, 0.2, seed=3)
     cfg = KernelConfig.parse("batch:batch_rows=16")
     eng = Engine(cl_device, R, 6, (cfg, cfg))

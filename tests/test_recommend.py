@@ -2,12 +2,11 @@
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from conftest import random_ratings, rel_err
 
 import clmf
 from clmf import reference as ref
 from clmf.datasets import Ratings
-
-from conftest import random_ratings, rel_err
 
 
 def make_model(X, Y, R=None, lam=0.1, weighted=True, user_ids=None, item_ids=None):

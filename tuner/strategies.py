@@ -7,10 +7,8 @@ crashed run resumes where it stopped: the run id hashes everything that defines 
 and driver, data-set class, f, storage, space, strategy, budget, seed, kernel templates), a
 resumed run reuses the journal's sample and results (replaying the strategy's decisions
 deterministically: the budget is the sum of the candidates' measurement times, so the replay
-spends it exactly as the first attempt did). A measurement cut short — Ctrl-C (recorded at once)
-or a killed process (found in the journal on resume) — is recorded as ``interrupted`` and
-measured again on resume; only a candidate during which the process died twice is recorded as
-``failed``/``crashed`` and not retried (a configuration that kills its driver).
+spends it exactly as the first attempt did); an interrupted measurement is measured again
+(:mod:`.journal`).
 
 Strategies (both measure the baseline ``batch`` configuration and the untuned default first):
 
@@ -43,7 +41,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 import pathlib
 import time
@@ -51,13 +48,14 @@ import time
 import numpy as np
 
 from clmf import tuning
-from clmf.config import KernelConfig
+from clmf.engine.config import KernelConfig
 from clmf.errors import InvalidConfigError
+from clmf.tuning.database import Database, base_record
 
-from .database import Database, base_record
+from . import journal
 from .measure import (CHECK_TIME, MEASURE_VERSION, SAMPLE_TOL, SIDES, Measurer, Result,
                       calibrate_samples, check_samples, full_sample, make_sample, sample_min_rows)
-from .space import Space, canonical, prune
+from .space import canonical, prune
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +78,7 @@ class Case:
 
     def __post_init__(self):
         import scipy.sparse as sp
-        from clmf.device import device_info
+        from clmf.engine.device import device_info
         if self.mode not in tuning.MODES:
             raise ValueError(f"unknown tuning mode {self.mode!r}; choose from {tuning.MODES}")
         if self.mode == "implicit" and not self.alpha > 0:
@@ -180,7 +178,7 @@ class Session:
     def __init__(self, case, space, strategy, db, budget=None, seed=0, state_dir=None,
                  sample_time=0.03, progress=True, repeats=7, min_time=0.05, resume=True,
                  sample="auto", sample_tol=SAMPLE_TOL, check_time=CHECK_TIME, starts=()):
-        from clmf.kernels import template_hash
+        from clmf.engine.kernels import template_hash
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; choose from {STRATEGIES}")
         self.case, self.space, self.strategy = case, space, strategy
@@ -230,35 +228,7 @@ class Session:
             os.fsync(fh.fileno())
 
     def _jread(self):
-        if not self.journal.exists():
-            return None, {}, []
-        header, results, open_, deaths = None, {}, set(), {}
-        with open(self.journal) as fh:
-            for line in fh:
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue        # a torn last line from a crash
-                ev = e.get("event")
-                if ev == "header":
-                    header = e
-                    continue
-                k = (e.get("key"), e.get("fidelity"))
-                if ev == "start":
-                    if k in open_:                    # started again after a death in it
-                        deaths[k] = deaths.get(k, 0) + 1
-                    open_.add(k)
-                elif ev == "result":
-                    results[k] = _result_from_json(e["result"])
-                    open_.discard(k)
-                elif ev == "interrupted":             # Ctrl-C, recorded when it happened
-                    open_.discard(k)
-                elif ev == "died":                    # a death found by an earlier resume
-                    open_.discard(k)
-                    deaths[k] = deaths.get(k, 0) + 1
-        # started, never finished: the process died in it (how often, this time included)
-        crashed = [(k, deaths.get(k, 0) + 1) for k in sorted(open_) if k not in results]
-        return header, results, crashed
+        return journal.read(self.journal, _result_from_json)
 
     def _skip_from_db(self):
         """Configurations this device/driver/f/storage/templates already rejected."""
@@ -354,8 +324,8 @@ class Session:
                 self._record(res, key, fid, journal=True)
             else:       # once: a kill or a power cut, not the configuration — measured again
                 self._jwrite({"event": "died", "key": key, "fidelity": fid})
-                self._record_interrupted(cfg, key, fid, "killed", "the tuning process died while "
-                                         "measuring this configuration; measured again")
+                journal.record_interrupted(self, cfg, fid, "killed", "the tuning process died "
+                                           "while measuring this configuration; measured again")
         total = None
         if self.progress:
             from tqdm.auto import tqdm
@@ -404,13 +374,6 @@ class Session:
                 fidelity=fidelity, **self._common()))
         self.db.append(recs)
 
-    def _record_interrupted(self, cfg, key, fidelity, reason, message):
-        """Record a measurement cut short (not a result: it is measured again on resume)."""
-        self.db.append(base_record(
-            "measurement", status="interrupted", reason=reason, message=message, side="both",
-            config=cfg.to_dict(), variant=str(cfg), dataset=self.case.side_class("users"),
-            fidelity=fidelity, **self._common()))
-
     def evaluate(self, cfg, fidelity="full"):
         """The Result of ``cfg`` at ``fidelity`` ("low" or "full"), measured at most once."""
         key = cfg.key()
@@ -435,8 +398,9 @@ class Session:
                 res = self.measurer.evaluate(cfg, fidelity, verified=verified)
             except KeyboardInterrupt:
                 self._jwrite({"event": "interrupted", "key": key, "fidelity": fidelity})
-                self._record_interrupted(cfg, key, fidelity, "interrupted", "Ctrl-C while "
-                                         "measuring this configuration; measured again on resume")
+                journal.record_interrupted(self, cfg, fidelity, "interrupted", "Ctrl-C while "
+                                           "measuring this configuration; measured again on "
+                                           "resume")
                 raise
             self._record(res, key, fidelity)
         self.spent += res.seconds_spent

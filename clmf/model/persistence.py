@@ -31,9 +31,10 @@ import os
 import stat
 import tempfile
 import time
-import zipfile
 
 import numpy as np
+
+from .._version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,27 @@ _MAX_ID_BYTES = 1024               # bytes per raw id (unicode arrays: 4 per cha
 
 
 # ----- saving ----------------------------------------------------------------------------------
+# The estimator classes load() builds, by format marker.  The estimator module registers itself
+# on import (clmf.model imports it before this module can be used), so imports point one way:
+# estimator -> persistence.
+_ESTIMATORS: dict = {}
+
+
+def register_estimator(cls, fmt=FORMAT):
+    """Make :func:`load` build ``cls`` for files marked ``fmt``; returns ``cls``."""
+    _ESTIMATORS[fmt] = cls
+    return cls
+
+
+def estimator_class(fmt=FORMAT):
+    """The estimator class registered for the format marker ``fmt``."""
+    try:
+        return _ESTIMATORS[fmt]
+    except KeyError:
+        raise RuntimeError(f"no estimator is registered for {fmt!r} model files "
+                           "(import clmf.model)") from None
+
+
 def _device_str(dev):
     if dev is None or isinstance(dev, str):
         return dev
@@ -137,7 +159,6 @@ def _jsonable(obj):
 def _arrays_of(model):
     if not hasattr(model, "user_factors_"):
         raise RuntimeError(f"this {type(model).__name__} is not fitted yet; nothing to save")
-    import clmf
     X = np.asarray(model.user_factors_, dtype=np.float32)
     Y = np.asarray(model.item_factors_, dtype=np.float32)
     uids = getattr(model, "user_ids_", None)
@@ -146,7 +167,7 @@ def _arrays_of(model):
     history = [{k: (float(v) if isinstance(v, numbers.Real) else v) for k, v in h.items()}
                for h in getattr(model, "history_", []) or []]
     meta = {
-        "clmf_version": clmf.__version__,
+        "clmf_version": __version__,
         "class": type(model).__name__,
         "params": _params_json(model.get_params()),
         "config": _config_json(getattr(model, "config_", None)),
@@ -265,7 +286,7 @@ def save(model, path):
 
     Examples
     --------
-    >>> clmf.persistence.save(model, "model.npz")                   # doctest: +SKIP
+    >>> clmf.model.persistence.save(model, "model.npz")                   # doctest: +SKIP
     'model.npz'
     >>> model.save("model.npz")                                     # doctest: +SKIP
     """
@@ -315,8 +336,8 @@ def _restore_params(params, cls):
 
 
 def _restore_config(entries):
-    from .config import KernelConfig
-    from .tuning import Choice
+    from ..engine.config import KernelConfig
+    from ..tuning import Choice
     out = {}
     for side, e in entries.items():
         cfg = None
@@ -365,7 +386,7 @@ def load(path):
     >>> model = clmf.load("model.npz")                              # doctest: +SKIP
     >>> model.recommend(0, N=5)                                     # doctest: +SKIP
     """
-    from .model import ALS
+    ALS = estimator_class()
     path = os.fspath(path)
     if not os.path.exists(path):
         raise ValueError(f"{path}: no such clmf model file")
@@ -480,7 +501,7 @@ def _as_dict(v, what):
 
 def _build_model(data, meta, ALS):
     """A fitted ALS from checked members and meta (raises ValueError naming the problem)."""
-    from .validation import check_params
+    from ..data.validation import check_params
     X, Y = data["user_factors"], data["item_factors"]
     uc, ic = data["user_counts"], data["item_counts"]
     problems = []

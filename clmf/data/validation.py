@@ -143,7 +143,7 @@ def _finish(C, allow_empty, what):
     if data.size:
         big = np.abs(data) > _F32_MAX
         if big.any():
-            from .errors import RatingRangeError
+            from ..errors import RatingRangeError
             k = int(np.argmax(big))
             raise RatingRangeError(
                 f"{what} has {int(big.sum())} rating(s) beyond the float32 range (±{_F32_MAX:.3g}; "
@@ -218,7 +218,7 @@ def check_params(est):
 def _check_variant(variant):
     """A variant parameter: "auto", a variant string or KernelConfig, or a pair of those; strings
     are parsed (and their fields checked) here, before any device work."""
-    from .config import KernelConfig
+    from ..engine.config import KernelConfig
     pair = variant if isinstance(variant, (tuple, list)) else (variant,)
     if isinstance(variant, (tuple, list)) and len(variant) != 2:
         raise ValueError("variant as a pair must be (users_variant, items_variant)")

@@ -24,7 +24,7 @@ import numbers
 import numpy as np
 import scipy.sparse as sp
 
-from . import reference
+from .. import reference
 
 log = logging.getLogger(__name__)
 

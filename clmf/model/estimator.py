@@ -8,16 +8,16 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from . import reference
-from .config import KernelConfig
-from .errors import SingularSystemError
-from .persistence import load  # noqa: F401  (clmf.load / clmf.model.load)
-from .recommend import RecommenderMixin
-from .validation import check_index_pairs, check_params, check_ratings
+from .. import reference
+from ..data.validation import check_index_pairs, check_params, check_ratings
+from ..engine.config import KernelConfig
+from ..errors import SingularSystemError
+from ..inference.recommend import RecommenderMixin
+from .persistence import register_estimator
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ALS", "load"]
+__all__ = ["ALS"]
 
 
 class ALS(RecommenderMixin):
@@ -141,7 +141,7 @@ class ALS(RecommenderMixin):
 
     # ----- configuration -------------------------------------------------------------------
     def _resolve_configs(self, info, stats):
-        from . import tuning
+        from .. import tuning
         f = self.factors
         variant = self.variant
         solver = None if self.solver == "auto" else self.solver
@@ -202,9 +202,10 @@ class ALS(RecommenderMixin):
         self
         """
         from tqdm.auto import tqdm
-        from .device import device_info, select_device
-        from .engine import Engine
-        from .memory import plan_fit
+
+        from ..engine.core import Engine
+        from ..engine.device import device_info, select_device
+        from ..engine.memory import plan_fit
 
         # all-or-nothing: the new state is built in locals and assigned in one step at the end,
         # so a fit that fails or is interrupted (KeyboardInterrupt included) leaves a fitted
@@ -379,7 +380,8 @@ class ALS(RecommenderMixin):
         return p.astype(np.float32)
 
     def save(self, path):
-        """Write the fitted model to ``path`` (``.npz``, no pickle, atomic); see :mod:`clmf.persistence`.
+        """Write the fitted model to ``path`` (``.npz``, no pickle, atomic); see
+        :mod:`clmf.model.persistence`.
 
         Parameters
         ----------
@@ -412,6 +414,9 @@ class ALS(RecommenderMixin):
         return float(np.sqrt(np.mean(err * err)))
 
 
+register_estimator(ALS)
+
+
 def _id_maps_of(X):
     """The (user_ids, item_ids) raw-id maps of a Ratings, or (None, None)."""
     if hasattr(X, "user_ids") and hasattr(X, "item_ids"):
@@ -423,8 +428,8 @@ def _range_error(engine, R, f, storage, regularization):
     """A :class:`RatingRangeError` when a failed or non-finite fit is explained by the ratings'
     magnitude — float overflow of the normal equations (or of float16 factors), or a
     regularization below float32 precision — else None (the original error stands)."""
-    from .errors import RatingRangeError
-    from .validation import overflow_limit, precision_limit
+    from ..data.validation import overflow_limit, precision_limit
+    from ..errors import RatingRangeError
     counts = max(int(np.diff(R.indptr).max(initial=0)),
                  int(np.bincount(R.indices, minlength=R.shape[1]).max(initial=0)), 1)
     rmax = float(np.abs(R.data).max(initial=0.0))
@@ -464,8 +469,8 @@ def _range_error(engine, R, f, storage, regularization):
 
 def _precision_at_10(X, Y, R, V):
     """precision@10 of held-out items V among unseen items (host; for implicit early stopping)."""
-    from .metrics import precision_at_k
-    from .recommend import _top_n
+    from ..inference.recommend import _top_n
+    from ..metrics import precision_at_k
     users = np.unique(V.row)
     if users.size == 0:
         return float("nan")

@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import os
 
-from .errors import DeviceMemoryError, HostMemoryError
+from ..errors import DeviceMemoryError, HostMemoryError
 
 log = logging.getLogger(__name__)
 

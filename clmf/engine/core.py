@@ -12,14 +12,14 @@ import logging
 import numpy as np
 import scipy.sparse as sp
 
+from ..errors import SingularSystemError
 from . import kernels as K
 from .device import device_info, get_context
-from .errors import SingularSystemError
 from .memory import choose_batch_rows, plan_fit
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Engine", "SideData", "choose_batch_rows"]
+__all__ = ["Engine", "SideData", "choose_batch_rows", "plan_fit"]
 
 
 @dataclasses.dataclass

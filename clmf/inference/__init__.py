@@ -1,0 +1,1 @@
+"""Inference on fitted factors: ranking, similarity and fold-in (:mod:`.recommend`)."""
