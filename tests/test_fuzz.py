@@ -423,6 +423,14 @@ def test_overflow_is_named(cl_device, scale, storage, solver):
     assert not isinstance(e.value, SingularSystemError)
 
 
+def test_float32_cast_overflow_is_named_before_any_work():
+    with pytest.raises(RatingRangeError, match="float32"):
+        clmf.datasets.Ratings.from_triples([1, 2], [3, 4], np.array([1e39, 2.0]))
+    with pytest.raises(RatingRangeError, match="float32"):
+        clmf.ALS(device="no such device").fit((np.array([0, 1]), np.array([1, 0]),
+                                               np.array([1e39, 2.0])))
+
+
 def test_moderate_scales_still_fit(cl_device):
     R = random_ratings(60, 40, 0.6, seed=4)                # every row has more ratings than f
     for scale, storage in ((1e3, "float32"), (1e3, "float16")):
@@ -518,3 +526,38 @@ def test_every_load_failure_is_a_value_error_naming_the_file(saved, tmp_path, na
     with pytest.raises(ValueError, match=match) as e:
         clmf.load(bad)
     assert str(bad) in str(e.value)
+
+
+# ----- loaders -----------------------------------------------------------------------------------
+def test_truncated_gzip_names_the_file(tmp_path, capsys):
+    import gzip
+
+    from clmf.cli import main
+    text = "user,item,rating\n" + "".join(f"{u},{i},{(u * i) % 5 + 1}\n"
+                                           for u in range(50) for i in range(40))
+    full = gzip.compress(text.encode())
+    path = tmp_path / "ratings.csv.gz"
+    path.write_bytes(full[: len(full) // 2])
+    with pytest.raises(ValueError, match="truncated or corrupt gzip") as e:
+        clmf.datasets.load(path)
+    assert str(path) in str(e.value)
+    rc = main(["fit", str(path), "--output", str(tmp_path / "m.npz")])
+    err = capsys.readouterr().err
+    assert rc != 0 and "truncated or corrupt gzip" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("ids", [["1", "\uff11", "1_0", "10"], ["1", "01"], ["5", "+5"]])
+def test_integer_ids_are_ascii_digits_only(tmp_path, ids):
+    path = tmp_path / "r.csv"
+    path.write_text("user,item,rating\n" + "".join(f"{u},7,{k + 1}\n" for k, u in enumerate(ids)),
+                    encoding="utf-8")
+    r = clmf.datasets.load(path)
+    assert len(r.user_ids) == len(ids)              # distinct texts stay distinct users
+    assert sorted(map(str, r.user_ids)) == sorted(ids)
+
+
+def test_movielens_ids_refuse_non_ascii_digits(tmp_path):
+    path = tmp_path / "u.data"
+    path.write_text("1\t7\t4\t881250949\n\uff11\t8\t3\t881250950\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"line 2.*ASCII digits"):
+        clmf.datasets.load(path)

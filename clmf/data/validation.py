@@ -7,7 +7,7 @@ import numpy as np
 import scipy.sparse as sp
 
 __all__ = ["check_ratings", "check_index_pairs", "check_params", "check_shape_vs_ratings",
-           "overflow_limit", "precision_limit", "SPARSE_ROWS_FLOOR", "SPARSE_ROWS_PER_RATING"]
+           "overflow_limit", "precision_limit", "check_float32_range", "SPARSE_ROWS_FLOOR", "SPARSE_ROWS_PER_RATING"]
 
 # ids that imply a matrix vastly larger than its ratings are refused before anything is sized by
 # them (the CSR's row pointers, the factors): more than SPARSE_ROWS_FLOOR rows (or columns) and
@@ -226,3 +226,18 @@ def _check_variant(variant):
         if isinstance(v, str) and v == "auto":
             continue
         KernelConfig.parse(v)          # raises InvalidConfigError / TypeError naming the problem
+
+
+def check_float32_range(values, what):
+    """Refuse finite values that the float32 cast turns into inf (naming the range)."""
+    if values.dtype.kind != "f" or values.dtype.itemsize <= 4 or not values.size:
+        return
+    with np.errstate(invalid="ignore"):
+        big = np.abs(values) > np.finfo(np.float32).max
+    if big.any():
+        from ..errors import RatingRangeError
+        first = int(np.flatnonzero(big)[0])
+        raise RatingRangeError(
+            f"{int(big.sum())} {what} value(s) beyond the float32 range (±3.4e38; first at "
+            f"position {first}: {float(values[first]):.3g}) would become inf in float32; scale "
+            "them down (ALS fits need far smaller magnitudes: see clmf.ALS.fit)")
