@@ -490,10 +490,16 @@ def main(argv=None):
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except (ValueError, TypeError, KeyError, OSError, RuntimeError) as e:
+    except (ValueError, TypeError, KeyError, OSError, RuntimeError, MemoryError,
+            FloatingPointError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"clmf {args.command}: error: {msg}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        again = (" (run the same command again to resume; the measurement cut short is measured "
+                 "again)" if args.command == "tune" else "")
+        print(f"clmf {args.command}: interrupted{again}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -561,3 +561,32 @@ def test_movielens_ids_refuse_non_ascii_digits(tmp_path):
     path.write_text("1\t7\t4\t881250949\n\uff11\t8\t3\t881250950\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"line 2.*ASCII digits"):
         clmf.datasets.load(path)
+
+
+def test_cli_reports_memory_errors_and_interrupts_without_traceback(tmp_path, capsys,
+                                                                    monkeypatch):
+    from clmf import cli
+    path = tmp_path / "r.csv"
+    path.write_text("user,item,rating\n" + "".join(f"{u},{i},{(u + i) % 5 + 1}\n"
+                                                    for u in range(8) for i in range(6)))
+    monkeypatch.setattr(memory, "available_host_memory", lambda: 1024)
+    assert cli.main(["fit", str(path), "--output", str(tmp_path / "m.npz")]) == 2
+    err = capsys.readouterr().err
+    assert "host memory" in err and "bytes" in err and "Traceback" not in err
+
+    def ctrl_c(args):
+        raise KeyboardInterrupt
+
+    parser = cli.build_parser
+    monkeypatch.setattr(cli, "build_parser", lambda: _with_func(parser(), ctrl_c))
+    assert cli.main(["tune", str(path)]) == 130
+    assert "resume" in capsys.readouterr().err
+
+
+def _with_func(parser, func):
+    """The CLI parser with every sub-command's handler replaced by ``func``."""
+    parser.set_defaults(func=func)
+    for action in parser._subparsers._group_actions:
+        for sub in action.choices.values():
+            sub.set_defaults(func=func)
+    return parser
