@@ -233,11 +233,11 @@ def check_float32_range(values, what):
     if values.dtype.kind != "f" or values.dtype.itemsize <= 4 or not values.size:
         return
     with np.errstate(invalid="ignore"):
-        big = np.abs(values) > np.finfo(np.float32).max
+        big = np.isfinite(values) & (np.abs(values) > np.finfo(np.float32).max)
     if big.any():
         from ..errors import RatingRangeError
         first = int(np.flatnonzero(big)[0])
         raise RatingRangeError(
             f"{int(big.sum())} {what} value(s) beyond the float32 range (±3.4e38; first at "
-            f"position {first}: {float(values[first]):.3g}) would become inf in float32; scale "
-            "them down (ALS fits need far smaller magnitudes: see clmf.ALS.fit)")
+            f"position {first}: {float(values[first]):.3g}) would become non-finite (inf) in "
+            "float32; scale them down (ALS fits need far smaller magnitudes: see clmf.ALS.fit)")

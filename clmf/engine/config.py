@@ -44,7 +44,7 @@ _BOOL_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "triangle")
 MAX_CG_STEPS = 4096
 INT_RANGES = {"vec": (0, 16), "tx": (1, 1 << 14), "ty": (1, 1 << 14), "tz": (1, 1 << 14),
               "bx": (0, 1 << 16), "by": (0, 1 << 16), "ks": (1, 1 << 10),
-              "nnz_batch": (1, 1 << 14), "solve_wg": (0, 1 << 14),
+              "nnz_batch": (1, 1 << 20), "solve_wg": (0, 1 << 14),
               "cg_steps": (1, MAX_CG_STEPS), "batch_rows": (0, (1 << 31) - 1)}
 _DIGITS = re.compile(r"^[0-9]{1,12}$")      # ASCII digits only (int() takes "1_0", "１", " +3")
 _TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
