@@ -4,9 +4,10 @@
 Each measurement runs in its own fresh Python process: it imports clmf, loads the data set, wraps
 ``clmf.tuning.choose`` (what ``ALS.fit`` calls, once per side) with a timer and fits ``ALS``
 (``variant="auto"``) for one iteration; the time spent inside ``choose`` is the lookup's cost,
-reading and parsing the databases included (the per-user database is left out). Sources: ``shipped`` (the compact databases installed
-with clmf) and ``raw`` (the raw ``results/tuning/*.jsonl`` given with ``--raw``, through
-``$CLMF_TUNING_DB``, the shipped files off), for comparison. Writes ``lookup_time.json`` to
+reading and parsing the databases included (the per-user database is left out). Sources:
+``shipped`` (the compact databases installed with clmf) and ``raw`` (the raw
+``results/tuning/*.jsonl`` given with ``--raw``, through ``$CLMF_TUNING_DB``, the shipped files
+off), for comparison. Writes ``lookup_time.json`` to
 ``OUT`` and prints a table.
 
     PYTHONPATH=.devsite OCL_ICD_VENDORS=/work/main/.icd python scripts/lookup_time.py \\

@@ -167,7 +167,8 @@ def test_same_choice_for_unseen_shapes_and_f(isolated):
             queries.append((info, f, mode, storage, {k: max(1, int(v * scale ** (1 + (k == "nnz"))))
                                                     for k, v in ds.items()}))
         queries.append((info, 32 if f < 64 else 200, mode, storage, ds))
-    queries.append((queries[0][0], 10, "explicit", "float16", {"m": 6040, "n": 3706, "nnz": 1000209}))
+    ml1m = {"m": 6040, "n": 3706, "nnz": 1000209}
+    queries.append((queries[0][0], 10, "explicit", "float16", ml1m))
     rules = {g[7] for g in _same_choices(isolated, queries)}
     assert "nearest" in rules
 
