@@ -113,9 +113,13 @@ def test_user_items_row_aligned_or_indexed(tie_problem):
     # without user_items nothing is filtered
     nofilter = m.recommend(3, None, N=20)[0]
     assert sorted(nofilter.tolist()) == list(range(20))
-    # narrower matrices (fewer item columns) are fine
-    narrow = sp.csr_matrix(R[:, :10])
-    assert m.recommend(3, narrow, N=20)[0].size == 20 - R[3, :10].nnz
+    # a matrix with another number of item columns is refused, as implicit refuses wider ones
+    for bad in (sp.csr_matrix(R[:, :10]), sp.csr_matrix((R.shape[0], 3)),
+                sp.hstack([R, R]).tocsr()):
+        with pytest.raises(ValueError, match=f"{bad.shape[1]} columns but the model has 20 items"):
+            m.recommend(3, bad, N=20)
+        with pytest.raises(ValueError, match="columns"):
+            m.recommend(3, bad[3], N=20, recalculate_user=True)
 
 
 def test_recommend_continuous_scores_are_predictions():
