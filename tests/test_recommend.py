@@ -256,23 +256,7 @@ def test_partial_fit_users_existing_new_and_gap():
         m.partial_fit_users([1, 1], random_ratings(2, 21, 0.5))
 
 
-def test_fold_in_agrees_with_a_device_fit(cl_device):
-    """The last half-step of a fit solves the items against the final users: the host fold-in
-    must reproduce it (same λ, same weighting)."""
-    R = random_ratings(60, 40, 0.2, seed=21)
-    m = clmf.ALS(factors=4, regularization=0.1, iterations=3, device=cl_device, random_state=0,
-                 solver="cholesky")     # the fold-in solves exactly
-    m.fit(R, show_progress=False)
-    Y = m.recalculate_item(np.arange(40), R.T.tocsr())
-    assert rel_err(Y, m.item_factors_) < 1e-4
-    X, Yr = ref.als(R, 4, 0.1, 3, random_state=0)
-    ids, scores = m.recommend(np.arange(60), R, N=5)
-    for u in (0, 17, 59):
-        assert len(set(ids[u]) & set(brute_recommend(X, Yr, u, 5, R[u].indices)[0])) >= 4
-    # partial fit with the training rows leaves every fitted item unchanged up to round-off
-    before = m.item_factors_.copy()
-    m.partial_fit_items(np.arange(40), R.T.tocsr())
-    assert rel_err(m.item_factors_, before) < 1e-4
+# the fold-in of a device fit reproducing its last half-step: tests/behaviour.py
 
 
 def biased_model(X, Y, bu, bi, mu, lam=0.1, weighted=True, R=None):
