@@ -115,7 +115,8 @@ def test_singular_detected_on_device(cl_device):
 
 def test_no_opencl_platform_message(tmp_path):
     env = dict(os.environ, OCL_ICD_VENDORS=str(tmp_path), CLMF_DEVICE="")
-    code = "import clmf\ntry:\n    clmf.devices()\nexcept clmf.NoOpenCLError as e:\n    print('ERR', e)\n"
+    code = ("import clmf\ntry:\n    clmf.devices()\n"
+            "except clmf.NoOpenCLError as e:\n    print('ERR', e)\n")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=120)
     assert "ERR" in out.stdout and "pocl-opencl-icd" in out.stdout
@@ -139,7 +140,8 @@ def test_select_device_grammar():
         assert select_device("cpu").type & 2  # CL_DEVICE_TYPE_CPU
     if any(d.type == "GPU" for d in infos):
         assert select_device("gpu").type & 4  # CL_DEVICE_TYPE_GPU
-    assert select_device(infos[-1].platform[:6]).platform.name.strip().startswith(infos[-1].platform[:6])
+    word = infos[-1].platform[:6]
+    assert select_device(word).platform.name.strip().startswith(word)
     os.environ["CLMF_DEVICE"] = infos[-1].index
     try:
         assert select_device("auto").int_ptr == select_device(infos[-1].index).int_ptr
