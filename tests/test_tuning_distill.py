@@ -94,7 +94,10 @@ def _unseen_devices(devs):
 
 @pytest.fixture
 def isolated(monkeypatch, tmp_path):
-    """Only $CLMF_TUNING_DB is searched (no per-user database, no shipped files)."""
+    """Only $CLMF_TUNING_DB is searched (no per-user database, no shipped files); no probing
+    (these devices are made up; a probe's verdict depends on the configuration alone, so it would
+    filter both databases' candidates alike)."""
+    monkeypatch.setenv("CLMF_PROBE", "off")
     monkeypatch.setattr(tuning.database, "user_db_path", lambda: tmp_path / "none.jsonl")
     monkeypatch.setattr(tuning.database, "shipped_paths", lambda: [])
 
