@@ -6,7 +6,8 @@ searched in this order (:func:`database_paths`):
 1. ``$CLMF_TUNING_DB`` — a file or a directory of ``*.jsonl`` files (several joined with ``:``);
 2. the per-user database, ``platformdirs.user_data_dir("clmf")/tuning.jsonl`` (``clmf tune``
    writes there by default);
-3. the shipped tunings (:func:`shipped_paths`): ``results/tuning/*.jsonl`` of the source tree,
+3. the shipped tunings (:func:`shipped_paths`): ``results/tuning/shipped/*.jsonl`` of the source
+   tree (distilled from the raw ``results/tuning/*.jsonl`` by :mod:`clmf.tuner.distill`),
    installed as package data ``clmf/tuning/shipped``; ``CLMF_TUNING_NO_SHIPPED=1`` leaves them
    out.
 
@@ -52,7 +53,8 @@ def _jsonl_in(p):
 
 def shipped_paths():
     """The tuning files shipped with clmf: package data ``clmf/tuning/shipped/*.jsonl`` of an
-    installed wheel, else ``results/tuning/*.jsonl`` of a source checkout.
+    installed wheel, else ``results/tuning/shipped/*.jsonl`` of a source checkout (the compact
+    databases :mod:`clmf.tuner.distill` writes from the raw ``results/tuning/*.jsonl``).
 
     The one place that knows where shipped tunings live.
     """
@@ -67,8 +69,8 @@ def shipped_paths():
                 out.append(pathlib.Path(str(e)))
     except (ImportError, ModuleNotFoundError, OSError, TypeError):
         pass
-    if not out:      # a source checkout: results/tuning next to the clmf package
-        here = pathlib.Path(__file__).resolve().parents[2] / "results" / "tuning"
+    if not out:      # a source checkout: results/tuning/shipped next to the clmf package
+        here = pathlib.Path(__file__).resolve().parents[2] / "results" / "tuning" / "shipped"
         if here.is_dir():
             out = sorted(here.glob("*.jsonl"))
     return out
