@@ -288,8 +288,10 @@ def test_workers_replicate_and_reduce_match_engine(cl_device, mode, modes):
             for _ in range(2):
                 e.iteration(0.1, mode != "implicit")
             e.finish()
-            out.append((e.get_factors("users", True), e.get_factors("items", True),
-                        e.squared_error("train", C.row, C.col, C.data)[0]))
+            se = e.squared_error("train", C.row, C.col, C.data)[0]
+            # a second call reuses the triples kept on the device
+            assert e.squared_error("train", C.row, C.col, C.data)[0] == pytest.approx(se)
+            out.append((e.get_factors("users", True), e.get_factors("items", True), se))
         finally:
             e.release()
     (x1, bu1), (y1, bi1), se1 = out[0]

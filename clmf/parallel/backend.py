@@ -357,8 +357,12 @@ class MultiEngine:
         ratings = np.asarray(ratings)
 
         def part(d):
+            w = self.workers[d]
+            hit = w.cached_squared_error(key, int(cuts[d + 1] - cuts[d]), offset)
+            if hit is not None:      # the triples are still on the device
+                return hit
             sel = order[cuts[d]:cuts[d + 1]]
-            return self.workers[d].squared_error(users[sel], items[sel], ratings[sel], offset)
+            return w.squared_error(users[sel], items[sel], ratings[sel], offset, key=key)
 
         total = sum(self.pool.map(part, range(len(self.workers))))
         return float(total), int(len(ratings))
