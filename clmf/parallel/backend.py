@@ -30,24 +30,24 @@ def common_ldf(configs, width):
     return max(c.ldf(width) for pair in configs for c in pair)
 
 
-def _single_fits(device, R, fs, configs, max_device_memory):
-    """Whether the single-device engine's own estimate (``fs`` unknowns per system) fits the
-    budget, so that it runs unchanged."""
-    import scipy.sparse as sp
-
-    from ..engine import SideData, choose_batch_rows, memory_estimate
+def _single_fits(device, R, f, configs, max_device_memory, biased=False, implicit=False):
+    """Whether the single-device engine's own memory plan fits the budget (and the engine's own
+    check), so that it runs unchanged."""
     from ..engine.device import device_info
+    from ..engine.memory import plan_fit as engine_plan
+    from ..errors import DeviceMemoryError
     from .memory import device_budget
     info = device_info(device)
     budget, alloc = device_budget(info.global_mem, info.max_alloc, max_device_memory)
-    R = sp.csr_matrix(R)
-    users = SideData(R.indptr, R.indices, R.data)
-    items = SideData(np.zeros(R.shape[1] + 1, np.int64), R.indices, R.data)   # same sizes
-    br = {s: choose_batch_rows(c, fs, d.rows, info) for s, c, d in
-          (("users", configs[0], users), ("items", configs[1], items))}
-    est = memory_estimate(users, items, fs, configs, br)
-    big = max(v for k, v in est.items() if k != "total")
-    return est["total"] <= budget and big <= alloc and R.nnz * 4 <= alloc
+    m, n = R.shape
+    plan = engine_plan(m, n, R.nnz, f, configs, info, implicit=implicit, biased=biased,
+                       train_metrics=False)
+    try:
+        plan.check_device(info)
+    except DeviceMemoryError:
+        return False
+    big = max(plan.device.values())
+    return plan.device_total <= budget and big <= alloc and R.nnz * 4 <= alloc
 
 
 def make_backend(devices, R, f, configs, *, implicit_alpha=None, biased=False, offset=0.0,
@@ -68,8 +68,8 @@ def make_backend(devices, R, f, configs, *, implicit_alpha=None, biased=False, o
     if len(devices) != len(configs):
         raise ValueError("one configuration pair per device")
     if (len(devices) == 1 and not isinstance(R, Layout) and not force_stream and modes is None
-            and _single_fits(devices[0], R, f + (1 if biased else 0), configs[0],
-                             max_device_memory)):
+            and _single_fits(devices[0], R, f, configs[0], max_device_memory, biased=biased,
+                             implicit=implicit_alpha is not None)):
         return Engine(devices[0], R, f, configs[0], profile=profile,
                       implicit_alpha=implicit_alpha, biased=biased, offset=offset)
     return MultiEngine(devices, R, f, configs, implicit_alpha=implicit_alpha, biased=biased,
