@@ -572,8 +572,11 @@ def _build_model(data, meta, ALS):
     if type(best) is not int:
         raise ValueError(f"meta best_iteration is {best!r}")
     device = meta.get("device")
-    if device is not None and not isinstance(device, str):
-        raise ValueError(f"meta device is {type(device).__name__}, not a string")
+    if device is not None and not isinstance(device, str) and not (
+            isinstance(device, list) and all(isinstance(d, str) for d in device)):
+        # a list: a fit over several devices (clmf.parallel, clmf.dask)
+        raise ValueError(f"meta device is {type(device).__name__}, not a string or a list of "
+                         "strings")
     model.user_factors_ = np.ascontiguousarray(X, dtype=np.float32)
     model.item_factors_ = np.ascontiguousarray(Y, dtype=np.float32)
     model.user_counts_ = uc.astype(np.int64)

@@ -118,15 +118,16 @@ def _partitions(client, X, columns, n_parts):
     carries dense indices (scipy.sparse, Ratings) — else ``None`` (raw ids)."""
     import pandas as pd
     import scipy.sparse as sp
+
+    from ..data.validation import check_ratings
     ucol, icol, rcol = columns
-    if sp.issparse(X) or hasattr(X, "user_ids"):
-        if sp.issparse(X):
-            C = sp.coo_matrix(X)
-            u, i, r, shape, uids, iids = C.row, C.col, C.data, C.shape, None, None
-        else:
-            u, i, r = X.users, X.items, X.ratings
-            uids, iids = np.asarray(X.user_ids), np.asarray(X.item_ids)
-            shape = (len(uids), len(iids))
+    if (sp.issparse(X) or hasattr(X, "user_ids") or isinstance(X, (tuple, np.ndarray))
+            or (hasattr(X, "__array__") and not hasattr(X, "columns"))):
+        # ratings already on the client: checked and made canonical as clmf.ALS does
+        C = check_ratings(X).tocoo()
+        u, i, r, shape = C.row, C.col, C.data, C.shape
+        uids = np.asarray(X.user_ids) if hasattr(X, "user_ids") else None
+        iids = np.asarray(X.item_ids) if hasattr(X, "item_ids") else None
         cuts = np.linspace(0, len(r), max(1, n_parts) + 1).astype(np.int64)
         frames = [pd.DataFrame({ucol: np.asarray(u[a:b], np.int32),
                                 icol: np.asarray(i[a:b], np.int32),
@@ -148,8 +149,8 @@ def _partitions(client, X, columns, n_parts):
     if hasattr(X, "to_delayed") and hasattr(X, "npartitions"):
         return client.compute(X[list(columns)].to_delayed()), None
     raise TypeError("ratings must be a dask or pandas DataFrame of (user, item, rating), a "
-                    f"parquet path, a scipy.sparse matrix or clmf.datasets.Ratings, not "
-                    f"{type(X).__name__}")
+                    f"parquet path, a scipy.sparse matrix, a (user_idx, item_idx, ratings) tuple "
+                    f"or clmf.datasets.Ratings, not {type(X).__name__}")
 
 
 def _sorted_index(ids):
