@@ -40,8 +40,9 @@ def _single_fits(device, R, f, configs, max_device_memory, biased=False, implici
     info = device_info(device)
     budget, alloc = device_budget(info.global_mem, info.max_alloc, max_device_memory)
     m, n = R.shape
-    plan = engine_plan(m, n, R.nnz, f, configs, info, implicit=implicit, biased=biased,
-                       train_metrics=False)
+    plan = engine_plan(m, n, R.nnz, f, configs, info, implicit=implicit, biased=biased)
+    # (the same plan as the engine's own, metrics buffers included: the engine runs only where
+    # its whole plan fits the budget)
     try:
         plan.check_device(info)
     except DeviceMemoryError:
