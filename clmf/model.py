@@ -134,6 +134,7 @@ class ALS(RecommenderMixin):
     def __getstate__(self):
         state = dict(self.__dict__)
         state.pop("_engine", None)      # no OpenCL objects in a pickle; reconnect lazily
+        state.pop("_topk_cache", None)  # the inference uploads, likewise
         dev = state.get("device")
         if not isinstance(dev, (str, type(None))):   # a pyopencl.Device → its name, which
             state["device"] = f"{dev.platform.name.strip()} | {dev.name.strip()}"  # selects it again
@@ -315,6 +316,7 @@ class ALS(RecommenderMixin):
                 Yf, bi = engine.get_factors("items", True)
                 self.best_iteration_ = len(self.history_) - 1
             self.user_factors_, self.item_factors_ = Xf, Yf
+            self._invalidate_inference()
             self.user_biases_ = bu if self.biases else None
             self.item_biases_ = bi if self.biases else None
             self.memory_ = dict(engine.memory)

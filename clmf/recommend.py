@@ -192,6 +192,81 @@ def _grow(a, n, fill=0):
     return np.concatenate([a, pad])
 
 
+def host_rank(Q, F, cand, rows, N, self_ids=None):
+    """Rank (on the host, NumPy) candidates ``cand`` of ``F`` for the query vectors ``Q`` by ``Q·F[cand]ᵀ``.
+
+    ``rows`` (CSR aligned with ``Q``) marks entries to exclude; ``self_ids`` are forced to
+    the top with score 1 (similarity of an item with itself).
+    """
+    n = F.shape[0]
+    Fc = F if cand is None else F[cand]
+    C = Fc.shape[0]
+    if cand is not None:
+        posmap = np.full(n, -1, np.int64)
+        posmap[cand] = np.arange(C)
+    b = Q.shape[0]
+    k = min(N, C)
+    pos_out = np.full((b, k), -1, np.int64)
+    sc_out = np.full((b, k), -np.inf, np.float32)
+    chunk = max(1, _CHUNK_BYTES // max(1, 4 * C))
+    FcT = np.ascontiguousarray(Fc.T, dtype=np.float32)
+    for r0 in range(0, b, chunk):
+        r1 = min(b, r0 + chunk)
+        S = np.asarray(Q[r0:r1], np.float32) @ FcT
+        if rows is not None:
+            sub = rows[r0:r1]
+            rr = np.repeat(np.arange(r1 - r0), np.diff(sub.indptr))
+            cc = sub.indices.astype(np.int64)
+            if cand is not None:
+                cc = posmap[cc]
+                rr, cc = rr[cc >= 0], cc[cc >= 0]
+            S[rr, cc] = -np.inf
+        forced = None
+        if self_ids is not None:
+            sid = self_ids[r0:r1]
+            sp_ = sid if cand is None else posmap[sid]
+            forced = np.flatnonzero(sp_ >= 0)
+            forced = (forced, sp_[forced])
+            S[forced] = np.inf
+        pos, sc = _top_n(S, k)
+        if forced is not None:
+            sc[np.isposinf(sc)] = 1.0
+        if cand is not None:
+            pos = np.where(pos >= 0, cand[np.maximum(pos, 0)], -1)
+        pos_out[r0:r1] = pos
+        sc_out[r0:r1] = sc
+    return pos_out, sc_out
+
+
+def _topk():
+    from .inference import topk
+    return topk
+
+
+def _device_rank(dtk, Q, cand, rows, N, self_ids=None):
+    """:func:`host_rank` on the device: the same ``(pos, scores)``, query items forced first."""
+    n = dtk.n
+    b = Q.shape[0]
+    C = n if cand is None else len(cand)
+    k = min(N, C)
+    excl = None if rows is None else sp.csr_matrix(rows)
+    forced = None
+    if self_ids is not None and k > 0:
+        sid = np.asarray(self_ids, np.int64)
+        inside = (sid < n) if cand is None else np.isin(sid, cand)
+        forced = np.flatnonzero(inside)
+        add = sp.csr_matrix((np.ones(forced.size, np.float32), (forced, sid[forced])),
+                            shape=(b, n))
+        excl = add if excl is None else (excl.astype(bool) + add.astype(bool)).tocsr()
+    ids, sc = dtk.query(Q, k, cand, excl)
+    if forced is not None and forced.size:
+        ids[forced, 1:] = ids[forced, :-1].copy()
+        sc[forced, 1:] = sc[forced, :-1].copy()
+        ids[forced, 0] = sid[forced]
+        sc[forced, 0] = 1.0
+    return ids, sc
+
+
 class RecommenderMixin:
     """Recommendation methods shared by clmf's models, with implicit's signatures.
 
@@ -339,61 +414,78 @@ class RecommenderMixin:
             # biased MF: score = μ + b_u + b_i + x·y — rank on [x, 1]·[y, b_i], then add μ + b_u
             Xq = np.hstack([np.asarray(Xu, np.float32), np.ones((Xu.shape[0], 1), np.float32)])
             Yq = np.hstack([np.asarray(Y, np.float32), np.asarray(bi, np.float32)[:, None]])
-            pos_out, sc_out = self._rank(Xq, Yq, cand, rows, N)
+            pos_out, sc_out = self._rank(Xq, Yq, cand, rows, N, kind="items_biased",
+                                          sources=(Y, bi))
             bu = (bu_new if recalculate_user
                   else np.asarray(self.user_biases_, np.float32)[ids])
             sc_out = sc_out + (np.float32(self.global_mean_) + bu)[:, None]
         else:
-            pos_out, sc_out = self._rank(Xu, Y, cand, rows, N)
+            pos_out, sc_out = self._rank(Xu, Y, cand, rows, N, kind="items", sources=(Y,))
         if scalar:
             keep = pos_out[0] >= 0
             return pos_out[0][keep], sc_out[0][keep]
         return pos_out, sc_out
 
-    def _rank(self, Q, F, cand, rows, N, self_ids=None):
-        """Rank candidates ``cand`` of ``F`` for the query vectors ``Q`` by ``Q·F[cand]ᵀ``.
+    def _rank(self, Q, F, cand, rows, N, self_ids=None, kind=None, sources=()):
+        """Rank candidates ``cand`` of ``F`` for the queries ``Q`` (see :func:`host_rank`): on
+        the model's device through :class:`clmf.inference.topk.DeviceTopK` when one is
+        available and the work passes its measured host threshold, else on the host.
 
-        ``rows`` (CSR aligned with ``Q``) marks entries to exclude; ``self_ids`` are forced to
-        the top with score 1 (similarity of an item with itself).
-        """
-        n = F.shape[0]
-        Fc = F if cand is None else F[cand]
-        C = Fc.shape[0]
-        if cand is not None:
-            posmap = np.full(n, -1, np.int64)
-            posmap[cand] = np.arange(C)
-        b = Q.shape[0]
-        k = min(N, C)
-        pos_out = np.full((b, k), -1, np.int64)
-        sc_out = np.full((b, k), -np.inf, np.float32)
-        chunk = max(1, _CHUNK_BYTES // max(1, 4 * C))
-        FcT = np.ascontiguousarray(Fc.T, dtype=np.float32)
-        for r0 in range(0, b, chunk):
-            r1 = min(b, r0 + chunk)
-            S = np.asarray(Q[r0:r1], np.float32) @ FcT
-            if rows is not None:
-                sub = rows[r0:r1]
-                rr = np.repeat(np.arange(r1 - r0), np.diff(sub.indptr))
-                cc = sub.indices.astype(np.int64)
-                if cand is not None:
-                    cc = posmap[cc]
-                    rr, cc = rr[cc >= 0], cc[cc >= 0]
-                S[rr, cc] = -np.inf
-            forced = None
-            if self_ids is not None:
-                sid = self_ids[r0:r1]
-                sp_ = sid if cand is None else posmap[sid]
-                forced = np.flatnonzero(sp_ >= 0)
-                forced = (forced, sp_[forced])
-                S[forced] = np.inf
-            pos, sc = _top_n(S, k)
-            if forced is not None:
-                sc[np.isposinf(sc)] = 1.0
-            if cand is not None:
-                pos = np.where(pos >= 0, cand[np.maximum(pos, 0)], -1)
-            pos_out[r0:r1] = pos
-            sc_out[r0:r1] = sc
-        return pos_out, sc_out
+        ``kind`` names the factor matrix for the per-model upload cache and ``sources`` are
+        the model arrays it derives from (its cache stamp)."""
+        if kind is not None:
+            dtk = self._device_topk(kind, F, sources)
+            if dtk is not None:
+                C = F.shape[0] if cand is None else len(cand)
+                work = float(Q.shape[0]) * C * F.shape[1]
+                if min(N, C) <= _topk().MAX_K and work >= dtk.host_threshold():
+                    try:
+                        return _device_rank(dtk, Q, cand, rows, N, self_ids)
+                    except Exception as e:              # a device failure never breaks a call
+                        self._device_failed(e)
+        return host_rank(Q, F, cand, rows, N, self_ids)
+
+    # ----- the device path -------------------------------------------------------------------
+    def _inference_device(self):
+        """The device for inference (an override, else the model's ``device``), or None."""
+        t = _topk()
+        if not t.device_path_enabled() or getattr(self, "_topk_disabled", False):
+            return None
+        spec = t.options()["device"] or getattr(self, "device", "auto")
+        try:
+            from .device import select_device
+            return select_device(spec)
+        except Exception as e:                          # no OpenCL here: host inference
+            log.debug("no inference device (%s); host path", e)
+            return None
+
+    def _device_topk(self, kind, F, sources=()):
+        """The cached :class:`DeviceTopK` of ``kind`` (uploading ``F`` on a miss), or None."""
+        dev = self._inference_device()
+        if dev is None:
+            return None
+        stamp = (dev.int_ptr,) + tuple((id(a), getattr(a, "shape", None)) for a in sources)
+        cache = self.__dict__.setdefault("_topk_cache", {})
+        hit = cache.get(kind)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        try:
+            dtk = _topk().DeviceTopK(F, dev)
+        except Exception as e:
+            self._device_failed(e)
+            return None
+        cache[kind] = (stamp, dtk)
+        return dtk
+
+    def _device_failed(self, e):
+        log.warning("device top-k failed (%s: %s); this model now ranks on the host",
+                    type(e).__name__, e)
+        self._topk_disabled = True
+
+    def _invalidate_inference(self):
+        """Forget the factors uploaded for inference (after a refit or a fold-in)."""
+        self.__dict__.pop("_topk_cache", None)
+        self.__dict__.pop("_topk_disabled", None)
 
     # ----- similarity ------------------------------------------------------------------------
     def _similar(self, F, ids, scalar, N, filter_ids, restrict, name, query=None):
@@ -405,7 +497,8 @@ class RecommenderMixin:
         else:
             Q = _normalized(np.asarray(query, np.float32))
             self_ids = None
-        pos, sc = self._rank(Q, Fn, cand, None, N, self_ids=self_ids)
+        pos, sc = self._rank(Q, Fn, cand, None, N, self_ids=self_ids, kind=name + "_cosine",
+                             sources=(F,))
         sc = np.where(np.isfinite(sc), np.clip(sc, -1.0, 1.0), sc).astype(np.float32)
         if scalar:
             keep = pos[0] >= 0
@@ -618,6 +711,7 @@ class RecommenderMixin:
             setattr(self, f"{side}_biases_", bias)
         setattr(self, fac_attr, fac)
         setattr(self, cnt_attr, cnt)
+        self._invalidate_inference()
         log.info("folded in %d %s(s) (%d new)", ids.size, side, new - old)
         return self
 

@@ -1,0 +1,1 @@
+"""Inference on fitted factors: device top-k (:mod:`clmf.inference.topk`) with a host fallback."""
