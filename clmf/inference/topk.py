@@ -48,7 +48,8 @@ class TopKConfig:
 
     wx, wy: work-items along items / queries; rm: queries per work-item; rnv × v: items per
     work-item in vectors of width v; tk: factors staged per step; cap: offered entries buffered
-    per query and round; qres: stage the whole query block once (else TK factors per step).
+    per query and round; qres: stage the whole query block once (else TK factors per step);
+    yt: read the items transposed straight from global memory (no staged item tile; CPUs).
     """
     wx: int = 16
     wy: int = 16
@@ -58,6 +59,7 @@ class TopKConfig:
     tk: int = 16
     cap: int = 16
     qres: bool = False
+    yt: bool = False
 
     @property
     def tm(self):
@@ -76,19 +78,18 @@ class TopKConfig:
     def local_bytes(self, f, kp):
         """Local memory of the scan kernel for f factors and lists of kp."""
         tmp, tnp = self.tm + 1, self.tn + (1 if self.v == 1 else self.v)
-        qk = self.ldf(f) if self.qres else self.tk
+        qk = self.ldf(f) if (self.qres or self.yt) else self.tk
         mw = -(-self.tn // 32)
-        return 4 * (qk * tmp + self.tk * tnp + 2 * self.tm * kp + 2 * self.tm * self.cap
+        return 4 * (qk * tmp + (0 if self.yt else self.tk * tnp) + 2 * self.tm * kp + 2 * self.tm * self.cap
                     + self.tm + self.tm * mw + 2) + 8 * self.tm
 
     def __str__(self):
         return ("topk:" + ",".join(f"{k}={int(getattr(self, k))}"
-                                   for k in ("wx", "wy", "rm", "rnv", "v", "tk", "cap", "qres")))
+                                   for k in _FIELDS))
 
     def to_dict(self):
         """Plain dict (JSON) of the fields."""
-        return {k: int(getattr(self, k)) for k in ("wx", "wy", "rm", "rnv", "v", "tk", "cap",
-                                                    "qres")}
+        return {k: int(getattr(self, k)) for k in _FIELDS}
 
     @classmethod
     def from_dict(cls, d):
@@ -97,7 +98,7 @@ class TopKConfig:
         bad = set(d) - fields
         if bad:
             raise InvalidConfigError(f"unknown topk config keys {sorted(bad)}", "geometry")
-        kw = {k: (bool(v) if k == "qres" else int(v)) for k, v in d.items()}
+        kw = {k: (bool(v) if k in ("qres", "yt") else int(v)) for k, v in d.items()}
         return cls(**kw)
 
     @classmethod
@@ -111,10 +112,13 @@ class TopKConfig:
         return cls.from_dict(d)
 
 
+_FIELDS = ("wx", "wy", "rm", "rnv", "v", "tk", "cap", "qres", "yt")
+
+
 def default_config(info):
     """The untuned configuration for a device type (CPUs: small groups, wide vectors)."""
     if info is not None and info.type == "CPU":
-        return TopKConfig(wx=4, wy=4, rm=4, rnv=2, v=8, tk=16, cap=16, qres=True)
+        return TopKConfig(wx=1, wy=16, rm=4, rnv=2, v=8, tk=16, cap=16, qres=True, yt=True)
     return TopKConfig()
 
 
@@ -155,7 +159,7 @@ def _shrink_to_fit(cfg, f, kp, info):
         except InvalidConfigError as e:
             if e.reason != "local_memory":
                 raise
-            if c.qres:
+            if c.qres and not c.yt:
                 c = dataclasses.replace(c, qres=False)
             elif c.wy > 1:
                 c = dataclasses.replace(c, wy=c.wy // 2)
@@ -172,7 +176,7 @@ def render_topk(cfg: TopKConfig, ldf, kp):
     """OpenCL C source of the top-k program for one configuration, padded width and list length."""
     from .. import kernels
     return kernels.render("topk.cl.j2", ldf=ldf, tk=cfg.tk, wx=cfg.wx, wy=cfg.wy, rm=cfg.rm,
-                          rnv=cfg.rnv, v=cfg.v, kp=kp, cap=cfg.cap, qres=bool(cfg.qres),
+                          rnv=cfg.rnv, v=cfg.v, kp=kp, cap=cfg.cap, qres=bool(cfg.qres), yt=bool(cfg.yt),
                           config_str=f"{cfg} ldf={ldf} kp={kp}")
 
 
@@ -299,7 +303,9 @@ class DeviceTopK:
         if need > self.info.max_alloc:
             raise DeviceMemoryError(f"the factors need {need} B on the device, its largest "
                                     f"allocation is {self.info.max_alloc} B")
-        self.factors_buf = self._upload(self._pad(F))
+        self._F = F
+        self.factors_buf, self.ldy = self._items_buffer(F)
+        self._gathered = None              # (candidates, buffer, ldy) of the last gather (yt)
         self._queries = None               # resident query rows (recommend_all)
         self._lock = threading.Lock()
         log.debug("DeviceTopK on %s: %d × %d (ldf %d), %s (%s)", self.info.name, self.n, self.f,
@@ -319,12 +325,49 @@ class DeviceTopK:
             a = np.zeros(1, a.dtype)
         return cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
 
+    def _items_buffer(self, F):
+        """The items on the device: rows padded to ldf, or transposed (yt) with the item axis
+        padded to a multiple of the tile; returns (buffer, leading dimension)."""
+        if not self.config.yt:
+            return self._upload(self._pad(F)), self.ldf
+        ldy = max(1, -(-F.shape[0] // self.config.tn)) * self.config.tn
+        Yt = np.zeros((self.ldf, ldy), np.float32)
+        Yt[:F.shape[1], :F.shape[0]] = F.T
+        return self._upload(Yt), ldy
+
+    def _items_for(self, cand):
+        """(buffer, ldy, candidate buffer or None) for a query over ``cand``: the transposed
+        layout gathers the candidates on the host (cached for the last candidate list)."""
+        if cand is None:
+            return self.factors_buf, self.ldy, None
+        if not self.config.yt:
+            return self.factors_buf, self.ldy, self._upload(cand.astype(np.int32))
+        g = self._gathered
+        if g is None or not np.array_equal(g[0], cand):
+            buf, ldy = self._items_buffer(self._F[cand])
+            g = self._gathered = (cand.copy(), buf, ldy)
+        return g[1], g[2], None
+
     def set_queries(self, Q):
         """Upload query vectors once (e.g. all user factors) for :meth:`query_rows`."""
         Q = np.asarray(Q, np.float32)
         if Q.ndim != 2 or Q.shape[1] != self.f:
             raise ValueError(f"queries must be (rows, {self.f}), got {Q.shape}")
         self._queries = (self._upload(self._pad(Q)), Q.shape[0])
+        return self
+
+    def set_exclude(self, exclude, candidates=None):
+        """Upload an exclusion CSR once, aligned with the resident queries (row i excludes for
+        query row i), for ``query_rows(..., exclude="resident")`` over ``candidates``."""
+        cand = None if candidates is None else np.asarray(candidates, np.int64)
+        excl = _to_positions(sp.csr_matrix(exclude), cand, self.n)
+        need = 8 * (excl.shape[0] + 1) + 4 * excl.nnz
+        if need > self.info.max_alloc:
+            raise DeviceMemoryError(f"the exclusion CSR needs {need} B, the device's largest "
+                                    f"allocation is {self.info.max_alloc} B")
+        self._excl = (self._upload(excl.indptr.astype(np.int64)),
+                      self._upload(excl.indices.astype(np.int32)), excl.shape[0], cand,
+                      excl.nnz)
         return self
 
     # ----- planning -----------------------------------------------------------------------------
@@ -409,7 +452,17 @@ class DeviceTopK:
         if k < 0:
             raise ValueError("N must be ≥ 0")
         excl = None
-        if exclude is not None:
+        resident = isinstance(exclude, str) and exclude == "resident"
+        if resident:
+            if rows is None or getattr(self, "_excl", None) is None:
+                raise ValueError('exclude="resident" needs set_exclude() and resident queries')
+            rc = self._excl[3]
+            if (rc is None) != (cand is None) or (rc is not None and not np.array_equal(rc, cand)):
+                raise ValueError("the resident exclusion was uploaded for other candidates")
+            if self._excl[2] < rows[1]:
+                raise ValueError(f"the resident exclusion has {self._excl[2]} rows, "
+                                 f"the queries need {rows[1]}")
+        elif exclude is not None:
             excl = sp.csr_matrix(exclude)
             if excl.shape[0] != nq:
                 raise ValueError(f"exclude has {excl.shape[0]} rows for {nq} queries")
@@ -425,12 +478,14 @@ class DeviceTopK:
         scan, merge = prog.kernels["topk_scan"], prog.kernels["topk_merge"]
         S, jper = self._splits(nq if batch_rows is None else min(nq, batch_rows), C, cfg)
         avg = excl.nnz / max(1, nq) if excl is not None else 0.0
-        B = batch_rows or self.plan(nq, k, S, avg, queries_on_device=rows is not None)
+        B = batch_rows or self.plan(nq, k, S, 0.0 if resident else avg,
+                                    queries_on_device=rows is not None)
         B = max(1, min(B, nq))
         if B < nq:          # whole work-groups per batch
             B = max(cfg.tm, B // cfg.tm * cfg.tm)
         mf = cl.mem_flags
-        cand_buf = self._upload(cand.astype(np.int32)) if cand is not None else None
+        self.kernel_seconds = 0.0          # device time of this query's kernels (profiled)
+        ybuf, ldy, cand_buf = self._items_for(cand)
         part_s = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * B * S * k)
         part_i = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * B * S * k)
         if S > 1:
@@ -448,7 +503,10 @@ class DeviceTopK:
                     qbuf, qrow0 = self._queries[0], r0 + b0
                 else:
                     qbuf, qrow0 = self._upload(self._pad(Q[b0:b1])), 0
-                if excl is not None:
+                if resident:
+                    ex_ptr, ex_idx = self._excl[0], self._excl[1]
+                    has_excl = 1
+                elif excl is not None:
                     sub = excl[b0:b1]
                     if qrow0 == 0:
                         ptr = sub.indptr.astype(np.int64)
@@ -461,13 +519,16 @@ class DeviceTopK:
                     ex_ptr = ex_idx = None
                     has_excl = 0
                 groups = -(-nb // cfg.tm)
-                scan(self.queue, (cfg.wx * S, cfg.wy * groups), (cfg.wx, cfg.wy), qbuf,
-                     np.int32(qrow0), np.int32(nb), self.factors_buf, cand_buf,
-                     np.int32(cand is not None), np.int32(C), ex_ptr, ex_idx, np.int32(has_excl),
-                     np.int32(jper), np.int32(S), part_s, part_i)
+                events = []
+                ev = scan(self.queue, (cfg.wx * S, cfg.wy * groups), (cfg.wx, cfg.wy), qbuf,
+                     np.int32(qrow0), np.int32(nb), ybuf, cand_buf,
+                     np.int32(cand_buf is not None), np.int32(C), ex_ptr, ex_idx,
+                     np.int32(has_excl), np.int32(jper), np.int32(S), np.int64(ldy), part_s, part_i)
+                events.append(ev)
                 if S > 1:
-                    merge(self.queue, (-(-nb // 64) * 64,), (64,), part_s, part_i, np.int32(nb),
-                          np.int32(S), fin_s, fin_i)
+                    events.append(merge(
+                        self.queue, (-(-nb // 64) * 64,), (64,), part_s, part_i, np.int32(nb),
+                        np.int32(S), fin_s, fin_i))
                     src_s, src_i = fin_s, fin_i
                 else:
                     src_s, src_i = part_s, part_i
@@ -475,6 +536,8 @@ class DeviceTopK:
                 ix = np.empty((nb, k), np.int32)
                 cl.enqueue_copy(self.queue, sc, src_s, is_blocking=False)
                 cl.enqueue_copy(self.queue, ix, src_i, is_blocking=True)
+                self.kernel_seconds += sum((e.profile.end - e.profile.start) * 1e-9
+                                           for e in events)
                 yield b0, *_finish(ix, sc, cand)
                 if bar is not None:
                     bar.update(nb)
@@ -580,10 +643,8 @@ def calibrate(dtk: DeviceTopK, sizes=(1, 16, 64), N=10, seed=0):
 
 
 def _host_factors(dtk):
-    """The factors back from the device (calibration compares on the same values)."""
-    out = np.empty((max(1, dtk.n), dtk.ldf), np.float32)
-    dtk.cl.enqueue_copy(dtk.queue, out, dtk.factors_buf)
-    return out[:dtk.n, :dtk.f]
+    """The factors of ``dtk`` as the host path gets them."""
+    return dtk._F
 
 
 def _calibrated(dtk):
