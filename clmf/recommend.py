@@ -4,8 +4,12 @@
 attributes (``user_factors_``, ``item_factors_``, ``user_counts_``, ``item_counts_``,
 ``global_mean_``, the id maps ``user_ids_``/``item_ids_``, and ``user_biases_``/``item_biases_``
 when the model has biases) and the hyper-parameters ``regularization`` and
-``weighted_regularization``. Everything runs on the host in NumPy; no
-OpenCL device is needed, so a model loaded with :func:`clmf.load` recommends anywhere.
+``weighted_regularization``. Ranking (``recommend``, ``recommend_all``, ``similar_*``) runs on
+the model's OpenCL device through :mod:`clmf.inference.topk` (factors uploaded once per model,
+results identical to the host's) when a device is available and the call's work passes the
+measured host threshold; otherwise, and for the fold-in solves, it runs on the host in NumPy, so a
+model loaded with :func:`clmf.load` recommends anywhere. ``CLMF_INFERENCE=host`` (or
+:func:`clmf.inference.topk.inference_options`) keeps every call on the host.
 
 Conventions (the same as the `implicit <https://benfred.github.io/implicit/>`_ library):
 
@@ -193,7 +197,7 @@ def _grow(a, n, fill=0):
 
 
 def host_rank(Q, F, cand, rows, N, self_ids=None):
-    """Rank (on the host, NumPy) candidates ``cand`` of ``F`` for the query vectors ``Q`` by ``Q·F[cand]ᵀ``.
+    """Rank (on the host, NumPy) candidates ``cand`` of ``F`` for the queries ``Q`` by ``Q·F[cand]ᵀ``.
 
     ``rows`` (CSR aligned with ``Q``) marks entries to exclude; ``self_ids`` are forced to
     the top with score 1 (similarity of an item with itself).
@@ -425,6 +429,110 @@ class RecommenderMixin:
             keep = pos_out[0] >= 0
             return pos_out[0][keep], sc_out[0][keep]
         return pos_out, sc_out
+
+    def recommend_all(self, N=10, user_items=None, filter_already_liked_items=True,
+                      filter_items=None, items=None, batch_size=None, show_progress=False):
+        """Top-N items for every user of the model, batched on the device.
+
+        Parameters
+        ----------
+        N : int, default 10
+        user_items : scipy.sparse matrix or :class:`clmf.datasets.Ratings`, optional
+            The training matrix (one row per model user): its items are left out when
+            ``filter_already_liked_items``.
+        filter_already_liked_items, filter_items, items
+            As :meth:`recommend`.
+        batch_size : int, optional
+            Users per batch (default: the device's memory plan, at most 65,536; 4,096 on the
+            host).
+        show_progress : bool, default False
+            A tqdm bar over the users.
+
+        Returns
+        -------
+        (ids, scores)
+            ``(n_users, min(N, candidates))`` int64 item indices and float32 scores, best first,
+            padded with -1 / -inf (as a batched :meth:`recommend`).
+
+        Examples
+        --------
+        >>> ids, scores = model.recommend_all(10, train)                # doctest: +SKIP
+        >>> ids.shape                                                   # doctest: +SKIP
+        (943, 10)
+        """
+        parts = list(self.iter_recommend_all(N, user_items, filter_already_liked_items,
+                                             filter_items, items, batch_size, show_progress))
+        if not parts:
+            k = min(_check_N(N), self.item_factors_.shape[0])
+            return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
+        return np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
+
+    def iter_recommend_all(self, N=10, user_items=None, filter_already_liked_items=True,
+                           filter_items=None, items=None, batch_size=None, show_progress=False):
+        """:meth:`recommend_all` batch by batch: yields ``(user_indices, ids, scores)``.
+
+        The device path uploads the user factors once (resident queries) and streams the
+        seen-item rows per batch; the host path ranks ``batch_size`` users at a time.
+
+        Examples
+        --------
+        >>> for users, ids, scores in model.iter_recommend_all(10, train):   # doctest: +SKIP
+        ...     write(users, ids, scores)
+        """
+        self._require_fitted()
+        N = _check_N(N)
+        X, Y = self.user_factors_, self.item_factors_
+        n_users, n_items = X.shape[0], Y.shape[0]
+        cand = _candidates(n_items, items, filter_items)
+        rows = None
+        if user_items is not None and filter_already_liked_items:
+            rows = _rows_for(np.arange(n_users), user_items, "user_items", n_items)
+        bi = getattr(self, "item_biases_", None)
+        if bi is not None:
+            Xq = np.hstack([np.asarray(X, np.float32), np.ones((n_users, 1), np.float32)])
+            Yq = np.hstack([np.asarray(Y, np.float32), np.asarray(bi, np.float32)[:, None]])
+            kind, sources = "items_biased", (Y, bi)
+            add = (np.float32(self.global_mean_)
+                   + np.asarray(self.user_biases_, np.float32))[:, None]
+        else:
+            Xq, Yq, kind, sources, add = X, Y, "items", (Y,), None
+        C = n_items if cand is None else len(cand)
+        dtk = self._device_topk(kind, Yq, sources)
+        use_dev = (dtk is not None and min(N, C) <= _topk().MAX_K
+                   and float(n_users) * C * Yq.shape[1] >= dtk.host_threshold())
+        bar = None
+        if show_progress:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=n_users, desc="recommend", unit="user")
+        try:
+            if use_dev:
+                stamp = (id(X), X.shape, bi is not None)
+                if getattr(dtk, "_queries_stamp", None) != stamp:
+                    dtk.set_queries(Xq)
+                    dtk._queries_stamp = stamp
+                B = min(batch_size or 65536, max(1, n_users))
+                for b0, ids, sc in dtk.iter_query(None, N, cand, rows, rows=(0, n_users),
+                                                  batch_rows=B):
+                    users = np.arange(b0, b0 + ids.shape[0])
+                    if add is not None:
+                        sc = sc + add[users]
+                    if bar is not None:
+                        bar.update(users.size)
+                    yield users, ids, sc
+                return
+            B = batch_size or 4096
+            for b0 in range(0, n_users, B):
+                b1 = min(n_users, b0 + B)
+                ids, sc = host_rank(Xq[b0:b1], Yq, cand, None if rows is None else rows[b0:b1], N)
+                users = np.arange(b0, b1)
+                if add is not None:
+                    sc = sc + add[users]
+                if bar is not None:
+                    bar.update(users.size)
+                yield users, ids, sc
+        finally:
+            if bar is not None:
+                bar.close()
 
     def _rank(self, Q, F, cand, rows, N, self_ids=None, kind=None, sources=()):
         """Rank candidates ``cand`` of ``F`` for the queries ``Q`` (see :func:`host_rank`): on

@@ -217,3 +217,46 @@ def test_host_threshold_is_measured(cl_device):
     assert all(t > 0 for t in detail["host_s"] + detail["device_s"])
     with T.inference_options(min_work=123.0):
         assert dtk.host_threshold() == 123.0
+
+
+def test_recommend_all_and_cli_stream(cl_device, tmp_path, monkeypatch):
+    """``recommend_all`` equals a batched ``recommend``; ``clmf recommend --all --out`` writes
+    the same lists in raw ids to .csv and .parquet, and nothing when it fails."""
+    import pandas as pd
+    from clmf import datasets
+    from clmf.cli import main
+    rng = np.random.default_rng(0)
+    users = np.repeat(np.arange(1, 41), 6)
+    items = np.concatenate([rng.choice(np.arange(101, 131), 6, replace=False) for _ in range(40)])
+    data = tmp_path / "ratings.csv"
+    data.write_text("userId,movieId,rating,timestamp\n" + "".join(
+        f"{u},{i},{r},0\n" for u, i, r in zip(users, items, rng.integers(1, 6, users.size))))
+    train = datasets.load(str(data))
+    model = clmf.ALS(factors=3, iterations=2, device=cl_device, random_state=0).fit(
+        train, show_progress=False)
+    R = train.to_csr()
+    with T.inference_options(device=cl_device, min_work=0):
+        ids, sc = model.recommend_all(4, R, batch_size=16)
+        bid, bsc = model.recommend(np.arange(R.shape[0]), R, N=4)
+    np.testing.assert_array_equal(ids, bid)
+    np.testing.assert_array_equal(sc, bsc)
+    path = tmp_path / "model.npz"
+    model.save(str(path))
+    monkeypatch.setenv("CLMF_DEVICE", f"{cl_device.platform.name} | {cl_device.name}")
+    for ext in ("csv", "parquet"):
+        out = tmp_path / f"recs.{ext}"
+        with T.inference_options(device=cl_device, min_work=0):
+            assert main(["recommend", str(path), "--all", "--out", str(out), "-n", "4",
+                         "--train", str(data), "--batch-size", "7"]) == 0
+        df = pd.read_csv(out) if ext == "csv" else pd.read_parquet(out)
+        assert list(df.columns) == ["user", "rank", "item", "score"]
+        for u in (0, 17, 39):
+            got = df[df.user == model.user_ids_[u]].sort_values("rank")
+            assert got["item"].tolist() == model.item_ids_[ids[u][ids[u] >= 0]].tolist()
+            np.testing.assert_allclose(got["score"], sc[u][ids[u] >= 0], rtol=1e-5)
+    # a failing run leaves no file (and no temporary) behind
+    bad = tmp_path / "bad.csv"
+    assert main(["recommend", str(path), "--all", "--out", str(bad), "-n", "-3"]) != 0
+    assert not bad.exists() and not list(tmp_path.glob(".bad.csv.*"))
+    assert main(["recommend", str(path), "--all", "--out", str(tmp_path / "x.txt")]) != 0
+    assert main(["recommend", str(path), "--all", "--user", "1"]) != 0

@@ -28,12 +28,11 @@ def space(info):
     vectors; GPUs: 128–256 work-items with register micro-tiles)."""
     from clmf.inference.topk import TopKConfig as T
     if info.type == "CPU":
-        out = []
-        for yt in (True, False):
-            for wx, wy in ((1, 16), (1, 8), (8, 2), (16, 1), (4, 4)):
-                for rm, rnv, v in ((4, 2, 8), (8, 1, 8), (2, 2, 16)):
-                    out.append(T(wx=wx, wy=wy, rm=rm, rnv=rnv, v=v, tk=32 if not yt else 16,
-                                 cap=16, qres=True, yt=yt))
+        out = [T(wx=wx, wy=wy, rm=rm, rnv=rnv, v=v, tk=16, cap=16, yt=True)
+               for wx, wy in ((1, 16), (1, 32), (1, 64), (1, 128), (8, 8))
+               for rm, rnv, v in ((4, 2, 8), (2, 2, 16))]
+        out += [T(wx=1, wy=16, rm=4, rnv=2, v=8, tk=16, cap=16, qres=True, yt=True),
+                T(wx=1, wy=16, rm=4, rnv=2, v=8, tk=32, cap=16, qres=True)]
         return out
     out = []
     for wx, wy, rm, rnv, v in ((16, 16, 8, 2, 4), (16, 16, 4, 2, 4), (16, 8, 8, 2, 4),

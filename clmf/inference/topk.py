@@ -78,9 +78,10 @@ class TopKConfig:
     def local_bytes(self, f, kp):
         """Local memory of the scan kernel for f factors and lists of kp."""
         tmp, tnp = self.tm + 1, self.tn + (1 if self.v == 1 else self.v)
-        qk = self.ldf(f) if (self.qres or self.yt) else self.tk
+        qk = self.ldf(f) if self.qres else (1 if self.yt else self.tk)
         mw = -(-self.tn // 32)
-        return 4 * (qk * tmp + (0 if self.yt else self.tk * tnp) + 2 * self.tm * kp + 2 * self.tm * self.cap
+        return 4 * (qk * tmp + (0 if self.yt else self.tk * tnp) + 2 * self.tm * kp
+                    + 2 * self.tm * self.cap
                     + self.tm + self.tm * mw + 2) + 8 * self.tm
 
     def __str__(self):
@@ -118,7 +119,7 @@ _FIELDS = ("wx", "wy", "rm", "rnv", "v", "tk", "cap", "qres", "yt")
 def default_config(info):
     """The untuned configuration for a device type (CPUs: small groups, wide vectors)."""
     if info is not None and info.type == "CPU":
-        return TopKConfig(wx=1, wy=16, rm=4, rnv=2, v=8, tk=16, cap=16, qres=True, yt=True)
+        return TopKConfig(wx=1, wy=64, rm=4, rnv=2, v=8, tk=16, cap=16, qres=False, yt=True)
     return TopKConfig()
 
 
@@ -159,7 +160,7 @@ def _shrink_to_fit(cfg, f, kp, info):
         except InvalidConfigError as e:
             if e.reason != "local_memory":
                 raise
-            if c.qres and not c.yt:
+            if c.qres:
                 c = dataclasses.replace(c, qres=False)
             elif c.wy > 1:
                 c = dataclasses.replace(c, wy=c.wy // 2)
@@ -176,7 +177,8 @@ def render_topk(cfg: TopKConfig, ldf, kp):
     """OpenCL C source of the top-k program for one configuration, padded width and list length."""
     from .. import kernels
     return kernels.render("topk.cl.j2", ldf=ldf, tk=cfg.tk, wx=cfg.wx, wy=cfg.wy, rm=cfg.rm,
-                          rnv=cfg.rnv, v=cfg.v, kp=kp, cap=cfg.cap, qres=bool(cfg.qres), yt=bool(cfg.yt),
+                          rnv=cfg.rnv, v=cfg.v, kp=kp, cap=cfg.cap, qres=bool(cfg.qres),
+                          yt=bool(cfg.yt),
                           config_str=f"{cfg} ldf={ldf} kp={kp}")
 
 
@@ -503,27 +505,24 @@ class DeviceTopK:
                     qbuf, qrow0 = self._queries[0], r0 + b0
                 else:
                     qbuf, qrow0 = self._upload(self._pad(Q[b0:b1])), 0
-                if resident:
+                if resident:       # rows aligned with the resident queries
                     ex_ptr, ex_idx = self._excl[0], self._excl[1]
-                    has_excl = 1
+                    has_excl, erow0 = 1, qrow0
                 elif excl is not None:
                     sub = excl[b0:b1]
-                    if qrow0 == 0:
-                        ptr = sub.indptr.astype(np.int64)
-                    else:           # the kernel indexes ex_ptr with the absolute query row
-                        ptr = np.zeros(qrow0 + nb + 1, np.int64)
-                        ptr[qrow0:] = sub.indptr
-                    ex_ptr, ex_idx = self._upload(ptr), self._upload(sub.indices.astype(np.int32))
-                    has_excl = 1
+                    ex_ptr = self._upload(sub.indptr.astype(np.int64))
+                    ex_idx = self._upload(sub.indices.astype(np.int32))
+                    has_excl, erow0 = 1, 0
                 else:
                     ex_ptr = ex_idx = None
-                    has_excl = 0
+                    has_excl, erow0 = 0, 0
                 groups = -(-nb // cfg.tm)
                 events = []
                 ev = scan(self.queue, (cfg.wx * S, cfg.wy * groups), (cfg.wx, cfg.wy), qbuf,
                      np.int32(qrow0), np.int32(nb), ybuf, cand_buf,
                      np.int32(cand_buf is not None), np.int32(C), ex_ptr, ex_idx,
-                     np.int32(has_excl), np.int32(jper), np.int32(S), np.int64(ldy), part_s, part_i)
+                     np.int32(has_excl), np.int32(erow0), np.int32(jper), np.int32(S),
+                     np.int64(ldy), part_s, part_i)
                 events.append(ev)
                 if S > 1:
                     events.append(merge(
