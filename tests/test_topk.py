@@ -260,3 +260,22 @@ def test_recommend_all_and_cli_stream(cl_device, tmp_path, monkeypatch):
     assert not bad.exists() and not list(tmp_path.glob(".bad.csv.*"))
     assert main(["recommend", str(path), "--all", "--out", str(tmp_path / "x.txt")]) != 0
     assert main(["recommend", str(path), "--all", "--user", "1"]) != 0
+
+
+def test_topk_records_are_found_and_ignored_by_the_als_lookup(cl_device, tmp_path, monkeypatch):
+    from clmf import tuning
+    from tuner.database import Database, base_record
+    info = clmf.device.device_info(cl_device)
+    db = tmp_path / "db.jsonl"
+    db.write_text("")
+    monkeypatch.setenv("CLMF_TUNING_DB", str(db))
+    before = tuning.choose(info, 10, "users")
+    assert T.lookup_config(info, 10)[2] == "default" or T.lookup_config(info, 10)[2] != "given"
+    cfg = T.TopKConfig(wx=2, wy=8, rm=2, rnv=1, v=4, tk=8, cap=8)
+    Database(db).append(base_record("topk", device=tuning.device_record(info), f=12,
+                                    config=cfg.to_dict(), host_threshold=5e6))
+    assert T.lookup_config(info, 10)[:2] == (cfg, 5e6)
+    dtk = T.DeviceTopK(np.ones((4, 10), np.float32), cl_device)
+    assert dtk.config == cfg and dtk.host_threshold() == 5e6
+    after = tuning.choose(info, 10, "users")      # the ALS lookup does not see the record
+    assert (after.config, after.rule) == (before.config, before.rule)

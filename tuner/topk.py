@@ -38,10 +38,12 @@ def space(info):
     for wx, wy, rm, rnv, v in ((16, 16, 8, 2, 4), (16, 16, 4, 2, 4), (16, 8, 8, 2, 4),
                                (32, 8, 8, 1, 4), (16, 16, 8, 1, 4), (32, 8, 4, 1, 4),
                                (16, 16, 4, 1, 4), (8, 32, 4, 4, 4)):
-        for tk in (8, 16):
+        for tk in (8, 20):          # f = 100 pads to 104 / 100
             out.append(T(wx=wx, wy=wy, rm=rm, rnv=rnv, v=v, tk=tk, cap=16))
-    out.append(T(wx=16, wy=8, rm=8, rnv=2, v=4, tk=16, cap=16, yt=True))
-    out.append(T(wx=32, wy=8, rm=4, rnv=1, v=4, tk=16, cap=16, yt=True))
+    out.append(T(wx=16, wy=16, rm=8, rnv=2, v=4, tk=16, cap=16))
+    out.append(T(wx=16, wy=16, rm=8, rnv=2, v=4, tk=20, cap=8))
+    for wx, wy, rm, rnv in ((16, 8, 8, 2), (32, 8, 4, 1), (16, 16, 4, 2)):
+        out.append(T(wx=wx, wy=wy, rm=rm, rnv=rnv, v=4, tk=4, cap=16, yt=True))
     return out
 
 
