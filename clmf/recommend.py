@@ -497,7 +497,7 @@ class RecommenderMixin:
         else:
             Xq, Yq, kind, sources, add = X, Y, "items", (Y,), None
         C = n_items if cand is None else len(cand)
-        dtk = self._device_topk(kind, Yq, sources)
+        dtk = self._device_topk(kind, Yq, sources, float(n_users) * C * Yq.shape[1])
         use_dev = (dtk is not None and min(N, C) <= _topk().MAX_K
                    and float(n_users) * C * Yq.shape[1] >= dtk.host_threshold())
         bar = None
@@ -542,10 +542,10 @@ class RecommenderMixin:
         ``kind`` names the factor matrix for the per-model upload cache and ``sources`` are
         the model arrays it derives from (its cache stamp)."""
         if kind is not None:
-            dtk = self._device_topk(kind, F, sources)
+            C = F.shape[0] if cand is None else len(cand)
+            work = float(Q.shape[0]) * C * F.shape[1]
+            dtk = self._device_topk(kind, F, sources, work)
             if dtk is not None:
-                C = F.shape[0] if cand is None else len(cand)
-                work = float(Q.shape[0]) * C * F.shape[1]
                 if min(N, C) <= _topk().MAX_K and work >= dtk.host_threshold():
                     try:
                         return _device_rank(dtk, Q, cand, rows, N, self_ids)
@@ -567,11 +567,16 @@ class RecommenderMixin:
             log.debug("no inference device (%s); host path", e)
             return None
 
-    def _device_topk(self, kind, F, sources=()):
-        """The cached :class:`DeviceTopK` of ``kind`` (uploading ``F`` on a miss), or None."""
+    def _device_topk(self, kind, F, sources=(), work=None):
+        """The cached :class:`DeviceTopK` of ``kind`` (uploading ``F`` on a miss), or None (no
+        device, or ``work`` below a threshold known without uploading: a tuned record's)."""
         dev = self._inference_device()
         if dev is None:
             return None
+        if work is not None:
+            known = _topk().known_threshold(dev, F.shape[1])
+            if known is not None and work < known:
+                return None
         stamp = (dev.int_ptr,) + tuple((id(a), getattr(a, "shape", None)) for a in sources)
         cache = self.__dict__.setdefault("_topk_cache", {})
         hit = cache.get(kind)

@@ -269,6 +269,24 @@ def device_path_enabled():
     return os.environ.get("CLMF_INFERENCE", "").lower() != "host"
 
 
+def known_threshold(device, f):
+    """The host threshold for ``device`` at ``f`` factors without touching the device: the
+    override, else a tuned record's, else None (then :meth:`DeviceTopK.host_threshold`
+    measures it)."""
+    o = options()
+    if o["min_work"] is not None:
+        return o["min_work"]
+    from ..device import device_info
+    key = (device.int_ptr, int(f))
+    hit = _known.get(key)
+    if hit is None:
+        hit = _known[key] = (lookup_config(device_info(device), f)[1],)
+    return hit[0]
+
+
+_known: dict = {}
+
+
 # ----- the device object -------------------------------------------------------------------------
 class DeviceTopK:
     """Item (or user) factors resident on one device, and exact top-k queries against them.
