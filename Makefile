@@ -32,7 +32,7 @@ TEST_ENV := $(RUN_ENV) CLMF_TEST_INSTALLED=1
 
 help:
 	@echo "make demo             set up, then run .venv/bin/clmf demo (DEMO_ARGS=...)"
-	@echo "make test             set up, then run pytest -m '$(MARKERS)' (PYTEST_ARGS=...)"
+	@echo "make test             set up, then ruff check and pytest -m '$(MARKERS)' (PYTEST_ARGS=...)"
 	@echo "make test-all         all tests, slow and perf included"
 	@echo "make test-oclgrind    the race/out-of-bounds tests under Oclgrind"
 	@echo "make setup            system packages, .venv, dependencies, clmf wheel, .icd/"
@@ -65,6 +65,7 @@ define run_pytest
 endef
 
 test: install
+	$(VENV)/bin/ruff check clmf tuner cl_kernels tests scripts
 	$(call run_pytest,-m "$(MARKERS)")
 
 test-all: install

@@ -9,32 +9,46 @@ Quick start::
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from . import reference  # noqa: F401  (pure NumPy ground truth, always importable)
-from .errors import ClmfError, NoOpenCLError, SingularSystemError, DeviceMemoryError, InvalidConfigError
+from . import errors, reference  # noqa: F401  (pure NumPy ground truth, always importable)
+from ._version import __version__
+from .errors import (
+    ClmfError,
+    DeviceMemoryError,
+    InvalidConfigError,
+    NoOpenCLError,
+    SingularSystemError,
+)
 
 __all__ = [
-    "ALS", "devices", "select_device", "KernelConfig", "reference", "datasets",
-    "ClmfError", "NoOpenCLError", "SingularSystemError", "DeviceMemoryError", "InvalidConfigError",
-    "__version__",
+    "ALS", "load", "devices", "select_device", "KernelConfig", "reference", "datasets", "metrics",
+    "splits", "errors", "ClmfError", "NoOpenCLError", "SingularSystemError", "DeviceMemoryError",
+    "InvalidConfigError", "__version__",
 ]
+
+# Submodules reachable as attributes without an explicit import (imported on first access).
+_SUBMODULES = ("datasets", "metrics", "splits", "model", "engine", "tuning", "data", "inference")
 
 
 def __getattr__(name):  # lazy imports keep `import clmf` cheap and free of OpenCL until needed
+    """The public names that need OpenCL or the data stack, imported on first access."""
     if name == "ALS":
-        from .model import ALS
+        from .model.estimator import ALS
         return ALS
     if name in ("devices", "select_device"):
-        from . import device
+        from .engine import device
         return getattr(device, name)
     if name == "KernelConfig":
-        from .config import KernelConfig
+        from .engine.config import KernelConfig
         return KernelConfig
-    if name in ("datasets", "metrics", "splits", "model", "engine", "kernels", "device", "config"):
+    if name in _SUBMODULES:
         import importlib
         return importlib.import_module(f".{name}", __name__)
     if name == "load":
-        from .model import load
+        from .model.persistence import load
         return load
     raise AttributeError(f"module 'clmf' has no attribute {name!r}")
+
+
+def __dir__():
+    """The public API (what ``__all__`` names) and the lazily imported submodules."""
+    return sorted(set(__all__) | set(_SUBMODULES) | set(globals()))

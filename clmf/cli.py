@@ -93,15 +93,15 @@ def cmd_demo(args):
 
 
 def cmd_source(args):
-    from .config import KernelConfig
-    from .kernels import render_als
+    from .engine.config import KernelConfig
+    from .engine.kernels import render_als
     print(render_als(KernelConfig.parse(args.variant), args.factors))
     return 0
 
 
 def cmd_bench(args):
     """``clmf bench``: see :mod:`clmf.bench` (CSV, markdown and plots under results/bench/)."""
-    from .bench import cmd_bench as run
+    from .bench.runner import cmd_bench as run
     return run(args, sys.argv[2:] if len(sys.argv) > 2 and sys.argv[1] == "bench" else None)
 
 
@@ -109,6 +109,7 @@ def cmd_bench(args):
 def _fit_data(args):
     """(train, test or None, description) for ``clmf fit``."""
     import os
+
     from . import datasets, splits
     if args.preset is not None:
         if args.data is not None:
@@ -189,6 +190,7 @@ def _to_model_index(model, data):
 
 def _eval_data(args):
     import os
+
     from . import datasets
     if args.split is not None:
         d = args.data if os.path.isdir(args.data) else os.path.dirname(args.data) or "."
@@ -221,7 +223,9 @@ def cmd_eval(args):
     0
     """
     import scipy.sparse as sp
+
     import clmf
+
     from . import metrics
     model = clmf.load(args.model)
     test, train, what = _eval_data(args)
@@ -276,6 +280,7 @@ def cmd_recommend(args):
     0
     """
     import clmf
+
     from . import datasets
     if args.all == (args.user is not None):
         raise ValueError("give either --user RAW_ID or --all (with --out FILE)")
@@ -398,7 +403,7 @@ def cmd_tune(args):
     ``--feedback implicit --alpha A`` tunes implicit-feedback ALS and ``--biases`` explicit ALS with
     biases (what ``ALS(feedback=..., biases=...)`` then looks up first). ``--sample full`` times
     whole half-steps instead of a checked sample of rows.
-    The tuner (package ``tuner``) is imported only here.
+    The tuner (package ``clmf.tuner``) is imported only here.
 
     Examples
     --------
@@ -409,7 +414,7 @@ def cmd_tune(args):
     0
     """
     try:
-        import tuner
+        from clmf import tuner
     except ImportError as e:
         raise RuntimeError(f"the tuner is not installed with this clmf ({e})") from None
     try:
@@ -481,7 +486,7 @@ def build_parser():
     s = sub.add_parser("bench", help="benchmark clmf against its peers (NumPy reference, LensKit, "
                                      "Spark, implicit, PyTorch) and the device's measured peak; "
                                      "writes results/bench/<device>/")
-    from .bench import configure_parser as _bench_args
+    from .bench.runner import configure_parser as _bench_args
     _bench_args(s)
     s.set_defaults(func=cmd_bench)
 

@@ -38,7 +38,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from .datasets import Ratings
+from .data.ratings import Ratings
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,6 @@ import time
 import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))        # tuner/ when run from a checkout
 
 log = logging.getLogger("bench_topk")
 
@@ -102,7 +101,7 @@ def dev_name(d):
 
 def bench_recommend_cpu(a, res):
     from clmf.inference.topk import inference_options
-    from tuner.topk import synthetic_problem
+    from clmf.tuner.topk import synthetic_problem
     X, Y, R = synthetic_problem(a.users, a.items, a.f, a.seen, seed=0)
     users = np.arange(a.users)
     out = res["recommend"] = {"users": a.users, "items": a.items, "f": a.f, "N": a.N,
@@ -200,7 +199,7 @@ def gpu_device(spec=None):
     """The first OpenCL GPU (or the device ``spec`` names: smoke tests of this mode)."""
     import pyopencl as cl
     if spec:
-        from clmf.device import select_device
+        from clmf.engine.device import select_device
         return select_device(spec)
     for p in cl.get_platforms():
         for d in p.get_devices():
@@ -210,11 +209,11 @@ def gpu_device(spec=None):
 
 
 def bench_gpu(a, res, outdir):
-    from clmf.device import device_info
+    from clmf.engine.device import device_info
     from clmf.inference import topk as T
     from clmf.inference.topk import inference_options
-    from clmf.recommend import host_rank
-    from tuner.topk import synthetic_problem, tune_topk
+    from clmf.inference.recommend import host_rank
+    from clmf.tuner.topk import synthetic_problem, tune_topk
     dev = gpu_device(a.device)
     info = device_info(dev)
     res["device"] = str(info)

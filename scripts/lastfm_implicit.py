@@ -49,7 +49,7 @@ def main():
 
     import clmf
     from clmf import datasets, metrics, splits
-    from clmf.device import device_info, select_device
+    from clmf.engine.device import device_info, select_device
 
     data = datasets.load(a.data)
     data = datasets.Ratings(data.users, data.items, np.log1p(data.ratings).astype(np.float32),

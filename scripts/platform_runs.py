@@ -29,7 +29,7 @@ def commit():
 def run(args):
     import clmf
     from clmf import datasets, reference
-    from clmf.device import select_device
+    from clmf.engine.device import select_device
     train, test = datasets.load_movielens_100k_split(args.data)
     R = train.to_csr()
     f, lam, iters = args.factors, args.regularization, args.iterations
@@ -79,7 +79,7 @@ def compare(args):
             ok &= good
             print(f"{os.path.basename(a)} vs {os.path.basename(b)}: X {ex:.2e}  Y {ey:.2e}  "
                   f"{'ok' if good else 'DIFFER'}")
-    recs = [json.loads(l) for l in open(os.path.join(args.compare, "ml100k.jsonl"))]
+    recs = [json.loads(line) for line in open(os.path.join(args.compare, "ml100k.jsonl"))]
     latest = {}
     for r in recs:
         latest[(r["platform"], r["device"])] = r

@@ -12,7 +12,6 @@ rows), ``nowrite`` (the hermitians are not stored), ``noL`` (the write-back loop
 from __future__ import annotations
 
 import argparse
-import itertools
 
 import numpy as np
 
@@ -24,11 +23,11 @@ CUTS = {
 
 
 def main(argv=None):
-    import clmf.kernels as K
+    import clmf.engine.kernels as K
     from clmf import datasets
-    from clmf.config import KernelConfig
-    from clmf.device import select_device
     from clmf.engine import Engine
+    from clmf.engine.config import KernelConfig
+    from clmf.engine.device import select_device
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="auto")

@@ -36,10 +36,10 @@ def main():
     p.add_argument("--only", default="", help="comma-separated dataset:f cases to run (default all)")
     a = p.parse_args()
 
-    import tuner
-    from clmf.device import device_info, select_device
+    from clmf import tuner
+    from clmf.engine.device import device_info, select_device
+    from clmf.tuner.report import summary_markdown
     from clmf.tuning import device_record, device_slug
-    from tuner.report import summary_markdown
     dev = select_device(a.device)
     info = device_info(dev)
     slug = device_slug(device_record(info))

@@ -26,8 +26,7 @@ import time
 
 def one(a):
     """Run one strategy (in this process) and print its summary as JSON on the last line."""
-    import tuner
-    from tuner import strategies
+    from clmf import tuner
     R, name = tuner.load_data(a.data, a.preset, a.scale)
     t0 = time.perf_counter()
     s = tuner.tune(R, factors=[a.factors], device=a.device, strategy=a.one, budget=a.budget,
@@ -36,8 +35,8 @@ def one(a):
     s = s[0]
     s["wall_seconds"] = time.perf_counter() - t0
     s["space_size"] = None
-    from clmf.device import device_info, select_device
-    from tuner.space import make_space
+    from clmf.engine.device import device_info, select_device
+    from clmf.tuner.space import make_space
     info = device_info(select_device(a.device))
     s["space_size"] = len(make_space("bounded", a.factors, info).enumerate(info))
     print("JSON:" + json.dumps(s, default=str))
@@ -47,11 +46,11 @@ def one(a):
 def head_to_head(a):
     """Time two (users, items) pairs round-robin under the same conditions; print JSON."""
     import numpy as np
-    import tuner
-    from clmf import tuning
-    from clmf.config import KernelConfig
-    from clmf.device import device_info, select_device
-    from tuner.measure import Measurer, calibrate_samples
+
+    from clmf import tuner, tuning
+    from clmf.engine.config import KernelConfig
+    from clmf.engine.device import device_info, select_device
+    from clmf.tuner.measure import Measurer, calibrate_samples
     pairs = json.loads(a.pairs)
     R, _ = tuner.load_data(a.data, a.preset, a.scale)
     dev = select_device(a.device)
@@ -75,11 +74,12 @@ def exhaustive_from_db(a, dev):
     """The summary of the latest exhaustive bounded run of this case in ``--db`` (with its
     process wall time from the earlier comparison's JSON), to compare a new budgeted run against
     it without repeating it."""
-    from clmf.config import KernelConfig
+    from clmf.engine.config import KernelConfig
     from clmf.tuning import read_database
     recs = read_database(a.db, strict=True)
-    same = lambda r: (r.get("device") == dev and r.get("f") == a.factors
-                      and r.get("strategy") == "exhaustive" and r.get("space") == "bounded")
+    def same(r):
+        return (r.get("device") == dev and r.get("f") == a.factors
+                and r.get("strategy") == "exhaustive" and r.get("space") == "bounded")
     bests = [r for r in recs if r.get("kind") == "best" and same(r)]
     if not bests:
         raise SystemExit("no exhaustive bounded run of this case in --db")
@@ -137,7 +137,7 @@ def run_child(args, strategy, budget, db, state, report, pairs=None):
 
 def pair_time(summary, configs):
     """Iteration seconds of a (users, items) pair of configuration strings in a run's results."""
-    from clmf.config import KernelConfig
+    from clmf.engine.config import KernelConfig
     by = {str(KernelConfig.from_dict(r["config"])): r for r in summary["results"]
           if r["status"] == "ok"}
     try:
@@ -172,9 +172,9 @@ def main():
     if a.one:
         return one(a)
 
-    from clmf.device import device_info, select_device
+    from clmf.engine.device import device_info, select_device
     from clmf.tuning import device_record, device_slug
-    from tuner.database import Database, clmf_commit, now
+    from clmf.tuning.database import Database, clmf_commit, now
     info = device_info(select_device(a.device))
     slug = device_slug(device_record(info))
     out = pathlib.Path(a.out)
@@ -205,7 +205,7 @@ def main():
     ratio = bu["spent_seconds"] / ex["spent_seconds"]
     wall_ratio = bu["process_wall_seconds"] / ex["process_wall_seconds"]
     if ex.get("space_size") is None:
-        from tuner.space import make_space
+        from clmf.tuner.space import make_space
         ex["space_size"] = len(make_space("bounded", a.factors, info).enumerate(info))
     res = {"date": now(), "commit": clmf_commit(), "device": device_record(info),
            "exhaustive_reused": bool(a.reuse_exhaustive),

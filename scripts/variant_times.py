@@ -70,8 +70,8 @@ def commit():
 
 def verify(dev, variant, f):
     import clmf
-    from clmf.config import KernelConfig
     from clmf import reference
+    from clmf.engine.config import KernelConfig
     rng = np.random.default_rng(f)
     import scipy.sparse as sp
     R = sp.random(97, 61, density=0.2, random_state=f, format="csr", dtype=np.float32)
@@ -97,9 +97,9 @@ def main():
 
     import clmf
     from clmf import datasets, reference
-    from clmf.device import device_info, select_device
     from clmf.engine import Engine
-    from clmf.config import KernelConfig
+    from clmf.engine.config import KernelConfig
+    from clmf.engine.device import device_info, select_device
     from clmf.errors import InvalidConfigError
 
     dev = select_device(a.device)

@@ -116,7 +116,7 @@ def _check_device(dev):
 def run_fit(variant, f, case, device, lam=0.1, seed=0):
     import clmf
     from clmf import reference as ref
-    from clmf.device import select_device
+    from clmf.engine.device import select_device
 
     _quiet_pyopencl_nv_probe()
     dev = select_device(device)
@@ -207,7 +207,8 @@ CANARIES = ("race", "oob", "uninit", "api")
 
 def run_canary(which, device):
     import pyopencl as cl
-    from clmf.device import select_device
+
+    from clmf.engine.device import select_device
 
     _quiet_pyopencl_nv_probe()
     dev = select_device(device)
@@ -256,7 +257,7 @@ def run_topk(config, case, device):
     reads of the scan's output on the second query of a process (device memory reused from the
     first query's buffers keeps stale shadow state; the results are checked right either way),
     so each case runs alone, with every checker on."""
-    from clmf.device import select_device
+    from clmf.engine.device import select_device
     from clmf.inference import topk as T
     _quiet_pyopencl_nv_probe()
     dev = select_device(device)

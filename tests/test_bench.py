@@ -7,9 +7,10 @@ import math
 
 import numpy as np
 import pytest
-
-from clmf import bench, bench_peers
 from conftest import random_ratings
+
+from clmf.bench import peers as bench_peers
+from clmf.bench import runner as bench
 
 
 # ----- accounting, against numbers worked out by hand ------------------------------------------
@@ -46,7 +47,7 @@ def test_useful_bytes_by_hand():
 
 
 def test_device_slug():
-    from clmf.device import DeviceInfo
+    from clmf.engine.device import DeviceInfo
     base = dict(index="0:0", platform_version="", vendor="", type="CPU", driver="", opencl_c_version="",
                 compute_units=1, global_mem=1, max_alloc=1, local_mem=1, local_mem_type="local",
                 max_work_group_size=1, max_work_item_sizes=(1,), preferred_vector_width_float=1,

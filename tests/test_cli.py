@@ -6,12 +6,11 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import shared_data
 
 import clmf
 from clmf import datasets, metrics, splits
 from clmf.cli import main
-
-from conftest import shared_data
 
 ROW = re.compile(r"^\s*(\d+)\s+(\S+)\s+(-?[\d.]+|-?inf)(?:\s+(.*))?$")
 

@@ -580,7 +580,8 @@ class TestSynthetic:
         assert not np.array_equal(a.items, c.items)
 
     def test_multi_chunk_generation(self, monkeypatch):
-        monkeypatch.setattr(datasets, "_CHUNK_NNZ", 5000)
+        from clmf.data import synthetic as generator
+        monkeypatch.setattr(generator, "_CHUNK_NNZ", 5000)
         r = datasets.synthetic("movielens-100k", scale=0.5, seed=1, n_jobs=2)
         keys = r.users.astype(np.int64) * r.shape[1] + r.items
         assert np.all(np.diff(keys) > 0)  # sorted by (user, item) and unique
@@ -736,6 +737,6 @@ def test_synthetic_from_spec_is_shared_by_bench_and_tuner():
     assert R.shape == (300, 40) and name == "synthetic-300x40x2K"
     assert datasets.synthetic_from_spec("ml-100k") is None
     assert datasets.synthetic_from_spec("synthetic:3x4") is None
-    import tuner
+    from clmf import tuner
     R2, name2 = tuner.load_data("synthetic:300x40x2000", seed=1)
     assert name2 == name and (R2 != R).nnz == 0

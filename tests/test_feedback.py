@@ -2,11 +2,10 @@
 device, and on real data against the explicit baseline (biases) and the `implicit` library."""
 import numpy as np
 import pytest
+from conftest import random_ratings, rel_err, shared_data
 
 import clmf
 from clmf import reference as ref
-
-from conftest import random_ratings, rel_err, shared_data
 
 TOL = 1e-4
 VARIANTS = ["batch:tx=4,ty=4", "batch+reg+local:tx=4,ty=4,nnz_batch=8",

@@ -2,11 +2,10 @@
 after one iteration ‖X − X_ref‖_F / ‖X_ref‖_F ≤ 1e-4 in float32, likewise Y."""
 import numpy as np
 import pytest
+from conftest import random_ratings, rel_err
 
 import clmf
 from clmf import reference as ref
-
-from conftest import random_ratings, rel_err
 
 TOL = 1e-4
 

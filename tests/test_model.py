@@ -7,12 +7,11 @@ import sys
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from conftest import IN_CI, random_ratings, rel_err
 
 import clmf
 from clmf import reference as ref
 from clmf.errors import SingularSystemError
-
-from conftest import IN_CI, random_ratings, rel_err
 
 
 def test_init_only_stores_params_and_clone():
@@ -172,7 +171,7 @@ def test_devices_listed_and_ci_platforms():
 
 
 def test_select_device_grammar():
-    from clmf.device import select_device
+    from clmf.engine.device import select_device
     infos = clmf.devices()
     d0 = select_device(infos[0].index)
     assert d0.name.strip() == infos[0].name
@@ -191,7 +190,7 @@ def test_select_device_grammar():
 def test_installed_package_is_tested():
     if os.environ.get("CLMF_TEST_INSTALLED") == "1":
         assert "site-packages" in clmf.__file__, clmf.__file__
-        from clmf import kernels
+        from clmf.engine import kernels
         assert "clmf" in kernels.render_als(clmf.KernelConfig(), 4)
 
 
@@ -224,7 +223,8 @@ def test_early_stopping_keeps_best_iteration(cl_device):
 
 def test_device_memory_error_before_allocating(cl_device, monkeypatch):
     import dataclasses
-    from clmf import engine
+
+    from clmf.engine import core as engine
     real = engine.device_info
 
     def tiny(dev, index="?"):
@@ -237,8 +237,8 @@ def test_device_memory_error_before_allocating(cl_device, monkeypatch):
 
 
 def test_scratch_is_bounded_by_batch(cl_device):
-    from clmf.config import KernelConfig
     from clmf.engine import Engine
+    from clmf.engine.config import KernelConfig
     R = random_ratings(300, 40, 0.2, seed=31)
     cfg = KernelConfig.parse("batch:batch_rows=16")
     eng = Engine(cl_device, R, 12, (cfg, cfg))

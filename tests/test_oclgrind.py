@@ -51,7 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import clmf
-from clmf.config import representative_variants
+from clmf.engine.config import representative_variants
 
 pytestmark = pytest.mark.oclgrind
 

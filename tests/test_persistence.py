@@ -6,12 +6,11 @@ import zipfile
 
 import numpy as np
 import pytest
+from conftest import random_ratings
 
 import clmf
-from clmf import persistence
 from clmf.datasets import Ratings
-
-from conftest import random_ratings
+from clmf.model import persistence
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +81,7 @@ def test_roundtrip_matrix_model_and_odd_params(cl_device, tmp_path, caplog):
     cfg = clmf.KernelConfig.parse("batch:tx=2,ty=2")
     m = clmf.ALS(factors=3, iterations=2, device=cl_device, variant=(cfg, "batch"),
                  random_state=np.random.default_rng(0)).fit(R, show_progress=False)
-    with caplog.at_level(logging.WARNING, logger="clmf.persistence"):
+    with caplog.at_level(logging.WARNING, logger="clmf.model.persistence"):
         m.save(tmp_path / "m")                            # written exactly there, no suffix
     assert "random_state" in caplog.text
     m2 = clmf.load(tmp_path / "m")

@@ -2,13 +2,12 @@
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from conftest import DEVICES, device_id, random_ratings, rel_err
 
 import clmf
 from clmf import reference as ref
 from clmf.datasets import Ratings
-
 from clmf.inference.topk import inference_options
-from conftest import DEVICES, device_id, random_ratings, rel_err
 
 
 def pytest_generate_tests(metafunc):

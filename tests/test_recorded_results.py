@@ -6,13 +6,12 @@ import json
 import pathlib
 
 import numpy as np
-import pytest
 
 RUNS = pathlib.Path(__file__).resolve().parents[1] / "results" / "runs"
 
 
 def latest_records():
-    recs = [json.loads(l) for l in open(RUNS / "ml100k.jsonl") if l.strip()]
+    recs = [json.loads(line) for line in open(RUNS / "ml100k.jsonl") if line.strip()]
     out = {}
     for r in recs:
         out[(r["platform"], r["device"])] = r

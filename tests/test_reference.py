@@ -2,12 +2,10 @@
 so it is not only checked against itself."""
 import numpy as np
 import pytest
-import scipy.sparse as sp
+from conftest import random_ratings, rel_err
 
 from clmf import reference as ref
 from clmf.errors import SingularSystemError
-
-from conftest import random_ratings, rel_err
 
 
 @pytest.mark.parametrize("weighted", [True, False])

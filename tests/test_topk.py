@@ -5,7 +5,8 @@ import scipy.sparse as sp
 
 import clmf
 from clmf.inference import topk as T
-from clmf.recommend import host_rank
+from clmf.engine.device import device_info
+from clmf.inference.recommend import host_rank
 
 
 def brute(Q, Y, N, cand=None, excl=None):
@@ -36,7 +37,7 @@ def int_problem(b, n, f, seed=0, density=0.2):
 def configs_for(dev):
     """The device's default, the other item layout, a scalar one, and a one-entry buffer (the
     overflow rounds run on every tile)."""
-    info = clmf.device.device_info(dev)
+    info = device_info(dev)
     d = T.default_config(info)
     small = dict(wx=4, wy=2, rm=2, rnv=1)
     return [d,
@@ -137,7 +138,7 @@ def test_topk_bad_input(cl_device):
 
 
 def test_config_roundtrip_and_validation(cl_device):
-    info = clmf.device.device_info(cl_device)
+    info = device_info(cl_device)
     cfg = T.TopKConfig(wx=2, wy=4, rm=2, rnv=1, v=8, tk=8, cap=4, qres=True, yt=True)
     assert T.TopKConfig.parse(str(cfg)) == cfg == T.TopKConfig.from_dict(cfg.to_dict())
     huge = T.TopKConfig(wx=16, wy=64, rm=8, rnv=1, v=4, tk=32, cap=64, qres=True)
@@ -264,8 +265,8 @@ def test_recommend_all_and_cli_stream(cl_device, tmp_path, monkeypatch):
 
 def test_topk_records_are_found_and_ignored_by_the_als_lookup(cl_device, tmp_path, monkeypatch):
     from clmf import tuning
-    from tuner.database import Database, base_record
-    info = clmf.device.device_info(cl_device)
+    from clmf.tuning import Database, base_record
+    info = device_info(cl_device)
     db = tmp_path / "db.jsonl"
     db.write_text("")
     monkeypatch.setenv("CLMF_TUNING_DB", str(db))

@@ -7,15 +7,14 @@ import dataclasses
 import json
 import multiprocessing
 import os
-import pathlib
 import warnings
 
 import pytest
 
 from clmf import tuning
-from clmf.config import KernelConfig
-from clmf.device import DeviceInfo
-from tuner.database import Database, base_record
+from clmf.engine.config import KernelConfig
+from clmf.engine.device import DeviceInfo
+from clmf.tuning.database import Database, base_record
 
 
 def fake_info(platform="FakeCL", vendor="FakeVendor", name="Fake GPU 1", type_="GPU", **kw):
@@ -68,8 +67,8 @@ def dbenv(tmp_path, monkeypatch):
     env = tmp_path / "env.jsonl"
     user = tmp_path / "user" / "tuning.jsonl"
     monkeypatch.setenv("CLMF_TUNING_DB", str(env))
-    monkeypatch.setattr(tuning, "user_db_path", lambda: user)
-    monkeypatch.setattr(tuning, "shipped_paths", lambda: [])
+    monkeypatch.setattr(tuning.database, "user_db_path", lambda: user)
+    monkeypatch.setattr(tuning.database, "shipped_paths", lambda: [])
     return {"env": env, "user": user, "tmp": tmp_path}
 
 
@@ -173,7 +172,7 @@ def test_user_database_wins_over_shipped(dbenv, tmp_path, monkeypatch):
     shipped = tmp_path / "shipped.jsonl"
     write(shipped, best_records(info, 10, ML, B, B, "shipped-run"))
     write(dbenv["user"], best_records(info, 10, ML, A, A, "user-run"))
-    monkeypatch.setattr(tuning, "shipped_paths", lambda: [shipped])
+    monkeypatch.setattr(tuning.database, "shipped_paths", lambda: [shipped])
     monkeypatch.delenv("CLMF_TUNING_DB")
     ch = tuning.choose(info, 10, "users", stats("users", ML))
     assert ch.rule == "tuned" and ch.config == KernelConfig.parse(A) and "user database" in ch.reason
@@ -273,8 +272,8 @@ def test_atomic_appends_under_concurrency(tmp_path):
 
 
 def test_dataset_class_and_distance():
-    import scipy.sparse as sp
     import numpy as np
+    import scipy.sparse as sp
     R = sp.random(50, 30, density=0.2, random_state=0, format="csr")
     c = tuning.dataset_class(R)
     assert (c["m"], c["n"], c["nnz"]) == (50, 30, R.nnz)
@@ -304,13 +303,13 @@ def test_mode_round_trip_and_old_records_are_explicit(dbenv):
     assert [tuning.record_mode(r) for r in recs] == ["explicit"] * 2 + ["implicit"] * 2 + \
         ["biased"] * 2
     assert recs[2]["alpha"] == 2.0
-    cases = {c.run_id: c for c in tuning._cases(recs, "env")}
+    cases = {c.run_id: c for c in tuning.lookup._cases(recs, "env")}
     assert {k: c.mode for k, c in cases.items()} == {"old": "explicit", "imp": "implicit",
                                                      "bia": "biased"}
     assert cases["imp"].configs["items"] == KernelConfig.parse(D)
     # a mode this clmf does not know is skipped, the rest of the file still answers
     write(dbenv["env"], best_records(info, 10, ML, E, E, "fut", mode="tensor"))
-    assert "fut" not in {c.run_id for c in tuning._cases(tuning.read_database(dbenv["env"]), "e")}
+    assert "fut" not in {c.run_id for c in tuning.lookup._cases(tuning.read_database(dbenv["env"]), "e")}
     assert tuning.choose(info, 10, "users", stats("users", ML)).rule == "tuned"
 
 
@@ -379,16 +378,16 @@ def test_implicit_with_nothing_tuned_keeps_the_fused_cg(dbenv):
 
 
 def test_biased_lookup_validates_at_f_plus_one(dbenv, monkeypatch):
-    import clmf.kernels
+    import clmf.engine.kernels
     info = fake_info()
     write(dbenv["env"], best_records(info, 10, ML, A, B, "bia", mode="biased"))
     seen = []
-    real = clmf.kernels.validate
+    real = clmf.engine.kernels.validate
 
     def spy(cfg, f, dev):
         seen.append(f)
         return real(cfg, f, dev)
-    monkeypatch.setattr(clmf.kernels, "validate", spy)
+    monkeypatch.setattr(clmf.engine.kernels, "validate", spy)
     assert tuning.choose(info, 10, "users", stats("users", ML), mode="biased").rule == "tuned"
     assert seen and set(seen) == {11}
 

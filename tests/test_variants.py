@@ -3,13 +3,12 @@ from the same init: ‖ΔX‖/‖X‖ ≤ 1e-4 after one iteration, on edge-case
 columns, a row longer than any nnz batch, f not a multiple of the vector width or tile)."""
 import numpy as np
 import pytest
+from conftest import random_ratings, rel_err
 
 import clmf
 from clmf import reference as ref
-from clmf.config import KernelConfig, representative_variants
+from clmf.engine.config import KernelConfig, representative_variants
 from clmf.errors import InvalidConfigError
-
-from conftest import random_ratings, rel_err
 
 TOL = 1e-4
 CI_F = [1, 3, 10, 17, 32]
@@ -86,8 +85,8 @@ def test_bad_variant_names(bad):
 
 
 def test_invalid_configs_rejected_with_reason():
-    from clmf.device import device_info, select_device
-    from clmf.kernels import validate
+    from clmf.engine.device import device_info, select_device
+    from clmf.engine.kernels import validate
     info = device_info(select_device(clmf.devices()[0].index))
     with pytest.raises(InvalidConfigError) as e:
         validate(KernelConfig.parse(f"batch:tx={info.max_work_group_size},ty=2"), 8, info)

@@ -11,7 +11,6 @@ argument (see :mod:`clmf.tuning` for the search order and the fallback chain).
 from __future__ import annotations
 
 import logging
-import os
 import pathlib
 
 __all__ = ["tune", "load_data"]
@@ -94,7 +93,8 @@ def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, spac
     list of run summaries (dicts; see :meth:`tuner.strategies.Session.finish`)
     """
     from clmf import tuning
-    from clmf.device import select_device
+    from clmf.engine.device import select_device
+
     from . import strategies
     from .measure import CHECK_TIME, SAMPLE_TOL
     from .space import make_space

@@ -27,7 +27,7 @@ __all__ = ["check", "main"]
 
 def _untuned(info, f, storage, mode):
     from clmf import tuning
-    from clmf.kernels import validate
+    from clmf.engine.kernels import validate
     from clmf.errors import InvalidConfigError
     cfg = tuning.heuristic(info, tuning.kernel_factors(f, mode), storage=storage)
     try:
@@ -55,7 +55,7 @@ def check(R, factors, device="auto", mode="explicit", alpha=1.0, regularization=
           iterations=6, rounds=3, storage="float32"):
     """Rows (dicts) of the tuned-vs-untuned comparison, one per f."""
     import clmf
-    from clmf.device import device_info, select_device
+    from clmf.engine.device import device_info, select_device
     dev = select_device(device)
     info = device_info(dev)
     kw = dict(regularization=regularization, device=dev, random_state=0, storage=storage)
@@ -87,7 +87,7 @@ def check(R, factors, device="auto", mode="explicit", alpha=1.0, regularization=
 
 def markdown(info, rows, title, command):
     from clmf.provenance import commit
-    from .database import now
+    from clmf.tuning.database import now
     la = os.getloadavg()
     L = [f"# {title}", "",
          f"- device: {info.platform} | {info.name} ({info.type}), driver {info.driver}",

@@ -4,7 +4,7 @@ Per candidate (the same configuration on both sides), in the tuning *mode* of th
 (``explicit`` ratings, ``implicit`` feedback with confidence ``1 + alpha·r``, or ``biased``:
 explicit with user/item biases, f + 1 unknowns per system):
 
-1. **build** through :func:`clmf.kernels.als_program` (pre-build validation and the built
+1. **build** through :func:`clmf.engine.kernels.als_program` (pre-build validation and the built
    kernel's limits, for the mode's kernels; :class:`InvalidConfigError` carries the typed reason
    → record "invalid");
 2. **validate** against the NumPy reference of the mode (:func:`clmf.reference.als`, with
@@ -45,7 +45,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from clmf import reference
-from clmf.config import KernelConfig
+from clmf.engine.config import KernelConfig
 from clmf.errors import InvalidConfigError, SingularSystemError
 
 log = logging.getLogger(__name__)
@@ -249,7 +249,7 @@ class Measurer:
 
     def __init__(self, device, R, f, samples, storage="float32", repeats=7, min_time=0.05,
                  max_runs=60, low_repeats=3, max_time=2.0, mode="explicit", alpha=1.0):
-        from clmf.device import device_info
+        from clmf.engine.device import device_info
         if mode not in MODES:
             raise ValueError(f"unknown tuning mode {mode!r}; choose from {MODES}")
         self.device = device
@@ -276,7 +276,7 @@ class Measurer:
 
     def engine(self, R, cfg, profile=False, offset=None):
         """An :class:`clmf.engine.Engine` of this mode on ``R`` with ``cfg`` on both sides."""
-        from clmf.engine import Engine
+        from clmf.engine.core import Engine
         return Engine(self.device, R, self.f, (cfg, cfg), profile=profile,
                       implicit_alpha=self.alpha if self.mode == "implicit" else None,
                       biased=self.mode == "biased",
@@ -414,8 +414,8 @@ class Measurer:
         res = Result(cfg, "ok", fidelity=fidelity)
         try:
             if verified is None:
-                from clmf.kernels import als_program
-                from clmf.device import get_context
+                from clmf.engine.device import get_context
+                from clmf.engine.kernels import als_program
                 ctx, _q = get_context(self.device)
                 als_program(ctx, self.device, cfg, self.kf, self.info,        # typed invalid
                             self.mode == "implicit", self.mode == "biased")   # reasons
@@ -474,7 +474,7 @@ def calibrate_samples(device, R, f, probe, target_seconds=0.03, min_rows=None, s
     """Per side, the sample fraction whose half-step with ``probe`` (a KernelConfig) takes about
     ``target_seconds`` of device time (never fewer than ``min_rows`` rows: by default
     :func:`sample_min_rows`). Returns ``{side: Sample}`` (check them with :func:`check_samples`)."""
-    from clmf.device import device_info
+    from clmf.engine.device import device_info
     info = device_info(device)
     if min_rows is None:
         min_rows = sample_min_rows(info, probe, f)
@@ -523,7 +523,7 @@ def check_samples(device, R, f, probe, samples, tol=SAMPLE_TOL, check_time=CHECK
     reference (whole side or not, rows, ratings, time), every sample tried (fraction, rows,
     ratings, sampled and estimated time, estimate / reference), the final ratio and whether the
     sample grew."""
-    from clmf.device import device_info
+    from clmf.engine.device import device_info
     info = device_info(device)
     if min_rows is None:
         min_rows = sample_min_rows(info, probe, f)

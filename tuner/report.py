@@ -13,7 +13,6 @@
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -65,7 +64,7 @@ def _ok(results):
 
 
 def _cfg_str(d):
-    from clmf.config import KernelConfig
+    from clmf.engine.config import KernelConfig
     return str(KernelConfig.from_dict(d))
 
 
@@ -79,7 +78,7 @@ def plot_space(summary, path):
     except ImportError:
         log.warning("matplotlib is not installed (pip install 'clmf[plot]'): no plot")
         return None
-    from clmf.config import KernelConfig
+    from clmf.engine.config import KernelConfig
     res = _ok(summary["results"])
     if not res:
         return None
@@ -172,7 +171,7 @@ def write_run_report(summary, out_dir, plot=True):
              f"{summary['evaluated']} configurations evaluated in {summary['spent_seconds']:.1f} s"
              + (f" (budget {summary['budget']:.0f} s)" if summary.get("budget") else "")
              + "; outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(summary["statuses"].items())))
-    from .database import clmf_commit, now
+    from clmf.tuning.database import clmf_commit, now
     la = summary.get("load_average")
     L.append(f"- run {summary['run_id']}, written {now()}, clmf commit {clmf_commit()}"
              + (f"; host load average at the end {la[0]:.1f} / {la[1]:.1f} / {la[2]:.1f} "

@@ -8,9 +8,9 @@ A :class:`Space` is a product of per-field value grids with conditional fields (
 only with ``local``; ``bx``, ``by``, ``tz`` only with ``tile``; ``cg_steps`` only with the CG
 solver; the plain ``batch`` variant only sees ``tx·ty``). Every configuration is put in a
 canonical form (:func:`canonical`) so equivalent ones are built once, and pruned *before* any
-build by :func:`prune` (idle work-items, :func:`clmf.kernels.validate`: work-group limits, local
+build by :func:`prune` (idle work-items, :func:`clmf.engine.kernels.validate`: work-group limits, local
 memory by :meth:`KernelConfig.local_mem_bytes` against the device's, register blocks). What a
-built kernel allows is checked later, by :func:`clmf.kernels.als_program` (typed
+built kernel allows is checked later, by :func:`clmf.engine.kernels.als_program` (typed
 ``InvalidConfigError.reason``), during measurement.
 
 Two presets: ``bounded`` (a few hundred configurations, cholesky only: the exhaustive-vs-budgeted
@@ -30,9 +30,9 @@ import dataclasses
 import itertools
 import math
 
-from clmf.config import SOLVERS, KernelConfig
+from clmf.engine.config import SOLVERS, KernelConfig
+from clmf.engine.kernels import validate
 from clmf.errors import InvalidConfigError
-from clmf.kernels import validate
 
 __all__ = ["Space", "canonical", "prune", "make_space", "SPACES", "config_id"]
 
@@ -347,7 +347,7 @@ def make_space(name, f, info, storage="float32", solvers=None, mode="explicit"):
         return Space("bounded", f, flags, grid, storage, mode)
     if name == "full":
         solvers = [s for s in (solvers or mode_solvers or DEFAULT_SOLVERS) if s in SOLVERS]
-        flags = [(r, l, v, t, False) for r in (False, True) for l in (False, True)
+        flags = [(r, loc, v, t, False) for r in (False, True) for loc in (False, True)
                  for v in (0, 4, 8, 16) for t in (False, True)]
         flags += [(False, False, 0, False, True), (False, False, 4, False, True)]   # gemm
         flags += [(False, False, 4, False, False, True)]                             # syrk

@@ -41,7 +41,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 import pathlib
 import time
@@ -49,13 +48,13 @@ import time
 import numpy as np
 
 from clmf import tuning
-from clmf.config import KernelConfig
+from clmf.engine.config import KernelConfig
 from clmf.errors import InvalidConfigError
+from clmf.tuning.database import Database, base_record
 
-from .database import Database, base_record
 from .measure import (CHECK_TIME, MEASURE_VERSION, SAMPLE_TOL, SIDES, Measurer, Result,
                       calibrate_samples, check_samples, full_sample, make_sample, sample_min_rows)
-from .space import Space, canonical, prune
+from .space import canonical, prune
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +77,7 @@ class Case:
 
     def __post_init__(self):
         import scipy.sparse as sp
-        from clmf.device import device_info
+        from clmf.engine.device import device_info
         if self.mode not in tuning.MODES:
             raise ValueError(f"unknown tuning mode {self.mode!r}; choose from {tuning.MODES}")
         if self.mode == "implicit" and not self.alpha > 0:
@@ -178,7 +177,7 @@ class Session:
     def __init__(self, case, space, strategy, db, budget=None, seed=0, state_dir=None,
                  sample_time=0.03, progress=True, repeats=7, min_time=0.05, resume=True,
                  sample="auto", sample_tol=SAMPLE_TOL, check_time=CHECK_TIME, starts=()):
-        from clmf.kernels import template_hash
+        from clmf.engine.kernels import template_hash
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; choose from {STRATEGIES}")
         self.case, self.space, self.strategy = case, space, strategy

@@ -7,7 +7,7 @@ query batch), and the fastest is written to the tuning database as one ``topk`` 
 the measured host/device threshold. The ALS lookup reads only ``best``/``measurement`` records,
 so these never reach it; :func:`clmf.inference.topk.lookup_config` reads them.
 
->>> from tuner.topk import tune_topk                                   # doctest: +SKIP
+>>> from clmf.tuner.topk import tune_topk                                   # doctest: +SKIP
 >>> tune_topk(device="cpu", n_items=17770, f=100, users=8192)          # doctest: +SKIP
 """
 from __future__ import annotations
@@ -93,11 +93,11 @@ def tune_topk(device="auto", n_items=17770, f=100, users=8192, N=10, seen_per_us
     each against the host; append a ``topk`` record of the fastest (with the measured host
     threshold) to ``db`` (default: the per-user database). Returns the summary dict."""
     from clmf import tuning
-    from clmf.device import device_info, select_device
+    from clmf.engine.device import device_info, select_device
     from clmf.errors import InvalidConfigError
     from clmf.inference import topk as T
-    from clmf.recommend import host_rank
-    from .database import Database, base_record
+    from clmf.inference.recommend import host_rank
+    from clmf.tuning import Database, base_record
     dev = select_device(device)
     info = device_info(dev)
     X, Y, R = synthetic_problem(users, n_items, f, seen_per_user, seed)

@@ -3,7 +3,7 @@
 The kernels (``cl_kernels/topk.cl.j2``) compute ``Q · Fᵀ`` tile by tile and keep, per query,
 the best ``k`` (score, index) pairs in local memory, so the score matrix never reaches global
 memory; a second kernel merges the partial lists of the candidate splits. Results are exact and
-ordered like :func:`clmf.recommend._top_n`: score descending, then the lower index.
+ordered like :func:`clmf.inference.recommend._top_n`: score descending, then the lower index.
 
 The API is a function of (factors, queries, candidates, exclusion CSR, N) on one device, so
 the model, the CLI and the multi-device paths share it::
@@ -175,7 +175,7 @@ def _shrink_to_fit(cfg, f, kp, info):
 @functools.lru_cache(maxsize=256)
 def render_topk(cfg: TopKConfig, ldf, kp):
     """OpenCL C source of the top-k program for one configuration, padded width and list length."""
-    from .. import kernels
+    from ..engine import kernels
     return kernels.render("topk.cl.j2", ldf=ldf, tk=cfg.tk, wx=cfg.wx, wy=cfg.wy, rm=cfg.rm,
                           rnv=cfg.rnv, v=cfg.v, kp=kp, cap=cfg.cap, qres=bool(cfg.qres),
                           yt=bool(cfg.yt),
@@ -183,7 +183,7 @@ def render_topk(cfg: TopKConfig, ldf, kp):
 
 
 def _program(ctx, device, cfg, ldf, kp):
-    from .. import kernels
+    from ..engine import kernels
     prog = kernels.build(ctx, render_topk(cfg, ldf, kp))
     lim = prog.work_group_limit("topk_scan", device)
     if cfg.wx * cfg.wy > lim:
@@ -197,16 +197,18 @@ def lookup_config(info, f):
     """``(config, host_threshold or None, origin)`` for a device: the newest ``topk`` record of
     the same device (nearest f) in the tuning databases, else the device type's default."""
     from .. import tuning
+    from ..tuning.lookup import _sources
+    from ..tuning.schema import _same_device
     best = None
     dev = tuning.device_record(info)
     try:
-        sources = tuning._sources()
+        sources = _sources()
     except Exception as e:                      # a database must never break inference
         log.warning("topk tuning lookup failed (%s); using the default", e)
         sources = []
     for origin, _path, recs in sources:
         for r in recs:
-            if r.get("kind") != "topk" or not tuning._same_device(r.get("device") or {}, dev):
+            if r.get("kind") != "topk" or not _same_device(r.get("device") or {}, dev):
                 continue
             try:
                 cfg = TopKConfig.from_dict(r["config"])
@@ -276,7 +278,7 @@ def known_threshold(device, f):
     o = options()
     if o["min_work"] is not None:
         return o["min_work"]
-    from ..device import device_info
+    from ..engine.device import device_info
     key = (device.int_ptr, int(f))
     hit = _known.get(key)
     if hit is None:
@@ -301,7 +303,7 @@ class DeviceTopK:
 
     def __init__(self, factors, device="auto", config=None, memory_fraction=0.5):
         import pyopencl as cl
-        from ..device import device_info, get_context, select_device
+        from ..engine.device import device_info, get_context, select_device
         self.cl = cl
         self.device = select_device(device)
         self.info = device_info(self.device)

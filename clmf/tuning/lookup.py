@@ -1,18 +1,11 @@
 """Choosing a kernel configuration for a device, side and data set.
 
 This module *reads* tuning databases and applies the fallback chain; it never tunes (that is
-``tuner/``, which writes the databases through :mod:`tuner.database`).
+:mod:`clmf.tuner`, which writes the databases through :mod:`clmf.tuning.database`).
 
-Databases are JSON Lines files (one record per line, each with ``schema_version``). They are
-searched in this order, and the first source that answers a rung wins (so the user's own
-tunings win over the shipped ones at the same rung):
-
-1. ``$CLMF_TUNING_DB`` — a file or a directory of ``*.jsonl`` files (several joined with ``:``);
-2. the per-user database, ``platformdirs.user_data_dir("clmf")/tuning.jsonl`` (``clmf tune``
-   writes there by default);
-3. the shipped tunings, ``results/tuning/*.jsonl`` of the source tree, installed as the package
-   ``clmf_tuning_data`` (found with :mod:`importlib.resources`, so an installed wheel has them);
-   ``CLMF_TUNING_NO_SHIPPED=1`` leaves them out.
+The databases are searched in the order of :func:`clmf.tuning.database.database_paths`
+(``$CLMF_TUNING_DB``, the per-user database, the shipped tunings), and the first source that
+answers a rung wins (so the user's own tunings win over the shipped ones at the same rung).
 
 The fallback chain (``Choice.rule``), first hit wins:
 
@@ -41,7 +34,7 @@ unless the caller asked for one.
 Each rung returns the *pair* chosen by one tuning run (users side, items side) and keys it only on
 what both sides know — (m, n, nnz) of the whole data set — so the two independent ``choose`` calls
 of a fit agree (both sides share factor buffers: same storage and vector padding). Every candidate
-is checked with :func:`clmf.kernels.validate` on this device and f before it is returned.
+is checked with :func:`clmf.engine.kernels.validate` on this device and f before it is returned.
 
 A corrupted or foreign-schema file is reported (``logging`` and ``warnings.warn``) and skipped as a
 whole; the file is never modified. Parsed files are cached by (mtime, size), so a lookup costs a
@@ -54,92 +47,28 @@ import datetime
 import json
 import logging
 import math
-import os
-import pathlib
-import re
-import threading
 import warnings
 
-from .config import KernelConfig
-from .errors import InvalidConfigError
+from ..engine.config import KernelConfig
+from ..errors import InvalidConfigError
+from .database import database_paths, read_database
+from .schema import (
+    BASELINE,
+    CLASS_TOL,
+    MODE_DEFAULT_SOLVER,
+    MODES,
+    SIDES,
+    Choice,
+    TuningDatabaseWarning,
+    _norm,
+    _same_device,
+    device_record,
+    factor_width,
+    kernel_factors,
+    record_mode,
+)
 
 log = logging.getLogger(__name__)
-
-__all__ = ["Choice", "choose", "heuristic", "BASELINE", "SCHEMA_VERSION", "CLASS_TOL", "MODES",
-           "MODE_DEFAULT_SOLVER", "fit_mode", "record_mode", "kernel_factors", "factor_width",
-           "TuningDatabaseWarning", "dataset_class", "class_distance", "device_record",
-           "device_slug", "database_paths", "user_db_path", "shipped_paths", "read_database"]
-
-BASELINE = KernelConfig()
-SCHEMA_VERSION = 1
-CLASS_TOL = 0.35          # RMS of log-ratios of (m, n, nnz): ≈ within a factor 1.4 on average
-ENV_DB = "CLMF_TUNING_DB"
-ENV_NO_SHIPPED = "CLMF_TUNING_NO_SHIPPED"
-SIDES = ("users", "items")
-MODES = ("explicit", "implicit", "biased")
-# the solver a fit of this mode uses when nothing tuned for the mode says otherwise
-MODE_DEFAULT_SOLVER = {"implicit": "fusedcg"}
-
-
-def fit_mode(feedback="explicit", biases=False):
-    """The tuning mode of a fit: ``implicit``, ``biased`` or ``explicit``."""
-    if feedback == "implicit":
-        return "implicit"
-    return "biased" if biases else "explicit"
-
-
-def record_mode(r):
-    """The mode of a database record (records written before modes existed are explicit)."""
-    m = r.get("mode") or "explicit"
-    return m if m in MODES else None
-
-
-def kernel_factors(f, mode="explicit"):
-    """Unknowns per system the kernels are built for: f, or f + 1 with biases."""
-    return f + 1 if mode == "biased" else f
-
-
-def factor_width(f, mode="explicit"):
-    """Width of a factor row on the device: f, or f + 2 ([factors | 1 | bias]) with biases."""
-    return f + 2 if mode == "biased" else f
-
-
-class TuningDatabaseWarning(UserWarning):
-    """A tuning database file could not be used (corrupted, foreign schema, unreadable)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Choice:
-    """A configuration with the rule that chose it and the reason."""
-    config: KernelConfig
-    rule: str
-    reason: str
-
-    def __str__(self):
-        return f"{self.config} (rule: {self.rule}; {self.reason})"
-
-
-# ----- keys shared with the tuner ----------------------------------------------------------------
-def _norm(s):
-    return re.sub(r"\s+", " ", str(s).strip())
-
-
-def device_record(info):
-    """The normalised device key of a :class:`clmf.device.DeviceInfo` (driver recorded, not
-    matched)."""
-    return {"platform": _norm(info.platform), "vendor": _norm(info.vendor), "type": info.type,
-            "device": _norm(info.name), "driver": _norm(info.driver)}
-
-
-def device_slug(key):
-    """File-name slug of a device key: ``intel-r-opencl-amd-epyc``."""
-    s = f"{key['platform']} {key['device']}".lower()
-    return re.sub(r"[^a-z0-9]+", "-", s).strip("-")
-
-
-def _same_device(a, b):
-    return all(_norm(a.get(k, "")).lower() == _norm(b.get(k, "")).lower()
-               for k in ("platform", "vendor", "type", "device"))
 
 
 def dataset_class(R):
@@ -194,129 +123,6 @@ def class_distance(a, b):
         return math.inf
     d = [math.log(max(a[k], 1) / max(b[k], 1)) for k in ("m", "n", "nnz")]
     return math.sqrt(sum(x * x for x in d) / len(d))
-
-
-# ----- where the databases are -------------------------------------------------------------------
-def user_db_path():
-    """The per-user database ``clmf tune`` writes by default."""
-    import platformdirs
-    return pathlib.Path(platformdirs.user_data_dir("clmf")) / "tuning.jsonl"
-
-
-def _jsonl_in(p):
-    p = pathlib.Path(p)
-    if p.is_dir():
-        return sorted(x for x in p.glob("*.jsonl") if x.is_file())
-    return [p]
-
-
-def shipped_paths():
-    """The tuning files shipped with clmf (``results/tuning/*.jsonl``)."""
-    if os.environ.get(ENV_NO_SHIPPED, "").strip() not in ("", "0"):
-        return []
-    out = []
-    try:
-        import importlib.resources as res
-        root = res.files("clmf_tuning_data")
-        for e in sorted(root.iterdir(), key=lambda e: e.name):
-            if e.name.endswith(".jsonl") and e.is_file():
-                out.append(pathlib.Path(str(e)))
-    except (ImportError, ModuleNotFoundError, OSError, TypeError):
-        pass
-    if not out:      # a source checkout: results/tuning next to the clmf package
-        here = pathlib.Path(__file__).resolve().parent.parent / "results" / "tuning"
-        if here.is_dir():
-            out = sorted(here.glob("*.jsonl"))
-    return out
-
-
-def database_paths():
-    """[(origin, path)] in search order: $CLMF_TUNING_DB, the per-user database, the shipped
-    files. Missing paths are left out."""
-    out = []
-    env = os.environ.get(ENV_DB, "")
-    for part in filter(None, (x.strip() for x in env.split(os.pathsep))):
-        out += [("env", p) for p in _jsonl_in(part)]
-    try:
-        out.append(("user", user_db_path()))
-    except Exception as e:  # pragma: no cover - platformdirs missing/broken
-        log.debug("no per-user tuning database: %s", e)
-    out += [("shipped", p) for p in shipped_paths()]
-    seen, uniq = set(), []
-    for origin, p in out:
-        key = os.path.abspath(p)
-        if key not in seen and os.path.isfile(p):
-            seen.add(key)
-            uniq.append((origin, pathlib.Path(p)))
-    return uniq
-
-
-# ----- reading (cached by mtime) -----------------------------------------------------------------
-_cache: dict = {}
-_warned: set = set()
-_clock = threading.Lock()
-
-
-def _warn(path, stamp, msg):
-    key = (str(path), stamp)
-    if key in _warned:
-        return
-    _warned.add(key)
-    full = f"tuning database {path} is not used: {msg} (the file is left untouched; clmf falls " \
-           "back to the next source and the untuned defaults)"
-    log.warning(full)
-    warnings.warn(full, TuningDatabaseWarning, stacklevel=4)
-
-
-def read_database(path, strict=False):
-    """The records of one JSON Lines database, or ``None`` (with a warning) when the file is
-    corrupted, of a foreign schema or unreadable. ``strict=True`` raises ``ValueError`` instead
-    (the tuner uses it before appending)."""
-    path = pathlib.Path(path)
-    try:
-        st = path.stat()
-    except OSError:
-        return [] if not strict else []
-    stamp = (st.st_mtime_ns, st.st_size)
-    with _clock:
-        hit = _cache.get(str(path))
-    if hit is not None and hit[0] == stamp:
-        if hit[2] is not None:
-            if strict:
-                raise ValueError(f"tuning database {path}: {hit[2]}")
-            _warn(path, stamp, hit[2])
-        return hit[1]
-    recs, err = [], None
-    try:
-        with open(path, "rb") as fh:
-            for lineno, raw in enumerate(fh, 1):
-                line = raw.strip()
-                if not line:
-                    continue
-                try:
-                    r = json.loads(line)
-                except (ValueError, UnicodeDecodeError) as e:
-                    err = f"line {lineno} is not valid JSON ({e})"
-                    break
-                if not isinstance(r, dict):
-                    err = f"line {lineno} is not a JSON object"
-                    break
-                v = r.get("schema_version")
-                if v != SCHEMA_VERSION:
-                    err = (f"line {lineno} has schema_version {v!r}; this clmf reads "
-                           f"schema_version {SCHEMA_VERSION}")
-                    break
-                recs.append(r)
-    except OSError as e:
-        err = f"cannot read it ({e})"
-    if err is not None:
-        if strict:
-            raise ValueError(f"tuning database {path}: {err}")
-        _warn(path, stamp, err)
-        recs = None
-    with _clock:
-        _cache[str(path)] = (stamp, recs, err)
-    return recs
 
 
 # ----- the cases a database holds ----------------------------------------------------------------
@@ -379,7 +185,7 @@ def _sources():
 def _fits(cfgs, info, f, storage, mode="explicit"):
     """The pair adapted to this f and storage if it validates on the device (at the kernels' f of
     the mode), else None."""
-    from .kernels import validate
+    from ..engine.kernels import validate
     kf, width = kernel_factors(f, mode), factor_width(f, mode)
     f = kf
     out = {}
@@ -437,8 +243,9 @@ def _lookup(info, f, storage, ds, mode="explicit"):
         # same device, nearest f / data-set class / storage
         for origin, p, cases in per_source:
             cand = [c for c in cases if c.mode == cm and _same_device(c.device, dev)]
-            key = lambda c: (abs(math.log(c.f / f)), c.storage != storage,
-                             class_distance(c.dataset, ds) if ds else 0, _newest_first(c))
+            def key(c):
+                return (abs(math.log(c.f / f)), c.storage != storage,
+                        class_distance(c.dataset, ds) if ds else 0, _newest_first(c))
             for c in sorted(cand, key=key):
                 pair = _fits(c.configs, info, f, storage, mode)
                 if pair:
@@ -451,9 +258,10 @@ def _lookup(info, f, storage, ds, mode="explicit"):
             cand = [c for c in cases if c.mode == cm and c.device.get("type") == dev["type"]
                     and (_norm(c.device.get("vendor", "")).lower() == dev["vendor"].lower()
                          or _norm(c.device.get("platform", "")).lower() == dev["platform"].lower())]
-            key = lambda c: (_norm(c.device.get("platform", "")).lower() != dev["platform"].lower(),
-                             abs(math.log(c.f / f)), c.storage != storage,
-                             class_distance(c.dataset, ds) if ds else 0, _newest_first(c))
+            def key(c):
+                return (_norm(c.device.get("platform", "")).lower() != dev["platform"].lower(),
+                        abs(math.log(c.f / f)), c.storage != storage,
+                        class_distance(c.dataset, ds) if ds else 0, _newest_first(c))
             for c in sorted(cand, key=key):
                 pair = _fits(c.configs, info, f, storage, mode)
                 if pair:
@@ -483,7 +291,7 @@ def _computed_default(info, f, storage, sources, record_mode_=None, mode="explic
     ``mode``), the configuration with the best mean time relative to each group's best (groups:
     run × side), among those measured in at least half of the groups; nearest f first. Validated
     at the kernels' f of the fit's ``mode``."""
-    from .kernels import validate
+    from ..engine.kernels import validate
     record_mode_ = record_mode_ or mode
     groups = {}
     for origin, recs in sources:
@@ -548,7 +356,7 @@ def heuristic(info, f, side_stats=None, storage="float32"):
     each work-item keeps at most 64 register accumulators; if none fits, the thread-batching
     baseline sized to the device (work-items per row: the largest power of two ≤ min(f(f+1)/2,
     work-group limit, 256))."""
-    from .kernels import validate
+    from ..engine.kernels import validate
     cap = int(math.isqrt(max(1, min(info.max_work_group_size, 256))))
     t = _largest_divisor_le(f, cap)
     if t > 1 and (f // t) ** 2 <= 64:
@@ -570,7 +378,7 @@ def choose(info, f, side, side_stats=None, storage="float32", solver=None, mode=
 
     Parameters
     ----------
-    info : :class:`clmf.device.DeviceInfo`
+    info : :class:`clmf.engine.device.DeviceInfo`
     f : factors
     side : "users" or "items"
     side_stats : dict with ``rows``, ``cols``, ``nnz`` (and ``mean``, ``max``) of this side, as
@@ -584,7 +392,7 @@ def choose(info, f, side, side_stats=None, storage="float32", solver=None, mode=
     -------
     :class:`Choice` — ``rule`` is one of tuned, nearest, vendor, default, heuristic, baseline
     """
-    from .kernels import validate
+    from ..engine.kernels import validate
     if mode not in MODES:
         raise ValueError(f"unknown tuning mode {mode!r}; choose from {MODES}")
     storage = storage or "float32"

@@ -12,16 +12,14 @@ import logging
 import numpy as np
 import scipy.sparse as sp
 
+from ..errors import DeviceMemoryError, SingularSystemError
 from . import kernels as K
 from .device import device_info, get_context
-from .errors import DeviceMemoryError, SingularSystemError
+from .memory import choose_batch_rows, memory_estimate
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Engine", "SideData", "memory_estimate", "choose_batch_rows"]
-
-_SCRATCH_BUDGET = 512 << 20     # default cap on per-side hermitian scratch
-_MAX_BATCH_ROWS = 1 << 16
 
 
 @dataclasses.dataclass
@@ -46,28 +44,6 @@ class SideData:
 
     def nbytes(self):
         return self.indptr.nbytes + self.indices.nbytes + self.data.nbytes
-
-
-def choose_batch_rows(config, f, rows, info, budget=None):
-    """Rows per launch: the config's ``batch_rows`` or what fits the scratch budget, ≥ 1."""
-    per_row = 4 * (f * f + f)
-    cap = min(info.max_alloc, budget or _SCRATCH_BUDGET, max(per_row, info.global_mem // 8))
-    fit = max(1, cap // per_row)
-    want = config.batch_rows or _MAX_BATCH_ROWS
-    return int(max(1, min(want, fit, rows)))
-
-
-def memory_estimate(users: SideData, items: SideData, f, configs, batch_rows):
-    """Bytes clmf allocates on the device for a fit (dict with a 'total')."""
-    est = {}
-    est["csr"] = users.nbytes() + items.nbytes()
-    for side, cfg, rows in (("users", configs[0], users.rows), ("items", configs[1], items.rows)):
-        itemsize = 2 if cfg.storage == "float16" else 4
-        est[f"factors_{side}"] = rows * cfg.ldf(f) * itemsize
-        est[f"scratch_{side}"] = batch_rows[side] * 4 * (f * f + f)
-    est["status"] = 16
-    est["total"] = sum(est.values())
-    return est
 
 
 class Engine:

@@ -15,8 +15,8 @@ import threading
 
 import jinja2
 
+from ..errors import InvalidConfigError
 from .config import KernelConfig
-from .errors import InvalidConfigError
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ BUILD_OPTIONS = ("-cl-mad-enable",)
 
 @functools.lru_cache(maxsize=1)
 def _env():
-    return jinja2.Environment(loader=jinja2.PackageLoader("cl_kernels", "."),
+    return jinja2.Environment(loader=jinja2.PackageLoader("clmf.cl_kernels", "."),
                               undefined=jinja2.StrictUndefined, trim_blocks=True,
                               lstrip_blocks=True, keep_trailing_newline=True)
 
@@ -37,7 +37,7 @@ def _env():
 def template_hash():
     """Hash of every template's text, written into each rendered source (cache key hygiene)."""
     h = hashlib.sha256()
-    root = importlib.resources.files("cl_kernels")
+    root = importlib.resources.files("clmf.cl_kernels")
     for entry in sorted(root.iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".j2"):
             h.update(entry.name.encode())

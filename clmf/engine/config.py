@@ -27,7 +27,7 @@ import dataclasses
 import json
 import re
 
-from .errors import InvalidConfigError
+from ..errors import InvalidConfigError
 
 __all__ = ["KernelConfig", "VARIANT_FLAGS", "SOLVERS", "STORAGES", "representative_variants"]
 

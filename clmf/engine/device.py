@@ -13,7 +13,7 @@ import os
 import re
 import threading
 
-from .errors import NoOpenCLError
+from ..errors import NoOpenCLError
 
 log = logging.getLogger(__name__)
 

@@ -32,6 +32,8 @@ import tempfile
 
 import numpy as np
 
+from .._version import __version__
+
 log = logging.getLogger(__name__)
 
 __all__ = ["save", "load", "FORMAT", "FORMAT_VERSION"]
@@ -43,6 +45,27 @@ _REQUIRED = ("meta", "user_factors", "item_factors", "user_counts", "item_counts
 
 
 # ----- saving ----------------------------------------------------------------------------------
+# The estimator classes load() builds, by format marker.  The estimator module registers itself
+# on import (clmf.model imports it before this module can be used), so imports point one way:
+# estimator -> persistence.
+_ESTIMATORS: dict = {}
+
+
+def register_estimator(cls, fmt=FORMAT):
+    """Make :func:`load` build ``cls`` for files marked ``fmt``; returns ``cls``."""
+    _ESTIMATORS[fmt] = cls
+    return cls
+
+
+def estimator_class(fmt=FORMAT):
+    """The estimator class registered for the format marker ``fmt``."""
+    try:
+        return _ESTIMATORS[fmt]
+    except KeyError:
+        raise RuntimeError(f"no estimator is registered for {fmt!r} model files "
+                           "(import clmf.model)") from None
+
+
 def _device_str(dev):
     if dev is None or isinstance(dev, str):
         return dev
@@ -128,7 +151,6 @@ def _jsonable(obj):
 def _arrays_of(model):
     if not hasattr(model, "user_factors_"):
         raise RuntimeError(f"this {type(model).__name__} is not fitted yet; nothing to save")
-    import clmf
     X = np.asarray(model.user_factors_, dtype=np.float32)
     Y = np.asarray(model.item_factors_, dtype=np.float32)
     uids = getattr(model, "user_ids_", None)
@@ -137,7 +159,7 @@ def _arrays_of(model):
     history = [{k: (float(v) if isinstance(v, numbers.Real) else v) for k, v in h.items()}
                for h in getattr(model, "history_", []) or []]
     meta = {
-        "clmf_version": clmf.__version__,
+        "clmf_version": __version__,
         "class": type(model).__name__,
         "params": _params_json(model.get_params()),
         "config": _config_json(getattr(model, "config_", None)),
@@ -197,7 +219,7 @@ def save(model, path):
 
     Examples
     --------
-    >>> clmf.persistence.save(model, "model.npz")                   # doctest: +SKIP
+    >>> clmf.model.persistence.save(model, "model.npz")                   # doctest: +SKIP
     'model.npz'
     >>> model.save("model.npz")                                     # doctest: +SKIP
     """
@@ -242,8 +264,8 @@ def _restore_params(params, cls):
 
 
 def _restore_config(entries):
-    from .config import KernelConfig
-    from .tuning import Choice
+    from ..engine.config import KernelConfig
+    from ..tuning import Choice
     out = {}
     for side, e in entries.items():
         cfg = None
@@ -292,7 +314,7 @@ def load(path):
     >>> model = clmf.load("model.npz")                              # doctest: +SKIP
     >>> model.recommend(0, N=5)                                     # doctest: +SKIP
     """
-    from .model import ALS
+    ALS = estimator_class()
     path = os.fspath(path)
     if not os.path.exists(path):
         raise ValueError(f"{path}: no such clmf model file")

@@ -95,13 +95,13 @@ def rmse_of(problem, X, Y, user_bias=None, item_bias=None, offset=0.0):
 
 
 def _start(problem, f, seed):
-    from .reference import start_factors
+    from ..reference import start_factors
     return start_factors(*problem.shape, f, seed)
 
 
 # ----- NumPy reference -------------------------------------------------------------------------
 def run_reference(problem, f, lam, iterations, seed):
-    from . import reference
+    from .. import reference
     X0, Y0 = _start(problem, f, seed)
     times = []
     t = [time.perf_counter()]

@@ -8,16 +8,16 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from . import reference
-from .config import KernelConfig
-from .errors import SingularSystemError
-from .persistence import load  # noqa: F401  (clmf.load / clmf.model.load)
-from .recommend import RecommenderMixin
-from .validation import check_index_pairs, check_params, check_ratings
+from .. import reference
+from ..data.validation import check_index_pairs, check_params, check_ratings
+from ..engine.config import KernelConfig
+from ..errors import SingularSystemError
+from ..inference.recommend import RecommenderMixin
+from .persistence import register_estimator
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ALS", "load"]
+__all__ = ["ALS"]
 
 
 class ALS(RecommenderMixin):
@@ -142,7 +142,7 @@ class ALS(RecommenderMixin):
 
     # ----- configuration -------------------------------------------------------------------
     def _resolve_configs(self, info, stats):
-        from . import tuning
+        from .. import tuning
         f = self.factors
         variant = self.variant
         solver = None if self.solver == "auto" else self.solver
@@ -203,8 +203,9 @@ class ALS(RecommenderMixin):
         self
         """
         from tqdm.auto import tqdm
-        from .device import device_info, select_device
-        from .engine import Engine
+
+        from ..engine.core import Engine
+        from ..engine.device import device_info, select_device
 
         check_params(self)
         R = check_ratings(X)
@@ -360,7 +361,8 @@ class ALS(RecommenderMixin):
         return p.astype(np.float32)
 
     def save(self, path):
-        """Write the fitted model to ``path`` (``.npz``, no pickle, atomic); see :mod:`clmf.persistence`.
+        """Write the fitted model to ``path`` (``.npz``, no pickle, atomic); see
+        :mod:`clmf.model.persistence`.
 
         Parameters
         ----------
@@ -393,10 +395,13 @@ class ALS(RecommenderMixin):
         return float(np.sqrt(np.mean(err * err)))
 
 
+register_estimator(ALS)
+
+
 def _precision_at_10(X, Y, R, V):
     """precision@10 of held-out items V among unseen items (host; for implicit early stopping)."""
-    from .metrics import precision_at_k
-    from .recommend import _top_n
+    from ..inference.recommend import _top_n
+    from ..metrics import precision_at_k
     users = np.unique(V.row)
     if users.size == 0:
         return float("nan")

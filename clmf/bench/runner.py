@@ -1,9 +1,9 @@
 """``clmf bench``: clmf against its peers and against the device's own measured limits.
 
 One run = a list of data sets × a list of factor counts f × (the clmf devices × variants, and
-the peers of :mod:`clmf.bench_peers`), all on the same train/test split, the same λ (weighted,
+the peers of :mod:`clmf.bench.peers`), all on the same train/test split, the same λ (weighted,
 ALS-WR) and the same number of iterations, in one process. Before the ALS runs, each OpenCL
-device's limits are *measured* in the same job (``cl_kernels/peak.cl.j2``): an FMA kernel
+device's limits are *measured* in the same job (``clmf/cl_kernels/peak.cl.j2``): an FMA kernel
 (independent FMA chains, vector widths 1/4/8/16, the best counts) and a float4 copy kernel, each
 timed by OpenCL profiling events, median of several runs.
 
@@ -25,7 +25,6 @@ matplotlib imports, ``<name>-time-vs-f.png`` and ``<name>-peak-fraction.png``.
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import datetime
 import logging
@@ -33,7 +32,6 @@ import math
 import os
 import platform as _platform
 import re
-import shlex
 import subprocess
 import sys
 import time
@@ -42,7 +40,9 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from .bench_peers import CPU_PEERS, GPU_PEERS, PEERS, PeerRun, Problem, rmse_of, run_peer
+from .peaks import measure_peaks, useful_bytes, useful_flops
+from .peers import CPU_PEERS, GPU_PEERS, PEERS, PeerRun, Problem, rmse_of, run_peer
+from .report import FIELDS, _fmt, _write_csv, make_plots, render_markdown
 
 log = logging.getLogger(__name__)
 
@@ -51,167 +51,12 @@ __all__ = ["useful_flops", "useful_bytes", "measure_peaks", "load_problem", "run
 
 SYNTHETIC_HOLDOUT = 0.014
 
-FIELDS = [
-    "date", "commit", "host", "dataset", "users", "items", "nnz_train", "nnz_test", "f",
-    "regularization", "iterations", "system", "kind", "platform", "device", "driver", "variant",
-    "config_rule", "status", "seconds_per_iteration", "first_iteration_s", "s1_s", "s2_s", "s3_s",
-    "test_rmse", "rmse_vs_reference", "useful_gflop", "gflops", "frac_peak_flops",
-    "effective_gb", "gbps", "frac_peak_bw",
-    "s1_gflops", "s1_frac_peak_flops", "s1_gbps", "s1_frac_peak_bw",
-    "s2_gflops", "s2_frac_peak_flops", "s2_gbps", "s2_frac_peak_bw",
-    "s3_gflops", "s3_frac_peak_flops", "s3_gbps", "s3_frac_peak_bw",
-    "device_memory_bytes", "peak_gflops", "peak_gbps", "raw_seconds", "note",
-]
-
 
 # ----- accounting --------------------------------------------------------------------------------
-def useful_flops(m, n, nnz, f):
-    """Useful floating-point operations of one ALS iteration (both half-steps).
-
-    ``m``, ``n``: rows solved on the users / items side (rows with at least one rating);
-    ``nnz``: ratings. Counted, as the performance issue asks, only what the maths needs:
-
-    * S1, the hermitians' lower triangles: ``nnz·f·(f+1)`` per side (f(f+1)/2 multiply-adds per
-      rating), so ``2·nnz·f·(f+1)`` — a kernel computing the full Gram gets no credit for it;
-    * S2, the right-hand sides: ``2·nnz·f`` per side, ``4·nnz·f``;
-    * S3, the Cholesky factorisations: ``(m+n)·f³/3`` (the triangular solves are not counted).
-
-    Returns a dict with ``s1``, ``s2``, ``s3`` and ``total`` (floats).
-
-    >>> useful_flops(2, 3, 4, 2)["total"]
-    93.33333333333333
-    """
-    s1 = 2.0 * nnz * f * (f + 1)
-    s2 = 4.0 * nnz * f
-    s3 = (m + n) * f ** 3 / 3.0
-    return {"s1": s1, "s2": s2, "s3": s3, "total": s1 + s2 + s3}
-
-
-def useful_bytes(m, n, nnz, f, rows_users=None, rows_items=None):
-    """Bytes a stage must move at least (4-byte floats and indices, 8-byte row pointers).
-
-    Per side with ``r`` rows (``rows_*``, default ``m``/``n``), ``s`` rows solved and ``z = nnz``:
-
-    * S1: row pointers ``8(r+1)`` + column indices ``4z`` + gathered factors ``4fz`` + the
-      hermitians' triangles written ``4s·f(f+1)/2``;
-    * S2: ``8(r+1)`` + indices and ratings ``8z`` + gathered factors ``4fz`` + ``b`` written ``4sf``;
-    * S3: triangles and ``b`` read, factors written: ``4s·f(f+1)/2 + 8sf``;
-    * the iteration, as one fused pass would need it: ``8(r+1) + 8z + 4fz + 4sf`` per side
-      (CSR read once, each rating's factor row gathered once, the new factors written).
-
-    Gathers are counted at full cost although caches may serve them, so on a CPU the "effective"
-    GB/s can exceed the copy bandwidth. Returns a dict ``s1``, ``s2``, ``s3``, ``total``.
-
-    >>> useful_bytes(2, 3, 4, 2)["total"]
-    224.0
-    """
-    ru = m if rows_users is None else rows_users
-    ri = n if rows_items is None else rows_items
-    tri = f * (f + 1) / 2.0
-    s1 = s2 = s3 = tot = 0.0
-    for r, s in ((ru, m), (ri, n)):
-        s1 += 8 * (r + 1) + 4 * nnz + 4 * f * nnz + 4 * s * tri
-        s2 += 8 * (r + 1) + 8 * nnz + 4 * f * nnz + 4 * s * f
-        s3 += 4 * s * tri + 8 * s * f
-        tot += 8 * (r + 1) + 8 * nnz + 4 * f * nnz + 4 * s * f
-    return {"s1": s1, "s2": s2, "s3": s3, "total": tot}
-
-
-# ----- the device's limits -----------------------------------------------------------------------
-def _median_event_seconds(launch, repeats):
-    out = []
-    for _ in range(repeats):
-        ev = launch()
-        ev.wait()
-        out.append((ev.profile.end - ev.profile.start) * 1e-9)
-    return float(np.median(out)), out
-
-
-def measure_peaks(device, repeats=7, quick=False, widths=(1, 4, 8, 16), chains=8, unroll=8):
-    """Measured fp32 FMA throughput (GFLOP/s) and copy bandwidth (GB/s) of an OpenCL device.
-
-    FMA: for each vector width, a calibration launch sets the loop count so one launch takes
-    about 50 ms (GPU) / 150 ms (CPU) (5 ms with ``quick``); the median of ``repeats`` launches
-    counts; the best width is the peak. Copy: ``dst[i] = src[i]`` over float4 buffers of
-    min(512 MiB, max_alloc/4) (GPU) / 256 MiB (CPU) (16 MiB with ``quick``), 2 bytes moved per
-    byte copied. Returns a dict.
-    """
-    import pyopencl as cl
-    from . import kernels as K
-    from .device import device_info, get_context
-    info = device_info(device)
-    ctx, queue = get_context(device)
-    gpu = info.type == "GPU"
-    target = 0.005 if quick else (0.05 if gpu else 0.15)
-    local = max(1, min(256 if gpu else 64, info.max_work_group_size))
-    groups = info.compute_units * (16 if gpu else 4)
-    gsize = groups * local
-    out_buf = cl.Buffer(ctx, cl.mem_flags.WRITE_ONLY, size=4 * gsize)
-    res = {"device": info.name, "platform": info.platform, "driver": info.driver,
-           "type": info.type, "fma": {}}
-    best = (0.0, None)
-    for w in widths:
-        src = K.render("peak.cl.j2", width=w, chains=chains, unroll=unroll)
-        prog = K.build(ctx, src, options=())
-        kern = prog.kernels["fma_peak"]
-
-        def launch(iters):
-            return kern(queue, (gsize,), (local,), out_buf, np.float32(0.9999), np.float32(1e-4),
-                        np.int32(iters))
-        iters = 16
-        for _ in range(12):                        # calibrate the loop count
-            t, _x = _median_event_seconds(lambda: launch(iters), 1)
-            if t >= target / 4 or iters >= 1 << 24:
-                break
-            iters *= 4
-        iters = max(1, int(iters * target / max(t, 1e-6)))
-        launch(iters).wait()                       # warm
-        med, runs = _median_event_seconds(lambda: launch(iters), repeats)
-        flop = 2.0 * w * chains * unroll * iters * gsize
-        g = flop / med * 1e-9
-        res["fma"][w] = {"gflops": g, "iters": iters, "runs_s": runs}
-        if g > best[0]:
-            best = (g, w)
-    res["peak_gflops"], res["fma_width"] = best
-    # copy
-    if quick:
-        size = 16 << 20
-    elif gpu:
-        size = min(512 << 20, info.max_alloc // 4)
-    else:
-        size = min(256 << 20, info.max_alloc // 4)
-    size -= size % (16 * local)
-    n4 = size // 16
-    a = cl.Buffer(ctx, cl.mem_flags.READ_ONLY, size=size)
-    b = cl.Buffer(ctx, cl.mem_flags.WRITE_ONLY, size=size)
-    cl.enqueue_fill_buffer(queue, a, np.float32(1.0), 0, size).wait()
-    cl.enqueue_fill_buffer(queue, b, np.float32(0.0), 0, size).wait()
-    prog = K.build(ctx, K.render("peak.cl.j2", width=1, chains=1, unroll=1), options=())
-    ck = prog.kernels["copy_peak"]
-    fk = prog.kernels["copy_peak_flat"]
-    cg = min(n4, (info.compute_units * 2048) if gpu else info.compute_units * local * 64)
-    cg -= cg % local
-    cg = max(local, cg)
-    launches = {"grid-stride": lambda: ck(queue, (cg,), (local,), a, b, np.int64(n4)),
-                "flat": lambda: fk(queue, (n4,), (local,), a, b)}
-    med, runs, how = float("inf"), [], ""
-    for kname, copy in launches.items():       # the better of the two kernels counts
-        copy().wait()
-        m_, r_ = _median_event_seconds(copy, repeats)
-        if m_ < med:
-            med, runs, how = m_, r_, kname
-    res["peak_gbps"] = 2.0 * size / med * 1e-9
-    res["copy"] = {"bytes": size, "runs_s": runs, "kernel": how}
-    for buf in (a, b, out_buf):
-        buf.release()
-    return res
-
-
-# ----- data --------------------------------------------------------------------------------------
 def _find_ml100k(path=None):
     cands = [path, os.environ.get("CLMF_ML100K"), ".data/ml-100k", "../shared/data/ml-100k",
-             str(Path(__file__).resolve().parents[1] / ".data" / "ml-100k"),
-             str(Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-100k")]
+             str(Path(__file__).resolve().parents[2] / ".data" / "ml-100k"),
+             str(Path(__file__).resolve().parents[3] / "shared" / "data" / "ml-100k")]
     for c in cands:
         if c and os.path.exists(os.path.join(c, "ua.base")):
             return c
@@ -229,7 +74,7 @@ def load_problem(spec, scale=1.0, seed=0, ml100k=None):
 
     Synthetic sets hold out 1.4 % of the ratings at random (seeded) as the test set.
     """
-    from . import datasets, splits
+    from .. import datasets, splits
     s = spec.strip()
     if s.lower() in ("ml-100k", "ml100k", "movielens-100k-ua"):
         path = _find_ml100k(ml100k)
@@ -278,12 +123,12 @@ class ClmfRun:
 
 def run_clmf(device, problem, f, lam, iterations, seed, variant="auto"):
     """Fit with clmf's engine (profiling on) from the reference's start; never raises."""
-    from .device import device_info
-    from .engine import Engine
-    from .errors import ClmfError
-    from .model import ALS, _side_stats
-    from .reference import start_factors
-    from .validation import check_ratings
+    from ..data.validation import check_ratings
+    from ..engine.core import Engine
+    from ..engine.device import device_info
+    from ..errors import ClmfError
+    from ..model.estimator import ALS, _side_stats
+    from ..reference import start_factors
     run = ClmfRun()
     eng = None
     try:
@@ -333,7 +178,7 @@ def commit():
     c = os.environ.get("CLMF_COMMIT")
     if c:
         return c
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     try:
         h = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
                            text=True, check=True, timeout=10).stdout.strip()
@@ -377,14 +222,6 @@ def _host_cpu():
 
 
 # ----- the run -----------------------------------------------------------------------------------
-def _fmt(x, nd=4):
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return ""
-    if isinstance(x, float):
-        return f"{x:.{nd}g}" if abs(x) < 1e-3 or abs(x) >= 1e5 else f"{x:.{nd}f}".rstrip("0").rstrip(".")
-    return str(x)
-
-
 def _median_after_first(secs):
     if not secs:
         return float("nan")
@@ -465,7 +302,7 @@ def run_bench(datasets=("ml-100k",), factors=(10, 50, 100), devices=("auto",), v
               name=None, plots=True, ml100k=None, peak_repeats=7, quick_peaks=False,
               peer_max_nnz=None, argv=None, progress=print, peak_at_end=True):
     """Run the benchmark; write CSV, markdown and plots; return ``(rows, paths)``."""
-    from .device import device_info, select_device
+    from ..engine.device import device_info, select_device
     t_run = time.perf_counter()
     devs = [select_device(d) for d in devices]
     infos = [device_info(d) for d in devs]
@@ -613,199 +450,6 @@ def run_bench(datasets=("ml-100k",), factors=(10, 50, 100), devices=("auto",), v
     return rows, paths
 
 
-def _write_csv(path, rows):
-    tmp = Path(str(path) + ".tmp")
-    with open(tmp, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=FIELDS, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) and math.isfinite(v) else
-                            "" if isinstance(v, float) else v) for k, v in r.items()})
-    os.replace(tmp, path)
-
-
-# ----- report ------------------------------------------------------------------------------------
-def _pct(x):
-    return "" if x is None or x == "" or not math.isfinite(x) else f"{100 * x:.1f}%"
-
-
-def _sys_label(r):
-    if r["kind"] == "clmf":
-        plat = r.get("platform", "")
-        short = "PoCL" if "Portable" in plat else "Intel" if "Intel" in plat else \
-            "NVIDIA" if "NVIDIA" in plat else plat
-        v = r.get("variant", "")
-        return f"clmf {short} `{v}`" if v else f"clmf {short}"
-    return r["system"]
-
-
-# Targets of the performance issue (s / iteration), checked where the data match.
-GPU_TARGETS = {10: 0.02, 50: 0.06, 100: 0.12}
-
-
-def render_markdown(rows, meta, infos, peaks, argv=None, elapsed=None, load=None):
-    L = []
-    devs = "; ".join(f"{i.platform} | {i.name} (driver {i.driver})" for i in infos)
-    L.append(f"# clmf bench — {devs}\n")
-    L.append(f"- date: {meta['date']}  \n- commit: {meta['commit']}  \n- host: {meta['host']}  ")
-    if argv is not None:
-        L.append(f"- command: `clmf bench {' '.join(shlex.quote(a) for a in argv)}`  ")
-    if elapsed is not None:
-        L.append(f"- run took {elapsed:.0f} s  ")
-    if load is not None:
-        L.append(f"- host load average (1 min) at start / end: {load[0]:.2f} / {load[1]:.2f} on "
-                 f"{os.cpu_count()} CPUs (other work on the machine slows the CPU figures)  ")
-    L.append("- s/it: median over the iterations after the first; GFLOP/s count useful work only "
-             "(2·nnz·f(f+1) + 4·nnz·f + (m+n)f³/3 per iteration); GB/s: minimal traffic of a fused "
-             "iteration (CSR once, one gather per rating, factors written); % of the *measured* peak "
-             "of the device it ran on (CPU peers: the host CPU's peak as measured through OpenCL). "
-             "Ratios are clmf ÷ peer in s/it: below 1, clmf is faster.\n")
-    L.append("## Measured device limits\n")
-    L.append("| device | when | FMA GFLOP/s (best width) | per width | copy GB/s (kernel) |")
-    L.append("|---|---|---|---|---|")
-    for r in rows:
-        if r["kind"] == "peak" and r["system"] == "peak-fma":
-            cp = next((x for x in rows if x["kind"] == "peak" and x["system"] == "peak-copy"
-                       and x["device"] == r["device"] and x["platform"] == r["platform"]
-                       and x.get("config_rule") == r.get("config_rule")), {})
-            L.append(f"| {r['platform']} \\| {r['device']} | {r.get('config_rule', '')} | "
-                     f"{r['gflops']:.1f} ({r['variant']}) | {r['note']} | "
-                     f"{_fmt(cp.get('gbps'), 4)} ({cp.get('variant', '')}) |")
-        elif r["kind"] == "peak" and r["system"] == "peak":
-            L.append(f"| {r['platform']} \\| {r['device']} | | {r['status']} | | |")
-    for info in infos:
-        pk = peaks.get(id(info))
-        if pk:
-            L.append(f"| {info.platform} \\| {info.name} | **used** (best of the runs) | "
-                     f"**{pk['peak_gflops']:.1f}** | | **{pk['peak_gbps']:.1f}** |")
-    L.append("")
-    groups = {}
-    for r in rows:
-        if r["kind"] in ("clmf", "peer"):
-            groups.setdefault((r["dataset"], r["f"]), []).append(r)
-        elif r["kind"] == "data":
-            L.append(f"- data set `{r['dataset']}`: {r['status']}")
-    for (ds, f), g in groups.items():
-        r0 = g[0]
-        L.append(f"## {ds}, f = {f}\n")
-        L.append(f"{r0['users']} × {r0['items']}, {r0['nnz_train']} train / {r0['nnz_test']} test "
-                 f"ratings, λ = {r0['regularization']} (weighted), {r0['iterations']} iterations.\n")
-        L.append("| system | status | s/it | 1st it | S1 s | S2 s | S3 s | test RMSE | vs ref | GFLOP/s | "
-                 "% peak | GB/s | % BW | S1 % peak | memory MiB |")
-        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-        for r in g:
-            mem = r.get("device_memory_bytes")
-            L.append("| " + " | ".join([
-                _sys_label(r), r["status"], _fmt(r.get("seconds_per_iteration")),
-                _fmt(r.get("first_iteration_s")), _fmt(r.get("s1_s")), _fmt(r.get("s2_s")),
-                _fmt(r.get("s3_s")), _fmt(r.get("test_rmse")),
-                _pct(r.get("rmse_vs_reference")) if r.get("rmse_vs_reference") not in (None, "") else "",
-                _fmt(r.get("gflops"), 3), _pct(r.get("frac_peak_flops")), _fmt(r.get("gbps"), 3),
-                _pct(r.get("frac_peak_bw")), _pct(r.get("s1_frac_peak_flops")),
-                f"{mem / 2**20:.1f}" if isinstance(mem, int) and mem else ""]) + " |")
-        notes = [f"{r['system']}: {r['note']}" for r in g if r.get("note") and r["kind"] == "peer"]
-        if notes:
-            L.append("\n" + "  \n".join(notes))
-        peers_ok = [r for r in g if r["kind"] == "peer" and r["status"] == "ok"]
-        clmfs = [r for r in g if r["kind"] == "clmf" and r["status"] == "ok"]
-        if clmfs and peers_ok:
-            L.append("\n**Ratios clmf ÷ peer (s/it)**\n")
-            L.append("| clmf | " + " | ".join(p["system"] for p in peers_ok) + " |")
-            L.append("|---|" + "---|" * len(peers_ok))
-            for c in clmfs:
-                L.append(f"| {_sys_label(c)} | " + " | ".join(
-                    f"{c['seconds_per_iteration'] / p['seconds_per_iteration']:.3f}"
-                    for p in peers_ok) + " |")
-        for c in clmfs:
-            st = {k: c.get(f"{k}_s") or 0.0 for k in ("s1", "s2", "s3")}
-            tot = sum(st.values())
-            if tot <= 0:
-                continue
-            k = max(st, key=st.get)
-            share = st[k] / c["seconds_per_iteration"]
-            dev_total = tot / c["seconds_per_iteration"]
-            what = {"s1": "hermitians", "s2": "right-hand sides", "s3": "solves"}[k]
-            L.append(f"\n- bottleneck of {_sys_label(c)}: {k.upper()} ({what}) {share:.0%} of the "
-                     f"iteration at {_pct(c.get(f'{k}_frac_peak_flops'))} of FMA peak / "
-                     f"{_pct(c.get(f'{k}_frac_peak_bw'))} of copy bandwidth; kernels {dev_total:.0%} "
-                     f"of the wall time (the rest: launches, host waits)")
-        # targets
-        lk = next((p for p in peers_ok if p["system"] == "lenskit"), None)
-        for c in clmfs:
-            if lk is not None and f >= 50:
-                ratio = c["seconds_per_iteration"] / lk["seconds_per_iteration"]
-                verdict = "met" if ratio <= 0.5 else f"missed by {ratio / 0.5:.2f}×"
-                L.append(f"- target ≥ 2× faster than LensKit ({_sys_label(c)}): "
-                         f"{1 / ratio:.2f}× → {verdict}")
-            if "GPU" in c.get("platform", "") or "NVIDIA" in c.get("platform", ""):
-                if ds == "netflix" and f in GPU_TARGETS:
-                    tgt = GPU_TARGETS[f]
-                    s = c["seconds_per_iteration"]
-                    verdict = "met" if s <= tgt else f"missed by {s / tgt:.1f}×"
-                    L.append(f"- target ≤ {tgt} s/it on the full Netflix shape ({_sys_label(c)}): "
-                             f"{s:.3f} s → {verdict}")
-        L.append("")
-    return "\n".join(L) + "\n"
-
-
-def make_plots(rows, out, name):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    paths = {}
-    ok = [r for r in rows if r["kind"] in ("clmf", "peer") and r["status"] == "ok"
-          and isinstance(r.get("seconds_per_iteration"), float)]
-    dsets = list(dict.fromkeys(r["dataset"] for r in ok))
-    if ok:
-        fig, axes = plt.subplots(1, len(dsets), figsize=(5.5 * len(dsets), 4.2), squeeze=False)
-        for ax, ds in zip(axes[0], dsets):
-            systems = {}
-            for r in ok:
-                if r["dataset"] == ds:
-                    systems.setdefault(_sys_label(r).replace("`", ""), []).append(
-                        (r["f"], r["seconds_per_iteration"]))
-            for lab, pts in systems.items():
-                pts.sort()
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
-                        linestyle="-" if lab.startswith("clmf") else "--", label=lab[:48])
-            ax.set_yscale("log")
-            ax.set_xlabel("f")
-            ax.set_ylabel("s / iteration")
-            ax.set_title(ds)
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=7)
-        fig.tight_layout()
-        p = out / f"{name}-time-vs-f.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        paths["time-vs-f"] = p
-    cl_rows = [r for r in ok if r["kind"] == "clmf" and r.get("frac_peak_flops") not in (None, "")]
-    if cl_rows:
-        labels = [f"{r['dataset']} f={r['f']}\n{_sys_label(r).replace('`', '')[:40]}" for r in cl_rows]
-        keys = [("s1_frac_peak_flops", "S1 of FMA peak"), ("s3_frac_peak_flops", "S3 of FMA peak"),
-                ("frac_peak_flops", "iteration of FMA peak"), ("s2_frac_peak_bw", "S2 of copy BW"),
-                ("frac_peak_bw", "iteration of copy BW")]
-        fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(cl_rows) + 2), 4.8))
-        x = np.arange(len(cl_rows))
-        wdt = 0.8 / len(keys)
-        for j, (k, lab) in enumerate(keys):
-            vals = [float(r.get(k) or 0.0) for r in cl_rows]
-            ax.bar(x + (j - len(keys) / 2 + 0.5) * wdt, vals, wdt, label=lab)
-        ax.set_xticks(x)
-        ax.set_xticklabels(labels, fontsize=6, rotation=60, ha="right")
-        ax.set_ylabel("fraction of measured peak")
-        ax.set_yscale("log")
-        ax.legend(fontsize=7)
-        ax.grid(True, axis="y", which="both", alpha=0.3)
-        fig.tight_layout()
-        p = out / f"{name}-peak-fraction.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        paths["peak-fraction"] = p
-    return paths
-
-
-# ----- command line ------------------------------------------------------------------------------
 def configure_parser(p):
     """Arguments of ``clmf bench`` (used by :mod:`clmf.cli`)."""
     p.add_argument("--data", action="append", default=None, metavar="SPEC",

@@ -1,0 +1,253 @@
+"""MovieLens loaders: ``u.data`` (100K, with its canonical u1..u5 splits), ``ratings.csv``
+and ``ratings.dat``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ._text import (
+    _empty,
+    _finish,
+    _parse_float,
+    _parse_int,
+    _read_text,
+    _Table,
+    _text_lines,
+)
+from .ratings import Ratings, _factorize
+
+logger = logging.getLogger(__name__)
+
+
+def _read_ml100k(path: Path) -> tuple[np.ndarray, ...]:
+    text = _read_text(path)
+    first = next((ln for ln in _text_lines(text[:4096]) if ln.strip()), "")
+    sep = "\t" if "\t" in first else None
+    table = _Table(path, text, sep, header=False, rating_col=2)
+    _empty(path, table)
+    cols = table.columns(4, 4)
+    u = _parse_int(table, cols[0], "user id")
+    i = _parse_int(table, cols[1], "item id")
+    r = _parse_float(table, cols[2], "rating")
+    ts = _parse_int(table, cols[3], "timestamp")
+    return u, i, r, ts
+
+
+def load_movielens_100k(path: str | os.PathLike, *, duplicates: str = "error") -> Ratings:
+    """Load a MovieLens 100K ratings file (``u.data``, ``ua.base``, ``u1.test``, ...).
+
+    The format is ``user item rating timestamp`` separated by tabs, without a header.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The file.
+    duplicates : {"error", "mean", "last", "sum"}, default "error"
+        See :meth:`Ratings.from_triples`.
+
+    Returns
+    -------
+    Ratings
+        With timestamps; id maps hold the raw MovieLens ids.
+
+    Raises
+    ------
+    ValueError
+        On a malformed line (message names the file and the 1-based line number).
+
+    Examples
+    --------
+    >>> r = load_movielens_100k("ml-100k/u.data")  # doctest: +SKIP
+    >>> r.shape  # doctest: +SKIP
+    (943, 1682)
+    """
+    path = Path(path)
+    t0 = time.perf_counter()
+    u, i, r, ts = _read_ml100k(path)
+    return _finish(path, None, u, i, r, ts, t0, "MovieLens 100K", duplicates=duplicates)
+
+
+def load_movielens_100k_split(
+    directory: str | os.PathLike, split: str = "ua"
+) -> tuple[Ratings, Ratings]:
+    """Load an official MovieLens 100K split (``ua``, ``ub``, ``u1`` ... ``u5``).
+
+    Train (``<split>.base``) and test (``<split>.test``) share one pair of id maps built over
+    the union of both files, so an index means the same user/item in both.
+
+    Parameters
+    ----------
+    directory : str or path-like
+        The ``ml-100k`` directory.
+    split : {"ua", "ub", "u1", "u2", "u3", "u4", "u5"}, default "ua"
+        Which split.
+
+    Returns
+    -------
+    (Ratings, Ratings)
+        ``(train, test)`` with identical ``user_ids``, ``item_ids`` and ``shape``.
+
+    Raises
+    ------
+    ValueError
+        On an unknown split name, a malformed line, or a (user, item) pair that occurs in
+        both files.
+
+    Examples
+    --------
+    >>> train, test = load_movielens_100k_split("ml-100k", "ua")  # doctest: +SKIP
+    >>> len(train), len(test), train.shape == test.shape  # doctest: +SKIP
+    (90570, 9430, True)
+    """
+    valid = ("ua", "ub", "u1", "u2", "u3", "u4", "u5")
+    if split not in valid:
+        raise ValueError(f"split must be one of {valid}, got {split!r}")
+    directory = Path(directory)
+    t0 = time.perf_counter()
+    base_path, test_path = directory / f"{split}.base", directory / f"{split}.test"
+    for p in (base_path, test_path):
+        if not p.is_file():
+            raise FileNotFoundError(f"{p} not found")
+    bu, bi, br, bt = _read_ml100k(base_path)
+    tu, ti, tr, tt = _read_ml100k(test_path)
+    umap, _ = _factorize(np.concatenate([bu, tu]))
+    imap, _ = _factorize(np.concatenate([bi, ti]))
+    parts = []
+    for p, (u, i, r, t) in ((base_path, (bu, bi, br, bt)), (test_path, (tu, ti, tr, tt))):
+        try:
+            parts.append(Ratings.from_triples(u, i, r, t, user_ids=umap, item_ids=imap))
+        except ValueError as exc:
+            raise ValueError(f"{p}: {exc}") from None
+    train, test = parts
+    n = train.shape[1]
+    overlap = np.intersect1d(
+        train.users.astype(np.int64) * n + train.items, test.users.astype(np.int64) * n + test.items
+    )
+    if overlap.size:
+        raise ValueError(
+            f"{base_path} and {test_path} share {overlap.size} (user, item) pair(s)"
+        )
+    # share the exact same map objects
+    test = Ratings._new(test.users, test.items, test.ratings, test.timestamps,
+                        train.user_ids, train.item_ids)
+    logger.info("loaded MovieLens 100K split %r from %s: %d train / %d test in %.2f s",
+                split, directory, len(train), len(test), time.perf_counter() - t0)
+    return train, test
+
+
+def _named_columns(table: _Table, path: Path, wanted: dict[str, Sequence[str]]) -> dict[str, int]:
+    """Resolve logical column names against a header (case-insensitive alternatives)."""
+    header = [h.lower() for h in (table.header or [])]
+    out = {}
+    for key, alternatives in wanted.items():
+        for alt in alternatives:
+            if alt.lower() in header:
+                out[key] = header.index(alt.lower())
+                break
+    return out
+
+
+def load_movielens_csv(path: str | os.PathLike, *, duplicates: str = "error") -> Ratings:
+    """Load a MovieLens ``ratings.csv`` (latest, latest-small, 20M, 25M, 32M).
+
+    Header ``userId,movieId,rating,timestamp`` (columns are found by name; a file without
+    a header is read in that order; the timestamp column is optional).
+
+    Parameters
+    ----------
+    path : str or path-like
+        The CSV file (LF or CRLF, UTF-8 or latin-1, optionally gzip-compressed).
+    duplicates : {"error", "mean", "last", "sum"}, default "error"
+        See :meth:`Ratings.from_triples`.
+
+    Returns
+    -------
+    Ratings
+        With timestamps when the file has them.
+
+    Raises
+    ------
+    ValueError
+        On a malformed line (message names the file and the 1-based line number).
+
+    Examples
+    --------
+    >>> r = load_movielens_csv("ml-latest-small/ratings.csv")  # doctest: +SKIP
+    >>> len(r), r.shape  # doctest: +SKIP
+    (100836, (610, 9724))
+    """
+    path = Path(path)
+    t0 = time.perf_counter()
+    text = _read_text(path)
+    table = _Table(path, text, ",", header="auto", rating_col=2)
+    _empty(path, table)
+    if table.header is not None:
+        idx = _named_columns(
+            table, path,
+            {"user": ("userId", "user_id", "user"), "item": ("movieId", "movie_id", "item", "itemId"),
+             "rating": ("rating",), "timestamp": ("timestamp", "time")},
+        )
+        missing = [k for k in ("user", "item", "rating") if k not in idx]
+        if missing:
+            raise ValueError(
+                f"{path}: line {table.header_lineno}: header "
+                f"{table.header} lacks column(s) for {missing} (expected userId,movieId,rating,timestamp)"
+            )
+        ncols = len(table.header)
+    else:
+        ncols = len(table._split(table.lines[0]))
+        if ncols not in (3, 4):
+            raise ValueError(f"{table.where(0)}: expected 3 or 4 fields, found {ncols}")
+        idx = {"user": 0, "item": 1, "rating": 2}
+        if ncols == 4:
+            idx["timestamp"] = 3
+    cols = table.columns(ncols, ncols)
+    u = _parse_int(table, cols[idx["user"]], "userId")
+    i = _parse_int(table, cols[idx["item"]], "movieId")
+    r = _parse_float(table, cols[idx["rating"]], "rating")
+    ts = _parse_int(table, cols[idx["timestamp"]], "timestamp") if "timestamp" in idx else None
+    return _finish(path, table, u, i, r, ts, t0, "MovieLens CSV", duplicates=duplicates)
+
+
+def load_movielens_dat(path: str | os.PathLike, *, duplicates: str = "error") -> Ratings:
+    """Load a MovieLens 1M / 10M ``ratings.dat`` (``UserID::MovieID::Rating::Timestamp``).
+
+    Parameters
+    ----------
+    path : str or path-like
+        The file.
+    duplicates : {"error", "mean", "last", "sum"}, default "error"
+        See :meth:`Ratings.from_triples`.
+
+    Returns
+    -------
+    Ratings
+        With timestamps.
+
+    Raises
+    ------
+    ValueError
+        On a malformed line (message names the file and the 1-based line number).
+
+    Examples
+    --------
+    >>> r = load_movielens_dat("ml-1m/ratings.dat")  # doctest: +SKIP
+    >>> r.shape  # doctest: +SKIP
+    (6040, 3706)
+    """
+    path = Path(path)
+    t0 = time.perf_counter()
+    table = _Table(path, _read_text(path), "::", header=False, rating_col=2)
+    _empty(path, table)
+    cols = table.columns(4, 4)
+    u = _parse_int(table, cols[0], "UserID")
+    i = _parse_int(table, cols[1], "MovieID")
+    r = _parse_float(table, cols[2], "Rating")
+    ts = _parse_int(table, cols[3], "Timestamp")
+    return _finish(path, table, u, i, r, ts, t0, "MovieLens .dat", duplicates=duplicates)

@@ -1,0 +1,358 @@
+"""Generic user/item/rating tables (delimited text, quoted CSV, Parquet), the :func:`load`
+dispatcher and :func:`load_titles`."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import logging
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ._text import (
+    _empty,
+    _finish,
+    _looks_like_header,
+    _parse_float,
+    _parse_id,
+    _parse_time,
+    _read_text,
+    _Table,
+    _text_lines,
+)
+from .movielens import load_movielens_100k, load_movielens_csv, load_movielens_dat
+from .netflix import load_netflix
+from .ratings import Ratings, _import_pandas
+
+logger = logging.getLogger(__name__)
+
+
+def _sniff_sep(path: Path, text: str) -> str | None:
+    sample = [ln for ln in _text_lines(text[:65536]) if ln.strip()][:20]
+    if not sample:
+        return None
+    if all("::" in ln for ln in sample):
+        return "::"
+    for cand in ("\t", ",", ";", "|"):
+        counts = {ln.count(cand) for ln in sample}
+        if len(counts) == 1 and counts.pop() >= 1:
+            return cand
+    for cand in ("\t", ",", ";"):
+        if all(cand in ln for ln in sample):
+            return cand
+    return None
+
+
+def _resolve_column(spec: int | str, table: _Table, path: Path, what: str) -> int:
+    if isinstance(spec, (int, np.integer)):
+        if spec < 0:
+            raise ValueError(f"{what} column index must be >= 0, got {spec}")
+        return int(spec)
+    if table.header is None:
+        raise ValueError(f"{path}: column {spec!r} given by name but the file has no header")
+    if spec in table.header:
+        return table.header.index(spec)
+    lowered = [h.lower() for h in table.header]
+    if spec.lower() in lowered:
+        return lowered.index(spec.lower())
+    raise ValueError(f"{path}: column {spec!r} not in header {table.header}")
+
+
+def _load_parquet(path: Path, columns, timestamp_column, **kw) -> Ratings:
+    pd = _import_pandas(f"reading {path}")
+    try:
+        df = pd.read_parquet(path)
+    except ImportError as exc:  # pragma: no cover - environment dependent
+        raise ImportError(
+            f"reading {path} needs pyarrow (or fastparquet); install it with `pip install pyarrow`"
+        ) from exc
+    names = list(df.columns)
+
+    def name(spec):
+        if isinstance(spec, (int, np.integer)):
+            return names[int(spec)]
+        return spec
+
+    ucol, icol, rcol = (name(c) for c in columns)
+    tcol = name(timestamp_column) if timestamp_column is not None else None
+    return Ratings.from_pandas(df, ucol, icol, rcol, tcol, **kw)
+
+
+def load_triples(
+    path: str | os.PathLike,
+    *,
+    sep: str | None = None,
+    columns: Sequence[int | str] = (0, 1, 2),
+    header: bool | str = "auto",
+    timestamp_column: int | str | None = None,
+    duplicates: str = "error",
+) -> Ratings:
+    """Load generic (user, item, rating) triples from a delimited text or parquet file.
+
+    Parameters
+    ----------
+    path : str or path-like
+        A text file (``.csv``, ``.tsv``, ``.txt``, ``.dat``..., optionally gzip-compressed)
+        or a ``.parquet`` file (read with pandas + pyarrow, imported lazily).
+    sep : str, optional
+        Field separator; sniffed when ``None``: ``'::'``, tab, comma, ``';'``, ``'|'``,
+        else any whitespace.
+    columns : sequence of 3 int or str, default (0, 1, 2)
+        User, item and rating columns, by 0-based position or by header name.
+    header : {"auto", True, False}, default "auto"
+        With "auto", the first line is a header when its rating field is not a number.
+    timestamp_column : int or str, optional
+        Column of timestamps: integer unix seconds, float seconds or ISO dates.
+    duplicates : {"error", "mean", "last", "sum"}, default "error"
+        See :meth:`Ratings.from_triples`.
+
+    Returns
+    -------
+    Ratings
+        Ids that are all integers become integer raw ids; otherwise strings.
+
+    Raises
+    ------
+    ValueError
+        On a malformed line (message names the file and the 1-based line number).
+
+    Examples
+    --------
+    >>> r = load_triples("user_artists.dat")  # doctest: +SKIP
+    >>> r.shape  # doctest: +SKIP
+    (1892, 17632)
+    """
+    path = Path(path)
+    t0 = time.perf_counter()
+    columns = tuple(columns)
+    if len(columns) != 3:
+        raise ValueError(f"columns must name 3 columns (user, item, rating), got {columns!r}")
+    if header not in ("auto", True, False):
+        raise ValueError(f"header must be 'auto', True or False, got {header!r}")
+    if path.suffix.lower() in (".parquet", ".pq"):
+        return _load_parquet(path, columns, timestamp_column, duplicates=duplicates)
+    text = _read_text(path)
+    if sep is None:
+        sep = _sniff_sep(path, text)
+    elif sep == "":
+        raise ValueError("sep must be a non-empty string or None")
+    rating_spec = columns[2]
+    if sep == "," and '"' in text:
+        return _load_quoted_csv(path, text, columns, header, timestamp_column, duplicates, t0)
+    table = _Table(path, text, sep, header=header, rating_col=rating_spec)
+    _empty(path, table)
+    idx = [_resolve_column(c, table, path, w) for c, w in zip(columns, ("user", "item", "rating"))]
+    tcol = None
+    if timestamp_column is not None:
+        tcol = _resolve_column(timestamp_column, table, path, "timestamp")
+    need = max(idx + ([tcol] if tcol is not None else [])) + 1
+    cols = table.columns(None, need)
+    u = _parse_id(table, cols[idx[0]], "user id")
+    i = _parse_id(table, cols[idx[1]], "item id")
+    r = _parse_float(table, cols[idx[2]], "rating")
+    ts = _parse_time(table, cols[tcol], "timestamp") if tcol is not None else None
+    return _finish(path, table, u, i, r, ts, t0, f"triples, sep={sep!r}", duplicates=duplicates)
+
+
+def _load_quoted_csv(path, text, columns, header, timestamp_column, duplicates, t0) -> Ratings:
+    """CSV with quoted fields (commas inside ids): the slower csv-module path."""
+    lines = _text_lines(text)
+    rows: list[list[str]] = []
+    linenos: list[int] = []
+    reader = csv.reader(io.StringIO("\n".join(lines)))
+    for row in reader:
+        if row and any(f.strip() for f in row):
+            rows.append(row)
+            linenos.append(reader.line_num)
+    table = _Table.__new__(_Table)
+    table.path, table.sep, table._split_sep = path, ",", ","
+    table.linenos = np.asarray(linenos, dtype=np.int64)
+    table.header = None
+    if rows:
+        has_header = (
+            _looks_like_header(rows[0], columns[2]) if header == "auto" else bool(header)
+        )
+        if has_header:
+            table.header = [f.strip() for f in rows[0]]
+            rows, table.linenos = rows[1:], table.linenos[1:]
+    table.lines = rows
+    _empty(path, table)
+    idx = [_resolve_column(c, table, path, w) for c, w in zip(columns, ("user", "item", "rating"))]
+    tcol = None
+    if timestamp_column is not None:
+        tcol = _resolve_column(timestamp_column, table, path, "timestamp")
+    need = max(idx + ([tcol] if tcol is not None else [])) + 1
+    for k, row in enumerate(rows):
+        if len(row) < need:
+            raise ValueError(
+                f"{table.where(k)}: expected at least {need} fields, found {len(row)}: {row!r}"
+            )
+    col = lambda j: [row[j] for row in rows]  # noqa: E731
+    u = _parse_id(table, col(idx[0]), "user id")
+    i = _parse_id(table, col(idx[1]), "item id")
+    r = _parse_float(table, col(idx[2]), "rating")
+    ts = _parse_time(table, col(tcol), "timestamp") if tcol is not None else None
+    return _finish(path, table, u, i, r, ts, t0, "quoted CSV", duplicates=duplicates)
+
+
+_ML100K_NAME = re.compile(r"^(u\.data|u[a-b1-5]\.(base|test))$")
+
+
+def _first_line(path: Path) -> str:
+    with open(path, "rb") as fh:
+        head = fh.read(4096)
+    if head[:2] == b"\x1f\x8b":
+        with gzip.open(path, "rb") as fh:
+            head = fh.read(4096)
+    return head.decode("latin-1").split("\n", 1)[0].rstrip("\r")
+
+
+def load(path: str | os.PathLike, **kwargs: Any) -> Ratings:
+    """Load ratings, choosing the loader by the file's name, extension and first line.
+
+    ``u.data`` / ``ua.base`` / ``u1.test`` / ``*.base`` / ``*.test`` go to
+    :func:`load_movielens_100k`; ``ratings.csv`` (or a CSV whose header starts with
+    ``userId,movieId``) to :func:`load_movielens_csv`; ``*.dat`` with ``::`` separators to
+    :func:`load_movielens_dat`; ``mv_*.txt`` / ``combined_data*.txt`` to :func:`load_netflix`;
+    ``.parquet`` and everything else to :func:`load_triples`. A directory is searched for
+    ``u.data``, ``ratings.csv``, ``ratings.dat`` or Netflix files, in that order.
+
+    Parameters
+    ----------
+    path : str or path-like
+        A file or a directory.
+    **kwargs
+        Passed to the chosen loader.
+
+    Returns
+    -------
+    Ratings
+
+    Examples
+    --------
+    >>> load("ml-latest-small/ratings.csv").shape  # doctest: +SKIP
+    (610, 9724)
+    """
+    path = Path(path)
+    if path.is_dir():
+        for name in ("u.data", "ratings.csv", "ratings.dat"):
+            if (path / name).is_file():
+                return load(path / name, **kwargs)
+        if any(path.glob("mv_*.txt")) or (path / "training_set").is_dir() or any(
+            path.glob("combined_data_*.txt")
+        ):
+            return load_netflix(path, **kwargs)
+        raise ValueError(f"{path}: no known ratings file (u.data, ratings.csv, ratings.dat, mv_*.txt)")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found")
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        name = name[:-3]
+    suffix = Path(name).suffix
+    if _ML100K_NAME.match(name) or suffix in (".base", ".test"):
+        return load_movielens_100k(path, **kwargs)
+    if suffix in (".parquet", ".pq"):
+        return load_triples(path, **kwargs)
+    first = _first_line(path)
+    if name == "ratings.csv" or (suffix == ".csv" and first.lower().startswith("userid,movieid")):
+        return load_movielens_csv(path, **kwargs)
+    if suffix == ".dat" and "::" in first:
+        return load_movielens_dat(path, **kwargs)
+    if name.startswith("mv_") or name.startswith("combined_data") or re.fullmatch(r"\d+:", first.strip()):
+        return load_netflix(path, **kwargs)
+    return load_triples(path, **kwargs)
+
+
+def load_titles(path: str | os.PathLike) -> dict[Any, str]:
+    """Read movie titles: ``u.item``, ``movies.csv``, ``movies.dat`` or ``movie_titles.txt``.
+
+    Parameters
+    ----------
+    path : str or path-like
+        ``u.item`` (``|``-separated, latin-1), ``movies.csv`` (quoted CSV with header
+        ``movieId,title,genres``), ``movies.dat`` (``::``) or Netflix ``movie_titles.txt``
+        (``id,year,title``).
+
+    Returns
+    -------
+    dict
+        Raw item id (int where numeric) -> title.
+
+    Raises
+    ------
+    ValueError
+        On a malformed line (message names the file and the 1-based line number).
+
+    Examples
+    --------
+    >>> titles = load_titles("ml-100k/u.item")  # doctest: +SKIP
+    >>> titles[1]  # doctest: +SKIP
+    'Toy Story (1995)'
+    """
+    path = Path(path)
+    text = _read_text(path)
+    lines = _text_lines(text)
+    first = next((ln for ln in lines if ln.strip()), "")
+    name = path.name.lower()
+
+    def key(v: str, lineno: int):
+        v = v.strip()
+        try:
+            return int(v)
+        except ValueError:
+            if not v:
+                raise ValueError(f"{path}: line {lineno}: empty movie id") from None
+            return v
+
+    titles: dict[Any, str] = {}
+    if "::" in first:
+        for k, ln in enumerate(lines, 1):
+            if not ln.strip():
+                continue
+            f = ln.split("::")
+            if len(f) < 2:
+                raise ValueError(f"{path}: line {k}: expected 'id::title::genres': {ln[:200]!r}")
+            titles[key(f[0], k)] = f[1]
+        return titles
+    if "|" in first and first.split("|", 1)[0].strip().isdigit():
+        for k, ln in enumerate(lines, 1):
+            if not ln.strip():
+                continue
+            f = ln.split("|")
+            if len(f) < 2:
+                raise ValueError(f"{path}: line {k}: expected 'id|title|...': {ln[:200]!r}")
+            titles[key(f[0], k)] = f[1]
+        return titles
+    if name.startswith("movie_titles") or re.match(r"^\d+,(\d{4}|NULL),", first):
+        for k, ln in enumerate(lines, 1):
+            if not ln.strip():
+                continue
+            f = ln.split(",", 2)
+            if len(f) < 3:
+                raise ValueError(f"{path}: line {k}: expected 'id,year,title': {ln[:200]!r}")
+            titles[key(f[0], k)] = f[2]
+        return titles
+    reader = csv.reader(io.StringIO("\n".join(lines)))
+    header = None
+    for row in reader:
+        k = reader.line_num
+        if not row or not any(c.strip() for c in row):
+            continue
+        if header is None:
+            lowered = [c.strip().lower() for c in row]
+            if "title" in lowered:
+                header = lowered
+                continue
+            header = ["movieid", "title"]
+        id_col = next((header.index(c) for c in ("movieid", "itemid", "id") if c in header), 0)
+        t_col = header.index("title") if "title" in header else 1
+        if len(row) <= max(id_col, t_col):
+            raise ValueError(f"{path}: line {k}: expected {len(header)} fields, found {len(row)}")
+        titles[key(row[id_col], k)] = row[t_col]
+    return titles

@@ -1,0 +1,41 @@
+"""Tuning databases and choosing a kernel configuration for a device, side and data set.
+
+:mod:`.schema` holds the record keys shared with the tuner, :mod:`.database` reads and writes the
+JSON Lines databases, :mod:`.lookup` applies the fallback chain (:func:`choose`).  The search and
+measurement that produce tunings are :mod:`clmf.tuner`.
+"""
+from .database import (
+                       Database,
+                       base_record,
+                       clmf_commit,
+                       database_paths,
+                       now,
+                       read_database,
+                       shipped_paths,
+                       user_db_path,
+)
+from .lookup import choose, class_distance, dataset_class, heuristic
+from .schema import (
+                       BASELINE,
+                       CLASS_TOL,
+                       ENV_DB,
+                       ENV_NO_SHIPPED,
+                       MODE_DEFAULT_SOLVER,
+                       MODES,
+                       SCHEMA_VERSION,
+                       SIDES,
+                       Choice,
+                       TuningDatabaseWarning,
+                       device_record,
+                       device_slug,
+                       factor_width,
+                       fit_mode,
+                       kernel_factors,
+                       record_mode,
+)
+
+__all__ = ["Choice", "choose", "heuristic", "BASELINE", "SCHEMA_VERSION", "CLASS_TOL", "MODES",
+           "MODE_DEFAULT_SOLVER", "fit_mode", "record_mode", "kernel_factors", "factor_width",
+           "TuningDatabaseWarning", "dataset_class", "class_distance", "device_record",
+           "device_slug", "database_paths", "user_db_path", "shipped_paths", "read_database",
+           "Database", "base_record", "now", "clmf_commit", "ENV_DB", "ENV_NO_SHIPPED", "SIDES"]

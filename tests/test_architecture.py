@@ -1,0 +1,242 @@
+"""The package's shape: imports point one way (no cycles), no module is too long, and the library
+core does not pull in the tuner, the benchmark or heavy optional stacks when it is imported.
+
+The sources are parsed with :mod:`ast` (nothing is imported). The repo's ``tuner/`` and
+``cl_kernels/`` are named as installed, ``clmf.tuner`` and ``clmf.cl_kernels``.
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+MAX_LINES = 800
+# the parts of clmf that are not the library core (they may import anything, lazily or not)
+NOT_CORE = ("clmf.bench", "clmf.cli", "clmf.__main__", "clmf.tuner")
+# never imported at module level by the library core, directly or through other modules
+FORBIDDEN_INTERNAL = ("clmf.tuner", "clmf.bench")
+FORBIDDEN_EXTERNAL = ("torch", "dask", "pyspark")
+
+
+def _under(name, prefixes):
+    """Whether the dotted ``name`` is one of ``prefixes`` or inside one of them."""
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def source_modules(roots):
+    """{module name: path} for every ``.py`` under ``roots`` ({directory: package name})."""
+    out = {}
+    for directory, package in roots.items():
+        for path in sorted(pathlib.Path(directory).rglob("*.py")):
+            parts = list(path.relative_to(directory).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join([package, *parts])] = path
+    return out
+
+
+def _local_scopes(tree):
+    """ids of the import nodes inside a function (or lambda) body."""
+    local = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            for inner in ast.walk(node):
+                if isinstance(inner, (ast.Import, ast.ImportFrom)):
+                    local.add(id(inner))
+    return local
+
+
+def _resolve(name, modules, aliases):
+    """The internal module that ``name`` names (its nearest known ancestor), else None."""
+    head, _, rest = name.partition(".")
+    if head in aliases:
+        name = aliases[head] + ("." + rest if rest else "")
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def import_graph(modules, aliases=None):
+    """Imports of every module: {module: [(target, is_internal, at_module_level, lineno)]}.
+
+    Module-level and function-local imports, absolute and relative; ``from P import x`` counts as
+    an import of the module ``P.x`` when that is a module, else of ``P``.
+    """
+    aliases = aliases or {}
+    graph = {}
+    for mod, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        local = _local_scopes(tree)
+        is_pkg = path.name == "__init__.py"
+        package = mod if is_pkg else mod.rpartition(".")[0]
+        edges = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    base = base[:len(base) - (node.level - 1)]
+                    stem = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    stem = node.module
+                names = [f"{stem}.{a.name}" if _resolve(f"{stem}.{a.name}", modules, aliases)
+                         == f"{stem}.{a.name}" else stem for a in node.names]
+            else:
+                continue
+            top = id(node) not in local
+            for name in names:
+                target = _resolve(name, modules, aliases)
+                if target is None:
+                    edges.append((name, False, top, node.lineno))
+                elif target != mod:
+                    edges.append((target, True, top, node.lineno))
+        graph[mod] = edges
+    return graph
+
+
+def find_cycles(graph):
+    """One cycle (a list of modules, first == last) per strongly connected component."""
+    adj = {m: sorted({t for t, internal, _, _ in edges if internal}) for m, edges in graph.items()}
+    index, low, stack, on, sccs, counter = {}, {}, [], set(), [], [0]
+
+    def strong(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in adj.get(v, ()):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                sccs.append(set(comp))
+
+    for v in sorted(adj):
+        if v not in index:
+            strong(v)
+    cycles = []
+    for comp in sccs:                       # a path back to the start inside the component
+        start = min(comp)
+        prev, frontier = {start: None}, [start]
+        while frontier:
+            v = frontier.pop(0)
+            for w in adj[v]:
+                if w == start:
+                    chain = [v]
+                    while prev[chain[-1]] is not None:
+                        chain.append(prev[chain[-1]])
+                    cycles.append([*reversed(chain), start])
+                    frontier = []
+                    break
+                if w in comp and w not in prev:
+                    prev[w] = v
+                    frontier.append(w)
+    return cycles
+
+
+def forbidden_imports(graph, not_core=NOT_CORE, internal=FORBIDDEN_INTERNAL,
+                      external=FORBIDDEN_EXTERNAL):
+    """["core module -> ... -> forbidden"]: what the core reaches through module-level imports."""
+    bad = []
+    for mod in sorted(graph):
+        if _under(mod, not_core):
+            continue
+        prev, frontier = {mod: None}, [mod]
+        while frontier:
+            v = frontier.pop(0)
+            for target, is_internal, top, _ in graph[v]:
+                if not top:
+                    continue
+                hit = (_under(target, internal) if is_internal
+                       else target.split(".")[0] in external)
+                if hit:
+                    chain = [target, v]
+                    while prev[chain[-1]] is not None:
+                        chain.append(prev[chain[-1]])
+                    bad.append(" -> ".join(reversed(chain)))
+                elif is_internal and target not in prev:
+                    prev[target] = v
+                    frontier.append(target)
+    return sorted(set(bad))
+
+
+def _repo_graph():
+    """The import graph of the repo's clmf/, tuner/ and cl_kernels/ (as installed)."""
+    roots = {REPO / "clmf": "clmf", REPO / "tuner": "clmf.tuner",
+             REPO / "cl_kernels": "clmf.cl_kernels"}
+    modules = source_modules(roots)
+    aliases = {"tuner": "clmf.tuner", "cl_kernels": "clmf.cl_kernels"}
+    return modules, import_graph(modules, aliases)
+
+
+def test_no_import_cycles():
+    modules, graph = _repo_graph()
+    assert "clmf.model.estimator" in modules and "clmf.tuner.strategies" in modules
+    cycles = find_cycles(graph)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_module_over_max_lines():
+    modules, _ = _repo_graph()
+    long = {m: n for m, p in modules.items()
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_core_does_not_import_tuner_bench_or_heavy_stacks():
+    _, graph = _repo_graph()
+    bad = forbidden_imports(graph)
+    assert not bad, "module-level imports the library core must not make: " + "; ".join(bad)
+
+
+def test_checks_catch_a_cycle_and_a_forbidden_import(tmp_path):
+    """The checkers themselves find what they look for (a cycle through a function-local relative
+    import, and a core module reaching torch and the benchmark at module level)."""
+    pkg = tmp_path / "clmf"
+    (pkg / "bench").mkdir(parents=True)
+    files = {
+        "__init__.py": "",
+        "a.py": "from . import b\n",
+        "b.py": "def f():\n    from .c import g\n    return g\n",
+        "c.py": "import numpy\nfrom .a import b as _b\ndef g():\n    pass\n",
+        "d.py": "from .e import x\n",
+        "e.py": "import torch.nn\nx = 1\ndef h():\n    import dask\n",
+        "f.py": "from .bench import runner\n",
+        "bench/__init__.py": "",
+        "bench/runner.py": "import torch\n",
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    modules = source_modules({pkg: "clmf"})
+    graph = import_graph(modules)
+    cycles = find_cycles(graph)
+    assert len(cycles) == 1 and set(cycles[0]) == {"clmf.a", "clmf.b", "clmf.c"}
+    assert cycles[0][0] == cycles[0][-1]
+    bad = forbidden_imports(graph)
+    assert "clmf.d -> clmf.e -> torch.nn" in bad
+    assert "clmf.f -> clmf.bench.runner" in bad
+    assert not any("dask" in b for b in bad)           # function-local: allowed
+    assert not any(b.startswith("clmf.bench") for b in bad)
+
+
+@pytest.mark.parametrize("name", ["ALS", "load", "datasets", "metrics", "splits",
+                                  "select_device", "KernelConfig", "errors"])
+def test_public_api_is_listed(name):
+    import clmf
+    assert name in dir(clmf) and name in clmf.__all__
+    assert getattr(clmf, name) is not None
