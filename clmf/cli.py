@@ -312,8 +312,11 @@ def _recommend_all(args):
     an error leaves nothing half-written."""
     import os
     import tempfile
+
     import scipy.sparse as sp
+
     import clmf
+
     from . import datasets
     if args.out is None:
         raise ValueError("--all needs --out FILE.parquet or FILE.csv")

@@ -211,8 +211,8 @@ def gpu_device(spec=None):
 def bench_gpu(a, res, outdir):
     from clmf.engine.device import device_info
     from clmf.inference import topk as T
-    from clmf.inference.topk import inference_options
     from clmf.inference.recommend import host_rank
+    from clmf.inference.topk import inference_options
     from clmf.tuner.topk import synthetic_problem, tune_topk
     dev = gpu_device(a.device)
     info = device_info(dev)
@@ -326,10 +326,10 @@ def bench_faiss(X, Y, a, ref_unfiltered):
     best = float("inf")
     for _ in range(a.reps):
         t = time.perf_counter()
-        _, I = index.search(X, a.N)
+        _, found = index.search(X, a.N)
         best = min(best, time.perf_counter() - t)
     return {"seconds_unfiltered": best, "agreement_with_clmf_unfiltered":
-            agreement(I, ref_unfiltered), "version": getattr(faiss, "__version__", "?"),
+            agreement(found, ref_unfiltered), "version": getattr(faiss, "__version__", "?"),
             "note": "no seen-item filtering (FAISS has none); compare clmf's unfiltered time"}
 
 

@@ -4,8 +4,8 @@ import pytest
 import scipy.sparse as sp
 
 import clmf
-from clmf.inference import topk as T
 from clmf.engine.device import device_info
+from clmf.inference import topk as T
 from clmf.inference.recommend import host_rank
 
 
@@ -224,6 +224,7 @@ def test_recommend_all_and_cli_stream(cl_device, tmp_path, monkeypatch):
     """``recommend_all`` equals a batched ``recommend``; ``clmf recommend --all --out`` writes
     the same lists in raw ids to .csv and .parquet, and nothing when it fails."""
     import pandas as pd
+
     from clmf import datasets
     from clmf.cli import main
     rng = np.random.default_rng(0)

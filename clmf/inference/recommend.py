@@ -4,12 +4,9 @@
 attributes (``user_factors_``, ``item_factors_``, ``user_counts_``, ``item_counts_``,
 ``global_mean_``, the id maps ``user_ids_``/``item_ids_``, and ``user_biases_``/``item_biases_``
 when the model has biases) and the hyper-parameters ``regularization`` and
-``weighted_regularization``. Ranking (``recommend``, ``recommend_all``, ``similar_*``) runs on
-the model's OpenCL device through :mod:`clmf.inference.topk` (factors uploaded once per model,
-results identical to the host's) when a device is available and the call's work passes the
-measured host threshold; otherwise, and for the fold-in solves, it runs on the host in NumPy, so a
-model loaded with :func:`clmf.load` recommends anywhere. ``CLMF_INFERENCE=host`` (or
-:func:`clmf.inference.topk.inference_options`) keeps every call on the host.
+``weighted_regularization``. Ranking runs on the model's device (:mod:`.ranking`, :mod:`.topk`)
+when one is there and the work passes the measured host threshold, else (and the fold-in solves
+always) on the host in NumPy: a model loaded with :func:`clmf.load` recommends anywhere.
 
 Conventions (the same as the `implicit <https://benfred.github.io/implicit/>`_ library):
 

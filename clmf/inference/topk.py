@@ -303,6 +303,7 @@ class DeviceTopK:
 
     def __init__(self, factors, device="auto", config=None, memory_fraction=0.5):
         import pyopencl as cl
+
         from ..engine.device import device_info, get_context, select_device
         self.cl = cl
         self.device = select_device(device)
