@@ -211,7 +211,7 @@ def gpu_device(spec=None):
 def bench_gpu(a, res, outdir):
     from clmf.engine.device import device_info
     from clmf.inference import topk as T
-    from clmf.inference.recommend import host_rank
+    from clmf.inference.host import host_rank
     from clmf.inference.topk import inference_options
     from clmf.tuner.topk import synthetic_problem, tune_topk
     dev = gpu_device(a.device)

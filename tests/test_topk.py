@@ -6,7 +6,7 @@ import scipy.sparse as sp
 import clmf
 from clmf.engine.device import device_info
 from clmf.inference import topk as T
-from clmf.inference.recommend import host_rank
+from clmf.inference.host import host_rank
 
 
 def brute(Q, Y, N, cand=None, excl=None):

@@ -96,7 +96,7 @@ def tune_topk(device="auto", n_items=17770, f=100, users=8192, N=10, seen_per_us
     from clmf.engine.device import device_info, select_device
     from clmf.errors import InvalidConfigError
     from clmf.inference import topk as T
-    from clmf.inference.recommend import host_rank
+    from clmf.inference.host import host_rank
     from clmf.tuning import Database, base_record
     dev = select_device(device)
     info = device_info(dev)

@@ -1,8 +1,8 @@
 """Ranking through the device top-k: the per-model upload cache, the host/device choice and
 ``recommend_all`` (mixed into :class:`clmf.inference.recommend.RecommenderMixin`).
 
-The host helpers (``host_rank``, the argument checks) live in :mod:`.recommend`; they are
-imported inside the functions, so this module does not import it at load time.
+The host ranking is :mod:`.host`; the argument checks stay with :mod:`.recommend` (reached
+through ``self``), so this module never imports it.
 """
 from __future__ import annotations
 
@@ -83,8 +83,7 @@ class DeviceRankingMixin:
         parts = list(self.iter_recommend_all(N, user_items, filter_already_liked_items,
                                              filter_items, items, batch_size, show_progress))
         if not parts:
-            from .recommend import _check_N
-            k = min(_check_N(N), self.item_factors_.shape[0])
+            k = min(int(N), self.item_factors_.shape[0])
             return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
         return np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
 
@@ -100,15 +99,12 @@ class DeviceRankingMixin:
         >>> for users, ids, scores in model.iter_recommend_all(10, train):   # doctest: +SKIP
         ...     write(users, ids, scores)
         """
-        from .recommend import _candidates, _check_N, _rows_for, host_rank
+        from .host import host_rank
         self._require_fitted()
-        N = _check_N(N)
+        N, cand, rows = self._all_inputs(N, user_items, filter_already_liked_items, filter_items,
+                                         items)
         X, Y = self.user_factors_, self.item_factors_
         n_users, n_items = X.shape[0], Y.shape[0]
-        cand = _candidates(n_items, items, filter_items)
-        rows = None
-        if user_items is not None and filter_already_liked_items:
-            rows = _rows_for(np.arange(n_users), user_items, "user_items", n_items)
         bi = getattr(self, "item_biases_", None)
         if bi is not None:
             Xq = np.hstack([np.asarray(X, np.float32), np.ones((n_users, 1), np.float32)])
@@ -174,7 +170,7 @@ class DeviceRankingMixin:
                         return _device_rank(dtk, Q, cand, rows, N, self_ids)
                     except Exception as e:              # a device failure never breaks a call
                         self._device_failed(e)
-        from .recommend import host_rank
+        from .host import host_rank
         return host_rank(Q, F, cand, rows, N, self_ids)
 
     # ----- the device path -------------------------------------------------------------------

@@ -3,7 +3,7 @@
 The kernels (``cl_kernels/topk.cl.j2``) compute ``Q · Fᵀ`` tile by tile and keep, per query,
 the best ``k`` (score, index) pairs in local memory, so the score matrix never reaches global
 memory; a second kernel merges the partial lists of the candidate splits. Results are exact and
-ordered like :func:`clmf.inference.recommend._top_n`: score descending, then the lower index.
+ordered like :func:`clmf.inference.host._top_n`: score descending, then the lower index.
 
 The API is a function of (factors, queries, candidates, exclusion CSR, N) on one device, so
 the model, the CLI and the multi-device paths share it::
@@ -196,11 +196,10 @@ def _program(ctx, device, cfg, ldf, kp):
 def lookup_config(info, f):
     """``(config, host_threshold or None, origin)`` for a device: the newest ``topk`` record of
     the same device (nearest f) in the tuning databases, else the device type's default."""
-    from .. import tuning
     from ..tuning.lookup import _sources
-    from ..tuning.schema import _same_device
+    from ..tuning.schema import _same_device, device_record
     best = None
-    dev = tuning.device_record(info)
+    dev = device_record(info)
     try:
         sources = _sources()
     except Exception as e:                      # a database must never break inference
@@ -639,7 +638,7 @@ def calibrate(dtk: DeviceTopK, sizes=(1, 16, 64), N=10, seed=0):
 
     Each side is modelled as ``t = a + c·b`` (launch/setup + per query); the crossover is
     ``b* = (a_dev − a_host) / (c_host − c_dev)``; the threshold is ``b* · n · f``."""
-    from ..recommend import host_rank
+    from .host import host_rank
     rng = np.random.default_rng(seed)
     th, td = [], []
     Yh = _host_factors(dtk)
