@@ -40,10 +40,12 @@ log = logging.getLogger("bench_topk")
 
 
 def _now():
+    """UTC now, ISO 8601."""
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def _commit():
+    """The clmf source commit (provenance)."""
     try:
         from clmf.provenance import commit
         return commit()
@@ -84,6 +86,7 @@ def timed(fn, reps=1):
 
 # ----- CPU ---------------------------------------------------------------------------------------
 def cpu_devices():
+    """The OpenCL CPU devices (Oclgrind left out)."""
     import pyopencl as cl
     out = []
     for p in cl.get_platforms():
@@ -96,10 +99,12 @@ def cpu_devices():
 
 
 def dev_name(d):
+    """``platform | device`` of a pyopencl device."""
     return f"{d.platform.name.strip()} | {d.name.strip()}"
 
 
 def bench_recommend_cpu(a, res):
+    """Top-N for every synthetic user: implicit, clmf per CPU device, clmf host."""
     from clmf.inference.topk import inference_options
     from clmf.tuner.topk import synthetic_problem
     X, Y, R = synthetic_problem(a.users, a.items, a.f, a.seen, seed=0)
@@ -149,6 +154,7 @@ def bench_recommend_cpu(a, res):
 
 
 def bench_similar_cpu(a, res):
+    """similar_items of every ml-latest-small item: implicit, clmf per CPU device, host."""
     import clmf
     from clmf import datasets
     from clmf.inference.topk import inference_options
@@ -209,6 +215,7 @@ def gpu_device(spec=None):
 
 
 def bench_gpu(a, res, outdir):
+    """The GPU run: a geometry search, the Netflix-shaped problem, its peers."""
     from clmf.engine.device import device_info
     from clmf.inference import topk as T
     from clmf.inference.host import host_rank
@@ -273,6 +280,7 @@ def bench_gpu(a, res, outdir):
 
 
 def bench_torch(X, Y, R, a, ref):
+    """PyTorch peer: a GEMM per 64K users, the seen items masked, ``topk``."""
     try:
         import torch
     except ImportError as e:
@@ -287,6 +295,7 @@ def bench_torch(X, Y, R, a, ref):
     B = 65536
 
     def run():
+        """One pass over all users; the top-N ids on the host."""
         out_i, out_s = [], []
         for b0 in range(0, X.shape[0], B):
             b1 = min(X.shape[0], b0 + B)
@@ -313,6 +322,7 @@ def bench_torch(X, Y, R, a, ref):
 
 
 def bench_faiss(X, Y, a, ref_unfiltered):
+    """FAISS GPU exact inner-product search (no seen-item filter)."""
     try:
         import faiss
     except ImportError as e:
@@ -335,6 +345,7 @@ def bench_faiss(X, Y, a, ref_unfiltered):
 
 # ----- report ------------------------------------------------------------------------------------
 def write(outdir, name, res):
+    """Write ``OUTDIR/<name>.json`` and a markdown summary."""
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / f"{name}.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
     lines = [f"# {name}", "", f"date {res['date']}, commit {res['commit']}, host "
@@ -362,6 +373,7 @@ def write(outdir, name, res):
 
 
 def main(argv=None):
+    """Command line entry point (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("outdir")
     ap.add_argument("--gpu", action="store_true", help="the H100 run (Netflix-shaped)")

@@ -17,6 +17,7 @@ __all__ = ["DeviceRankingMixin"]
 
 
 def _topk():
+    """The :mod:`clmf.inference.topk` module (imported on first use)."""
     from . import topk
     return topk
 
@@ -211,6 +212,7 @@ class DeviceRankingMixin:
         return dtk
 
     def _device_failed(self, e):
+        """Log a device failure once and keep this model on the host from now on."""
         log.warning("device top-k failed (%s: %s); this model now ranks on the host",
                     type(e).__name__, e)
         self._topk_disabled = True

@@ -85,6 +85,7 @@ class TopKConfig:
                     + self.tm + self.tm * mw + 2) + 8 * self.tm
 
     def __str__(self):
+        """``topk:wx=..,wy=..,...`` (parsed back by :meth:`parse`)."""
         return ("topk:" + ",".join(f"{k}={int(getattr(self, k))}"
                                    for k in _FIELDS))
 
@@ -183,6 +184,7 @@ def render_topk(cfg: TopKConfig, ldf, kp):
 
 
 def _program(ctx, device, cfg, ldf, kp):
+    """Build (memoized per context) the top-k program and check the kernel's work-group limit."""
     from ..engine import kernels
     prog = kernels.build(ctx, render_topk(cfg, ldf, kp))
     lim = prog.work_group_limit("topk_scan", device)
@@ -301,6 +303,7 @@ class DeviceTopK:
     """
 
     def __init__(self, factors, device="auto", config=None, memory_fraction=0.5):
+        """Upload ``factors`` to ``device`` with the tuned (or given) configuration."""
         import pyopencl as cl
 
         from ..engine.device import device_info, get_context, select_device
@@ -335,12 +338,14 @@ class DeviceTopK:
 
     # ----- buffers ------------------------------------------------------------------------------
     def _pad(self, M):
+        """Rows of ``M`` zero-padded to ``ldf`` columns (one row at least)."""
         M = np.asarray(M, np.float32)
         out = np.zeros((max(1, M.shape[0]), self.ldf), np.float32)
         out[:M.shape[0], :M.shape[1]] = M
         return out
 
     def _upload(self, a):
+        """A read-only device copy of ``a`` (one element for an empty array)."""
         cl = self.cl
         a = np.ascontiguousarray(a)
         if a.size == 0:
@@ -408,6 +413,7 @@ class DeviceTopK:
         return max(1, min(nq, rows))
 
     def _splits(self, nq, C, cfg):
+        """(splits, candidates per split): enough work-groups to fill the device."""
         tiles = max(1, -(-C // cfg.tn))
         groups = max(1, -(-nq // cfg.tm))
         target = self.info.compute_units * (4 if self.info.type != "CPU" else 2)
@@ -447,6 +453,7 @@ class DeviceTopK:
         return _concat(out, r1 - r0, self._k(N, candidates))
 
     def _k(self, N, candidates):
+        """The list length of a query: ``min(N, candidates)``."""
         C = self.n if candidates is None else len(candidates)
         return min(int(N), C)
 
@@ -612,6 +619,7 @@ def _finish(ix, sc, cand):
 
 
 def _concat(parts, nq, k):
+    """Stack the batches of :meth:`DeviceTopK.iter_query` into ``(ids, scores)``."""
     if not parts:
         return np.full((nq, k), -1, np.int64), np.full((nq, k), -np.inf, np.float32)
     if len(parts) == 1:
@@ -624,6 +632,7 @@ _calib_cache: dict = {}
 
 
 def _median_time(fn, reps=3):
+    """Median wall seconds of ``reps`` calls of ``fn``."""
     ts = []
     for _ in range(reps):
         t = time.perf_counter()
@@ -667,6 +676,7 @@ def _host_factors(dtk):
 
 
 def _calibrated(dtk):
+    """The measured threshold of ``dtk``, once per device, size class, f and configuration."""
     key = (dtk.device.int_ptr, dtk.n // 1024, dtk.f, str(dtk.config))
     hit = _calib_cache.get(key)
     if hit is None:
