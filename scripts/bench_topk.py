@@ -349,7 +349,8 @@ def write(outdir, name, res):
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / f"{name}.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
     lines = [f"# {name}", "", f"date {res['date']}, commit {res['commit']}, host "
-             f"{res['host']}", "", f"command: `{res['command']}`", ""]
+             f"{res['host']}, load average at start {res['loadavg_start']}, at end "
+             f"{res.get('loadavg_end')}", "", f"command: `{res['command']}`", ""]
     for key in ("recommend", "similar_items"):
         sec = res.get(key)
         if not sec or "runs" not in sec:
@@ -398,14 +399,17 @@ def main(argv=None):
     outdir = pathlib.Path(a.outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     res = {"date": _now(), "commit": _commit(), "host": platform.node(),
-           "cpus": os.cpu_count(), "command": " ".join(["python"] + sys.argv)}
+           "cpus": os.cpu_count(), "command": " ".join(["python"] + sys.argv),
+           "loadavg_start": os.getloadavg()}
     if a.gpu:
         bench_gpu(a, res, outdir)
+        res["loadavg_end"] = os.getloadavg()
         write(outdir, "bench_topk_gpu", res)
     else:
         bench_recommend_cpu(a, res)
         if not a.skip_similar:
             bench_similar_cpu(a, res)
+        res["loadavg_end"] = os.getloadavg()
         write(outdir, "bench_topk_cpu", res)
     print(json.dumps(res, indent=1, default=str))
     return 0
