@@ -258,10 +258,10 @@ def test_recommend_all_and_cli_stream(cl_device, tmp_path, monkeypatch):
             np.testing.assert_allclose(got["score"], sc[u][ids[u] >= 0], rtol=1e-5)
     # a failing run leaves no file (and no temporary) behind
     bad = tmp_path / "bad.csv"
-    assert main(["recommend", str(path), "--all", "--out", str(bad), "-n", "-3"]) != 0
+    assert main(["recommend", str(path), "--all", "--out", str(bad), "-n", "-3"]) == 1
     assert not bad.exists() and not list(tmp_path.glob(".bad.csv.*"))
-    assert main(["recommend", str(path), "--all", "--out", str(tmp_path / "x.txt")]) != 0
-    assert main(["recommend", str(path), "--all", "--user", "1"]) != 0
+    assert main(["recommend", str(path), "--all", "--out", str(tmp_path / "x.txt")]) == 2
+    assert main(["recommend", str(path), "--all", "--user", "1"]) == 2
 
 
 def test_topk_records_are_found_and_ignored_by_the_als_lookup(cl_device, tmp_path, monkeypatch):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .conventions import LIKED_SCORE
+
 __all__ = ["host_rank"]
 
 _CHUNK_BYTES = 64 << 20      # bound on a (users × candidates) score block
@@ -43,11 +45,11 @@ def _top_n(S, N):
     return pos, scores
 
 
-def host_rank(Q, F, cand, rows, N, self_ids=None):
+def host_rank(Q, F, cand, rows, N, self_ids=None, liked_last=False):
     """Rank candidates ``cand`` of ``F`` for the queries ``Q`` by ``Q·F[cand]ᵀ`` on the host.
 
-    ``rows`` (CSR aligned with ``Q``) marks entries to exclude; ``self_ids`` are forced to
-    the top with score 1 (similarity of an item with itself).
+    ``rows`` (CSR aligned with ``Q``) marks entries to exclude (``liked_last``: to rank last with
+    :data:`LIKED_SCORE`); ``self_ids`` are forced to the top with score 1 (self-similarity).
     """
     n = F.shape[0]
     Fc = F if cand is None else F[cand]
@@ -71,7 +73,7 @@ def host_rank(Q, F, cand, rows, N, self_ids=None):
             if cand is not None:
                 cc = posmap[cc]
                 rr, cc = rr[cc >= 0], cc[cc >= 0]
-            S[rr, cc] = -np.inf
+            S[rr, cc] = LIKED_SCORE if liked_last else -np.inf
         forced = None
         if self_ids is not None:
             sid = self_ids[r0:r1]

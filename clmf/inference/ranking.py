@@ -22,7 +22,23 @@ def _topk():
     return topk
 
 
-def _device_rank(dtk, Q, cand, rows, N, self_ids=None):
+def _liked_last(ids, sc, cand, rows, n):
+    """Fill each row's empty slots with its liked candidates (ascending ids, score
+    :data:`LIKED_SCORE`): implicit's order for liked items among ``items=``."""
+    from .conventions import LIKED_SCORE
+    short = np.flatnonzero((ids < 0).any(axis=1)) if ids.shape[1] else []
+    inside = np.ones(n, bool) if cand is None else np.isin(np.arange(n), cand)
+    for r in short:
+        liked = np.unique(rows.indices[rows.indptr[r]:rows.indptr[r + 1]])
+        liked = liked[(liked < n) & inside[np.minimum(liked, n - 1)]]
+        free = np.flatnonzero(ids[r] < 0)
+        m = min(free.size, liked.size)
+        ids[r, free[:m]] = liked[:m]
+        sc[r, free[:m]] = LIKED_SCORE
+    return ids, sc
+
+
+def _device_rank(dtk, Q, cand, rows, N, self_ids=None, liked_last=False):
     """:func:`host_rank` on the device: the same ``(pos, scores)``, query items forced first."""
     n = dtk.n
     b = Q.shape[0]
@@ -38,6 +54,8 @@ def _device_rank(dtk, Q, cand, rows, N, self_ids=None):
                             shape=(b, n))
         excl = add if excl is None else (excl.astype(bool) + add.astype(bool)).tocsr()
     ids, sc = dtk.query(Q, k, cand, excl)
+    if liked_last and rows is not None:
+        ids, sc = _liked_last(ids, sc, cand, sp.csr_matrix(rows), n)
     if forced is not None and forced.size:
         ids[forced, 1:] = ids[forced, :-1].copy()
         sc[forced, 1:] = sc[forced, :-1].copy()
@@ -104,8 +122,10 @@ class DeviceRankingMixin:
         self._require_fitted()
         N, cand, rows = self._all_inputs(N, user_items, filter_already_liked_items, filter_items,
                                          items)
+        from .conventions import ids_dtype
         X, Y = self.user_factors_, self.item_factors_
         n_users, n_items = X.shape[0], Y.shape[0]
+        liked_last = items is not None and rows is not None      # as recommend(items=...)
         bi = getattr(self, "item_biases_", None)
         if bi is not None:
             Xq = np.hstack([np.asarray(X, np.float32), np.ones((n_users, 1), np.float32)])
@@ -133,6 +153,10 @@ class DeviceRankingMixin:
                 for b0, ids, sc in dtk.iter_query(None, N, cand, rows, rows=(0, n_users),
                                                   batch_rows=B):
                     users = np.arange(b0, b0 + ids.shape[0])
+                    if liked_last:
+                        ids, sc = _liked_last(ids, sc, cand, rows[b0:b0 + ids.shape[0]],
+                                              n_items)
+                    ids = ids_dtype(ids, n_items)
                     if add is not None:
                         sc = sc + add[users]
                     if bar is not None:
@@ -143,7 +167,8 @@ class DeviceRankingMixin:
             for b0 in range(0, n_users, B):
                 b1 = min(n_users, b0 + B)
                 sub = None if rows is None else rows[b0:b1]
-                ids, sc = host_rank(Xq[b0:b1], Yq, cand, sub, N)
+                ids, sc = host_rank(Xq[b0:b1], Yq, cand, sub, N, liked_last=liked_last)
+                ids = ids_dtype(ids, n_items)
                 users = np.arange(b0, b1)
                 if add is not None:
                     sc = sc + add[users]
@@ -154,7 +179,8 @@ class DeviceRankingMixin:
             if bar is not None:
                 bar.close()
 
-    def _rank(self, Q, F, cand, rows, N, self_ids=None, kind=None, sources=()):
+    def _rank(self, Q, F, cand, rows, N, self_ids=None, liked_last=False, kind=None,
+              sources=()):
         """Rank candidates ``cand`` of ``F`` for the queries ``Q`` (see :func:`host_rank`): on
         the model's device through :class:`clmf.inference.topk.DeviceTopK` when one is
         available and the work passes its measured host threshold, else on the host.
@@ -168,11 +194,11 @@ class DeviceRankingMixin:
             if dtk is not None:
                 if min(N, C) <= _topk().MAX_K and work >= dtk.host_threshold():
                     try:
-                        return _device_rank(dtk, Q, cand, rows, N, self_ids)
+                        return _device_rank(dtk, Q, cand, rows, N, self_ids, liked_last)
                     except Exception as e:              # a device failure never breaks a call
                         self._device_failed(e)
         from .host import host_rank
-        return host_rank(Q, F, cand, rows, N, self_ids)
+        return host_rank(Q, F, cand, rows, N, self_ids, liked_last)
 
     # ----- the device path -------------------------------------------------------------------
     def _inference_device(self):
