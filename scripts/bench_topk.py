@@ -129,13 +129,14 @@ def bench_recommend_cpu(a, res):
         m = make_model(X, Y, d)
         with inference_options(device=d):
             m.recommend(users[:2048], R[:2048], N=a.N)                   # build, calibrate
-            dtk = m._topk_cache["items"][1]
+            dtk = m.__dict__.get("_topk_cache", {}).get("items", (None, None))[1]
             t, (ids, sc) = timed(lambda: m.recommend(users, R, N=a.N))
             t_all, (ids2, _) = timed(lambda: m.recommend_all(a.N, R))
         run = {"engine": f"clmf device top-k ({dev_name(d)})", "seconds": t,
                "users_per_s": a.users / t, "recommend_all_seconds": t_all,
-               "config": str(dtk.config), "config_origin": dtk.config_origin,
-               "host_threshold_madds": dtk.host_threshold(),
+               "config": str(dtk.config) if dtk else "host path",
+               "config_origin": dtk.config_origin if dtk else None,
+               "host_threshold_madds": dtk.host_threshold() if dtk else None,
                "same_as_recommend_all": bool(np.array_equal(ids, ids2))}
         if ref is not None:
             run["agreement_with_implicit"] = agreement(ids, ref)
@@ -184,8 +185,9 @@ def bench_similar_cpu(a, res):
             model.similar_items(items[:100], N=a.N)
             model.similar_items(items, N=a.N)                   # build, calibrate
             t, (ids, _) = timed(lambda: model.similar_items(items, N=a.N), reps=3)
+        dtk = model.__dict__.get("_topk_cache", {}).get("items_cosine", (None, None))[1]
         run = {"engine": f"clmf ({dev_name(d)})", "seconds": t,
-               "device_path": bool(model._topk_cache["items_cosine"][1].host_threshold()
+               "device_path": bool(dtk is not None and dtk.host_threshold()
                                    <= float(len(items)) * len(items) * a.sim_f)}
         if ref is not None:
             run["agreement_with_implicit"] = agreement(ids, ref)
