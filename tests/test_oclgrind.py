@@ -245,6 +245,7 @@ TOPK_CONFIGS = (
     "topk:wx=4,wy=2,rm=2,rnv=1,v=4,tk=2,cap=2,qres=0,yt=0",     # staged items, overflow rounds
     "topk:wx=4,wy=2,rm=2,rnv=2,v=1,tk=4,cap=16,qres=1,yt=0",    # staged query block, scalar
     "topk:wx=2,wy=4,rm=2,rnv=1,v=4,tk=4,cap=3,qres=0,yt=1",     # transposed items
+    "topk:wx=1,wy=4,rm=2,rnv=2,v=4,tk=4,cap=16,qres=0,yt=2",    # packed item panels
 )
 
 

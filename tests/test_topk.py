@@ -35,15 +35,15 @@ def int_problem(b, n, f, seed=0, density=0.2):
 
 
 def configs_for(dev):
-    """The device's default, the other item layout, a scalar one, and a one-entry buffer (the
-    overflow rounds run on every tile)."""
+    """The device's default, another item layout, a scalar one, and the transposed layout with a
+    one-entry buffer (the overflow rounds run on every tile): every layout on every device."""
     info = device_info(dev)
     d = T.default_config(info)
     small = dict(wx=4, wy=2, rm=2, rnv=1)
     return [d,
-            T.TopKConfig(**small, v=4, tk=8, cap=16, qres=False, yt=not d.yt),
-            T.TopKConfig(**small, v=1, tk=8, cap=16, qres=True, yt=False),
-            T.TopKConfig(**small, v=4, tk=8, cap=1, qres=False, yt=d.yt)]
+            T.TopKConfig(**small, v=4, tk=8, cap=16, qres=False, yt=0 if d.yt else 2),
+            T.TopKConfig(**small, v=1, tk=8, cap=16, qres=True, yt=0),
+            T.TopKConfig(**small, v=4, tk=8, cap=1, qres=False, yt=1)]
 
 
 @pytest.mark.parametrize("f,which", [(1, 0), (17, 0), (40, 0), (5, 1), (5, 2), (5, 3)])
@@ -139,7 +139,7 @@ def test_topk_bad_input(cl_device):
 
 def test_config_roundtrip_and_validation(cl_device):
     info = device_info(cl_device)
-    cfg = T.TopKConfig(wx=2, wy=4, rm=2, rnv=1, v=8, tk=8, cap=4, qres=True, yt=True)
+    cfg = T.TopKConfig(wx=2, wy=4, rm=2, rnv=1, v=8, tk=8, cap=4, qres=True, yt=2)
     assert T.TopKConfig.parse(str(cfg)) == cfg == T.TopKConfig.from_dict(cfg.to_dict())
     huge = T.TopKConfig(wx=16, wy=64, rm=8, rnv=1, v=4, tk=32, cap=64, qres=True)
     with pytest.raises(clmf.InvalidConfigError):

@@ -28,10 +28,11 @@ def space(info):
     vectors; GPUs: 128–256 work-items with register micro-tiles)."""
     from clmf.inference.topk import TopKConfig as T
     if info.type == "CPU":
-        out = [T(wx=wx, wy=wy, rm=rm, rnv=rnv, v=v, tk=16, cap=16, yt=True)
+        out = [T(wx=wx, wy=wy, rm=rm, rnv=rnv, v=v, tk=16, cap=16, yt=2)
                for wx, wy in ((1, 16), (1, 32), (1, 64), (1, 128), (8, 8))
                for rm, rnv, v in ((4, 2, 8), (2, 2, 16))]
-        out += [T(wx=1, wy=16, rm=4, rnv=2, v=8, tk=16, cap=16, qres=True, yt=True),
+        out += [T(wx=1, wy=64, rm=4, rnv=2, v=8, tk=16, cap=16, yt=1),
+                T(wx=1, wy=16, rm=4, rnv=2, v=8, tk=16, cap=16, qres=True, yt=1),
                 T(wx=1, wy=16, rm=4, rnv=2, v=8, tk=32, cap=16, qres=True)]
         return out
     out = []
@@ -43,7 +44,8 @@ def space(info):
     out.append(T(wx=16, wy=16, rm=8, rnv=2, v=4, tk=16, cap=16))
     out.append(T(wx=16, wy=16, rm=8, rnv=2, v=4, tk=20, cap=8))
     for wx, wy, rm, rnv in ((16, 8, 8, 2), (32, 8, 4, 1), (16, 16, 4, 2)):
-        out.append(T(wx=wx, wy=wy, rm=rm, rnv=rnv, v=4, tk=4, cap=16, yt=True))
+        out.append(T(wx=wx, wy=wy, rm=rm, rnv=rnv, v=4, tk=4, cap=16, yt=2))
+    out.append(T(wx=16, wy=8, rm=8, rnv=2, v=4, tk=4, cap=16, yt=1))
     return out
 
 

@@ -49,7 +49,8 @@ class TopKConfig:
     wx, wy: work-items along items / queries; rm: queries per work-item; rnv × v: items per
     work-item in vectors of width v; tk: factors staged per step; cap: offered entries buffered
     per query and round; qres: stage the whole query block once (else TK factors per step);
-    yt: read the items transposed straight from global memory (no staged item tile; CPUs).
+    yt: read the items straight from global memory (no staged item tile; CPUs): 1 transposed
+    (f × n), 2 packed in panels of tn items (each panel f × tn, contiguous).
     """
     wx: int = 16
     wy: int = 16
@@ -59,7 +60,7 @@ class TopKConfig:
     tk: int = 16
     cap: int = 16
     qres: bool = False
-    yt: bool = False
+    yt: int = 0
 
     @property
     def tm(self):
@@ -100,7 +101,7 @@ class TopKConfig:
         bad = set(d) - fields
         if bad:
             raise InvalidConfigError(f"unknown topk config keys {sorted(bad)}", "geometry")
-        kw = {k: (bool(v) if k in ("qres", "yt") else int(v)) for k, v in d.items()}
+        kw = {k: (bool(v) if k == "qres" else int(v)) for k, v in d.items()}
         return cls(**kw)
 
     @classmethod
@@ -120,12 +121,14 @@ _FIELDS = ("wx", "wy", "rm", "rnv", "v", "tk", "cap", "qres", "yt")
 def default_config(info):
     """The untuned configuration for a device type (CPUs: small groups, wide vectors)."""
     if info is not None and info.type == "CPU":
-        return TopKConfig(wx=1, wy=64, rm=4, rnv=2, v=8, tk=16, cap=16, qres=False, yt=True)
+        return TopKConfig(wx=1, wy=64, rm=4, rnv=2, v=8, tk=16, cap=16, qres=False, yt=2)
     return TopKConfig()
 
 
 def validate(cfg: TopKConfig, f, kp, info):
     """Check ``cfg`` against the constraints of the template and the device's limits."""
+    if cfg.yt not in (0, 1, 2):
+        raise InvalidConfigError(f"yt must be 0, 1 or 2, not {cfg.yt}", "geometry")
     if cfg.v not in (1, 2, 4, 8, 16):
         raise InvalidConfigError(f"vector width {cfg.v} not in 1, 2, 4, 8, 16", "geometry")
     for name in ("wx", "wy", "rm", "rnv", "tk", "cap"):
@@ -179,7 +182,7 @@ def render_topk(cfg: TopKConfig, ldf, kp):
     from ..engine import kernels
     return kernels.render("topk.cl.j2", ldf=ldf, tk=cfg.tk, wx=cfg.wx, wy=cfg.wy, rm=cfg.rm,
                           rnv=cfg.rnv, v=cfg.v, kp=kp, cap=cfg.cap, qres=bool(cfg.qres),
-                          yt=bool(cfg.yt),
+                          yt=int(cfg.yt),
                           config_str=f"{cfg} ldf={ldf} kp={kp}")
 
 
@@ -357,7 +360,12 @@ class DeviceTopK:
         padded to a multiple of the tile; returns (buffer, leading dimension)."""
         if not self.config.yt:
             return self._upload(self._pad(F)), self.ldf
-        ldy = max(1, -(-F.shape[0] // self.config.tn)) * self.config.tn
+        tn = self.config.tn
+        ldy = max(1, -(-F.shape[0] // tn)) * tn
+        if self.config.yt == 2:           # panels: (tiles, ldf, tn), each contiguous
+            P = np.zeros((ldy, self.ldf), np.float32)
+            P[:F.shape[0], :F.shape[1]] = F
+            return self._upload(P.reshape(ldy // tn, tn, self.ldf).transpose(0, 2, 1)), tn
         Yt = np.zeros((self.ldf, ldy), np.float32)
         Yt[:F.shape[1], :F.shape[0]] = F.T
         return self._upload(Yt), ldy
