@@ -653,8 +653,10 @@ def calibrate(dtk: DeviceTopK, sizes=(1, 16, 64), N=10, seed=0):
     """Measure host and device top-``N`` for a few query counts against ``dtk``'s factors and
     return the multiply-adds where the device starts to win (inf if it never does here).
 
-    Each side is modelled as ``t = a + c·b`` (launch/setup + per query); the crossover is
-    ``b* = (a_dev − a_host) / (c_host − c_dev)``; the threshold is ``b* · n · f``."""
+    The crossover ``b*`` is interpolated between the last measured size where the host wins and
+    the first where the device does (0 when the device wins at every size; when the host wins
+    everywhere, extrapolated from linear models ``t = a + c·b`` of both, inf if they never
+    cross); the threshold is ``b* · n · f``."""
     from .host import host_rank
     rng = np.random.default_rng(seed)
     th, td = [], []
@@ -665,16 +667,28 @@ def calibrate(dtk: DeviceTopK, sizes=(1, 16, 64), N=10, seed=0):
         td.append(_median_time(lambda: dtk.query(Q, N)))
         th.append(_median_time(lambda: host_rank(Q, Yh, None, None, N)))
     b = np.asarray(sizes, np.float64)
-    ch, ah = np.polyfit(b, th, 1)
-    cd, ad = np.polyfit(b, td, 1)
-    ah, ad = max(ah, 0.0), max(ad, 0.0)
+    th_, td_ = np.asarray(th), np.asarray(td)
     work = float(dtk.n) * dtk.f
-    if cd >= ch:
-        bstar = math.inf if ad >= ah else 0.0
+    wins = td_ < th_
+    if wins.all():
+        bstar = 0.0
+    elif wins.any():
+        # the first measured size where the device wins, and the one before it: interpolate
+        # the time difference linearly between them
+        i = int(np.argmax(wins))
+        if i == 0:
+            bstar = 0.0
+        else:
+            d0, d1 = td_[i - 1] - th_[i - 1], td_[i] - th_[i]
+            bstar = b[i - 1] + (b[i] - b[i - 1]) * d0 / (d0 - d1)
     else:
-        bstar = max(0.0, (ad - ah) / (ch - cd))
-    log.info("topk calibration on %s (%d × %d): host %.3g + %.3g·b s, device %.3g + %.3g·b s "
-             "→ device from %.3g queries", dtk.info.name, dtk.n, dtk.f, ah, ch, ad, cd, bstar)
+        # the host wins everywhere measured: extrapolate the linear models t = a + c·b
+        ch, ah = np.polyfit(b, th_, 1)
+        cd, ad = np.polyfit(b, td_, 1)
+        bstar = math.inf if cd >= ch else max(b[-1], (ad - ah) / (ch - cd))
+    log.info("topk calibration on %s (%d × %d): queries %s, host %s s, device %s s → device "
+             "from %.3g queries", dtk.info.name, dtk.n, dtk.f, list(sizes),
+             [round(t, 5) for t in th], [round(t, 5) for t in td], bstar)
     return bstar * work, {"sizes": list(sizes), "host_s": th, "device_s": td}
 
 
