@@ -382,6 +382,12 @@ def cmd_recommend(args):
     import clmf
 
     from . import datasets
+    if args.all == (args.user is not None):
+        raise UsageError("give either --user RAW_ID or --all (with --out FILE)")
+    if args.all:
+        return _recommend_all(args)
+    if args.out is not None:
+        raise UsageError("--out writes the recommendations of --all")
     model = clmf.load(args.model)
     train = datasets.load(args.train) if args.train is not None else None
     ids, scores = model.recommend_raw(args.user, train, N=args.n,
@@ -402,6 +408,100 @@ def cmd_recommend(args):
         print(line)
     args.result = {"command": "recommend", "model": args.model, "user": args.user,
                    "filtered_by": args.train, "items": rows}
+    return 0
+
+
+def _recommend_all(args):
+    """``clmf recommend MODEL --all --out FILE``: every user's top-N streamed to a .parquet or
+    .csv file (columns user, rank, item, score; raw ids when the model has them), batch by
+    batch with a progress bar; written to a temporary file that replaces FILE at the end, so
+    an error leaves nothing half-written."""
+    import os
+    import tempfile
+
+    import scipy.sparse as sp
+
+    import clmf
+
+    from . import datasets
+    if args.out is None:
+        raise UsageError("--all needs --out FILE.parquet or FILE.csv")
+    out = str(args.out)
+    fmt = "parquet" if out.endswith(".parquet") else "csv" if out.endswith(".csv") else None
+    if fmt is None:
+        raise UsageError(f"--out {out}: the file name must end in .parquet or .csv")
+    if fmt == "parquet":
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError as e:
+            raise UsageError("writing .parquet needs pyarrow (pip install pyarrow), or use .csv") \
+                from e
+    model = clmf.load(args.model)
+    n_users, n_items = model.user_factors_.shape[0], model.item_factors_.shape[0]
+    seen = None
+    if args.train is not None:
+        tu, ti, _r, _ = _to_model_index(model, datasets.load(args.train))
+        seen = sp.csr_matrix((np.ones(tu.size, np.float32), (tu, ti)), shape=(n_users, n_items))
+    umap = getattr(model, "user_ids_", None)
+    imap = getattr(model, "item_ids_", None)
+    d = os.path.dirname(os.path.abspath(out))
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(out) + ".", suffix=".tmp", dir=d)
+    os.close(fd)
+    writer = fh = None
+    rows = 0
+    try:
+        for users, ids, scores in model.iter_recommend_all(
+                args.n, seen, filter_already_liked_items=seen is not None,
+                batch_size=args.batch_size, show_progress=True):
+            keep = ids >= 0
+            u = np.repeat(users, keep.sum(axis=1))
+            rank = (np.cumsum(keep, axis=1))[keep]
+            it, sc = ids[keep], scores[keep]
+            u_out = umap[u] if umap is not None else u
+            i_out = imap[it] if imap is not None else it
+            rows += u.size
+            if fmt == "parquet":
+                table = pa.table({"user": u_out, "rank": rank.astype(np.int32), "item": i_out,
+                                  "score": sc.astype(np.float32)})
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, table.schema)
+                writer.write_table(table)
+            else:
+                if fh is None:
+                    fh = open(tmp, "w", encoding="utf-8", newline="")
+                    fh.write("user,rank,item,score\n")
+                fh.write("".join(f"{a},{b},{c},{s:.6g}\n" for a, b, c, s in
+                                 zip(u_out.tolist(), rank.tolist(), i_out.tolist(), sc.tolist())))
+        if fmt == "parquet":
+            if writer is None:                   # no users: an empty table with the schema
+                pq.write_table(pa.table({"user": np.zeros(0, np.int64),
+                                         "rank": np.zeros(0, np.int32),
+                                         "item": np.zeros(0, np.int64),
+                                         "score": np.zeros(0, np.float32)}), tmp)
+            else:
+                writer.close()
+                writer = None
+        else:
+            if fh is None:
+                fh = open(tmp, "w", encoding="utf-8", newline="")
+                fh.write("user,rank,item,score\n")
+            fh.close()
+            fh = None
+        os.replace(tmp, out)
+    except BaseException:
+        if writer is not None:
+            writer.close()
+        if fh is not None:
+            fh.close()
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    print(f"wrote {rows} recommendations for {n_users} users to {out}"
+          + (" (items of --train left out)" if seen is not None else ""))
+    args.result = {"command": "recommend", "model": args.model, "all": True, "out": out,
+                   "format": fmt, "users": int(n_users), "rows": int(rows),
+                   "filtered_by": args.train}
     return 0
 
 
@@ -562,7 +662,12 @@ def build_parser():
     s = sub.add_parser("recommend", json_output=True,
                        help="top-N items for a user of a saved model")
     s.add_argument("model", metavar="MODEL", help="a model saved by 'clmf fit --output'")
-    s.add_argument("--user", required=True, help="the user's raw id, as in the training data")
+    s.add_argument("--user", default=None, help="the user's raw id, as in the training data")
+    s.add_argument("--all", action="store_true", help="every user of the model (with --out)")
+    s.add_argument("--out", default=None, help="with --all: write FILE.parquet or FILE.csv "
+                                               "(user, rank, item, score), streamed in batches")
+    s.add_argument("--batch-size", type=int, default=None,
+                   help="with --all: users per batch (default: the device's memory plan)")
     s.add_argument("-n", type=int, default=10, help="number of items")
     s.add_argument("--titles", default=None, help="item titles (movies.csv, u.item, ...)")
     s.add_argument("--train", default=None, help="ratings whose items the user has already seen "

@@ -2,11 +2,34 @@
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from conftest import random_ratings, rel_err
+from conftest import DEVICES, device_id, random_ratings, rel_err
 
 import clmf
 from clmf import reference as ref
 from clmf.datasets import Ratings
+from clmf.inference.topk import inference_options
+
+
+def pytest_generate_tests(metafunc):
+    """Every test runs on the host path and through the device top-k on each OpenCL device
+    (threshold 0); tests of a device fit rank on that fit's device."""
+    if "inference_path" in metafunc.fixturenames and "cl_device" not in metafunc.fixturenames:
+        metafunc.parametrize("inference_path", ["host"] + DEVICES, indirect=True,
+                             ids=["host"] + [f"topk-{device_id(d)}" for d in DEVICES])
+
+
+@pytest.fixture(autouse=True)
+def inference_path(request):
+    """Route inference to the host or force the device path (``min_work=0``)."""
+    p = getattr(request, "param", None)
+    if p is None and "cl_device" in request.fixturenames:
+        p = request.getfixturevalue("cl_device")
+    if p is None or isinstance(p, str):
+        with inference_options(enabled=False):
+            yield "host"
+    else:
+        with inference_options(device=p, min_work=0, enabled=True):
+            yield p
 
 
 def make_model(X, Y, R=None, lam=0.1, weighted=True, user_ids=None, item_ids=None):

@@ -131,6 +131,9 @@ def _kept_measurements(sources, top):
     return keep
 
 
+_TOPK_RAW = ("candidates", "calibration")     # a topk record's raw measurements, not shipped
+
+
 def distill(sources, names=None, blobs=None, top=TOP):
     """The compact record lists of raw databases (lists of records, in the lookup's order).
 
@@ -147,6 +150,8 @@ def distill(sources, names=None, blobs=None, top=TOP):
                 body.append(r)
             elif (i, j) in meas:
                 body.append({k: r[k] for k in _MEASUREMENT_KEYS if k in r})
+            elif r.get("kind") == "topk":     # top-k tunings (clmf.inference.topk), compact
+                body.append({k: v for k, v in r.items() if k not in _TOPK_RAW})
         commits = sorted({r["commit"] for r in body if r.get("kind") == "best" and "commit" in r})
         head = {"schema_version": SCHEMA_VERSION, "kind": "distilled", "source": names[i],
                 "source_git_blob": blobs[i], "run_commits": commits, "runs": sorted(runs),

@@ -159,6 +159,7 @@ class ALS(RecommenderMixin):
     def __getstate__(self):
         state = dict(self.__dict__)
         state.pop("_engine", None)      # no OpenCL objects in a pickle; reconnect lazily
+        state.pop("_topk_cache", None)  # the inference uploads, likewise
         dev = state.get("device")
         if isinstance(dev, (list, tuple)):            # pyopencl.Devices → their names
             state["device"] = [d if isinstance(d, (str, type(None))) else
@@ -425,6 +426,7 @@ class ALS(RecommenderMixin):
             "item_biases_": bi if self.biases else None, "memory_": memory,
         }
         self.__dict__.update(new)          # one step: nothing half-assigned
+        self._invalidate_inference()       # the factors uploaded for inference are stale
         return self
 
     def _id_maps_from(self, X):
