@@ -63,7 +63,7 @@ def _load_data(path, preset, scale, seed, split):
     return data.to_csr(), p.stem
 
 
-def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, space="bounded",
+def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, space="default",
          db=None, report_dir=None, dataset="data", storage="float32", seed=0, solvers=None,
          state_dir=None, sample_time=0.03, progress=True, resume=True, plot=True,
          mode="explicit", alpha=1.0, sample="auto", sample_tol=None, check_time=None, starts=()):
@@ -75,7 +75,8 @@ def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, spac
     factors : iterable of f
     device : clmf device specification ("auto", "cpu", "P:D", a name substring, ...)
     strategy : "exhaustive" or "budgeted" (``budget`` seconds of measurement per f)
-    space : "bounded" (a few hundred configurations) or "full"
+    space : "default" (the shapes that win on the devices we know, CG solvers included),
+        "bounded" (a few hundred Cholesky configurations) or "full"
     db : database path (default: the per-user database that ``ALS(variant="auto")`` reads)
     report_dir : write a markdown report and a plot per f here
     mode : "explicit" (ratings), "implicit" (feedback with confidence 1 + ``alpha``·r) or
@@ -85,8 +86,12 @@ def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, spac
     sample_tol : the check's tolerance on the probe's estimate (default 0.2; 0: no check)
     check_time : the check times the whole side when it takes ≤ this (default 1 s), else a
         larger sample
-    starts : configurations (strings or KernelConfig) measured first, beside the baseline and
-        the untuned default; the search goes on from the best of them all
+    starts : configurations (strings or KernelConfig) measured first, beside the incumbent (what
+        ``variant="auto"`` chose before this run), the baseline, the untuned default and this
+        device's earlier best configurations; the search goes on from the best of them all
+
+    Every run ends with the search's winner and the incumbent re-timed side by side on the whole
+    data: the record written holds the faster (``chosen``), never a regression.
 
     Returns
     -------
