@@ -23,7 +23,8 @@ LASTFM_FILE = "user_artists.dat"
 
 def load_data(path=None, preset=None, scale=1.0, seed=0, split="ua", log1p=False):
     """(users × items CSR, data-set name) of a ratings path (the ml-100k directory or
-    ``ua.base``: its training part; the HetRec Last.fm directory: its ``user_artists.dat`` play
+    ``ua.base``: its training part; another directory: its ratings file, see
+    :func:`clmf.datasets.load`; the HetRec Last.fm directory: its ``user_artists.dat`` play
     counts) or a synthetic preset. ``log1p`` stores log(1 + r) (implicit strengths, as
     ``scripts/lastfm_implicit.py``) and adds ``-log1p`` to the name."""
     import numpy as np
@@ -54,13 +55,13 @@ def _load_data(path, preset, scale, seed, split):
     p = pathlib.Path(path)
     if p.is_dir() and (p / LASTFM_FILE).is_file():
         return datasets.load(str(p / LASTFM_FILE)).to_csr(), p.name
-    if p.is_dir() or p.name.endswith(".base"):
+    if (p.is_dir() and (p / f"{split}.base").is_file()) or p.name.endswith(".base"):
         d = p if p.is_dir() else p.parent
         sp = split if p.is_dir() else p.name[:-len(".base")]
         train, _test = datasets.load_movielens_100k_split(d, split=sp)
         return train.to_csr(), d.name
-    data = datasets.load(str(p))
-    return data.to_csr(), p.stem
+    data = datasets.load(str(p))          # a file, or a directory of ratings.csv/.dat, Netflix
+    return data.to_csr(), p.name if p.is_dir() else p.stem
 
 
 def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, space="default",

@@ -158,12 +158,13 @@ def _check(cfg, est, measured, ref, tol, seconds):
             "tolerance": tol, "seconds": seconds}
 
 
-def final_showdown(session, best, incumbent, rounds=3):
+def final_showdown(session, best, incumbent, rounds=3, repeats=3):
     """The search's best pair against the incumbent pair, re-timed side by side.
 
     ``best``: :meth:`Session.best_pair`'s dict; ``incumbent``: the same form for the incumbent's
     measured pair. Both are timed round-robin (``rounds`` rounds, the order alternating) on
-    :func:`reference_samples`' rows; per side the median. Returns
+    :func:`reference_samples`' rows (each time at least ``repeats`` runs and the session's
+    minimum time); per side the median of the rounds. Returns
     ``{"chosen": "tuned"|"incumbent", "beats_incumbent", "tuned": {...}, "incumbent": {...},
     "rows": {side: rows timed}, "whole_side": {side: bool}, "rounds", "seconds"}``, where each
     pair's entry holds its configurations, per-side medians and rounds and
@@ -180,7 +181,7 @@ def final_showdown(session, best, incumbent, rounds=3):
     for k in range(rounds):
         for n in (names if k % 2 == 0 else names[::-1]):
             for side in SIDES:
-                t = session.measurer.time_side(pairs[n][side], side, session.repeats,
+                t = session.measurer.time_side(pairs[n][side], side, repeats,
                                                session.min_time, sample=refs[side])
                 times[n][side].append(t["seconds"])
     if same:

@@ -163,12 +163,13 @@ class Session:
     sample_tol : the calibration check's tolerance (relative); 0 or None: no check
     check_time : the check times the whole side when it takes ≤ this many seconds
     progress : show a tqdm bar with the best so far
+    earlier : how many of this device's earlier best configurations are measured first
     """
 
     def __init__(self, case, space, strategy, db, budget=None, seed=0, state_dir=None,
                  sample_time=0.03, progress=True, repeats=7, min_time=0.05, resume=True,
                  sample="auto", sample_tol=SAMPLE_TOL, check_time=CHECK_TIME, starts=(),
-                 earlier=6):
+                 earlier=4):
         from clmf.engine.kernels import template_hash
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; choose from {STRATEGIES}")
