@@ -171,3 +171,40 @@ def test_a_search_finding_nothing_faster_keeps_the_incumbent(dbs, tmp_path, monk
     for side in ("users", "items"):
         ch = model.config_[side]
         assert ch.rule == "tuned" and ch.config == before[side].config, ch
+
+
+def in_space(sp, variant, info):
+    """Whether ``variant`` is a point of the space ``sp`` (flags, grid values, valid)."""
+    from clmf.tuner.space import canonical, flags_of
+    c = canonical(KernelConfig.parse(variant), sp.mode)
+    return (flags_of(c) in sp.flags and c.solver in sp.grid["solver"]
+            and sp._valid(c, info) is not None
+            and all(getattr(c, k) in sp.grid[k] for k in sp.active(flags_of(c), c.solver)
+                    if k != "solver"))
+
+
+WINNERS = {   # shipped tunings' winners (results/tuning/*.jsonl) at f = 50 and 100
+    ("CPU", 50): ["batch+reg+vec16:tx=16,ty=1,solve_wg=1,solver=cg",
+                  "batch+reg+local+vec16:tx=13,ty=1,nnz_batch=64,solve_wg=1,solver=cg",
+                  "batch+reg+local+vec16:tx=13,ty=1,solve_wg=16,solver=cg"],
+    ("CPU", 100): ["batch+reg+vec16:tx=25,ty=2,solve_wg=1,solver=cg",
+                   "batch+reg+local+vec16:tx=25,ty=2,nnz_batch=64,solve_wg=16,solver=cg"],
+    ("GPU", 50): ["batch+vec4+syrk:bx=8,ks=4,solver=cg",
+                  "batch+vec4+gemm:tx=13,ty=13,nnz_batch=16,solver=cg"],
+    ("GPU", 100): ["batch+vec4+syrk:bx=8,ks=2,solver=cg",
+                   "batch+vec4+gemm:bx=64,nnz_batch=8,solver=cg"]}
+
+
+def test_default_space_holds_what_wins_on_known_devices():
+    from test_tuning_db import fake_info
+
+    from clmf.tuner.space import make_space
+    infos = [fake_info(type_="GPU", compute_units=132, max_work_group_size=1024,
+                       local_mem=228 * 1024)]
+    infos += [device_info(d) for d in DEVICES if device_info(d).type == "CPU"]
+    for info in infos:
+        for f in (50, 100):
+            sp = make_space("default", f, info)
+            assert sp.name == "default" and set(sp.grid["solver"]) == {"cholesky", "cg", "fusedcg"}
+            for v in WINNERS[(info.type, f)]:
+                assert in_space(sp, v, info), (info.type, f, v)
