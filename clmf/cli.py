@@ -651,7 +651,9 @@ def main(argv=None):
         with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
             status = args.func(args)
     except KeyboardInterrupt:
-        print(f"clmf {args.command}: interrupted", file=sys.stderr)
+        again = (" (run the same command again to resume; the measurement cut short is measured "
+                 "again)" if args.command == "tune" else "")
+        print(f"clmf {args.command}: interrupted{again}", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - every failure becomes a message and an exit status
         status = 2 if isinstance(e, UsageError) else 1

@@ -184,11 +184,13 @@ def test_resume_after_a_crash(isolated, tmp_path, monkeypatch):
 
     monkeypatch.setattr(Measurer, "evaluate", counting)
     summary = strategies.run(case, tiny_space(4), "exhaustive", **kw)
-    assert calls and not set(calls) & set(first)     # nothing measured twice, the crash not retried
+    # nothing finished is measured twice; the measurement the process died in is measured again
+    assert calls and set(calls) & set(first) == {first[3]} and calls.count(first[3]) == 1
     recs = [json.loads(x) for x in isolated.read_text().splitlines()]
-    crashed = [r for r in recs if r.get("reason") == "crashed"]
-    assert len(crashed) == 1 and crashed[0]["status"] == "failed"
-    assert KernelConfig.from_dict(crashed[0]["config"]).key() == first[3]
+    killed = [r for r in recs if r.get("status") == "interrupted"]
+    assert len(killed) == 1 and killed[0]["reason"] == "killed"
+    assert KernelConfig.from_dict(killed[0]["config"]).key() == first[3]
+    assert not [r for r in recs if r.get("reason") == "crashed"]
     assert summary["best"] is not None
     assert summary["evaluated"] >= 7
     # a third run is a pure replay: nothing measured

@@ -7,8 +7,8 @@ crashed run resumes where it stopped: the run id hashes everything that defines 
 and driver, data-set class, f, storage, space, strategy, budget, seed, kernel templates), a
 resumed run reuses the journal's sample and results (replaying the strategy's decisions
 deterministically: the budget is the sum of the candidates' measurement times, so the replay
-spends it exactly as the first attempt did) and a candidate that was started but never finished
-(the process died in it) is recorded as ``failed``/``crashed`` and not retried.
+spends it exactly as the first attempt did); an interrupted measurement is measured again
+(:mod:`.journal`).
 
 Strategies (both measure first, at full fidelity, the *incumbent* — what ``variant="auto"``
 chose before this run —, the baseline ``batch``, the untuned default and this device's earlier best
@@ -54,6 +54,7 @@ from clmf.engine.config import KernelConfig
 from clmf.errors import InvalidConfigError
 from clmf.tuning.database import Database, base_record
 
+from . import journal
 from .measure import (CHECK_TIME, MEASURE_VERSION, SAMPLE_TOL, SIDES, Measurer, Result,
                       _result_from_json, _result_to_json, calibrate_samples, check_samples,
                       full_sample, make_sample, sample_min_rows)
@@ -222,23 +223,7 @@ class Session:
             os.fsync(fh.fileno())
 
     def _jread(self):
-        if not self.journal.exists():
-            return None, {}, []
-        header, results, started = None, {}, []
-        with open(self.journal) as fh:
-            for line in fh:
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue        # a torn last line from a crash
-                if e.get("event") == "header":
-                    header = e
-                elif e.get("event") == "start":
-                    started.append((e["key"], e["fidelity"]))
-                elif e.get("event") == "result":
-                    results[(e["key"], e["fidelity"])] = _result_from_json(e["result"])
-        crashed = [s for s in started if s not in results]
-        return header, results, crashed
+        return journal.read(self.journal, _result_from_json)
 
     def _skip_from_db(self):
         """Configurations this device/driver/f/storage/templates already rejected."""
@@ -322,11 +307,16 @@ class Session:
         self.measurer = Measurer(case.device, case.R, case.f, self.samples, case.storage,
                                  repeats=self.repeats, min_time=self.min_time, mode=case.mode,
                                  alpha=case.alpha)
-        for key, fid in crashed:
+        for (key, fid), times in crashed:
             cfg = KernelConfig.from_dict(json.loads(key))
-            res = Result(cfg, "failed", "crashed", "the tuning process died while measuring "
-                         "this configuration", None, {}, fid, 0.0)
-            self._record(res, key, fid, journal=True)
+            if times >= 2:
+                res = Result(cfg, "failed", "crashed", f"the tuning process died {times} times "
+                             "while measuring this configuration", None, {}, fid, 0.0)
+                self._record(res, key, fid, journal=True)
+            else:       # once: a kill or a power cut, not the configuration — measured again
+                self._jwrite({"event": "died", "key": key, "fidelity": fid})
+                journal.record_interrupted(self, cfg, fid, "killed", "the tuning process died "
+                                           "while measuring this configuration; measured again")
         total = None
         if self.progress:
             from tqdm.auto import tqdm
@@ -395,7 +385,14 @@ class Session:
         else:
             self._jwrite({"event": "start", "key": key, "fidelity": fidelity})
             verified = low.verify_rel_err if low is not None and low.ok else None
-            res = self.measurer.evaluate(cfg, fidelity, verified=verified)
+            try:
+                res = self.measurer.evaluate(cfg, fidelity, verified=verified)
+            except KeyboardInterrupt:
+                self._jwrite({"event": "interrupted", "key": key, "fidelity": fidelity})
+                journal.record_interrupted(self, cfg, fidelity, "interrupted", "Ctrl-C while "
+                                           "measuring this configuration; measured again on "
+                                           "resume")
+                raise
             self._record(res, key, fidelity)
         self.spent += res.seconds_spent
         self._tick(res)

@@ -475,10 +475,18 @@ def configure_parser(p):
     p.add_argument("--name", default=None, help="file stem of the outputs (default bench-<UTC time>)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--peak-repeats", type=int, default=7)
+    p.add_argument("--scaling", default=None, metavar="DEVICES",
+                   help="instead of the peers: time each data set and f on the first 1..N of "
+                        "DEVICES (gpu:all, cpu:all or a comma list) and write a scaling table "
+                        "(devices × s/it × speedup × exchange share)")
     return p
 
 
 def cmd_bench(args, argv=None):
+    if args.scaling:
+        from ..parallel.scaling import cmd_scaling
+        return cmd_scaling(args, lambda spec: load_problem(spec, args.scale, args.seed,
+                                                           args.ml100k).train, argv)
     lim = {}
     for item in args.peer_max_nnz:
         k, _, v = item.partition("=")

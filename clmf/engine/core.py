@@ -12,14 +12,14 @@ import logging
 import numpy as np
 import scipy.sparse as sp
 
-from ..errors import DeviceMemoryError, InvalidConfigError, SingularSystemError
+from ..errors import InvalidConfigError, SingularSystemError
 from . import kernels as K
 from .device import device_info, get_context
-from .memory import choose_batch_rows, memory_estimate
+from .memory import choose_batch_rows, plan_fit
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Engine", "SideData", "memory_estimate", "choose_batch_rows"]
+__all__ = ["Engine", "SideData", "choose_batch_rows", "plan_fit"]
 
 
 @dataclasses.dataclass
@@ -44,6 +44,65 @@ class SideData:
 
     def nbytes(self):
         return self.indptr.nbytes + self.indices.nbytes + self.data.nbytes
+
+
+def launch_gram(kern, q, cfg, fs, k, g_indptr, g_indices, g_data, Yother, A, B, G):
+    """Enqueue G = Σ y yᵀ over the other side's rows (``k`` virtual rows of partial Grams summed
+    by ``sum_partials``; implicit feedback)."""
+    s1_local = cfg.s1_local_size(fs)
+    kern["s1_hermitian"](q, (cfg.s1_groups(fs, k) * s1_local,), (s1_local,), g_indptr, g_indices,
+                         Yother, A, np.int32(0), np.int32(k), np.float32(0.0), np.int32(0), g_data,
+                         np.float32(1.0), G, np.int32(0), B, np.int32(0), np.float32(0.0))
+    return kern["sum_partials"](q, (-(-fs * fs // 64) * 64,), (64,), A, np.int32(k), G)
+
+
+def launch_batch(kern, q, cfg, v, fs, indptr, indices, data, Yother, A, B, G, Xout, status, row0,
+                 n, xoff, regularization, weighted, implicit, alpha, offset, wait_for=None,
+                 solve=True, gram=None):
+    """Enqueue S1 → S2 → S3 for rows ``row0 .. row0 + n - 1`` of ``indptr`` (entry offsets
+    relative to ``indices``/``data``), writing factor rows ``xoff + row0 ..`` of ``Xout``;
+    returns the (S1, S2, S3) events (None for a stage the variant fuses or skips).
+
+    ``solve=False`` stops after S2 (partial normal equations in ``A``/``B``: pass
+    ``regularization=0`` and ``gram=False``); ``gram`` (default: ``implicit``) adds ``G``."""
+    s1_local = cfg.s1_local_size(fs)
+    groups = cfg.s1_groups(fs, n)
+    fused = cfg.solver == "fusedcg"
+    add_gram = implicit if gram is None else gram
+    if fused and not solve:
+        raise ValueError("the fused CG solver builds no normal equations to reduce")
+    e1 = None if fused else kern["s1_hermitian"](
+        q, (groups * s1_local,), (s1_local,), indptr, indices, Yother, A, np.int32(row0),
+        np.int32(n), np.float32(regularization), np.int32(1 if weighted else 0), data,
+        np.float32(alpha), G, np.int32(1 if add_gram else 0), B,
+        np.int32(1 if cfg.fuses_rhs else 0), np.float32(offset), wait_for=wait_for)
+    if e1 is not None:
+        wait_for = None           # the queue is in order: only the first kernel waits
+    # S2 (right-hand sides), unless the S1 variant computed them from its staged panels
+    e2 = None if cfg.fuses_rhs else kern["s2_rhs"](
+        q, (n * v["s2_wg"],), (v["s2_wg"],), indptr, indices, data, Yother, B, np.int32(row0),
+        np.int32(n), np.float32(alpha), np.float32(offset), wait_for=wait_for)
+    if not solve:
+        return e1, e2, None
+    if fused:
+        e3 = kern["s3_fused"](q, (n * cfg.swg(fs),), (cfg.swg(fs),), indptr, indices, data, Yother,
+                              G, np.int32(1 if add_gram else 0), B, Xout, status, np.int32(row0),
+                              np.int32(n), np.float32(regularization),
+                              np.int32(1 if weighted else 0), np.float32(alpha), np.int32(xoff),
+                              wait_for=wait_for if e2 is None else None)
+        return e1, e2, e3
+    e3 = launch_solve(kern, q, cfg, fs, indptr, A, B, Xout, status, row0, n, xoff,
+                      regularization, weighted)
+    return e1, e2, e3
+
+
+def launch_solve(kern, q, cfg, fs, indptr, A, B, Xout, status, row0, n, xoff, regularization,
+                 weighted, wait_for=None):
+    """Enqueue S3 alone (Cholesky or CG) on the systems in ``A``/``B``; ``indptr`` gives the
+    rows' counts (an empty row gets zero factors)."""
+    return kern["s3_solve"](q, (n * cfg.swg(fs),), (cfg.swg(fs),), indptr, A, B, Xout, status,
+                            np.int32(row0), np.int32(n), np.float32(regularization),
+                            np.int32(1 if weighted else 0), np.int32(xoff), wait_for=wait_for)
 
 
 class Engine:
@@ -80,22 +139,19 @@ class Engine:
         self.ldf = configs[0].ldf(width)
         self.storage = configs[0].storage
         self.np_store = np.float16 if self.storage == "float16" else np.float32
-        self.side = {"users": SideData.from_csr(R), "items": SideData.from_csr(sp.csr_matrix(R).T.tocsr())}
         self.shape = R.shape
-        self.batch_rows = {s: choose_batch_rows(self.configs[s], self.fs, self.side[s].rows, self.info)
+        m, n = R.shape
+        rows = {"users": m, "items": n}
+        self.batch_rows = {s: choose_batch_rows(self.configs[s], self.fs, rows[s], self.info)
                            for s in ("users", "items")}
-        est = memory_estimate(self.side["users"], self.side["items"], self.fs,
-                              (configs[0], configs[1]), self.batch_rows)
-        self.memory = est
-        if est["total"] > 0.9 * self.info.global_mem:
-            raise DeviceMemoryError(
-                f"the fit needs about {est['total'] / 2**30:.2f} GiB of device memory, "
-                f"{self.info.name} has {self.info.global_mem / 2**30:.2f} GiB; reduce factors or "
-                "use a device with more memory")
-        for k, v in est.items():
-            if k != "total" and v > self.info.max_alloc:
-                raise DeviceMemoryError(f"buffer {k} needs {v / 2**20:.0f} MiB, more than the device's "
-                                        f"largest allocation ({self.info.max_alloc / 2**20:.0f} MiB)")
+        # every device buffer planned from the shapes, and checked, before any is created (and
+        # before the CSR copies of both sides are made on the host)
+        plan = plan_fit(m, n, R.nnz, f, (configs[0], configs[1]), self.info,
+                        implicit=self.implicit, biased=self.biased, batch_rows=self.batch_rows)
+        plan.check_device(self.info)
+        self.memory = plan.device_dict()
+        est = self.memory
+        self.side = {"users": SideData.from_csr(R), "items": SideData.from_csr(sp.csr_matrix(R).T.tocsr())}
         fs = self.fs
         self.programs = {}
         for s in ("users", "items"):
@@ -182,44 +238,16 @@ class Engine:
         fs = self.fs
         cl.enqueue_copy(q, self.status, np.array([np.iinfo(np.int32).max], np.int32))
         bs = self.batch_rows[side]
-        s1_local = cfg.s1_local_size(fs)
         events = []
         if self.implicit:      # G = (other side)ᵀ(other side), once per half-step
-            k = b["gram_k"]
-            kern["s1_hermitian"](q, (cfg.s1_groups(fs, k) * s1_local,), (s1_local,), b["g_indptr"],
-                                 b["g_indices"], self.factors[other], b["A"], np.int32(0),
-                                 np.int32(k), np.float32(0.0), np.int32(0), b["g_data"],
-                                 np.float32(1.0), b["G"], np.int32(0), b["B"], np.int32(0),
-                                 np.float32(0.0))
-            kern["sum_partials"](q, (-(-fs * fs // 64) * 64,), (64,), b["A"], np.int32(k), b["G"])
+            launch_gram(kern, q, cfg, fs, b["gram_k"], b["g_indptr"], b["g_indices"], b["g_data"],
+                        self.factors[other], b["A"], b["B"], b["G"])
         for row0 in range(0, d.rows, bs):
             n = min(bs, d.rows - row0)
-            groups = cfg.s1_groups(fs, n)
-            fused = cfg.solver == "fusedcg"
-            e1 = None if fused else kern["s1_hermitian"](
-                q, (groups * s1_local,), (s1_local,), b["indptr"], b["indices"],
-                self.factors[other], b["A"], np.int32(row0), np.int32(n),
-                np.float32(regularization), np.int32(1 if weighted else 0),
-                b["data"], np.float32(self.alpha), b["G"], np.int32(1 if self.implicit else 0),
-                b["B"], np.int32(1 if cfg.fuses_rhs else 0), np.float32(self.offset))
-            # S2 (right-hand sides), unless the S1 variant computed them from its staged panels
-            e2 = None if cfg.fuses_rhs else kern["s2_rhs"](
-                q, (n * v["s2_wg"],), (v["s2_wg"],), b["indptr"], b["indices"], b["data"],
-                self.factors[other], b["B"], np.int32(row0), np.int32(n), np.float32(self.alpha),
-                np.float32(self.offset))
-            if fused:
-                e3 = kern["s3_fused"](q, (n * cfg.swg(fs),), (cfg.swg(fs),), b["indptr"],
-                                      b["indices"], b["data"], self.factors[other], b["G"],
-                                      np.int32(1 if self.implicit else 0), b["B"],
-                                      self.factors[side], self.status, np.int32(row0), np.int32(n),
-                                      np.float32(regularization), np.int32(1 if weighted else 0),
-                                      np.float32(self.alpha))
-                events.append((e1, e2, e3))
-                continue
-            e3 = kern["s3_solve"](q, (n * cfg.swg(fs),), (cfg.swg(fs),), b["indptr"], b["A"],
-                                  b["B"], self.factors[side], self.status, np.int32(row0), np.int32(n),
-                                  np.float32(regularization), np.int32(1 if weighted else 0))
-            events.append((e1, e2, e3))
+            events.append(launch_batch(
+                kern, q, cfg, v, fs, b["indptr"], b["indices"], b["data"], self.factors[other],
+                b["A"], b["B"], b["G"], self.factors[side], self.status, row0, n, 0,
+                regularization, weighted, self.implicit, self.alpha, self.offset))
         st = np.empty(1, np.int32)
         cl.enqueue_copy(q, st, self.status)   # blocking: also ends the half-step
         if self.profile:
@@ -233,8 +261,13 @@ class Engine:
                 f"(regularization={regularization}); increase regularization")
 
     def iteration(self, regularization, weighted):
+        """One ALS iteration: users, then items."""
         self.half_step("users", regularization, weighted)
         self.half_step("items", regularization, weighted)
+
+    def finish(self):
+        """Wait for every command enqueued so far."""
+        self.queue.finish()
 
     # ----- metrics on the device -----------------------------------------------------------
     def squared_error(self, key, users, items, ratings, offset=0.0):

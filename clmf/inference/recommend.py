@@ -73,16 +73,16 @@ def _as_csr(M, name):
 def _rows_for(ids, M, name, n_cols):
     """The rows of ``M`` for ``ids``: row-aligned if ``M`` has one row per id, else ``M[ids]``."""
     M = _as_csr(M, name)
-    if M.shape[1] > n_cols:
-        raise ValueError(f"{name} has {M.shape[1]} columns but the model knows only {n_cols}")
+    if M.shape[1] != n_cols:     # a matrix of another data set (or of ids mapped differently)
+        raise ValueError(f"{name} has {M.shape[1]} columns but the model has {n_cols} "
+                         f"{'items' if name == 'user_items' else 'users'}: pass a matrix with "
+                         "one column per model id")
     if M.shape[0] != len(ids):
         if ids.size and ids.max() >= M.shape[0]:
             raise ValueError(
                 f"{name} has {M.shape[0]} rows: pass one row per requested id ({len(ids)}) or "
                 f"a matrix indexed by id (more than {int(ids.max())} rows)")
         M = M[ids]
-    if M.shape[1] < n_cols:
-        M = sp.csr_matrix((M.data, M.indices, M.indptr), shape=(M.shape[0], n_cols))
     return M
 
 

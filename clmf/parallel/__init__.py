@@ -1,1 +1,73 @@
-"""Multi-device partitioning and the Dask backend (issues 14 and 15); empty for now."""
+"""One fit over several devices, and over data larger than a device.
+
+The pieces, bottom up (each usable on its own — the Dask backend runs the same workers in
+worker processes and exchanges through Dask instead of host memory):
+
+``partition`` — :func:`balanced_blocks` (row blocks of equal work: prefix sums of per-row
+    ``n_r + f/3``, searchsorted, int64), :func:`make_plan` → :class:`Plan` (per side a
+    :class:`SidePlan`: ``bounds`` — device ``d`` solves rows ``[bounds[d], bounds[d+1])`` — and
+    ``mode``, ``"replicate"`` the fixed factor or ``"reduce"`` partial normal equations, chosen by
+    :func:`choose_modes`, whose docstring has the rule), :func:`chunk_rows`.
+``layout`` — :class:`Layout`: both sides of the ratings as CSR on the host (``users``: the CSR,
+    ``items``: the CSC), int64 ``indptr``, int32 ``indices``, float32 ``data``, any array-likes
+    (numpy arrays or memory maps); :func:`transpose_csr` (parallel counting sort).
+``memory`` — :func:`plan_device` → :class:`DevicePlan`: per side resident or streamed chunks,
+    bytes per buffer, computed from shapes, configurations and the device's limits before any
+    device work; raises :class:`clmf.DeviceMemoryError` with the bytes needed.
+``worker`` — :class:`DeviceWorker` (one device): built from ``(index, device, layout, plan,
+    device_plan, f, ldf, {"users": cfg, "items": cfg}, implicit_alpha, biased, offset)``; it
+    uploads its blocks (or streams them per half-step), holds the factor rows it needs, and
+    offers
+
+    - ``write_rows(side, host, r0, r1)`` / ``read_rows(side, host, r0, r1)``: factor rows
+      (global numbering) between the device and a padded host array ``(rows, ldf)``;
+    - ``half_step(side, regularization, weighted, exchange)``: solves its rows of ``side``; with
+      ``exchange.needed`` it copies each solved batch into ``exchange.host`` and calls
+      ``exchange.publish(index, r0, r1)``, and uploads every chunk other devices publish, as
+      they arrive (an :class:`Exchange` per half-step; a Dask exchange implements the same
+      ``publish`` / ``finish`` / ``take`` / ``fail`` / ``host``/``needed``);
+    - reduce mode (the fixed factor partitioned): ``partials(side, host_A, host_B, host_G)``
+      computes the partial normal equations of every row of ``side`` over the device's block of
+      the fixed side (its ``sources[side]``, from :func:`partial_layout`) into host arrays
+      (rows × f × f, rows × f, f × f); the caller sums them over the devices (adding the Gram
+      matrix and λ·n_r — :meth:`MultiEngine._reduce`), then ``solve_reduced(side, host_A,
+      host_B, regularization, weighted, exchange)`` solves the device's own rows and
+      exchanges them like ``half_step``;
+    - ``squared_error(users, items, ratings, offset)``, ``finish()``, ``release()``, ``times``.
+``backend`` — :func:`make_backend` (today's single-device :class:`clmf.engine.Engine` when one
+    device holds the data — unchanged speed — else :class:`MultiEngine`), the object ``ALS.fit``
+    drives: ``set_factors``, ``iteration``, ``finish``, ``squared_error``, ``get_factors``,
+    ``release``, ``memory``, ``time_split()``.
+``devices`` — :func:`select_devices`: ``ALS(device=[...])``, ``"gpu:all"``, ``"cpu:all"``.
+``generate`` — :func:`synthetic_layout`: the Hugewiki / 4×-Netflix shapes built as a
+    :class:`Layout` block by block in threads (no whole-set COO).
+``scaling`` — ``timed_fit``, ``scaling_rows``, ``render_scaling`` (``clmf bench --scaling`` and
+    ``scripts/scale_runs.py``; not imported by the package: it uses the estimator's tuning
+    lookup, and the estimator imports this package).
+
+A Dask backend runs one :class:`DeviceWorker` per device in worker processes (each with the
+layout blocks its plan assigns — only ``layout[side].entries(r0, r1)`` and ``counts()`` are
+read), and passes an exchange object of its own whose ``publish``/``take`` move the chunks.
+"""
+from .backend import MultiEngine, common_ldf, make_backend, partial_layout, plan_fit
+from .devices import select_devices
+from .generate import synthetic_layout
+from .layout import Layout, SideLayout, transpose_csr
+from .memory import DevicePlan, SideMemory, plan_device
+from .partition import (
+                        Plan,
+                        SidePlan,
+                        balanced_blocks,
+                        choose_modes,
+                        chunk_rows,
+                        make_plan,
+                        row_weights,
+)
+from .worker import DeviceWorker, Exchange
+
+__all__ = ["MultiEngine", "make_backend", "common_ldf", "partial_layout", "plan_fit",
+           "synthetic_layout",
+           "select_devices", "Layout",
+           "SideLayout", "transpose_csr", "DevicePlan", "SideMemory", "plan_device", "Plan",
+           "SidePlan", "balanced_blocks", "choose_modes", "chunk_rows", "make_plan",
+           "row_weights", "DeviceWorker", "Exchange"]

@@ -41,9 +41,9 @@ through to the next candidate and rule; one that was never run on this device an
 device's record, the computed default) is first probed in a child process, since some runtimes
 abort the process on kernels they cannot compile (see :mod:`clmf.tuning.fallback`).
 
-A corrupted or foreign-schema file is reported (``logging`` and ``warnings.warn``) and skipped as a
-whole; the file is never modified. Parsed files are cached by (mtime, size), so a lookup costs a
-``stat`` per file.
+Records are untrusted input (:func:`clmf.tuning.schema.check_record`): a line that is not JSON,
+of a foreign schema, or whose fields fail the checks is reported (naming the file and line) and
+skipped alone by :func:`clmf.tuning.database.read_database`; the rest of the file serves.
 """
 from __future__ import annotations
 
