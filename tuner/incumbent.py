@@ -13,11 +13,12 @@ A tuning run must never make a user's fits slower than before it. So a :class:`S
    whole data (or, where a half-step would take longer than ``check_time``, on the sample check's
    larger reference sample) (:func:`final_showdown`): if the winner is not faster, the record
    written holds the incumbent's configuration (``chosen: "incumbent"``), so the lookup keeps
-   choosing it.
+   choosing it. The verdict is journaled: a resumed or repeated run replays it.
 """
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import math
 import time
@@ -172,6 +173,9 @@ def final_showdown(session, best, incumbent, rounds=3, repeats=3):
     """
     t0 = time.perf_counter()
     pairs = {"tuned": best["configs"], "incumbent": incumbent["configs"]}
+    done = _replayed(session, pairs)
+    if done is not None:               # a resumed (or repeated) run: the journal has the verdict
+        return done
     same = all(pairs["tuned"][s].key() == pairs["incumbent"][s].key() for s in SIDES)
     est = {s: max(best["results"][s].side_seconds(s), incumbent["results"][s].side_seconds(s))
            for s in SIDES}
@@ -198,7 +202,27 @@ def final_showdown(session, best, incumbent, rounds=3, repeats=3):
     inc_t, tun_t = out["incumbent"]["iteration_seconds"], out["tuned"]["iteration_seconds"]
     log.info("side by side: tuned %.4g s/it, incumbent %.4g s/it → %s", tun_t, inc_t,
              out["chosen"])
+    session._jwrite({"event": "guard", "final": out})
     return out
+
+
+def _replayed(session, pairs):
+    """The journal's side-by-side verdict on these two pairs (the last one), or None."""
+    path, found = getattr(session, "journal", None), None
+    if path is None or not path.exists():
+        return None
+    with open(path) as fh:
+        for line in fh:
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue                    # a torn last line
+            if e.get("event") == "guard":
+                found = e.get("final")
+    if found and all(found.get(n, {}).get("configs") == {s: str(pairs[n][s]) for s in SIDES}
+                     for n in pairs):
+        return found
+    return None
 
 
 def verified_from(session, final, pair):
