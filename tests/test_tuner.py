@@ -224,7 +224,9 @@ def test_cli_tune(isolated, tmp_path, capsys):
                "--report", str(tmp_path / "rep"), "--no-progress", "--sample-time", "0.01"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "best iteration" in out and str(isolated) in out
+    assert "vs what you had" in out and "vs the plain batch variant" in out
+    assert out.index("vs what you had") < out.index("vs the plain batch variant")
+    assert str(isolated) in out
     assert list((tmp_path / "rep").glob("*.md"))
     assert main(["tune", "--factors", "x"]) == 2
 
@@ -458,7 +460,7 @@ def test_cli_tune_modes(isolated, tmp_path, capsys):
                "--report", str(tmp_path / "rep")])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "mode implicit, alpha 2" in out and "best iteration" in out
+    assert "mode implicit, alpha 2" in out and "vs what you had" in out
     assert list((tmp_path / "rep").glob("*_implicit-a2.md"))
     recs = [json.loads(x) for x in isolated.read_text().splitlines()]
     assert {r["mode"] for r in recs} == {"implicit"} and all(r["alpha"] == 2.0 for r in recs)

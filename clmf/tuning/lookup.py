@@ -178,10 +178,19 @@ def _cases(records, origin):
     return out
 
 
-def _sources():
+def _sources(exclude_paths=(), exclude_runs=()):
+    """[(origin, path, records)] of the databases in search order, leaving out the files of
+    ``exclude_paths`` and the records of the runs in ``exclude_runs``."""
+    import os
+    skip = {os.path.abspath(p) for p in exclude_paths}
+    runs = set(exclude_runs)
     out = []
     for origin, p in database_paths():
+        if os.path.abspath(p) in skip:
+            continue
         recs = read_database(p)
+        if recs and runs:
+            recs = [r for r in recs if r.get("run_id") not in runs]
         if recs:
             out.append((origin, p, recs))
     return out
@@ -217,15 +226,16 @@ def _fits(cfgs, info, f, storage, mode="explicit", check=None):
     return out
 
 
-def _lookup(info, f, storage, ds, mode="explicit", finalize=None):
-    """(rule, pair, reason, mode of the tuning used) or None from the databases (see the module
-    docstring for the order of the rungs and modes). ``finalize(config, record_mode)`` is the
-    configuration the fit will run for a candidate (solver overrides applied): candidates whose
-    final configuration cannot run here are skipped (:func:`clmf.tuning.fallback.usable`)."""
+def _lookup(info, f, storage, ds, mode="explicit", finalize=None, sources=None):
+    """(rule, pair, reason, mode of the tuning used) or None from the databases (``sources``:
+    :func:`_sources`' list, default all; see the module docstring for the order of the rungs and
+    modes). ``finalize(config, record_mode)`` is the configuration the fit will run for a
+    candidate (solver overrides applied): candidates whose final configuration cannot run here
+    are skipped (:func:`clmf.tuning.fallback.usable`)."""
     from . import fallback
     dev = device_record(info)
     finalize = finalize or (lambda c, cm: c)
-    sources = _sources()
+    sources = _sources() if sources is None else sources
     if not sources:
         return None
     per_source = [(origin, p, _cases(recs, origin)) for origin, p, recs in sources]
@@ -392,7 +402,8 @@ def heuristic(info, f, side_stats=None, storage="float32"):
 
 
 # ----- the public entry point --------------------------------------------------------------------
-def choose(info, f, side, side_stats=None, storage="float32", solver=None, mode="explicit"):
+def choose(info, f, side, side_stats=None, storage="float32", solver=None, mode="explicit",
+           sources=None):
     """Pick the configuration of one side (see the module docstring for the fallback chain).
 
     Parameters
@@ -406,6 +417,7 @@ def choose(info, f, side, side_stats=None, storage="float32", solver=None, mode=
     solver : None (the tuned choice) or "cholesky"/"cg"/"fusedcg" to force one
     mode : "explicit", "implicit" or "biased" (see :func:`fit_mode`): tunings of this mode are
         preferred; an implicit fit with no implicit tuning gets :data:`MODE_DEFAULT_SOLVER`
+    sources : the databases to search (:func:`_sources`' list; default: all of them)
 
     Returns
     -------
@@ -426,7 +438,7 @@ def choose(info, f, side, side_stats=None, storage="float32", solver=None, mode=
 
     hit = None
     try:
-        hit = _lookup(info, f, storage, ds, mode, finalize)
+        hit = _lookup(info, f, storage, ds, mode, finalize, sources)
     except Exception as e:   # a database must never break a fit
         log.warning("tuning lookup failed (%s: %s); using the untuned default", type(e).__name__, e)
         warnings.warn(f"tuning lookup failed ({type(e).__name__}: {e}); using the untuned default",
@@ -457,3 +469,18 @@ def choose(info, f, side, side_stats=None, storage="float32", solver=None, mode=
         choice = Choice(choice.config.replace(solver=solver), choice.rule,
                         choice.reason + f"; solver={solver} requested")
     return choice
+
+
+def incumbent(info, f, side_stats, storage="float32", solver=None, mode="explicit",
+              exclude_paths=(), exclude_runs=()):
+    """What ``ALS(variant="auto")`` would choose for this device, f, data and mode, leaving out
+    the database files ``exclude_paths`` and the records of the runs ``exclude_runs`` (a tuning
+    run's own records): ``{side: Choice}``.
+
+    ``side_stats`` maps each side to its statistics as :meth:`clmf.ALS.fit` passes them (``rows``,
+    ``cols``, ``nnz`` of that side); the tuner asks this before it searches, to measure what the
+    user already had.
+    """
+    sources = _sources(exclude_paths, exclude_runs)
+    return {side: choose(info, f, side, (side_stats or {}).get(side), storage, solver, mode,
+                         sources=sources) for side in SIDES}
