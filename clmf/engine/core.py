@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 import numpy as np
 import scipy.sparse as sp
@@ -16,6 +17,7 @@ from ..errors import DeviceMemoryError, SingularSystemError
 from . import kernels as K
 from .device import device_info, get_context
 from .memory import choose_batch_rows, memory_estimate
+from .transpose import device_transpose
 
 log = logging.getLogger(__name__)
 
@@ -24,15 +26,18 @@ __all__ = ["Engine", "SideData", "memory_estimate", "choose_batch_rows"]
 
 @dataclasses.dataclass
 class SideData:
-    """CSR of one side (rows to solve) with the other side's factors as columns."""
+    """CSR of one side (rows to solve) with the other side's factors as columns; ``indices`` and
+    ``data`` are None where they exist only on the device (the items' side, transposed there)."""
     indptr: np.ndarray   # int64
-    indices: np.ndarray  # int32
-    data: np.ndarray     # float32
+    indices: np.ndarray  # int32 or None
+    data: np.ndarray     # float32 or None
 
     @classmethod
     def from_csr(cls, R):
+        """The side of a CSR (no copy of arrays already int32 indices / float32 data)."""
         R = sp.csr_matrix(R)
-        return cls(R.indptr.astype(np.int64), R.indices.astype(np.int32), R.data.astype(np.float32))
+        return cls(R.indptr.astype(np.int64, copy=False), R.indices.astype(np.int32, copy=False),
+                   R.data.astype(np.float32, copy=False))
 
     @property
     def rows(self):
@@ -43,7 +48,7 @@ class SideData:
         return int(self.indptr[-1])
 
     def nbytes(self):
-        return self.indptr.nbytes + self.indices.nbytes + self.data.nbytes
+        return self.indptr.nbytes + 8 * self.nnz
 
 
 def launch_gram(kern, q, cfg, fs, k, g_indptr, g_indices, g_data, Yother, A, B, G):
@@ -114,10 +119,11 @@ class Engine:
     R : scipy.sparse.csr_matrix (users × items), canonical (sorted, no duplicates)
     f : factors
     configs : (users_config, items_config) KernelConfig pair
+    item_counts : optional ratings per item (``np.bincount(R.indices)``, when already known)
     """
 
     def __init__(self, device, R, f, configs, profile=False, implicit_alpha=None, biased=False,
-                 offset=0.0):
+                 offset=0.0, item_counts=None):
         import pyopencl as cl
         self.cl = cl
         self.device = device
@@ -139,7 +145,13 @@ class Engine:
         self.ldf = configs[0].ldf(width)
         self.storage = configs[0].storage
         self.np_store = np.float16 if self.storage == "float16" else np.float32
-        self.side = {"users": SideData.from_csr(R), "items": SideData.from_csr(sp.csr_matrix(R).T.tocsr())}
+        users = SideData.from_csr(R)
+        if item_counts is None:
+            item_counts = np.bincount(users.indices, minlength=R.shape[1])
+        col_ptr = np.zeros(R.shape[1] + 1, np.int64)
+        np.cumsum(item_counts, out=col_ptr[1:])
+        # the items' CSR (the ratings' CSC) is built on the device from the users' (below)
+        self.side = {"users": users, "items": SideData(col_ptr, None, None)}
         self.shape = R.shape
         self.batch_rows = {s: choose_batch_rows(self.configs[s], self.fs, self.side[s].rows, self.info)
                            for s in ("users", "items")}
@@ -156,24 +168,23 @@ class Engine:
                 raise DeviceMemoryError(f"buffer {k} needs {v / 2**20:.0f} MiB, more than the device's "
                                         f"largest allocation ({self.info.max_alloc / 2**20:.0f} MiB)")
         fs = self.fs
+        t0 = time.perf_counter()
         self.programs = {s: K.als_program(self.ctx, device, self.configs[s], fs, self.info,
                                           self.implicit, self.biased)
                          for s in ("users", "items")}
         self.vars = {s: K.als_variables(self.configs[s], fs, self.info, self.implicit, self.biased)
                      for s in ("users", "items")}
+        t1 = time.perf_counter()
         mf = cl.mem_flags
-        self.buf = {}
+        self.buf = {s: {} for s in ("users", "items")}
+        self._upload_ratings()
+        # seconds of the engine's set-up: building (or loading) programs, uploading the users'
+        # CSR and transposing it on the device
+        self.setup_times = {"build": t1 - t0, "upload_transpose": time.perf_counter() - t1}
         for s in ("users", "items"):
-            d = self.side[s]
-            self.buf[s] = {
-                "indptr": cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=d.indptr),
-                "indices": cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
-                                     hostbuf=d.indices if d.nnz else np.zeros(1, np.int32)),
-                "data": cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
-                                  hostbuf=d.data if d.nnz else np.zeros(1, np.float32)),
-                "A": cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * fs * self.batch_rows[s]),
-                "B": cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * self.batch_rows[s]),
-            }
+            self.buf[s].update(
+                A=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * fs * self.batch_rows[s]),
+                B=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * self.batch_rows[s]))
             if self.implicit:
                 # the other side's rows as K virtual rows: S1 with unit weights gives K partial
                 # Gram matrices, summed into G = (other)ᵀ(other) once per half-step
@@ -199,6 +210,31 @@ class Engine:
         self._metrics_prog = None
         self._metric_bufs = {}
         log.debug("engine on %s: batch rows %s, memory %s", self.info.name, self.batch_rows, est)
+
+    def _upload_ratings(self):
+        """The users' CSR to the device once (a CPU device reads the host arrays in place), the
+        items' CSR transposed from it there."""
+        cl = self.cl
+        mf = cl.mem_flags
+        u, col_ptr = self.side["users"], self.side["items"].indptr
+
+        def upload(a, empty):
+            a = a if a.size else empty
+            if self.info.type == "CPU" and a.flags.c_contiguous:
+                # zero-copy: the host arrays outlive the engine's buffers (self.side keeps them)
+                return cl.Buffer(self.ctx, mf.READ_ONLY | mf.USE_HOST_PTR, hostbuf=a)
+            return cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
+
+        self._hold = [np.zeros(1, np.int32), np.zeros(1, np.float32)]
+        bu = self.buf["users"]
+        bu["indptr"] = upload(u.indptr, None)
+        bu["indices"] = upload(u.indices, self._hold[0])
+        bu["data"] = upload(u.data, self._hold[1])
+        bi = self.buf["items"]
+        bi["indptr"] = upload(col_ptr, None)
+        bi["indices"], bi["data"] = device_transpose(
+            self.ctx, self.queue, self.info, u.indptr, bu["indptr"], bu["indices"], bu["data"],
+            self.shape[1], bi["indptr"])
 
     # ----- factors -------------------------------------------------------------------------
     def set_factors(self, side, M, biases=None):
@@ -292,6 +328,29 @@ class Engine:
         part = np.empty(groups, np.float32)
         cl.enqueue_copy(self.queue, part, bp)
         return float(part.astype(np.float64).sum()), n
+
+    def train_squared_error(self):
+        """Sum of squared errors of the current factors on the training ratings, read from the
+        users' CSR already on the device (nothing uploaded); returns ``(sse, count)``."""
+        cl = self.cl
+        if self._metrics_prog is None:
+            self._metrics_prog = K.metrics_program(self.ctx, self.fs, self.storage, self.ldf,
+                                                   biased=self.biased)
+        wg = 128
+        rows = self.side["users"].rows
+        groups = max(1, -(-rows // wg))
+        if "train_csr" not in self._metric_bufs:
+            self._metric_bufs["train_csr"] = (None, groups, cl.Buffer(
+                self.ctx, cl.mem_flags.READ_WRITE, size=4 * groups))
+        bp = self._metric_bufs["train_csr"][2]
+        b = self.buf["users"]
+        self._metrics_prog.kernels["sq_error_csr"](
+            self.queue, (groups * wg,), (wg,), b["indptr"], b["indices"], b["data"],
+            self.factors["users"], self.factors["items"], np.int32(rows),
+            np.float32(self.offset), bp)
+        part = np.empty(groups, np.float32)
+        cl.enqueue_copy(self.queue, part, bp)
+        return float(part.astype(np.float64).sum()), self.side["users"].nnz
 
     def release(self):
         for d in list(self.buf.values()) + [self.factors]:

@@ -218,8 +218,10 @@ class ALS(RecommenderMixin):
         from ..parallel import make_backend, select_devices
         from ..parallel.devices import device_label
 
+        t_fit = time.perf_counter()
         check_params(self)
         R = check_ratings(X)
+        t_valid = time.perf_counter()
         implicit = self.feedback == "implicit"
         if implicit and R.nnz and R.data.min() < 0:
             raise ValueError(f"implicit feedback needs non-negative strengths; X has "
@@ -256,17 +258,20 @@ class ALS(RecommenderMixin):
         else:
             X0, Y0 = reference.start_factors(m, n, f, self.random_state)
 
+        t_prep = time.perf_counter()
         devs = select_devices(self.device)
         stats = {"users": _side_stats(user_counts, n), "items": _side_stats(item_counts, m)}
         per_device = [self._resolve_configs(device_info(d), stats) for d in devs]
         choices = per_device[0]
-        self.global_mean_ = float(R.data.astype(np.float64).mean())
+        self.global_mean_ = float(np.mean(R.data, dtype=np.float64))
         engine = make_backend(devs, R, f, [(c["users"].config, c["items"].config)
                                            for c in per_device],
                               implicit_alpha=float(self.alpha) if implicit else None,
                               biased=bool(self.biases),
                               offset=self.global_mean_ if self.biases else 0.0,
-                              max_device_memory=self.max_device_memory)
+                              max_device_memory=self.max_device_memory,
+                              item_counts=item_counts)
+        t_engine = time.perf_counter()
         self.user_counts_ = user_counts
         self.item_counts_ = item_counts
         self.config_ = choices
@@ -275,7 +280,7 @@ class ALS(RecommenderMixin):
         self.device_configs_ = [{"device": lab, **c} for lab, c in zip(labels, per_device)]
         self.history_ = []
         self.best_iteration_ = self.iterations - 1
-        Rc = R.tocoo()
+        train_rows = []               # row of each rating, for backends without a CSR metric
         if V is not None and (self.biases or implicit):
             v_unknown_se, v_total = 0.0, int(V.nnz)      # biases: the kernel predicts them itself
         elif V is not None:
@@ -290,9 +295,12 @@ class ALS(RecommenderMixin):
             engine.set_factors("items", Y0)
             want_train = bool(show_progress or callback is not None)
             best = (np.inf, None, None, -1)
-            t_start = time.perf_counter()
             bar = tqdm(range(self.iterations), desc="ALS", unit="it", disable=not show_progress,
                        leave=False)
+            t_start = time.perf_counter()
+            timings = {"validation": t_valid - t_fit, "preparation": t_prep - t_valid,
+                       "engine": t_engine - t_prep, "setup": t_start - t_fit,
+                       **getattr(engine, "setup_times", {})}
             for it in bar:
                 t0 = time.perf_counter()
                 engine.iteration(float(self.regularization), self._weighted)
@@ -300,7 +308,7 @@ class ALS(RecommenderMixin):
                 secs = time.perf_counter() - t0
                 metrics = {"seconds": secs}
                 if want_train and not implicit:
-                    se, cnt = engine.squared_error("train", Rc.row, Rc.col, Rc.data)
+                    se, cnt = _train_squared_error(engine, R, train_rows)
                     metrics["train_rmse"] = float(np.sqrt(se / cnt))
                 if V is not None and implicit:
                     metrics["validation_precision@10"] = _precision_at_10(
@@ -336,6 +344,8 @@ class ALS(RecommenderMixin):
             self.user_biases_ = bu if self.biases else None
             self.item_biases_ = bi if self.biases else None
             self.memory_ = dict(engine.memory)
+            timings["fit"] = time.perf_counter() - t_fit
+            self.timings_ = timings
         finally:
             engine.release()
         return self
@@ -428,6 +438,16 @@ def _precision_at_10(X, Y, R, V):
     Vc = sp.csr_matrix((np.ones_like(V.data), (V.row, V.col)), shape=V.shape)[users]
     relevant = [Vc.indices[Vc.indptr[j]:Vc.indptr[j + 1]] for j in range(users.size)]
     return float(precision_at_k(top, relevant, 10))
+
+
+def _train_squared_error(engine, R, rows):
+    """``(sse, count)`` on the training ratings: from the CSR already on the device where the
+    backend can, else as triples (the rows expanded once into ``rows``)."""
+    if hasattr(engine, "train_squared_error"):
+        return engine.train_squared_error()
+    if not rows:
+        rows.append(np.repeat(np.arange(R.shape[0], dtype=np.int32), np.diff(R.indptr)))
+    return engine.squared_error("train", rows[0], R.indices, R.data)
 
 
 def _side_stats(counts, other):

@@ -141,7 +141,25 @@ class _Case:
     mode: str = "explicit"
 
 
+_cases_memo: dict = {}
+
+
 def _cases(records, origin):
+    """The runs of one database's records (memoized per records list: read_database returns the
+    same list until the file changes, so a lookup does not re-parse every record)."""
+    key = (origin, id(records))
+    hit = _cases_memo.get(key)
+    if hit is not None and hit[0] is records:
+        return hit[1]
+    out = _parse_cases(records, origin)
+    if len(_cases_memo) > 32:
+        _cases_memo.clear()
+    _cases_memo[key] = (records, out)
+    return out
+
+
+def _parse_cases(records, origin):
+    """Every complete run (both sides' best records) of ``records`` as a :class:`_Case`."""
     best = {}
     for r in records:
         if r.get("kind") != "best" or r.get("side") not in SIDES:
