@@ -124,3 +124,32 @@ def test_fit_records_setup_timings(cl_device):
     for k in ("validation", "preparation", "engine", "setup", "build", "upload_transpose", "fit"):
         assert t[k] >= 0.0
     assert t["setup"] <= t["fit"]
+
+
+def test_tuning_index_follows_the_database(tmp_path, monkeypatch):
+    import json
+    import os
+
+    from clmf.tuning import index
+    monkeypatch.setenv("CLMF_CACHE_DIR", str(tmp_path / "cache"))
+    db = tmp_path / "db.jsonl"
+    rec = {"schema_version": 1, "kind": "best", "run_id": "r1", "side": "users"}
+    meas = {"schema_version": 1, "kind": "measurement", "run_id": "r1", "side": "users",
+            "status": "ok", "f": 10, "seconds": 0.5, "config": {"x": 1}, "device": {"type": "GPU",
+                                                                                 "name": "big"}}
+    db.write_text(json.dumps(rec) + "\n" + json.dumps(meas) + "\n")
+    first = index.best_records(db)
+    assert first[0] == rec and first[1]["device"] == {"type": "GPU"} and first[1]["seconds"] == 0.5
+    assert index.best_records(db) is first                       # memoized in the process
+    index._memo.clear()
+    assert index.best_records(db) == first                       # read back from the index
+    assert len(list((tmp_path / "cache").glob("tuning-index-*.json"))) == 1
+    rec2 = dict(rec, run_id="r2")
+    db.write_text(json.dumps(rec2) + "\n")
+    os.utime(db, ns=(1, 1))                                       # another version of the file
+    assert index.best_records(db) == [rec2]
+    assert len(list((tmp_path / "cache").glob("tuning-index-*.json"))) == 1   # old one pruned
+    db.write_text("not json\n")
+    os.utime(db, ns=(2, 2))
+    with pytest.warns(Warning, match="not used"):
+        assert index.best_records(db) is None

@@ -48,7 +48,10 @@ class SideData:
         return int(self.indptr[-1])
 
     def nbytes(self):
-        return self.indptr.nbytes + 8 * self.nnz
+        """Bytes of the side on the device (int32 indices and float32 values per entry)."""
+        if self.indices is None:
+            return self.indptr.nbytes + 8 * self.nnz
+        return self.indptr.nbytes + self.indices.nbytes + self.data.nbytes
 
 
 def launch_gram(kern, q, cfg, fs, k, g_indptr, g_indices, g_data, Yother, A, B, G):

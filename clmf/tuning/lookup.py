@@ -51,7 +51,7 @@ import warnings
 
 from ..engine.config import KernelConfig
 from ..errors import InvalidConfigError
-from .database import database_paths, read_database
+from .database import database_paths
 from .schema import (
     BASELINE,
     CLASS_TOL,
@@ -192,9 +192,11 @@ def _parse_cases(records, origin):
 
 
 def _sources():
+    """(origin, path, best records) of every usable database, from the persistent index."""
+    from .index import best_records
     out = []
     for origin, p in database_paths():
-        recs = read_database(p)
+        recs = best_records(p)
         if recs:
             out.append((origin, p, recs))
     return out
