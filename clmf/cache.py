@@ -8,10 +8,10 @@ __all__ = ["cache_dir"]
 
 
 def cache_dir():
-    """Directory of clmf's on-disk caches: ``$CLMF_CACHE_DIR``, else ``$XDG_CACHE_HOME/clmf``,
-    else ``~/.cache/clmf``."""
+    """Directory of clmf's on-disk caches: ``$CLMF_CACHE_DIR``, else the platform's user cache
+    directory for clmf (``~/.cache/clmf`` on Linux)."""
     env = os.environ.get("CLMF_CACHE_DIR")
     if env:
         return pathlib.Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "clmf"
+    import platformdirs
+    return pathlib.Path(platformdirs.user_cache_dir("clmf"))
