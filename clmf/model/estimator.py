@@ -1,6 +1,7 @@
 """The ``ALS`` estimator: explicit-feedback alternating least squares on an OpenCL device."""
 from __future__ import annotations
 
+import concurrent.futures
 import inspect
 import logging
 import time
@@ -257,7 +258,11 @@ class ALS(RecommenderMixin):
             if not (np.all(np.isfinite(X0)) and np.all(np.isfinite(Y0))):
                 raise ValueError("init factors contain NaN/inf")
         else:
-            X0, Y0 = reference.start_factors(m, n, f, self.random_state)
+            # drawn in a thread while the device is set up (the generator releases the GIL):
+            # (m + n)·f numbers are a large part of the set-up at Netflix scale
+            start_pool = concurrent.futures.ThreadPoolExecutor(1)
+            start = start_pool.submit(reference.start_factors, m, n, f, self.random_state)
+            start_pool.shutdown(wait=False)
 
         t_prep = time.perf_counter()
         devs = select_devices(self.device)
@@ -292,6 +297,8 @@ class ALS(RecommenderMixin):
             v_total = int(V.nnz)
             V = sp.coo_matrix((V.data[~unk], (V.row[~unk], V.col[~unk])), shape=V.shape)
         try:
+            if init is None:
+                X0, Y0 = start.result()
             engine.set_factors("users", X0)
             engine.set_factors("items", Y0)
             want_train = bool(show_progress or callback is not None)
