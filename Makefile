@@ -27,7 +27,7 @@ DEMO_ARGS   ?=
 RUN_ENV := env -u PYTHONPATH OCL_ICD_VENDORS=$(ICD_DIR)
 TEST_ENV := $(RUN_ENV) CLMF_TEST_INSTALLED=1
 
-.PHONY: help setup install demo test test-all test-oclgrind platforms \
+.PHONY: help setup install demo test test-all test-oclgrind test-pip platforms \
         register-intel unregister-intel clean distclean
 
 help:
@@ -35,6 +35,7 @@ help:
 	@echo "make test             set up, then ruff check and pytest -m '$(MARKERS)' (PYTEST_ARGS=...)"
 	@echo "make test-all         all tests, slow and perf included"
 	@echo "make test-oclgrind    the race/out-of-bounds tests under Oclgrind"
+	@echo "make test-pip         the pip-only path: fresh venv, wheel + PyPI's pyopencl[pocl], README example"
 	@echo "make setup            system packages, .venv, dependencies, clmf wheel, .icd/"
 	@echo "make platforms        list the OpenCL platforms/devices clmf will see"
 	@echo "make register-intel   register .venv's Intel CPU OpenCL runtime system-wide (root/sudo)"
@@ -74,6 +75,11 @@ test-all: install
 test-oclgrind: install
 	@command -v oclgrind >/dev/null || { echo "oclgrind is not installed (make setup installs it)" >&2; exit 1; }
 	$(call run_pytest,-m oclgrind)
+
+# The pip-only install path (no root, no system OpenCL): a fresh venv with the built wheel and
+# PyPI's pyopencl[pocl], system runtimes hidden, the README's first example (needs the network).
+test-pip: install
+	bash scripts/pip_only_check.sh
 
 platforms: $(STAMP)
 	$(SETUP) --icd --check

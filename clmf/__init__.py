@@ -22,7 +22,7 @@ from .errors import (
 __all__ = [
     "ALS", "load", "devices", "select_device", "KernelConfig", "reference", "datasets", "metrics",
     "splits", "errors", "ClmfError", "NoOpenCLError", "SingularSystemError", "DeviceMemoryError",
-    "InvalidConfigError", "__version__",
+    "InvalidConfigError", "NotFittedError", "__version__",
 ]
 
 # Submodules reachable as attributes without an explicit import (imported on first access).
@@ -43,6 +43,9 @@ def __getattr__(name):  # lazy imports keep `import clmf` cheap and free of Open
     if name in _SUBMODULES:
         import importlib
         return importlib.import_module(f".{name}", __name__)
+    if name == "NotFittedError":
+        from .errors import _not_fitted_error
+        return _not_fitted_error()
     if name == "load":
         from .model.persistence import load
         return load

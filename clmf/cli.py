@@ -8,12 +8,20 @@ Commands: ``devices``, ``demo``, ``source`` and the user's workflow ``fit`` → 
         --train ml-latest-small/ratings.csv
     clmf eval model.npz ml-100k --split ua --k 10
 
-Errors print ``clmf <command>: error: ...`` on stderr and exit with status 2.
+``--json`` (fit, eval, recommend, bench) writes one JSON document on stdout and everything
+else (progress, logs, the human-readable report) on stderr. Exit status: 0 on success, 1 when
+the work fails (unreadable data, no OpenCL device, a singular system, ...), 2 for usage errors
+(bad or missing arguments, from argparse or the commands' own checks); the message is printed as
+``clmf <command>: error: ...`` on stderr (and, with ``--json``, as ``{"error": ...}`` on stdout).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import inspect
+import json
 import logging
+import math
 import sys
 import time
 
@@ -22,19 +30,49 @@ import numpy as np
 log = logging.getLogger("clmf.cli")
 
 
-def _add_model_args(p, factors=32, reg=0.05, iterations=10):
-    p.add_argument("--factors", "-f", type=int, default=factors, help="latent factors f")
-    p.add_argument("--regularization", "--lambda", dest="regularization", type=float, default=reg,
+class UsageError(ValueError):
+    """A bad or missing command-line argument (exit status 2)."""
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows every default (argparse's ``(default: ...)``)."""
+
+
+def _als_defaults():
+    """:class:`clmf.ALS`'s parameter defaults (the CLI's model defaults are the library's)."""
+    from .model import ALS
+    return {k: p.default for k, p in inspect.signature(ALS.__init__).parameters.items()
+            if k != "self"}
+
+
+def _add_model_args(p, factors=None, reg=None, iterations=None):
+    """Model options; defaults are clmf.ALS's unless a command (demo) sets its own."""
+    d = _als_defaults()
+    p.add_argument("--factors", "-f", type=int, default=factors or d["factors"],
+                   help="latent factors f")
+    p.add_argument("--regularization", "--lambda", dest="regularization", type=float,
+                   default=d["regularization"] if reg is None else reg,
                    help="λ (weighted by the row's rating count unless --unweighted)")
-    p.add_argument("--iterations", "-i", type=int, default=iterations)
-    p.add_argument("--unweighted", action="store_true", help="plain λ·I instead of λ·n·I")
-    p.add_argument("--device", "-d", default="auto", help="auto | cpu | gpu | P:D | name substring")
-    p.add_argument("--variant", default="auto", help="kernel variant name or 'auto' (tuned)")
-    p.add_argument("--solver", default="auto", choices=["auto", "cholesky", "cg", "fusedcg"])
-    p.add_argument("--storage", default="float32", choices=["float32", "float16"])
-    p.add_argument("--seed", type=int, default=0, help="random_state")
-    p.add_argument("--feedback", default="explicit", choices=["explicit", "implicit"])
-    p.add_argument("--alpha", type=float, default=1.0, help="implicit feedback: confidence 1 + alpha·r")
+    p.add_argument("--iterations", "-i", type=int, default=iterations or d["iterations"],
+                   help="ALS iterations")
+    p.add_argument("--unweighted", action="store_true",
+                   help="plain λ·I instead of λ·n·I (implicit feedback: always plain)")
+    p.add_argument("--device", "-d", default=d["device"],
+                   help="auto | cpu | gpu | P:D | name substring")
+    p.add_argument("--variant", default=d["variant"], help="kernel variant name or 'auto' (tuned)")
+    p.add_argument("--solver", default=d["solver"], choices=["auto", "cholesky", "cg", "fusedcg"],
+                   help="S3 solver ('auto': the tuned choice)")
+    p.add_argument("--storage", default=d["storage"], choices=["float32", "float16"],
+                   help="factor storage on the device (None: the variant's, float32)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="random_state of the start factors (and of the random holdout)")
+    p.add_argument("--feedback", default=d["feedback"], choices=["explicit", "implicit"],
+                   help="explicit ratings or implicit feedback (counts/strengths)")
+    p.add_argument("--alpha", type=float, default=d["alpha"],
+                   help="implicit feedback: confidence scale")
+    p.add_argument("--confidence", default=d["confidence"], choices=["1+alpha*r", "alpha*r"],
+                   help="implicit feedback: confidence c of an entry r (1+alpha*r: Hu et al. and "
+                        "Spark; alpha*r: the implicit library)")
     p.add_argument("--biases", action="store_true", help="explicit feedback: learn user/item biases")
 
 
@@ -45,7 +83,29 @@ def _model_from(args):
                     weighted_regularization=False if args.unweighted else None,
                     solver=args.solver, variant=args.variant, device=args.device,
                     random_state=args.seed, storage=args.storage, feedback=args.feedback,
-                    alpha=args.alpha, biases=args.biases)
+                    alpha=args.alpha, confidence=args.confidence, biases=args.biases)
+
+
+def _choices_json(config):
+    return {side: {"config": str(ch.config), "rule": ch.rule, "reason": ch.reason}
+            for side, ch in (config or {}).items()}
+
+
+def _jsonable(obj):
+    """``obj`` with NumPy scalars/arrays as Python values and non-finite floats as None."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    return str(obj)
 
 
 def cmd_devices(args):
@@ -101,24 +161,45 @@ def cmd_source(args):
 
 def cmd_bench(args):
     """``clmf bench``: see :mod:`clmf.bench` (CSV, markdown and plots under results/bench/)."""
-    from .bench.runner import cmd_bench as run
-    return run(args, sys.argv[2:] if len(sys.argv) > 2 and sys.argv[1] == "bench" else None)
+    from .bench import runner
+    if args.iterations < 1:
+        raise UsageError("--iterations must be ≥ 1")
+    for item in args.peer_max_nnz:
+        k, _, v = item.partition("=")
+        try:
+            float(v)
+        except ValueError:
+            raise UsageError(f"--peer-max-nnz wants PEER=N, not {item!r}") from None
+    status = runner.cmd_bench(args, sys.argv[2:] if len(sys.argv) > 2 and sys.argv[1] == "bench"
+                              else None)
+    args.result = {"command": "bench", "files": getattr(args, "bench_files", None),
+                   "rows": getattr(args, "bench_rows", None)}
+    return status
 
 
 # ----- the workflow: fit → recommend / eval --------------------------------------------------
+def _check_data_args(args):
+    """DATA and --preset: exactly one, and a known preset (usage errors)."""
+    from . import datasets
+    presets = sorted(datasets.list_presets())
+    if args.preset is not None and args.data is not None:
+        raise UsageError("give either DATA or --preset, not both")
+    if args.preset is None and args.data is None:
+        raise UsageError("give a ratings file or directory (DATA) or --preset NAME "
+                         f"(one of {', '.join(presets)})")
+    if args.preset is not None and args.preset not in presets:
+        raise UsageError(f"unknown preset {args.preset!r}; choose from {presets}")
+
+
 def _fit_data(args):
     """(train, test or None, description) for ``clmf fit``."""
     import os
 
     from . import datasets, splits
+    _check_data_args(args)
     if args.preset is not None:
-        if args.data is not None:
-            raise ValueError("give either DATA or --preset, not both")
         data = datasets.synthetic(args.preset, scale=args.scale, seed=args.seed)
         what = f"synthetic preset {args.preset!r} (scale {args.scale:g}, seed {args.seed})"
-    elif args.data is None:
-        raise ValueError("give a ratings file or directory (DATA) or --preset NAME "
-                         f"(one of {', '.join(sorted(datasets.list_presets()))})")
     elif args.split is not None:
         d = args.data if os.path.isdir(args.data) else os.path.dirname(args.data) or "."
         train, test = datasets.load_movielens_100k_split(d, split=args.split)
@@ -128,7 +209,7 @@ def _fit_data(args):
         what = str(args.data)
     f = args.test_fraction
     if not 0 <= f < 1:
-        raise ValueError(f"--test-fraction must be in [0, 1), not {f}")
+        raise UsageError(f"--test-fraction must be in [0, 1), not {f}")
     if f == 0:
         return data, None, f"{what}, no test set"
     train, test = splits.random_holdout(data, test_fraction=f, random_state=args.seed)
@@ -152,10 +233,16 @@ def cmd_fit(args):
     0
     """
     from tqdm.auto import tqdm
+
+    from .data.validation import check_params
+    model = _model_from(args)
+    try:
+        check_params(model)                  # bad model options are usage errors (exit 2)
+    except (ValueError, TypeError) as e:
+        raise UsageError(str(e)) from None
     train, test, what = _fit_data(args)
     print(f"data: {what}: {train.shape[0]} users × {train.shape[1]} items, {len(train)} train"
           + (f" / {len(test)} test" if test is not None else "") + " ratings")
-    model = _model_from(args)
 
     def show(it, elapsed, metrics):
         line = f"iteration {it + 1:3d}  train RMSE {metrics.get('train_rmse', float('nan')):.4f}"
@@ -171,12 +258,21 @@ def cmd_fit(args):
     print(f"         items {model.config_['items']}")
     summary = f"fitted f={args.factors}, λ={args.regularization}, {args.iterations} iterations " \
               f"in {total:.2f} s"
+    test_rmse = model.rmse(test) if test is not None else None
     if test is not None:
-        summary += f"; test RMSE {model.rmse(test):.4f}"
+        summary += f"; test RMSE {test_rmse:.4f}"
     print(summary)
     if args.output:
         model.save(args.output)
         print(f"model written to {args.output}")
+    params = model.get_params()
+    params["dtype"] = np.dtype(params["dtype"]).name
+    args.result = {"command": "fit", "data": what, "users": train.shape[0],
+                   "items": train.shape[1], "train_ratings": len(train),
+                   "test_ratings": len(test) if test is not None else 0, "params": params,
+                   "device": model.device_, "config": _choices_json(model.config_),
+                   "history": model.history_, "best_iteration": model.best_iteration_,
+                   "seconds": total, "test_rmse": test_rmse, "output": args.output}
     return 0
 
 
@@ -235,8 +331,10 @@ def cmd_eval(args):
     print(f"data: {what}: {len(test)} ratings" +
           (f" ({dropped} with users/items unknown to the model skipped)" if dropped else ""))
     pred = model.predict(u, i)
-    print(f"RMSE  {metrics.rmse(r, pred):.4f}")
-    print(f"MAE   {metrics.mae(r, pred):.4f}")
+    result = {"command": "eval", "model": args.model, "data": what, "ratings": len(test),
+              "skipped": dropped, "rmse": metrics.rmse(r, pred), "mae": metrics.mae(r, pred)}
+    print(f"RMSE  {result['rmse']:.4f}")
+    print(f"MAE   {result['mae']:.4f}")
     n_items = model.item_factors_.shape[0]
     users, rows = np.unique(u, return_inverse=True)
     # all test ratings are relevant unless a threshold is given (then it needs the values)
@@ -260,6 +358,8 @@ def cmd_eval(args):
     print(f"ranking over {users.size} users ({rel}):")
     for name, value in res.items():
         print(f"{name:<14s}{value:.4f}")
+    args.result = dict(result, users=int(users.size), train=args.train,
+                       relevance_threshold=args.relevance_threshold, ranking=res)
     return 0
 
 
@@ -291,11 +391,17 @@ def cmd_recommend(args):
           + (" (items already rated in the --train data left out)" if train is not None else ""))
     head = f"{'rank':>4}  {'item':>10}  {'score':>8}"
     print(head + ("  title" if titles is not None else ""))
+    rows = []
     for rank, (item, score) in enumerate(zip(ids.tolist(), scores.tolist()), 1):
         line = f"{rank:>4}  {str(item):>10}  {score:8.4f}"
+        row = {"rank": rank, "item": item, "score": score}
         if titles is not None:
+            row["title"] = titles.get(item)
             line += f"  {titles.get(item, '?')}"
+        rows.append(row)
         print(line)
+    args.result = {"command": "recommend", "model": args.model, "user": args.user,
+                   "filtered_by": args.train, "items": rows}
     return 0
 
 
@@ -319,6 +425,8 @@ def cmd_tune(args):
     ...       "--alpha", "2", "--factors", "64"])                          # doctest: +SKIP
     0
     """
+    if args.data is None or args.preset is not None:
+        _check_data_args(args)
     try:
         from clmf import tuner
     except ImportError as e:
@@ -326,17 +434,26 @@ def cmd_tune(args):
     try:
         factors = [int(x) for x in str(args.factors).split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"--factors must be comma-separated integers, not {args.factors!r}") from None
+        raise UsageError(f"--factors must be comma-separated integers, not {args.factors!r}") \
+            from None
     if not factors or min(factors) < 1:
-        raise ValueError("--factors needs at least one f ≥ 1")
+        raise UsageError("--factors needs at least one f ≥ 1")
     if args.budget is not None and args.budget <= 0:
-        raise ValueError("--budget must be positive (seconds)")
+        raise UsageError("--budget must be positive (seconds)")
     if args.biases and args.feedback == "implicit":
-        raise ValueError("--biases is for explicit feedback")
+        raise UsageError("--biases is for explicit feedback")
     if args.feedback == "implicit" and not args.alpha > 0:
-        raise ValueError("--alpha must be positive")
+        raise UsageError("--alpha must be positive")
     if args.sample_tol < 0:
-        raise ValueError("--sample-tol must be ≥ 0 (0: no check)")
+        raise UsageError("--sample-tol must be ≥ 0 (0: no check)")
+    if args.sample not in ("auto", "full"):
+        try:
+            frac = float(args.sample)
+        except ValueError:
+            frac = None
+        if frac is None or not 0 < frac <= 1:
+            raise UsageError(f"--sample must be 'auto', 'full' or a fraction in (0, 1], not "
+                             f"{args.sample!r}")
     mode = "implicit" if args.feedback == "implicit" else "biased" if args.biases else "explicit"
     R, name = tuner.load_data(args.data, args.preset, args.scale, args.seed, log1p=args.log1p)
     print(f"data: {name}: {R.shape[0]} users × {R.shape[1]} items, {R.nnz} ratings"
@@ -374,9 +491,22 @@ def cmd_tune(args):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="clmf", description="Autotuned ALS matrix factorization on OpenCL")
-    p.add_argument("-v", "--verbose", action="count", default=0)
+    p = argparse.ArgumentParser(prog="clmf", formatter_class=_Formatter,
+                                description="Autotuned ALS matrix factorization on OpenCL. Exit "
+                                            "status: 0 ok, 1 the work failed, 2 usage error.")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="more logging on stderr (-v info, -vv debug)")
     sub = p.add_subparsers(dest="command", required=True)
+    _add = sub.add_parser
+
+    def add_parser(name, json_output=False, **kw):       # every command shows its defaults
+        q = _add(name, formatter_class=_Formatter, **kw)
+        if json_output:
+            q.add_argument("--json", action="store_true",
+                           help="write one JSON document with the results on stdout (everything "
+                                "else goes to stderr)")
+        return q
+    sub.add_parser = add_parser
     s = sub.add_parser("devices", help="list OpenCL devices and the properties the kernels use")
     s.set_defaults(func=cmd_devices)
     s = sub.add_parser("demo", help="fit the embedded default data set (or --data PATH) and print "
@@ -389,15 +519,17 @@ def build_parser():
     s.add_argument("variant", nargs="?", default="batch")
     s.add_argument("--factors", "-f", type=int, default=32)
     s.set_defaults(func=cmd_source)
-    s = sub.add_parser("bench", help="benchmark clmf against its peers (NumPy reference, LensKit, "
-                                     "Spark, implicit, PyTorch) and the device's measured peak; "
-                                     "writes results/bench/<device>/")
+    s = sub.add_parser("bench", json_output=True,
+                       help="benchmark clmf against its peers (NumPy reference, LensKit, Spark, "
+                            "implicit, PyTorch) and the device's measured peak; writes "
+                            "results/bench/<device>/")
     from .bench.runner import configure_parser as _bench_args
     _bench_args(s)
     s.set_defaults(func=cmd_bench)
 
-    s = sub.add_parser("fit", help="fit a model to a ratings file (or a synthetic preset), print "
-                                   "train/test RMSE per iteration, optionally save it")
+    s = sub.add_parser("fit", json_output=True,
+                       help="fit a model to a ratings file (or a synthetic preset), print "
+                            "train/test RMSE per iteration, optionally save it")
     s.add_argument("data", nargs="?", default=None, metavar="DATA",
                    help="ratings file or directory (MovieLens, Netflix, CSV/TSV triples, ...)")
     s.add_argument("--preset", default=None, help="fit synthetic data in the shape of this preset "
@@ -412,8 +544,9 @@ def build_parser():
     _add_model_args(s)
     s.set_defaults(func=cmd_fit)
 
-    s = sub.add_parser("eval", help="RMSE/MAE and precision/recall/MAP/nDCG@k of a saved model "
-                                    "on a ratings file")
+    s = sub.add_parser("eval", json_output=True,
+                       help="RMSE/MAE and precision/recall/MAP/nDCG@k of a saved model on a "
+                            "ratings file")
     s.add_argument("model", metavar="MODEL", help="a model saved by 'clmf fit --output'")
     s.add_argument("data", metavar="DATA", help="held-out ratings file (or the ml-100k directory "
                                                 "with --split)")
@@ -426,7 +559,8 @@ def build_parser():
                    help="only test ratings ≥ this are relevant (default: all)")
     s.set_defaults(func=cmd_eval)
 
-    s = sub.add_parser("recommend", help="top-N items for a user of a saved model")
+    s = sub.add_parser("recommend", json_output=True,
+                       help="top-N items for a user of a saved model")
     s.add_argument("model", metavar="MODEL", help="a model saved by 'clmf fit --output'")
     s.add_argument("--user", required=True, help="the user's raw id, as in the training data")
     s.add_argument("-n", type=int, default=10, help="number of items")
@@ -484,16 +618,33 @@ def build_parser():
 
 
 def main(argv=None):
+    """Run the command line; returns the exit status (0 ok, 1 failure, 2 usage error)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)            # usage errors: argparse exits with status 2
     logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
-                        format="%(levelname)s %(name)s: %(message)s")
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    as_json = bool(getattr(args, "json", False))
+    stdout = sys.stdout
+    args.result = None
     try:
-        return args.func(args)
-    except (ValueError, TypeError, KeyError, OSError, RuntimeError) as e:
+        # with --json the human-readable report goes to stderr, the document alone to stdout
+        with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+            status = args.func(args)
+    except KeyboardInterrupt:
+        print(f"clmf {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - every failure becomes a message and an exit status
+        status = 2 if isinstance(e, UsageError) else 1
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        log.debug("clmf %s failed", args.command, exc_info=True)
         print(f"clmf {args.command}: error: {msg}", file=sys.stderr)
-        return 2
+        if as_json:
+            print(json.dumps({"command": args.command, "error": str(msg),
+                              "exit_status": status}), file=stdout)
+        return status
+    if as_json:
+        print(json.dumps(_jsonable(args.result or {"command": args.command})), file=stdout)
+    return status
 
 
 if __name__ == "__main__":

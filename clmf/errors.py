@@ -23,3 +23,33 @@ class DeviceMemoryError(ClmfError, MemoryError):
 
 class SingularSystemError(ClmfError, ValueError):
     """A normal-equation system was not positive definite (e.g. regularization=0 with too few ratings)."""
+
+
+_not_fitted = None
+
+
+def _not_fitted_error():
+    """The NotFittedError class, made on first use: a subclass of scikit-learn's
+    ``sklearn.exceptions.NotFittedError`` when scikit-learn is installed (so scikit-learn's
+    tooling catches it), else of ``ValueError`` and ``AttributeError`` as scikit-learn's is;
+    ``RuntimeError`` too, which clmf raised before. Made lazily: importing scikit-learn takes
+    seconds, and only an unfitted model's error needs it."""
+    global _not_fitted
+    if _not_fitted is None:
+        try:
+            from sklearn.exceptions import NotFittedError as sk_not_fitted
+            bases = (ClmfError, sk_not_fitted, RuntimeError)
+        except ImportError:
+            bases = (ClmfError, ValueError, AttributeError, RuntimeError)
+        _not_fitted = type("NotFittedError", bases, {
+            "__module__": __name__,
+            "__doc__": "The model is not fitted yet (scikit-learn's NotFittedError semantics: a "
+                       "ValueError and an AttributeError, so ``hasattr`` on a fitted-only "
+                       "attribute is False)."})
+    return _not_fitted
+
+
+def __getattr__(name):  # clmf.errors.NotFittedError, created on first access
+    if name == "NotFittedError":
+        return _not_fitted_error()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

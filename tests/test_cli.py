@@ -96,28 +96,35 @@ def test_entry_point_in_a_subprocess(small_files, tmp_path):
     assert len(parse_recommendations(run.stdout)[0]) == 4
     run = subprocess.run([sys.executable, "-m", "clmf", "recommend", str(model_path), "--user",
                           "nobody"], capture_output=True, text=True, env=env, timeout=120)
-    assert run.returncode == 2
+    assert run.returncode == 1                  # a runtime error, not a usage error
     assert run.stderr.strip() == "clmf recommend: error: 1 unknown user id(s): 'nobody'"
 
 
 def test_cli_errors(small_files, tmp_path, capsys):
     data, _ = small_files
-    cases = [
-        (["recommend", str(tmp_path / "none.npz"), "--user", "1"], "no such clmf model file"),
-        (["recommend", str(data), "--user", "1"], "not a clmf model file"),
-        (["eval", str(tmp_path / "none.npz"), str(data)], "no such clmf model file"),
-        (["fit"], "give a ratings file"),
-        (["fit", str(data), "--preset", "movielens-100k"], "not both"),
-        (["fit", str(tmp_path / "nothing.csv")], "not found"),
-        (["fit", str(data), "--test-fraction", "1.5"], "--test-fraction"),
-        (["fit", "--preset", "nope"], "unknown preset"),
-        (["tune"], "give a ratings file"),
-        (["tune", "--preset", "movielens-100k", "--factors", "0"], "--factors"),
+    cases = [   # (argv, exit status: 1 the work failed, 2 usage error, message)
+        (["recommend", str(tmp_path / "none.npz"), "--user", "1"], 1, "no such clmf model file"),
+        (["recommend", str(data), "--user", "1"], 1, "not a clmf model file"),
+        (["eval", str(tmp_path / "none.npz"), str(data)], 1, "no such clmf model file"),
+        (["fit"], 2, "give a ratings file"),
+        (["fit", str(data), "--preset", "movielens-100k"], 2, "not both"),
+        (["fit", str(tmp_path / "nothing.csv")], 1, "not found"),
+        (["fit", str(data), "--test-fraction", "1.5"], 2, "--test-fraction"),
+        (["fit", "--preset", "nope"], 2, "unknown preset"),
+        (["fit", str(data), "--factors", "0"], 2, "factors must be an integer"),
+        (["fit", str(data), "--feedback", "implicit", "--alpha", "-1"], 2, "alpha"),
+        (["tune"], 2, "give a ratings file"),
+        (["tune", "--preset", "movielens-100k", "--factors", "0"], 2, "--factors"),
     ]
-    for argv, msg in cases:
-        assert main(argv) == 2, argv
+    for argv, status, msg in cases:
+        assert main(argv) == status, argv
         err = capsys.readouterr().err
         assert err.startswith(f"clmf {argv[0]}: error: ") and msg in err, (argv, err)
+    # argparse's own usage errors exit with 2 too
+    with pytest.raises(SystemExit) as e:
+        main(["fit", str(data), "--no-such-option"])
+    assert e.value.code == 2
+    capsys.readouterr()
 
 
 def test_fit_preset_without_test_set(tmp_path, capsys):
@@ -163,7 +170,7 @@ def test_acceptance_ml_latest_small_cli_equals_python_api(tmp_path, capsys):
 
     data = datasets.load(ratings_csv)
     train, _ = splits.random_holdout(data, test_fraction=0.1, random_state=7)
-    model = clmf.ALS(factors=16, regularization=0.05, iterations=5, random_state=7)
+    model = clmf.ALS(factors=16, iterations=5, random_state=7)      # λ: the library default
     model.fit(train, show_progress=False)
     ids, scores = model.recommend_raw(1, data, N=10)
     assert ids.tolist() == cli_ids

@@ -79,7 +79,7 @@ def test_pickle_roundtrip_without_context(cl_device):
 
 
 def test_not_fitted():
-    with pytest.raises(RuntimeError, match="not fitted"):
+    with pytest.raises(clmf.NotFittedError, match="not fitted"):
         clmf.ALS().predict([0], [0])
 
 

@@ -233,6 +233,13 @@ def test_plan_that_cannot_fit_raises_before_device_work(cl_device, monkeypatch):
                  max_device_memory=90_000).fit(R, show_progress=False)
 
 
+def test_bad_max_device_memory(cl_device):
+    R = random_ratings(30, 20, 0.3, seed=15)
+    with pytest.raises(ValueError, match="max_device_memory"):
+        clmf.ALS(4, iterations=1, device=cl_device, max_device_memory=-1).fit(
+            R, show_progress=False)
+
+
 def test_device_lists_and_all():
     from clmf.parallel import select_devices
     if not DEVICES:
@@ -268,7 +275,10 @@ def test_workers_replicate_and_reduce_match_engine(cl_device, mode, modes):
     out = []
     for devs, md in (([cl_device], None),
                      ([cl_device] * 3, dict(zip(("users", "items"), modes)))):
-        e = make_backend(devs, R, 6, [(cfg, cfg)] * len(devs), modes=md, **kw)
+        if md is None:
+            e = make_backend(devs, R, 6, [(cfg, cfg)], **kw)
+        else:    # page-locked exchange and partial arrays, as on GPUs
+            e = MultiEngine(devs, R, 6, [(cfg, cfg)] * len(devs), modes=md, pinned=True, **kw)
         try:
             assert isinstance(e, MultiEngine) == (len(devs) > 1)
             if md:

@@ -119,7 +119,7 @@ def test_failing_save_leaves_nothing(fitted, tmp_path, monkeypatch):
         m.save(target)
     assert target.read_bytes() == before and os.listdir(tmp_path) == ["model.npz"]
     monkeypatch.undo()
-    with pytest.raises(RuntimeError, match="not fitted"):
+    with pytest.raises(clmf.NotFittedError, match="not fitted"):
         clmf.ALS().save(tmp_path / "unfitted.npz")
     with pytest.raises(OSError):
         m.save(tmp_path / "no" / "such" / "dir.npz")
@@ -131,7 +131,9 @@ def test_load_errors_name_the_file(fitted, tmp_path):
     good = tmp_path / "good.npz"
     m.save(good)
     cases = {}
-    cases["missing"] = tmp_path / "missing.npz"
+    with pytest.raises(FileNotFoundError, match="no such") as e:
+        clmf.load(tmp_path / "missing.npz")
+    assert e.value.filename == str(tmp_path / "missing.npz")
     text = tmp_path / "text.npz"
     text.write_text("user,item,rating\n1,2,3\n")
     cases["text"] = text
@@ -145,7 +147,7 @@ def test_load_errors_name_the_file(fitted, tmp_path):
     truncated.write_bytes(good.read_bytes()[: len(good.read_bytes()) // 2])
     cases["truncated"] = truncated
     cases["directory"] = tmp_path
-    expected = {"missing": "no such", "text": "not a clmf model file",
+    expected = {"text": "not a clmf model file",
                 "foreign": "format marker", "npy": "not a clmf model file",
                 "truncated": "clmf model file", "directory": "directory"}
     for name, path in cases.items():

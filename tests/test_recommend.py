@@ -34,12 +34,17 @@ def int_factors(m, n, f=3, seed=0):
 
 
 def brute_recommend(X, Y, u, N, liked=(), filter_items=None, items=None):
+    """Brute force; with ``items`` the liked candidates are kept and ranked last (implicit's
+    semantics) with score -FLT_MAX, ties by item index."""
     cand = range(Y.shape[0]) if items is None else sorted(set(int(i) for i in items))
-    drop = set(int(i) for i in liked) | set(int(i) for i in (filter_items or ()))
-    scored = [(-float(np.dot(X[u].astype(np.float64), Y[i])), i) for i in cand if i not in drop]
+    liked = set(int(i) for i in liked)
+    drop = set(int(i) for i in (filter_items or ())) | (liked if items is None else set())
+    low = float(np.finfo(np.float32).min)
+    scored = [(-low if i in liked else -float(np.dot(X[u].astype(np.float64), Y[i])), i)
+              for i in cand if i not in drop]
     scored.sort()
     top = scored[:N]
-    return np.array([i for _, i in top], np.int64), np.array([-s for s, _ in top], np.float32)
+    return np.array([i for _, i in top], np.int32), np.array([-s for s, _ in top], np.float32)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +67,7 @@ def test_recommend_matches_brute_force_with_ties(tie_problem, N, case):
                                   filter_items=filt, items=items)
         liked = R[u].indices if use_liked else ()
         bid, bsc = brute_recommend(X, Y, u, N, liked, filt, items)
-        assert ids.dtype == np.int64 and scores.dtype == np.float32
+        assert ids.dtype == np.int32 and scores.dtype == np.float32
         np.testing.assert_array_equal(ids, bid)
         np.testing.assert_array_equal(scores, bsc)
 
@@ -88,15 +93,25 @@ def test_batched_equals_single_and_padding(tie_problem):
         np.testing.assert_array_equal(ids[row], i1)
         np.testing.assert_array_equal(scores[row], s1)
     # fewer candidates than N: single call is shorter, batched rows are padded with -1 / -inf
-    items = [1, 2, 3]
-    bi, bs = m.recommend(users, R, N=5, items=items)
-    assert bi.shape == (4, 3)
+    filt = np.setdiff1d(np.arange(20), [1, 2, 3, 4, 5])
+    bi, bs = m.recommend(users, R, N=6, filter_items=filt)
+    assert bi.shape == (4, 5)
     for row, u in enumerate(users):
-        i1, s1 = m.recommend(int(u), R, N=5, items=items)
+        i1, s1 = m.recommend(int(u), R, N=6, filter_items=filt)
         k = len(i1)
-        assert k == len(set(items) - set(R[int(u)].indices))
+        assert k == len({1, 2, 3, 4, 5} - set(R[int(u)].indices))
         np.testing.assert_array_equal(bi[row, :k], i1)
         assert np.all(bi[row, k:] == -1) and np.all(np.isneginf(bs[row, k:]))
+    # items=: implicit's semantics, liked items kept and ranked last, never padded
+    items = [1, 2, 3]
+    bi, bs = m.recommend(users, R, N=5, items=items)
+    assert bi.shape == (4, 3) and (bi >= 0).all()
+    for row, u in enumerate(users):
+        i1, s1 = m.recommend(int(u), R, N=5, items=items)
+        np.testing.assert_array_equal(bi[row], i1)
+        liked = set(R[int(u)].indices) & set(items)
+        assert set(i1[len(i1) - len(liked):].tolist()) == liked
+        assert np.all(s1[len(i1) - len(liked):] == np.finfo(np.float32).min)
 
 
 def test_user_items_row_aligned_or_indexed(tie_problem):
@@ -447,7 +462,7 @@ def test_raw_ids():
 
 
 def test_errors():
-    with pytest.raises(RuntimeError, match="not fitted"):
+    with pytest.raises(clmf.NotFittedError, match="not fitted"):
         clmf.ALS().recommend(0)
     X, Y = int_factors(4, 6)
     m = make_model(X, Y)

@@ -506,6 +506,7 @@ def cmd_bench(args, argv=None):
         regularization=args.regularization, scale=args.scale, seed=args.seed, out=args.out,
         name=args.name, plots=not args.no_plots, ml100k=args.ml100k, peak_repeats=args.peak_repeats,
         peer_max_nnz=lim, argv=argv)
+    args.bench_rows, args.bench_files = rows, paths       # for `clmf bench --json`
     print("\n".join(f"wrote {p}" for p in paths.values()))
     return 0
 

@@ -30,6 +30,10 @@ _PRESETS: dict[str, tuple[int, int, int]] = {
     "yahoomusic-r1": (1_948_882, 98_213, 115_579_440),
     "yahoomusic-r4": (7_642, 11_916, 211_231),
     "delicious": (1_867, 69_226, 104_799),
+    # the scaling runs' shapes (issue 14): cuMF's Hugewiki and four times Netflix; at full
+    # size build them with clmf.parallel.synthetic_layout (block by block, no whole COO)
+    "hugewiki": (50_082_604, 39_780, 3_101_144_313),
+    "netflix-4x": (1_920_756, 71_080, 396_288_448),
 }
 
 _MAX_DENSITY = 0.5
@@ -347,6 +351,10 @@ def synthetic(
     total = max(1, int(round(nnz0 * scale)))
     if m >= 2**31 or n >= 2**31:
         raise ValueError(f"shape ({m}, {n}) exceeds int32 indices")
+    if total >= 2**31:
+        raise ValueError(f"{total:,} ratings: build sets past 2^31 ratings with "
+                         "clmf.parallel.synthetic_layout (both CSR layouts, block by block, in "
+                         "bounded memory) rather than as one COO")
     cap_total = max(m, int(_MAX_DENSITY * m * n))
     if total > cap_total:
         logger.warning("synthetic: %d ratings capped to %d (density <= 50%%)", total, cap_total)

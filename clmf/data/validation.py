@@ -193,6 +193,11 @@ def check_params(est):
             raise ValueError(f"alpha must be a finite number ≥ 0, not {a!r}")
         if est.biases:
             raise ValueError("biases=True is for explicit feedback")
+        conf = getattr(est, "confidence", "1+alpha*r")
+        if conf not in ("1+alpha*r", "alpha*r"):
+            raise ValueError(f"confidence must be '1+alpha*r' or 'alpha*r', not {conf!r}")
+        if conf == "alpha*r" and a == 0:
+            raise ValueError("confidence='alpha*r' needs alpha > 0 (every confidence would be 0)")
     if est.weighted_regularization not in (None, True, False):
         raise ValueError("weighted_regularization must be True, False or None")
     if est.solver not in ("auto", "cholesky", "cg", "fusedcg"):

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from ..errors import DeviceMemoryError, SingularSystemError
+from ..errors import DeviceMemoryError, InvalidConfigError, SingularSystemError
 from . import kernels as K
 from .device import device_info, get_context
 from .memory import choose_batch_rows, memory_estimate
@@ -172,9 +172,14 @@ class Engine:
                                         f"largest allocation ({self.info.max_alloc / 2**20:.0f} MiB)")
         fs = self.fs
         t0 = time.perf_counter()
-        self.programs = {s: K.als_program(self.ctx, device, self.configs[s], fs, self.info,
-                                          self.implicit, self.biased)
-                         for s in ("users", "items")}
+        self.programs = {}
+        for s in ("users", "items"):
+            try:
+                self.programs[s] = K.als_program(self.ctx, device, self.configs[s], fs, self.info,
+                                                 self.implicit, self.biased)
+            except InvalidConfigError as e:
+                e.side = s                   # which side's configuration failed (fit falls back)
+                raise
         self.vars = {s: K.als_variables(self.configs[s], fs, self.info, self.implicit, self.biased)
                      for s in ("users", "items")}
         t1 = time.perf_counter()

@@ -250,6 +250,11 @@ def als_program(context, device, config: KernelConfig, f: int, device_info, impl
     s3 = "s3_fused" if config.solver == "fusedcg" else "s3_solve"
     needs = {"s1_hermitian": config.s1_local_size(f), s3: config.swg(f),
              "s2_rhs": als_variables(config, f, device_info)["s2_wg"]}
+    missing = sorted(set(needs) - set(prog.kernels))
+    if missing:
+        raise InvalidConfigError(f"the program built for {config} has no kernel(s) "
+                                 f"{', '.join(missing)} (the OpenCL compiler dropped them)",
+                                 "missing_kernel")
     for name, wg in needs.items():
         lim = prog.work_group_limit(name, device)
         if wg > lim:

@@ -25,6 +25,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import reference
+from .conventions import LIKED_SCORE, confidence_rows, ids_dtype
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +239,7 @@ class RecommenderMixin:
             weighted = not implicit
         lam = float(self.regularization)
         if not self._biased():
-            X = reference.half_step(rows, other, lam, bool(weighted),
+            X = reference.half_step(confidence_rows(rows, self), other, lam, bool(weighted),
                                     implicit_alpha=float(self.alpha) if implicit else None)
             return X.astype(np.float32), None
         if implicit:
@@ -281,15 +282,16 @@ class RecommenderMixin:
             item factors, as :meth:`recalculate_user`; with biases the user's bias too) instead
             of using the stored ones; the user ids may then lie beyond the model's users.
         items : array_like of int, optional
-            Restrict the candidates to these item indices.
+            Rank only these items; the user's liked ones among them are kept, ranked last with
+            score −FLT_MAX, as implicit does (so rows hold ``min(N, len(items))``, no padding).
 
         Returns
         -------
         (ids, scores)
-            For a scalar ``userid``: 1-D int64 item indices and float32 scores, best first,
+            For a scalar ``userid``: 1-D int32 item indices and float32 scores, best first,
             ``min(N, candidates)`` long (shorter when fewer items remain after filtering).
-            For an array: 2-D arrays ``(len(userid), min(N, candidates))``; rows with fewer
-            candidates are padded with id ``-1`` and score ``-inf``.
+            For an array: 2-D ``(len(userid), min(N, candidates))``; without ``items`` shorter rows
+            are padded with id ``-1``, score ``-inf``. Ids are int32, as implicit's.
 
         Notes
         -----
@@ -305,11 +307,13 @@ class RecommenderMixin:
         >>> model.item_factors_ = np.array([[3, 0], [1, 1], [2, 5]], np.float32)
         >>> seen = sp.csr_matrix([[5.0, 0, 0], [0, 0, 0]])                  # user 0 rated item 0
         >>> model.recommend(0, seen, N=2)
-        (array([2, 1]), array([2., 1.], dtype=float32))
+        (array([2, 1], dtype=int32), array([2., 1.], dtype=float32))
         >>> ids, scores = model.recommend([0, 1], seen, N=3)               # batched, padded
         >>> ids
         array([[ 2,  1, -1],
-               [ 2,  1,  0]])
+               [ 2,  1,  0]], dtype=int32)
+        >>> model.recommend(0, seen, N=3, items=[0, 1])       # liked item 0 kept, ranked last
+        (array([1, 0], dtype=int32), array([ 1.0000000e+00, -3.4028235e+38], dtype=float32))
         """
         self._require_fitted()
         ids, scalar = _as_index_array(userid, "userid")
@@ -339,22 +343,23 @@ class RecommenderMixin:
             # biased MF: score = μ + b_u + b_i + x·y — rank on [x, 1]·[y, b_i], then add μ + b_u
             Xq = np.hstack([np.asarray(Xu, np.float32), np.ones((Xu.shape[0], 1), np.float32)])
             Yq = np.hstack([np.asarray(Y, np.float32), np.asarray(bi, np.float32)[:, None]])
-            pos_out, sc_out = self._rank(Xq, Yq, cand, rows, N)
+            pos_out, sc_out = self._rank(Xq, Yq, cand, rows, N, liked_last=items is not None)
             bu = (bu_new if recalculate_user
                   else np.asarray(self.user_biases_, np.float32)[ids])
             sc_out = sc_out + (np.float32(self.global_mean_) + bu)[:, None]
         else:
-            pos_out, sc_out = self._rank(Xu, Y, cand, rows, N)
+            pos_out, sc_out = self._rank(Xu, Y, cand, rows, N, liked_last=items is not None)
+        pos_out = ids_dtype(pos_out, n_items)
         if scalar:
             keep = pos_out[0] >= 0
             return pos_out[0][keep], sc_out[0][keep]
         return pos_out, sc_out
 
-    def _rank(self, Q, F, cand, rows, N, self_ids=None):
+    def _rank(self, Q, F, cand, rows, N, self_ids=None, liked_last=False):
         """Rank candidates ``cand`` of ``F`` for the query vectors ``Q`` by ``Q·F[cand]ᵀ``.
 
-        ``rows`` (CSR aligned with ``Q``) marks entries to exclude; ``self_ids`` are forced to
-        the top with score 1 (similarity of an item with itself).
+        ``rows`` (CSR aligned with ``Q``) marks entries to exclude (``liked_last``: to rank last
+        with :data:`LIKED_SCORE`); ``self_ids`` are forced to the top with score 1 (self-similarity).
         """
         n = F.shape[0]
         Fc = F if cand is None else F[cand]
@@ -378,7 +383,7 @@ class RecommenderMixin:
                 if cand is not None:
                     cc = posmap[cc]
                     rr, cc = rr[cc >= 0], cc[cc >= 0]
-                S[rr, cc] = -np.inf
+                S[rr, cc] = LIKED_SCORE if liked_last else -np.inf
             forced = None
             if self_ids is not None:
                 sid = self_ids[r0:r1]
@@ -407,6 +412,7 @@ class RecommenderMixin:
             self_ids = None
         pos, sc = self._rank(Q, Fn, cand, None, N, self_ids=self_ids)
         sc = np.where(np.isfinite(sc), np.clip(sc, -1.0, 1.0), sc).astype(np.float32)
+        pos = ids_dtype(pos, F.shape[0])
         if scalar:
             keep = pos[0] >= 0
             return pos[0][keep], sc[0][keep]

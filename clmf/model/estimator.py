@@ -13,6 +13,7 @@ from .. import reference
 from ..data.validation import check_index_pairs, check_params, check_ratings
 from ..engine.config import KernelConfig
 from ..errors import SingularSystemError
+from ..inference.conventions import confidence_rows
 from ..inference.recommend import RecommenderMixin
 from .persistence import register_estimator
 
@@ -47,11 +48,17 @@ class ALS(RecommenderMixin):
         ``regularization=0`` (explicit feedback) always Cholesky, which reports singular systems.
         "cholesky" solves every system exactly.
     variant : "auto", a variant name (``"batch+reg+local:tx=8,ty=8"``), a
-        :class:`clmf.KernelConfig`, or a pair (users side, items side) of those.
+        :class:`clmf.KernelConfig`, or a pair (users side, items side) of those. With "auto",
+        a configuration that cannot run on the device (build failure, missing kernel, a kernel
+        limit, a probe that crashed) is reported once as a
+        :class:`clmf.tuning.fallback.TuningFallbackWarning` and the next rule's is used; a variant
+        given here is used as is and such failures raise :class:`clmf.InvalidConfigError`.
     device : "auto", "cpu", "gpu", "P:D", a name substring or a ``pyopencl.Device``
         (see :func:`clmf.select_device`; ``CLMF_DEVICE`` is honoured with "auto"); a list of
         those, or ``"gpu:all"`` / ``"cpu:all"``, fits on several devices at once (users and items
-        split into blocks balanced by ratings, see :mod:`clmf.parallel`).
+        split into blocks balanced by ratings, see :mod:`clmf.parallel`). Give strings where the
+        estimator is cloned (scikit-learn's ``clone`` deep-copies parameters; a
+        ``pyopencl.Device`` cannot be copied).
     dtype : numpy dtype, default float32 — the compute precision (float32 only).
     random_state : None, int or numpy.random.Generator — seeds the start factors.
     feedback : {"explicit", "implicit"}
@@ -60,6 +67,15 @@ class ALS(RecommenderMixin):
         ``A_u = YᵀY + Σ (c − 1) y yᵀ + λI``. ``solver="auto"`` means the fused CG there
         (A applied from the row's entries and YᵀY, never built).
     alpha : float, default 1.0 — confidence scale of implicit feedback.
+    confidence : {"1+alpha*r", "alpha*r"}, default "1+alpha*r"
+        Implicit feedback's confidence of a stored entry r: ``c = 1 + alpha·r`` (Hu, Koren &
+        Volinsky; Spark's ``ALS(implicitPrefs=True)``), or ``c = alpha·r`` (the ``implicit``
+        library's: it weights the entries by ``alpha·r``, so an entry with ``alpha·r < 1`` counts
+        less than an absent one). In both, ``A_u = YᵀY + Σ (c − 1) y yᵀ + λI`` and
+        ``b_u = Σ c y``; the same ``alpha`` fits different models under the two. With
+        ``"alpha*r"``, ``factors``, ``regularization``, ``iterations``, ``alpha`` and
+        ``weighted_regularization=False`` (the implicit-feedback default) fit the model that
+        ``implicit.als.AlternatingLeastSquares`` fits with the same parameters.
     biases : bool, default False — explicit feedback only: learn a global mean, user and item
         biases within ALS (``r̂ = μ + b_u + b_i + x_uᵀy_i``; each half-step solves ``[x_u, b_u]``
         against ``[y_i, 1]`` and the targets ``r − μ − b_i``).
@@ -97,7 +113,7 @@ class ALS(RecommenderMixin):
     def __init__(self, factors=64, regularization=0.1, iterations=15, *,
                  weighted_regularization=None, solver="auto", variant="auto", device="auto",
                  dtype=np.float32, random_state=None, storage=None, feedback="explicit",
-                 alpha=1.0, biases=False, max_device_memory=None):
+                 alpha=1.0, confidence="1+alpha*r", biases=False, max_device_memory=None):
         self.factors = factors
         self.regularization = regularization
         self.iterations = iterations
@@ -110,6 +126,7 @@ class ALS(RecommenderMixin):
         self.storage = storage
         self.feedback = feedback
         self.alpha = alpha
+        self.confidence = confidence
         self.biases = biases
         self.max_device_memory = max_device_memory
 
@@ -187,6 +204,49 @@ class ALS(RecommenderMixin):
             out[side] = ch
         return out
 
+    def _build_engine(self, devs, R, stats, item_counts=None):
+        """The fit's backend (one device's :class:`Engine` or a multi-device one) and the
+        configurations per device: a chosen configuration that fails to build, lacks a kernel or
+        exceeds a kernel's limits is rejected (one warning, see :mod:`clmf.tuning.fallback`) and
+        that device's choice falls through to the next rule; a configuration given by the caller
+        raises :class:`clmf.InvalidConfigError`."""
+        from .. import tuning
+        from ..engine.device import device_info
+        from ..errors import InvalidConfigError
+        from ..parallel import make_backend
+        from ..tuning import fallback
+        mode = tuning.fit_mode(self.feedback, self.biases)
+        f = int(self.factors)
+        infos = [device_info(d) for d in devs]
+        while True:
+            per_device = [self._resolve_configs(info, stats) for info in infos]
+            try:
+                engine = make_backend(devs, R, f, [(c["users"].config, c["items"].config)
+                                                   for c in per_device],
+                                      implicit_alpha=self._kernel_alpha(),
+                                      biased=bool(self.biases),
+                                      offset=self.global_mean_ if self.biases else 0.0,
+                                      max_device_memory=self.max_device_memory,
+                                      item_counts=item_counts)
+                return engine, per_device
+            except InvalidConfigError as e:
+                k = int(getattr(e, "device_index", 0) or 0)
+                ch = per_device[k].get(getattr(e, "side", None))
+                if ch is None or ch.rule == "explicit" or \
+                        fallback.rejection(infos[k], ch.config, f, mode) is not None:
+                    raise                    # the caller's own variant, or nothing left to try
+                fallback.reject(infos[k], ch.config, f, mode,
+                                f"the {ch.rule} rule ({ch.reason})", e)
+
+    def _kernel_alpha(self):
+        """The alpha the kernels weight implicit entries with (None: explicit feedback)."""
+        return float(self.alpha) if self.feedback == "implicit" else None
+
+    def _kernel_ratings(self, R):
+        """``R`` as the kernels read it: the kernels weight an implicit entry by 1 + alpha·r, so
+        ``confidence="alpha*r"`` passes r − 1/alpha (1 + alpha·(r − 1/alpha) = alpha·r)."""
+        return confidence_rows(R, self)
+
     @property
     def _weighted(self):
         if self.weighted_regularization is None:
@@ -194,7 +254,7 @@ class ALS(RecommenderMixin):
         return bool(self.weighted_regularization)
 
     # ----- fitting -------------------------------------------------------------------------
-    def fit(self, X, *, show_progress=True, callback=None, init=None, validation=None,
+    def fit(self, X, y=None, *, show_progress=True, callback=None, init=None, validation=None,
             early_stopping_rounds=None):
         """Fit the factors to the explicit ratings ``X``.
 
@@ -202,6 +262,7 @@ class ALS(RecommenderMixin):
         ----------
         X : scipy.sparse matrix/array (users × items; stored entries are ratings), a
             ``(user_idx, item_idx, ratings)`` tuple of 1-D arrays, or :class:`clmf.datasets.Ratings`.
+        y : ignored (scikit-learn's signature of unsupervised estimators).
         show_progress : bool — a tqdm bar with the per-iteration train (and validation) RMSE.
         callback : ``callback(iteration, elapsed_seconds, metrics_dict)`` after each iteration.
         init : optional ``(X0, Y0)`` start factors of shapes (n_users, f) and (n_items, f).
@@ -216,8 +277,7 @@ class ALS(RecommenderMixin):
         """
         from tqdm.auto import tqdm
 
-        from ..engine.device import device_info
-        from ..parallel import make_backend, select_devices
+        from ..parallel import select_devices
         from ..parallel.devices import device_label
 
         t_fit, c_fit = time.perf_counter(), time.process_time()
@@ -267,16 +327,10 @@ class ALS(RecommenderMixin):
         t_prep = time.perf_counter()
         devs = select_devices(self.device)
         stats = {"users": _side_stats(user_counts, n), "items": _side_stats(item_counts, m)}
-        per_device = [self._resolve_configs(device_info(d), stats) for d in devs]
-        choices = per_device[0]
         self.global_mean_ = float(np.mean(R.data, dtype=np.float64))
-        engine = make_backend(devs, R, f, [(c["users"].config, c["items"].config)
-                                           for c in per_device],
-                              implicit_alpha=float(self.alpha) if implicit else None,
-                              biased=bool(self.biases),
-                              offset=self.global_mean_ if self.biases else 0.0,
-                              max_device_memory=self.max_device_memory,
-                              item_counts=item_counts)
+        engine, per_device = self._build_engine(devs, self._kernel_ratings(R), stats,
+                                                item_counts=item_counts)
+        choices = per_device[0]
         t_engine = time.perf_counter()
         self.user_counts_ = user_counts
         self.item_counts_ = item_counts
@@ -370,8 +424,32 @@ class ALS(RecommenderMixin):
 
     # ----- inference -----------------------------------------------------------------------
     def _check_fitted(self):
-        if not hasattr(self, "user_factors_"):
-            raise RuntimeError(f"this {type(self).__name__} is not fitted yet; call fit() first")
+        """Raise :class:`clmf.NotFittedError` (scikit-learn's, when installed) if not fitted."""
+        if not self.__sklearn_is_fitted__():
+            from ..errors import _not_fitted_error
+            raise _not_fitted_error()(f"this {type(self).__name__} is not fitted yet; call "
+                                      "fit() first")
+
+    def __sklearn_is_fitted__(self):
+        """Whether the model has learned factors (``sklearn.utils.validation.check_is_fitted``)."""
+        return "user_factors_" in self.__dict__
+
+    def __sklearn_tags__(self):
+        """scikit-learn's estimator tags (≥ 1.6): an unsupervised estimator of sparse rating
+        matrices that needs ``fit``. Only scikit-learn calls it, so it imports scikit-learn."""
+        from sklearn.utils import InputTags, Tags, TargetTags
+        return Tags(estimator_type=None, target_tags=TargetTags(required=False),
+                    input_tags=InputTags(two_d_array=False, sparse=True), requires_fit=True)
+
+    @classmethod
+    def load(cls, file):
+        """Read a model written by :meth:`save` (a path or a binary file object); see
+        :func:`clmf.load`."""
+        from .persistence import load
+        model = load(file)
+        if not isinstance(model, cls):
+            raise TypeError(f"the file holds a {type(model).__name__}, not a {cls.__name__}")
+        return model
 
     def predict(self, user_idx, item_idx):
         """Predicted ratings for element-wise pairs of 0-based indices.
@@ -396,18 +474,19 @@ class ALS(RecommenderMixin):
         return p.astype(np.float32)
 
     def save(self, path):
-        """Write the fitted model to ``path`` (``.npz``, no pickle, atomic); see
+        """Write the fitted model to ``path`` (``.npz``, no pickle); see
         :mod:`clmf.model.persistence`.
 
         Parameters
         ----------
-        path : str or path-like
-            The target file (written exactly there).
+        path : str, path-like or a binary file object
+            The target file (written exactly there, atomically), or an open file (anything
+            with ``write``, e.g. ``open(p, "wb")`` or ``io.BytesIO()``), written at its position.
 
         Returns
         -------
-        str
-            The path written.
+        str or file object
+            What was written to.
 
         Examples
         --------
@@ -425,16 +504,48 @@ class ALS(RecommenderMixin):
     def rmse(self, X_test):
         """Root-mean-square error on held-out ratings (same forms as ``fit``'s ``X``)."""
         self._check_fitted()
-        C = check_ratings(X_test, shape=self.shape_, what="X_test").tocoo()
+        C = check_ratings(X_test, shape=self.shape_, what="X_test", allow_empty=True).tocoo()
+        if C.nnz == 0:
+            raise ValueError("X_test holds no ratings: the RMSE of an empty test set is undefined")
         err = self.predict(C.row, C.col).astype(np.float64) - C.data
         return float(np.sqrt(np.mean(err * err)))
+
+    def score(self, X, y=None, *, user_items=None, k=10):
+        """Higher is better (scikit-learn's ``score``): −RMSE on held-out ratings ``X`` for
+        explicit feedback; for implicit feedback, precision@``k`` (default 10) of the held-out
+        items ``X`` among each user's top-k recommendations, the items of ``user_items`` (the
+        training matrix, recommended) left out of the ranking.
+
+        Parameters
+        ----------
+        X : held-out ratings, same forms as ``fit``'s ``X`` and the model's shape
+        y : ignored (scikit-learn's signature)
+        user_items : optional sparse users × items matrix of items not to recommend (implicit)
+        k : cut-off of the implicit score
+
+        Examples
+        --------
+        >>> model.score(test)                      # doctest: +SKIP
+        -0.9405
+        """
+        self._check_fitted()
+        if self.feedback != "implicit":
+            return -self.rmse(X)
+        V = check_ratings(X, shape=self.shape_, what="X", allow_empty=True).tocoo()
+        if V.nnz == 0:
+            raise ValueError("X holds no held-out items: precision@k of an empty test set is "
+                             "undefined")
+        seen = (sp.csr_matrix(self.shape_, dtype=np.float32) if user_items is None else
+                check_ratings(user_items, shape=self.shape_, what="user_items", allow_empty=True))
+        return _precision_at_10(self.user_factors_, self.item_factors_, seen, V, k)
 
 
 register_estimator(ALS)
 
 
-def _precision_at_10(X, Y, R, V):
-    """precision@10 of held-out items V among unseen items (host; for implicit early stopping)."""
+def _precision_at_10(X, Y, R, V, k=10):
+    """precision@k (10) of held-out items V among items not in R (host; for implicit early
+    stopping and ``score``)."""
     from ..inference.recommend import _top_n
     from ..metrics import precision_at_k
     users = np.unique(V.row)
@@ -444,10 +555,10 @@ def _precision_at_10(X, Y, R, V):
     Rr = R[users]
     rr = np.repeat(np.arange(users.size), np.diff(Rr.indptr))
     S[rr, Rr.indices] = -np.inf
-    top = _top_n(S, 10)[0]           # the ranking recommend() uses (ties by item index)
+    top = _top_n(S, k)[0]            # the ranking recommend() uses (ties by item index)
     Vc = sp.csr_matrix((np.ones_like(V.data), (V.row, V.col)), shape=V.shape)[users]
     relevant = [Vc.indices[Vc.indptr[j]:Vc.indptr[j + 1]] for j in range(users.size)]
-    return float(precision_at_k(top, relevant, 10))
+    return float(precision_at_k(top, relevant, k))
 
 
 def _pocl_implicit_rule(info, mode, ch):

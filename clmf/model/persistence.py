@@ -24,6 +24,7 @@ replaces the target with :func:`os.replace`; a failing save leaves no file behin
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import numbers
@@ -150,7 +151,9 @@ def _jsonable(obj):
 
 def _arrays_of(model):
     if not hasattr(model, "user_factors_"):
-        raise RuntimeError(f"this {type(model).__name__} is not fitted yet; nothing to save")
+        from ..errors import _not_fitted_error
+        raise _not_fitted_error()(f"this {type(model).__name__} is not fitted yet; nothing to "
+                                  "save")
     X = np.asarray(model.user_factors_, dtype=np.float32)
     Y = np.asarray(model.item_factors_, dtype=np.float32)
     uids = getattr(model, "user_ids_", None)
@@ -201,19 +204,20 @@ def save(model, path):
     ----------
     model : clmf.ALS
         A fitted model.
-    path : str or path-like
+    path : str, path-like or binary file object
         Target file, written exactly there (no ``.npz`` is appended); an existing file is
-        replaced only once the new one is complete.
+        replaced only once the new one is complete. A file object (anything with ``write``:
+        ``open(p, "wb")``, ``io.BytesIO``) is written at its position and left open.
 
     Returns
     -------
-    str
-        The path written.
+    str or file object
+        The path written, or the file object.
 
     Raises
     ------
-    RuntimeError
-        If the model is not fitted.
+    clmf.NotFittedError
+        If the model is not fitted (a ``RuntimeError`` too).
     OSError
         If the directory does not exist or is not writable (nothing is left behind).
 
@@ -223,8 +227,13 @@ def save(model, path):
     'model.npz'
     >>> model.save("model.npz")                                     # doctest: +SKIP
     """
-    path = os.fspath(path)
     arrays = _arrays_of(model)          # everything converted before any file is touched
+    if _is_file(path, "write"):
+        np.savez_compressed(path, allow_pickle=False, **arrays)
+        log.info("saved model (%d users × %d items) to %s", arrays["user_factors"].shape[0],
+                 arrays["item_factors"].shape[0], _name(path))
+        return path
+    path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
                                dir=directory)
@@ -244,6 +253,15 @@ def save(model, path):
     log.info("saved model (%d users × %d items, f=%d) to %s", arrays["user_factors"].shape[0],
              arrays["item_factors"].shape[0], arrays["user_factors"].shape[1], path)
     return path
+
+
+def _is_file(obj, method):
+    """Whether ``obj`` is a file object (has ``method``, "read" or "write") rather than a path."""
+    return hasattr(obj, method) and not isinstance(obj, (str, bytes, os.PathLike))
+
+
+def _name(fileobj):
+    return str(getattr(fileobj, "name", None) or f"<{type(fileobj).__name__}>")
 
 
 # ----- loading ---------------------------------------------------------------------------------
@@ -294,8 +312,9 @@ def load(path):
 
     Parameters
     ----------
-    path : str or path-like
-        The ``.npz`` file.
+    path : str, path-like or binary file object
+        The ``.npz`` file, or an open binary file (anything with ``read`` and ``seek``: ``open(p,
+        "rb")``, ``io.BytesIO``), read from its position.
 
     Returns
     -------
@@ -305,9 +324,11 @@ def load(path):
 
     Raises
     ------
+    FileNotFoundError
+        If the file does not exist.
     ValueError
-        Naming the file, if it is missing, not an ``.npz`` archive, corrupted, not a clmf model
-        (no format marker), or written in a newer format version than this clmf reads.
+        Naming the file, if it is a directory, not an ``.npz`` archive, corrupted, not a clmf
+        model (no format marker), or written in a newer format version than this clmf reads.
 
     Examples
     --------
@@ -315,13 +336,17 @@ def load(path):
     >>> model.recommend(0, N=5)                                     # doctest: +SKIP
     """
     ALS = estimator_class()
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise ValueError(f"{path}: no such clmf model file")
-    if os.path.isdir(path):
-        raise ValueError(f"{path}: is a directory, not a clmf model file")
+    source = path
+    if _is_file(path, "read"):
+        path = _name(source)
+    else:
+        path = source = os.fspath(path)
+        if not os.path.exists(path):
+            raise FileNotFoundError(errno.ENOENT, "no such clmf model file", path)
+        if os.path.isdir(path):
+            raise ValueError(f"{path}: is a directory, not a clmf model file")
     try:
-        archive = np.load(path, allow_pickle=False)
+        archive = np.load(source, allow_pickle=False)
     except Exception as e:  # noqa: BLE001 - any failure to parse means "not an npz we can read"
         raise ValueError(f"{path}: not a clmf model file (not a readable .npz archive: "
                          f"{type(e).__name__}: {e})") from None

@@ -184,6 +184,7 @@ class MultiEngine:
         # the exchange's host arrays: page-locked (in the first device's context) on GPUs when
         # they are exchanged and not huge, which speeds up that device's copies at least
         pin = any(i.type == "GPU" for i in self.infos) if pinned is None else bool(pinned)
+        self.pin = pin
         self.host = {}
         for s in SIDES:
             shape = (max(1, L[s].rows), self.ldf)
@@ -256,8 +257,14 @@ class MultiEngine:
         if side not in self._partials:
             rows, fs = max(1, self.layout[side].rows), self.fs
             n = len(self.workers)
-            self._partials[side] = ([np.empty((rows, fs, fs), np.float32) for _ in range(n)],
-                                    [np.empty((rows, fs), np.float32) for _ in range(n)],
+            def host(d, shape):
+                # page-locked in the device's own context when pinning (GPUs), else pageable
+                if self.pin and 4 * int(np.prod(shape)) <= _PIN_LIMIT:
+                    return self.workers[d].pinned_array(shape, np.float32)
+                return np.zeros(shape, np.float32)
+
+            self._partials[side] = ([host(d, (rows, fs, fs)) for d in range(n)],
+                                    [host(d, (rows, fs)) for d in range(n)],
                                     [np.zeros((fs, fs), np.float32) for _ in range(n)])
         return self._partials[side]
 

@@ -23,12 +23,14 @@ log = logging.getLogger(__name__)
 
 __all__ = ["synthetic_layout", "LARGE_PRESETS"]
 
-# name: (users, items, ratings)
-LARGE_PRESETS = {
-    "hugewiki": (50_082_604, 39_780, 3_101_144_313),
-    "netflix-4x": (1_920_756, 71_080, 396_288_448),
-    "netflix": (480_189, 17_770, 99_072_112),
-}
+def _presets():
+    """The shapes: :func:`clmf.datasets.list_presets` (hugewiki, netflix-4x, netflix, …)."""
+    from ..data.synthetic import list_presets
+    return list_presets()
+
+
+# name: (users, items, ratings) — the synthetic presets (one table, in clmf.data.synthetic)
+LARGE_PRESETS = _presets()
 
 _BLOCK_NNZ = 1 << 24        # ratings per generated block (memory per thread ≈ 24 bytes each)
 

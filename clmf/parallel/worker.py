@@ -21,7 +21,7 @@ import numpy as np
 
 from ..engine import kernels as K
 from ..engine.core import launch_batch, launch_gram, launch_solve
-from ..errors import SingularSystemError
+from ..errors import InvalidConfigError, SingularSystemError
 
 log = logging.getLogger(__name__)
 
@@ -153,9 +153,16 @@ class DeviceWorker:
         cl = self.cl
         mf = cl.mem_flags
         fs = self.fs
-        self.programs = {s: K.als_program(self.ctx, self.device, self.configs[s], fs, self.info,
-                                          self.implicit, self.biased, ldf=self.ldf)
-                         for s in SIDES}
+        self.programs = {}
+        for s in SIDES:
+            try:
+                self.programs[s] = K.als_program(self.ctx, self.device, self.configs[s], fs,
+                                                 self.info, self.implicit, self.biased,
+                                                 ldf=self.ldf)
+            except InvalidConfigError as e:
+                e.side = s                   # which side's configuration failed (fit falls back)
+                e.device_index = self.index  # and on which device of the fit
+                raise
         self.vars = {s: K.als_variables(self.configs[s], fs, self.info, self.implicit,
                                         self.biased, ldf=self.ldf) for s in SIDES}
         self.factors = {}

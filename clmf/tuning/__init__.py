@@ -1,8 +1,9 @@
 """Tuning databases and choosing a kernel configuration for a device, side and data set.
 
 :mod:`.schema` holds the record keys shared with the tuner, :mod:`.database` reads and writes the
-JSON Lines databases, :mod:`.lookup` applies the fallback chain (:func:`choose`).  The search and
-measurement that produce tunings are :mod:`clmf.tuner`.
+JSON Lines databases, :mod:`.lookup` applies the fallback chain (:func:`choose`), :mod:`.fallback`
+rejects (once, with a :class:`TuningFallbackWarning`) and probes configurations that cannot run.
+The search and measurement that produce tunings are :mod:`clmf.tuner`.
 """
 from .database import (
                        Database,
@@ -14,6 +15,7 @@ from .database import (
                        shipped_paths,
                        user_db_path,
 )
+from .fallback import TuningFallbackWarning
 from .lookup import choose, class_distance, dataset_class, heuristic
 from .schema import (
                        BASELINE,
@@ -38,4 +40,5 @@ __all__ = ["Choice", "choose", "heuristic", "BASELINE", "SCHEMA_VERSION", "CLASS
            "MODE_DEFAULT_SOLVER", "fit_mode", "record_mode", "kernel_factors", "factor_width",
            "TuningDatabaseWarning", "dataset_class", "class_distance", "device_record",
            "device_slug", "database_paths", "user_db_path", "shipped_paths", "read_database",
-           "Database", "base_record", "now", "clmf_commit", "ENV_DB", "ENV_NO_SHIPPED", "SIDES"]
+           "Database", "base_record", "now", "clmf_commit", "ENV_DB", "ENV_NO_SHIPPED", "SIDES",
+           "TuningFallbackWarning"]

@@ -34,7 +34,12 @@ unless the caller asked for one.
 Each rung returns the *pair* chosen by one tuning run (users side, items side) and keys it only on
 what both sides know — (m, n, nnz) of the whole data set — so the two independent ``choose`` calls
 of a fit agree (both sides share factor buffers: same storage and vector padding). Every candidate
-is checked with :func:`clmf.engine.kernels.validate` on this device and f before it is returned.
+is checked with :func:`clmf.engine.kernels.validate` on this device and f before it is returned,
+and must not have failed here before: a configuration that fails to build, lacks a kernel or
+exceeds a kernel's limits when the fit builds it is rejected with one warning and the lookup falls
+through to the next candidate and rule; one that was never run on this device and driver (another
+device's record, the computed default) is first probed in a child process, since some runtimes
+abort the process on kernels they cannot compile (see :mod:`clmf.tuning.fallback`).
 
 A corrupted or foreign-schema file is reported (``logging`` and ``warnings.warn``) and skipped as a
 whole; the file is never modified. Parsed files are cached by (mtime, size), so a lookup costs a
@@ -202,9 +207,10 @@ def _sources():
     return out
 
 
-def _fits(cfgs, info, f, storage, mode="explicit"):
+def _fits(cfgs, info, f, storage, mode="explicit", check=None):
     """The pair adapted to this f and storage if it validates on the device (at the kernels' f of
-    the mode), else None."""
+    the mode) and ``check(config)`` accepts each side (not rejected, probed: see
+    :mod:`clmf.tuning.fallback`), else None."""
     from ..engine.kernels import validate
     kf, width = kernel_factors(f, mode), factor_width(f, mode)
     f = kf
@@ -226,13 +232,19 @@ def _fits(cfgs, info, f, storage, mode="explicit"):
         out[side] = c
     if out["users"].ldf(width) != out["items"].ldf(width):
         return None
+    if check is not None and not all(check(out[side]) for side in SIDES):
+        return None
     return out
 
 
-def _lookup(info, f, storage, ds, mode="explicit"):
+def _lookup(info, f, storage, ds, mode="explicit", finalize=None):
     """(rule, pair, reason, mode of the tuning used) or None from the databases (see the module
-    docstring for the order of the rungs and modes)."""
+    docstring for the order of the rungs and modes). ``finalize(config, record_mode)`` is the
+    configuration the fit will run for a candidate (solver overrides applied): candidates whose
+    final configuration cannot run here are skipped (:func:`clmf.tuning.fallback.usable`)."""
+    from . import fallback
     dev = device_record(info)
+    finalize = finalize or (lambda c, cm: c)
     sources = _sources()
     if not sources:
         return None
@@ -242,6 +254,9 @@ def _lookup(info, f, storage, ds, mode="explicit"):
         d = c.dataset
         return (f"{c.device['platform']} | {c.device['device']}, f={c.f}, {c.storage}, "
                 f"data set {d['m']}×{d['n']} nnz={d['nnz']} ({c.origin} database, run {c.run_id})")
+
+    def check(c, cm):
+        return lambda cfg: fallback.usable(info, finalize(cfg, cm), f, mode, fmt(c), c.device)
 
     def note(cm):
         return "" if cm == mode else f" (from an {cm}-mode tuning: no {mode}-mode tuning fits here)"
@@ -254,7 +269,7 @@ def _lookup(info, f, storage, ds, mode="explicit"):
                     and (ds is None or class_distance(c.dataset, ds) <= CLASS_TOL)]
             for c in sorted(cand, key=lambda c: (class_distance(c.dataset, ds) if ds else 0,
                                                  _newest_first(c))):
-                pair = _fits(c.configs, info, f, storage, mode)
+                pair = _fits(c.configs, info, f, storage, mode, check(c, cm))
                 if pair:
                     return "tuned", pair, f"tuned on this device for {fmt(c)}{note(cm)}", cm
         return None
@@ -267,7 +282,7 @@ def _lookup(info, f, storage, ds, mode="explicit"):
                 return (abs(math.log(c.f / f)), c.storage != storage,
                         class_distance(c.dataset, ds) if ds else 0, _newest_first(c))
             for c in sorted(cand, key=key):
-                pair = _fits(c.configs, info, f, storage, mode)
+                pair = _fits(c.configs, info, f, storage, mode, check(c, cm))
                 if pair:
                     return "nearest", pair, f"nearest tuning on this device: {fmt(c)}{note(cm)}", cm
         return None
@@ -283,7 +298,7 @@ def _lookup(info, f, storage, ds, mode="explicit"):
                         abs(math.log(c.f / f)), c.storage != storage,
                         class_distance(c.dataset, ds) if ds else 0, _newest_first(c))
             for c in sorted(cand, key=key):
-                pair = _fits(c.configs, info, f, storage, mode)
+                pair = _fits(c.configs, info, f, storage, mode, check(c, cm))
                 if pair:
                     return ("vendor", pair, "tuned on a device of the same vendor/architecture: "
                             f"{fmt(c)}{note(cm)}", cm)
@@ -291,7 +306,9 @@ def _lookup(info, f, storage, ds, mode="explicit"):
 
     def default(cm):
         # the computed default over the stored measurements of this device type
-        cfg, why = _computed_default(info, f, storage, [(o, r) for o, p, r in sources], cm, mode)
+        cfg, why = _computed_default(info, f, storage, [(o, r) for o, p, r in sources], cm, mode,
+                                     lambda c: fallback.usable(info, finalize(c, cm), f, mode,
+                                                               "the computed default", None))
         if cfg is not None:
             return "default", {s: cfg for s in SIDES}, why + note(cm), cm
         return None
@@ -306,7 +323,7 @@ def _lookup(info, f, storage, ds, mode="explicit"):
     return None
 
 
-def _computed_default(info, f, storage, sources, record_mode_=None, mode="explicit"):
+def _computed_default(info, f, storage, sources, record_mode_=None, mode="explicit", check=None):
     """CLBlast's rule: over every stored tuning of this device type (of ``record_mode_``, default
     ``mode``), the configuration with the best mean time relative to each group's best (groups:
     run × side), among those measured in at least half of the groups; nearest f first. Validated
@@ -349,6 +366,8 @@ def _computed_default(info, f, storage, sources, record_mode_=None, mode="explic
                     cfg = cfg.replace(storage=storage)
                 validate(cfg, kernel_factors(f, mode), info)
             except (InvalidConfigError, TypeError, ValueError):
+                continue
+            if check is not None and not check(cfg):
                 continue
             return cfg, (f"computed default for {info.type} devices: best mean relative time "
                          f"{mean_rel:.3f}× over {len(sel)} stored tunings at f={fv}")
@@ -418,9 +437,16 @@ def choose(info, f, side, side_stats=None, storage="float32", solver=None, mode=
     storage = storage or "float32"
     kf = kernel_factors(f, mode)
     ds = _class_from_stats(side, side_stats)
+    from . import fallback
+
+    def finalize(c, cm):      # the configuration the fit runs for a candidate of record mode cm
+        if solver is None and cm != mode and mode in MODE_DEFAULT_SOLVER:
+            c = c.replace(solver=MODE_DEFAULT_SOLVER[mode])
+        return c if solver is None else c.replace(solver=solver)
+
     hit = None
     try:
-        hit = _lookup(info, f, storage, ds, mode)
+        hit = _lookup(info, f, storage, ds, mode, finalize)
     except Exception as e:   # a database must never break a fit
         log.warning("tuning lookup failed (%s: %s); using the untuned default", type(e).__name__, e)
         warnings.warn(f"tuning lookup failed ({type(e).__name__}: {e}); using the untuned default",
@@ -435,6 +461,9 @@ def choose(info, f, side, side_stats=None, storage="float32", solver=None, mode=
                                           "the paper's rule for unseen devices")
         try:
             validate(cfg, kf, info)
+            why = fallback.rejection(info, finalize(cfg, None), f, mode)
+            if why is not None:
+                raise InvalidConfigError(why, "rejected")
         except InvalidConfigError as e:
             choice = Choice(BASELINE.replace(storage=storage), "baseline",
                             f"the heuristic's configuration does not fit ({e}); safe baseline")

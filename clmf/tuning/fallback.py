@@ -1,0 +1,308 @@
+"""Configurations that cannot run on a device: reported once, skipped by the tuning lookup.
+
+A kernel configuration chosen by :func:`clmf.tuning.choose` (a tuned, nearest, vendor or computed
+default record, or the heuristic) may still fail on the device at hand: its build fails, the
+compiler drops a kernel, a kernel's own work-group or local-memory limit is lower than the
+configuration needs, or the runtime's code generator aborts the process when the kernel is first
+launched (PyPI's PoCL 3.0 on a CPU without AVX-512 does that on ``vec16`` kernels tuned with
+Debian's PoCL). A database must never break a fit, so:
+
+* a configuration that failed is *rejected* for the (device, configuration, f, mode) in this
+  process: :func:`reject` issues one :class:`TuningFallbackWarning` naming the configuration, its
+  source and the reason, and the lookup falls through to the next rule, down to the plain
+  ``batch`` variant;
+* a configuration that was never run on this device and driver (a record of another device or
+  driver, the computed default) is first *probed* in a child process (:func:`probe`): the child
+  builds it and runs one ALS iteration on a tiny problem, so a crash of the runtime kills the
+  child, not the caller. Verdicts are cached on disk per (device, driver, clmf version, kernel
+  templates, configuration, f, mode) in ``platformdirs.user_cache_dir("clmf")``, so a probe runs
+  once per machine. ``CLMF_PROBE=off`` disables probing, ``CLMF_PROBE=always`` probes every
+  configuration taken from a database or the computed default, this device's own tunings too.
+  The heuristic and the baseline (clmf's own plain kernels) are checked in process only.
+
+Configurations given by the caller (``ALS(variant=...)``) are never replaced: their failures
+raise :class:`clmf.InvalidConfigError`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TuningFallbackWarning", "reject", "rejection", "usable", "probe", "probe_cache_path",
+           "PROBE_ENV", "PROBE_TIMEOUT"]
+
+PROBE_ENV = "CLMF_PROBE"          # "auto" (default), "always" or "off"
+PROBE_TIMEOUT = 300.0             # seconds a child may take to build and run one configuration
+
+_lock = threading.Lock()
+_rejected: dict = {}              # key -> reason
+_probed: dict = {}                # key -> None (ok) or reason, this process
+
+
+class TuningFallbackWarning(UserWarning):
+    """A chosen kernel configuration cannot run on the device; clmf fell back to the next rule."""
+
+
+def _device_id(info):
+    return (str(info.platform), str(info.name), str(info.driver))
+
+
+def _key(info, cfg, f, mode):
+    return (_device_id(info), cfg.key(), int(f), str(mode))
+
+
+def rejection(info, cfg, f, mode="explicit"):
+    """The reason ``cfg`` was rejected on this device for (f, mode) in this process, or None."""
+    with _lock:
+        return _rejected.get(_key(info, cfg, f, mode))
+
+
+def reject(info, cfg, f, mode, source, reason):
+    """Record that ``cfg`` cannot run on this device (f, mode) and warn once (log + warning)."""
+    key = _key(info, cfg, f, mode)
+    with _lock:
+        if key in _rejected:
+            return
+        _rejected[key] = str(reason)
+    msg = (f"kernel configuration {cfg} (f={f}, {mode}) from {source} cannot run on "
+           f"{info.platform} | {info.name} (driver {info.driver}): {reason}; falling back to the "
+           "next tuning rule")
+    log.info(msg)
+    warnings.warn(msg, TuningFallbackWarning, stacklevel=_caller_level())
+
+
+def _caller_level():
+    """The ``stacklevel`` of the first frame outside the clmf package (the user's call)."""
+    here = os.path.join(_package_root(), "clmf", "")
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _probe_mode():
+    v = os.environ.get(PROBE_ENV, "auto").strip().lower() or "auto"
+    return v if v in ("auto", "always", "off") else "auto"
+
+
+def _ran_here(info, record_device):
+    """Whether a record's device is this device *and* driver (the tuner then ran it here)."""
+    if not record_device:
+        return False
+    here = (info.platform, info.vendor, info.type, info.name, info.driver)
+    there = tuple(record_device.get(k, "") for k in ("platform", "vendor", "type", "device",
+                                                      "driver"))
+    def norm(t):
+        return tuple(" ".join(str(x).split()).lower() for x in t)
+    return norm(here) == norm(there)
+
+
+def usable(info, cfg, f, mode, source, record_device=None):
+    """Whether ``cfg`` may be used on this device for (f, mode): not rejected before, and, when it
+    was never run on this device and driver (``record_device`` is another device's or None),
+    probed successfully in a child process. A failed probe rejects it (one warning)."""
+    if rejection(info, cfg, f, mode) is not None:
+        return False
+    pm = _probe_mode()
+    if pm == "off" or (pm == "auto" and _ran_here(info, record_device)):
+        return True
+    reason = probe(info, cfg, f, mode)
+    if reason is not None:
+        reject(info, cfg, f, mode, source, reason)
+        return False
+    return True
+
+
+# ----- the probe in a child process ------------------------------------------------------------
+def probe_cache_path():
+    """The on-disk cache of probe verdicts."""
+    import platformdirs
+    return pathlib.Path(platformdirs.user_cache_dir("clmf")) / "config-probes.json"
+
+
+def _cache_key(info, cfg, f, mode):
+    from .._version import __version__
+    from ..engine.kernels import template_hash
+    return json.dumps([info.platform, info.name, info.driver, __version__, template_hash(),
+                       cfg.key(), int(f), mode])
+
+
+def _read_cache(path):
+    try:
+        with open(path, encoding="utf-8") as fh:
+            d = json.load(fh)
+        return d if isinstance(d, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(path, key, verdict):
+    """Add one verdict to the cache file (read, update, atomic replace; errors only logged)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        d = _read_cache(path)
+        d[key] = verdict
+        fd, tmp = tempfile.mkstemp(prefix=".probes-", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(d, fh, indent=0, sort_keys=True)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as e:
+        log.debug("cannot write the probe cache %s: %s", path, e)
+
+
+def _device_present(info):
+    """Whether this process sees an OpenCL device with ``info``'s platform and name."""
+    try:
+        import pyopencl as cl
+        for p in cl.get_platforms():
+            if p.name.strip() == info.platform:
+                if any(d.name.strip() == info.name for d in p.get_devices()):
+                    return True
+    except Exception as e:  # noqa: BLE001 - no OpenCL: nothing to probe
+        log.debug("cannot list OpenCL devices: %s", e)
+    return False
+
+
+def _package_root():
+    """The folder that holds the clmf package this module belongs to."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _probe_command():
+    return [sys.executable, "-m", __spec__.name if __spec__ else "clmf.tuning.fallback"]
+
+
+def _describe_exit(rc):
+    if rc < 0:
+        try:
+            return f"the probe process was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"the probe process was killed by signal {-rc}"
+    return f"the probe process exited with status {rc}"
+
+
+def probe(info, cfg, f, mode="explicit", timeout=None):
+    """Build ``cfg`` and run one ALS iteration on a tiny problem in a child process.
+
+    Returns None when it ran (or when no child could be started: the in-process checks remain),
+    else the reason it failed (the child's exit status or signal and the last line it wrote).
+    """
+    key = _cache_key(info, cfg, f, mode)
+    with _lock:
+        if key in _probed:
+            return _probed[key]
+    if not _device_present(info):
+        return None                  # a made-up DeviceInfo (tests) or a vanished device
+    path = None
+    try:
+        path = probe_cache_path()
+        hit = _read_cache(path).get(key)
+    except Exception as e:  # pragma: no cover - platformdirs missing/broken
+        log.debug("no probe cache: %s", e)
+        hit = None
+    if isinstance(hit, dict) and "ok" in hit:
+        reason = None if hit["ok"] else str(hit.get("reason", "failed its probe"))
+        with _lock:
+            _probed[key] = reason
+        return reason
+    job = {"platform": info.platform, "device": info.name, "config": cfg.to_dict(), "f": int(f),
+           "mode": mode}
+    t0 = time.perf_counter()
+    log.info("probing kernel configuration %s (f=%d, %s) on %s | %s in a child process",
+             cfg, f, mode, info.platform, info.name)
+    try:
+        # started in the folder that holds this clmf package, so `-m` imports this clmf (not
+        # a source checkout that happens to be the working directory)
+        res = subprocess.run(_probe_command(), input=json.dumps(job), capture_output=True,
+                             text=True, timeout=timeout or PROBE_TIMEOUT, cwd=_package_root())
+    except subprocess.TimeoutExpired:
+        reason = f"the probe did not finish in {timeout or PROBE_TIMEOUT:.0f} s"
+    except OSError as e:
+        log.warning("cannot start a probe process (%s); %s is used unprobed", e, cfg)
+        return None
+    else:
+        if res.returncode == 0:
+            reason = None
+        else:
+            lines = [ln.strip() for ln in (res.stderr or "").splitlines()
+                     if ln.strip() and not ln.startswith((" ", "\t"))]
+            last = lines[-1] if lines else ""
+            for ln in lines:             # a runtime's fatal error names the cause best
+                if ln.startswith(("LLVM ERROR", "clmf probe:")):
+                    last = ln
+                    break
+            reason = _describe_exit(res.returncode) + (f" ({last[:300]})" if last else "")
+    log.info("probe of %s: %s in %.1f s", cfg, reason or "ok", time.perf_counter() - t0)
+    with _lock:
+        _probed[key] = reason
+    if path is not None:
+        _write_cache(path, key, {"ok": reason is None, "reason": reason,
+                                 "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    return reason
+
+
+def _child(job):
+    """The probe's child: build ``job['config']`` on the named device and run one iteration."""
+    import numpy as np
+    import pyopencl as cl
+    import scipy.sparse as sp
+
+    from ..engine.config import KernelConfig
+    from ..engine.core import Engine
+    from ..errors import InvalidConfigError
+    dev = None
+    for p in cl.get_platforms():
+        if p.name.strip() != job["platform"]:
+            continue
+        for d in p.get_devices():
+            if d.name.strip() == job["device"]:
+                dev = d
+                break
+        if dev is not None:
+            break
+    if dev is None:
+        raise SystemExit(f"clmf probe: device {job['platform']} | {job['device']} not found")
+    cfg = KernelConfig.from_dict(job["config"])
+    f, mode = int(job["f"]), job["mode"]
+    rng = np.random.default_rng(0)
+    m, n = 53, 41
+    R = sp.random(m, n, density=0.3, format="csr", random_state=rng, dtype=np.float32)
+    R.data = np.ceil(R.data * 5).astype(np.float32)
+    R.sort_indices()
+    mean = float(R.data.mean())
+    try:
+        eng = Engine(dev, R, f, (cfg, cfg), implicit_alpha=1.0 if mode == "implicit" else None,
+                     biased=mode == "biased", offset=mean if mode == "biased" else 0.0)
+        try:
+            eng.set_factors("users", rng.standard_normal((m, f)).astype(np.float32) * 0.1)
+            eng.set_factors("items", rng.standard_normal((n, f)).astype(np.float32) * 0.1)
+            eng.iteration(0.1, mode != "implicit")
+            eng.queue.finish()
+            X = eng.get_factors("users")
+            Y = eng.get_factors("items")
+        finally:
+            eng.release()
+    except InvalidConfigError as e:
+        raise SystemExit(f"clmf probe: {e}")
+    if not (np.all(np.isfinite(X)) and np.all(np.isfinite(Y))):
+        raise SystemExit("clmf probe: the iteration produced NaN/inf factors")
+    print(json.dumps({"ok": True}))
+
+
+if __name__ == "__main__":      # python -m clmf.tuning.fallback < job.json (see probe())
+    _child(json.loads(sys.stdin.read()))

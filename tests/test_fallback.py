@@ -1,0 +1,163 @@
+"""A tuning never breaks a fit (clmf.tuning.fallback): a planted record whose configuration fails to
+build (no s1_hermitian kernel, as PyPI's PoCL 3.0 did) or whose probe process aborts is reported
+once and the fit falls back; a caller's own variant still raises."""
+from __future__ import annotations
+
+import sys
+import warnings
+
+import numpy as np
+import pytest
+from conftest import random_ratings
+
+import clmf
+from clmf import tuning
+from clmf.engine import kernels
+from clmf.engine.config import KernelConfig
+from clmf.engine.device import device_info
+from clmf.errors import InvalidConfigError
+from clmf.tuning import fallback
+from clmf.tuning.database import Database, base_record
+
+F = 8
+PLANTED = "batch+reg:tx=4,ty=4,nnz_batch=16"
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    """Only the planted shipped file is searched; fresh rejection/probe state and probe cache."""
+    shipped = tmp_path / "shipped.jsonl"
+    monkeypatch.delenv("CLMF_TUNING_DB", raising=False)
+    monkeypatch.delenv(fallback.PROBE_ENV, raising=False)
+    monkeypatch.setattr(tuning.database, "user_db_path", lambda: tmp_path / "none" / "tuning.jsonl")
+    monkeypatch.setattr(tuning.database, "shipped_paths", lambda: [shipped])
+    monkeypatch.setattr(fallback, "_rejected", {})
+    monkeypatch.setattr(fallback, "_probed", {})
+    monkeypatch.setattr(fallback, "probe_cache_path", lambda: tmp_path / "probes.json")
+    return shipped
+
+
+def plant(path, device, R, variant=PLANTED, run_id="planted-run"):
+    """Shipped ``best`` records (both sides) of ``variant`` for ``device`` and R's class."""
+    ds = {"m": R.shape[0], "n": R.shape[1], "nnz": int(R.nnz), "name": "planted"}
+    cfg = KernelConfig.parse(variant)
+    Database(path).append([
+        base_record("best", run_id=run_id, device=device, f=F, storage="float32", side=side,
+                    dataset=ds, config=cfg.to_dict(), variant=str(cfg), seconds=1.0,
+                    iteration_rel_baseline=0.5)
+        for side in ("users", "items")])
+    return cfg
+
+
+def fallback_warnings(rec):
+    return [w for w in rec if issubclass(w.category, fallback.TuningFallbackWarning)]
+
+
+def drop_s1_from_planted(monkeypatch, cfg, how="no_s1"):
+    """kernels.build, for the planted configuration's source: a program without s1_hermitian
+    (what PyPI's PoCL 3.0 returned), a kernel work-group limit of 1, or a failed build."""
+    real = kernels.build
+
+    def build(context, source, options=kernels.BUILD_OPTIONS):
+        if f"{cfg}" in source and how == "build_fails":
+            raise InvalidConfigError("OpenCL build failed: simulated", "build_failed")
+        prog = real(context, source, options)
+        if f"{cfg}" in source and "s1_hermitian" in prog.kernels:
+            prog = kernels.Program(prog.program, source, options)
+            if how == "no_s1":
+                del prog.kernels["s1_hermitian"]
+            else:
+                prog.work_group_limit = lambda name, device: 1
+        return prog
+    monkeypatch.setattr(kernels, "build", build)
+
+
+@pytest.mark.parametrize("how,reason", [("no_s1", "s1_hermitian"),
+                                        ("wg_limit", "at most 1"),
+                                        ("build_fails", "build failed")])
+def test_planted_record_that_cannot_run_falls_back_with_one_warning(cl_device, isolated,
+                                                                     monkeypatch, how, reason):
+    R = random_ratings(60, 45, density=0.25, seed=3)
+    info = device_info(cl_device)
+    cfg = plant(isolated, tuning.device_record(info), R)     # "tuned" on this device and driver
+    drop_s1_from_planted(monkeypatch, cfg, how)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        m1 = clmf.ALS(factors=F, iterations=3, random_state=0, device=cl_device,
+                      solver="cholesky").fit(R, show_progress=False)
+        m2 = clmf.ALS(factors=F, iterations=3, random_state=0, device=cl_device,
+                      solver="cholesky").fit(R, show_progress=False)
+    ws = fallback_warnings(rec)
+    assert len(ws) == 1, [str(w.message) for w in ws]
+    msg = str(ws[0].message)
+    assert str(cfg) in msg and "shipped database" in msg and reason in msg
+    for m in (m1, m2):
+        assert m.config_["users"].config != cfg.replace(solver="cholesky")
+        assert m.config_["users"].rule in ("heuristic", "baseline")
+    # the fallback fit is the ALS model: same factors as the plain variant given explicitly
+    ref = clmf.ALS(factors=F, iterations=3, random_state=0, device=cl_device,
+                   variant="batch", solver="cholesky").fit(R, show_progress=False)
+    np.testing.assert_allclose(m1.user_factors_, ref.user_factors_, rtol=2e-3, atol=2e-4)
+
+
+def test_callers_own_variant_still_raises(cl_device, isolated, monkeypatch):
+    R = random_ratings(30, 20, density=0.3, seed=4)
+    cfg = KernelConfig.parse(PLANTED).replace(solver="cholesky")
+    drop_s1_from_planted(monkeypatch, cfg)
+    with pytest.raises(InvalidConfigError, match="s1_hermitian"):
+        clmf.ALS(factors=F, iterations=1, device=cl_device, variant=str(cfg)).fit(
+            R, show_progress=False)
+
+
+def test_probe_that_aborts_rejects_a_foreign_record(cl_device, isolated, monkeypatch):
+    R = random_ratings(50, 40, density=0.25, seed=5)
+    info = device_info(cl_device)
+    other = dict(tuning.device_record(info), device="Another " + info.name, driver="0.0-other")
+    cfg = plant(isolated, other, R)                         # the "vendor" rule: never ran here
+    calls = []
+
+    def aborting():
+        calls.append(1)
+        return [sys.executable, "-c", "import os, sys; sys.stderr.write('LLVM ERROR: "
+                "simulated\\n'); sys.stderr.flush(); os.abort()"]
+    monkeypatch.setattr(fallback, "_probe_command", aborting)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        m = clmf.ALS(factors=F, iterations=2, random_state=0, device=cl_device,
+                     solver="cholesky").fit(R, show_progress=False)
+        clmf.ALS(factors=F, iterations=2, random_state=0, device=cl_device,
+                 solver="cholesky").fit(R, show_progress=False)
+    ws = fallback_warnings(rec)
+    assert len(ws) == 1 and len(calls) == 1
+    assert "SIGABRT" in str(ws[0].message) and "LLVM ERROR: simulated" in str(ws[0].message)
+    assert m.config_["users"].rule in ("heuristic", "baseline")
+    assert np.isfinite(m.rmse(R))
+    # a new process (fresh in-memory state) reads the verdict from the disk cache: no child
+    monkeypatch.setattr(fallback, "_rejected", {})
+    monkeypatch.setattr(fallback, "_probed", {})
+    monkeypatch.setattr(fallback, "_probe_command", lambda: pytest.fail("probed again"))
+    assert fallback.probe(info, cfg.replace(solver="cholesky"), F, "explicit") is not None
+
+
+def test_real_probe_accepts_the_plain_variant(cl_device, isolated):
+    info = device_info(cl_device)
+    assert fallback.probe(info, KernelConfig(), F, "explicit") is None
+    assert fallback.probe(info, KernelConfig(solver="fusedcg"), F, "implicit") is None
+
+
+def test_probe_off_and_rejections_are_per_configuration(isolated, monkeypatch):
+    from test_tuning_db import fake_info
+    info = fake_info()
+    a, b = KernelConfig(), KernelConfig(reg=True, tx=2, ty=2)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        fallback.reject(info, a, 8, "explicit", "somewhere", "it broke")
+        fallback.reject(info, a, 8, "explicit", "somewhere", "it broke again")
+    assert len(fallback_warnings(rec)) == 1
+    assert fallback.rejection(info, a, 8, "explicit") == "it broke"
+    assert fallback.rejection(info, a, 16, "explicit") is None
+    assert fallback.rejection(info, b, 8, "explicit") is None
+    assert not fallback.usable(info, a, 8, "explicit", "x")
+    monkeypatch.setenv(fallback.PROBE_ENV, "off")
+    monkeypatch.setattr(fallback, "_probe_command", lambda: pytest.fail("probed with off"))
+    assert fallback.usable(info, b, 8, "explicit", "x", record_device=None)

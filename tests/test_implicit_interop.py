@@ -1,0 +1,161 @@
+"""Interoperability with the implicit library (0.7): its evaluation functions score a clmf model,
+``recommend(items=...)`` follows its semantics, and with ``confidence="alpha*r"`` clmf fits the
+model implicit's ALS fits.
+
+What must match for the same-model test: the same ratings matrix (stored counts r ≥ 1), factors,
+regularization λ with the plain λI term (implicit's; clmf's implicit-feedback default
+``weighted_regularization=None`` → False), alpha with implicit's confidence c = α·r, the same
+start factors (users are solved first, so only the item start matters for exact solves), exact
+solves on both sides (implicit ``use_cg=False``, clmf ``solver="cholesky"``) and the same number
+of iterations."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from conftest import rel_err
+
+import clmf
+from clmf import reference
+
+implicit = pytest.importorskip("implicit")
+from implicit.cpu.als import AlternatingLeastSquares  # noqa: E402
+from implicit.evaluation import ranking_metrics_at_k  # noqa: E402
+
+
+def counts(m=80, n=60, density=0.12, seed=0):
+    """Play counts 1..9 with every user and item present."""
+    rng = np.random.default_rng(seed)
+    mask = rng.random((m, n)) < density
+    mask[np.arange(m), rng.integers(0, n, m)] = True
+    mask[rng.integers(0, m, n), np.arange(n)] = True
+    r, c = np.nonzero(mask)
+    return sp.csr_matrix((rng.integers(1, 10, r.size).astype(np.float32), (r, c)), shape=(m, n))
+
+
+def start(m, n, f, seed=1):
+    rng = np.random.default_rng(seed)
+    return (rng.random((m, f), dtype=np.float32) * 0.1, rng.random((n, f), dtype=np.float32) * 0.1)
+
+
+def implicit_fit(R, f, lam, alpha, iterations, X0, Y0, dtype=np.float32):
+    model = AlternatingLeastSquares(factors=f, regularization=lam, alpha=alpha, use_cg=False,
+                                    iterations=iterations, dtype=dtype, random_state=0,
+                                    calculate_training_loss=False, num_threads=1)
+    model.user_factors = np.array(X0, dtype=dtype)
+    model.item_factors = np.array(Y0, dtype=dtype)
+    model.fit(sp.csr_matrix(R), show_progress=False)
+    return model
+
+
+def test_same_model_as_implicit_reference_path_float64():
+    """The model definition: clmf's reference ALS on r − 1/α (what confidence="alpha*r" feeds
+    the kernels) equals implicit's float64 fit."""
+    R, f, lam, alpha, it = counts(), 6, 0.5, 2.0, 3
+    X0, Y0 = start(*R.shape, f)
+    imp = implicit_fit(R, f, lam, alpha, it, X0, Y0, np.float64)
+    Rs = sp.csr_matrix(R, dtype=np.float64, copy=True)
+    Rs.data -= 1.0 / alpha
+    X, Y = reference.als(Rs, f, lam, it, weighted=False, init=(X0, Y0), implicit_alpha=alpha)
+    assert rel_err(X, imp.user_factors) < 1e-8
+    assert rel_err(Y, imp.item_factors) < 1e-8
+
+
+def test_same_model_as_implicit_on_the_device(cl_device):
+    R, f, lam, alpha, it = counts(), 8, 0.5, 2.0, 3
+    X0, Y0 = start(*R.shape, f)
+    imp = implicit_fit(R, f, lam, alpha, it, X0, Y0)
+    model = clmf.ALS(factors=f, regularization=lam, iterations=it, feedback="implicit",
+                     alpha=alpha, confidence="alpha*r", solver="cholesky",
+                     device=cl_device).fit(R, init=(X0, Y0), show_progress=False)
+    assert rel_err(model.user_factors_, imp.user_factors) < 1e-4
+    assert rel_err(model.item_factors_, imp.item_factors) < 1e-4
+    # the default confidence (1 + α·r) is another model with the same alpha
+    other = clmf.ALS(factors=f, regularization=lam, iterations=it, feedback="implicit",
+                     alpha=alpha, solver="cholesky", device=cl_device).fit(
+        R, init=(X0, Y0), show_progress=False)
+    assert rel_err(other.item_factors_, imp.item_factors) > 1e-2
+
+
+def test_fold_in_uses_the_models_confidence():
+    R, f, lam, alpha = counts(seed=3), 5, 0.3, 3.0
+    rng = np.random.default_rng(0)
+    Y = rng.standard_normal((R.shape[1], f)).astype(np.float32)
+    for conf in ("1+alpha*r", "alpha*r"):
+        m = clmf.ALS(factors=f, regularization=lam, feedback="implicit", alpha=alpha,
+                     confidence=conf)
+        m.item_factors_ = Y
+        m.user_factors_ = np.zeros((R.shape[0], f), np.float32)
+        m.user_counts_ = np.diff(R.indptr)
+        m.item_counts_ = np.bincount(R.indices, minlength=R.shape[1])
+        m.global_mean_ = 0.0
+        Rs = sp.csr_matrix(R, dtype=np.float64, copy=True)
+        if conf == "alpha*r":
+            Rs.data -= 1.0 / alpha
+        want = reference.half_step(Rs[[4]], Y.astype(np.float64), lam, False,
+                                   implicit_alpha=alpha)[0]
+        np.testing.assert_allclose(m.recalculate_user(4, R[[4]]), want, rtol=1e-4, atol=1e-5)
+
+
+def test_confidence_is_validated():
+    R = counts()
+    with pytest.raises(ValueError, match="confidence"):
+        clmf.ALS(feedback="implicit", confidence="alpha*r+1").fit(R)
+    with pytest.raises(ValueError, match="alpha > 0"):
+        clmf.ALS(feedback="implicit", confidence="alpha*r", alpha=0.0).fit(R)
+
+
+def test_implicit_ranking_metrics_score_a_clmf_model(cl_device):
+    R = counts(120, 90, density=0.15, seed=4).tocoo()
+    rng = np.random.default_rng(0)
+    test_mask = rng.random(R.nnz) < 0.2
+    train = sp.csr_matrix((R.data[~test_mask], (R.row[~test_mask], R.col[~test_mask])),
+                          shape=R.shape)
+    test = sp.csr_matrix((R.data[test_mask], (R.row[test_mask], R.col[test_mask])),
+                         shape=R.shape)
+    model = clmf.ALS(factors=8, regularization=0.1, iterations=5, feedback="implicit",
+                     alpha=2.0, random_state=0, device=cl_device).fit(train, show_progress=False)
+    ids, _ = model.recommend(np.arange(5), train[:5], N=10)
+    assert ids.dtype == np.int32
+    got = ranking_metrics_at_k(model, train, test, K=10, show_progress=False)
+    assert set(got) >= {"precision", "map", "ndcg", "auc"}
+    # implicit's precision@10 over the same recommendations, counted here
+    users = np.unique(test.tocoo().row)
+    rec, _ = model.recommend(users, train[users], N=10)
+    rel = [test[u].indices for u in users]
+    denom = [min(10, len(r)) for r in rel]
+    hits = [len(set(rec[j].tolist()) & set(rel[j].tolist())) for j in range(users.size)]
+    assert got["precision"] == pytest.approx(sum(hits) / sum(denom), rel=1e-6)
+    assert 0 < got["precision"] <= 1
+
+
+def test_items_semantics_match_implicit():
+    """recommend(items=...) as implicit's: liked items kept and ranked last, N capped at the
+    number of items, nothing padded."""
+    rng = np.random.default_rng(7)
+    X = rng.standard_normal((6, 4)).astype(np.float32)
+    Y = rng.standard_normal((15, 4)).astype(np.float32)
+    R = sp.csr_matrix((np.ones(12, np.float32), (np.repeat(np.arange(6), 2),
+                                                 rng.integers(0, 15, 12))), shape=(6, 15))
+    R.sum_duplicates()
+    imp = AlternatingLeastSquares(factors=4)
+    imp.user_factors, imp.item_factors = X, Y
+    ours = clmf.ALS(factors=4)
+    ours.user_factors_, ours.item_factors_ = X, Y
+    ours.user_counts_, ours.item_counts_ = np.diff(R.indptr), np.bincount(R.indices, minlength=15)
+    ours.global_mean_ = 0.0
+    items = sorted(set(R.indices.tolist()) | {0, 3, 9})
+    for N in (3, len(items), 40):
+        for u in range(6):
+            a_ids, a_sc = imp.recommend(u, R[u], N=N, items=items)
+            b_ids, b_sc = ours.recommend(u, R[u], N=N, items=items)
+            assert len(b_ids) == len(a_ids) == min(N, len(items))
+            liked = set(R[u].indices.tolist())
+            np.testing.assert_allclose(b_sc, a_sc, rtol=1e-5, atol=1e-6)  # -FLT_MAX: liked
+            # the same ranking; equal scores (the liked ones) may come in another order
+            fin = a_sc > np.finfo(np.float32).min
+            np.testing.assert_array_equal(b_ids[fin], a_ids[fin])
+            assert set(b_ids[~fin].tolist()) == set(a_ids[~fin].tolist()) <= liked
+        a_ids, _ = imp.recommend(np.arange(6), R, N=N, items=items)
+        b_ids, _ = ours.recommend(np.arange(6), R, N=N, items=items)
+        assert b_ids.shape == a_ids.shape and (b_ids >= 0).all()
