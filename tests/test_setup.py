@@ -139,16 +139,21 @@ def test_tuning_index_follows_the_database(tmp_path, monkeypatch):
                                                                                  "name": "big"}}
     db.write_text(json.dumps(rec) + "\n" + json.dumps(meas) + "\n")
     first = index.best_records(db)
-    assert first[0] == rec and first[1]["device"] == {"type": "GPU"} and first[1]["seconds"] == 0.5
+    assert first == [rec]
+    m = index.measurement_records(db)
+    assert m[0]["device"] == {"type": "GPU"} and m[0]["seconds"] == 0.5
+    assert "schema_version" not in m[0]
     assert index.best_records(db) is first                       # memoized in the process
     index._memo.clear()
     assert index.best_records(db) == first                       # read back from the index
-    assert len(list((tmp_path / "cache").glob("tuning-index-*.json"))) == 1
+    assert index.measurement_records(db) == m
+    assert len(list((tmp_path / "cache").glob("tuning-index-*.json"))) == 2
     rec2 = dict(rec, run_id="r2")
     db.write_text(json.dumps(rec2) + "\n")
     os.utime(db, ns=(1, 1))                                       # another version of the file
     assert index.best_records(db) == [rec2]
-    assert len(list((tmp_path / "cache").glob("tuning-index-*.json"))) == 1   # old one pruned
+    assert index.measurement_records(db) == []
+    assert len(list((tmp_path / "cache").glob("tuning-index-*.json"))) == 2   # old ones pruned
     db.write_text("not json\n")
     os.utime(db, ns=(2, 2))
     with pytest.warns(Warning, match="not used"):

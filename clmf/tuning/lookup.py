@@ -202,7 +202,7 @@ def _sources():
     out = []
     for origin, p in database_paths():
         recs = best_records(p)
-        if recs:
+        if recs is not None:             # (a database of measurements only feeds the default)
             out.append((origin, p, recs))
     return out
 
@@ -306,7 +306,9 @@ def _lookup(info, f, storage, ds, mode="explicit", finalize=None):
 
     def default(cm):
         # the computed default over the stored measurements of this device type
-        cfg, why = _computed_default(info, f, storage, [(o, r) for o, p, r in sources], cm, mode,
+        from .index import measurement_records
+        meas = [(o, measurement_records(p)) for o, p, r in sources]
+        cfg, why = _computed_default(info, f, storage, [(o, r) for o, r in meas if r], cm, mode,
                                      lambda c: fallback.usable(info, finalize(c, cm), f, mode,
                                                                "the computed default", None))
         if cfg is not None:
