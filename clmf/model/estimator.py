@@ -99,6 +99,10 @@ class ALS(RecommenderMixin):
     device_configs_ : list of dict — per device: ``{"device": str, "users": Choice, "items":
         Choice}`` (each device its own tuning lookup)
     history_ : list of dict — per-iteration seconds and metrics
+    timings_ : dict — wall seconds of the fit's parts: ``validation``, ``preparation`` (counts,
+        start factors), ``engine`` (device, tuning lookup, ``build`` of the programs,
+        ``upload_transpose`` of the ratings), ``setup`` (all before the first iteration;
+        ``setup_cpu``: its CPU seconds, all threads) and ``fit`` (the whole call)
     best_iteration_ : int — iteration whose factors were kept (0-based)
 
     Examples
