@@ -204,6 +204,11 @@ def run_explicit(a, devices, rows):
                     log(f"  f={f} {kind} clmf {info.platform}: whole {whole:.3f} s")
 
 
+def _d(text):
+    """A device name inside a markdown table cell."""
+    return str(text).replace("|", "\\|")
+
+
 def _f(x, nd=4):
     return "" if x is None else f"{x:.{nd}f}" if isinstance(x, float) else str(x)
 
@@ -228,7 +233,7 @@ def render(doc):
                         and x["system"].startswith("implicit")), None)
             ratio = (ref["whole_fit_s"] / r["whole_fit_s"]) if ref and r["system"] == "clmf" \
                 else None
-            L.append(f"| {r['data']} | {r['f']} | {r['system']} | {r['device']} | "
+            L.append(f"| {r['data']} | {r['f']} | {r['system']} | {_d(r['device'])} | "
                      f"{_f(r['whole_fit_s'], 3)} | {_f(r['s_per_it'])} | "
                      f"{_f(r.get('setup_s'), 3)} | {_f(r['precision_at_10'])} | "
                      f"{_f(ratio, 2)} |")
@@ -244,7 +249,7 @@ def render(doc):
             for r in st:
                 s = r["stages"]
                 cfg = r["config"]
-                L.append(f"| {r['data']} | {r['f']} | {r['device']} | {cfg['users']} / "
+                L.append(f"| {r['data']} | {r['f']} | {_d(r['device'])} | {cfg['users']} / "
                          f"{cfg['items']} | {_f(s['wall_s'])} | {_f(s['gram'])} | "
                          f"{_f(s['s1'])} | {_f(s['s2'])} | {_f(s['s3'])} |")
             L.append("")
@@ -261,7 +266,8 @@ def render(doc):
                 and r.get("whole_fit_s") else None
             status = "" if r.get("status", "ok") == "ok" else f" ({r['status']})"
             L.append(f"| {r['data']} | {r['f']} | {r['mode']} | {r['system']}{status} | "
-                     f"{r['device']} | {_f(r.get('whole_fit_s'), 3)} | {_f(r.get('s_per_it'))} | "
+                     f"{_d(r['device'])} | {_f(r.get('whole_fit_s'), 3)} | "
+                     f"{_f(r.get('s_per_it'))} | "
                      f"{_f(r.get('setup_s'), 3)} | {_f(r.get('test_rmse'))} | {_f(ratio, 2)} |")
         L.append("")
     return "\n".join(L) + "\n"
