@@ -14,15 +14,18 @@ from ._version import __version__
 from .errors import (
     ClmfError,
     DeviceMemoryError,
+    HostMemoryError,
     InvalidConfigError,
     NoOpenCLError,
+    RatingRangeError,
     SingularSystemError,
 )
 
 __all__ = [
     "ALS", "load", "devices", "select_device", "KernelConfig", "reference", "datasets", "metrics",
     "splits", "errors", "ClmfError", "NoOpenCLError", "SingularSystemError", "DeviceMemoryError",
-    "InvalidConfigError", "NotFittedError", "__version__",
+    "InvalidConfigError", "NotFittedError", "HostMemoryError", "RatingRangeError",
+    "__version__",
 ]
 
 # Submodules reachable as attributes without an explicit import (imported on first access).

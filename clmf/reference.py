@@ -53,7 +53,14 @@ def initial_factors(n_rows, factors, random_state=None, dtype=np.float32):
     (3, 2)
     """
     rng = np.random.default_rng(random_state)
-    return (rng.random((n_rows, factors), dtype=np.float64) / np.sqrt(factors)).astype(dtype)
+    out = np.empty((n_rows, factors), dtype=dtype)
+    # drawn in chunks of rows (the same stream as one draw): no float64 copy of the whole matrix
+    step = max(1, _CHUNK_BYTES // (8 * max(factors, 1)))
+    scale = np.sqrt(factors)
+    for r0 in range(0, n_rows, step):
+        r1 = min(n_rows, r0 + step)
+        out[r0:r1] = rng.random((r1 - r0, factors), dtype=np.float64) / scale
+    return out
 
 
 def start_factors(n_users, n_items, factors, random_state=None, dtype=np.float32):

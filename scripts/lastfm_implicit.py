@@ -35,7 +35,8 @@ def top_n(X, Y, train_csr, users, k=10):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="../shared/data/hetrec2011-lastfm-2k/user_artists.dat")
     p.add_argument("--factors", type=int, default=64)
     p.add_argument("--regularization", type=float, default=0.05)
@@ -110,19 +111,23 @@ def main():
         with open(a.out + ".json", "w") as fh:
             json.dump(dict(meta=meta, rows=rows), fh, indent=1)
         lines = ["# Implicit-feedback ALS on Last.fm (HetRec 2011): clmf vs implicit", "",
-                 f"`python scripts/lastfm_implicit.py` — {meta['date']}, commit {meta['commit'][:10]}; "
+                 f"`python scripts/lastfm_implicit.py` — {meta['date']}, "
+                 f"commit {meta['commit'][:10]}; "
                  f"{meta['users']} users × {meta['items']} artists, {meta['train_nnz']} train / "
                  f"{meta['test_nnz']} held-out (leave-{a.k_out}-out), strengths log1p(plays), "
-                 f"f={a.factors}, λ={a.regularization}, alpha={a.alpha}, {a.iterations} iterations.", "",
-                 "| system | precision@10 | nDCG@10 | fit seconds | notes |", "|---|---|---|---|---|"]
+                 f"f={a.factors}, λ={a.regularization}, alpha={a.alpha}, "
+                 f"{a.iterations} iterations.", "",
+                 "| system | precision@10 | nDCG@10 | fit seconds | notes |",
+                 "|---|---|---|---|---|"]
         for r in rows:
             if "status" in r:
                 lines.append(f"| {r['system']} | — | — | — | {r['status']} |")
             else:
-                note = r.get("device", "").replace(" | ", " / ") + (f", {r['config']}" if "config" in r else "") + \
-                    (f"version {r['version']}, 1 BLAS thread" if "version" in r else "")
-                lines.append(f"| {r['system']} | {r['precision_at_10']:.4f} | {r['ndcg_at_10']:.4f} | "
-                             f"{r['seconds']:.2f} | {note} |")
+                note = (r.get("device", "").replace(" | ", " / ")
+                        + (f", {r['config']}" if "config" in r else "")
+                        + (f"version {r['version']}, 1 BLAS thread" if "version" in r else ""))
+                lines.append(f"| {r['system']} | {r['precision_at_10']:.4f} | "
+                             f"{r['ndcg_at_10']:.4f} | {r['seconds']:.2f} | {note} |")
         with open(a.out + ".md", "w") as fh:
             fh.write("\n".join(lines) + "\n")
     return 0

@@ -56,8 +56,10 @@ def run(args):
             "factors": f, "regularization": lam, "weighted": True, "iterations": iters,
             "test_rmse": rmse, "reference_test_rmse": ref_rmse,
             "rmse_rel_diff_vs_reference": abs(rmse - ref_rmse) / ref_rmse,
-            "one_iteration_rel_err_X": float(np.linalg.norm(one.user_factors_ - X1) / np.linalg.norm(X1)),
-            "one_iteration_rel_err_Y": float(np.linalg.norm(one.item_factors_ - Y1) / np.linalg.norm(Y1)),
+            "one_iteration_rel_err_X": float(np.linalg.norm(one.user_factors_ - X1)
+                                             / np.linalg.norm(X1)),
+            "one_iteration_rel_err_Y": float(np.linalg.norm(one.item_factors_ - Y1)
+                                             / np.linalg.norm(Y1)),
             "seconds_per_iteration_median": float(np.median(secs[1:] if len(secs) > 1 else secs)),
             "seconds_per_iteration": secs, "config_users": str(m.config_["users"].config),
             "config_items": str(m.config_["items"].config), "factors_file": f"factors1_{slug}.npz",
@@ -91,7 +93,8 @@ def compare(args):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="../shared/data/ml-100k")
     p.add_argument("--out", default="results/runs")
     p.add_argument("--device", default=None, help="substring filter")

@@ -18,7 +18,8 @@ import numpy as np
 CUTS = {
     "nogather": [("GLOAD4(Y, o + 4 * q)", "(float4)(0.01f * (float)q)")],
     "nowrite": [("        Ab[p] = val;", "        if (val == -12345.0f) Ab[p] = val;")],
-    "noL": [("    for (int p = lid; p < F * F; p += WG) {", "    for (int p = lid; p < 0; p += WG) {")],
+    "noL": [("    for (int p = lid; p < F * F; p += WG) {",
+             "    for (int p = lid; p < 0; p += WG) {")],
 }
 
 
@@ -29,7 +30,8 @@ def main(argv=None):
     from clmf.engine.config import KernelConfig
     from clmf.engine.device import select_device
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--scale", type=float, default=0.05, help="Netflix-shaped synthetic set scale")
     ap.add_argument("-f", "--factors", type=int, default=100)
@@ -77,7 +79,8 @@ def main(argv=None):
         finally:
             eng.release()
         label = "+".join(cuts) or "as built"
-        print(f"{label:>24}: S1 users {s1['users'] * 1e3:8.2f} ms, items {s1['items'] * 1e3:8.2f} ms")
+        print(f"{label:>24}: S1 users {s1['users'] * 1e3:8.2f} ms, "
+              f"items {s1['items'] * 1e3:8.2f} ms")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ import time
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto")
     p.add_argument("--ml100k", default="../shared/data/ml-100k")
     p.add_argument("--netflix-scale", type=float, default=0.05)
@@ -30,10 +31,12 @@ def main():
     p.add_argument("--space", default="full", choices=["bounded", "full"])
     p.add_argument("--out", default="results/tuning")
     p.add_argument("--compare", action="store_true")
-    p.add_argument("--skip", default="", help="comma-separated dataset:f cases to skip, e.g. ml-100k:10")
+    p.add_argument("--skip", default="",
+                   help="comma-separated dataset:f cases to skip, e.g. ml-100k:10")
     p.add_argument("--sample-time", type=float, default=0.03)
     p.add_argument("--fresh", action="store_true", help="do not resume interrupted runs")
-    p.add_argument("--only", default="", help="comma-separated dataset:f cases to run (default all)")
+    p.add_argument("--only", default="",
+                   help="comma-separated dataset:f cases to run (default all)")
     a = p.parse_args()
 
     from clmf import tuner
@@ -80,8 +83,9 @@ def main():
             best = s["best"]
             print(f"{name} f={f}: {s['evaluated']} configurations, {s['spent_seconds']:.0f} s "
                   f"measured, {time.perf_counter() - t0:.0f} s wall; best "
-                  f"{best['iteration_seconds']:.4g} s/it, ×{best['speedup_vs_baseline'] or 0:.2f} vs "
-                  f"batch, ×{best['speedup_vs_default'] or 0:.2f} vs default: users "
+                  f"{best['iteration_seconds']:.4g} s/it, "
+                  f"×{best['speedup_vs_baseline'] or 0:.2f} vs batch, "
+                  f"×{best['speedup_vs_default'] or 0:.2f} vs default: users "
                   f"{best['configs']['users']} | items {best['configs']['items']}", flush=True)
         del R
     (out / "reports" / "summary.md").write_text(summary_markdown(sorted(out.glob("*.jsonl"))))

@@ -147,7 +147,8 @@ def pair_time(summary, configs):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto")
     p.add_argument("--data", default=None)
     p.add_argument("--preset", default=None)
@@ -219,7 +220,8 @@ def main():
                         "process_wall_seconds": bu["process_wall_seconds"],
                         "best": bu_pick, "iteration_seconds_own": bu["best"]["iteration_seconds"],
                         "iteration_seconds_in_exhaustive": bu_in_ex, "statuses": bu["statuses"]},
-           "load_average": os.getloadavg(), "gap_vs_exhaustive_best": gap, "time_ratio": ratio, "wall_ratio": wall_ratio,
+           "load_average": os.getloadavg(), "gap_vs_exhaustive_best": gap, "time_ratio": ratio,
+           "wall_ratio": wall_ratio,
            "head_to_head": h2h,
            "within_5_percent": gap is not None and gap <= 0.05,
            "within_5_percent_head_to_head": (h2h["gap"] <= 0.05) if h2h else (gap is not None
@@ -228,11 +230,12 @@ def main():
     base = f"compare_{slug}_{ex['dataset']}_f{a.factors}"
     (out / f"{base}.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
     d = res["device"]
-    L = [f"# Budgeted vs exhaustive: {d['platform']} | {d['device']} — {ex['dataset']}, f = {a.factors}",
+    L = [f"# Budgeted vs exhaustive: {d['platform']} | {d['device']} — {ex['dataset']}, "
+         f"f = {a.factors}",
          "",
-         f"Bounded space: **{ex['space_size']} configurations** (after pruning; plus the baseline and "
-         "the untuned default, measured first by both). Cold OpenCL program caches for both runs "
-         "(PYOPENCL_NO_CACHE=1, POCL_KERNEL_CACHE=0), separate processes and databases. "
+         f"Bounded space: **{ex['space_size']} configurations** (after pruning; plus the baseline "
+         "and the untuned default, measured first by both). Cold OpenCL program caches for both "
+         "runs (PYOPENCL_NO_CACHE=1, POCL_KERNEL_CACHE=0), separate processes and databases. "
          f"Driver {d['driver']}; commit {res['commit']}; {res['date']}; host load average at the "
          f"end {res['load_average'][0]:.1f} (1 min) / {res['load_average'][2]:.1f} (15 min) on "
          f"{os.cpu_count()} CPUs (the machine was shared with other jobs)."
@@ -243,18 +246,21 @@ def main():
          f"| configurations evaluated | {ex['evaluated']} | {bu['evaluated']} |",
          f"| measurement time (s) | {ex['spent_seconds']:.1f} | {bu['spent_seconds']:.1f} "
          f"(budget {budget:.1f}) |",
-         f"| process wall time (s) | {ex['process_wall_seconds']:.1f} | {bu['process_wall_seconds']:.1f} |",
+         f"| process wall time (s) | {ex['process_wall_seconds']:.1f} | "
+         f"{bu['process_wall_seconds']:.1f} |",
          f"| best users | `{ex['best']['configs']['users']}` | `{bu_pick['users']}` |",
          f"| best items | `{ex['best']['configs']['items']}` | `{bu_pick['items']}` |",
-         f"| iteration time, own run (ms) | {ex_best * 1e3:.3f} | {bu['best']['iteration_seconds'] * 1e3:.3f} |",
+         f"| iteration time, own run (ms) | {ex_best * 1e3:.3f} | "
+         f"{bu['best']['iteration_seconds'] * 1e3:.3f} |",
          f"| iteration time as the exhaustive run measured it (ms) | {ex_best * 1e3:.3f} | "
          + (f"{bu_in_ex * 1e3:.3f}" if bu_in_ex else "–") + " |",
          "",
          f"Budgeted pick vs exhaustive best: **{'+' if gap is not None and gap >= 0 else ''}"
          + (f"{gap * 100:.1f}%" if gap is not None else "n/a") + f"** "
          f"({'within' if res['within_5_percent'] else 'NOT within'} 5%), in "
-         f"**{ratio * 100:.0f}%** of the exhaustive measurement time ({wall_ratio * 100:.0f}% of its "
-         f"process wall time; {'≤' if res['within_quarter_time'] else '>'} 25%).", ""]
+         f"**{ratio * 100:.0f}%** of the exhaustive measurement time "
+         f"({wall_ratio * 100:.0f}% of its process wall time; "
+         f"{'≤' if res['within_quarter_time'] else '>'} 25%).", ""]
     if h2h:
         L += [f"Head-to-head (a third process times both pairs round-robin, {a.rounds} rounds, "
               f"so they share the machine's conditions): exhaustive best "

@@ -31,27 +31,32 @@ def report(path):
     latest = OrderedDict()
     for r in ok:
         latest[(r["dataset"], int(r["f"]), r["variant"])] = r
-    dev = f"{rows[0]['device']} ({rows[0]['platform']}, driver {rows[0]['driver']})" if rows else "?"
+    dev = (f"{rows[0]['device']} ({rows[0]['platform']}, driver {rows[0]['driver']})"
+           if rows else "?")
     commits = sorted({r["commit"][:10] for r in rows})
     dates = sorted({r["date"][:10] for r in rows})
     lines = [f"# S1 variants: seconds per ALS iteration on {dev}", "",
              f"Produced by `scripts/variant_times.py` then `scripts/variant_report.py {path}`; "
-             f"date {', '.join(dates)}, commit {', '.join(commits)}. Median of the timed iterations "
-             "after one warm-up; S1/S2/S3 are device times from OpenCL profiling events. Every "
-             "variant was verified against the NumPy reference on the same device first.", ""]
+             f"date {', '.join(dates)}, commit {', '.join(commits)}. Median of the timed "
+             "iterations after one warm-up; S1/S2/S3 are device times from OpenCL profiling "
+             "events. Every variant was verified against the NumPy reference on the same device "
+             "first.", ""]
     for ds in OrderedDict((k[0], 0) for k in latest):
         fs = sorted({k[1] for k in latest if k[0] == ds})
-        lines += [f"## {ds} ({next(r for k, r in latest.items() if k[0] == ds)['nnz']} ratings)", "",
+        nnz = next(r for k, r in latest.items() if k[0] == ds)["nnz"]
+        lines += [f"## {ds} ({nnz} ratings)", "",
                   "| variant | " + " | ".join(f"f={f} s/it (S1 / S2 / S3)" for f in fs) + " |",
                   "|---|" + "---|" * len(fs)]
         names = list(OrderedDict((label(k[2]), 0) for k in latest if k[0] == ds))
         for name in names:
             cells = []
             for f in fs:
-                hit = [r for k, r in latest.items() if k[0] == ds and k[1] == f and label(k[2]) == name]
+                hit = [r for k, r in latest.items()
+                       if k[0] == ds and k[1] == f and label(k[2]) == name]
                 if hit:
                     r = hit[0]
-                    cells.append(f"{float(r['seconds_per_iteration']):.4f} ({float(r['s1_seconds']):.4f} / "
+                    cells.append(f"{float(r['seconds_per_iteration']):.4f} "
+                                 f"({float(r['s1_seconds']):.4f} / "
                                  f"{float(r['s2_seconds']):.4f} / {float(r['s3_seconds']):.4f})")
                 else:
                     cells.append("—")
@@ -60,7 +65,8 @@ def report(path):
         params = sorted({k[2] for k in latest if k[0] == ds})
         lines.append("Parameters: " + "; ".join(f"`{p}`" for p in params))
         lines.append("")
-    bad = sorted({f"`{r['variant']}` f={r['f']}: {r['status']}" for r in rows if r["status"] != "ok"})
+    bad = sorted({f"`{r['variant']}` f={r['f']}: {r['status']}" for r in rows
+                  if r["status"] != "ok"})
     if bad:
         lines += ["Not timed: " + "; ".join(bad), ""]
     with open(base + ".md", "w") as fh:
@@ -81,7 +87,8 @@ def report(path):
         for i, name in enumerate(names):
             ys = []
             for f in fs:
-                hit = [r for k, r in latest.items() if k[0] == ds and k[1] == f and label(k[2]) == name]
+                hit = [r for k, r in latest.items()
+                       if k[0] == ds and k[1] == f and label(k[2]) == name]
                 ys.append(float(hit[0]["seconds_per_iteration"]) if hit else float("nan"))
             ax.bar([j + i * width for j in range(len(fs))], ys, width, label=name)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(fs))])

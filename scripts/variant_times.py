@@ -30,7 +30,8 @@ def variants_for(f, device_type="GPU"):
             "batch:tx=4,ty=4,solve_wg=2",
             "batch+local:tx=4,ty=4,nnz_batch=16,solve_wg=2",
             "batch+reg:tx=8,ty=8,solve_wg=2",
-            "batch+reg+vec8:tx=16,ty=1,solve_wg=2" if f <= 50 else "batch+reg+vec8:tx=32,ty=2,solve_wg=2",
+            ("batch+reg+vec8:tx=16,ty=1,solve_wg=2" if f <= 50
+             else "batch+reg+vec8:tx=32,ty=2,solve_wg=2"),
             ("batch+reg+local+vec8:tx=16,ty=1,nnz_batch=32,solve_wg=2" if f <= 50
              else "batch+reg+local+vec8:tx=32,ty=2,nnz_batch=32,solve_wg=2"),
             f"batch+reg+vec8+tile:tx=8,ty=1,bx={-(-t // 8) * 8},by={-(-t // 8) * 8},solve_wg=2",
@@ -85,13 +86,15 @@ def verify(dev, variant, f):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto")
     p.add_argument("--data", default="../shared/data/ml-100k")
     p.add_argument("--scale", type=float, default=0.05, help="scale of the synthetic Netflix shape")
     p.add_argument("--factors", default="10,50,100")
     p.add_argument("--iterations", type=int, default=3)
-    p.add_argument("--variants", default=None, help="';'-separated list (default: the standard set)")
+    p.add_argument("--variants", default=None,
+                   help="';'-separated list (default: the standard set)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
 
@@ -126,9 +129,10 @@ def main():
         for f in [int(x) for x in a.factors.split(",")]:
             vlist = a.variants.split(";") if a.variants else variants_for(f, info.type)
             for variant in vlist:
-                base = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                            commit=commit(), platform=info.platform, device=info.name,
-                            driver=info.driver, f=f, variant=variant)
+                now = datetime.datetime.now(datetime.timezone.utc)
+                base = dict(date=now.isoformat(timespec="seconds"), commit=commit(),
+                            platform=info.platform, device=info.name, driver=info.driver, f=f,
+                            variant=variant)
                 try:
                     err = verify(dev, variant, f)
                 except clmf.SingularSystemError as e:

@@ -245,6 +245,50 @@ def run_canary(which, device):
     return 0
 
 
+TOPK_CASES = {"all": (3, False), "candidates": (12, True)}
+
+
+def run_topk(config, case, device):
+    """Device top-k (``clmf.inference.topk``) on a tiny problem with the edges at once: ties,
+    seen items (one query has seen everything), N beyond a tile or beyond the candidates, rows
+    past the last work-group, several splits and their merge; compared with brute force.
+
+    One query per process: Oclgrind 21.10's uninitialised-value plugin reports the merge's
+    reads of the scan's output on the second query of a process (device memory reused from the
+    first query's buffers keeps stale shadow state; the results are checked right either way),
+    so each case runs alone, with every checker on."""
+    from clmf.engine.device import select_device
+    from clmf.inference import topk as T
+    _quiet_pyopencl_nv_probe()
+    dev = select_device(device)
+    _check_device(dev)
+    cfg = T.TopKConfig.parse(config)
+    rng = np.random.default_rng(0)
+    b, n, f = 11, 45, 5
+    Q = rng.integers(-2, 3, (b, f)).astype(np.float32)
+    Y = rng.integers(-2, 3, (n, f)).astype(np.float32)
+    mask = rng.random((b, n)) < 0.3
+    mask[3, :] = True                              # a query that has seen everything
+    R = sp.csr_matrix(mask.astype(np.float32))
+    cand = np.array([0, 2, 3, 7, 8, 20, 21, 30, 44])
+    dtk = T.DeviceTopK(Y, dev, config=cfg)
+    S = Q.astype(np.float64) @ Y.T.astype(np.float64)
+    N, use_cand = TOPK_CASES[case]
+    for N, c in ((N, cand if use_cand else None),):
+        ids, sc = dtk.query(Q, N, candidates=c, exclude=R)
+        cc = np.arange(n) if c is None else c
+        k = min(N, cc.size)
+        for r in range(b):
+            keep = [int(j) for j in cc if j not in set(R[r].indices.tolist())]
+            want = sorted(keep, key=lambda j: (-S[r, j], j))[:k]
+            got = ids[r][ids[r] >= 0].tolist()
+            if got != want:
+                print(f"MISMATCH topk {config} N={N} row {r}: {got} != {want}")
+                return 1
+    print(f"{OK_MARK} topk={config} case={case}")
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variant", help="variant string, e.g. 'batch:tx=4,ty=4,solve_wg=16'")
@@ -253,8 +297,12 @@ def main(argv=None):
     ap.add_argument("--canary", choices=CANARIES, help="run a planted-bug kernel instead of a fit")
     ap.add_argument("--device", default="oclgrind",
                     help="clmf device spec (default: the Oclgrind platform by name)")
+    ap.add_argument("--topk", help="run the device top-k with this TopKConfig string instead")
+    ap.add_argument("--topk-case", choices=sorted(TOPK_CASES), default="all")
     ap.add_argument("--list-cases", action="store_true")
     a = ap.parse_args(argv)
+    if a.topk:
+        return run_topk(a.topk, a.topk_case, a.device)
     if a.list_cases:
         for name, (fn, batch_rows) in CASES.items():
             R = fn()

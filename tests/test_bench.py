@@ -48,13 +48,16 @@ def test_useful_bytes_by_hand():
 
 def test_device_slug():
     from clmf.engine.device import DeviceInfo
-    base = dict(index="0:0", platform_version="", vendor="", type="CPU", driver="", opencl_c_version="",
-                compute_units=1, global_mem=1, max_alloc=1, local_mem=1, local_mem_type="local",
+    base = dict(index="0:0", platform_version="", vendor="", type="CPU", driver="",
+                opencl_c_version="", compute_units=1, global_mem=1, max_alloc=1, local_mem=1,
+                local_mem_type="local",
                 max_work_group_size=1, max_work_item_sizes=(1,), preferred_vector_width_float=1,
                 native_vector_width_float=1, clock_mhz=1)
     assert bench.device_slug(DeviceInfo(platform="Portable Computing Language",
-                                        name="pthread-skylake-avx512-AMD EPYC", **base)) == "pocl-amd-epyc"
-    assert bench.device_slug(DeviceInfo(platform="Intel(R) OpenCL", name="AMD EPYC", **base)) == "intel-amd-epyc"
+                                        name="pthread-skylake-avx512-AMD EPYC",
+                                        **base)) == "pocl-amd-epyc"
+    assert bench.device_slug(DeviceInfo(platform="Intel(R) OpenCL", name="AMD EPYC",
+                                        **base)) == "intel-amd-epyc"
     assert bench.device_slug(DeviceInfo(platform="NVIDIA CUDA", name="NVIDIA H100 80GB HBM3",
                                         **base)) == "nvidia-h100-80gb-hbm3"
 
@@ -92,8 +95,8 @@ def test_tiny_bench_writes_csv_and_markdown(tmp_path, monkeypatch, cl_device):
         got = list(csv.DictReader(fh))
     assert set(bench.FIELDS) <= set(got[0])
     required = ["seconds_per_iteration", "s1_s", "s2_s", "s3_s", "test_rmse", "gflops",
-                "frac_peak_flops", "gbps", "frac_peak_bw", "device_memory_bytes", "commit", "device",
-                "driver", "date", "status"]
+                "frac_peak_flops", "gbps", "frac_peak_bw", "device_memory_bytes", "commit",
+                "device", "driver", "date", "status"]
     clmf_rows = [r for r in got if r["system"] == "clmf"]
     assert len(clmf_rows) == 2
     for r in clmf_rows:
@@ -120,7 +123,8 @@ def test_tiny_bench_writes_csv_and_markdown(tmp_path, monkeypatch, cl_device):
 
 
 def test_failing_peer_is_reported(monkeypatch):
-    problem = bench_peers.Problem("p", random_ratings(10, 8, seed=1), random_ratings(10, 8, 0.05, seed=2))
+    problem = bench_peers.Problem("p", random_ratings(10, 8, seed=1),
+                                  random_ratings(10, 8, 0.05, seed=2))
 
     def boom(*a):
         raise RuntimeError("kaput")
@@ -163,14 +167,16 @@ def test_dataset_spec_errors():
 
 def test_cli_bench_parser():
     from clmf.cli import build_parser
-    a = build_parser().parse_args(["bench", "--data", "ml-100k", "--data", "netflix@0.01", "-f", "10", "50",
-                                   "--variant", "auto", "--variant", "batch", "--peers", "cpu"])
+    a = build_parser().parse_args(["bench", "--data", "ml-100k", "--data", "netflix@0.01",
+                                   "-f", "10", "50", "--variant", "auto", "--variant", "batch",
+                                   "--peers", "cpu"])
     assert a.data == ["ml-100k", "netflix@0.01"] and a.factors == [10, 50]
     assert a.variant == ["auto", "batch"] and a.func.__name__ == "cmd_bench"
 
 
 def test_skipping_peer_is_reported(monkeypatch):
-    problem = bench_peers.Problem("p", random_ratings(10, 8, seed=1), random_ratings(10, 8, 0.05, seed=2))
+    problem = bench_peers.Problem("p", random_ratings(10, 8, seed=1),
+                                  random_ratings(10, 8, 0.05, seed=2))
 
     def skip(*a):
         raise bench_peers.PeerSkipped("too big")

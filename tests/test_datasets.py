@@ -235,7 +235,8 @@ class TestRatings:
 # --------------------------------------------------------------------------------------
 # loaders
 # --------------------------------------------------------------------------------------
-U_DATA = "196\t242\t3\t881250949\n186\t302\t3\t891717742\n22\t377\t1\t878887116\n196\t377\t5\t881250950\n"
+U_DATA = ("196\t242\t3\t881250949\n186\t302\t3\t891717742\n22\t377\t1\t878887116\n"
+          "196\t377\t5\t881250950\n")
 
 
 class TestMovieLens100K:
@@ -309,7 +310,8 @@ class TestMovieLens100K:
 
 
 class TestMovieLensCsvDat:
-    CSV = "userId,movieId,rating,timestamp\n1,1,4.0,964982703\n1,3,4.5,964981247\n2,1,0.5,964982224\n"
+    CSV = ("userId,movieId,rating,timestamp\n1,1,4.0,964982703\n1,3,4.5,964981247\n"
+           "2,1,0.5,964982224\n")
 
     def test_csv_crlf(self, tmp_path):
         r = datasets.load_movielens_csv(write(tmp_path / "ratings.csv", self.CSV, "\r\n"))

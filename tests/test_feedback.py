@@ -108,7 +108,8 @@ def test_biases_improve_movielens_rmse():
     d = shared_data("ml-100k")
     train, test = datasets.load_movielens_100k_split(d)
     plain = clmf.ALS(10, 0.15, 10, random_state=0).fit(train, show_progress=False).rmse(test)
-    biased = clmf.ALS(10, 0.15, 10, random_state=0, biases=True).fit(train, show_progress=False).rmse(test)
+    biased = clmf.ALS(10, 0.15, 10, random_state=0, biases=True).fit(
+        train, show_progress=False).rmse(test)
     assert biased < plain <= 0.95
 
 

@@ -7,10 +7,9 @@ import sys
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from conftest import IN_CI, random_ratings, rel_err
+from conftest import IN_CI, random_ratings
 
 import clmf
-from clmf import reference as ref
 from clmf.errors import SingularSystemError
 
 
@@ -28,47 +27,8 @@ def test_init_only_stores_params_and_clone():
     assert "factors=9" in repr(m)
 
 
-def test_fit_returns_self_and_attributes(cl_device):
-    R = random_ratings(40, 30, 0.3, seed=1)
-    m = clmf.ALS(factors=4, iterations=2, device=cl_device, random_state=0)
-    assert m.fit(R, show_progress=False) is m
-    assert m.user_factors_.shape == (40, 4) and m.user_factors_.dtype == np.float32
-    assert m.item_factors_.shape == (30, 4)
-    assert abs(m.global_mean_ - R.data.mean()) < 1e-6
-    assert set(m.config_) == {"users", "items"}
-    assert m.config_["users"].rule in ("heuristic", "explicit", "tuned", "nearest", "vendor",
-                                       "default", "baseline")
-    assert len(m.history_) == 2
-
-
-@pytest.mark.parametrize("form", ["csr", "csc", "coo", "tuple"])
-def test_input_forms_agree(cl_device, form):
-    R = random_ratings(30, 20, 0.3, seed=2)
-    C = R.tocoo()
-    X = {"csr": R, "csc": R.tocsc(), "coo": C, "tuple": (C.row, C.col, C.data)}[form]
-    init = ref.start_factors(30, 20, 3, 0)
-    a = clmf.ALS(3, iterations=1, device=cl_device).fit(R, init=init, show_progress=False)
-    b = clmf.ALS(3, iterations=1, device=cl_device).fit(X, init=init, show_progress=False)
-    assert rel_err(a.user_factors_, b.user_factors_) < 1e-6
-
-
-def test_random_state_reproducible(cl_device):
-    R = random_ratings(30, 20, 0.3, seed=3)
-    a = clmf.ALS(3, iterations=2, device=cl_device, random_state=5).fit(R, show_progress=False)
-    b = clmf.ALS(3, iterations=2, device=cl_device, random_state=5).fit(R, show_progress=False)
-    assert np.array_equal(a.user_factors_, b.user_factors_)
-
-
-def test_predict_unknown_rows_use_global_mean(cl_device):
-    R = random_ratings(20, 15, 0.4, seed=4, empty_rows=[2], empty_cols=[5])
-    m = clmf.ALS(3, iterations=2, device=cl_device, random_state=0).fit(R, show_progress=False)
-    p = m.predict([2, 0, 1], [0, 5, 1])
-    assert p[0] == pytest.approx(m.global_mean_) and p[1] == pytest.approx(m.global_mean_)
-    assert p[2] == pytest.approx(float(m.user_factors_[1] @ m.item_factors_[1]), rel=1e-5)
-    with pytest.raises(IndexError):
-        m.predict([20], [0])
-    with pytest.raises(ValueError):
-        m.predict([-1], [0])
+# fit, input forms, reproducibility and predict on every device: tests/behaviour.py
+# (tests/test_behaviour_device.py), shared with the other backends
 
 
 def test_pickle_roundtrip_without_context(cl_device):
@@ -155,7 +115,8 @@ def test_singular_detected_on_device(cl_device):
 
 def test_no_opencl_platform_message(tmp_path):
     env = dict(os.environ, OCL_ICD_VENDORS=str(tmp_path), CLMF_DEVICE="")
-    code = "import clmf\ntry:\n    clmf.devices()\nexcept clmf.NoOpenCLError as e:\n    print('ERR', e)\n"
+    code = ("import clmf\ntry:\n    clmf.devices()\n"
+            "except clmf.NoOpenCLError as e:\n    print('ERR', e)\n")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=120)
     assert "ERR" in out.stdout and "pocl-opencl-icd" in out.stdout
@@ -179,7 +140,8 @@ def test_select_device_grammar():
         assert select_device("cpu").type & 2  # CL_DEVICE_TYPE_CPU
     if any(d.type == "GPU" for d in infos):
         assert select_device("gpu").type & 4  # CL_DEVICE_TYPE_GPU
-    assert select_device(infos[-1].platform[:6]).platform.name.strip().startswith(infos[-1].platform[:6])
+    word = infos[-1].platform[:6]
+    assert select_device(word).platform.name.strip().startswith(word)
     os.environ["CLMF_DEVICE"] = infos[-1].index
     try:
         assert select_device("auto").int_ptr == select_device(infos[-1].index).int_ptr

@@ -239,3 +239,22 @@ def test_canary_uninitialized_is_reported(oclgrind):
 def test_canary_api_misuse_is_reported(oclgrind):
     text = _canary(oclgrind, "api")
     assert "CL_INVALID_WORK_GROUP_SIZE" in text or "runtime error" in text, text[:3000]
+
+
+TOPK_CONFIGS = (
+    "topk:wx=4,wy=2,rm=2,rnv=1,v=4,tk=2,cap=2,qres=0,yt=0",     # staged items, overflow rounds
+    "topk:wx=4,wy=2,rm=2,rnv=2,v=1,tk=4,cap=16,qres=1,yt=0",    # staged query block, scalar
+    "topk:wx=2,wy=4,rm=2,rnv=1,v=4,tk=4,cap=3,qres=0,yt=1",     # transposed items
+    "topk:wx=1,wy=4,rm=2,rnv=2,v=4,tk=4,cap=16,qres=0,yt=2",    # packed item panels
+)
+
+
+@pytest.mark.parametrize("case", sorted(_helper.TOPK_CASES))
+@pytest.mark.parametrize("config", TOPK_CONFIGS)
+def test_topk_clean_under_oclgrind(oclgrind, config, case):
+    """The top-k kernels (scan with its local lists, masks and rounds; merge) run clean."""
+    proc, diags, log = run_helper(oclgrind, f"{config}-{case}", "--topk", config,
+                                  "--topk-case", case)
+    assert proc.returncode == 0, _excerpt(proc.stdout + proc.stderr)
+    assert OK_MARK in proc.stdout.splitlines()[-1]
+    assert not diags, "Oclgrind reported:\n" + _excerpt("\n".join(diags))

@@ -2,11 +2,34 @@
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from conftest import random_ratings, rel_err
+from conftest import DEVICES, device_id, random_ratings, rel_err
 
 import clmf
 from clmf import reference as ref
 from clmf.datasets import Ratings
+from clmf.inference.topk import inference_options
+
+
+def pytest_generate_tests(metafunc):
+    """Every test runs on the host path and through the device top-k on each OpenCL device
+    (threshold 0); tests of a device fit rank on that fit's device."""
+    if "inference_path" in metafunc.fixturenames and "cl_device" not in metafunc.fixturenames:
+        metafunc.parametrize("inference_path", ["host"] + DEVICES, indirect=True,
+                             ids=["host"] + [f"topk-{device_id(d)}" for d in DEVICES])
+
+
+@pytest.fixture(autouse=True)
+def inference_path(request):
+    """Route inference to the host or force the device path (``min_work=0``)."""
+    p = getattr(request, "param", None)
+    if p is None and "cl_device" in request.fixturenames:
+        p = request.getfixturevalue("cl_device")
+    if p is None or isinstance(p, str):
+        with inference_options(enabled=False):
+            yield "host"
+    else:
+        with inference_options(device=p, min_work=0, enabled=True):
+            yield p
 
 
 def make_model(X, Y, R=None, lam=0.1, weighted=True, user_ids=None, item_ids=None):
@@ -128,9 +151,13 @@ def test_user_items_row_aligned_or_indexed(tie_problem):
     # without user_items nothing is filtered
     nofilter = m.recommend(3, None, N=20)[0]
     assert sorted(nofilter.tolist()) == list(range(20))
-    # narrower matrices (fewer item columns) are fine
-    narrow = sp.csr_matrix(R[:, :10])
-    assert m.recommend(3, narrow, N=20)[0].size == 20 - R[3, :10].nnz
+    # a matrix with another number of item columns is refused, as implicit refuses wider ones
+    for bad in (sp.csr_matrix(R[:, :10]), sp.csr_matrix((R.shape[0], 3)),
+                sp.hstack([R, R]).tocsr()):
+        with pytest.raises(ValueError, match=f"{bad.shape[1]} columns but the model has 20 items"):
+            m.recommend(3, bad, N=20)
+        with pytest.raises(ValueError, match="columns"):
+            m.recommend(3, bad[3], N=20, recalculate_user=True)
 
 
 def test_recommend_continuous_scores_are_predictions():
@@ -267,23 +294,7 @@ def test_partial_fit_users_existing_new_and_gap():
         m.partial_fit_users([1, 1], random_ratings(2, 21, 0.5))
 
 
-def test_fold_in_agrees_with_a_device_fit(cl_device):
-    """The last half-step of a fit solves the items against the final users: the host fold-in
-    must reproduce it (same λ, same weighting)."""
-    R = random_ratings(60, 40, 0.2, seed=21)
-    m = clmf.ALS(factors=4, regularization=0.1, iterations=3, device=cl_device, random_state=0,
-                 solver="cholesky")     # the fold-in solves exactly
-    m.fit(R, show_progress=False)
-    Y = m.recalculate_item(np.arange(40), R.T.tocsr())
-    assert rel_err(Y, m.item_factors_) < 1e-4
-    X, Yr = ref.als(R, 4, 0.1, 3, random_state=0)
-    ids, scores = m.recommend(np.arange(60), R, N=5)
-    for u in (0, 17, 59):
-        assert len(set(ids[u]) & set(brute_recommend(X, Yr, u, 5, R[u].indices)[0])) >= 4
-    # partial fit with the training rows leaves every fitted item unchanged up to round-off
-    before = m.item_factors_.copy()
-    m.partial_fit_items(np.arange(40), R.T.tocsr())
-    assert rel_err(m.item_factors_, before) < 1e-4
+# the fold-in of a device fit reproducing its last half-step: tests/behaviour.py
 
 
 def biased_model(X, Y, bu, bi, mu, lam=0.1, weighted=True, R=None):

@@ -32,7 +32,8 @@ def test_recorded_rmse():
         assert r["test_rmse"] <= 0.95
         assert r["rmse_rel_diff_vs_reference"] <= 5e-3
         assert r["one_iteration_rel_err_X"] <= 1e-4 and r["one_iteration_rel_err_Y"] <= 1e-4
-        for key in ("date", "commit", "driver", "platform", "device", "seconds_per_iteration_median"):
+        for key in ("date", "commit", "driver", "platform", "device",
+                    "seconds_per_iteration_median"):
             assert r[key] not in (None, "", "unknown")
 
 

@@ -38,7 +38,8 @@ def test_als_decreases_objective():
         err = ref.predict(X, Y, C.row, C.col) - C.data
         n_u = np.diff(R.indptr)
         n_i = np.bincount(R.indices, minlength=R.shape[1])
-        losses.append(np.sum(err ** 2) + 0.1 * (np.sum(n_u * (X ** 2).sum(1)) + np.sum(n_i * (Y ** 2).sum(1))))
+        losses.append(np.sum(err ** 2) + 0.1 * (np.sum(n_u * (X ** 2).sum(1))
+                                                + np.sum(n_i * (Y ** 2).sum(1))))
 
     ref.als(R, 4, 0.1, 6, random_state=0, callback=cb)
     assert all(b <= a * (1 + 1e-12) for a, b in zip(losses, losses[1:]))

@@ -208,9 +208,9 @@ def test_corrupted_or_foreign_file(dbenv, content):
     raw = b"".join(json.dumps(r).encode() + b"\n" for r in good) + content
     dbenv["env"].write_bytes(raw)
     before = os.stat(dbenv["env"])
-    with pytest.warns(tuning.TuningDatabaseWarning, match="not used"):
+    with pytest.warns(tuning.TuningDatabaseWarning, match=f"{dbenv['env']}: 1 record.*line 3"):
         ch = tuning.choose(info, 10, "users", stats("users", ML))
-    assert ch.rule == "heuristic"                 # the whole file is set aside: safe default
+    assert ch.rule == "tuned"                     # the bad line alone is skipped
     assert dbenv["env"].read_bytes() == raw       # untouched
     assert os.stat(dbenv["env"]).st_mtime_ns == before.st_mtime_ns
     # the writer refuses to append to it, and leaves it alone

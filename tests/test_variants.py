@@ -61,7 +61,8 @@ def test_per_side_variants(cl_device):
     R = edge_problem(10)
     X0, Y0 = ref.start_factors(*R.shape, 10, 1)
     m = clmf.ALS(10, iterations=1, device=cl_device,
-                 variant=("batch+reg+local:tx=4,ty=4", KernelConfig.parse("batch+local+tile:bx=8,by=8,tx=4,ty=4"))
+                 variant=("batch+reg+local:tx=4,ty=4",
+                          KernelConfig.parse("batch+local+tile:bx=8,by=8,tx=4,ty=4"))
                  ).fit(R, init=(X0, Y0), show_progress=False)
     assert m.config_["users"].config.name == "batch+reg+local"
     assert m.config_["items"].config.name == "batch+local+tile"
@@ -117,7 +118,8 @@ def test_cg_more_steps_approaches_cholesky(cl_device):
     X0, Y0 = ref.start_factors(*R.shape, 10, 1)
     Xc, _ = ref.als(R, 10, 0.1, 1, init=(X0, Y0))
     errs = []
-    for steps in (1, 2, 3):    # rows with 1-2 ratings converge in ~2 steps; past that float32 and float64 CG part ways
+    # rows with 1-2 ratings converge in ~2 steps; past that float32 and float64 CG part ways
+    for steps in (1, 2, 3):
         m = clmf.ALS(10, iterations=1, device=cl_device, solver="cg",
                      variant=f"batch:cg_steps={steps}").fit(R, init=(X0, Y0), show_progress=False)
         Xr, Yr = ref.als(R, 10, 0.1, 1, init=(X0, Y0), solver="cg", cg_steps=steps)

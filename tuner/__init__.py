@@ -23,7 +23,8 @@ LASTFM_FILE = "user_artists.dat"
 
 def load_data(path=None, preset=None, scale=1.0, seed=0, split="ua", log1p=False):
     """(users × items CSR, data-set name) of a ratings path (the ml-100k directory or
-    ``ua.base``: its training part; the HetRec Last.fm directory: its ``user_artists.dat`` play
+    ``ua.base``: its training part; another directory: its ratings file, see
+    :func:`clmf.datasets.load`; the HetRec Last.fm directory: its ``user_artists.dat`` play
     counts) or a synthetic preset. ``log1p`` stores log(1 + r) (implicit strengths, as
     ``scripts/lastfm_implicit.py``) and adds ``-log1p`` to the name."""
     import numpy as np
@@ -54,16 +55,16 @@ def _load_data(path, preset, scale, seed, split):
     p = pathlib.Path(path)
     if p.is_dir() and (p / LASTFM_FILE).is_file():
         return datasets.load(str(p / LASTFM_FILE)).to_csr(), p.name
-    if p.is_dir() or p.name.endswith(".base"):
+    if (p.is_dir() and (p / f"{split}.base").is_file()) or p.name.endswith(".base"):
         d = p if p.is_dir() else p.parent
         sp = split if p.is_dir() else p.name[:-len(".base")]
         train, _test = datasets.load_movielens_100k_split(d, split=sp)
         return train.to_csr(), d.name
-    data = datasets.load(str(p))
-    return data.to_csr(), p.stem
+    data = datasets.load(str(p))          # a file, or a directory of ratings.csv/.dat, Netflix
+    return data.to_csr(), p.name if p.is_dir() else p.stem
 
 
-def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, space="bounded",
+def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, space="default",
          db=None, report_dir=None, dataset="data", storage="float32", seed=0, solvers=None,
          state_dir=None, sample_time=0.03, progress=True, resume=True, plot=True,
          mode="explicit", alpha=1.0, sample="auto", sample_tol=None, check_time=None, starts=()):
@@ -75,7 +76,8 @@ def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, spac
     factors : iterable of f
     device : clmf device specification ("auto", "cpu", "P:D", a name substring, ...)
     strategy : "exhaustive" or "budgeted" (``budget`` seconds of measurement per f)
-    space : "bounded" (a few hundred configurations) or "full"
+    space : "default" (the shapes that win on the devices we know, CG solvers included),
+        "bounded" (a few hundred Cholesky configurations) or "full"
     db : database path (default: the per-user database that ``ALS(variant="auto")`` reads)
     report_dir : write a markdown report and a plot per f here
     mode : "explicit" (ratings), "implicit" (feedback with confidence 1 + ``alpha``·r) or
@@ -85,8 +87,12 @@ def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, spac
     sample_tol : the check's tolerance on the probe's estimate (default 0.2; 0: no check)
     check_time : the check times the whole side when it takes ≤ this (default 1 s), else a
         larger sample
-    starts : configurations (strings or KernelConfig) measured first, beside the baseline and
-        the untuned default; the search goes on from the best of them all
+    starts : configurations (strings or KernelConfig) measured first, beside the incumbent (what
+        ``variant="auto"`` chose before this run), the baseline, the untuned default and this
+        device's earlier best configurations; the search goes on from the best of them all
+
+    Every run ends with the search's winner and the incumbent re-timed side by side on the whole
+    data: the record written holds the faster (``chosen``), never a regression.
 
     Returns
     -------

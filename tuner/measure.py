@@ -233,6 +233,20 @@ class Result:
         return sum(self.side_seconds(s) for s in SIDES) if self.ok else float("inf")
 
 
+def _result_to_json(r: Result):
+    """A Result as a JSON object (journal, summary)."""
+    return {"config": r.config.to_dict(), "status": r.status, "reason": r.reason,
+            "message": r.message, "verify_rel_err": r.verify_rel_err, "sides": r.sides,
+            "fidelity": r.fidelity, "seconds_spent": r.seconds_spent}
+
+
+def _result_from_json(d):
+    """The Result of :func:`_result_to_json`."""
+    return Result(KernelConfig.from_dict(d["config"]), d["status"], d.get("reason", ""),
+                  d.get("message", ""), d.get("verify_rel_err"), d.get("sides") or {},
+                  d.get("fidelity", "full"), float(d.get("seconds_spent", 0.0)))
+
+
 class Measurer:
     """Validates and times configurations of one tuning case (device, data, f, storage, mode).
 

@@ -13,8 +13,9 @@ memory by :meth:`KernelConfig.local_mem_bytes` against the device's, register bl
 built kernel allows is checked later, by :func:`clmf.engine.kernels.als_program` (typed
 ``InvalidConfigError.reason``), during measurement.
 
-Two presets: ``bounded`` (a few hundred configurations, cholesky only: the exhaustive-vs-budgeted
-comparison) and ``full`` (every grid value; solvers as asked, Cholesky by default; far too large
+Three presets: ``default`` (what ``clmf tune`` searches unless told otherwise: the shapes that win
+on the devices we know, CG and fused CG included, see :func:`_default_space`), ``bounded`` (a few
+hundred configurations, cholesky only: the exhaustive-vs-budgeted comparison) and ``full`` (every grid value; solvers as asked, Cholesky by default; far too large
 to enumerate: the budgeted strategy samples and walks it).
 
 Modes (:data:`clmf.tuning.MODES`): a space is built at the kernels' f (f + 1 with biases: pass
@@ -345,6 +346,8 @@ def make_space(name, f, info, storage="float32", solvers=None, mode="explicit"):
                     solver=list(mode_solvers or ["cholesky"]),
                     cg_steps=[3])
         return Space("bounded", f, flags, grid, storage, mode)
+    if name == "default":
+        return _default_space(f, info, storage, mode)
     if name == "full":
         solvers = [s for s in (solvers or mode_solvers or DEFAULT_SOLVERS) if s in SOLVERS]
         flags = [(r, loc, v, t, False) for r in (False, True) for loc in (False, True)
@@ -367,4 +370,35 @@ def make_space(name, f, info, storage="float32", solvers=None, mode="explicit"):
     raise ValueError(f"unknown space {name!r}; choose from {SPACES}")
 
 
-SPACES = ("bounded", "full")
+def _default_space(f, info, storage="float32", mode="explicit"):
+    """The ``default`` preset: what wins on the devices we know (the shipped tunings) — Cholesky,
+    CG and fused CG; registers with vector widths 4/8/16, with and without local memory, and
+    tiles; ``solve_wg`` = 1 and 2 (the barrier-free CG forms) on CPUs; the gemm and syrk shapes
+    on GPUs — at the work-item counts that split f, f/2 into whole 4- or 8-wide micro-tiles. On a
+    CPU it is enumerable (≈ 7,000 configurations at f = 50); on a GPU the budgeted strategy samples
+    and walks it."""
+    gpu = info.type != "CPU"
+    cap = min(info.max_work_group_size, 1024)
+    vw = (4, 8, 16)
+    flags = [(False, False, 0, False, False), (True, False, 0, False, False),
+             (True, True, 0, False, False)]
+    flags += [(True, loc, w, False, False) for loc in (False, True) for w in vw]
+    flags += [(True, True, 4, True, False), (True, False, 4, True, False)]
+    if gpu:
+        flags += [(False, False, 0, False, True), (False, False, 4, False, True),   # gemm
+                  (False, False, 4, False, False, True)]                            # syrk
+    extra = {-(-e // r) for e in (f, -(-f // 2)) for r in (4, 8)}
+    ts = sorted(set(_pow2s(1, min(16, cap))) | {t for t in extra if 2 < t <= min(32, cap)})
+    edges = [e for e in (8, 16, 32) + ((64,) if gpu else ()) if e < f] or [f]
+    wgs = (0, 8, 32, 64) if gpu else (0, 1, 2, 16)
+    # bx: tile edges; on GPUs also 0 (gemm over the whole f) and the syrk micro-tiles 4 and 8
+    grid = dict(tx=ts, ty=ts, nnz_batch=[8, 16, 32, 64] if gpu else [16, 32, 64],
+                bx=sorted(set(edges) | ({0, 4, 8} if gpu else set())), by=edges, square_tiles=True,
+                tz=[1, 2, 4], ks=[1, 2, 4, 8, 16, 32] if gpu else [1],
+                solve_wg=[w for w in wgs if w <= min(f, info.max_work_group_size)],
+                solver=["cholesky", "cg", "fusedcg"],
+                cg_steps=list(MODE_CG_STEPS.get(mode, [KernelConfig.cg_steps])))
+    return Space("default", f, flags, grid, storage, mode)
+
+
+SPACES = ("default", "bounded", "full")

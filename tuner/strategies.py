@@ -7,19 +7,20 @@ crashed run resumes where it stopped: the run id hashes everything that defines 
 and driver, data-set class, f, storage, space, strategy, budget, seed, kernel templates), a
 resumed run reuses the journal's sample and results (replaying the strategy's decisions
 deterministically: the budget is the sum of the candidates' measurement times, so the replay
-spends it exactly as the first attempt did) and a candidate that was started but never finished
-(the process died in it) is recorded as ``failed``/``crashed`` and not retried.
+spends it exactly as the first attempt did); an interrupted measurement is measured again
+(:mod:`.journal`).
 
-Strategies (both measure the baseline ``batch`` configuration and the untuned default first):
+Strategies (both measure first, at full fidelity, the *incumbent* — what ``variant="auto"``
+chose before this run —, the baseline ``batch``, the untuned default and this device's earlier best
+configurations, see :mod:`tuner.incumbent`):
 
 ``exhaustive``  every configuration of an enumerable space at full fidelity;
-``budgeted``    within ``budget`` seconds: random exploration at low fidelity (3 runs, 30% of the
-                budget; stratified by variant family, round-robin), then stage-composed candidates (the best S1/S2 configuration with the
-                best S3 solver settings: the objective adds per-stage times), then local search
-                (neighbours of the current top configurations of each side) until only the
-                final re-timing's share of the budget is left; successive halving's last rung promotes every candidate that
-                enters a side's top 3 to full fidelity (≥ 7 runs and a minimum time) at once, so
-                the best is always a full-fidelity measurement.
+``budgeted``    within ``budget`` seconds, at low fidelity (3 runs): local search around those
+                anchors (20% of the budget), random exploration stratified by variant family
+                (to 50%), stage-composed candidates (the best S1/S2 configuration with the best
+                S3 settings), then local search around the current top of each side until the
+                final re-timing's share is left; every candidate entering a side's top 3 is
+                promoted to full fidelity (≥ 7 runs and a minimum time) at once.
 
 Modes: a :class:`Case` tunes explicit ALS (default), implicit feedback (``mode="implicit"``,
 ``alpha``: the half-step includes the Gram YᵀY) or explicit ALS with biases (``mode="biased"``:
@@ -31,9 +32,10 @@ the whole side (:func:`tuner.measure.check_samples`, growing it while the probe'
 by more than ``sample_tol``); a number forces that fraction (still checked); ``"full"`` times
 whole half-steps. The check is recorded in the run record, the journal header and the summary.
 
-Both end with a *showdown*: the top 2 of each side re-measured round-robin (2 rounds), so the
-final choice compares them under the same machine conditions (a shared or throttling machine
-drifts between measurements minutes apart).
+Both end with a *showdown* (the top 2 of each side re-measured round-robin, so the final choice
+compares them under the same machine conditions) and the *guard*: the winner and the incumbent
+re-timed side by side on the whole data (:func:`tuner.incumbent.final_showdown`); the records
+written hold the faster of the two (``chosen``), so a run never makes a default fit slower.
 """
 from __future__ import annotations
 
@@ -52,8 +54,10 @@ from clmf.engine.config import KernelConfig
 from clmf.errors import InvalidConfigError
 from clmf.tuning.database import Database, base_record
 
+from . import journal
 from .measure import (CHECK_TIME, MEASURE_VERSION, SAMPLE_TOL, SIDES, Measurer, Result,
-                      calibrate_samples, check_samples, full_sample, make_sample, sample_min_rows)
+                      _result_from_json, _result_to_json, calibrate_samples, check_samples,
+                      full_sample, make_sample, sample_min_rows)
 from .space import canonical, prune
 
 log = logging.getLogger(__name__)
@@ -122,18 +126,6 @@ class Case:
         return c
 
 
-def _result_to_json(r: Result):
-    return {"config": r.config.to_dict(), "status": r.status, "reason": r.reason,
-            "message": r.message, "verify_rel_err": r.verify_rel_err, "sides": r.sides,
-            "fidelity": r.fidelity, "seconds_spent": r.seconds_spent}
-
-
-def _result_from_json(d):
-    return Result(KernelConfig.from_dict(d["config"]), d["status"], d.get("reason", ""),
-                  d.get("message", ""), d.get("verify_rel_err"), d.get("sides") or {},
-                  d.get("fidelity", "full"), float(d.get("seconds_spent", 0.0)))
-
-
 def _sample_spec(sample):
     """"auto", "full" or a fraction in (0, 1] (1 → "full")."""
     if sample is None:
@@ -172,11 +164,13 @@ class Session:
     sample_tol : the calibration check's tolerance (relative); 0 or None: no check
     check_time : the check times the whole side when it takes ≤ this many seconds
     progress : show a tqdm bar with the best so far
+    earlier : how many of this device's earlier best configurations are measured first
     """
 
     def __init__(self, case, space, strategy, db, budget=None, seed=0, state_dir=None,
                  sample_time=0.03, progress=True, repeats=7, min_time=0.05, resume=True,
-                 sample="auto", sample_tol=SAMPLE_TOL, check_time=CHECK_TIME, starts=()):
+                 sample="auto", sample_tol=SAMPLE_TOL, check_time=CHECK_TIME, starts=(),
+                 earlier=4):
         from clmf.engine.kernels import template_hash
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; choose from {STRATEGIES}")
@@ -212,6 +206,8 @@ class Session:
         self.spent = 0.0             # budget consumed (sum of measurement times), replayed
         self._replay = {}
         self.anchors = {}
+        self.incumbent = None        # {side: Choice} of the lookup chain without this run
+        self.earlier_limit = earlier
         self.measurer = None
         self.samples_desc = None
         self.calibration = None
@@ -227,32 +223,12 @@ class Session:
             os.fsync(fh.fileno())
 
     def _jread(self):
-        if not self.journal.exists():
-            return None, {}, []
-        header, results, started = None, {}, []
-        with open(self.journal) as fh:
-            for line in fh:
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue        # a torn last line from a crash
-                if e.get("event") == "header":
-                    header = e
-                elif e.get("event") == "start":
-                    started.append((e["key"], e["fidelity"]))
-                elif e.get("event") == "result":
-                    results[(e["key"], e["fidelity"])] = _result_from_json(e["result"])
-        crashed = [s for s in started if s not in results]
-        return header, results, crashed
+        return journal.read(self.journal, _result_from_json)
 
     def _skip_from_db(self):
         """Configurations this device/driver/f/storage/templates already rejected."""
         skip = {}
-        try:
-            recs = self.db.records()
-        except ValueError:
-            raise
-        for r in recs:
+        for r in self.db.records():
             if (r.get("kind") == "measurement" and r.get("status") in SKIP_STATUSES
                     and r.get("device") == self.case.key and r.get("f") == self.case.f
                     and r.get("storage") == self.case.storage
@@ -331,11 +307,16 @@ class Session:
         self.measurer = Measurer(case.device, case.R, case.f, self.samples, case.storage,
                                  repeats=self.repeats, min_time=self.min_time, mode=case.mode,
                                  alpha=case.alpha)
-        for key, fid in crashed:
+        for (key, fid), times in crashed:
             cfg = KernelConfig.from_dict(json.loads(key))
-            res = Result(cfg, "failed", "crashed", "the tuning process died while measuring "
-                         "this configuration", None, {}, fid, 0.0)
-            self._record(res, key, fid, journal=True)
+            if times >= 2:
+                res = Result(cfg, "failed", "crashed", f"the tuning process died {times} times "
+                             "while measuring this configuration", None, {}, fid, 0.0)
+                self._record(res, key, fid, journal=True)
+            else:       # once: a kill or a power cut, not the configuration — measured again
+                self._jwrite({"event": "died", "key": key, "fidelity": fid})
+                journal.record_interrupted(self, cfg, fid, "killed", "the tuning process died "
+                                           "while measuring this configuration; measured again")
         total = None
         if self.progress:
             from tqdm.auto import tqdm
@@ -404,7 +385,14 @@ class Session:
         else:
             self._jwrite({"event": "start", "key": key, "fidelity": fidelity})
             verified = low.verify_rel_err if low is not None and low.ok else None
-            res = self.measurer.evaluate(cfg, fidelity, verified=verified)
+            try:
+                res = self.measurer.evaluate(cfg, fidelity, verified=verified)
+            except KeyboardInterrupt:
+                self._jwrite({"event": "interrupted", "key": key, "fidelity": fidelity})
+                journal.record_interrupted(self, cfg, fidelity, "interrupted", "Ctrl-C while "
+                                           "measuring this configuration; measured again on "
+                                           "resume")
+                raise
             self._record(res, key, fidelity)
         self.spent += res.seconds_spent
         self._tick(res)
@@ -528,12 +516,22 @@ class Session:
         return best
 
     def measure_anchors(self):
-        """The baseline ``batch`` and the untuned default (the heuristic), at full fidelity."""
+        """At full fidelity, in this order: what the user had (the incumbent pair the lookup chain
+        chooses without this run's records), the baseline ``batch``, the untuned default (the
+        heuristic), this device's earlier best configurations and the given starts."""
+        from .incumbent import earlier_bests, lookup_incumbent
         c = self.case
+        self.anchors = {}
+        self.incumbent = lookup_incumbent(c, exclude_runs=(self.run_id,))
+        for side, name in (("users", "incumbent"), ("items", "incumbent_items")):
+            cfg = self.incumbent[side].config
+            if side == "users" or cfg.key() != self.incumbent["users"].config.key():
+                self.anchors[name] = self.evaluate(cfg, "full")
         base = canonical(c.default_solver(tuning.BASELINE.replace(storage=c.storage)), c.mode)
-        heur = self.probe()
-        self.anchors = {"baseline": self.evaluate(base, "full"),
-                        "default": self.evaluate(heur, "full")}
+        self.anchors["baseline"] = self.evaluate(base, "full")
+        self.anchors["default"] = self.evaluate(self.probe(), "full")
+        for i, cfg in enumerate(earlier_bests(c, (self.run_id,), self.earlier_limit)):
+            self.anchors[f"earlier{i + 1}"] = self.evaluate(cfg, "full")
         for i, cfg in enumerate(self.starts):
             cfg = canonical(cfg.replace(storage=c.storage), c.mode)
             try:
@@ -544,44 +542,16 @@ class Session:
             self.anchors[f"start{i + 1}"] = self.evaluate(cfg, "full")
         return self.anchors
 
-    def verify_best(self, best):
-        """The best configuration of each side re-timed on the calibration check's reference (the
-        whole side when its estimate is ≤ ``check_time``, else the check's larger sample): the
-        check's probe says the sample extrapolates for *it*; a much faster configuration can fit
-        the sample's working set in a cache the whole side spills, or leave a device idle. Returns
-        {side: {estimate_seconds, measured_seconds, ratio, whole_side, rows}} (nothing when the
-        whole side was timed anyway or the check is off)."""
-        if self.sample == "full" or not self.sample_tol:
-            return {}
-        c, out = self.case, {}
-        cal = (self.calibration or {}).get("sides") or {}
-        for side in SIDES:
-            s = self.samples[side]
-            if s.rows >= s.full_rows:
-                continue
-            r = best["results"][side]
-            est = r.side_seconds(side)
-            if est <= self.check_time:
-                ref = full_sample(c.R, side)
-            else:
-                frac = ((cal.get(side) or {}).get("reference") or {}).get("fraction")
-                frac = max(frac or 0.0, min(1.0, 4 * s.fraction))
-                ref = make_sample(c.R, side, frac, self.seed,
-                                  (self.calibration or {}).get("min_rows") or 8)
-            t0 = time.perf_counter()
-            try:
-                t = self.measurer.time_side(r.config, side, self.repeats, self.min_time, sample=ref)
-            except Exception as e:      # a verification must not lose the run
-                log.warning("verifying the best %s configuration failed: %s", side, e)
-                continue
-            out[side] = {"config": str(r.config), "estimate_seconds": est,
-                         "measured_seconds": t["seconds"],
-                         "ratio": est / t["seconds"] if t["seconds"] > 0 else None,
-                         "whole_side": bool(ref.rows >= ref.full_rows), "rows": int(ref.rows),
-                         "tolerance": self.sample_tol, "seconds": time.perf_counter() - t0}
-            log.info("best %s: estimate %.4g s, %s %.4g s", side, est,
-                     "whole side" if out[side]["whole_side"] else "larger sample", t["seconds"])
-        return out
+    def incumbent_pair(self):
+        """The incumbent's measured pair in :meth:`best_pair`'s form, or None (not measured or
+        not ok)."""
+        u = self.anchors.get("incumbent")
+        i = self.anchors.get("incumbent_items", u)
+        if u is None or not (u.ok and i.ok):
+            return None
+        return {"iteration_seconds": u.side_seconds("users") + i.side_seconds("items"),
+                "results": {"users": u, "items": i}, "configs": {"users": u.config,
+                                                                 "items": i.config}}
 
     def finish(self):
         """Write the best records and return the run's summary (for :mod:`tuner.report`)."""
@@ -608,31 +578,48 @@ class Session:
         summary["results"] = [_result_to_json(r) | {"key": k} for k, r in top.items()]
         if best is None:
             return summary
-        base = self.anchors.get("baseline")
-        heur = self.anchors.get("default")
+        from .incumbent import final_showdown, incumbent_summary, verified_from, verify_best
+        base, heur = self.anchors.get("baseline"), self.anchors.get("default")
         bt = base.iteration_seconds if base is not None and base.ok else None
         ht = heur.iteration_seconds if heur is not None and heur.ok else None
+        inc, final = self.incumbent_pair(), None
+        searched = best
+        if inc is not None:      # never write a regression: the winner against what the user had
+            final = final_showdown(self, best, inc)
+            best = best if final["beats_incumbent"] else inc
+            verified = verified_from(self, final, best)
+        else:
+            verified = verify_best(self, best)
+        summary["incumbent"] = incumbent_summary(self.incumbent, inc, final)
+        summary["final"] = final
         it = best["iteration_seconds"]
-        verified = self.verify_best(best)
+        guard = {"chosen": final["chosen"] if final else "tuned",
+                 "beats_incumbent": final["beats_incumbent"] if final else None,
+                 "measured_iteration_seconds": final[final["chosen"]]["iteration_seconds"]
+                 if final else None,
+                 "speedup_vs_incumbent": final["incumbent"]["iteration_seconds"]
+                 / final[final["chosen"]]["iteration_seconds"] if final else None,
+                 "searched": {"configs": {s: str(searched["configs"][s]) for s in SIDES},
+                              "iteration_seconds": searched["iteration_seconds"]}}
         summary["best"] = {"iteration_seconds": it,
                            "configs": {s: str(best["configs"][s]) for s in SIDES},
                            "sides": {s: best["results"][s].sides[s] for s in SIDES},
                            "speedup_vs_baseline": bt / it if bt else None,
                            "speedup_vs_default": ht / it if ht else None,
-                           "verified": verified}
+                           "verified": verified, **guard}
         recs = []
         for side in SIDES:
-            r = best["results"][side]
+            r, cfg = best["results"][side], best["configs"][side]
             recs.append(base_record(
-                "best", side=side, config=r.config.to_dict(), variant=str(r.config),
+                "best", side=side, config=cfg.to_dict(), variant=str(cfg),
                 dataset=c.side_class(side), seconds=r.side_seconds(side),
                 iteration_seconds=it, baseline_iteration_seconds=bt, default_iteration_seconds=ht,
                 iteration_rel_baseline=(it / bt) if bt else None,
                 speedup_vs_baseline=(bt / it) if bt else None,
-                speedup_vs_default=(ht / it) if ht else None,
+                speedup_vs_default=(ht / it) if ht else None, incumbent=summary["incumbent"],
                 evaluated=summary["evaluated"], spent_seconds=self.spent, budget=self.budget,
                 load_average=os.getloadavg(), verified=verified.get(side),
-                sample=self.samples_desc[side], **self._common()))
+                sample=self.samples_desc[side], **guard, **self._common()))
         self.db.append(recs)
         return summary
 
@@ -687,9 +674,9 @@ def _composed(session):
     return out
 
 
-def budgeted(session: Session, explore=0.3, finalists=3):
-    """Random exploration → local search with promotion → stage composition, within
-    ``session.budget`` seconds of measurement (see the module docstring)."""
+def budgeted(session: Session, exploit=0.2, explore=0.3, finalists=3):
+    """Anchors → local search around them → random exploration → stage composition and local
+    search with promotion, within ``session.budget`` seconds (see the module docstring)."""
     budget = session.budget or 60.0
     space, info = session.space, session.case.info
     rng = np.random.default_rng(session.seed)
@@ -738,13 +725,32 @@ def budgeted(session: Session, explore=0.3, finalists=3):
             promote()
         return r
 
-    # 1. random exploration at low fidelity
-    while session.spent < explore * budget:
-        c = next_random()
-        if c is None:
-            break
-        run(c)
-    # 2. stage composition, then local search around the current best of each side
+    def neighbour():
+        """An untried neighbour of one of the current top configurations, or None."""
+        parents = _top(session, finalists)
+        if not parents:
+            return None
+        parent = parents[int(rng.integers(len(parents)))]
+        if pool is not None:
+            nb = [c for c in space.neighbours(parent, pool) if c.key() not in tried]
+            if nb:
+                return nb[0] if rng.random() < 0.6 else nb[int(rng.integers(len(nb)))]
+            return None
+        for _ in range(5):
+            child = space.mutate(parent, rng, info)
+            if child is not None and child.key() not in tried:
+                return child
+        return None
+
+    # 1. the promising region first: around the anchors (what the user had, the device's
+    # earlier tunings), then 2. random exploration, both at low fidelity
+    for share, pick in ((exploit, neighbour), (exploit + explore, next_random)):
+        while session.spent < share * budget:
+            c = pick()
+            if c is None:
+                break
+            run(c)
+    # 3. stage composition, then local search around the current best of each side
     for c in _composed(session):
         if c.key() not in tried:
             run(c)
@@ -760,24 +766,9 @@ def budgeted(session: Session, explore=0.3, finalists=3):
                 if c.key() not in tried:
                     run(c)
             continue
-        parents = _top(session, finalists)
-        child = None
-        if parents:
-            parent = parents[int(rng.integers(len(parents)))]
-            if pool is not None:
-                nb = [c for c in space.neighbours(parent, pool) if c.key() not in tried]
-                if nb:
-                    child = nb[0] if rng.random() < 0.6 else nb[int(rng.integers(len(nb)))]
-            else:
-                for _ in range(5):
-                    child = space.mutate(parent, rng, info)
-                    if child is not None and child.key() not in tried:
-                        break
-                    child = None
+        child = neighbour() or next_random()
         if child is None:
-            child = next_random()
-            if child is None:
-                break
+            break
         run(child)
     promote()
     session.showdown(_top(session, 2, fidelity=False), budget_left=budget - session.spent)

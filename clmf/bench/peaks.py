@@ -38,7 +38,8 @@ def useful_bytes(m, n, nnz, f, rows_users=None, rows_items=None):
 
     * S1: row pointers ``8(r+1)`` + column indices ``4z`` + gathered factors ``4fz`` + the
       hermitians' triangles written ``4s·f(f+1)/2``;
-    * S2: ``8(r+1)`` + indices and ratings ``8z`` + gathered factors ``4fz`` + ``b`` written ``4sf``;
+    * S2: ``8(r+1)`` + indices and ratings ``8z`` + gathered factors ``4fz`` + ``b`` written
+      ``4sf``;
     * S3: triangles and ``b`` read, factors written: ``4s·f(f+1)/2 + 8sf``;
     * the iteration, as one fused pass would need it: ``8(r+1) + 8z + 4fz + 4sf`` per side
       (CSR read once, each rating's factor row gathered once, the new factors written).

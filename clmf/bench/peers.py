@@ -84,7 +84,8 @@ def rmse_of(problem, X, Y, user_bias=None, item_bias=None, offset=0.0):
         return float("nan")
     uc, ic = problem.counts()
     u, i = T.row, T.col
-    pred = np.einsum("ij,ij->i", np.asarray(X, np.float64)[u], np.asarray(Y, np.float64)[i]) + offset
+    pred = np.einsum("ij,ij->i", np.asarray(X, np.float64)[u],
+                     np.asarray(Y, np.float64)[i]) + offset
     if user_bias is not None:
         pred = pred + np.asarray(user_bias, np.float64)[u]
     if item_bias is not None:
@@ -112,7 +113,8 @@ def run_reference(problem, f, lam, iterations, seed):
         times.append(now - t[0])
         t[0] = now
 
-    X, Y = reference.als(problem.train, f, lam, iterations, weighted=True, init=(X0, Y0), callback=cb)
+    X, Y = reference.als(problem.train, f, lam, iterations, weighted=True, init=(X0, Y0),
+                         callback=cb)
     return PeerRun("reference", seconds=times, test_rmse=rmse_of(problem, X, Y),
                    note="clmf.reference.als, NumPy/SciPy float64, same start", factors=(X, Y))
 
@@ -166,7 +168,8 @@ def _lenskit(problem, f, lam, iterations, seed, biased):
         b = scorer.bias
         rm = rmse_of(problem, X, Y, b.user_biases, b.item_biases, offset=b.global_bias)
         return PeerRun("lenskit-biased", seconds=times, test_rmse=rm, whole_s=whole,
-                       note=f"lenskit {ver} BiasedMFScorer (biases, damping {b.damping}), own start")
+                       note=f"lenskit {ver} BiasedMFScorer (biases, damping {b.damping}), "
+                            "own start")
     return PeerRun("lenskit", seconds=times, test_rmse=rmse_of(problem, X, Y), whole_s=whole,
                    note=f"lenskit {ver} explicit ALS trainer, raw ratings, same start",
                    factors=(X, Y))
@@ -237,8 +240,9 @@ def run_spark(problem, f, lam, iterations, seed):
     df.unpersist()
     seconds = [t1] + [per] * max(0, iterations - 1)
     return PeerRun("spark", seconds=seconds, test_rmse=rmse_of(problem, X, Y),
-                   note=f"pyspark {pyspark.__version__} local[{threads}]; s/it = (T({iterations} it) "
-                        f"− T(1 it))/{max(1, iterations - 1)}; first = T(1 it) incl. set-up; own start",
+                   note=f"pyspark {pyspark.__version__} local[{threads}]; "
+                        f"s/it = (T({iterations} it) − T(1 it))/{max(1, iterations - 1)}; "
+                        "first = T(1 it) incl. set-up; own start",
                    factors=(X, Y))
 
 
@@ -256,7 +260,8 @@ def _implicit(problem, f, lam, iterations, seed, use_cg):
     whole = time.perf_counter() - t_all
     name = "implicit-cg" if use_cg else "implicit-chol"
     return PeerRun(name, seconds=times, whole_s=whole,
-                   note=f"implicit {implicit.__version__} CPU ALS ({'CG' if use_cg else 'Cholesky'}); "
+                   note=f"implicit {implicit.__version__} CPU ALS "
+                        f"({'CG' if use_cg else 'Cholesky'}); "
                         "implicit-feedback objective: speed only, no RMSE")
 
 
@@ -284,7 +289,8 @@ class TorchALS:
         self.device = device
         self.f, self.lam = f, lam
         R = sp.csr_matrix(R)
-        self.sides = {"users": self._buckets(R, f, budget), "items": self._buckets(R.T.tocsr(), f, budget)}
+        self.sides = {"users": self._buckets(R, f, budget),
+                      "items": self._buckets(R.T.tocsr(), f, budget)}
         self.shape = R.shape
 
     def _buckets(self, R, f, budget):
@@ -365,7 +371,8 @@ def run_pytorch(problem, f, lam, iterations, seed):
     del model, X, Y
     if dev == "cuda":
         torch.cuda.empty_cache()          # give the memory back before clmf's OpenCL runs
-    name = torch.cuda.get_device_name(0) if dev == "cuda" else f"host CPU ({torch.get_num_threads()} threads)"
+    name = (torch.cuda.get_device_name(0) if dev == "cuda"
+            else f"host CPU ({torch.get_num_threads()} threads)")
     return PeerRun("pytorch", seconds=times, test_rmse=rmse_of(problem, Xh, Yh), device=name,
                    note=f"torch {torch.__version__} on {dev}: bucketed gather + bmm + batched "
                         "Cholesky, float32, TF32 off, same start", factors=(Xh, Yh))

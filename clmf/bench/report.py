@@ -32,7 +32,9 @@ def _fmt(x, nd=4):
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return ""
     if isinstance(x, float):
-        return f"{x:.{nd}g}" if abs(x) < 1e-3 or abs(x) >= 1e5 else f"{x:.{nd}f}".rstrip("0").rstrip(".")
+        if abs(x) < 1e-3 or abs(x) >= 1e5:
+            return f"{x:.{nd}g}"
+        return f"{x:.{nd}f}".rstrip("0").rstrip(".")
     return str(x)
 
 
@@ -80,11 +82,11 @@ def render_markdown(rows, meta, infos, peaks, argv=None, elapsed=None, load=None
                  f"{os.cpu_count()} CPUs (other work on the machine slows the CPU figures)  ")
     L.append("- s/it: median over the iterations after the first; GFLOP/s count useful work only "
              "(2·nnz·f(f+1) + 4·nnz·f + (m+n)f³/3 per iteration); GB/s: minimal traffic of a fused "
-             "iteration (CSR once, one gather per rating, factors written); % of the *measured* peak "
-             "of the device it ran on (CPU peers: the host CPU's peak as measured through OpenCL). "
-             "Ratios are clmf ÷ peer in s/it: below 1, clmf is faster. Whole fit: from the "
-             "host CSR to factors on the host (validation, tuning lookup, program builds, upload, "
-             "iterations); set-up %: its share before the first iteration.\n")
+             "iteration (CSR once, one gather per rating, factors written); % of the *measured* "
+             "peak of the device it ran on (CPU peers: the host CPU's peak as measured through "
+             "OpenCL). Ratios are clmf ÷ peer in s/it: below 1, clmf is faster. Whole fit: from "
+             "the host CSR to factors on the host (validation, tuning lookup, program builds, "
+             "upload, iterations); set-up %: its share before the first iteration.\n")
     L.append("## Measured device limits\n")
     L.append("| device | when | FMA GFLOP/s (best width) | per width | copy GB/s (kernel) |")
     L.append("|---|---|---|---|---|")
@@ -113,10 +115,12 @@ def render_markdown(rows, meta, infos, peaks, argv=None, elapsed=None, load=None
     for (ds, f), g in groups.items():
         r0 = g[0]
         L.append(f"## {ds}, f = {f}\n")
-        L.append(f"{r0['users']} × {r0['items']}, {r0['nnz_train']} train / {r0['nnz_test']} test "
-                 f"ratings, λ = {r0['regularization']} (weighted), {r0['iterations']} iterations.\n")
-        L.append("| system | status | s/it | 1st it | whole fit s | set-up % | S1 s | S2 s | S3 s | "
-                 "test RMSE | vs ref | GFLOP/s | % peak | GB/s | % BW | S1 % peak | memory MiB |")
+        L.append(f"{r0['users']} × {r0['items']}, {r0['nnz_train']} train / "
+                 f"{r0['nnz_test']} test ratings, λ = {r0['regularization']} (weighted), "
+                 f"{r0['iterations']} iterations.\n")
+        L.append("| system | status | s/it | 1st it | whole fit s | set-up % | S1 s | S2 s | "
+                 "S3 s | test RMSE | vs ref | GFLOP/s | % peak | GB/s | % BW | S1 % peak | "
+                 "memory MiB |")
         L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in g:
             mem = r.get("device_memory_bytes")
@@ -126,7 +130,8 @@ def render_markdown(rows, meta, infos, peaks, argv=None, elapsed=None, load=None
                 _pct(r.get("setup_share")) if r.get("setup_share") not in (None, "") else "",
                 _fmt(r.get("s1_s")), _fmt(r.get("s2_s")),
                 _fmt(r.get("s3_s")), _fmt(r.get("test_rmse")),
-                _pct(r.get("rmse_vs_reference")) if r.get("rmse_vs_reference") not in (None, "") else "",
+                (_pct(r.get("rmse_vs_reference"))
+                 if r.get("rmse_vs_reference") not in (None, "") else ""),
                 _fmt(r.get("gflops"), 3), _pct(r.get("frac_peak_flops")), _fmt(r.get("gbps"), 3),
                 _pct(r.get("frac_peak_bw")), _pct(r.get("s1_frac_peak_flops")),
                 f"{mem / 2**20:.1f}" if isinstance(mem, int) and mem else ""]) + " |")
@@ -154,8 +159,8 @@ def render_markdown(rows, meta, infos, peaks, argv=None, elapsed=None, load=None
             what = {"s1": "hermitians", "s2": "right-hand sides", "s3": "solves"}[k]
             L.append(f"\n- bottleneck of {_sys_label(c)}: {k.upper()} ({what}) {share:.0%} of the "
                      f"iteration at {_pct(c.get(f'{k}_frac_peak_flops'))} of FMA peak / "
-                     f"{_pct(c.get(f'{k}_frac_peak_bw'))} of copy bandwidth; kernels {dev_total:.0%} "
-                     f"of the wall time (the rest: launches, host waits)")
+                     f"{_pct(c.get(f'{k}_frac_peak_bw'))} of copy bandwidth; kernels "
+                     f"{dev_total:.0%} of the wall time (the rest: launches, host waits)")
         # targets
         lk = next((p for p in peers_ok if p["system"] == "lenskit"), None)
         for c in clmfs:
@@ -208,7 +213,8 @@ def make_plots(rows, out, name):
         paths["time-vs-f"] = p
     cl_rows = [r for r in ok if r["kind"] == "clmf" and r.get("frac_peak_flops") not in (None, "")]
     if cl_rows:
-        labels = [f"{r['dataset']} f={r['f']}\n{_sys_label(r).replace('`', '')[:40]}" for r in cl_rows]
+        labels = [f"{r['dataset']} f={r['f']}\n{_sys_label(r).replace('`', '')[:40]}"
+                  for r in cl_rows]
         keys = [("s1_frac_peak_flops", "S1 of FMA peak"), ("s3_frac_peak_flops", "S3 of FMA peak"),
                 ("frac_peak_flops", "iteration of FMA peak"), ("s2_frac_peak_bw", "S2 of copy BW"),
                 ("frac_peak_bw", "iteration of copy BW")]

@@ -6,7 +6,9 @@ from __future__ import annotations
 import gzip
 import logging
 import math
+import re
 import time
+import zlib
 from pathlib import Path
 from typing import Sequence
 
@@ -20,10 +22,21 @@ logger = logging.getLogger(__name__)
 # --------------------------------------------------------------------------------------
 # text parsing
 # --------------------------------------------------------------------------------------
+def _gunzip(path: Path, data: bytes) -> bytes:
+    """Decompress gzip ``data`` read from ``path``; a truncated or corrupt stream is a
+    ``ValueError`` naming the file (not a bare ``EOFError``/``zlib.error``)."""
+    try:
+        return gzip.decompress(data)
+    except (EOFError, OSError, zlib.error) as e:
+        raise ValueError(f"{path}: truncated or corrupt gzip file ({type(e).__name__}: {e})") \
+            from None
+
+
 def _read_text(path: Path) -> str:
+    """The text of a (possibly gzip-compressed) file: UTF-8, else latin-1."""
     data = path.read_bytes()
     if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
+        data = _gunzip(path, data)
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
     try:
@@ -143,7 +156,27 @@ def _first_bad(values: Sequence[str], conv) -> int:
     return -1  # pragma: no cover - only called after a failure
 
 
+# int() also reads "１" (full-width and other Unicode digits) and "1_0" (underscores): as ids those
+# would merge distinct users ("1", "１" and "1_0" all read 1 or 10). Ids are ASCII digits only;
+# an id column that may fall back to strings must also be canonical (no "+", no leading zeros).
+_NONCANONICAL = re.compile(r"(?:^|\x00)[ \t]*(?:\+|-0|0[0-9])")
+
+
+def _ascii_integers(values: list[str], canonical: bool = False) -> bool:
+    """Whether every value is written with ASCII digits only (``int()`` then reads nothing else);
+    with ``canonical``, also without a ``+`` or leading zeros (distinct texts, distinct ints)."""
+    joined = "\x00".join(values)
+    if not joined.isascii() or "_" in joined:
+        return False
+    return not (canonical and _NONCANONICAL.search(joined))
+
+
 def _parse_int(table: _Table, values: list[str], what: str) -> np.ndarray:
+    """Integers written with ASCII digits (a ``ValueError`` naming the line otherwise)."""
+    if not _ascii_integers(values):
+        k = next(k for k, v in enumerate(values) if not v.isascii() or "_" in v)
+        raise ValueError(f"{table.where(k)}: {what} {values[k]!r} is not an integer "
+                         "(ASCII digits only)")
     try:
         return np.fromiter(map(int, values), dtype=np.int64, count=len(values))
     except (ValueError, OverflowError):
@@ -170,11 +203,14 @@ def _parse_float(table: _Table, values: list[str], what: str) -> np.ndarray:
 
 
 def _parse_id(table: _Table, values: list[str], what: str) -> np.ndarray:
-    """Integer ids when every value is an integer, else stripped strings."""
-    try:
-        return np.fromiter(map(int, values), dtype=np.int64, count=len(values))
-    except (ValueError, OverflowError):
-        return np.array([v.strip().strip('"') for v in values], dtype=str)
+    """Integer ids when every value is a canonical ASCII integer, else stripped strings (so that
+    distinct texts are distinct ids)."""
+    if _ascii_integers(values, canonical=True):
+        try:
+            return np.fromiter(map(int, values), dtype=np.int64, count=len(values))
+        except (ValueError, OverflowError):
+            pass
+    return np.array([v.strip().strip('"') for v in values], dtype=str)
 
 
 def _parse_time(table: _Table, values: list[str], what: str) -> np.ndarray:

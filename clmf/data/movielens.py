@@ -236,14 +236,16 @@ def load_movielens_csv(path: str | os.PathLike, *, duplicates: str = "error") ->
     if table.header is not None:
         idx = _named_columns(
             table, path,
-            {"user": ("userId", "user_id", "user"), "item": ("movieId", "movie_id", "item", "itemId"),
+            {"user": ("userId", "user_id", "user"),
+             "item": ("movieId", "movie_id", "item", "itemId"),
              "rating": ("rating",), "timestamp": ("timestamp", "time")},
         )
         missing = [k for k in ("user", "item", "rating") if k not in idx]
         if missing:
             raise ValueError(
                 f"{path}: line {table.header_lineno}: header "
-                f"{table.header} lacks column(s) for {missing} (expected userId,movieId,rating,timestamp)"
+                f"{table.header} lacks column(s) for {missing} "
+                "(expected userId,movieId,rating,timestamp)"
             )
         ncols = len(table.header)
     else:

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from .validation import check_float32_range
+
 logger = logging.getLogger(__name__)
 
 
@@ -219,6 +221,7 @@ class Ratings:
                     raise ValueError(
                         f"{name} indices must lie in [0, {bound}), found range [{lo}, {hi}]"
                     )
+        check_float32_range(ratings, "ratings")
         try:
             with np.errstate(over="ignore", invalid="ignore"):
                 ratings32 = ratings.astype(np.float32)
@@ -600,6 +603,7 @@ class Ratings:
             raise ValueError(f"inputs differ in length: {lengths}")
         if len(r) == 0:
             raise ValueError("no ratings given (empty input)")
+        check_float32_range(r, "ratings")
         try:
             with np.errstate(over="ignore", invalid="ignore"):
                 r32 = r.astype(np.float32)
@@ -729,6 +733,7 @@ def _sorter_of(ids: np.ndarray) -> np.ndarray | None:
 
 
 def _check_finite(values: np.ndarray, what: str) -> None:
+    """Refuse NaN/inf values (naming the count and the first position)."""
     bad = ~np.isfinite(values)
     if bad.any():
         first = int(np.flatnonzero(bad)[0])

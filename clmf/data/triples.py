@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import time
+import zlib
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -208,8 +209,12 @@ def _first_line(path: Path) -> str:
     with open(path, "rb") as fh:
         head = fh.read(4096)
     if head[:2] == b"\x1f\x8b":
-        with gzip.open(path, "rb") as fh:
-            head = fh.read(4096)
+        try:
+            with gzip.open(path, "rb") as fh:
+                head = fh.read(4096)
+        except (EOFError, OSError, zlib.error) as e:
+            raise ValueError(f"{path}: truncated or corrupt gzip file ({type(e).__name__}: "
+                             f"{e})") from None
     return head.decode("latin-1").split("\n", 1)[0].rstrip("\r")
 
 
@@ -304,6 +309,8 @@ def load_titles(path: str | os.PathLike) -> dict[Any, str]:
     def key(v: str, lineno: int):
         v = v.strip()
         try:
+            if not v.isascii() or "_" in v:      # "１" and "1_0" are not the id 1 or 10
+                raise ValueError(v)
             return int(v)
         except ValueError:
             if not v:

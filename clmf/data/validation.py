@@ -6,7 +6,51 @@ import numbers
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["check_ratings", "check_index_pairs", "check_params"]
+__all__ = ["check_ratings", "check_index_pairs", "check_params", "check_shape_vs_ratings",
+           "overflow_limit", "precision_limit", "check_float32_range", "SPARSE_ROWS_FLOOR", "SPARSE_ROWS_PER_RATING"]
+
+# ids that imply a matrix vastly larger than its ratings are refused before anything is sized by
+# them (the CSR's row pointers, the factors): more than SPARSE_ROWS_FLOOR rows (or columns) and
+# more than SPARSE_ROWS_PER_RATING of them per stored rating
+SPARSE_ROWS_FLOOR = 1 << 21
+SPARSE_ROWS_PER_RATING = 32
+_F32_MAX = float(np.finfo(np.float32).max)
+_F16_MAX = float(np.finfo(np.float16).max)
+
+
+def overflow_limit(f, max_count, storage="float32"):
+    """Largest |rating| whose ALS normal equations stay inside the float32 range (``storage=
+    "float16"``: whose factors stay inside float16's) at ``f`` factors and ``max_count`` ratings
+    per user/item, with a safety margin. From the first half-step's scale: start factors of
+    norm ≈ 1/√3 give factors ≈ r·√f, whose hermitians hold ≈ count·f·r² (float32), and which a
+    float16 store holds only below 65504."""
+    f, c = max(int(f), 1), max(int(max_count), 1)
+    if storage == "float16":
+        return _F16_MAX / (2.0 * np.sqrt(f))
+    return float(np.sqrt(_F32_MAX / (64.0 * f * c)))
+
+
+def precision_limit(regularization):
+    """Largest |rating| at which ``regularization`` stays above float32 rounding in the normal
+    equations of a row with fewer ratings than factors (entries ≈ n·r, regularizer λ·n), with a
+    safety margin; None when λ = 0 (such systems are singular at any scale)."""
+    if not regularization > 0:
+        return None
+    return float(regularization) / (64.0 * float(np.finfo(np.float32).eps))
+
+
+def check_shape_vs_ratings(shape, nnz, what="X", ids=True):
+    """Refuse a shape vastly larger than its ratings (before anything is sized by it)."""
+    for k, (name, size) in enumerate((("user", shape[0]), ("item", shape[1]))):
+        if size > SPARSE_ROWS_FLOOR and size > SPARSE_ROWS_PER_RATING * max(int(nnz), 1):
+            how = (f"its largest {name} index is {size - 1}" if ids
+                   else f"it has {size} {name} rows/columns")
+            raise ValueError(
+                f"{what} has {int(nnz)} rating(s) but {how}: a {shape[0]} × {shape[1]} matrix "
+                f"would be sized for {size} {name}s, almost all without ratings (factors and "
+                f"row pointers of {size} rows before any work). Map raw ids to 0-based indices "
+                "first with clmf.datasets.Ratings.from_triples(users, items, ratings), which "
+                "keeps the id maps")
 
 
 def _is_ratings_obj(X):
@@ -67,6 +111,7 @@ def check_ratings(X, shape=None, *, allow_empty=False, what="X"):
             raise TypeError(f"ratings must be numeric, not dtype {r.dtype}")
         if shape is None:
             shape = (int(u.max()) + 1 if u.size else 0, int(i.max()) + 1 if i.size else 0)
+            check_shape_vs_ratings(shape, len(r), what)
         else:
             if u.size and u.max() >= shape[0]:
                 raise ValueError(f"user index {int(u.max())} out of range for {shape[0]} users")
@@ -81,15 +126,13 @@ def check_ratings(X, shape=None, *, allow_empty=False, what="X"):
             raise ValueError(f"{what} has shape {X.shape}, expected {tuple(shape)}")
         if X.dtype.kind not in "fiub":
             raise TypeError(f"{what} ratings must be numeric, not dtype {X.dtype}")
+        check_shape_vs_ratings(X.shape, X.nnz, what, ids=False)
         fast = _canonical_csr(X)
         if fast is not None:
             return fast
         return _finish(sp.coo_matrix(X), allow_empty, what)
     raise TypeError(f"{what} must be a scipy.sparse matrix, a (user_idx, item_idx, ratings) tuple "
                     f"or clmf.datasets.Ratings, not {type(X).__name__}")
-
-
-_F32_LIMIT = float(np.finfo(np.float32).max)
 
 
 def _canonical_csr(X):
@@ -118,7 +161,7 @@ def _canonical_csr(X):
         return None                          # sorted rows: first/last entries bound them all
     if data.dtype.kind == "f":
         lo, hi = data.min(), data.max()      # NaN propagates; ±inf or beyond float32 fails
-        if not (np.isfinite(lo) and np.isfinite(hi) and -_F32_LIMIT <= lo and hi <= _F32_LIMIT):
+        if not (np.isfinite(lo) and np.isfinite(hi) and -_F32_MAX <= lo and hi <= _F32_MAX):
             return None
     R = sp.csr_matrix((data.astype(np.float32, copy=False), indices.astype(np.int32, copy=False),
                        indptr), shape=X.shape, copy=False)
@@ -136,6 +179,17 @@ def _finish(C, allow_empty, what):
         k = int(np.argmax(bad))
         raise ValueError(f"{what} has {int(bad.sum())} NaN/inf rating(s) (first at user {int(C.row[k])}, "
                          f"item {int(C.col[k])})")
+    if data.size:
+        big = np.abs(data) > _F32_MAX
+        if big.any():
+            from ..errors import RatingRangeError
+            k = int(np.argmax(big))
+            raise RatingRangeError(
+                f"{what} has {int(big.sum())} rating(s) beyond the float32 range (±{_F32_MAX:.3g}; "
+                f"first {float(data[k]):.3g} at user {int(C.row[k])}, item {int(C.col[k])}), "
+                "which become inf in the kernels' float32 arithmetic; ratings up to about "
+                f"{overflow_limit(64, 1000):.0e} work (the bound shrinks with factors and ratings "
+                "per user/item): scale the ratings down")
     if C.nnz:
         keys = C.row.astype(np.int64) * C.shape[1] + C.col.astype(np.int64)
         order = np.argsort(keys, kind="stable")
@@ -202,3 +256,32 @@ def check_params(est):
         raise ValueError("weighted_regularization must be True, False or None")
     if est.solver not in ("auto", "cholesky", "cg", "fusedcg"):
         raise ValueError(f"unknown solver {est.solver!r}; choose 'auto', 'cholesky', 'cg' or 'fusedcg'")
+    _check_variant(est.variant)
+
+
+def _check_variant(variant):
+    """A variant parameter: "auto", a variant string or KernelConfig, or a pair of those; strings
+    are parsed (and their fields checked) here, before any device work."""
+    from ..engine.config import KernelConfig
+    pair = variant if isinstance(variant, (tuple, list)) else (variant,)
+    if isinstance(variant, (tuple, list)) and len(variant) != 2:
+        raise ValueError("variant as a pair must be (users_variant, items_variant)")
+    for v in pair:
+        if isinstance(v, str) and v == "auto":
+            continue
+        KernelConfig.parse(v)          # raises InvalidConfigError / TypeError naming the problem
+
+
+def check_float32_range(values, what):
+    """Refuse finite values that the float32 cast turns into inf (naming the range)."""
+    if values.dtype.kind != "f" or values.dtype.itemsize <= 4 or not values.size:
+        return
+    with np.errstate(invalid="ignore"):
+        big = np.isfinite(values) & (np.abs(values) > np.finfo(np.float32).max)
+    if big.any():
+        from ..errors import RatingRangeError
+        first = int(np.flatnonzero(big)[0])
+        raise RatingRangeError(
+            f"{int(big.sum())} {what} value(s) beyond the float32 range (±3.4e38; first at "
+            f"position {first}: {float(values[first]):.3g}) would become non-finite (inf) in "
+            "float32; scale them down (ALS fits need far smaller magnitudes: see clmf.ALS.fit)")

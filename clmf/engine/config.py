@@ -37,6 +37,23 @@ STORAGES = ("float32", "float16")
 _NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?(\+gemm)?(\+syrk)?$")
 _INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "cg_steps",
                "batch_rows")
+_BOOL_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "triangle")
+# hard bounds of every integer field, checked whenever a configuration is made (the bounds that
+# depend on f and the device, e.g. cg_steps ≤ f or the work-group limits, are checked by
+# clmf.kernels.validate where both are known)
+MAX_CG_STEPS = 4096
+INT_RANGES = {"vec": (0, 16), "tx": (1, 1 << 14), "ty": (1, 1 << 14), "tz": (1, 1 << 14),
+              "bx": (0, 1 << 16), "by": (0, 1 << 16), "ks": (1, 1 << 10),
+              "nnz_batch": (1, 1 << 20), "solve_wg": (0, 1 << 14),
+              "cg_steps": (1, MAX_CG_STEPS), "batch_rows": (0, (1 << 31) - 1)}
+_DIGITS = re.compile(r"^[0-9]{1,12}$")      # ASCII digits only (int() takes "1_0", "１", " +3")
+_TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
+
+
+def _show(v):
+    """A bounded, printable rendering of an untrusted value for an error message."""
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
 
 
 def _pow2(x):
@@ -92,20 +109,34 @@ class KernelConfig:
     batch_rows: int = 0
 
     def __post_init__(self):
-        if self.vec not in (0, 4, 8, 16):
-            raise InvalidConfigError(f"vector width must be 0, 4, 8 or 16, not {self.vec}", "vec")
+        # a configuration may come from an untrusted tuning record or a --variant string: every
+        # field has its exact type (bools are bools, integers are ints, not floats or strings),
+        # integers lie in bounded ranges and enumerations are checked, so nothing but these
+        # whitelisted values ever reaches a kernel template or its comment
+        for k in _BOOL_FIELDS:
+            v = getattr(self, k)
+            if type(v) is not bool:
+                raise InvalidConfigError(f"{k} must be true or false, not {_show(v)}", k)
+        for k in ("solver", "storage"):
+            v = getattr(self, k)
+            if type(v) is not str:
+                raise InvalidConfigError(f"{k} must be a string, not {_show(v)}", k)
+        if type(self.vec) is not int or self.vec not in (0, 4, 8, 16):
+            raise InvalidConfigError(f"vector width must be 0, 4, 8 or 16, not {_show(self.vec)}",
+                                     "vec")
         if self.solver not in SOLVERS:
-            raise InvalidConfigError(f"unknown solver {self.solver!r}; choose from {SOLVERS}", "solver")
+            raise InvalidConfigError(f"unknown solver {_show(self.solver)}; choose from {SOLVERS}",
+                                     "solver")
         if self.storage not in STORAGES:
-            raise InvalidConfigError(f"unknown storage {self.storage!r}; choose from {STORAGES}",
-                                     "storage")
+            raise InvalidConfigError(f"unknown storage {_show(self.storage)}; choose from "
+                                     f"{STORAGES}", "storage")
         for k in _INT_FIELDS:
             v = getattr(self, k)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise InvalidConfigError(f"{k} must be a non-negative integer, not {v!r}", k)
-        for k in ("tx", "ty", "tz", "ks", "nnz_batch"):
-            if getattr(self, k) < 1:
-                raise InvalidConfigError(f"{k} must be ≥ 1", k)
+            lo, hi = INT_RANGES[k]
+            if type(v) is not int:
+                raise InvalidConfigError(f"{k} must be an integer, not {_show(v)}", k)
+            if not lo <= v <= hi:
+                raise InvalidConfigError(f"{k} must be in [{lo}, {hi}], not {v}", k)
         if self.cg_steps < 1:
             raise InvalidConfigError("cg_steps must be ≥ 1", "cg_steps")
         if self.gemm and (self.reg or self.local or self.tile):
@@ -174,27 +205,37 @@ class KernelConfig:
                 if k in ("solver", "storage"):
                     kw[k] = v
                 elif k == "triangle":
-                    kw[k] = v.lower() in ("1", "true", "yes")
+                    if v.lower() not in _TRUE + _FALSE:
+                        raise InvalidConfigError(f"parameter triangle must be 0/1/true/false, "
+                                                 f"not {_show(v)}", k)
+                    kw[k] = v.lower() in _TRUE
                 else:
-                    try:
-                        kw[k] = int(v)
-                    except ValueError:
-                        raise InvalidConfigError(f"parameter {k} must be an integer, not {v!r}", k) from None
+                    if not _DIGITS.match(v):
+                        raise InvalidConfigError(f"parameter {k} must be a non-negative integer "
+                                                 f"of at most 12 ASCII digits, not {_show(v)}", k)
+                    kw[k] = int(v)
         kw.update(overrides)
         return cls(**kw)
 
     def replace(self, **kw):
+        """A copy with the fields ``kw`` changed (checked like a new configuration)."""
         return dataclasses.replace(self, **kw)
 
     def to_dict(self):
+        """The fields as a plain dict (JSON-serialisable)."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d):
+        """The configuration of a ``to_dict()`` mapping (e.g. a tuning record's ``config``),
+        checked field by field like any other (raises :class:`InvalidConfigError`)."""
+        if not isinstance(d, dict):
+            raise InvalidConfigError(f"a configuration is a JSON object, not {_show(d)}", "schema")
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - names
+        unknown = [k for k in d if k not in names]
         if unknown:
-            raise InvalidConfigError(f"unknown configuration fields {sorted(unknown)}", "schema")
+            raise InvalidConfigError(f"unknown configuration fields "
+                                     f"{_show(sorted(map(str, unknown)))}", "schema")
         return cls(**d)
 
     def __str__(self):
@@ -204,6 +245,7 @@ class KernelConfig:
         return self.name + (":" + ",".join(diff) if diff else "")
 
     def key(self):
+        """A canonical JSON string of the fields (a dictionary key)."""
         return json.dumps(self.to_dict(), sort_keys=True)
 
     # ----- geometry -------------------------------------------------------------------------

@@ -13,15 +13,15 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from ..errors import DeviceMemoryError, InvalidConfigError, SingularSystemError
+from ..errors import InvalidConfigError, SingularSystemError
 from . import kernels as K
 from .device import device_info, get_context
-from .memory import choose_batch_rows, memory_estimate
+from .memory import choose_batch_rows, plan_fit
 from .transpose import device_transpose
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Engine", "SideData", "memory_estimate", "choose_batch_rows"]
+__all__ = ["Engine", "SideData", "choose_batch_rows", "plan_fit"]
 
 
 @dataclasses.dataclass
@@ -148,6 +148,18 @@ class Engine:
         self.ldf = configs[0].ldf(width)
         self.storage = configs[0].storage
         self.np_store = np.float16 if self.storage == "float16" else np.float32
+        self.shape = R.shape
+        m, n = R.shape
+        rows = {"users": m, "items": n}
+        self.batch_rows = {s: choose_batch_rows(self.configs[s], self.fs, rows[s], self.info)
+                           for s in ("users", "items")}
+        # every device buffer planned from the shapes, and checked, before any is created (and
+        # before the users' CSR is prepared on the host and transposed on the device)
+        plan = plan_fit(m, n, R.nnz, f, (configs[0], configs[1]), self.info,
+                        implicit=self.implicit, biased=self.biased, batch_rows=self.batch_rows)
+        plan.check_device(self.info)
+        self.memory = plan.device_dict()
+        est = self.memory
         users = SideData.from_csr(R)
         if item_counts is None:
             item_counts = np.bincount(users.indices, minlength=R.shape[1])
@@ -155,21 +167,6 @@ class Engine:
         np.cumsum(item_counts, out=col_ptr[1:])
         # the items' CSR (the ratings' CSC) is built on the device from the users' (below)
         self.side = {"users": users, "items": SideData(col_ptr, None, None)}
-        self.shape = R.shape
-        self.batch_rows = {s: choose_batch_rows(self.configs[s], self.fs, self.side[s].rows, self.info)
-                           for s in ("users", "items")}
-        est = memory_estimate(self.side["users"], self.side["items"], self.fs,
-                              (configs[0], configs[1]), self.batch_rows)
-        self.memory = est
-        if est["total"] > 0.9 * self.info.global_mem:
-            raise DeviceMemoryError(
-                f"the fit needs about {est['total'] / 2**30:.2f} GiB of device memory, "
-                f"{self.info.name} has {self.info.global_mem / 2**30:.2f} GiB; reduce factors or "
-                "use a device with more memory")
-        for k, v in est.items():
-            if k != "total" and v > self.info.max_alloc:
-                raise DeviceMemoryError(f"buffer {k} needs {v / 2**20:.0f} MiB, more than the device's "
-                                        f"largest allocation ({self.info.max_alloc / 2**20:.0f} MiB)")
         fs = self.fs
         t0 = time.perf_counter()
         self.programs = {}

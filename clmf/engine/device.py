@@ -17,7 +17,8 @@ from ..errors import NoOpenCLError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DeviceInfo", "devices", "select_device", "get_context", "device_info", "device_key"]
+__all__ = ["DeviceInfo", "devices", "select_device", "pick_device", "get_context", "device_info",
+           "device_key"]
 
 INSTALL_HINT = (
     "No OpenCL platform found. Install an OpenCL runtime, e.g. on Debian/Ubuntu "
@@ -139,6 +140,7 @@ def select_device(spec="auto"):
     Parameters
     ----------
     spec : "auto" | "cpu" | "gpu" | "P:D" | name substring | pyopencl.Device
+        A name substring matches platform names before device names (see :func:`pick_device`).
 
     Raises
     ------
@@ -166,21 +168,40 @@ def select_device(spec="auto"):
             if ":" not in spec and spec.isdigit():
                 spec = spec + ":0"
     found = _all_devices()
+    entries = [(i, p.name.strip(), d.name.strip(), _type_name(d)) for i, p, d in found]
+    return found[pick_device(spec, entries, origin)][2]
+
+
+def pick_device(spec, entries, origin="device="):
+    """The position in ``entries`` — ``(index "P:D", platform name, device name, type)`` per
+    device, in platform order — of the device a string ``spec`` selects (the grammar of
+    :func:`select_device`; no OpenCL calls, so it is testable on any host's device list).
+
+    A name substring matches platform names first: on an Intel host PoCL's device name contains
+    the CPU's ("pthread-skylake-avx512-Intel(R) Xeon(R) ..."), so ``"Intel"`` must select Intel's
+    platform, not PoCL. Only when no platform name contains it are device names searched, then
+    ``"platform | device"`` as a whole. Within a tier the first device in platform order wins.
+    Raises :class:`NoOpenCLError` when nothing matches.
+    """
     s = spec.strip()
     low = s.lower()
     if low == "auto":
-        return sorted(found, key=lambda t: (_TYPE_ORDER[_type_name(t[2])], t[0]))[0][2]
+        return min(range(len(entries)), key=lambda k: (_TYPE_ORDER.get(entries[k][3], 3),
+                                                       entries[k][0]))
     if low in ("cpu", "gpu", "accelerator"):
-        match = [t for t in found if _type_name(t[2]) == low.upper()]
+        tiers = [[k for k, e in enumerate(entries) if e[3] == low.upper()]]
     elif re.fullmatch(r"\d+(:\d+)?", s):
         key = s if ":" in s else s + ":0"
-        match = [t for t in found if t[0] == key]
+        tiers = [[k for k, e in enumerate(entries) if e[0] == key]]
     else:
-        match = [t for t in found if low in f"{t[1].name} | {t[2].name}".lower()]
-    if not match:
-        avail = "; ".join(f"[{i}] {p.name.strip()} | {d.name.strip()}" for i, p, d in found)
-        raise NoOpenCLError(f"no OpenCL device matches {origin}{spec!r}; available: {avail}")
-    return match[0][2]
+        tiers = [[k for k, e in enumerate(entries) if low in e[1].lower()],
+                 [k for k, e in enumerate(entries) if low in e[2].lower()],
+                 [k for k, e in enumerate(entries) if low in f"{e[1]} | {e[2]}".lower()]]
+    for match in tiers:
+        if match:
+            return match[0]
+    avail = "; ".join(f"[{i}] {p} | {d}" for i, p, d, _t in entries)
+    raise NoOpenCLError(f"no OpenCL device matches {origin}{spec!r}; available: {avail}")
 
 
 def get_context(device):

@@ -11,6 +11,7 @@ import functools
 import hashlib
 import importlib.resources
 import logging
+import re
 import threading
 
 import jinja2
@@ -24,6 +25,8 @@ __all__ = ["render", "render_als", "render_metrics", "build", "Program", "valida
            "template_hash", "als_program", "metrics_program"]
 
 BUILD_OPTIONS = ("-cl-mad-enable",)
+# cg_steps ≤ f, except that the default 3 steps stay allowed at f < 3 (what an untuned CG fit runs)
+CG_STEPS_FLOOR = KernelConfig.cg_steps
 
 
 @functools.lru_cache(maxsize=1)
@@ -60,9 +63,39 @@ def template_hash():
     return h.hexdigest()[:16]
 
 
+# the only characters a string rendered into a kernel source (a comment or a #define) may hold:
+# configuration names and values (``batch+reg:tx=4,solver=cg``), never comment delimiters,
+# preprocessor directives, quotes or line breaks
+_SAFE_TEXT = re.compile(r"^[A-Za-z0-9_+:=,.\- ]{0,200}$")
+
+
+def _check_variable(name, value):
+    """Refuse a template variable that is not a whitelisted value (bool, int, float, safe text,
+    or a list/tuple/dict of those)."""
+    if isinstance(value, (bool, int, float)) or value is None:
+        return
+    if isinstance(value, str):
+        if not _SAFE_TEXT.match(value):
+            raise InvalidConfigError(f"template variable {name} holds characters that may not be "
+                                     f"rendered into a kernel source: {value[:60]!r}", "schema")
+        return
+    if isinstance(value, (list, tuple)):
+        for x in value:
+            _check_variable(name, x)
+        return
+    if isinstance(value, dict):
+        for x in value.values():
+            _check_variable(name, x)
+        return
+    raise InvalidConfigError(f"template variable {name} has type {type(value).__name__}", "schema")
+
+
 def render(template, **variables):
-    """Render one template with ``variables`` (every variable it names must be given)."""
+    """Render one template with ``variables`` (every variable it names must be given, and each
+    must be a whitelisted value: see :func:`_check_variable`)."""
     variables.setdefault("template_hash", template_hash())
+    for k, v in variables.items():
+        _check_variable(k, v)
     return _env().get_template(template).render(**variables)
 
 
@@ -132,6 +165,15 @@ def validate(config: KernelConfig, f: int, device_info):
     """Check a configuration against a device *before* building; raise InvalidConfigError with a
     typed ``reason`` ("work_group_size", "work_item_sizes", "local_memory", "opencl_version",
     "geometry")."""
+    if f * (f + 2) >= 2 ** 31:
+        # the templates index a system's f × f entries (and the rows f + 2 wide) with 32-bit ints
+        raise InvalidConfigError(f"f={f}: f² reaches 2^31, beyond the kernels' 32-bit indexing "
+                                 "within one system", "geometry")
+    if config.solver != "cholesky" and config.cg_steps > max(f, CG_STEPS_FLOOR):
+        # CG on f unknowns is exact after f steps (the kernels stop a converged system): more
+        # steps only cost time, and an untrusted record's huge count would hang the fit
+        raise InvalidConfigError(f"cg_steps={config.cg_steps} exceeds f={f} (CG solves f unknowns "
+                                 f"in at most f steps)", "cg_steps")
     wg = config.s1_local_size(f)
     maxwg = device_info.max_work_group_size
     if wg > maxwg:

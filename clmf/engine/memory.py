@@ -1,30 +1,181 @@
-"""The device memory plan of a fit: rows per launch within the scratch budget and the bytes
-allocated on the device."""
+"""The memory plan of a fit: bytes per buffer, host and device, from shapes alone.
+
+A fit asks for its plan before it allocates anything large — the start factors, the CSR copies of
+both sides, any device buffer — and refuses with a typed error naming the bytes needed when the
+plan does not fit (:class:`clmf.errors.DeviceMemoryError`, :class:`clmf.errors.HostMemoryError`).
+The plan is a pure function of the problem's shape (rows, columns, ratings, f), the kernel
+configurations and the device's limits, so callers (the engine, a multi-device or out-of-core
+partitioner) can ask "does this fit?" for any piece of the problem without touching data.
+
+Every buffer the engine creates is counted: per side the CSR (``indptr`` int64, ``indices``
+int32, ``data`` float32), the factor matrix (``rows × ldf`` at the storage's item size), the
+batch scratch ``A`` (``batch × f²``) and ``B`` (``batch × f``), the ``G`` buffer (``f²``, the
+implicit Gram; allocated on every fit), the implicit Gram's virtual-row CSR, the status word, and
+the device metrics' triples (train and validation).
+"""
 from __future__ import annotations
 
-__all__ = ["memory_estimate", "choose_batch_rows"]
+import dataclasses
+import logging
+import os
 
-_SCRATCH_BUDGET = 512 << 20     # default cap on per-side hermitian scratch
-_MAX_BATCH_ROWS = 1 << 16
+from ..errors import DeviceMemoryError, HostMemoryError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MemoryPlan", "plan_fit", "choose_batch_rows", "available_host_memory",
+           "DEVICE_FRACTION", "HOST_FRACTION", "SCRATCH_BUDGET", "MAX_BATCH_ROWS"]
+
+SCRATCH_BUDGET = 512 << 20      # default cap on per-side hermitian scratch
+MAX_BATCH_ROWS = 1 << 16
+DEVICE_FRACTION = 0.9           # of the device's global memory a fit may plan to use
+HOST_FRACTION = 0.9             # of the host's available memory
+
+
+def _gib(b):
+    return f"{b / 2**30:.2f} GiB"
+
+
+@dataclasses.dataclass
+class MemoryPlan:
+    """Bytes per buffer of one fit: ``device`` and ``host`` map a buffer's name to its bytes."""
+    device: dict
+    host: dict
+
+    @property
+    def device_total(self):
+        """Bytes of all device buffers."""
+        return int(sum(self.device.values()))
+
+    @property
+    def host_total(self):
+        """Bytes of the host arrays the fit allocates at its peak."""
+        return int(sum(self.host.values()))
+
+    def device_dict(self):
+        """The device buffers with a ``total`` (the form of ``ALS.memory_``)."""
+        d = {k: int(v) for k, v in self.device.items()}
+        d["total"] = self.device_total
+        return d
+
+    def _largest(self, where, n=3):
+        items = sorted(where.items(), key=lambda kv: -kv[1])[:n]
+        return ", ".join(f"{k} {_gib(v)}" for k, v in items)
+
+    def check_device(self, info, fraction=DEVICE_FRACTION):
+        """Raise :class:`DeviceMemoryError` naming the bytes needed when the device buffers do
+        not fit ``info`` (a :class:`clmf.device.DeviceInfo`): the total against ``fraction`` of
+        its global memory, each buffer against its largest allocation."""
+        total = self.device_total
+        if total > fraction * info.global_mem:
+            raise DeviceMemoryError(
+                f"the fit needs {total} bytes ({_gib(total)}) of device memory, {info.name} has "
+                f"{_gib(info.global_mem)} (largest buffers: {self._largest(self.device)}); "
+                "reduce factors or use a device with more memory", needed=total,
+                available=int(info.global_mem))
+        for k, v in self.device.items():
+            if v > info.max_alloc:
+                raise DeviceMemoryError(
+                    f"buffer {k} needs {int(v)} bytes ({v / 2**20:.0f} MiB), more than the "
+                    f"device's largest allocation ({info.max_alloc / 2**20:.0f} MiB)",
+                    needed=int(v), available=int(info.max_alloc))
+        return self
+
+    def check_host(self, available=None, fraction=HOST_FRACTION):
+        """Raise :class:`HostMemoryError` naming the bytes needed when the host arrays exceed
+        ``fraction`` of ``available`` bytes (default: :func:`available_host_memory`; no check
+        when that is unknown)."""
+        if available is None:
+            available = available_host_memory()
+        total = self.host_total
+        if available is not None and total > fraction * available:
+            raise HostMemoryError(
+                f"the fit needs {total} bytes ({_gib(total)}) of host memory, {_gib(available)} "
+                f"are available (largest arrays: {self._largest(self.host)}); reduce factors or "
+                "the number of users/items", needed=total, available=int(available))
+        return self
+
+
+def available_host_memory():
+    """Bytes of host memory available to a new allocation (Linux ``MemAvailable``, else the
+    physical memory), or None when unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def choose_batch_rows(config, f, rows, info, budget=None):
     """Rows per launch: the config's ``batch_rows`` or what fits the scratch budget, ≥ 1."""
     per_row = 4 * (f * f + f)
-    cap = min(info.max_alloc, budget or _SCRATCH_BUDGET, max(per_row, info.global_mem // 8))
+    cap = min(info.max_alloc, budget or SCRATCH_BUDGET, max(per_row, info.global_mem // 8))
     fit = max(1, cap // per_row)
-    want = config.batch_rows or _MAX_BATCH_ROWS
+    want = config.batch_rows or MAX_BATCH_ROWS
     return int(max(1, min(want, fit, rows)))
 
 
-def memory_estimate(users, items, f, configs, batch_rows):
-    """Bytes clmf allocates on the device for a fit (dict with a 'total')."""
-    est = {}
-    est["csr"] = users.nbytes() + items.nbytes()
-    for side, cfg, rows in (("users", configs[0], users.rows), ("items", configs[1], items.rows)):
-        itemsize = 2 if cfg.storage == "float16" else 4
-        est[f"factors_{side}"] = rows * cfg.ldf(f) * itemsize
-        est[f"scratch_{side}"] = batch_rows[side] * 4 * (f * f + f)
-    est["status"] = 16
-    est["total"] = sum(est.values())
-    return est
+def plan_fit(m, n, nnz, f, configs, info, *, implicit=False, biased=False, batch_rows=None,
+             validation_nnz=0, train_metrics=True, early_stopping=False):
+    """The :class:`MemoryPlan` of an ALS fit of an ``m × n`` matrix with ``nnz`` ratings.
+
+    Parameters
+    ----------
+    m, n, nnz : rows (users), columns (items) and stored ratings
+    f : factors (the model's f; the kernels solve f + 1 unknowns with ``biased``)
+    configs : (users_config, items_config) :class:`clmf.config.KernelConfig` pair
+    info : :class:`clmf.device.DeviceInfo` (its limits size the batches)
+    implicit, biased : the fit's mode
+    batch_rows : {"users": b, "items": b} or None (chosen as the engine does)
+    validation_nnz : held-out ratings scored on the device each iteration
+    train_metrics : whether the training RMSE is computed on the device (its triples uploaded)
+    early_stopping : whether the best iteration's factors are kept on the host
+    """
+    m, n, nnz, f = int(m), int(n), int(nnz), int(f)
+    fs = f + 1 if biased else f                   # unknowns per system
+    width = f + 2 if biased else f                # [factors | 1 | bias] with biases
+    rows = {"users": m, "items": n}
+    if batch_rows is None:
+        batch_rows = {s: choose_batch_rows(c, fs, rows[s], info)
+                      for s, c in zip(("users", "items"), configs)}
+    dev = {}
+    csr = 0
+    for side, cfg in zip(("users", "items"), configs):
+        r, other = rows[side], rows["items" if side == "users" else "users"]
+        csr += 8 * (r + 1) + 4 * max(nnz, 1) + 4 * max(nnz, 1)
+        item = 2 if cfg.storage == "float16" else 4
+        dev[f"factors_{side}"] = max(1, r) * cfg.ldf(width) * item
+        b = batch_rows[side]
+        dev[f"scratch_{side}"] = 4 * fs * fs * b + 4 * fs * b          # A and B
+        dev[f"gram_{side}"] = 4 * fs * fs                              # G
+        if implicit:
+            k = int(max(1, min(64, b, other)))
+            dev[f"implicit_{side}"] = 8 * (k + 1) + 8 * other          # virtual rows' CSR
+    dev["csr"] = csr
+    metrics = 0
+    if train_metrics and not implicit:
+        metrics += 12 * nnz + 4 * max(1, -(-nnz // 128))
+    if validation_nnz:
+        metrics += 12 * int(validation_nnz) + 4 * max(1, -(-int(validation_nnz) // 128))
+    if metrics:
+        dev["metrics"] = metrics
+    dev["status"] = 16
+    # host arrays at the fit's peak (beyond the caller's input and its canonical CSR)
+    f4 = 4 * f
+    host = {
+        "start_factors": (m + n) * f4,                                 # X0, Y0 (float32)
+        "side_csr": 2 * (8 * (m + n + 2) + 8 * nnz),                   # both sides' CSR copies
+        "transpose": 8 * (n + 1) + 8 * nnz,                            # the items' CSR
+        "coo": 12 * nnz if train_metrics else 0,                       # training triples
+        "factor_transfer": max(m, n) * max(f, width) * 4 * 2,          # padded copy + result
+        "result_factors": (m + n) * f4,
+    }
+    if early_stopping:
+        host["best_factors"] = (m + n) * (f4 + 4)
+    return MemoryPlan(dev, {k: int(v) for k, v in host.items() if v})

@@ -4,8 +4,9 @@
 attributes (``user_factors_``, ``item_factors_``, ``user_counts_``, ``item_counts_``,
 ``global_mean_``, the id maps ``user_ids_``/``item_ids_``, and ``user_biases_``/``item_biases_``
 when the model has biases) and the hyper-parameters ``regularization`` and
-``weighted_regularization``. Everything runs on the host in NumPy; no
-OpenCL device is needed, so a model loaded with :func:`clmf.load` recommends anywhere.
+``weighted_regularization``. Ranking runs on the model's device (:mod:`.ranking`, :mod:`.topk`)
+when one is there and the work passes the measured host threshold, else (and the fold-in solves
+always) on the host in NumPy: a model loaded with :func:`clmf.load` recommends anywhere.
 
 Conventions (the same as the `implicit <https://benfred.github.io/implicit/>`_ library):
 
@@ -25,13 +26,14 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import reference
-from .conventions import LIKED_SCORE, confidence_rows, ids_dtype
+from .conventions import LIKED_SCORE, confidence_rows, ids_dtype  # noqa: F401
+from .host import _top_n, host_rank  # noqa: F401  (the host ranking, re-exported)
+from .ranking import DeviceRankingMixin
 
 log = logging.getLogger(__name__)
 
 __all__ = ["RecommenderMixin"]
 
-_CHUNK_BYTES = 64 << 20      # bound on a (users × candidates) score block
 
 
 # ----- helpers ---------------------------------------------------------------------------------
@@ -73,16 +75,16 @@ def _as_csr(M, name):
 def _rows_for(ids, M, name, n_cols):
     """The rows of ``M`` for ``ids``: row-aligned if ``M`` has one row per id, else ``M[ids]``."""
     M = _as_csr(M, name)
-    if M.shape[1] > n_cols:
-        raise ValueError(f"{name} has {M.shape[1]} columns but the model knows only {n_cols}")
+    if M.shape[1] != n_cols:     # a matrix of another data set (or of ids mapped differently)
+        raise ValueError(f"{name} has {M.shape[1]} columns but the model has {n_cols} "
+                         f"{'items' if name == 'user_items' else 'users'}: pass a matrix with "
+                         "one column per model id")
     if M.shape[0] != len(ids):
         if ids.size and ids.max() >= M.shape[0]:
             raise ValueError(
                 f"{name} has {M.shape[0]} rows: pass one row per requested id ({len(ids)}) or "
                 f"a matrix indexed by id (more than {int(ids.max())} rows)")
         M = M[ids]
-    if M.shape[1] < n_cols:
-        M = sp.csr_matrix((M.data, M.indices, M.indptr), shape=(M.shape[0], n_cols))
     return M
 
 
@@ -102,40 +104,6 @@ def _candidates(n, items, filter_items, name="items"):
         keep[filt] = False
         cand = np.flatnonzero(keep) if cand is None else cand[keep[cand]]
     return cand
-
-
-def _top_n(S, N):
-    """Best-first positions and scores per row of ``S`` (``-inf`` marks excluded entries).
-
-    Returns ``(pos, scores)`` of shape ``(rows, min(N, columns))``; ties are broken by ascending
-    position; rows with fewer than N finite scores are padded with position -1 and score -inf.
-    """
-    b, C = S.shape
-    k = min(N, C)
-    if k == 0 or b == 0:
-        return np.zeros((b, 0), np.int64), np.zeros((b, 0), S.dtype)
-    if k < C:
-        part = np.argpartition(-S, k - 1, axis=1)[:, :k]
-        top = np.take_along_axis(S, part, 1)
-        thr = top.min(axis=1)
-        # rows where an entry outside the partition ties with the k-th score (or where
-        # excluded entries reach the top k) need an exact, tie-aware order
-        exact = np.flatnonzero(np.count_nonzero(S >= thr[:, None], axis=1) > k)
-    else:
-        part = np.broadcast_to(np.arange(C), (b, C)).copy()
-        top = S.copy()
-        exact = np.zeros(0, np.int64)
-    order = np.lexsort((part, -top), axis=-1)
-    pos = np.take_along_axis(part, order, 1).astype(np.int64)
-    scores = np.take_along_axis(top, order, 1)
-    for r in exact:
-        o = np.argsort(-S[r], kind="stable")[:k]
-        pos[r] = o
-        scores[r] = S[r, o]
-    bad = ~np.isfinite(scores) & (scores < 0)
-    pos[bad] = -1
-    scores[bad] = -np.inf
-    return pos, scores
 
 
 def _normalized(F):
@@ -193,7 +161,7 @@ def _grow(a, n, fill=0):
     return np.concatenate([a, pad])
 
 
-class RecommenderMixin:
+class RecommenderMixin(DeviceRankingMixin):
     """Recommendation methods shared by clmf's models, with implicit's signatures.
 
     All methods work on the host from the learned factors; see the module docstring for the
@@ -343,62 +311,28 @@ class RecommenderMixin:
             # biased MF: score = μ + b_u + b_i + x·y — rank on [x, 1]·[y, b_i], then add μ + b_u
             Xq = np.hstack([np.asarray(Xu, np.float32), np.ones((Xu.shape[0], 1), np.float32)])
             Yq = np.hstack([np.asarray(Y, np.float32), np.asarray(bi, np.float32)[:, None]])
-            pos_out, sc_out = self._rank(Xq, Yq, cand, rows, N, liked_last=items is not None)
+            pos_out, sc_out = self._rank(Xq, Yq, cand, rows, N, liked_last=items is not None,
+                                          kind="items_biased", sources=(Y, bi))
             bu = (bu_new if recalculate_user
                   else np.asarray(self.user_biases_, np.float32)[ids])
             sc_out = sc_out + (np.float32(self.global_mean_) + bu)[:, None]
         else:
-            pos_out, sc_out = self._rank(Xu, Y, cand, rows, N, liked_last=items is not None)
+            pos_out, sc_out = self._rank(Xu, Y, cand, rows, N, liked_last=items is not None,
+                                          kind="items", sources=(Y,))
         pos_out = ids_dtype(pos_out, n_items)
         if scalar:
             keep = pos_out[0] >= 0
             return pos_out[0][keep], sc_out[0][keep]
         return pos_out, sc_out
 
-    def _rank(self, Q, F, cand, rows, N, self_ids=None, liked_last=False):
-        """Rank candidates ``cand`` of ``F`` for the query vectors ``Q`` by ``Q·F[cand]ᵀ``.
-
-        ``rows`` (CSR aligned with ``Q``) marks entries to exclude (``liked_last``: to rank last
-        with :data:`LIKED_SCORE`); ``self_ids`` are forced to the top with score 1 (self-similarity).
-        """
-        n = F.shape[0]
-        Fc = F if cand is None else F[cand]
-        C = Fc.shape[0]
-        if cand is not None:
-            posmap = np.full(n, -1, np.int64)
-            posmap[cand] = np.arange(C)
-        b = Q.shape[0]
-        k = min(N, C)
-        pos_out = np.full((b, k), -1, np.int64)
-        sc_out = np.full((b, k), -np.inf, np.float32)
-        chunk = max(1, _CHUNK_BYTES // max(1, 4 * C))
-        FcT = np.ascontiguousarray(Fc.T, dtype=np.float32)
-        for r0 in range(0, b, chunk):
-            r1 = min(b, r0 + chunk)
-            S = np.asarray(Q[r0:r1], np.float32) @ FcT
-            if rows is not None:
-                sub = rows[r0:r1]
-                rr = np.repeat(np.arange(r1 - r0), np.diff(sub.indptr))
-                cc = sub.indices.astype(np.int64)
-                if cand is not None:
-                    cc = posmap[cc]
-                    rr, cc = rr[cc >= 0], cc[cc >= 0]
-                S[rr, cc] = LIKED_SCORE if liked_last else -np.inf
-            forced = None
-            if self_ids is not None:
-                sid = self_ids[r0:r1]
-                sp_ = sid if cand is None else posmap[sid]
-                forced = np.flatnonzero(sp_ >= 0)
-                forced = (forced, sp_[forced])
-                S[forced] = np.inf
-            pos, sc = _top_n(S, k)
-            if forced is not None:
-                sc[np.isposinf(sc)] = 1.0
-            if cand is not None:
-                pos = np.where(pos >= 0, cand[np.maximum(pos, 0)], -1)
-            pos_out[r0:r1] = pos
-            sc_out[r0:r1] = sc
-        return pos_out, sc_out
+    def _all_inputs(self, N, user_items, filter_already_liked_items, filter_items, items):
+        """(N, candidates, seen rows of every user) of a ``recommend_all`` call, checked."""
+        N = _check_N(N)
+        n_users, n_items = self.user_factors_.shape[0], self.item_factors_.shape[0]
+        rows = None
+        if user_items is not None and filter_already_liked_items:
+            rows = _rows_for(np.arange(n_users), user_items, "user_items", n_items)
+        return N, _candidates(n_items, items, filter_items), rows
 
     # ----- similarity ------------------------------------------------------------------------
     def _similar(self, F, ids, scalar, N, filter_ids, restrict, name, query=None):
@@ -410,7 +344,8 @@ class RecommenderMixin:
         else:
             Q = _normalized(np.asarray(query, np.float32))
             self_ids = None
-        pos, sc = self._rank(Q, Fn, cand, None, N, self_ids=self_ids)
+        pos, sc = self._rank(Q, Fn, cand, None, N, self_ids=self_ids, kind=name + "_cosine",
+                             sources=(F,))
         sc = np.where(np.isfinite(sc), np.clip(sc, -1.0, 1.0), sc).astype(np.float32)
         pos = ids_dtype(pos, F.shape[0])
         if scalar:
@@ -624,6 +559,7 @@ class RecommenderMixin:
             setattr(self, f"{side}_biases_", bias)
         setattr(self, fac_attr, fac)
         setattr(self, cnt_attr, cnt)
+        self._invalidate_inference()
         log.info("folded in %d %s(s) (%d new)", ids.size, side, new - old)
         return self
 

@@ -164,6 +164,7 @@ class ALS(RecommenderMixin):
     def __getstate__(self):
         state = dict(self.__dict__)
         state.pop("_engine", None)      # no OpenCL objects in a pickle; reconnect lazily
+        state.pop("_topk_cache", None)  # the inference uploads, likewise
         dev = state.get("device")
         if isinstance(dev, (list, tuple)):            # pyopencl.Devices → their names
             state["device"] = [d if isinstance(d, (str, type(None))) else
@@ -208,7 +209,7 @@ class ALS(RecommenderMixin):
             out[side] = ch
         return out
 
-    def _build_engine(self, devs, R, stats, item_counts=None):
+    def _build_engine(self, devs, R, stats, global_mean, item_counts=None):
         """The fit's backend (one device's :class:`Engine` or a multi-device one) and the
         configurations per device: a chosen configuration that fails to build, lacks a kernel or
         exceeds a kernel's limits is rejected (one warning, see :mod:`clmf.tuning.fallback`) and
@@ -229,7 +230,7 @@ class ALS(RecommenderMixin):
                                                    for c in per_device],
                                       implicit_alpha=self._kernel_alpha(),
                                       biased=bool(self.biases),
-                                      offset=self.global_mean_ if self.biases else 0.0,
+                                      offset=global_mean if self.biases else 0.0,
                                       max_device_memory=self.max_device_memory,
                                       item_counts=item_counts)
                 return engine, per_device
@@ -281,9 +282,14 @@ class ALS(RecommenderMixin):
         """
         from tqdm.auto import tqdm
 
+        from ..engine.device import device_info
+        from ..engine.memory import plan_fit
         from ..parallel import select_devices
         from ..parallel.devices import device_label
 
+        # all-or-nothing: the new state is built in locals and assigned in one step at the end,
+        # so a fit that fails or is interrupted (KeyboardInterrupt included) leaves a fitted
+        # model exactly as it was
         t_fit, c_fit = time.perf_counter(), time.process_time()
         check_params(self)
         R = check_ratings(X)
@@ -292,7 +298,7 @@ class ALS(RecommenderMixin):
         if implicit and R.nnz and R.data.min() < 0:
             raise ValueError(f"implicit feedback needs non-negative strengths; X has "
                              f"{int((R.data < 0).sum())} negative value(s)")
-        self._id_maps_from(X)
+        user_ids, item_ids = _id_maps_of(X)
         m, n = R.shape
         f = int(self.factors)
         user_counts = np.diff(R.indptr)
@@ -321,29 +327,38 @@ class ALS(RecommenderMixin):
                 raise ValueError(f"init shapes must be {(m, f)} and {(n, f)}, got {X0.shape} and {Y0.shape}")
             if not (np.all(np.isfinite(X0)) and np.all(np.isfinite(Y0))):
                 raise ValueError("init factors contain NaN/inf")
-        else:
+
+        t_prep = time.perf_counter()
+        stats = {"users": _side_stats(user_counts, n), "items": _side_stats(item_counts, m)}
+        devs = select_devices(self.device)
+        info = device_info(devs[0])
+        choices = self._resolve_configs(info, stats)
+        configs = (choices["users"].config, choices["items"].config)
+        want_train = bool(show_progress or callback is not None)
+        # the memory plan, from shapes alone, before any large allocation: the host's here; the
+        # devices' in the backend (one device's engine, or the multi-device/streamed planner,
+        # which streams what does not fit), both before any buffer exists
+        plan = plan_fit(m, n, R.nnz, f, configs, info, implicit=implicit, biased=bool(self.biases),
+                        validation_nnz=0 if V is None else V.nnz,
+                        train_metrics=want_train and not implicit,
+                        early_stopping=early_stopping_rounds is not None)
+        plan.check_host()
+        start = None
+        if init is None:
             # drawn in a thread while the device is set up (the generator releases the GIL):
-            # (m + n)·f numbers are a large part of the set-up at Netflix scale
+            # (m + n)·f numbers are a large part of the set-up at Netflix scale; the host's plan
+            # above covers them
             start_pool = concurrent.futures.ThreadPoolExecutor(1)
             start = start_pool.submit(reference.start_factors, m, n, f, self.random_state)
             start_pool.shutdown(wait=False)
-
-        t_prep = time.perf_counter()
-        devs = select_devices(self.device)
-        stats = {"users": _side_stats(user_counts, n), "items": _side_stats(item_counts, m)}
-        self.global_mean_ = float(np.mean(R.data, dtype=np.float64))
-        engine, per_device = self._build_engine(devs, self._kernel_ratings(R), stats,
+        global_mean = float(np.mean(R.data, dtype=np.float64))
+        engine, per_device = self._build_engine(devs, self._kernel_ratings(R), stats, global_mean,
                                                 item_counts=item_counts)
         choices = per_device[0]
+        configs = (choices["users"].config, choices["items"].config)
         t_engine = time.perf_counter()
-        self.user_counts_ = user_counts
-        self.item_counts_ = item_counts
-        self.config_ = choices
         labels = [device_label(d) for d in devs]
-        self.device_ = labels[0] if len(devs) == 1 else labels
-        self.device_configs_ = [{"device": lab, **c} for lab, c in zip(labels, per_device)]
-        self.history_ = []
-        self.best_iteration_ = self.iterations - 1
+        history = []
         train_rows = []               # row of each rating, for backends without a CSR metric
         if V is not None and (self.biases or implicit):
             v_unknown_se, v_total = 0.0, int(V.nnz)      # biases: the kernel predicts them itself
@@ -351,15 +366,16 @@ class ALS(RecommenderMixin):
             # ratings of users/items with no training ratings are predicted as global_mean_
             # (as predict() does): their error is constant, computed once on the host
             unk = (user_counts[V.row] == 0) | (item_counts[V.col] == 0)
-            v_unknown_se = float(np.sum((self.global_mean_ - V.data[unk].astype(np.float64)) ** 2))
+            v_unknown_se = float(np.sum((global_mean - V.data[unk].astype(np.float64)) ** 2))
             v_total = int(V.nnz)
             V = sp.coo_matrix((V.data[~unk], (V.row[~unk], V.col[~unk])), shape=V.shape)
+        storage = configs[0].storage
         try:
-            if init is None:
+            if start is not None:
                 X0, Y0 = start.result()
             engine.set_factors("users", X0)
             engine.set_factors("items", Y0)
-            want_train = bool(show_progress or callback is not None)
+            del X0, Y0
             best = (np.inf, None, None, -1)
             bar = tqdm(range(self.iterations), desc="ALS", unit="it", disable=not show_progress,
                        leave=False)
@@ -371,7 +387,11 @@ class ALS(RecommenderMixin):
                        **getattr(engine, "setup_times", {})}
             for it in bar:
                 t0 = time.perf_counter()
-                engine.iteration(float(self.regularization), self._weighted)
+                try:
+                    engine.iteration(float(self.regularization), self._weighted)
+                except SingularSystemError as e:
+                    raise _range_error(engine, R, f, storage,
+                                       float(self.regularization)) or e from None
                 engine.finish()
                 secs = time.perf_counter() - t0
                 metrics = {"seconds": secs}
@@ -385,7 +405,7 @@ class ALS(RecommenderMixin):
                     se = engine.squared_error("validation", V.row, V.col, V.data)[0] if V.nnz else 0.0
                     metrics["validation_rmse"] = (float(np.sqrt((se + v_unknown_se) / v_total))
                                                   if v_total else float("nan"))
-                self.history_.append(metrics)
+                history.append(metrics)
                 bar.set_postfix({k: f"{v:.4f}" for k, v in metrics.items()})
                 log.info("iteration %d: %s", it, metrics)
                 if callback is not None:
@@ -403,28 +423,38 @@ class ALS(RecommenderMixin):
             bar.close()
             if best[1] is not None:
                 (Xf, bu), (Yf, bi) = best[1], best[2]
-                self.best_iteration_ = best[3]
+                best_iteration = best[3]
             else:
                 Xf, bu = engine.get_factors("users", True)
                 Yf, bi = engine.get_factors("items", True)
-                self.best_iteration_ = len(self.history_) - 1
-            self.user_factors_, self.item_factors_ = Xf, Yf
-            self.user_biases_ = bu if self.biases else None
-            self.item_biases_ = bi if self.biases else None
-            self.memory_ = dict(engine.memory)
+                best_iteration = len(history) - 1
+            if not (np.isfinite(Xf).all() and np.isfinite(Yf).all()
+                    and np.isfinite(bu).all() and np.isfinite(bi).all()):
+                raise _range_error(engine, R, f, storage,
+                                   float(self.regularization)) or FloatingPointError(
+                    "the fit produced non-finite factors (NaN/inf); the previous state of the "
+                    "model is kept")
+            memory = dict(engine.memory)
             timings["fit"] = time.perf_counter() - t_fit
-            self.timings_ = timings
         finally:
             engine.release()
+        new = {
+            "user_ids_": user_ids, "item_ids_": item_ids, "global_mean_": global_mean,
+            "user_counts_": user_counts, "item_counts_": item_counts, "config_": choices,
+            "device_": labels[0] if len(devs) == 1 else labels, "history_": history,
+            "device_configs_": [{"device": lab, **c} for lab, c in zip(labels, per_device)],
+            "best_iteration_": best_iteration, "user_factors_": Xf, "item_factors_": Yf,
+            "user_biases_": bu if self.biases else None,
+            "item_biases_": bi if self.biases else None, "memory_": memory,
+            "timings_": timings,
+        }
+        self.__dict__.update(new)          # one step: nothing half-assigned
+        self._invalidate_inference()       # the factors uploaded for inference are stale
         return self
 
     def _id_maps_from(self, X):
-        if hasattr(X, "user_ids") and hasattr(X, "item_ids"):
-            self.user_ids_ = np.asarray(X.user_ids)
-            self.item_ids_ = np.asarray(X.item_ids)
-        else:
-            self.user_ids_ = None
-            self.item_ids_ = None
+        """Set the raw-id maps of ``X`` (a Ratings) or None."""
+        self.user_ids_, self.item_ids_ = _id_maps_of(X)
 
     # ----- inference -----------------------------------------------------------------------
     def _check_fitted(self):
@@ -545,6 +575,56 @@ class ALS(RecommenderMixin):
 
 
 register_estimator(ALS)
+
+
+def _id_maps_of(X):
+    """The (user_ids, item_ids) raw-id maps of a Ratings, or (None, None)."""
+    if hasattr(X, "user_ids") and hasattr(X, "item_ids"):
+        return np.asarray(X.user_ids), np.asarray(X.item_ids)
+    return None, None
+
+
+def _range_error(engine, R, f, storage, regularization):
+    """A :class:`RatingRangeError` when a failed or non-finite fit is explained by the ratings'
+    magnitude — float overflow of the normal equations (or of float16 factors), or a
+    regularization below float32 precision — else None (the original error stands)."""
+    from ..data.validation import overflow_limit, precision_limit
+    from ..errors import RatingRangeError
+    counts = max(int(np.diff(R.indptr).max(initial=0)),
+                 int(np.bincount(R.indices, minlength=R.shape[1]).max(initial=0)), 1)
+    rmax = float(np.abs(R.data).max(initial=0.0))
+    big = 0.0
+    try:
+        for M in (engine.get_factors("users"), engine.get_factors("items")):
+            with np.errstate(all="ignore"):
+                a = np.abs(M.astype(np.float64))
+            big = max(big, float(a.max(initial=0.0))) if np.isfinite(a).all() else np.inf
+    except Exception:  # noqa: BLE001 - the diagnosis must not hide the original error
+        pass
+    fmax = float(np.finfo(np.float32).max)
+    limit = overflow_limit(f, counts, storage)
+    scale = 10.0 ** np.ceil(np.log10(max(rmax, 1e-30) / limit)) if rmax > limit else None
+    if rmax > limit or big == np.inf or big * big * counts * max(f, 1) >= 0.01 * fmax:
+        what = "float16 factor storage" if storage == "float16" else "float32"
+        fix = (f"scale the ratings into that range (e.g. divide them by {scale:.0e}, and "
+               "multiply predictions back)" if scale else "scale the ratings down")
+        if storage == "float16":
+            fix += (f", or use storage='float32' (ratings up to about "
+                    f"{overflow_limit(f, counts):.1e})")
+        return RatingRangeError(
+            f"the normal equations overflowed the {what} range (largest |rating| {rmax:.3g}, "
+            f"factors reached {big:.3g}): ratings up to about {limit:.1e} work at factors={f} "
+            f"with up to {counts} ratings per user/item; {fix}")
+    plimit = precision_limit(regularization)
+    if plimit is not None and rmax > plimit:
+        scale = 10.0 ** np.ceil(np.log10(rmax / plimit))
+        return RatingRangeError(
+            f"ratings up to |r| = {rmax:.3g} make the normal equations' entries so large that "
+            f"regularization={regularization} falls below float32 precision (users/items with "
+            f"fewer ratings than factors then have singular systems): ratings up to about "
+            f"{plimit:.1e} work at this regularization; divide the ratings by {scale:.0e} (and "
+            "multiply predictions back), or raise regularization in proportion to the scale")
+    return None
 
 
 def _precision_at_10(X, Y, R, V, k=10):

@@ -29,7 +29,9 @@ import json
 import logging
 import numbers
 import os
+import stat
 import tempfile
+import time
 
 import numpy as np
 
@@ -43,6 +45,12 @@ FORMAT = "clmf.ALS"
 FORMAT_VERSION = 1
 
 _REQUIRED = ("meta", "user_factors", "item_factors", "user_counts", "item_counts", "global_mean")
+_KNOWN = _REQUIRED + ("clmf_format", "format_version", "user_biases", "item_biases", "user_ids",
+                      "item_ids")
+_STALE_SECONDS = 24 * 3600         # a temp file this old is stale even if its pid is reused
+_SMALL = 1 << 12                   # bytes of a scalar member (marker, version, global mean)
+_MAX_META = 64 << 20               # bytes of the JSON meta member
+_MAX_ID_BYTES = 1024               # bytes per raw id (unicode arrays: 4 per character)
 
 
 # ----- saving ----------------------------------------------------------------------------------
@@ -172,6 +180,7 @@ def _arrays_of(model):
         "memory": _jsonable(getattr(model, "memory_", None)),
         "has_id_maps": bool(has_maps),
     }
+    _check_consistent(model, X, Y, uids, iids, has_maps)
     arrays = {
         "clmf_format": np.array(FORMAT),
         "format_version": np.array(FORMAT_VERSION, dtype=np.int64),
@@ -189,6 +198,64 @@ def _arrays_of(model):
         arrays["user_ids"] = _id_array(uids, "user_ids_")
         arrays["item_ids"] = _id_array(iids, "item_ids_")
     return arrays
+
+
+def _check_consistent(model, X, Y, uids, iids, has_maps):
+    """Refuse to save a model whose learned attributes do not agree (nothing is written)."""
+    problems = []
+    if X.ndim != 2 or Y.ndim != 2 or X.shape[1] != Y.shape[1]:
+        problems.append(f"factor shapes {X.shape} and {Y.shape} do not match")
+    else:
+        m, n = X.shape[0], Y.shape[0]
+        for name, a, k in (("user_counts_", model.user_counts_, m),
+                           ("item_counts_", model.item_counts_, n),
+                           ("user_ids_", uids if has_maps else None, m),
+                           ("item_ids_", iids if has_maps else None, n),
+                           ("user_biases_", getattr(model, "user_biases_", None), m),
+                           ("item_biases_", getattr(model, "item_biases_", None), n)):
+            if a is not None and np.shape(a) != (k,):
+                problems.append(f"{name} has shape {np.shape(a)}, the factors have {k} rows")
+    if not (np.isfinite(X).all() and np.isfinite(Y).all()):
+        problems.append("the factors hold NaN/inf")
+    gm = getattr(model, "global_mean_", None)
+    if not isinstance(gm, numbers.Real) or not np.isfinite(gm):
+        problems.append(f"global_mean_ is {gm!r}")
+    if problems:
+        raise ValueError(f"this {type(model).__name__} is not consistent, so it is not saved "
+                         f"(the file is left as it was): {'; '.join(problems)}")
+
+
+def _clean_stale_temps(directory, base):
+    """Remove temporary files of earlier saves of ``base`` whose writer is gone (killed)."""
+    prefix = "." + base + "."
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    now = time.time()
+    for name in names:
+        if not (name.startswith(prefix) and name.endswith(".tmp")):
+            continue
+        full = os.path.join(directory, name)
+        parts = name[len(prefix):-len(".tmp")].split(".")
+        pid = int(parts[0]) if parts and parts[0].isdigit() and parts[0].isascii() else None
+        try:
+            if pid is not None and pid != os.getpid():
+                try:
+                    os.kill(pid, 0)
+                    alive = True
+                except ProcessLookupError:
+                    alive = False
+                except OSError:
+                    alive = True
+            else:
+                alive = pid == os.getpid()
+            if alive and now - os.stat(full).st_mtime < _STALE_SECONDS:
+                continue
+            os.unlink(full)
+            log.info("removed %s, left by an interrupted save", full)
+        except OSError:
+            continue
 
 
 def _current_umask():
@@ -235,14 +302,19 @@ def save(model, path):
         return path
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
-                               dir=directory)
+    base = os.path.basename(path)
+    _clean_stale_temps(directory, base)
+    try:                                  # an existing file keeps its permissions
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mode = 0o666 & ~_current_umask()
+    fd, tmp = tempfile.mkstemp(prefix=f".{base}.{os.getpid()}.", suffix=".tmp", dir=directory)
     try:
+        os.chmod(tmp, mode)               # before any data: a 0600 model is never world-readable
         with os.fdopen(fd, "wb") as fh:
             np.savez_compressed(fh, allow_pickle=False, **arrays)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_current_umask())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -354,25 +426,10 @@ def load(path):
         raise ValueError(f"{path}: not a clmf model file (a single .npy array, not an .npz "
                          "archive)")
     with archive:
-        files = set(archive.files)
         try:
-            marker = str(archive["clmf_format"][()]) if "clmf_format" in files else None
-        except Exception as e:  # noqa: BLE001
-            raise ValueError(f"{path}: corrupted clmf model file ({type(e).__name__}: {e})") \
-                from None
-        if marker != FORMAT:
-            raise ValueError(f"{path}: not a clmf model file (no {FORMAT!r} format marker; "
-                             f"members: {sorted(files)[:8]})")
-        try:
-            version = int(archive["format_version"][()])
-            if version > FORMAT_VERSION:
-                data = None
-            else:
-                missing = [k for k in _REQUIRED if k not in files]
-                if missing:
-                    raise ValueError(f"missing members {missing}")
-                data = {k: archive[k] for k in files}
-                meta = json.loads(str(data["meta"][()]))
+            data, meta, version = _read_members(archive, path)
+        except _NotAModel as e:
+            raise ValueError(str(e)) from None
         except Exception as e:  # noqa: BLE001 - zip CRC/zlib/JSON errors all mean corruption
             raise ValueError(f"{path}: corrupted clmf model file ({type(e).__name__}: {e})") \
                 from None
@@ -380,42 +437,158 @@ def load(path):
         raise ValueError(f"{path}: written in clmf model format {version}, newer than this clmf "
                          f"({__import__('clmf').__version__}) reads (≤ {FORMAT_VERSION}); "
                          "upgrade clmf")
+    try:
+        model = _build_model(data, meta, ALS)
+    except ValueError as e:
+        raise ValueError(f"{path}: corrupted clmf model file ({e})") from None
+    except Exception as e:  # noqa: BLE001 - malformed meta/params of any type
+        raise ValueError(f"{path}: corrupted clmf model file ({type(e).__name__}: {e})") from None
+    log.info("loaded model (%d users × %d items, f=%d, saved by clmf %s) from %s",
+             model.user_factors_.shape[0], model.item_factors_.shape[0],
+             model.user_factors_.shape[1], meta.get("clmf_version"), path)
+    return model
+
+
+class _NotAModel(ValueError):
+    """An archive without the clmf marker."""
+
+
+def _member_header(archive, name):
+    """(shape, dtype, declared bytes) of an .npz member, from its zip entry and .npy header
+    alone (nothing of the data is decompressed)."""
+    zf = archive.zip
+    info = zf.getinfo(name + ".npy")
+    with zf.open(info) as fh:
+        version = np.lib.format.read_magic(fh)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+    return tuple(int(x) for x in shape), np.dtype(dtype), int(info.file_size)
+
+
+def _read_members(archive, path):
+    """(members, meta, version) of an open archive; only the known members are read, each
+    within a size limit derived from the factors' shapes (their headers are read first)."""
+    files = set(archive.files)
+    heads = {}
+    for k in ("clmf_format", "format_version"):
+        if k in files:
+            heads[k] = _member_header(archive, k)
+            if heads[k][2] > _SMALL:
+                raise ValueError(f"member {k} is {heads[k][2]} bytes")
+    marker = str(archive["clmf_format"][()]) if "clmf_format" in files else None
+    if marker != FORMAT:
+        raise _NotAModel(f"{path}: not a clmf model file (no {FORMAT!r} format marker; "
+                         f"members: {sorted(files)[:8]})")
+    version = int(archive["format_version"][()])
+    if version > FORMAT_VERSION:
+        return None, None, version
+    missing = [k for k in _REQUIRED if k not in files]
+    if missing:
+        raise ValueError(f"missing members {missing}")
+    unknown = sorted(files - set(_KNOWN))
+    if unknown:
+        log.warning("%s: ignoring unknown members %s (not read)", path, unknown[:8])
+    for k in _KNOWN:
+        if k in files and k not in heads:
+            heads[k] = _member_header(archive, k)
+    (xs, xd, _), (ys, yd, _) = heads["user_factors"], heads["item_factors"]
+    if len(xs) != 2 or len(ys) != 2 or xs[1] != ys[1]:
+        raise ValueError(f"factor shapes {xs} and {ys} do not match")
+    if xd.kind != "f" or yd.kind != "f":
+        raise ValueError(f"factors of dtype {xd} / {yd}, not floating point")
+    m, n = xs[0], ys[0]
+    limits = {"meta": _MAX_META, "global_mean": _SMALL,
+              "user_factors": m * xs[1] * xd.itemsize, "item_factors": n * ys[1] * yd.itemsize,
+              "user_counts": 8 * m, "item_counts": 8 * n, "user_biases": 8 * m,
+              "item_biases": 8 * n, "user_ids": _MAX_ID_BYTES * m, "item_ids": _MAX_ID_BYTES * n}
+    for k, lim in limits.items():
+        if k in heads and heads[k][2] > lim + _SMALL:
+            raise ValueError(f"member {k} declares {heads[k][2]} bytes, more than its "
+                             f"{lim + _SMALL} for {m} users × {n} items")
+        if k in heads and heads[k][1].hasobject:
+            raise ValueError(f"member {k} holds Python objects")
+    data = {k: archive[k] for k in _KNOWN if k in files}
+    meta = json.loads(str(data["meta"][()]))
+    if not isinstance(meta, dict):
+        raise ValueError("meta is not a JSON object")
+    return data, meta, version
+
+
+def _as_dict(v, what):
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ValueError(f"meta {what} is {type(v).__name__}, not an object")
+    return v
+
+
+def _build_model(data, meta, ALS):
+    """A fitted ALS from checked members and meta (raises ValueError naming the problem)."""
+    from ..data.validation import check_params
     X, Y = data["user_factors"], data["item_factors"]
     uc, ic = data["user_counts"], data["item_counts"]
     problems = []
-    if X.ndim != 2 or Y.ndim != 2 or X.shape[1] != Y.shape[1]:
-        problems.append(f"factor shapes {X.shape} and {Y.shape} do not match")
-    elif uc.shape != (X.shape[0],) or ic.shape != (Y.shape[0],):
+    if uc.shape != (X.shape[0],) or ic.shape != (Y.shape[0],):
         problems.append(f"count shapes {uc.shape}, {ic.shape} do not match the factors")
-    if meta.get("has_id_maps"):
+    elif uc.dtype.kind not in "iu" or ic.dtype.kind not in "iu" or (uc.size and uc.min() < 0) \
+            or (ic.size and ic.min() < 0):
+        problems.append("counts are not non-negative integers")
+    if not (np.isfinite(X).all() and np.isfinite(Y).all()):
+        problems.append("the factors hold NaN/inf")
+    gm = data["global_mean"]
+    if gm.shape != () or gm.dtype.kind not in "fiu" or not np.isfinite(gm):
+        problems.append(f"global_mean is not a finite number (shape {gm.shape}, dtype {gm.dtype})")
+    has_maps = meta.get("has_id_maps", False)
+    if type(has_maps) is not bool:
+        problems.append(f"meta has_id_maps is {has_maps!r}")
+    elif has_maps:
         if "user_ids" not in data or "item_ids" not in data:
             problems.append("id maps announced but missing")
         elif data["user_ids"].shape != (X.shape[0],) or data["item_ids"].shape != (Y.shape[0],):
             problems.append("id map lengths do not match the factors")
+    biases = None
+    if "user_biases" in data and "item_biases" in data:
+        ub, ib = np.asarray(data["user_biases"]), np.asarray(data["item_biases"])
+        if ub.shape != (X.shape[0],) or ib.shape != (Y.shape[0],):
+            problems.append("bias lengths do not match the factors")
+        elif ub.dtype.kind != "f" or ib.dtype.kind != "f" or not (np.isfinite(ub).all()
+                                                                  and np.isfinite(ib).all()):
+            problems.append("biases are not finite floats")
+        else:
+            biases = (ub.astype(np.float32), ib.astype(np.float32))
     if problems:
-        raise ValueError(f"{path}: corrupted clmf model file ({'; '.join(problems)})")
-    model = ALS(**_restore_params(meta.get("params", {}), ALS))
+        raise ValueError("; ".join(problems))
+    model = ALS(**_restore_params(_as_dict(meta.get("params"), "params"), ALS))
+    try:
+        check_params(model)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"saved parameters: {e}") from None
+    history = meta.get("history", [])
+    if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
+        raise ValueError("meta history is not a list of objects")
+    best = meta.get("best_iteration", len(history) - 1)
+    if type(best) is not int:
+        raise ValueError(f"meta best_iteration is {best!r}")
+    device = meta.get("device")
+    if device is not None and not isinstance(device, str) and not (
+            isinstance(device, list) and all(isinstance(d, str) for d in device)):
+        # a list: a fit over several devices (clmf.parallel, clmf.dask)
+        raise ValueError(f"meta device is {type(device).__name__}, not a string or a list of "
+                         "strings")
     model.user_factors_ = np.ascontiguousarray(X, dtype=np.float32)
     model.item_factors_ = np.ascontiguousarray(Y, dtype=np.float32)
     model.user_counts_ = uc.astype(np.int64)
     model.item_counts_ = ic.astype(np.int64)
-    model.global_mean_ = float(data["global_mean"][()])
-    if "user_biases" in data and "item_biases" in data:
-        ub, ib = np.asarray(data["user_biases"]), np.asarray(data["item_biases"])
-        if ub.shape != (X.shape[0],) or ib.shape != (Y.shape[0],):
-            raise ValueError(f"{path}: corrupted clmf model file (bias lengths do not match the factors)")
-        model.user_biases_, model.item_biases_ = ub.astype(np.float32), ib.astype(np.float32)
-    else:
-        model.user_biases_ = model.item_biases_ = None
-    model.user_ids_ = data["user_ids"] if meta.get("has_id_maps") else None
-    model.item_ids_ = data["item_ids"] if meta.get("has_id_maps") else None
-    model.config_ = _restore_config(meta.get("config", {}))
-    model.history_ = list(meta.get("history", []))
-    model.device_ = meta.get("device")
-    model.best_iteration_ = int(meta.get("best_iteration", len(model.history_) - 1))
+    model.global_mean_ = float(gm[()])
+    model.user_biases_, model.item_biases_ = biases if biases is not None else (None, None)
+    model.user_ids_ = data["user_ids"] if has_maps else None
+    model.item_ids_ = data["item_ids"] if has_maps else None
+    model.config_ = _restore_config(_as_dict(meta.get("config"), "config"))
+    model.history_ = list(history)
+    model.device_ = device
+    model.best_iteration_ = best
     if meta.get("memory") is not None:
         model.memory_ = meta["memory"]
-    saved_version = meta.get("clmf_version")
-    log.info("loaded model (%d users × %d items, f=%d, saved by clmf %s) from %s",
-             X.shape[0], Y.shape[0], X.shape[1], saved_version, path)
     return model

@@ -30,24 +30,25 @@ def common_ldf(configs, width):
     return max(c.ldf(width) for pair in configs for c in pair)
 
 
-def _single_fits(device, R, fs, configs, max_device_memory):
-    """Whether the single-device engine's own estimate (``fs`` unknowns per system) fits the
-    budget, so that it runs unchanged."""
-    import scipy.sparse as sp
-
-    from ..engine import SideData, choose_batch_rows, memory_estimate
+def _single_fits(device, R, f, configs, max_device_memory, biased=False, implicit=False):
+    """Whether the single-device engine's own memory plan fits the budget (and the engine's own
+    check), so that it runs unchanged."""
     from ..engine.device import device_info
+    from ..engine.memory import plan_fit as engine_plan
+    from ..errors import DeviceMemoryError
     from .memory import device_budget
     info = device_info(device)
     budget, alloc = device_budget(info.global_mem, info.max_alloc, max_device_memory)
-    R = sp.csr_matrix(R)
-    users = SideData(R.indptr, R.indices, R.data)
-    items = SideData(np.zeros(R.shape[1] + 1, np.int64), R.indices, R.data)   # same sizes
-    br = {s: choose_batch_rows(c, fs, d.rows, info) for s, c, d in
-          (("users", configs[0], users), ("items", configs[1], items))}
-    est = memory_estimate(users, items, fs, configs, br)
-    big = max(v for k, v in est.items() if k != "total")
-    return est["total"] <= budget and big <= alloc and R.nnz * 4 <= alloc
+    m, n = R.shape
+    plan = engine_plan(m, n, R.nnz, f, configs, info, implicit=implicit, biased=biased)
+    # (the same plan as the engine's own, metrics buffers included: the engine runs only where
+    # its whole plan fits the budget)
+    try:
+        plan.check_device(info)
+    except DeviceMemoryError:
+        return False
+    big = max(plan.device.values())
+    return plan.device_total <= budget and big <= alloc and R.nnz * 4 <= alloc
 
 
 def make_backend(devices, R, f, configs, *, implicit_alpha=None, biased=False, offset=0.0,
@@ -70,8 +71,8 @@ def make_backend(devices, R, f, configs, *, implicit_alpha=None, biased=False, o
     if len(devices) != len(configs):
         raise ValueError("one configuration pair per device")
     if (len(devices) == 1 and not isinstance(R, Layout) and not force_stream and modes is None
-            and _single_fits(devices[0], R, f + (1 if biased else 0), configs[0],
-                             max_device_memory)):
+            and _single_fits(devices[0], R, f, configs[0], max_device_memory, biased=biased,
+                             implicit=implicit_alpha is not None)):
         return Engine(devices[0], R, f, configs[0], profile=profile,
                       implicit_alpha=implicit_alpha, biased=biased, offset=offset,
                       item_counts=item_counts)
@@ -360,8 +361,12 @@ class MultiEngine:
         ratings = np.asarray(ratings)
 
         def part(d):
+            w = self.workers[d]
+            hit = w.cached_squared_error(key, int(cuts[d + 1] - cuts[d]), offset)
+            if hit is not None:      # the triples are still on the device
+                return hit
             sel = order[cuts[d]:cuts[d + 1]]
-            return self.workers[d].squared_error(users[sel], items[sel], ratings[sel], offset)
+            return w.squared_error(users[sel], items[sel], ratings[sel], offset, key=key)
 
         total = sum(self.pool.map(part, range(len(self.workers))))
         return float(total), int(len(ratings))

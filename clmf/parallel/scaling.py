@@ -51,7 +51,7 @@ def timed_fit(devices, data, f, iterations=5, budget_s=120.0, single=None,
     import scipy.sparse as sp
 
     from .. import reference
-    from ..engine import Engine
+    from ..engine.core import Engine
     from .backend import MultiEngine, make_backend
     say = say or (lambda msg: log.info("%s", msg))
     layout = data if isinstance(data, Layout) else Layout.from_csr(data)

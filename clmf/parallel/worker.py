@@ -138,6 +138,7 @@ class DeviceWorker:
         self.times = {"compute": 0.0, "exchange": 0.0}
         self.pinned = (self.info.type == "GPU") if pinned is None else bool(pinned)
         self._staging = []          # (buffer, mapped arrays) to unmap at release
+        self._metric_bufs = {}      # key -> (n, buffers) of triples kept on the device
         self._fill_pool = None
         self._build()
 
@@ -508,44 +509,72 @@ class DeviceWorker:
                 return
 
     # ----- metrics -------------------------------------------------------------------------
-    def squared_error(self, users, items, ratings, offset, chunk=1 << 22):
-        """Sum of squared errors on triples (global row numbers; rows must be held here),
-        uploaded through a bounded buffer."""
+    def squared_error(self, users, items, ratings, offset, key=None, chunk=1 << 22):
+        """Sum of squared errors on triples (global row numbers; rows must be held here).
+        With a ``key`` the triples stay on the device for the next call when they fit in what
+        the memory plan left free; otherwise they pass through a bounded buffer."""
         cl = self.cl
-        mf = cl.mem_flags
-        prog = K.metrics_program(self.ctx, self.fs, self.storage, self.ldf, biased=self.biased)
-        wg = 128
         q = self.q["compute"]
         n = len(ratings)
         if n == 0:
             return 0.0
         ulo, ilo = self.frange["users"][0], self.frange["items"][0]
+
+        def triples(a, z):
+            return (np.ascontiguousarray(np.asarray(users[a:a + z]) - ulo, np.int32),
+                    np.ascontiguousarray(np.asarray(items[a:a + z]) - ilo, np.int32),
+                    np.ascontiguousarray(ratings[a:a + z], np.float32))
+
+        free = self.dplan.budget - self.dplan.total - sum(
+            12 * c[0] for c in self._metric_bufs.values())
+        if key is not None and 12 * n + 4 * (n // 128 + 1) <= free // 2:
+            bufs = self._metric_buffers(n)
+            for buf, host in zip(bufs, triples(0, n)):
+                cl.enqueue_copy(q, buf, host)
+            old = self._metric_bufs.pop(key, None)
+            if old is not None:
+                for x in old[1]:
+                    x.release()
+            self._metric_bufs[key] = (n, bufs)
+            return self._sq_error(bufs, n, offset)
         size = min(chunk, n)
-        groups = max(1, -(-size // wg))
-        bu = cl.Buffer(self.ctx, mf.READ_ONLY, size=4 * size)
-        bi = cl.Buffer(self.ctx, mf.READ_ONLY, size=4 * size)
-        br = cl.Buffer(self.ctx, mf.READ_ONLY, size=4 * size)
-        bp = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * groups)
+        bufs = self._metric_buffers(size)
         total = 0.0
         try:
             for a in range(0, n, size):
                 z = min(size, n - a)
-                g = max(1, -(-z // wg))
-                cl.enqueue_copy(q, bu, np.ascontiguousarray(np.asarray(users[a:a + z]) - ulo,
-                                                            np.int32))
-                cl.enqueue_copy(q, bi, np.ascontiguousarray(np.asarray(items[a:a + z]) - ilo,
-                                                            np.int32))
-                cl.enqueue_copy(q, br, np.ascontiguousarray(ratings[a:a + z], np.float32))
-                prog.kernels["sq_error"](q, (g * wg,), (wg,), bu, bi, br, self.factors["users"],
-                                         self.factors["items"], np.int64(z),
-                                         np.float32(offset + self.offset), bp)
-                part = np.empty(g, np.float32)
-                cl.enqueue_copy(q, part, bp)
-                total += float(part.astype(np.float64).sum())
+                for buf, host in zip(bufs, triples(a, z)):
+                    cl.enqueue_copy(q, buf, host)
+                total += self._sq_error(bufs, z, offset)
         finally:
-            for x in (bu, bi, br, bp):
+            for x in bufs:
                 x.release()
         return total
+
+    def cached_squared_error(self, key, n, offset):
+        """The sum of squared errors on the ``n`` triples kept under ``key``, or None."""
+        hit = self._metric_bufs.get(key)
+        if hit is None or hit[0] != n:
+            return None
+        return self._sq_error(hit[1], n, offset)
+
+    def _sq_error(self, bufs, n, offset):
+        """Run the metrics kernel on ``n`` triples in ``bufs``; the sum (float64 on the host)."""
+        prog = K.metrics_program(self.ctx, self.fs, self.storage, self.ldf, biased=self.biased)
+        q = self.q["compute"]
+        g = max(1, -(-n // 128))
+        prog.kernels["sq_error"](q, (g * 128,), (128,), *bufs[:3], self.factors["users"],
+                                 self.factors["items"], np.int64(n),
+                                 np.float32(offset + self.offset), bufs[3])
+        part = np.empty(g, np.float32)
+        self.cl.enqueue_copy(q, part, bufs[3])
+        return float(part.astype(np.float64).sum())
+
+    def _metric_buffers(self, n):
+        """Device buffers for ``n`` triples and their partial sums."""
+        mf = self.cl.mem_flags
+        return [self.cl.Buffer(self.ctx, mf.READ_ONLY, size=4 * n) for _ in range(3)] + [
+            self.cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * (n // 128 + 1))]
 
     def finish(self):
         """Wait for every queue of this device."""
@@ -555,6 +584,10 @@ class DeviceWorker:
     def release(self):
         """Free the device buffers."""
         self.finish()
+        for _n, bufs in self._metric_bufs.values():
+            for x in bufs:
+                x.release()
+        self._metric_bufs = {}
         for buf, arr in self._staging:
             mapping = getattr(arr, "base", None)
             if hasattr(mapping, "release"):

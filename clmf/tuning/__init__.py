@@ -16,7 +16,7 @@ from .database import (
                        user_db_path,
 )
 from .fallback import TuningFallbackWarning
-from .lookup import choose, class_distance, dataset_class, heuristic
+from .lookup import choose, class_distance, dataset_class, heuristic, incumbent
 from .schema import (
                        BASELINE,
                        CLASS_TOL,
@@ -36,7 +36,8 @@ from .schema import (
                        record_mode,
 )
 
-__all__ = ["Choice", "choose", "heuristic", "BASELINE", "SCHEMA_VERSION", "CLASS_TOL", "MODES",
+__all__ = ["Choice", "choose", "incumbent", "heuristic", "BASELINE", "SCHEMA_VERSION", "CLASS_TOL",
+           "MODES",
            "MODE_DEFAULT_SOLVER", "fit_mode", "record_mode", "kernel_factors", "factor_width",
            "TuningDatabaseWarning", "dataset_class", "class_distance", "device_record",
            "device_slug", "database_paths", "user_db_path", "shipped_paths", "read_database",

@@ -6,13 +6,17 @@ searched in this order (:func:`database_paths`):
 1. ``$CLMF_TUNING_DB`` — a file or a directory of ``*.jsonl`` files (several joined with ``:``);
 2. the per-user database, ``platformdirs.user_data_dir("clmf")/tuning.jsonl`` (``clmf tune``
    writes there by default);
-3. the shipped tunings (:func:`shipped_paths`): ``results/tuning/*.jsonl`` of the source tree,
+3. the shipped tunings (:func:`shipped_paths`): ``results/tuning/shipped/*.jsonl`` of the source
+   tree (distilled from the raw ``results/tuning/*.jsonl`` by :mod:`clmf.tuner.distill`),
    installed as package data ``clmf/tuning/shipped``; ``CLMF_TUNING_NO_SHIPPED=1`` leaves them
    out.
 
-A corrupted or foreign-schema file is reported (``logging`` and ``warnings.warn``) and skipped as a
-whole; the file is never modified. Parsed files are cached by (mtime, size), so a lookup costs a
-``stat`` per file. :class:`Database` appends records (the tuner writes through it).
+Records are untrusted input (:func:`clmf.tuning.schema.check_record`): a line that is not JSON,
+of a foreign schema, or whose fields fail the checks is reported (``logging`` and
+``warnings.warn``, naming the file and line) and skipped alone; the rest of the file serves. The
+reader never modifies a file; the writer repairs only a torn last line. Parsed files are cached
+by (mtime, size), so a lookup costs a ``stat`` per file. :class:`Database` appends records (the
+tuner writes through it).
 """
 from __future__ import annotations
 
@@ -49,7 +53,8 @@ def _jsonl_in(p):
 
 def shipped_paths():
     """The tuning files shipped with clmf: package data ``clmf/tuning/shipped/*.jsonl`` of an
-    installed wheel, else ``results/tuning/*.jsonl`` of a source checkout.
+    installed wheel, else ``results/tuning/shipped/*.jsonl`` of a source checkout (the compact
+    databases :mod:`clmf.tuner.distill` writes from the raw ``results/tuning/*.jsonl``).
 
     The one place that knows where shipped tunings live.
     """
@@ -64,8 +69,8 @@ def shipped_paths():
                 out.append(pathlib.Path(str(e)))
     except (ImportError, ModuleNotFoundError, OSError, TypeError):
         pass
-    if not out:      # a source checkout: results/tuning next to the clmf package
-        here = pathlib.Path(__file__).resolve().parents[2] / "results" / "tuning"
+    if not out:      # a source checkout: results/tuning/shipped next to the clmf package
+        here = pathlib.Path(__file__).resolve().parents[2] / "results" / "tuning" / "shipped"
         if here.is_dir():
             out = sorted(here.glob("*.jsonl"))
     return out
@@ -98,69 +103,106 @@ _warned: set = set()
 _clock = threading.Lock()
 
 
-def _warn(path, stamp, msg):
-    key = (str(path), stamp)
+def _warn(path, stamp, msg, whole=True):
+    key = (str(path), stamp, whole)
     if key in _warned:
         return
     _warned.add(key)
-    full = f"tuning database {path} is not used: {msg} (the file is left untouched; clmf falls " \
-           "back to the next source and the untuned defaults)"
+    if whole:
+        full = f"tuning database {path} is not used: {msg} (the file is left untouched; clmf " \
+               "falls back to the next source and the untuned defaults)"
+    else:
+        full = f"tuning database {path}: {msg}"
     log.warning(full)
     warnings.warn(full, TuningDatabaseWarning, stacklevel=4)
 
 
+def _parse_lines(fh, path):
+    """(records, skipped, fatal) of an open JSON Lines file: ``skipped`` lists (line, reason,
+    torn) of the records left out one by one (``torn``: the last line, cut short by a writer that
+    died); ``fatal`` is the first problem that makes the file foreign to a writer (not JSON, not
+    an object, another schema) on a line other than a torn tail."""
+    from .schema import RecordError, check_record
+    recs, skipped, fatal = [], [], None
+    for lineno, raw in enumerate(fh, 1):
+        line = raw.strip()
+        if not line:
+            continue
+        torn = not raw.endswith(b"\n")
+        try:
+            r = json.loads(line)
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
+            why = f"not valid JSON ({str(e)[:80]})"
+            skipped.append((lineno, why, torn))
+            if not torn and fatal is None:
+                fatal = f"line {lineno} is {why}"
+            continue
+        if not isinstance(r, dict):
+            skipped.append((lineno, "not a JSON object", torn))
+            if not torn and fatal is None:
+                fatal = f"line {lineno} is not a JSON object"
+            continue
+        v = r.get("schema_version")
+        if v != SCHEMA_VERSION or type(v) is not int:
+            why = f"schema_version {v!r}; this clmf reads schema_version {SCHEMA_VERSION}"
+            skipped.append((lineno, why, torn))
+            if fatal is None:
+                fatal = f"line {lineno} has {why}"
+            continue
+        try:
+            check_record(r)
+        except RecordError as e:
+            skipped.append((lineno, f"record skipped: {e}", torn))
+            continue
+        recs.append(r)
+    return recs, skipped, fatal
+
+
 def read_database(path, strict=False):
-    """The records of one JSON Lines database, or ``None`` (with a warning) when the file is
-    corrupted, of a foreign schema or unreadable. ``strict=True`` raises ``ValueError`` instead
-    (the tuner uses it before appending)."""
+    """The usable records of one JSON Lines database, or ``None`` (with a warning) when the file
+    cannot be read.
+
+    Records are untrusted input: a line that is not JSON, of another schema, or whose fields fail
+    :func:`clmf.tuning.schema.check_record` is skipped alone, with one warning per file naming
+    the file and the lines; the other records serve. ``strict=True`` (the tuner, before it
+    appends) raises ``ValueError`` for a file it must not write to — a line that is not JSON or
+    of another schema, anywhere but a torn last line (which :meth:`tuner.database.Database.append`
+    repairs) — and otherwise returns the usable records too."""
     path = pathlib.Path(path)
     try:
         st = path.stat()
     except OSError:
-        return [] if not strict else []
+        return []
     stamp = (st.st_mtime_ns, st.st_size)
     with _clock:
         hit = _cache.get(str(path))
-    if hit is not None and hit[0] == stamp:
-        if hit[2] is not None:
-            if strict:
-                raise ValueError(f"tuning database {path}: {hit[2]}")
-            _warn(path, stamp, hit[2])
-        return hit[1]
-    recs, err = [], None
-    try:
-        with open(path, "rb") as fh:
-            for lineno, raw in enumerate(fh, 1):
-                line = raw.strip()
-                if not line:
-                    continue
-                try:
-                    r = json.loads(line)
-                except (ValueError, UnicodeDecodeError) as e:
-                    err = f"line {lineno} is not valid JSON ({e})"
-                    break
-                if not isinstance(r, dict):
-                    err = f"line {lineno} is not a JSON object"
-                    break
-                v = r.get("schema_version")
-                if v != SCHEMA_VERSION:
-                    err = (f"line {lineno} has schema_version {v!r}; this clmf reads "
-                           f"schema_version {SCHEMA_VERSION}")
-                    break
-                recs.append(r)
-    except OSError as e:
-        err = f"cannot read it ({e})"
+    if hit is None or hit[0] != stamp:
+        recs, skipped, fatal, err = None, [], None, None
+        try:
+            with open(path, "rb") as fh:
+                recs, skipped, fatal = _parse_lines(fh, path)
+        except OSError as e:
+            err = f"cannot read it ({e})"
+        hit = (stamp, recs, err, skipped, fatal)
+        with _clock:
+            _cache[str(path)] = hit
+    _, recs, err, skipped, fatal = hit
     if err is not None:
         if strict:
             raise ValueError(f"tuning database {path}: {err}")
         _warn(path, stamp, err)
-        recs = None
-    with _clock:
-        _cache[str(path)] = (stamp, recs, err)
+        return None
+    if strict and fatal is not None:
+        raise ValueError(f"tuning database {path}: {fatal}; clmf does not append to it")
+    if skipped:
+        first = "; ".join(f"line {n}: {why}" + (" (a torn last line)" if torn else "")
+                          for n, why, torn in skipped[:5])
+        more = f" (and {len(skipped) - 5} more)" if len(skipped) > 5 else ""
+        _warn(path, stamp, f"{len(skipped)} record(s) skipped, {len(recs)} used — {first}{more}",
+              whole=False)
     return recs
 
 
-# ----- writing (the tuner writes through Database) ----------------------------------------------
 def now():
     """The current UTC time, ISO 8601 to the second."""
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -194,13 +236,51 @@ def base_record(kind, **fields):
     return _jsonable(r)
 
 
+def _repair_tail(fd, path):
+    """Repair a file that does not end with a newline (the caller holds the file's lock): a last
+    line that is a whole JSON record gets its newline, a cut-short one is truncated away.
+    Returns the bytes dropped."""
+    size = os.fstat(fd).st_size
+    if not size:
+        return 0
+    with open(path, "rb") as fh:
+        fh.seek(size - 1)
+        if fh.read(1) == b"\n":
+            return 0
+        pos, chunk = size, 1 << 16
+        while pos > 0:
+            start = max(0, pos - chunk)
+            fh.seek(start)
+            block = fh.read(pos - start)
+            i = block.rfind(b"\n")
+            if i >= 0:
+                keep = start + i + 1
+                break
+            pos = start
+        else:
+            keep = 0
+        fh.seek(keep)
+        tail = fh.read()
+    try:
+        if isinstance(json.loads(tail), dict):
+            os.write(fd, b"\n")            # a whole record that lacks only its newline
+            return 0
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        pass
+    os.ftruncate(fd, keep)
+    log.warning("tuning database %s: dropped a torn last line (%d bytes, a writer died while "
+                "writing it)", path, size - keep)
+    return size - keep
+
+
 class Database:
     """One JSON Lines tuning database file.
 
     ``append`` writes all its records with a single ``write`` on an ``O_APPEND`` descriptor while
     holding an exclusive ``fcntl.flock`` on the file, then ``fsync``s: concurrent writers (other
     processes, other threads) never interleave or tear lines. Before the first append the file is
-    checked: a corrupted or foreign-schema file is refused (``ValueError``), never modified.
+    checked: a corrupted or foreign-schema file is refused (``ValueError``), never modified; the
+    one repair made is to a torn last line (a writer killed mid-line), which is dropped.
     """
 
     def __init__(self, path):
@@ -230,13 +310,9 @@ class Database:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                # a torn tail (a writer killed mid-line before this scheme) must not glue lines
-                size = os.fstat(fd).st_size
-                if size:
-                    with open(self.path, "rb") as fh:
-                        fh.seek(size - 1)
-                        if fh.read(1) != b"\n":
-                            data = b"\n" + data
+                # a torn tail (a writer killed mid-line, a full disk) is repaired: the cut-short
+                # record is dropped (it cannot be completed) so that lines never glue together
+                _repair_tail(fd, self.path)
                 view = memoryview(data)
                 while view:
                     n = os.write(fd, view)

@@ -41,9 +41,9 @@ through to the next candidate and rule; one that was never run on this device an
 device's record, the computed default) is first probed in a child process, since some runtimes
 abort the process on kernels they cannot compile (see :mod:`clmf.tuning.fallback`).
 
-A corrupted or foreign-schema file is reported (``logging`` and ``warnings.warn``) and skipped as a
-whole; the file is never modified. Parsed files are cached by (mtime, size), so a lookup costs a
-``stat`` per file.
+Records are untrusted input (:func:`clmf.tuning.schema.check_record`): a line that is not JSON,
+of a foreign schema, or whose fields fail the checks is reported (naming the file and line) and
+skipped alone by :func:`clmf.tuning.database.read_database`; the rest of the file serves.
 """
 from __future__ import annotations
 
@@ -196,12 +196,29 @@ def _parse_cases(records, origin):
     return out
 
 
-def _sources():
-    """(origin, path, best records) of every usable database, from the persistent index."""
+class _Sources(list):
+    """[(origin, path, best records)] of the databases in search order, with the runs whose
+    records are left out (``exclude_runs``: the computed default drops their measurements too)."""
+
+    exclude_runs: frozenset = frozenset()
+
+
+def _sources(exclude_paths=(), exclude_runs=()):
+    """:class:`_Sources` of every usable database, from the persistent index, leaving out the
+    files of ``exclude_paths`` and the records of the runs in ``exclude_runs``."""
+    import os
+
     from .index import best_records
-    out = []
+    skip = {os.path.abspath(p) for p in exclude_paths}
+    runs = frozenset(exclude_runs)
+    out = _Sources()
+    out.exclude_runs = runs
     for origin, p in database_paths():
+        if os.path.abspath(p) in skip:
+            continue
         recs = best_records(p)
+        if recs and runs:
+            recs = [r for r in recs if r.get("run_id") not in runs]
         if recs is not None:             # (a database of measurements only feeds the default)
             out.append((origin, p, recs))
     return out
@@ -237,15 +254,16 @@ def _fits(cfgs, info, f, storage, mode="explicit", check=None):
     return out
 
 
-def _lookup(info, f, storage, ds, mode="explicit", finalize=None):
-    """(rule, pair, reason, mode of the tuning used) or None from the databases (see the module
-    docstring for the order of the rungs and modes). ``finalize(config, record_mode)`` is the
-    configuration the fit will run for a candidate (solver overrides applied): candidates whose
-    final configuration cannot run here are skipped (:func:`clmf.tuning.fallback.usable`)."""
+def _lookup(info, f, storage, ds, mode="explicit", finalize=None, sources=None):
+    """(rule, pair, reason, mode of the tuning used) or None from the databases (``sources``:
+    :func:`_sources`' list, default all; see the module docstring for the order of the rungs and
+    modes). ``finalize(config, record_mode)`` is the configuration the fit will run for a
+    candidate (solver overrides applied): candidates whose final configuration cannot run here
+    are skipped (:func:`clmf.tuning.fallback.usable`)."""
     from . import fallback
     dev = device_record(info)
     finalize = finalize or (lambda c, cm: c)
-    sources = _sources()
+    sources = _sources() if sources is None else sources
     if not sources:
         return None
     per_source = [(origin, p, _cases(recs, origin)) for origin, p, recs in sources]
@@ -307,7 +325,9 @@ def _lookup(info, f, storage, ds, mode="explicit", finalize=None):
     def default(cm):
         # the computed default over the stored measurements of this device type
         from .index import measurement_records
-        meas = [(o, measurement_records(p)) for o, p, r in sources]
+        runs = getattr(sources, "exclude_runs", frozenset())
+        meas = [(o, [m for m in (measurement_records(p) or ()) if m.get("run_id") not in runs])
+                for o, p, r in sources]
         cfg, why = _computed_default(info, f, storage, [(o, r) for o, r in meas if r], cm, mode,
                                      lambda c: fallback.usable(info, finalize(c, cm), f, mode,
                                                                "the computed default", None))
@@ -414,7 +434,8 @@ def heuristic(info, f, side_stats=None, storage="float32"):
 
 
 # ----- the public entry point --------------------------------------------------------------------
-def choose(info, f, side, side_stats=None, storage="float32", solver=None, mode="explicit"):
+def choose(info, f, side, side_stats=None, storage="float32", solver=None, mode="explicit",
+           sources=None):
     """Pick the configuration of one side (see the module docstring for the fallback chain).
 
     Parameters
@@ -428,6 +449,7 @@ def choose(info, f, side, side_stats=None, storage="float32", solver=None, mode=
     solver : None (the tuned choice) or "cholesky"/"cg"/"fusedcg" to force one
     mode : "explicit", "implicit" or "biased" (see :func:`fit_mode`): tunings of this mode are
         preferred; an implicit fit with no implicit tuning gets :data:`MODE_DEFAULT_SOLVER`
+    sources : the databases to search (:func:`_sources`' list; default: all of them)
 
     Returns
     -------
@@ -448,7 +470,7 @@ def choose(info, f, side, side_stats=None, storage="float32", solver=None, mode=
 
     hit = None
     try:
-        hit = _lookup(info, f, storage, ds, mode, finalize)
+        hit = _lookup(info, f, storage, ds, mode, finalize, sources)
     except Exception as e:   # a database must never break a fit
         log.warning("tuning lookup failed (%s: %s); using the untuned default", type(e).__name__, e)
         warnings.warn(f"tuning lookup failed ({type(e).__name__}: {e}); using the untuned default",
@@ -479,3 +501,18 @@ def choose(info, f, side, side_stats=None, storage="float32", solver=None, mode=
         choice = Choice(choice.config.replace(solver=solver), choice.rule,
                         choice.reason + f"; solver={solver} requested")
     return choice
+
+
+def incumbent(info, f, side_stats, storage="float32", solver=None, mode="explicit",
+              exclude_paths=(), exclude_runs=()):
+    """What ``ALS(variant="auto")`` would choose for this device, f, data and mode, leaving out
+    the database files ``exclude_paths`` and the records of the runs ``exclude_runs`` (a tuning
+    run's own records): ``{side: Choice}``.
+
+    ``side_stats`` maps each side to its statistics as :meth:`clmf.ALS.fit` passes them (``rows``,
+    ``cols``, ``nnz`` of that side); the tuner asks this before it searches, to measure what the
+    user already had.
+    """
+    sources = _sources(exclude_paths, exclude_runs)
+    return {side: choose(info, f, side, (side_stats or {}).get(side), storage, solver, mode,
+                         sources=sources) for side in SIDES}

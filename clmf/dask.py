@@ -1,0 +1,418 @@
+"""ALS on a Dask cluster: ``clmf.dask.ALS`` (issue 15). Needs ``pip install 'clmf[dask]'``.
+
+The fit is :mod:`clmf.parallel`'s partitioned ALS with Dask as its engine: one
+:class:`~clmf.parallel.worker.DeviceWorker` per Dask worker (one worker per OpenCL device),
+rating blocks resident on their worker's device for the whole fit, factor blocks (or partial
+normal equations) moved between workers as Dask results. Raw ids are mapped to dense indices on
+the workers; the fitted model is a :class:`clmf.ALS` (factors gathered to the client) that keeps
+the id maps, scores raw-id frames (:meth:`ALS.rmse`) and recommends for every user on the
+workers (:meth:`ALS.recommend_all`). See "Scaling out with Dask" in the README.
+
+Devices: each worker takes ``CLMF_DEVICE`` from its environment when ``device="auto"``; with
+``device="gpu"`` (or ``"cpu"``) the k-th worker of a host takes that host's k-th device of the
+type; a list gives worker k (in address order) ``device[k]``.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from .model.estimator import ALS as _ALS
+from .model.estimator import _side_stats
+from .parallel.dask_backend import WorkerLostError, get_client
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ALS", "WorkerLostError", "load_checkpoint"]
+
+_CKPT_FORMAT = "clmf-dask-checkpoint-1"
+
+
+class ALS(_ALS):
+    """:class:`clmf.ALS` fitted on a Dask cluster; ``client`` (default: the current
+    :class:`distributed.Client`), ``workers`` (default: all) and the parameters of
+    :class:`clmf.ALS`. ``device`` is per worker (module docstring).
+
+    The fitted object is a :class:`clmf.ALS` in every respect (``save``/``clmf.load`` give a
+    plain one), with ``user_ids_`` / ``item_ids_`` the raw ids of the rows (sorted), and
+    ``workers_`` (the fit's worker addresses), ``device_`` (their devices), ``plan_`` (the
+    :class:`clmf.parallel.Plan`), ``time_to_first_iteration_`` (seconds from ``fit`` to the end
+    of the first iteration) and ``fit_times_`` (the set-up's phases).
+    """
+
+    def __init__(self, factors=64, regularization=0.1, iterations=15, *, client=None,
+                 workers=None, **params):
+        """Keep the parameters (scikit-learn protocol)."""
+        super().__init__(factors, regularization, iterations, **params)
+        self.client = client
+        self.workers = workers
+
+    @classmethod
+    def _get_param_names(cls):
+        """The constructor's parameters: clmf.ALS's, client and workers."""
+        return _ALS._get_param_names() + ["client", "workers"]
+
+    def __repr__(self):
+        """``ALS(...)`` with the parameters that differ from :class:`clmf.ALS`'s defaults."""
+        import inspect
+        default = {k: p.default for k, p in inspect.signature(_ALS.__init__).parameters.items()}
+        default.update(client=None, workers=None)
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items()
+                         if not (isinstance(v, (int, float, str, bool, type(None), type))
+                                 and v == default.get(k)))
+        return f"clmf.dask.ALS({args})"
+
+    def __getstate__(self):
+        """Picklable state: no client."""
+        state = super().__getstate__()
+        state["client"] = None
+        return state
+
+    def _base_params(self):
+        """The :class:`clmf.ALS` parameters of this estimator."""
+        return {k: getattr(self, k) for k in _ALS._get_param_names()}
+
+    # ----- fitting -------------------------------------------------------------------------
+    def fit(self, X, *, columns=("user", "item", "rating"), show_progress=True, callback=None,
+            init=None, validation=None, early_stopping_rounds=None, checkpoint=None,
+            checkpoint_every=1, resume=None, modes=None, on_worker_lost="raise"):
+        """Fit on the cluster.
+
+        Parameters
+        ----------
+        X : a dask or pandas DataFrame of ``columns`` (raw ids of any type), a parquet path, a
+            scipy.sparse matrix or :class:`clmf.datasets.Ratings` (scattered to the workers).
+        columns : the user, item and rating column names.
+        show_progress, callback, init, early_stopping_rounds : as :meth:`clmf.ALS.fit`.
+        validation : held-out ratings in the same form (raw ids; ids unseen in training are
+            predicted as the global mean, as :meth:`clmf.ALS.predict` does); explicit feedback.
+        checkpoint : a path or fsspec URL; the factors are written there (atomically) every
+            ``checkpoint_every`` iterations and at the end.
+        resume : a checkpoint to continue from (same data and parameters): its iterations are
+            not run again.
+        modes : optional side → "replicate"/"reduce" (default: the partition plan's rule).
+        on_worker_lost : "raise" (default) or "resume": when a worker holding blocks leaves the
+            cluster, "resume" starts the fit again from the last checkpoint on the workers then
+            in the cluster (needs ``checkpoint``; at most 3 times), redoing the lost iterations.
+
+        Raises
+        ------
+        WorkerLostError
+            A worker holding blocks left the cluster; the message names the checkpoint to
+            resume from (``fit(X, resume=...)``).
+        """
+        if on_worker_lost not in ("raise", "resume"):
+            raise ValueError("on_worker_lost must be 'raise' or 'resume'")
+        if on_worker_lost == "resume" and checkpoint is None:
+            raise ValueError("on_worker_lost='resume' needs checkpoint=PATH")
+        kw = dict(columns=columns, show_progress=show_progress, callback=callback, init=init,
+                  validation=validation, early_stopping_rounds=early_stopping_rounds,
+                  checkpoint=checkpoint, checkpoint_every=checkpoint_every, modes=modes)
+        for attempt in range(4):
+            try:
+                return self._fit_once(X, resume=resume, **kw)
+            except WorkerLostError as e:
+                if on_worker_lost == "raise" or attempt == 3 or not _exists(checkpoint):
+                    raise
+                log.warning("%s; resuming from %s on the workers left", e.__cause__ or e,
+                            checkpoint)
+                resume = checkpoint
+        raise AssertionError("unreachable")
+
+    def _fit_once(self, X, *, columns, show_progress, callback, init, validation,
+                  early_stopping_rounds, checkpoint, checkpoint_every, resume, modes):
+        """One attempt of :meth:`fit`."""
+        from tqdm.auto import tqdm
+
+        from . import reference
+        from .data.validation import check_params
+        from .errors import SingularSystemError
+        from .parallel import dask_tasks as T
+        from .parallel.dask_backend import DaskEngine, fit_workers, prepare, wait_alive
+        check_params(self)
+        client = get_client(self.client)
+        addrs, ranks = fit_workers(client, self.workers)
+        implicit = self.feedback == "implicit"
+        t_start = time.perf_counter()
+        shift = (-1.0 / float(self.alpha) if implicit and
+                 getattr(self, "confidence", "1+alpha*r") == "alpha*r" else 0.0)
+        data = prepare(client, X, columns, shift=shift)     # the kernels' view (confidence)
+        self.fit_times_ = {"prepare_s": time.perf_counter() - t_start}
+        m, n = data.shape
+        f = int(self.factors)
+        if implicit and data.minimum < 0:
+            raise ValueError("implicit feedback needs non-negative strengths; X has negative "
+                             "values")
+        if self.regularization == 0 and not implicit:
+            for side, counts in (("user", data.user_counts), ("item", data.item_counts)):
+                bad = np.nonzero((counts > 0) & (counts < f))[0]
+                if bad.size:
+                    raise SingularSystemError(
+                        f"regularization=0 with {bad.size} {side}(s) having fewer ratings than "
+                        f"factors={f}: their normal equations are singular; use "
+                        "regularization > 0")
+        if early_stopping_rounds is not None:
+            if validation is None:
+                raise ValueError("early_stopping_rounds needs validation data")
+            if int(early_stopping_rounds) < 1:
+                raise ValueError("early_stopping_rounds must be ≥ 1")
+        if validation is not None and implicit:
+            raise ValueError("clmf.dask scores validation data of explicit feedback only "
+                             "(implicit: evaluate the fitted model with clmf.metrics)")
+        start, history = 0, []
+        if resume is not None:
+            ck = load_checkpoint(resume)
+            if ck["shape"] != (m, n) or ck["factors"] != f:
+                raise ValueError(f"checkpoint {resume} is of a {ck['shape']} fit with "
+                                 f"factors={ck['factors']}, not {(m, n)} with factors={f}")
+            init = (ck["X"], ck["Y"])
+            init_b = (ck["bu"], ck["bi"])
+            start, history = ck["iteration"] + 1, list(ck["history"])
+        else:
+            init_b = (None, None)
+        if init is not None:
+            X0, Y0 = (np.asarray(a, dtype=np.float32) for a in init)
+            if X0.shape != (m, f) or Y0.shape != (n, f):
+                raise ValueError(f"init shapes must be {(m, f)} and {(n, f)}, got {X0.shape} "
+                                 f"and {Y0.shape}")
+        else:
+            X0, Y0 = reference.start_factors(m, n, f, self.random_state)
+        specs = (list(self.device) if isinstance(self.device, (list, tuple))
+                 else [self.device] * len(addrs))
+        if len(specs) != len(addrs):
+            raise ValueError(f"device lists {len(specs)} devices for {len(addrs)} workers")
+        stats = {"users": _side_stats(data.user_counts, n),
+                 "items": _side_stats(data.item_counts, m)}
+        params = self._base_params()
+        probes = wait_alive(client, addrs, [
+            client.submit(T.probe, specs[d], ranks[d], params, stats, workers=[a],
+                          allow_other_workers=False, pure=False)
+            for d, a in enumerate(addrs)], "the fit", "the device probe")
+        self.global_mean_ = float(data.total / data.nnz)
+        engine = DaskEngine(client, addrs, ranks, specs, data, f, [p[1] for p in probes],
+                            [(p[2]["users"].config, p[2]["items"].config) for p in probes],
+                            implicit_alpha=float(self.alpha) if implicit else None,
+                            biased=bool(self.biases),
+                            offset=self.global_mean_ if self.biases else 0.0,
+                            max_device_memory=self.max_device_memory, modes=modes)
+        data.release()
+        self.fit_times_["probe_and_build_s"] = (time.perf_counter() - t_start
+                                                - self.fit_times_["prepare_s"])
+        self.user_counts_, self.item_counts_ = data.user_counts, data.item_counts
+        self.user_ids_, self.item_ids_ = data.user_ids, data.item_ids
+        self.config_ = probes[0][2]
+        self.device_ = [p[0] for p in probes]
+        self.device_configs_ = [{"device": p[0], **p[2]} for p in probes]
+        self.workers_ = list(addrs)
+        self.plan_ = engine.plan
+        self.history_ = history
+        self.best_iteration_ = self.iterations - 1
+        try:
+            v_rest = None
+            if validation is not None:
+                vd = prepare(client, validation, columns, maps=(data.user_ids, data.item_ids))
+                v_rest = engine.set_heldout("validation", vd, self.global_mean_,
+                                            to_mean=not self.biases)
+                vd.release()
+                if v_rest[2] and self.biases:
+                    raise ValueError(f"the validation data has {v_rest[2]} rating(s) of ids not "
+                                     "in the training data; with biases=True drop them first")
+            engine.set_factors("users", X0, init_b[0])
+            engine.set_factors("items", Y0, init_b[1])
+            self.time_to_first_iteration_ = None
+            self._iterate(engine, start, show_progress, callback, v_rest, early_stopping_rounds,
+                          checkpoint, checkpoint_every, t_start, tqdm)
+        except WorkerLostError as e:
+            raise WorkerLostError(f"{e}. The fit cannot go on without that worker's blocks. "
+                                  + _resume_hint(checkpoint, self)) from e
+        finally:
+            engine.release()
+        return self
+
+    def _iterate(self, engine, start, show_progress, callback, v_rest, rounds, checkpoint,
+                 every, t_start, tqdm):
+        """The iterations (as :meth:`clmf.ALS.fit`), checkpoints, and the kept factors."""
+        implicit = self.feedback == "implicit"
+        want_train = bool(show_progress or callback is not None)
+        best = (np.inf, None, None, -1)
+        bar = tqdm(range(start, self.iterations), desc="ALS (dask)", unit="it",
+                   disable=not show_progress, leave=False)
+        for it in bar:
+            t0 = time.perf_counter()
+            engine.iteration(float(self.regularization), self._weighted, it)
+            secs = time.perf_counter() - t0
+            if self.time_to_first_iteration_ is None:
+                self.time_to_first_iteration_ = time.perf_counter() - t_start
+            metrics = {"seconds": secs}
+            if want_train and not implicit:
+                se, cnt = engine.squared_error("train")
+                metrics["train_rmse"] = float(np.sqrt(se / cnt))
+            if v_rest is not None:
+                se, cnt = engine.squared_error("validation")
+                total = cnt + v_rest[1]
+                metrics["validation_rmse"] = (float(np.sqrt((se + v_rest[0]) / total))
+                                              if total else float("nan"))
+            self.history_.append(metrics)
+            bar.set_postfix({k: f"{v:.4f}" for k, v in metrics.items()})
+            log.info("iteration %d: %s", it, metrics)
+            if checkpoint is not None and ((it + 1) % max(1, int(every)) == 0
+                                           or it == self.iterations - 1):
+                save_checkpoint(checkpoint, self, engine, it)
+            if callback is not None:
+                callback(it, time.perf_counter() - t_start, dict(metrics))
+            if v_rest is not None and rounds is not None:
+                score = metrics["validation_rmse"]
+                if score < best[0]:
+                    best = (score, engine.get_factors("users", True),
+                            engine.get_factors("items", True), it)
+                elif it - best[3] >= int(rounds):
+                    log.info("early stop at iteration %d; best %d (validation RMSE %.5f)",
+                             it, best[3], best[0])
+                    break
+        bar.close()
+        if best[1] is not None:
+            (Xf, bu), (Yf, bi) = best[1], best[2]
+            self.best_iteration_ = best[3]
+        else:
+            Xf, bu = engine.get_factors("users", True)
+            Yf, bi = engine.get_factors("items", True)
+            self.best_iteration_ = len(self.history_) - 1
+        self.user_factors_, self.item_factors_ = Xf, Yf
+        self.user_biases_ = bu if self.biases else None
+        self.item_biases_ = bi if self.biases else None
+        self.memory_ = dict(engine.memory)
+
+    # ----- raw-id scoring and recommending ---------------------------------------------------
+    def _state(self):
+        """The fitted model as the dict the worker tasks score with."""
+        import pandas as pd
+        self._check_fitted()
+        uids, iids = getattr(self, "user_ids_", None), getattr(self, "item_ids_", None)
+        return {"X": self.user_factors_, "Y": self.item_factors_,
+                "bu": getattr(self, "user_biases_", None),
+                "bi": getattr(self, "item_biases_", None), "mean": self.global_mean_,
+                "feedback": self.feedback, "user_counts": self.user_counts_,
+                "item_counts": self.item_counts_, "user_ids": uids, "item_ids": iids,
+                "user_index": pd.Index(uids) if uids is not None else None,
+                "item_index": pd.Index(iids) if iids is not None else None}
+
+    def rmse(self, X_test, columns=("user", "item", "rating")):
+        """RMSE on held-out ratings: a pandas or dask DataFrame of raw ids (``columns``; ids not
+        seen in training are predicted as :meth:`predict` does), else as :meth:`clmf.ALS.rmse`.
+        A dask DataFrame is scored on the workers."""
+        from .parallel import dask_tasks as T
+        if hasattr(X_test, "to_delayed") and hasattr(X_test, "npartitions"):
+            client = get_client(self.client)
+            st = client.scatter([self._state()], broadcast=True, hash=False)[0]
+            parts = client.compute(X_test[list(columns)].to_delayed())
+            res = client.gather(client.map(T.partition_sse, parts, columns=tuple(columns),
+                                           state=st, pure=False))
+            se, cnt = sum(r[0] for r in res), sum(r[1] for r in res)
+        elif hasattr(X_test, "iloc") and hasattr(X_test, "columns"):
+            se, cnt = T.partition_sse(X_test, tuple(columns), self._state())
+        else:
+            return super().rmse(X_test)
+        if cnt == 0:
+            raise ValueError("X_test is empty")
+        return float(np.sqrt(se / cnt))
+
+    def recommend_all(self, N=10, *, users_per_task=None):
+        """Top-``N`` items for every user as a dask DataFrame ``(user, item, score, rank)``
+        (raw ids, rank 1 = best), computed on the workers by :meth:`clmf.ALS.recommend`'s
+        scoring without the seen-item filter (Spark's ``recommendForAllUsers``); write it with
+        ``to_parquet``. Runs on the host of each worker (the device top-k is not used yet)."""
+        import dask.dataframe as dd
+        import pandas as pd
+
+        from .parallel import dask_tasks as T
+        client = get_client(self.client)
+        self._check_fitted()
+        m = self.user_factors_.shape[0]
+        n_workers = max(1, len(client.nthreads()))
+        step = int(users_per_task or max(1, min(50_000, -(-m // (4 * n_workers)))))
+        st = self._state()
+        st.pop("X")
+        st.pop("user_index")
+        st.pop("item_index")
+        sf = client.scatter([st], broadcast=True, hash=False)[0]
+        starts = list(range(0, m, step))
+        blocks = client.scatter([self.user_factors_[a:a + step] for a in starts], hash=False)
+        futs = [client.submit(T.recommend_block, b, a, sf, int(N), pure=False)
+                for b, a in zip(blocks, starts)]
+        uids, iids = st["user_ids"], st["item_ids"]
+        meta = pd.DataFrame({
+            "user": pd.Series([], dtype=(uids.dtype if uids is not None else np.int64)),
+            "item": pd.Series([], dtype=(iids.dtype if iids is not None else np.int64)),
+            "score": pd.Series([], dtype=np.float32), "rank": pd.Series([], dtype=np.int32)})
+        return dd.from_delayed(futs, meta=meta, verify_meta=False)
+
+
+def _exists(path):
+    """Whether a checkpoint exists at ``path`` (any fsspec URL)."""
+    import fsspec
+    if path is None:
+        return False
+    fs, p = fsspec.core.url_to_fs(str(path))
+    return fs.exists(p)
+
+
+def _resume_hint(checkpoint, model):
+    """The sentence of a :class:`WorkerLostError` that says how to resume."""
+    if checkpoint is None:
+        return ("No checkpoint was written: fit again with checkpoint=PATH (every "
+                "checkpoint_every iterations) to be able to resume.")
+    try:
+        ck = load_checkpoint(checkpoint)
+        done = f"iteration {ck['iteration']}"
+    except FileNotFoundError:
+        return (f"No checkpoint reached {checkpoint} yet; fit again (from the start) on the "
+                "remaining workers.")
+    return (f"The factors after {done} are checkpointed at {checkpoint}: resume on the remaining "
+            f"workers with clmf.dask.ALS(<same parameters>).fit(<same data>, "
+            f"resume={checkpoint!r}, checkpoint={checkpoint!r}).")
+
+
+def save_checkpoint(path, model, engine, iteration):
+    """Write both sides' factors after ``iteration`` to ``path`` (any fsspec URL), atomically
+    (a temporary file moved into place)."""
+    import io
+    import json
+
+    import fsspec
+    X, bu = engine.get_factors("users", True)
+    Y, bi = engine.get_factors("items", True)
+    meta = {"format": _CKPT_FORMAT, "iteration": int(iteration), "shape": list(engine.shape),
+            "factors": int(model.factors), "history": model.history_}
+    buf = io.BytesIO()
+    np.savez(buf, X=X, Y=Y, bu=bu, bi=bi, meta=np.array(json.dumps(meta)))
+    fs, p = fsspec.core.url_to_fs(str(path))
+    parent = p.rsplit("/", 1)[0] if "/" in p else ""
+    if parent:
+        fs.makedirs(parent, exist_ok=True)
+    tmp = f"{p}.tmp-{int(time.time() * 1e6)}"
+    with fs.open(tmp, "wb") as fh:
+        fh.write(buf.getvalue())
+    fs.mv(tmp, p)
+    log.info("checkpoint of iteration %d written to %s", iteration, path)
+
+
+def load_checkpoint(path):
+    """A checkpoint written by :func:`save_checkpoint`: dict with ``X``, ``Y``, ``bu``, ``bi``,
+    ``iteration``, ``shape``, ``factors``, ``history``."""
+    import io
+    import json
+
+    import fsspec
+    fs, p = fsspec.core.url_to_fs(str(path))
+    if not fs.exists(p):
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    with fs.open(p, "rb") as fh:
+        z = np.load(io.BytesIO(fh.read()), allow_pickle=False)
+    meta = json.loads(str(z["meta"]))
+    if meta.get("format") != _CKPT_FORMAT:
+        raise ValueError(f"{path} is not a clmf.dask checkpoint")
+    return {"X": z["X"], "Y": z["Y"], "bu": z["bu"], "bi": z["bi"],
+            "iteration": meta["iteration"], "shape": tuple(meta["shape"]),
+            "factors": meta["factors"], "history": meta["history"]}

@@ -1,0 +1,717 @@
+"""Top-k on an OpenCL device: scores of query vectors against item vectors fused with selection.
+
+The kernels (``cl_kernels/topk.cl.j2``) compute ``Q · Fᵀ`` tile by tile and keep, per query,
+the best ``k`` (score, index) pairs in local memory, so the score matrix never reaches global
+memory; a second kernel merges the partial lists of the candidate splits. Results are exact and
+ordered like :func:`clmf.inference.host._top_n`: score descending, then the lower index.
+
+The API is a function of (factors, queries, candidates, exclusion CSR, N) on one device, so
+the model, the CLI and the multi-device paths share it::
+
+    tk = DeviceTopK(item_factors, device="cpu")       # uploads the factors once
+    ids, scores = tk.query(user_vectors, N=10, exclude=seen_csr)
+
+:class:`DeviceTopK` caches the uploaded factors; :meth:`DeviceTopK.query` plans its batches
+from the device's memory; :meth:`DeviceTopK.host_threshold` is the measured work (multiply-adds)
+below which the host's NumPy path is faster (from a ``topk`` tuning record, else a calibration
+of a few milliseconds on first use). :func:`inference_options` overrides the device choice and
+the threshold (the tests force the device path with ``min_work=0``).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import math
+import os
+import threading
+import time
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..errors import DeviceMemoryError, InvalidConfigError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TopKConfig", "DeviceTopK", "topk", "validate", "render_topk", "inference_options",
+           "default_config", "lookup_config", "MAX_K"]
+
+MAX_K = 1024                  # longer lists go to the host (local memory per query)
+_EMPTY = np.iinfo(np.int32).max
+
+
+@dataclasses.dataclass(frozen=True)
+class TopKConfig:
+    """Geometry of the top-k scan kernel (see the template's header).
+
+    wx, wy: work-items along items / queries; rm: queries per work-item; rnv × v: items per
+    work-item in vectors of width v; tk: factors staged per step; cap: offered entries buffered
+    per query and round; qres: stage the whole query block once (else TK factors per step);
+    yt: read the items straight from global memory (no staged item tile; CPUs): 1 transposed
+    (f × n), 2 packed in panels of tn items (each panel f × tn, contiguous).
+    """
+    wx: int = 16
+    wy: int = 16
+    rm: int = 8
+    rnv: int = 2
+    v: int = 4
+    tk: int = 16
+    cap: int = 16
+    qres: bool = False
+    yt: int = 0
+
+    @property
+    def tm(self):
+        """Queries per work-group."""
+        return self.wy * self.rm
+
+    @property
+    def tn(self):
+        """Items per tile."""
+        return self.wx * self.rnv * self.v
+
+    def ldf(self, f):
+        """Padded factor width: a multiple of tk."""
+        return max(self.tk, -(-f // self.tk) * self.tk)
+
+    def local_bytes(self, f, kp):
+        """Local memory of the scan kernel for f factors and lists of kp."""
+        tmp, tnp = self.tm + 1, self.tn + (1 if self.v == 1 else self.v)
+        qk = self.ldf(f) if self.qres else (1 if self.yt else self.tk)
+        mw = -(-self.tn // 32)
+        return 4 * (qk * tmp + (0 if self.yt else self.tk * tnp) + 2 * self.tm * kp
+                    + 2 * self.tm * self.cap
+                    + self.tm + self.tm * mw + 2) + 8 * self.tm
+
+    def __str__(self):
+        """``topk:wx=..,wy=..,...`` (parsed back by :meth:`parse`)."""
+        return ("topk:" + ",".join(f"{k}={int(getattr(self, k))}"
+                                   for k in _FIELDS))
+
+    def to_dict(self):
+        """Plain dict (JSON) of the fields."""
+        return {k: int(getattr(self, k)) for k in _FIELDS}
+
+    @classmethod
+    def from_dict(cls, d):
+        """From :meth:`to_dict` output (unknown keys refused)."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        bad = set(d) - fields
+        if bad:
+            raise InvalidConfigError(f"unknown topk config keys {sorted(bad)}", "geometry")
+        kw = {k: (bool(v) if k == "qres" else int(v)) for k, v in d.items()}
+        return cls(**kw)
+
+    @classmethod
+    def parse(cls, s):
+        """From ``str(config)``: ``topk:wx=16,wy=16,...``."""
+        body = s.split(":", 1)[1] if s.startswith("topk:") else s
+        d = {}
+        for part in filter(None, body.split(",")):
+            k, _, v = part.partition("=")
+            d[k.strip()] = int(v)
+        return cls.from_dict(d)
+
+
+_FIELDS = ("wx", "wy", "rm", "rnv", "v", "tk", "cap", "qres", "yt")
+
+
+def default_config(info):
+    """The untuned configuration for a device type (CPUs: small groups, wide vectors)."""
+    if info is not None and info.type == "CPU":
+        return TopKConfig(wx=1, wy=64, rm=4, rnv=2, v=8, tk=16, cap=16, qres=False, yt=2)
+    return TopKConfig()
+
+
+def validate(cfg: TopKConfig, f, kp, info):
+    """Check ``cfg`` against the constraints of the template and the device's limits."""
+    if cfg.yt not in (0, 1, 2):
+        raise InvalidConfigError(f"yt must be 0, 1 or 2, not {cfg.yt}", "geometry")
+    if cfg.v not in (1, 2, 4, 8, 16):
+        raise InvalidConfigError(f"vector width {cfg.v} not in 1, 2, 4, 8, 16", "geometry")
+    for name in ("wx", "wy", "rm", "rnv", "tk", "cap"):
+        if getattr(cfg, name) < 1:
+            raise InvalidConfigError(f"{name} must be ≥ 1", "geometry")
+    if cfg.rm * cfg.rnv * cfg.v > 64:
+        raise InvalidConfigError(f"{cfg.rm * cfg.rnv * cfg.v} scores per work-item > 64 (the "
+                                 "pending mask is one 64-bit word)", "geometry")
+    if kp < 1 or kp > MAX_K:
+        raise InvalidConfigError(f"list length {kp} outside 1..{MAX_K}", "geometry")
+    if info is not None:
+        wg = cfg.wx * cfg.wy
+        if wg > info.max_work_group_size:
+            raise InvalidConfigError(f"work-group {wg} > device's {info.max_work_group_size}",
+                                     "work_group_size")
+        if cfg.wx > info.max_work_item_sizes[0] or cfg.wy > info.max_work_item_sizes[1]:
+            raise InvalidConfigError("work-group edges exceed the device's work-item sizes",
+                                     "work_item_sizes")
+        lb = cfg.local_bytes(f, kp)
+        if lb > info.local_mem:
+            raise InvalidConfigError(f"topk needs {lb} B of local memory, the device has "
+                                     f"{info.local_mem}", "local_memory")
+    return True
+
+
+def _shrink_to_fit(cfg, f, kp, info):
+    """``cfg`` with fewer queries per group (then no staged query block) until it fits."""
+    c = cfg
+    while True:
+        try:
+            validate(c, f, kp, info)
+            return c
+        except InvalidConfigError as e:
+            if e.reason != "local_memory":
+                raise
+            if c.qres:
+                c = dataclasses.replace(c, qres=False)
+            elif c.wy > 1:
+                c = dataclasses.replace(c, wy=c.wy // 2)
+            elif c.rm > 1:
+                c = dataclasses.replace(c, rm=c.rm // 2)
+            elif c.cap > 1:
+                c = dataclasses.replace(c, cap=max(1, c.cap // 2))
+            else:
+                raise
+
+
+@functools.lru_cache(maxsize=256)
+def render_topk(cfg: TopKConfig, ldf, kp):
+    """OpenCL C source of the top-k program for one configuration, padded width and list length."""
+    from ..engine import kernels
+    return kernels.render("topk.cl.j2", ldf=ldf, tk=cfg.tk, wx=cfg.wx, wy=cfg.wy, rm=cfg.rm,
+                          rnv=cfg.rnv, v=cfg.v, kp=kp, cap=cfg.cap, qres=bool(cfg.qres),
+                          yt=int(cfg.yt),
+                          config_str=f"{cfg} ldf={ldf} kp={kp}")
+
+
+def _program(ctx, device, cfg, ldf, kp):
+    """Build (memoized per context) the top-k program and check the kernel's work-group limit."""
+    from ..engine import kernels
+    prog = kernels.build(ctx, render_topk(cfg, ldf, kp))
+    lim = prog.work_group_limit("topk_scan", device)
+    if cfg.wx * cfg.wy > lim:
+        raise InvalidConfigError(f"topk_scan allows work-groups of at most {lim} here, the "
+                                 f"configuration needs {cfg.wx * cfg.wy}", "kernel_work_group_size")
+    return prog
+
+
+# ----- tuned configurations ----------------------------------------------------------------------
+def lookup_config(info, f):
+    """``(config, host_threshold or None, origin)`` for a device: the newest ``topk`` record of
+    the same device (nearest f) in the tuning databases, else the device type's default."""
+    from ..tuning.lookup import _sources
+    from ..tuning.schema import _same_device, device_record
+    best = None
+    dev = device_record(info)
+    try:
+        sources = _sources()
+    except Exception as e:                      # a database must never break inference
+        log.warning("topk tuning lookup failed (%s); using the default", e)
+        sources = []
+    for origin, _path, recs in sources:
+        for r in recs:
+            if r.get("kind") != "topk" or not _same_device(r.get("device") or {}, dev):
+                continue
+            try:
+                cfg = TopKConfig.from_dict(r["config"])
+                rf = int(r["f"])
+            except (KeyError, TypeError, ValueError, InvalidConfigError):
+                continue
+            key = (abs(math.log(max(rf, 1) / max(f, 1))), _age(r.get("date")))
+            if best is None or key < best[0]:
+                best = (key, cfg, r.get("host_threshold"), origin)
+    if best is None:
+        return default_config(info), None, "default"
+    thr = best[2]
+    return best[1], (float(thr) if thr is not None else None), f"tuned ({best[3]})"
+
+
+def _age(date):
+    """Sort key: the newest record first (undated ones last)."""
+    import datetime
+    try:
+        return -datetime.datetime.fromisoformat(date).timestamp()
+    except (TypeError, ValueError):
+        return math.inf
+
+
+# ----- overrides ---------------------------------------------------------------------------------
+_options = {"device": None, "min_work": None, "enabled": None}
+_olock = threading.Lock()
+
+
+@contextlib.contextmanager
+def inference_options(device=None, min_work=None, enabled=None):
+    """Temporarily choose the inference device, the host threshold (multiply-adds; 0 forces the
+    device path) or disable the device path (``enabled=False``)."""
+    with _olock:
+        old = dict(_options)
+        if device is not None:
+            _options["device"] = device
+        if min_work is not None:
+            _options["min_work"] = float(min_work)
+        if enabled is not None:
+            _options["enabled"] = bool(enabled)
+    try:
+        yield
+    finally:
+        with _olock:
+            _options.update(old)
+
+
+def options():
+    """The current overrides (``device``, ``min_work``, ``enabled``)."""
+    with _olock:
+        return dict(_options)
+
+
+def device_path_enabled():
+    """False when ``CLMF_INFERENCE=host`` or :func:`inference_options` disabled the device."""
+    o = options()
+    if o["enabled"] is not None:
+        return o["enabled"]
+    return os.environ.get("CLMF_INFERENCE", "").lower() != "host"
+
+
+def known_threshold(device, f):
+    """The host threshold for ``device`` at ``f`` factors without touching the device: the
+    override, else a tuned record's, else None (then :meth:`DeviceTopK.host_threshold`
+    measures it)."""
+    o = options()
+    if o["min_work"] is not None:
+        return o["min_work"]
+    from ..engine.device import device_info
+    key = (device.int_ptr, int(f))
+    hit = _known.get(key)
+    if hit is None:
+        hit = _known[key] = (lookup_config(device_info(device), f)[1],)
+    return hit[0]
+
+
+_known: dict = {}
+
+
+# ----- the device object -------------------------------------------------------------------------
+class DeviceTopK:
+    """Item (or user) factors resident on one device, and exact top-k queries against them.
+
+    Parameters
+    ----------
+    factors : (n, f) array — the vectors to rank (item factors; normalized ones for cosine)
+    device : clmf device spec or ``pyopencl.Device``
+    config : :class:`TopKConfig`, optional — default: the tuned one (``lookup_config``)
+    memory_fraction : share of the device's memory a query may plan for
+    """
+
+    def __init__(self, factors, device="auto", config=None, memory_fraction=0.5):
+        """Upload ``factors`` to ``device`` with the tuned (or given) configuration."""
+        import pyopencl as cl
+
+        from ..engine.device import device_info, get_context, select_device
+        self.cl = cl
+        self.device = select_device(device)
+        self.info = device_info(self.device)
+        self.ctx, self.queue = get_context(self.device)
+        F = np.asarray(factors, np.float32)
+        if F.ndim != 2:
+            raise ValueError(f"factors must be 2-D, got shape {F.shape}")
+        if not np.all(np.isfinite(F)):
+            raise ValueError("factors contain NaN/inf")
+        self.n, self.f = F.shape
+        tuned, thr, origin = lookup_config(self.info, self.f)
+        self.config = config or tuned
+        self.config_origin = "given" if config is not None else origin
+        self._tuned_threshold = thr
+        self._threshold = None
+        self.ldf = self.config.ldf(self.f)
+        self.memory_fraction = float(memory_fraction)
+        need = max(1, self.n) * self.ldf * 4
+        if need > self.info.max_alloc:
+            raise DeviceMemoryError(f"the factors need {need} B on the device, its largest "
+                                    f"allocation is {self.info.max_alloc} B")
+        self._F = F
+        self.factors_buf, self.ldy = self._items_buffer(F)
+        self._gathered = None              # (candidates, buffer, ldy) of the last gather (yt)
+        self._queries = None               # resident query rows (recommend_all)
+        self._lock = threading.Lock()
+        log.debug("DeviceTopK on %s: %d × %d (ldf %d), %s (%s)", self.info.name, self.n, self.f,
+                  self.ldf, self.config, self.config_origin)
+
+    # ----- buffers ------------------------------------------------------------------------------
+    def _pad(self, M):
+        """Rows of ``M`` zero-padded to ``ldf`` columns (one row at least)."""
+        M = np.asarray(M, np.float32)
+        out = np.zeros((max(1, M.shape[0]), self.ldf), np.float32)
+        out[:M.shape[0], :M.shape[1]] = M
+        return out
+
+    def _upload(self, a):
+        """A read-only device copy of ``a`` (one element for an empty array)."""
+        cl = self.cl
+        a = np.ascontiguousarray(a)
+        if a.size == 0:
+            a = np.zeros(1, a.dtype)
+        return cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
+
+    def _items_buffer(self, F):
+        """The items on the device: rows padded to ldf, or transposed (yt) with the item axis
+        padded to a multiple of the tile; returns (buffer, leading dimension)."""
+        if not self.config.yt:
+            return self._upload(self._pad(F)), self.ldf
+        tn = self.config.tn
+        ldy = max(1, -(-F.shape[0] // tn)) * tn
+        if self.config.yt == 2:           # panels: (tiles, ldf, tn), each contiguous
+            P = np.zeros((ldy, self.ldf), np.float32)
+            P[:F.shape[0], :F.shape[1]] = F
+            return self._upload(P.reshape(ldy // tn, tn, self.ldf).transpose(0, 2, 1)), tn
+        Yt = np.zeros((self.ldf, ldy), np.float32)
+        Yt[:F.shape[1], :F.shape[0]] = F.T
+        return self._upload(Yt), ldy
+
+    def _items_for(self, cand):
+        """(buffer, ldy, candidate buffer or None) for a query over ``cand``: the transposed
+        layout gathers the candidates on the host (cached for the last candidate list)."""
+        if cand is None:
+            return self.factors_buf, self.ldy, None
+        if not self.config.yt:
+            return self.factors_buf, self.ldy, self._upload(cand.astype(np.int32))
+        g = self._gathered
+        if g is None or not np.array_equal(g[0], cand):
+            buf, ldy = self._items_buffer(self._F[cand])
+            g = self._gathered = (cand.copy(), buf, ldy)
+        return g[1], g[2], None
+
+    def set_queries(self, Q):
+        """Upload query vectors once (e.g. all user factors) for :meth:`query_rows`."""
+        Q = np.asarray(Q, np.float32)
+        if Q.ndim != 2 or Q.shape[1] != self.f:
+            raise ValueError(f"queries must be (rows, {self.f}), got {Q.shape}")
+        self._queries = (self._upload(self._pad(Q)), Q.shape[0])
+        return self
+
+    def set_exclude(self, exclude, candidates=None):
+        """Upload an exclusion CSR once, aligned with the resident queries (row i excludes for
+        query row i), for ``query_rows(..., exclude="resident")`` over ``candidates``."""
+        cand = None if candidates is None else np.asarray(candidates, np.int64)
+        excl = _to_positions(sp.csr_matrix(exclude), cand, self.n)
+        need = 8 * (excl.shape[0] + 1) + 4 * excl.nnz
+        if need > self.info.max_alloc:
+            raise DeviceMemoryError(f"the exclusion CSR needs {need} B, the device's largest "
+                                    f"allocation is {self.info.max_alloc} B")
+        self._excl = (self._upload(excl.indptr.astype(np.int64)),
+                      self._upload(excl.indices.astype(np.int32)), excl.shape[0], cand,
+                      excl.nnz)
+        return self
+
+    # ----- planning -----------------------------------------------------------------------------
+    def plan(self, nq, kp, splits, avg_excl=0.0, queries_on_device=False):
+        """Rows per launch so that the launch's buffers fit ``memory_fraction`` of the device."""
+        per_row = 8 * kp * (splits + 1) + 8 + 4 * avg_excl * 1.25
+        if not queries_on_device:
+            per_row += 4 * self.ldf
+        budget = self.memory_fraction * self.info.global_mem - self.n * self.ldf * 4
+        budget = min(budget, self.info.max_alloc)
+        rows = int(budget // per_row)
+        if rows < 1:
+            raise DeviceMemoryError(f"a top-k launch needs {per_row:.0f} B per query beyond the "
+                                    f"{self.n * self.ldf * 4} B of factors; the device offers "
+                                    f"{self.memory_fraction * self.info.global_mem:.0f} B")
+        return max(1, min(nq, rows))
+
+    def _splits(self, nq, C, cfg):
+        """(splits, candidates per split): enough work-groups to fill the device."""
+        tiles = max(1, -(-C // cfg.tn))
+        groups = max(1, -(-nq // cfg.tm))
+        target = self.info.compute_units * (4 if self.info.type != "CPU" else 2)
+        s = min(tiles, max(1, -(-target // groups)))
+        jper = -(-tiles // s) * cfg.tn
+        return max(1, -(-C // jper)), jper
+
+    # ----- queries ------------------------------------------------------------------------------
+    def query(self, Q, N, candidates=None, exclude=None, show_progress=False):
+        """Exact top-``N`` of ``Q · factors[candidates]ᵀ`` per row of ``Q``.
+
+        Parameters
+        ----------
+        Q : (b, f) query vectors
+        N : list length; ``k = min(N, len(candidates))``
+        candidates : sorted unique indices into the factors, or None (all)
+        exclude : CSR (b rows) whose stored column indices (factor indices) are left out
+
+        Returns
+        -------
+        (ids, scores) : int64 ``(b, k)`` factor indices and float32 scores, best first, padded
+        with -1 / -inf where fewer than k remain.
+        """
+        Q = np.asarray(Q, np.float32)
+        if Q.ndim != 2 or Q.shape[1] != self.f:
+            raise ValueError(f"queries must be (rows, {self.f}), got {Q.shape}")
+        out = list(self.iter_query(Q, N, candidates, exclude, show_progress=show_progress))
+        return _concat(out, Q.shape[0], self._k(N, candidates))
+
+    def query_rows(self, r0, r1, N, candidates=None, exclude=None, show_progress=False):
+        """As :meth:`query` for rows ``r0:r1`` of the queries uploaded by :meth:`set_queries`
+        (``exclude`` has one row per query row ``r0:r1``)."""
+        if self._queries is None:
+            raise RuntimeError("no resident queries: call set_queries() first")
+        out = list(self.iter_query(None, N, candidates, exclude, rows=(r0, r1),
+                                   show_progress=show_progress))
+        return _concat(out, r1 - r0, self._k(N, candidates))
+
+    def _k(self, N, candidates):
+        """The list length of a query: ``min(N, candidates)``."""
+        C = self.n if candidates is None else len(candidates)
+        return min(int(N), C)
+
+    def iter_query(self, Q, N, candidates=None, exclude=None, rows=None, batch_rows=None,
+                   show_progress=False):
+        """Yield ``(row0, ids, scores)`` batch by batch (the memory plan's batches, or
+        ``batch_rows``); arguments as :meth:`query`, or ``rows=(r0, r1)`` of resident queries."""
+        cl = self.cl
+        if rows is not None:
+            r0, r1 = int(rows[0]), int(rows[1])
+            if not 0 <= r0 <= r1 <= self._queries[1]:
+                raise IndexError(f"rows {r0}:{r1} outside the {self._queries[1]} resident queries")
+            nq = r1 - r0
+        else:
+            nq = Q.shape[0]
+        cand = None
+        if candidates is not None:
+            cand = np.asarray(candidates, np.int64)
+            if cand.size and (cand.min() < 0 or cand.max() >= self.n):
+                raise IndexError(f"candidates outside 0..{self.n - 1}")
+            if cand.size > 1 and np.any(np.diff(cand) <= 0):
+                raise ValueError("candidates must be sorted and unique")
+        C = self.n if cand is None else cand.size
+        k = min(int(N), C)
+        if k < 0:
+            raise ValueError("N must be ≥ 0")
+        excl = None
+        resident = isinstance(exclude, str) and exclude == "resident"
+        if resident:
+            if rows is None or getattr(self, "_excl", None) is None:
+                raise ValueError('exclude="resident" needs set_exclude() and resident queries')
+            rc = self._excl[3]
+            if (rc is None) != (cand is None) or (rc is not None and not np.array_equal(rc, cand)):
+                raise ValueError("the resident exclusion was uploaded for other candidates")
+            if self._excl[2] < rows[1]:
+                raise ValueError(f"the resident exclusion has {self._excl[2]} rows, "
+                                 f"the queries need {rows[1]}")
+        elif exclude is not None:
+            excl = sp.csr_matrix(exclude)
+            if excl.shape[0] != nq:
+                raise ValueError(f"exclude has {excl.shape[0]} rows for {nq} queries")
+            excl = _to_positions(excl, cand, self.n)
+        if k == 0 or nq == 0:
+            yield 0, np.full((nq, k), -1, np.int64), np.full((nq, k), -np.inf, np.float32)
+            return
+        if k > MAX_K:
+            raise InvalidConfigError(f"N = {k} is more than the device top-k keeps ({MAX_K})",
+                                     "geometry")
+        cfg = _shrink_to_fit(self.config, self.f, k, self.info)
+        prog = _program(self.ctx, self.device, cfg, self.ldf, k)
+        scan, merge = prog.kernels["topk_scan"], prog.kernels["topk_merge"]
+        S, jper = self._splits(nq if batch_rows is None else min(nq, batch_rows), C, cfg)
+        avg = excl.nnz / max(1, nq) if excl is not None else 0.0
+        B = batch_rows or self.plan(nq, k, S, 0.0 if resident else avg,
+                                    queries_on_device=rows is not None)
+        B = max(1, min(B, nq))
+        if B < nq:          # whole work-groups per batch
+            B = max(cfg.tm, B // cfg.tm * cfg.tm)
+        mf = cl.mem_flags
+        self.kernel_seconds = 0.0          # device time of this query's kernels (profiled)
+        ybuf, ldy, cand_buf = self._items_for(cand)
+        part_s = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * B * S * k)
+        part_i = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * B * S * k)
+        if S > 1:
+            fin_s = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * B * k)
+            fin_i = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * B * k)
+        bar = None
+        if show_progress:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=nq, desc="top-k", unit="query")
+        try:
+            for b0 in range(0, nq, B):
+                b1 = min(nq, b0 + B)
+                nb = b1 - b0
+                if rows is not None:
+                    qbuf, qrow0 = self._queries[0], r0 + b0
+                else:
+                    qbuf, qrow0 = self._upload(self._pad(Q[b0:b1])), 0
+                if resident:       # rows aligned with the resident queries
+                    ex_ptr, ex_idx = self._excl[0], self._excl[1]
+                    has_excl, erow0 = 1, qrow0
+                elif excl is not None:
+                    sub = excl[b0:b1]
+                    ex_ptr = self._upload(sub.indptr.astype(np.int64))
+                    ex_idx = self._upload(sub.indices.astype(np.int32))
+                    has_excl, erow0 = 1, 0
+                else:
+                    ex_ptr = ex_idx = None
+                    has_excl, erow0 = 0, 0
+                groups = -(-nb // cfg.tm)
+                events = []
+                ev = scan(self.queue, (cfg.wx * S, cfg.wy * groups), (cfg.wx, cfg.wy), qbuf,
+                     np.int32(qrow0), np.int32(nb), ybuf, cand_buf,
+                     np.int32(cand_buf is not None), np.int32(C), ex_ptr, ex_idx,
+                     np.int32(has_excl), np.int32(erow0), np.int32(jper), np.int32(S),
+                     np.int64(ldy), part_s, part_i)
+                events.append(ev)
+                if S > 1:
+                    events.append(merge(
+                        self.queue, (-(-nb // 64) * 64,), (64,), part_s, part_i, np.int32(nb),
+                        np.int32(S), fin_s, fin_i))
+                    src_s, src_i = fin_s, fin_i
+                else:
+                    src_s, src_i = part_s, part_i
+                sc = np.empty((nb, k), np.float32)
+                ix = np.empty((nb, k), np.int32)
+                cl.enqueue_copy(self.queue, sc, src_s, is_blocking=False)
+                cl.enqueue_copy(self.queue, ix, src_i, is_blocking=True)
+                self.kernel_seconds += sum((e.profile.end - e.profile.start) * 1e-9
+                                           for e in events)
+                yield b0, *_finish(ix, sc, cand)
+                if bar is not None:
+                    bar.update(nb)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    # ----- host threshold -----------------------------------------------------------------------
+    def host_threshold(self):
+        """Multiply-adds (queries × candidates × f) below which the host path is faster:
+        the override, the tuned record's, else measured once here (see :func:`calibrate`)."""
+        o = options()
+        if o["min_work"] is not None:
+            return o["min_work"]
+        if self._tuned_threshold is not None:
+            return self._tuned_threshold
+        if self._threshold is None:
+            with self._lock:
+                if self._threshold is None:
+                    self._threshold = _calibrated(self)
+        return self._threshold
+
+
+def _to_positions(excl, cand, n):
+    """The exclusion CSR with columns as candidate positions (others dropped), rows sorted."""
+    excl = excl.copy()
+    excl.sum_duplicates()          # canonical: sorted indices per row, no duplicates
+    if excl.nnz and excl.indices.max() >= n and cand is None:
+        excl = excl[:, :n]
+    if cand is None:
+        return excl
+    posmap = np.full(max(n, excl.shape[1]), -1, np.int64)
+    posmap[cand] = np.arange(cand.size)
+    cols = posmap[excl.indices]
+    keep = cols >= 0
+    rows = np.repeat(np.arange(excl.shape[0]), np.diff(excl.indptr))[keep]
+    out = sp.csr_matrix((np.ones(int(keep.sum()), np.int8), (rows, cols[keep])),
+                        shape=(excl.shape[0], max(1, cand.size)))
+    out.sum_duplicates()
+    return out
+
+
+def _finish(ix, sc, cand):
+    """Device lists → (int64 ids, float32 scores) with -1 / -inf for empty slots."""
+    empty = ix == _EMPTY
+    ids = ix.astype(np.int64)
+    if cand is not None:
+        ids = np.where(empty, -1, cand[np.where(empty, 0, ids)])
+    ids[empty] = -1
+    sc = sc.copy()
+    sc[empty] = -np.inf
+    return ids, sc
+
+
+def _concat(parts, nq, k):
+    """Stack the batches of :meth:`DeviceTopK.iter_query` into ``(ids, scores)``."""
+    if not parts:
+        return np.full((nq, k), -1, np.int64), np.full((nq, k), -np.inf, np.float32)
+    if len(parts) == 1:
+        return parts[0][1], parts[0][2]
+    return np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
+
+
+# ----- calibration of the host/device threshold ---------------------------------------------------
+_calib_cache: dict = {}
+
+
+def _median_time(fn, reps=3):
+    """Median wall seconds of ``reps`` calls of ``fn``."""
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return float(np.median(ts))
+
+
+def calibrate(dtk: DeviceTopK, sizes=(1, 16, 64), N=10, seed=0):
+    """Measure host and device top-``N`` for a few query counts against ``dtk``'s factors and
+    return the multiply-adds where the device starts to win (inf if it never does here).
+
+    The crossover ``b*`` is interpolated between the last measured size where the host wins and
+    the first where the device does (0 when the device wins at every size; when the host wins
+    everywhere, extrapolated from linear models ``t = a + c·b`` of both, inf if they never
+    cross); the threshold is ``b* · n · f``."""
+    from .host import host_rank
+    rng = np.random.default_rng(seed)
+    th, td = [], []
+    Yh = _host_factors(dtk)
+    for b in sizes:
+        Q = rng.standard_normal((b, dtk.f)).astype(np.float32)
+        dtk.query(Q, N)                                            # build + warm-up
+        td.append(_median_time(lambda: dtk.query(Q, N)))
+        th.append(_median_time(lambda: host_rank(Q, Yh, None, None, N)))
+    b = np.asarray(sizes, np.float64)
+    th_, td_ = np.asarray(th), np.asarray(td)
+    work = float(dtk.n) * dtk.f
+    wins = td_ < th_
+    if wins.all():
+        bstar = 0.0
+    elif wins.any():
+        # the first measured size where the device wins, and the one before it: interpolate
+        # the time difference linearly between them
+        i = int(np.argmax(wins))
+        if i == 0:
+            bstar = 0.0
+        else:
+            d0, d1 = td_[i - 1] - th_[i - 1], td_[i] - th_[i]
+            bstar = b[i - 1] + (b[i] - b[i - 1]) * d0 / (d0 - d1)
+    else:
+        # the host wins everywhere measured: extrapolate the linear models t = a + c·b
+        ch, ah = np.polyfit(b, th_, 1)
+        cd, ad = np.polyfit(b, td_, 1)
+        bstar = math.inf if cd >= ch else max(b[-1], (ad - ah) / (ch - cd))
+    log.info("topk calibration on %s (%d × %d): queries %s, host %s s, device %s s → device "
+             "from %.3g queries", dtk.info.name, dtk.n, dtk.f, list(sizes),
+             [round(t, 5) for t in th], [round(t, 5) for t in td], bstar)
+    return bstar * work, {"sizes": list(sizes), "host_s": th, "device_s": td}
+
+
+def _host_factors(dtk):
+    """The factors of ``dtk`` as the host path gets them."""
+    return dtk._F
+
+
+def _calibrated(dtk):
+    """The measured threshold of ``dtk``, once per device, size class, f and configuration."""
+    key = (dtk.device.int_ptr, dtk.n // 1024, dtk.f, str(dtk.config))
+    hit = _calib_cache.get(key)
+    if hit is None:
+        try:
+            hit = calibrate(dtk)[0]
+        except Exception as e:           # calibration must never break inference
+            log.warning("topk calibration failed (%s); using the host below 1e8 multiply-adds", e)
+            hit = 1e8
+        _calib_cache[key] = hit
+    return hit
+
+
+def topk(factors, queries, N, candidates=None, exclude=None, device="auto", config=None):
+    """One-shot :meth:`DeviceTopK.query` (uploads ``factors``; keep a :class:`DeviceTopK` to
+    query the same factors again)."""
+    return DeviceTopK(factors, device, config).query(queries, N, candidates, exclude)

@@ -1,0 +1,399 @@
+"""The client side of a partitioned fit on a Dask cluster (issue 15): ratings prepared on the
+workers (raw ids mapped to dense indices there), and :class:`DaskEngine`, which places one
+:class:`~clmf.parallel.worker.DeviceWorker` per Dask worker (the blocks the partition plan gives
+it stay resident for the whole fit) and drives the half-steps with Dask tasks pinned to their
+workers. Only factor blocks (replicate mode) or partial normal equations (reduce mode) move, as
+Dask results between workers. Dask is imported lazily: importing :mod:`clmf` never needs it.
+
+A worker that leaves the cluster during a fit takes its blocks and device state with it: the
+engine notices (it watches the scheduler's worker list while it waits) and raises
+:class:`WorkerLostError`, whose message says how to resume from the last checkpoint.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import uuid
+
+import numpy as np
+
+from . import dask_tasks as T
+from .partition import choose_modes, make_plan
+from .worker import SIDES, other_side
+
+log = logging.getLogger(__name__)
+
+__all__ = ["WorkerLostError", "DaskEngine", "DistRatings", "prepare", "fit_workers",
+           "get_client", "wait_alive"]
+
+
+class WorkerLostError(RuntimeError):
+    """A Dask worker holding blocks of a running fit left the cluster (its ratings and device
+    state are gone); the message names the checkpoint to resume from."""
+
+
+def get_client(client=None):
+    """``client``, or the default :class:`distributed.Client` (a clear error when none)."""
+    if client is not None:
+        return client
+    try:
+        from distributed import get_client as _get
+    except ImportError as e:      # pragma: no cover - the extra is missing
+        raise ImportError("clmf.dask needs dask.distributed: pip install 'clmf[dask]'") from e
+    try:
+        return _get()
+    except ValueError:
+        raise ValueError("no Dask client: pass client=distributed.Client(...) or create one "
+                         "first (see 'Scaling out with Dask' in the README)") from None
+
+
+def fit_workers(client, workers=None):
+    """``(addresses, ranks)``: the workers of a fit in a fixed order and each one's position
+    among the fit's workers on its host (it picks that device of its type)."""
+    alive = sorted(client.nthreads())
+    addrs = sorted(workers) if workers is not None else alive
+    gone = sorted(set(addrs) - set(alive))
+    if gone:
+        raise ValueError(f"workers {gone} are not in the cluster")
+    if not addrs:
+        raise ValueError("the Dask cluster has no workers")
+    hosts = {}
+    ranks = []
+    for a in addrs:
+        host = a.rsplit(":", 1)[0]
+        ranks.append(hosts.get(host, 0))
+        hosts[host] = ranks[-1] + 1
+    return addrs, ranks
+
+
+def wait_alive(client, addrs, futs, what, phase, poll=1.0):
+    """Results of ``futs``; one of the workers ``addrs`` leaving the cluster meanwhile raises
+    :class:`WorkerLostError` (tasks pinned to a lost worker would wait for it forever)."""
+    from distributed import wait
+
+    def check():
+        alive = set(client.nthreads())
+        gone = [a for a in addrs if a not in alive]
+        if gone:
+            raise WorkerLostError(f"Dask worker(s) {gone} holding blocks of {what} left the "
+                                  f"cluster during {phase}")
+
+    while True:
+        try:
+            wait(futs, timeout=poll)
+            break
+        except Exception:        # noqa: BLE001 - a timeout; its type differs between versions
+            pass
+        check()
+        if all(fu.done() for fu in futs):
+            break
+    try:
+        return [fu.result() for fu in futs]
+    except Exception:
+        check()                  # a lost worker's tasks fail too: say so first
+        raise
+
+
+@dataclasses.dataclass
+class DistRatings:
+    """Ratings resident on the cluster as futures of encoded partitions."""
+    parts: list              # futures of (users int32, items int32, ratings float32)
+    shape: tuple
+    user_ids: object         # raw id of every user index (None: the indices are the ids)
+    item_ids: object
+    user_counts: np.ndarray = None
+    item_counts: np.ndarray = None
+    total: float = 0.0       # sum of the ratings
+    minimum: float = np.inf
+    nnz: int = 0
+
+    def release(self):
+        """Drop the futures (the cluster frees the partitions)."""
+        self.parts = []
+
+
+def _partitions(client, X, columns, n_parts):
+    """Futures of pandas partitions of ``X`` and ``(shape, user_ids, item_ids)`` when ``X``
+    carries dense indices (scipy.sparse, Ratings) — else ``None`` (raw ids)."""
+    import pandas as pd
+    import scipy.sparse as sp
+
+    from ..data.validation import check_ratings
+    ucol, icol, rcol = columns
+    if (sp.issparse(X) or hasattr(X, "user_ids") or isinstance(X, (tuple, np.ndarray))
+            or (hasattr(X, "__array__") and not hasattr(X, "columns"))):
+        # ratings already on the client: checked and made canonical as clmf.ALS does
+        C = check_ratings(X).tocoo()
+        u, i, r, shape = C.row, C.col, C.data, C.shape
+        uids = np.asarray(X.user_ids) if hasattr(X, "user_ids") else None
+        iids = np.asarray(X.item_ids) if hasattr(X, "item_ids") else None
+        cuts = np.linspace(0, len(r), max(1, n_parts) + 1).astype(np.int64)
+        frames = [pd.DataFrame({ucol: np.asarray(u[a:b], np.int32),
+                                icol: np.asarray(i[a:b], np.int32),
+                                rcol: np.asarray(r[a:b], np.float32)})
+                  for a, b in zip(cuts[:-1], cuts[1:])]
+        return client.scatter(frames, hash=False), (tuple(int(s) for s in shape), uids, iids)
+    if isinstance(X, str):
+        import dask.dataframe as dd
+        X = dd.read_parquet(X, columns=list(columns))
+    if isinstance(X, pd.DataFrame) or (hasattr(X, "to_delayed") and hasattr(X, "npartitions")):
+        missing = [c for c in columns if c not in X.columns]
+        if missing:
+            raise ValueError(f"the ratings have no column(s) {missing}; found {list(X.columns)} "
+                             "(pass columns=(user, item, rating))")
+    if isinstance(X, pd.DataFrame):
+        cuts = np.linspace(0, len(X), max(1, n_parts) + 1).astype(np.int64)
+        return client.scatter([X.iloc[a:b] for a, b in zip(cuts[:-1], cuts[1:])],
+                              hash=False), None
+    if hasattr(X, "to_delayed") and hasattr(X, "npartitions"):
+        return client.compute(X[list(columns)].to_delayed()), None
+    raise TypeError("ratings must be a dask or pandas DataFrame of (user, item, rating), a "
+                    f"parquet path, a scipy.sparse matrix, a (user_idx, item_idx, ratings) tuple "
+                    f"or clmf.datasets.Ratings, not {type(X).__name__}")
+
+
+def _sorted_index(ids):
+    """A pandas Index of the distinct raw ids, sorted when they are orderable."""
+    import pandas as pd
+    try:
+        ids = np.sort(ids)
+    except TypeError:          # mixed types: first-seen order
+        pass
+    return pd.Index(ids)
+
+
+def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=None, shift=0.0):
+    """Encode ratings on the cluster: distinct ids per partition reduced on the workers, sorted
+    into the id maps (or the given ``maps`` of a fitted model: ids unknown to it become -1),
+    every partition mapped to dense indices where it lies. Nothing but ids comes to the
+    client. ``shift`` is added to the ratings on the workers (``total`` and ``minimum`` are of
+    the ratings as given). Returns a :class:`DistRatings` (counts filled when ``maps`` is
+    None)."""
+    n_parts = n_parts or len(client.nthreads())
+    parts, known = _partitions(client, X, tuple(columns), n_parts)
+    if known is not None and maps is None:
+        shape, uids, iids = known
+        codes = client.map(T.encode, parts, columns=tuple(columns), user_index=None,
+                           item_index=None, shift=shift)
+    else:
+        if maps is None:
+            ids = []
+            for col in columns[:2]:
+                uniq = client.map(T.unique_ids, parts, column=col)
+                while len(uniq) > 8:        # a tree of unions on the workers
+                    uniq = [client.submit(T.union_ids, *uniq[k:k + 8])
+                            for k in range(0, len(uniq), 8)]
+                ids.append(_sorted_index(client.submit(T.union_ids, *uniq).result()))
+            uidx, iidx = ids
+        else:
+            import pandas as pd
+            uidx, iidx = (m if isinstance(m, pd.Index) else pd.Index(m) for m in maps)
+        uf, if_ = client.scatter([uidx, iidx], broadcast=True, hash=False)
+        codes = client.map(T.encode, parts, columns=tuple(columns), user_index=uf,
+                           item_index=if_, shift=shift)
+        shape = (len(uidx), len(iidx))
+        uids, iids = np.asarray(uidx), np.asarray(iidx)
+    out = DistRatings(codes, shape, uids, iids)
+    if maps is None:
+        tallies = client.map(T.tally, codes, m=shape[0], n=shape[1])
+        while len(tallies) > 8:
+            tallies = [client.submit(T.sum_tallies, *tallies[k:k + 8])
+                       for k in range(0, len(tallies), 8)]
+        uc, ic, s, lo, bad = client.submit(T.sum_tallies, *tallies).result()
+        if bad:
+            raise ValueError(f"the ratings contain {bad} NaN/inf value(s)")
+        out.user_counts, out.item_counts = uc, ic
+        out.nnz = int(uc.sum())
+        out.total, out.minimum = s - shift * out.nnz, lo - shift
+        if out.nnz == 0:
+            raise ValueError("the ratings are empty")
+    return out
+
+
+class DaskEngine:
+    """One fit's blocks and device workers on a Dask cluster (see the module docstring)."""
+
+    def __init__(self, client, addrs, ranks, specs, data, f, infos, config_pairs, *,
+                 implicit_alpha=None, biased=False, offset=0.0, max_device_memory=None,
+                 modes=None, poll=1.0):
+        """Plan the fit, route the ratings to their workers, build the blocks and devices."""
+        from .backend import common_ldf
+        self.client = client
+        self.addrs = list(addrs)
+        self.n = len(self.addrs)
+        self.fit_id = f"clmf-{uuid.uuid4().hex[:12]}"
+        self.shape = tuple(data.shape)
+        self.f = int(f)
+        self.biased = bool(biased)
+        self.implicit = implicit_alpha is not None
+        self.fs = self.f + 1 if self.biased else self.f
+        width = self.f + 2 if self.biased else self.f
+        self.poll = float(poll)
+        self.phase = "set-up"
+        pairs = [tuple(p) for p in config_pairs]
+        storages = {c.storage for p in pairs for c in p}
+        if len(storages) != 1:
+            raise ValueError(f"every device must store factors alike, got {sorted(storages)}")
+        self.np_store = np.float16 if storages.pop() == "float16" else np.float32
+        self.ldf = common_ldf(pairs, width)
+        if modes is None:
+            modes = choose_modes(self.shape, self.fs, self.ldf, self.n)
+        if self.n == 1 or all(mo == "reduce" for mo in modes.values()):
+            modes = {s: "replicate" for s in SIDES}
+        for k, s in enumerate(SIDES):
+            if modes[s] == "reduce":       # the reduced systems are solved from A: no fused CG
+                pairs = [tuple(c.replace(solver="cg") if j == k and c.solver == "fusedcg" else c
+                               for j, c in enumerate(p)) for p in pairs]
+        self.config_pairs = pairs
+        self.plan = make_plan(data.user_counts, data.item_counts, self.n, self.fs, self.ldf,
+                              modes=modes)
+        self.metric_by = T.metric_side(self.plan)
+        self.user_counts, self.item_counts = data.user_counts, data.item_counts
+        setup = {"plan": self.plan, "shape": self.shape, "user_counts": data.user_counts,
+                 "item_counts": data.item_counts, "f": self.f, "biased": self.biased,
+                 "ldf": self.ldf, "itemsize": np.dtype(self.np_store).itemsize,
+                 "config_pairs": pairs, "implicit_alpha": implicit_alpha,
+                 "max_device_memory": max_device_memory, "infos": list(infos),
+                 "specs": list(specs), "ranks": list(ranks), "offset": float(offset)}
+        t0 = time.perf_counter()
+        built = False
+        try:
+            sfut = client.scatter([setup], broadcast=True, workers=self.addrs, hash=False)[0]
+            pieces = self._route(data.parts)
+            futs = [self._on(d, T.build, self.fit_id, d, sfut, len(pieces),
+                             *[pieces[p][d] for p in range(len(pieces))],
+                             *[pieces[p][self.n + d] for p in range(len(pieces))])
+                    for d in range(self.n)]
+            self.memory_plans = self._wait(futs)
+            built = True
+        finally:
+            if not built:
+                self.release()
+        self.memory = {"total": max(p["total"] for p in self.memory_plans),
+                       "per_device": self.memory_plans}
+        self.times = {"build": time.perf_counter() - t0}
+        log.info("fit %s: blocks built on %d workers in %.2f s (modes %s)", self.fit_id, self.n,
+                 self.times["build"], {s: self.plan[s].mode for s in SIDES})
+
+    # ----- task plumbing -------------------------------------------------------------------
+    def _on(self, d, fn, *args):
+        """Run ``fn(*args)`` on worker ``d`` only."""
+        return self.client.submit(fn, *args, workers=[self.addrs[d]], allow_other_workers=False,
+                                  pure=False, key=f"{fn.__name__}-{self.fit_id}-{uuid.uuid4().hex}")
+
+    def _route(self, parts, bounds_by=None):
+        """Per partition, futures of its ``2n`` pieces (users blocks, then items blocks)."""
+        bu = self.plan["users"].bounds
+        bi = self.plan["items"].bounds
+        splits = self.client.map(T.split, parts, bounds_u=bu, bounds_i=bi, pure=False)
+        return [[self.client.submit(T.pick, s, k, pure=False) for k in range(2 * self.n)]
+                for s in splits]
+
+    def _wait(self, futs):
+        """Results of ``futs`` (see :func:`wait_alive`)."""
+        return wait_alive(self.client, self.addrs, futs, f"fit {self.fit_id}", self.phase,
+                          self.poll)
+
+    # ----- factors -------------------------------------------------------------------------
+    def padded(self, side, M, biases=None):
+        """A side's factors (n_rows × f) as the devices' padded rows."""
+        rows = self.shape[0 if side == "users" else 1]
+        M = np.asarray(M, dtype=np.float32)
+        if M.shape != (rows, self.f):
+            raise ValueError(f"{side} factors must have shape {(rows, self.f)}, not {M.shape}")
+        host = np.zeros((max(1, rows), self.ldf), dtype=self.np_store)
+        host[:rows, :self.f] = M
+        if self.biased:
+            host[:, self.f] = 1.0
+            if biases is not None:
+                host[:rows, self.f + 1] = biases
+        return host
+
+    def set_factors(self, side, M, biases=None):
+        """Upload a side's factors to every worker (the rows each device holds)."""
+        self.phase = f"uploading the {side} factors"
+        fut = self.client.scatter([self.padded(side, M, biases)], broadcast=True,
+                                  workers=self.addrs, hash=False)[0]
+        self._wait([self._on(d, T.write, self.fit_id, side, fut) for d in range(self.n)])
+
+    def get_factors(self, side, with_biases=False):
+        """A side's factors gathered from the workers solving them."""
+        self.phase = f"gathering the {side} factors"
+        rows = self.shape[0 if side == "users" else 1]
+        host = np.zeros((max(1, rows), self.ldf), dtype=self.np_store)
+        for r0, blk in self._wait([self._on(d, T.read, self.fit_id, side)
+                                   for d in range(self.n)]):
+            host[r0:r0 + len(blk)] = blk
+        X = np.ascontiguousarray(host[:rows, :self.f], dtype=np.float32)
+        if with_biases:
+            b = (host[:rows, self.f + 1].astype(np.float32) if self.biased
+                 else np.zeros(rows, np.float32))
+            return X, b
+        return X
+
+    # ----- iterations ----------------------------------------------------------------------
+    def half_step(self, side, regularization, weighted, previous=()):
+        """Submit the half-step of ``side`` on every worker (no wait): each worker first installs
+        the ``previous`` half-step's blocks (``(side, needed, *futures)``), then solves its rows
+        (reduce mode: partial systems, reduced on their owners, solved). Returns the next
+        half-step's ``previous``."""
+        n = self.n
+        needed = n > 1 and self.plan[other_side(side)].mode == "replicate"
+        if self.plan[side].mode == "reduce":
+            parts = [self._on(d, T.partials, self.fit_id, side, *previous) for d in range(n)]
+            picks = [[self._on(d, T.pick, parts[d], e) for e in range(n + 1)] for d in range(n)]
+            solved = [self._on(e, T.reduce_solve, self.fit_id, side, regularization, weighted,
+                               needed, n, *[picks[d][e] for d in range(n)],
+                               *[picks[d][n] for d in range(n)]) for e in range(n)]
+        else:
+            solved = [self._on(d, T.solve, self.fit_id, side, regularization, weighted, needed,
+                               *previous) for d in range(n)]
+        return (side, needed, *solved)
+
+    def iteration(self, regularization, weighted, it=None):
+        """One ALS iteration on every worker, users then items, submitted at once (Dask orders
+        the tasks by their dependencies; the solved blocks go straight from worker to worker);
+        one wait, for the last blocks installed everywhere."""
+        self.phase = f"iteration {it}"
+        previous = ()
+        for side in SIDES:
+            previous = self.half_step(side, float(regularization), bool(weighted), previous)
+        self._wait([self._on(d, T.install, self.fit_id, *previous) for d in range(self.n)])
+
+    # ----- metrics -------------------------------------------------------------------------
+    def set_heldout(self, key, data, mean, to_mean):
+        """Keep held-out encoded ratings on the workers holding their rows (by
+        :func:`~clmf.parallel.dask_tasks.metric_side`); returns ``(sse, count, unknown ids)`` of
+        those predicted on the host side as the mean (:func:`~clmf.parallel.dask_tasks.heldout`).
+        """
+        self.phase = f"routing the {key} ratings"
+        uc, ic = self.client.scatter([self.user_counts, self.item_counts], broadcast=True,
+                                     hash=False, workers=self.addrs)
+        split = self.client.map(T.heldout, data.parts, mean=mean, user_counts=uc,
+                                item_counts=ic, to_mean=bool(to_mean), pure=False)
+        kept = [self.client.submit(T.pick, s, 0, pure=False) for s in split]
+        rest = self._wait([self.client.submit(lambda x: x[1:], s, pure=False) for s in split])
+        pieces = self._route(kept)
+        k0 = 0 if self.metric_by == "users" else self.n
+        self._wait([self._on(d, T.set_triples, self.fit_id, key,
+                             *[p[k0 + d] for p in pieces]) for d in range(self.n)])
+        return (float(sum(x[0] for x in rest)), int(sum(x[1] for x in rest)),
+                int(sum(x[2] for x in rest)))
+
+    def squared_error(self, key):
+        """``(sum of squared errors, count)`` over the workers' blocks of ``key``."""
+        self.phase = f"scoring {key}"
+        res = self._wait([self._on(d, T.squared_error, self.fit_id, key) for d in range(self.n)])
+        return float(sum(r[0] for r in res)), int(sum(r[1] for r in res))
+
+    def release(self):
+        """Free every worker's share of the fit (the workers still there)."""
+        try:
+            alive = set(self.client.nthreads())
+            futs = [self._on(d, T.release, self.fit_id) for d in range(self.n)
+                    if self.addrs[d] in alive]
+            from distributed import wait
+            wait(futs, timeout=60)
+        except Exception as e:        # noqa: BLE001 - best effort while failing
+            log.warning("releasing fit %s: %s", self.fit_id, e)

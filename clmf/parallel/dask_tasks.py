@@ -1,0 +1,451 @@
+"""What runs inside the Dask workers of a :mod:`clmf.dask` fit (issue 15).
+
+Each worker process holds, per fit id, one :class:`~clmf.parallel.worker.DeviceWorker` on its
+OpenCL device with its row blocks of both sides resident for the whole fit (in ``_STATE``, a
+process-global dict: a Dask worker runs a fit's tasks one after another). The client sends only
+small tasks; factor blocks move between workers as Dask results. Nothing here imports dask at
+module level (only :func:`get_worker` inside a task); the client side is
+:mod:`clmf.parallel.dask_backend`.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import numpy as np
+
+from .layout import Layout, SideLayout
+from .worker import SIDES, Exchange, other_side
+
+log = logging.getLogger(__name__)
+
+_STATE = {}            # fit id → dict (this worker's share of the fit)
+_LOCK = threading.Lock()
+
+
+class BlockSide(SideLayout):
+    """One side's CSR holding only rows ``[r0, r1)`` (a worker's block), with the global row
+    pointers so rows keep their global numbering (``entries`` of other rows is an error)."""
+
+    def __init__(self, indptr, r0, r1, indices, data):
+        """The block's rows and entries, the side's global row pointers."""
+        super().__init__(indptr, indices, data)
+        self.r0, self.r1 = int(r0), int(r1)
+        self.base = int(indptr[r0])
+
+    def entries(self, r0, r1):
+        """``(indptr rebased to 0, indices, data)`` of rows ``[r0, r1)`` inside the block."""
+        if not (self.r0 <= r0 <= r1 <= self.r1):
+            raise ValueError(f"rows {r0}..{r1} are outside this worker's block "
+                             f"{self.r0}..{self.r1}")
+        ip = np.asarray(self.indptr[r0:r1 + 1], dtype=np.int64)
+        e0, e1 = int(ip[0]) - self.base, int(ip[-1]) - self.base
+        return ip - ip[0], self.indices[e0:e1], self.data[e0:e1]
+
+
+class Rows:
+    """A host array of rows ``[r0, r0 + len)`` indexed by global row numbers (what
+    :class:`DeviceWorker` reads and writes through ``host[a:b]``)."""
+
+    def __init__(self, array, r0):
+        """Wrap ``array`` whose first row is global row ``r0``."""
+        self.array = array
+        self.r0 = int(r0)
+
+    def __getitem__(self, key):
+        """The array rows of a slice of global rows."""
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("Rows takes a contiguous slice of global rows")
+        a, b = key.start - self.r0, key.stop - self.r0
+        if a < 0 or b > len(self.array):
+            raise IndexError(f"rows {key.start}..{key.stop} are not held here")
+        return self.array[a:b]
+
+
+# ----- data preparation (any worker) ------------------------------------------------------
+def unique_ids(df, column):
+    """The distinct values of one column of a partition (a NumPy array)."""
+    import pandas as pd
+    return pd.unique(df[column].to_numpy())
+
+
+def union_ids(*parts):
+    """The distinct values of several partitions' distinct values."""
+    import pandas as pd
+    if not parts:
+        return np.zeros(0)
+    return pd.unique(np.concatenate([np.asarray(p) for p in parts]))
+
+
+def encode(df, columns, user_index, item_index, shift=0.0):
+    """A partition's ``(users, items, ratings)`` as int32 dense indices (-1: an id not in the
+    training maps) and float32 values plus ``shift`` (the kernels' view of implicit
+    ``confidence="alpha*r"``); ``*_index`` None: the column holds indices already."""
+    ucol, icol, rcol = columns
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"the ratings have no column(s) {missing}; found {list(df.columns)} "
+                         "(pass columns=(user, item, rating))")
+    out = []
+    for col, index in ((ucol, user_index), (icol, item_index)):
+        vals = df[col].to_numpy()
+        if index is None:
+            codes = np.asarray(vals, dtype=np.int64)
+        else:
+            codes = index.get_indexer(vals)
+        out.append(codes.astype(np.int32))
+    r = df[rcol].to_numpy(dtype=np.float64 if shift else np.float32)
+    if shift:
+        r = (r + shift).astype(np.float32)
+    return out[0], out[1], r
+
+
+def tally(codes, m, n):
+    """Per-row counts of both sides, the ratings' sum, minimum and any non-finite count."""
+    u, i, r = codes
+    ok = (u >= 0) & (i >= 0)
+    if (u[ok] >= m).any() or (i[ok] >= n).any():
+        raise ValueError("an index lies outside the matrix shape")
+    return (np.bincount(u[ok], minlength=m).astype(np.int64),
+            np.bincount(i[ok], minlength=n).astype(np.int64),
+            float(r.astype(np.float64).sum()), float(r.min()) if r.size else np.inf,
+            int((~np.isfinite(r)).sum()))
+
+
+def sum_tallies(*parts):
+    """The sum of :func:`tally` results."""
+    uc, ic, s, lo, bad = parts[0]
+    uc, ic = uc.copy(), ic.copy()
+    for p in parts[1:]:
+        uc += p[0]
+        ic += p[1]
+        s += p[2]
+        lo = min(lo, p[3])
+        bad += p[4]
+    return uc, ic, s, lo, bad
+
+
+def split(codes, bounds_u, bounds_i):
+    """A partition's triples split by owning worker: ``2n`` triples, first by the users' blocks
+    then by the items' blocks (unknown ids, -1, are dropped)."""
+    u, i, r = codes
+    ok = (u >= 0) & (i >= 0)
+    u, i, r = u[ok], i[ok], r[ok]
+    out = []
+    for key, bounds in ((u, bounds_u), (i, bounds_i)):
+        owner = np.searchsorted(bounds, key, side="right") - 1
+        order = np.argsort(owner, kind="stable")
+        cuts = np.searchsorted(owner[order], np.arange(len(bounds)))
+        for d in range(len(bounds) - 1):
+            sel = order[cuts[d]:cuts[d + 1]]
+            out.append((u[sel], i[sel], r[sel]))
+    return out
+
+
+def heldout(codes, mean, user_counts, item_counts, to_mean):
+    """Held-out encoded triples split into those scored on the devices and the rest: ids unknown
+    to the model (-1), and with ``to_mean`` (explicit, no biases) users/items without training
+    ratings, which are predicted as the global ``mean`` (as :meth:`clmf.ALS.predict`). Returns
+    ``(device triples, sum of squared errors of the rest, its count, unknown-id count)``."""
+    u, i, r = codes
+    unknown = (u < 0) | (i < 0)
+    rest = unknown.copy()
+    if to_mean:
+        rest |= (user_counts[np.where(u < 0, 0, u)] == 0) | (item_counts[np.where(i < 0, 0, i)]
+                                                              == 0)
+    err = mean - r[rest].astype(np.float64)
+    keep = ~rest
+    return ((u[keep], i[keep], r[keep]), float(np.sum(err * err)), int(rest.sum()),
+            int(unknown.sum()))
+
+
+def pick(seq, k):
+    """Item ``k`` of a task's result."""
+    return seq[k]
+
+
+# ----- the device of a worker ---------------------------------------------------------------
+def worker_device(spec, rank):
+    """This worker's OpenCL device: ``CLMF_DEVICE`` in its environment when ``spec`` is "auto",
+    else ``spec`` itself when it names one device, else (``"gpu"``, ``"cpu"``, ``"auto"``) the
+    ``rank``-th device of that type on this host (rank: the worker's position among the fit's
+    workers on the host)."""
+    from ..engine.device import _type_name, select_device
+    from .devices import select_devices
+    if spec == "auto" and os.environ.get("CLMF_DEVICE"):
+        return select_device("auto")
+    if isinstance(spec, str) and spec.strip().lower() in ("auto", "gpu", "cpu", "accelerator"):
+        kind = _type_name(select_device(spec)).lower()
+        devs = select_devices(f"{kind}:all")
+        return devs[rank % len(devs)]
+    return select_device(spec)
+
+
+def probe(spec, rank, params, stats):
+    """``(label, DeviceInfo, {side: Choice})`` of this worker's device for a fit of ``params``."""
+    from ..engine.device import device_info
+    from ..model.estimator import ALS
+    from .devices import device_label
+    dev = worker_device(spec, rank)
+    info = device_info(dev)
+    choices = ALS(**params)._resolve_configs(info, stats)
+    return device_label(dev), info, choices
+
+
+# ----- a fit's blocks and device worker (the owning worker) -----------------------------------
+def _block(pieces, key, indptr, r0, r1):
+    """The CSR of rows ``[r0, r1)`` of one side from the triples sent to this worker."""
+    u = np.concatenate([p[0] for p in pieces]) if pieces else np.zeros(0, np.int32)
+    i = np.concatenate([p[1] for p in pieces]) if pieces else np.zeros(0, np.int32)
+    r = np.concatenate([p[2] for p in pieces]) if pieces else np.zeros(0, np.float32)
+    rows, cols = (u, i) if key == "users" else (i, u)
+    order = np.lexsort((cols, rows))
+    rows, cols, r = rows[order], cols[order], r[order]
+    dup = (rows[1:] == rows[:-1]) & (cols[1:] == cols[:-1])
+    if dup.any():
+        k = int(np.flatnonzero(dup)[0])
+        raise ValueError(f"the ratings have {int(dup.sum())} duplicate (user, item) entries "
+                         f"(first: {key[:-1]} index {int(rows[k])}, other index {int(cols[k])})")
+    want = int(indptr[r1] - indptr[r0])
+    if len(rows) != want:
+        raise RuntimeError(f"{key} block {r0}..{r1} received {len(rows)} ratings, expected "
+                           f"{want} (a partition changed between passes over the data?)")
+    return BlockSide(indptr, r0, r1, cols.astype(np.int32), r.astype(np.float32))
+
+
+def build(fit_id, d, setup, n_user_pieces, *pieces):
+    """Build this worker's blocks (users rows by the users plan, items rows by the items plan),
+    its memory plan and its :class:`DeviceWorker`; returns a summary of the memory plan."""
+    from .backend import partial_layout, plan_fit
+    from .worker import DeviceWorker
+    plan = setup["plan"]
+    n = plan.devices
+    m, nn = setup["shape"]
+    ip_u = np.zeros(m + 1, np.int64)
+    np.cumsum(setup["user_counts"], out=ip_u[1:])
+    ip_i = np.zeros(nn + 1, np.int64)
+    np.cumsum(setup["item_counts"], out=ip_i[1:])
+    users = _block(pieces[:n_user_pieces], "users", ip_u, *plan["users"].block(d))
+    items = _block(pieces[n_user_pieces:], "items", ip_i, *plan["items"].block(d))
+    layout = Layout((m, nn), users, items)
+    sources = {}
+    for s in SIDES:
+        if plan[s].mode == "reduce" and n > 1:
+            sources[s] = partial_layout(layout, s, *plan[other_side(s)].block(d))
+    all_sources = [{} for _ in range(n)]
+    all_sources[d] = sources
+    fs = setup["f"] + (1 if setup["biased"] else 0)
+    dplan = plan_fit(setup["infos"], layout, plan, fs, setup["ldf"], setup["itemsize"],
+                     setup["config_pairs"], setup["implicit_alpha"] is not None,
+                     setup["max_device_memory"], (), all_sources)[d]
+    dev = worker_device(setup["specs"][d], setup["ranks"][d])
+    pair = setup["config_pairs"][d]
+    w = DeviceWorker(d, dev, layout, plan, dplan, setup["f"], setup["ldf"],
+                     {"users": pair[0], "items": pair[1]}, setup["implicit_alpha"],
+                     setup["biased"], setup["offset"], None, False, sources)
+    with _LOCK:
+        old = _STATE.pop(fit_id, None)
+        _STATE[fit_id] = {"worker": w, "layout": layout, "plan": plan, "d": d, "triples": {},
+                          "ldf": setup["ldf"], "store": w.np_store}
+    if old is not None:
+        old["worker"].release()
+    log.info("fit %s: worker %d holds %d user and %d item rows (%d + %d ratings); %s", fit_id, d,
+             users.r1 - users.r0, items.r1 - items.r0, len(users.indices), len(items.indices),
+             dplan.describe())
+    return {"total": int(dplan.total), "streamed": dplan.streamed, **dplan.bytes}
+
+
+def _state(fit_id):
+    """This worker's share of a fit (a clear error when the process lost it)."""
+    st = _STATE.get(fit_id)
+    if st is None:
+        raise RuntimeError(f"this worker holds no blocks of fit {fit_id} (was it restarted?)")
+    return st
+
+
+def write(fit_id, side, host):
+    """Upload a whole side's padded factors (the rows this device holds)."""
+    st = _state(fit_id)
+    w = st["worker"]
+    w.write_rows(side, host, 0, st["layout"][side].rows, blocking=True)
+
+
+def solve(fit_id, side, regularization, weighted, needed, *previous):
+    """Solve this worker's rows of ``side`` (replicated fixed factor) after installing the
+    ``previous`` half-step's blocks (see :func:`install`); returns ``(r0, rows)`` of the solved
+    block when the other workers need it, else None."""
+    install(fit_id, *previous)
+    st = _state(fit_id)
+    w = st["worker"]
+    r0, r1 = st["plan"][side].block(st["d"])
+    buf = np.empty((max(0, r1 - r0), st["ldf"]), st["store"])    # every row is copied in
+    ex = Exchange(side, Rows(buf, r0), 1, needed=needed)
+    w.half_step(side, float(regularization), bool(weighted), ex)
+    return (r0, buf) if needed else None
+
+
+def install(fit_id, side=None, needed=False, *blocks):
+    """Upload the blocks of ``side`` that other workers solved (``(r0, rows)`` pairs; this
+    worker's own block and None are skipped: they only order the tasks)."""
+    if side is None or not needed:
+        return None
+    st = _state(fit_id)
+    w = st["worker"]
+    own = st["plan"][side].block(st["d"])[0]
+    for blk in blocks:
+        if blk is None or blk[0] == own:
+            continue
+        r0, rows = blk
+        w.write_rows(side, Rows(rows, r0), r0, r0 + len(rows), blocking=False)
+    w.q["into"].finish()
+    return None
+
+
+def partials(fit_id, side, *previous):
+    """Reduce mode: partial normal equations of every row of ``side`` over this worker's block of
+    the fixed side (after installing the ``previous`` half-step's blocks), cut by owning worker:
+    a list of ``(A, B)`` per worker and the Gram ``G``."""
+    install(fit_id, *previous)
+    st = _state(fit_id)
+    w = st["worker"]
+    rows, fs = max(1, st["layout"][side].rows), w.fs
+    A = np.empty((rows, fs, fs), np.float32)
+    B = np.empty((rows, fs), np.float32)
+    G = np.zeros((fs, fs), np.float32)
+    w.partials(side, A, B, G)
+    bounds = st["plan"][side].bounds
+    return [(A[bounds[e]:bounds[e + 1]].copy(), B[bounds[e]:bounds[e + 1]].copy())
+            for e in range(len(bounds) - 1)] + [G]
+
+
+def reduce_solve(fit_id, side, regularization, weighted, needed, n, *parts):
+    """Reduce mode: sum the ``n`` workers' partial systems of this worker's rows (``parts``: n
+    ``(A, B)`` then n Gram matrices), add the Gram matrix and the regularisation, solve; returns
+    ``(r0, rows)`` as :func:`solve`."""
+    st = _state(fit_id)
+    w = st["worker"]
+    r0, r1 = st["plan"][side].block(st["d"])
+    A = parts[0][0].copy()
+    B = parts[0][1].copy()
+    for a, b in parts[1:n]:
+        A += a
+        B += b
+    if w.implicit:
+        A += np.sum(parts[n:2 * n], axis=0)
+    counts = st["layout"][side].counts()[r0:r1]
+    lam = regularization * counts if weighted else np.full(r1 - r0, regularization)
+    diag = np.arange(w.fs)
+    A[:, diag, diag] += lam.astype(np.float32)[:, None]
+    buf = np.empty((max(0, r1 - r0), st["ldf"]), st["store"])    # every row is copied in
+    ex = Exchange(side, Rows(buf, r0), 1, needed=needed)
+    w.solve_reduced(side, Rows(A, r0), Rows(B, r0), float(regularization), bool(weighted), ex)
+    return (r0, buf) if needed else None
+
+
+def read(fit_id, side):
+    """This worker's solved block of ``side``: ``(r0, padded rows)``."""
+    st = _state(fit_id)
+    r0, r1 = st["plan"][side].block(st["d"])
+    buf = np.zeros((max(0, r1 - r0), st["ldf"]), st["store"])
+    st["worker"].read_rows(side, Rows(buf, r0), r0, r1, blocking=True)
+    return r0, buf
+
+
+def metric_side(plan):
+    """The side whose blocks split the squared-error sums (the one whose factor is partitioned;
+    users when both are replicated) — as :meth:`MultiEngine.squared_error`."""
+    return "items" if plan["users"].mode == "reduce" else "users"
+
+
+def set_triples(fit_id, key, *pieces):
+    """Keep held-out triples (already routed to this worker's block) under ``key``."""
+    st = _state(fit_id)
+    u = np.concatenate([p[0] for p in pieces]) if pieces else np.zeros(0, np.int32)
+    i = np.concatenate([p[1] for p in pieces]) if pieces else np.zeros(0, np.int32)
+    r = np.concatenate([p[2] for p in pieces]) if pieces else np.zeros(0, np.float32)
+    st["triples"][key] = (u, i, r)
+    return len(r)
+
+
+def squared_error(fit_id, key):
+    """Sum of squared errors and count on this worker's training block (``key`` "train") or on
+    the held-out triples kept under ``key``."""
+    st = _state(fit_id)
+    w = st["worker"]
+    if key == "train":
+        by = metric_side(st["plan"])
+        if "train" not in st["triples"]:
+            r0, r1 = st["plan"][by].block(st["d"])
+            ip, idx, val = st["layout"][by].entries(r0, r1)
+            rows = np.repeat(np.arange(r0, r1, dtype=np.int32), np.diff(ip))
+            u, i = (rows, np.asarray(idx)) if by == "users" else (np.asarray(idx), rows)
+            st["triples"]["train"] = (u, i, np.asarray(val))
+    u, i, r = st["triples"][key]
+    return w.squared_error(u, i, r, 0.0, key=key), len(r)
+
+
+def release(fit_id):
+    """Free this worker's share of a fit (no error when it holds none)."""
+    with _LOCK:
+        st = _STATE.pop(fit_id, None)
+    if st is not None:
+        st["worker"].release()
+    return st is not None
+
+
+# ----- scoring and recommending on the workers ------------------------------------------------
+def partition_sse(df, columns, state):
+    """``(sum of squared errors, count)`` of a partition of raw-id ratings under a fitted model's
+    ``state`` (dict of factors, biases, counts, mean, id indices)."""
+    u, i, r = encode(df, columns, state["user_index"], state["item_index"])
+    p = predict_codes(state, u, i)
+    err = p.astype(np.float64) - r
+    return float(np.sum(err * err)), int(len(r))
+
+
+def predict_codes(state, u, i):
+    """Predictions for dense indices (-1: an id unknown to the model) as :meth:`clmf.ALS.predict`
+    makes them: an unknown user or item (or one without training ratings) predicts the global
+    mean (with biases: the mean plus the known side's bias; implicit: 0)."""
+    X, Y = state["X"], state["Y"]
+    ku, ki = u >= 0, i >= 0
+    uu, ii = np.where(ku, u, 0), np.where(ki, i, 0)
+    p = np.einsum("ij,ij->i", X[uu], Y[ii]).astype(np.float64)
+    p[~(ku & ki)] = 0.0
+    if state["bu"] is not None:
+        bu = np.where(ku, state["bu"][uu], 0.0)
+        bi = np.where(ki, state["bi"][ii], 0.0)
+        return (p + state["mean"] + bu + bi).astype(np.float32)
+    if state["feedback"] == "implicit":
+        return p.astype(np.float32)
+    unknown = ~(ku & ki) | (state["user_counts"][uu] == 0) | (state["item_counts"][ii] == 0)
+    p[unknown] = state["mean"]
+    return p.astype(np.float32)
+
+
+def recommend_block(X, r0, state, N):
+    """Top-``N`` rows ``(user, item, score, rank)`` of users ``r0 ..`` whose factors are ``X``,
+    by the single-host :meth:`clmf.ALS.recommend` (no seen-item filter), raw ids restored."""
+    import pandas as pd
+
+    from ..model.estimator import ALS
+    m = ALS(factors=X.shape[1], feedback=state["feedback"])
+    m.user_factors_ = X
+    m.item_factors_ = state["Y"]
+    m.global_mean_ = state["mean"]
+    m.user_biases_ = state["bu"][r0:r0 + len(X)] if state["bu"] is not None else None
+    m.item_biases_ = state["bi"]
+    m.user_counts_ = state["user_counts"][r0:r0 + len(X)]
+    m.item_counts_ = state["item_counts"]
+    ids, scores = m.recommend(np.arange(len(X)), N=N, filter_already_liked_items=False)
+    k = ids.shape[1]
+    users = np.repeat(np.arange(r0, r0 + len(X)), k)
+    items = ids.reshape(-1)
+    keep = items >= 0
+    uids, iids = state["user_ids"], state["item_ids"]
+    return pd.DataFrame({
+        "user": (uids[users[keep]] if uids is not None else users[keep]),
+        "item": (iids[items[keep]] if iids is not None else items[keep]),
+        "score": scores.reshape(-1)[keep].astype(np.float32),
+        "rank": np.tile(np.arange(1, k + 1, dtype=np.int32), len(X))[keep]})

@@ -1,0 +1,154 @@
+"""GPU runs of issue 15: clmf.dask on a LocalCluster with one worker per GPU against the
+in-process multi-device fit (clmf.parallel.MultiEngine) of the same data, at f = 100.
+
+One preset per command (each fits a 10-minute command on nvidia-h200-x2):
+
+    python scripts/dask_gpu_runs.py OUTDIR --preset netflix
+    python scripts/dask_gpu_runs.py OUTDIR --preset hugewiki --fraction 0.05
+
+Steps, each logged with a timestamp: the synthetic set of the preset's shape
+(:func:`clmf.parallel.synthetic_layout`) written as parquet files under OUTDIR/data (user, item,
+rating; 8M ratings per file), the in-process fit on every GPU (``timed_fit``: warm-up + timed
+iterations), then ``clmf.dask.ALS(device="gpu")`` on a LocalCluster of one single-threaded
+worker process per GPU reading that parquet (raw ids mapped on the workers): time to the first
+iteration (from ``fit`` entry: parquet read, id maps, blocks built, kernels compiled, one
+iteration), s/it (median of the iterations after the first) and the train RMSE. Writes
+OUTDIR/dask-<preset>.json and appends a row to OUTDIR/summary.md.
+
+The GPU image has no dask: install the wheels listed in README "Scaling out with Dask" first.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import pathlib
+import sys
+import time
+
+import numpy as np
+
+T0 = time.time()
+
+
+def say(msg):
+    """Progress line with a timestamp (flushed: the command may be cut off)."""
+    print(f"[{time.strftime('%H:%M:%S')} +{time.time() - T0:6.1f}s] {msg}", flush=True)
+
+
+def write_parquet(layout, directory, rows_per_file=8 << 20):
+    """The layout's ratings as parquet files of (user, item, rating), user-row blocks."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    directory.mkdir(parents=True, exist_ok=True)
+    ip = np.asarray(layout.users.indptr)
+    starts = np.searchsorted(ip, np.arange(0, layout.nnz, rows_per_file), side="right") - 1
+    cuts = np.unique(np.append(starts, layout.users.rows))
+    for k, (r0, r1) in enumerate(zip(cuts[:-1], cuts[1:])):
+        e0, e1 = int(ip[r0]), int(ip[r1])
+        u = np.repeat(np.arange(r0, r1, dtype=np.int32), np.diff(ip[r0:r1 + 1]))
+        pq.write_table(pa.table({"user": u, "item": np.asarray(layout.users.indices[e0:e1]),
+                                 "rating": np.asarray(layout.users.data[e0:e1])}),
+                       directory / f"part-{k:05d}.parquet")
+    return len(cuts) - 1
+
+
+def main(argv=None):
+    """Run one preset; see the module docstring."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("outdir")
+    ap.add_argument("--preset", default="netflix", choices=["netflix", "hugewiki", "netflix-4x"])
+    ap.add_argument("--fraction", type=float, default=1.0)
+    ap.add_argument("--factors", type=int, default=100)
+    ap.add_argument("--iterations", type=int, default=4)
+    ap.add_argument("--regularization", type=float, default=0.05)
+    ap.add_argument("--budget", type=float, default=120.0, help="seconds for the timed "
+                    "in-process iterations")
+    ap.add_argument("--skip-inprocess", action="store_true")
+    ap.add_argument("--devices", default="gpu", choices=["gpu", "cpu"],
+                    help="device type, one worker per device (cpu: a smoke test)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    for name in ("distributed", "tornado"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    import clmf
+    import clmf.dask
+    from clmf.engine.device import device_info
+    from clmf.parallel import select_devices, synthetic_layout
+    from clmf.parallel.scaling import timed_fit
+    from clmf.provenance import commit
+    out = pathlib.Path(args.outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    gpus = select_devices(f"{args.devices}:all")
+    label = f"{args.preset}@{args.fraction:g}"
+    rec = {"preset": args.preset, "fraction": args.fraction, "factors": args.factors,
+           "regularization": args.regularization, "gpus": [device_info(d).name for d in gpus],
+           "commit": commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+           "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
+    say(f"{label}: generating on the host ({len(gpus)} GPUs)")
+    layout = synthetic_layout(args.preset, args.fraction, seed=0)
+    rec["shape"], rec["nnz"] = list(layout.shape), int(layout.nnz)
+    say(f"{label}: {layout.shape[0]} x {layout.shape[1]}, {layout.nnz} ratings")
+    pdir = out / "data" / label
+    if not pdir.exists():
+        files = write_parquet(layout, pdir)
+        say(f"{label}: {files} parquet files in {pdir}")
+    if not args.skip_inprocess:
+        r = timed_fit(gpus, layout, args.factors, iterations=args.iterations,
+                      budget_s=args.budget, single=False, regularization=args.regularization,
+                      say=say, label=f"{label} in-process")
+        rec["inprocess"] = {k: r[k] for k in ("backend", "build_s", "warmup_s", "iter_s",
+                                              "s_per_it", "split", "plan", "train_rmse_sample")
+                            if k in r}
+    del layout
+    import dask.dataframe as dd
+    from distributed import Client, LocalCluster
+    cluster = LocalCluster(n_workers=len(gpus), threads_per_worker=1, processes=True,
+                           memory_limit=0, dashboard_address=None)
+    client = Client(cluster)
+    try:
+        seen = []
+
+        def cb(it, t, metrics):
+            """Log each iteration."""
+            seen.append(t)
+            say(f"{label} dask: iteration {it}: {metrics}")
+
+        t = time.time()
+        model = clmf.dask.ALS(client=client, factors=args.factors,
+                              regularization=args.regularization, iterations=args.iterations + 1,
+                              device=args.devices, random_state=0).fit(
+            dd.read_parquet(str(pdir)), show_progress=False, callback=cb)
+        secs = [h["seconds"] for h in model.history_]
+        rec["dask"] = {"workers": len(gpus), "fit_s": time.time() - t,
+                       "time_to_first_iteration_s": model.time_to_first_iteration_,
+                       "set_up": model.fit_times_,
+                       "iter_s": secs, "s_per_it": float(np.median(secs[1:] or secs)),
+                       "devices": model.device_, "train_rmse": model.history_[-1]["train_rmse"],
+                       "modes": {s: model.plan_[s].mode for s in ("users", "items")},
+                       "memory": model.memory_}
+        say(f"{label} dask: {rec['dask']['s_per_it']:.4f} s/it, first iteration after "
+            f"{model.time_to_first_iteration_:.1f} s")
+    finally:
+        client.close()
+        cluster.close()
+    if "inprocess" in rec:
+        rec["dask_over_inprocess"] = rec["dask"]["s_per_it"] / rec["inprocess"]["s_per_it"]
+    (out / f"dask-{label}.json").write_text(json.dumps(rec, indent=1, default=str))
+    summary = out / "summary.md"
+    if not summary.exists():
+        summary.write_text("| set | ratings | f | GPUs | in-process s/it | dask s/it | dask / "
+                           "in-process | dask time to 1st it (s) |\n|---|---|---|---|---|---|---|"
+                           "---|\n")
+    ip = rec.get("inprocess", {}).get("s_per_it")
+    with summary.open("a") as fh:
+        fh.write(f"| {label} | {rec['nnz']:,} | {args.factors} | {len(gpus)} | "
+                 f"{ip if ip is None else f'{ip:.4f}'} | {rec['dask']['s_per_it']:.4f} | "
+                 f"{rec.get('dask_over_inprocess', float('nan')):.3f} | "
+                 f"{rec['dask']['time_to_first_iteration_s']:.1f} |\n")
+    say(f"{label}: written to {out}")
+
+
+if __name__ == "__main__":
+    main()

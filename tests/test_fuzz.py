@@ -1,0 +1,592 @@
+"""Fuzz-style cases, as an attacker and a careless user would try them (issue 22): tuning records
+are untrusted input, a fit is all-or-nothing, memory is planned before it is taken, overflow is
+named, nothing is lost on a fault. Each case failed before the fix it guards."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tracemalloc
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from conftest import DEVICES, random_ratings
+
+import clmf
+from clmf import reference, tuning
+from clmf.engine import kernels, memory
+from clmf.engine.config import KernelConfig
+from clmf.engine.device import DeviceInfo, device_info
+from clmf.errors import (
+    DeviceMemoryError,
+    HostMemoryError,
+    InvalidConfigError,
+    RatingRangeError,
+    SingularSystemError,
+)
+from clmf.tuning.database import Database
+
+# the payloads of issue 22, verbatim, and one that compiles
+INJECT = ("*/ #define fma(a,b,c) ((a)*(b)*0.9f+(c)) __kernel void clmf_injected(...) {...} /*")
+INJECT_COMPILES = ("*/ #define fma(a,b,c) ((a)*(b)*0.9f+(c)) __kernel void clmf_injected("
+                   "__global float *x) { x[0] = 1.0f; } /*")
+ERROR = "*/ #error x /*"
+
+
+@pytest.fixture
+def dbenv(tmp_path, monkeypatch):
+    """$CLMF_TUNING_DB and the per-user database under tmp_path; no shipped tunings."""
+    env = tmp_path / "env.jsonl"
+    user = tmp_path / "user.jsonl"
+    monkeypatch.setenv("CLMF_TUNING_DB", str(env))
+    monkeypatch.setattr(tuning.database, "user_db_path", lambda: user)
+    monkeypatch.setattr(tuning.database, "shipped_paths", lambda: [])
+    return {"env": env, "user": user, "tmp": tmp_path}
+
+
+def _best(info, f, R, config, run_id="r1", **over):
+    """The two ``best`` records of a tuning run of ``R`` on ``info`` with ``config`` (a dict)."""
+    m, n = R.shape
+    out = []
+    for side in ("users", "items"):
+        r = {"schema_version": 1, "kind": "best", "run_id": run_id, "date": "2026-11-22T00:00:00",
+             "device": tuning.device_record(info), "f": f, "storage": "float32", "side": side,
+             "dataset": {"m": m, "n": n, "nnz": int(R.nnz)}, "config": dict(config),
+             "iteration_rel_baseline": 0.5}
+        r.update(over)
+        out.append(r)
+    return out
+
+
+def _write(path, records, tail=b""):
+    path.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in records) + tail)
+
+
+def _fake_info(**kw):
+    import dataclasses
+    d = dict(index="0:0", platform="FakeCL", platform_version="FakeCL 3.0", vendor="FakeVendor",
+             name="Fake GPU", type="GPU", driver="1.0", opencl_c_version="OpenCL C 1.2",
+             compute_units=8, global_mem=8 << 30, max_alloc=2 << 30, local_mem=48 * 1024,
+             local_mem_type="local", max_work_group_size=1024, max_work_item_sizes=(1024, 1024, 64),
+             preferred_vector_width_float=1, native_vector_width_float=1, clock_mhz=1000)
+    d.update(kw)
+    names = {f.name for f in dataclasses.fields(DeviceInfo)}
+    return DeviceInfo(**{k: v for k, v in d.items() if k in names})
+
+
+def _stats(R, side):
+    m, n = R.shape
+    rows, cols = (m, n) if side == "users" else (n, m)
+    return {"rows": rows, "cols": cols, "nnz": int(R.nnz), "mean": R.nnz / rows, "max": 10}
+
+
+# ----- tuning records are untrusted input ---------------------------------------------------------
+@pytest.mark.parametrize("payload", [INJECT, INJECT_COMPILES, ERROR])
+def test_config_fields_are_strictly_typed(payload):
+    with pytest.raises(InvalidConfigError, match="triangle"):
+        KernelConfig.from_dict({"triangle": payload})
+    for field in ("solver", "storage"):
+        with pytest.raises(InvalidConfigError, match=field):
+            KernelConfig.from_dict({field: payload})
+    with pytest.raises(InvalidConfigError, match="solver|variant|parameter"):
+        KernelConfig.parse(f"batch:solver={payload}")
+
+
+@pytest.mark.parametrize("fields", [
+    {"reg": 1}, {"reg": "true"}, {"triangle": None}, {"tx": True}, {"tx": 4.0}, {"tx": "4"},
+    {"tx": 0}, {"tx": 1 << 40}, {"cg_steps": 2000000000}, {"batch_rows": -1}, {"vec": 3},
+    {"vec": False}, {"solver": ["cg"]}, {"storage": "float64"}, {"nnz_batch": 10 ** 30},
+])
+def test_bad_field_values_are_refused(fields):
+    with pytest.raises(InvalidConfigError):
+        KernelConfig.from_dict(fields)
+
+
+@pytest.mark.parametrize("text", ["batch:solver=cg,cg_steps=99999999999999999999",
+                                  "batch:tx=1_0", "batch:tx=\uff11", "batch:tx= +4",
+                                  "batch:triangle=maybe", "batch:tx=-1"])
+def test_variant_strings_are_validated(text):
+    with pytest.raises(InvalidConfigError):
+        KernelConfig.parse(text)
+    with pytest.raises(InvalidConfigError):          # before any device work
+        clmf.ALS(factors=4, variant=text, device="no such device").fit(random_ratings(5, 5, 0.5))
+
+
+def test_cg_steps_bounded_by_f():
+    info = _fake_info()
+    cfg = KernelConfig.parse("batch:solver=cg,cg_steps=50")
+    with pytest.raises(InvalidConfigError, match="cg_steps"):
+        kernels.validate(cfg, 10, info)
+    assert kernels.validate(cfg, 50, info)
+    # the default 3 steps stay allowed at f < 3 (what an untuned CG fit runs)
+    assert kernels.validate(KernelConfig.parse("batch:solver=fusedcg"), 2, info)
+
+
+def test_only_whitelisted_text_is_rendered():
+    with pytest.raises(InvalidConfigError, match="may not be rendered"):
+        kernels.render("metrics.cl.j2", f=4, ldf=4, storage="float32", wg=128, implicit=False,
+                       biased=False, config_str="x */ #error y /*")
+    src = kernels.render_als(KernelConfig.parse("batch+reg:tx=2,ty=2,triangle=0"), 4)
+    assert "#error" not in src
+
+
+@pytest.mark.parametrize("payload", [INJECT, ERROR])
+def test_injected_record_is_skipped_alone(dbenv, payload):
+    info = _fake_info()
+    R = random_ratings(40, 30, 0.3, seed=1)
+    good = _best(info, 10, R, KernelConfig.parse("batch+reg:tx=2,ty=5").to_dict(), "good")
+    bad = _best(info, 10, R, {**KernelConfig().to_dict(), "triangle": payload}, "bad",
+                date="2026-11-23T00:00:00")          # newer: it would win if it were read
+    _write(dbenv["env"], good + bad)
+    with pytest.warns(tuning.TuningDatabaseWarning,
+                      match=rf"{dbenv['env']}: 2 record\(s\) skipped.*line 3.*triangle"):
+        ch = tuning.choose(info, 10, "users", _stats(R, "users"))
+    assert ch.rule == "tuned" and "run good" in ch.reason
+    assert ch.config == KernelConfig.parse("batch+reg:tx=2,ty=5")
+
+
+def test_hanging_and_broken_records_leave_the_other_sources_serving(dbenv):
+    info = _fake_info()
+    R = random_ratings(40, 30, 0.3, seed=1)
+    hang = _best(info, 10, R, {**KernelConfig.parse("batch:solver=cg").to_dict(),
+                               "cg_steps": 2000000000}, "hang")
+    oops = _best(info, 10, R, KernelConfig().to_dict(), "oops", device="oops")
+    _write(dbenv["env"], hang + oops)
+    _write(dbenv["user"], _best(info, 10, R, KernelConfig.parse("batch+reg:tx=5,ty=2").to_dict(),
+                                "user"))
+    with pytest.warns(tuning.TuningDatabaseWarning) as rec:
+        ch = tuning.choose(info, 10, "users", _stats(R, "users"))
+    text = " ".join(str(w.message) for w in rec)
+    assert "cg_steps" in text and "device must be an object" in text and "line 3" in text
+    assert ch.rule == "tuned" and "run user" in ch.reason          # the user database serves
+
+
+def test_injected_record_on_a_real_fit(cl_device, dbenv):
+    info = device_info(cl_device)
+    R = random_ratings(40, 30, 0.3, seed=2)
+    bad = _best(info, 4, R, {**KernelConfig().to_dict(), "triangle": INJECT_COMPILES})
+    _write(dbenv["env"], bad)
+    kernels._programs.clear()
+    with pytest.warns(tuning.TuningDatabaseWarning, match="line 1"):
+        m = clmf.ALS(factors=4, iterations=2, device=cl_device, random_state=0).fit(
+            R, show_progress=False)
+    assert m.config_["users"].rule != "tuned"
+    assert not any("clmf_injected" in p.source or "#define fma" in p.source
+                   for p in kernels._programs.values())
+    clean = clmf.ALS(factors=4, iterations=2, device=cl_device, random_state=0,
+                     variant=m.config_["users"].config).fit(R, show_progress=False)
+    np.testing.assert_allclose(m.user_factors_, clean.user_factors_, rtol=1e-5, atol=1e-6)
+
+
+def test_cli_variant_is_refused_without_traceback(tmp_path, capsys):
+    from clmf.cli import main
+    path = tmp_path / "r.csv"
+    path.write_text("user,item,rating\n" + "".join(f"{u},{i},{(u + i) % 5 + 1}\n"
+                                                    for u in range(8) for i in range(6)))
+    rc = main(["fit", str(path), "--variant", "batch:solver=cg,cg_steps=99999999999999999999",
+               "--output", str(tmp_path / "m.npz")])
+    err = capsys.readouterr().err
+    assert rc != 0 and "cg_steps" in err and "Traceback" not in err
+    assert not (tmp_path / "m.npz").exists()
+
+
+# ----- the tuner survives interruption -----------------------------------------------------------
+def test_torn_tail_is_repaired_and_fit_uses_the_good_records(dbenv):
+    info = _fake_info()
+    R = random_ratings(40, 30, 0.3, seed=1)
+    good = _best(info, 10, R, KernelConfig.parse("batch+reg:tx=2,ty=5").to_dict())
+    _write(dbenv["env"], good, tail=b'{"schema_version": 1, "kind": "be')
+    with pytest.warns(tuning.TuningDatabaseWarning, match="line 3.*torn"):
+        assert tuning.choose(info, 10, "users", _stats(R, "users")).rule == "tuned"
+    db = Database(dbenv["env"])
+    db.append(_best(info, 50, R, KernelConfig().to_dict(), "r2"))        # not refused
+    lines = dbenv["env"].read_bytes().split(b"\n")
+    assert lines[-1] == b"" and all(json.loads(x) for x in lines[:-1]) and len(lines) == 5
+    assert len(db.records()) == 4
+    # a last line that lacks only its newline is kept, not dropped
+    dbenv["env"].write_bytes(dbenv["env"].read_bytes().rstrip(b"\n"))
+    db.append(_best(info, 20, R, KernelConfig().to_dict(), "r3"))
+    assert len(Database(dbenv["env"]).records()) == 6
+
+
+def _tiny_space(f):
+    from clmf.tuner.space import Space
+    return Space("tiny", f, [(False, False, 0, False), (True, True, 0, False)],
+                 dict(tx=[2, 4], ty=[2, 4], nnz_batch=[8], bx=[f], by=[f], square_tiles=True,
+                      tz=[1], solve_wg=[0], solver=["cholesky"], cg_steps=[3]))
+
+
+class _Killed(BaseException):
+    """The process dying mid-measurement (SIGKILL: no handler runs)."""
+
+
+@pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
+def test_interrupted_measurement_is_retried(dbenv, monkeypatch):
+    from clmf.tuner import strategies
+    from clmf.tuner.measure import Measurer
+    case = strategies.Case(DEVICES[0], random_ratings(120, 90, 0.1, seed=6), 4, "tiny", "float32")
+    real = Measurer.evaluate
+    calls = []
+
+    def flaky(exc, at):
+        def evaluate(self, cfg, fidelity="full", verified=None):
+            calls.append(cfg.key())
+            if len(calls) == at:
+                raise exc
+            return real(self, cfg, fidelity, verified)
+        return evaluate
+
+    kw = dict(db=dbenv["env"], state_dir=dbenv["tmp"] / "state", progress=False,
+              sample_time=0.01)
+    monkeypatch.setattr(Measurer, "evaluate", flaky(KeyboardInterrupt(), 3))
+    with pytest.raises(KeyboardInterrupt):
+        strategies.run(case, _tiny_space(4), "exhaustive", **kw)
+    hit = calls[2]
+    recs = [json.loads(x) for x in dbenv["env"].read_text().splitlines()]
+    intr = [r for r in recs if r.get("status") == "interrupted"]
+    assert len(intr) == 1 and intr[0]["reason"] == "interrupted"
+    assert KernelConfig.from_dict(intr[0]["config"]).key() == hit
+    # resumed: the interrupted configuration is measured again, nothing else twice; then the
+    # process dies in that same configuration twice: only then is it given up as crashed
+    calls.clear()
+    monkeypatch.setattr(Measurer, "evaluate", flaky(_Killed(), 1))
+    with pytest.raises(_Killed):
+        strategies.run(case, _tiny_space(4), "exhaustive", **kw)
+    assert calls == [hit]
+    calls.clear()
+    with pytest.raises(_Killed):
+        strategies.run(case, _tiny_space(4), "exhaustive", **kw)
+    assert calls == [hit]                    # killed once: measured again
+    calls.clear()
+    monkeypatch.setattr(Measurer, "evaluate", flaky(_Killed(), 0))
+    summary = strategies.run(case, _tiny_space(4), "exhaustive", **kw)
+    assert hit not in calls and summary["best"] is not None
+    recs = [json.loads(x) for x in dbenv["env"].read_text().splitlines()]
+    crashed = [r for r in recs if r.get("reason") == "crashed"]
+    assert len(crashed) == 1 and KernelConfig.from_dict(crashed[0]["config"]).key() == hit
+
+
+# ----- fit is all-or-nothing -------------------------------------------------------------------
+def _ratings(seed, users, items, n):
+    rng = np.random.default_rng(seed)
+    pairs = rng.choice(users * items, n, replace=False)
+    return clmf.datasets.Ratings.from_triples(1000 + pairs // items, 5000 + pairs % items,
+                                              rng.integers(1, 6, n).astype(np.float32))
+
+
+def _state(m):
+    keys = ("user_factors_", "item_factors_", "user_ids_", "item_ids_", "user_counts_",
+            "item_counts_", "global_mean_", "history_", "best_iteration_", "config_", "device_")
+    return {k: getattr(m, k) for k in keys}
+
+
+def _assert_unchanged(m, before, raw_user):
+    for k, v in before.items():
+        now = getattr(m, k)
+        if isinstance(v, np.ndarray):
+            assert now is v or np.array_equal(now, v), k
+        else:
+            assert now == v, k
+    ids, scores = m.recommend_raw(raw_user, N=3)
+    return ids, scores
+
+
+@pytest.fixture
+def fitted_pair(cl_device):
+    a = _ratings(1, 40, 30, 400)
+    b = _ratings(2, 55, 20, 300)
+    m = clmf.ALS(factors=4, iterations=3, device=cl_device, random_state=0).fit(
+        a, show_progress=False)
+    return m, a, b
+
+
+def test_failed_refit_keeps_the_model(fitted_pair, tmp_path):
+    m, a, b = fitted_pair
+    raw_user = int(a.user_ids[1])
+    ids0, scores0 = m.recommend_raw(raw_user, N=3)
+    before = _state(m)
+    with pytest.raises(ValueError, match="early_stopping_rounds needs validation"):
+        m.fit(b, early_stopping_rounds=2)                         # the issue's exact case
+    ids, scores = _assert_unchanged(m, before, raw_user)
+    np.testing.assert_array_equal(ids, ids0)
+    np.testing.assert_array_equal(scores, scores0)
+    m.save(tmp_path / "m.npz")
+    np.testing.assert_array_equal(clmf.load(tmp_path / "m.npz").recommend_raw(raw_user, N=3)[0],
+                                  ids0)
+    with pytest.raises(clmf.NoOpenCLError):                       # a bad device name
+        m.set_params(device="no such device 42").fit(b, show_progress=False)
+    _assert_unchanged(m, before, raw_user)
+
+
+def test_interrupted_refit_keeps_the_model(fitted_pair):
+    m, a, b = fitted_pair
+    raw_user = int(a.user_ids[1])
+    before = _state(m)
+
+    def ctrl_c(it, elapsed, metrics):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        m.fit(b.to_csr(), callback=ctrl_c)                        # another shape, no id maps
+    _assert_unchanged(m, before, raw_user)
+    assert np.isfinite(m.rmse(a))
+
+
+# ----- memory is planned before it is taken ---------------------------------------------------
+def _peak_during(fn):
+    tracemalloc.start()
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        err = e
+    else:
+        err = None
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return err, peak
+
+
+@pytest.mark.parametrize("big", [2 ** 31 + 5, 2 * 10 ** 8])
+def test_ids_implying_a_huge_matrix_are_refused_early(big):
+    def fit():
+        clmf.ALS(factors=4, device="no such device").fit(
+            (np.array([0, big, 1, 2]), np.array([0, 1, 1, 0]), np.array([1.0, 2.0, 3.0, 4.0])))
+    err, peak = _peak_during(fit)
+    assert isinstance(err, ValueError) and "Ratings.from_triples" in str(err)
+    assert peak < 32 << 20
+    err, peak = _peak_during(lambda: clmf.ALS(factors=4).fit(   # the issue-13 case verbatim
+        (np.array([0, 2 ** 31 + 5]), np.array([0, 1]), np.array([1.0, 2.0]))))
+    assert isinstance(err, ValueError) and "Ratings.from_triples" in str(err)
+    assert peak < 32 << 20
+    with pytest.raises(ValueError, match="from_triples"):
+        clmf.ALS().fit(sp.csr_matrix((np.ones(2), ([0, 1], [0, 1])), shape=(big, 2)))
+
+
+def test_host_plan_refuses_before_the_start_factors(monkeypatch):
+    monkeypatch.setattr(memory, "available_host_memory", lambda: 16 << 30)
+
+    def no_start(*a, **k):
+        raise AssertionError("start factors allocated before the memory plan said no")
+
+    monkeypatch.setattr(reference, "start_factors", no_start)
+    m = 2_200_000
+    R = sp.csr_matrix((np.ones(m, np.float32), (np.arange(m), np.arange(m) % 1000)),
+                      shape=(m, 1000))
+    with pytest.raises((HostMemoryError, DeviceMemoryError), match=r"needs \d+ bytes"):
+        clmf.ALS(factors=1000, iterations=1).fit(R, show_progress=False)
+
+
+def test_device_plan_counts_the_gram_buffers():
+    info = _fake_info(type="CPU", global_mem=25_276_510_208, max_alloc=12_638_255_104,
+                      max_work_group_size=8192)
+    f = 46341
+    cfg = KernelConfig()
+    plan = memory.plan_fit(100, 50, 1000, f, (cfg, cfg), info)
+    assert plan.device["gram_users"] == plan.device["gram_items"] == 4 * f * f
+    assert plan.device["scratch_users"] == 4 * f * f + 4 * f        # batch of one row: A and B
+    with pytest.raises(DeviceMemoryError, match=rf"needs {plan.device_total} bytes") as e:
+        plan.check_device(info)
+    assert e.value.needed == plan.device_total
+    # implicit fits add the virtual rows of the Gram; validation its triples
+    p2 = memory.plan_fit(100, 50, 1000, 8, (cfg, cfg), info, implicit=True, validation_nnz=77)
+    assert p2.device["implicit_users"] > 0 and p2.device["metrics"] >= 12 * 77
+
+
+def test_engine_memory_matches_the_plan(cl_device):
+    from clmf.engine.core import Engine
+    R = random_ratings(50, 40, 0.2, seed=3)
+    cfg = KernelConfig.parse("batch:batch_rows=16")
+    eng = Engine(cl_device, R, 6, (cfg, cfg))
+    try:
+        created = sum(b.size for side in eng.buf.values() for b in side.values()
+                      if hasattr(b, "size")) + sum(b.size for b in eng.factors.values())
+        created += eng.status.size
+        planned = eng.memory["total"] - eng.memory.get("metrics", 0)
+        assert created <= planned <= created + 64
+    finally:
+        eng.release()
+
+
+# ----- overflow is named -------------------------------------------------------------------------
+@pytest.mark.parametrize("scale,storage,solver", [
+    (1e20, "float32", "cholesky"), (1e30, "float32", "cholesky"), (1e20, "float32", "cg"),
+    (1e5, "float16", "cholesky"), (1e39, "float32", "cholesky")])
+def test_overflow_is_named(cl_device, scale, storage, solver):
+    R = random_ratings(60, 40, 0.3, seed=4).tocoo()
+    X = (R.row, R.col, R.data.astype(np.float64) * scale)
+    with pytest.raises(RatingRangeError) as e:
+        clmf.ALS(factors=6, iterations=3, device=cl_device, storage=storage, solver=solver,
+                 random_state=0).fit(X, show_progress=False)
+    msg = str(e.value)
+    assert (storage in msg) and "work" in msg and "increase regularization" not in msg
+    assert not isinstance(e.value, SingularSystemError)
+
+
+def test_float32_cast_overflow_is_named_before_any_work():
+    with pytest.raises(RatingRangeError, match="float32"):
+        clmf.datasets.Ratings.from_triples([1, 2], [3, 4], np.array([1e39, 2.0]))
+    with pytest.raises(RatingRangeError, match="float32"):
+        clmf.ALS(device="no such device").fit((np.array([0, 1]), np.array([1, 0]),
+                                               np.array([1e39, 2.0])))
+
+
+def test_moderate_scales_still_fit(cl_device):
+    R = random_ratings(60, 40, 0.6, seed=4)                # every row has more ratings than f
+    for scale, storage in ((1e3, "float32"), (1e3, "float16")):
+        m = clmf.ALS(factors=6, iterations=3, device=cl_device, storage=storage,
+                     random_state=0).fit(R * scale, show_progress=False)
+        assert np.isfinite(m.user_factors_).all()
+
+
+def test_regularization_below_precision_is_named(cl_device):
+    R = random_ratings(60, 40, 0.1, seed=4)                # rows with fewer ratings than f
+    try:
+        clmf.ALS(factors=8, iterations=3, device=cl_device, solver="cholesky",
+                 random_state=0).fit(R * 1e12, show_progress=False)
+    except RatingRangeError as e:
+        assert "precision" in str(e) and "divide the ratings" in str(e)
+    else:                                                  # a runtime whose rounding held up
+        pass
+
+
+# ----- persistence -------------------------------------------------------------------------------
+@pytest.fixture
+def saved(fitted_pair, tmp_path):
+    m, a, b = fitted_pair
+    path = tmp_path / "model.npz"
+    m.save(path)
+    return m, path
+
+
+def test_save_keeps_permissions_and_cleans_stale_temps(saved):
+    m, path = saved
+    os.chmod(path, 0o600)
+    stale = path.parent / f".{path.name}.999999999.abcd.tmp"   # a killed save's leftover
+    stale.write_bytes(b"x" * 1000)
+    m.save(path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert not stale.exists()
+    assert sorted(os.listdir(path.parent)) == ["model.npz"]
+
+
+def test_save_checks_consistency(saved):
+    m, path = saved
+    before = path.read_bytes()
+    m.item_ids_ = m.item_ids_[:-1]
+    with pytest.raises(ValueError, match="item_ids_"):
+        m.save(path)
+    assert path.read_bytes() == before
+    m.item_ids_ = None
+    m.user_factors_ = m.user_factors_.copy()
+    m.user_factors_[0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        m.save(path)
+    assert path.read_bytes() == before
+
+
+def _rewrite(src, dst, change):
+    with np.load(src, allow_pickle=False) as z:
+        members = {k: z[k] for k in z.files}
+    np.savez_compressed(dst, **change(members))
+    return dst
+
+
+def test_load_reads_only_known_members(saved, tmp_path):
+    m, path = saved
+    bomb = _rewrite(path, tmp_path / "bomb.npz",
+                    lambda d: {**d, "unused": np.zeros(50 << 20, np.uint8)})
+    assert os.path.getsize(bomb) < 2 << 20
+    err, peak = _peak_during(lambda: clmf.load(bomb))
+    assert err is None and peak < 16 << 20
+    huge = _rewrite(path, tmp_path / "huge.npz",
+                    lambda d: {**d, "user_counts": np.zeros(50 << 20, np.int64)})
+    err, peak = _peak_during(lambda: clmf.load(huge))
+    assert isinstance(err, ValueError) and str(huge) in str(err) and "bytes" in str(err)
+    assert peak < 16 << 20
+
+
+@pytest.mark.parametrize("name,change,match", [
+    ("nan", lambda d: {**d, "user_factors": np.full_like(d["user_factors"], np.nan)}, "NaN"),
+    ("meta-list", lambda d: {**d, "meta": np.array("[1, 2]")}, "meta"),
+    ("params-str", lambda d: {**d, "meta": np.array(json.dumps(
+        {**json.loads(str(d["meta"])), "params": "oops"}))}, "params"),
+    ("config-int", lambda d: {**d, "meta": np.array(json.dumps(
+        {**json.loads(str(d["meta"])), "config": {"users": 3}}))}, "corrupted"),
+    ("variant", lambda d: {**d, "meta": np.array(json.dumps(
+        {**json.loads(str(d["meta"])), "params": {"variant": ERROR}}))}, "parameters"),
+    ("mean-str", lambda d: {**d, "global_mean": np.array("abc")}, "global_mean"),
+    ("mean-vec", lambda d: {**d, "global_mean": np.ones(3)}, "global_mean"),
+    ("mean-inf", lambda d: {**d, "global_mean": np.array(np.inf)}, "global_mean"),
+])
+def test_every_load_failure_is_a_value_error_naming_the_file(saved, tmp_path, name, change,
+                                                             match):
+    m, path = saved
+    bad = _rewrite(path, tmp_path / f"{name}.npz", change)
+    with pytest.raises(ValueError, match=match) as e:
+        clmf.load(bad)
+    assert str(bad) in str(e.value)
+
+
+# ----- loaders -----------------------------------------------------------------------------------
+def test_truncated_gzip_names_the_file(tmp_path, capsys):
+    import gzip
+
+    from clmf.cli import main
+    text = "user,item,rating\n" + "".join(f"{u},{i},{(u * i) % 5 + 1}\n"
+                                           for u in range(50) for i in range(40))
+    full = gzip.compress(text.encode())
+    path = tmp_path / "ratings.csv.gz"
+    path.write_bytes(full[: len(full) // 2])
+    with pytest.raises(ValueError, match="truncated or corrupt gzip") as e:
+        clmf.datasets.load(path)
+    assert str(path) in str(e.value)
+    rc = main(["fit", str(path), "--output", str(tmp_path / "m.npz")])
+    err = capsys.readouterr().err
+    assert rc != 0 and "truncated or corrupt gzip" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("ids", [["1", "\uff11", "1_0", "10"], ["1", "01"], ["5", "+5"]])
+def test_integer_ids_are_ascii_digits_only(tmp_path, ids):
+    path = tmp_path / "r.csv"
+    path.write_text("user,item,rating\n" + "".join(f"{u},7,{k + 1}\n" for k, u in enumerate(ids)),
+                    encoding="utf-8")
+    r = clmf.datasets.load(path)
+    assert len(r.user_ids) == len(ids)              # distinct texts stay distinct users
+    assert sorted(map(str, r.user_ids)) == sorted(ids)
+
+
+def test_movielens_ids_refuse_non_ascii_digits(tmp_path):
+    path = tmp_path / "u.data"
+    path.write_text("1\t7\t4\t881250949\n\uff11\t8\t3\t881250950\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"line 2.*ASCII digits"):
+        clmf.datasets.load(path)
+
+
+def test_cli_reports_memory_errors_and_interrupts_without_traceback(tmp_path, capsys,
+                                                                    monkeypatch):
+    from clmf import cli
+    path = tmp_path / "r.csv"
+    path.write_text("user,item,rating\n" + "".join(f"{u},{i},{(u + i) % 5 + 1}\n"
+                                                    for u in range(8) for i in range(6)))
+    monkeypatch.setattr(memory, "available_host_memory", lambda: 1024)
+    assert cli.main(["fit", str(path), "--output", str(tmp_path / "m.npz")]) == 1  # runtime error
+    err = capsys.readouterr().err
+    assert "host memory" in err and "bytes" in err and "Traceback" not in err
+
+    def ctrl_c(args):
+        raise KeyboardInterrupt
+
+    parser = cli.build_parser
+    monkeypatch.setattr(cli, "build_parser", lambda: _with_func(parser(), ctrl_c))
+    assert cli.main(["tune", str(path)]) == 130
+    assert "resume" in capsys.readouterr().err
+
+
+def _with_func(parser, func):
+    """The CLI parser with every sub-command's handler replaced by ``func``."""
+    parser.set_defaults(func=func)
+    for action in parser._subparsers._group_actions:
+        for sub in action.choices.values():
+            sub.set_defaults(func=func)
+    return parser
