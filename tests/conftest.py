@@ -77,3 +77,16 @@ def rel_err(a, b):
     b = np.asarray(b, np.float64)
     nb = np.linalg.norm(b)
     return float(np.linalg.norm(a - b) / (nb if nb > 0 else 1.0))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _clmf_cache_dir(tmp_path_factory):
+    """clmf's on-disk caches (tuning indexes, compiled templates) in a per-session directory,
+    not the user's."""
+    old = os.environ.get("CLMF_CACHE_DIR")
+    os.environ["CLMF_CACHE_DIR"] = str(tmp_path_factory.mktemp("clmf-cache"))
+    yield
+    if old is None:
+        os.environ.pop("CLMF_CACHE_DIR", None)
+    else:
+        os.environ["CLMF_CACHE_DIR"] = old

@@ -70,6 +70,7 @@ class PeerRun:
     device: str = "host CPU"
     note: str = ""
     factors: tuple | None = None                              # (X, Y) when the objective = clmf's
+    whole_s: float | None = None        # the whole fit from the problem's CSR (where measured)
 
     @property
     def ok(self):
@@ -131,6 +132,7 @@ def _lenskit_dataset(problem):
 
 
 def _lenskit(problem, f, lam, iterations, seed, biased):
+    t_all = time.perf_counter()
     import lenskit
     from lenskit.als import BiasedMFConfig, BiasedMFScorer
     from lenskit.als._explicit import BiasedMFTrainer
@@ -159,15 +161,16 @@ def _lenskit(problem, f, lam, iterations, seed, biased):
         trainer.train_epoch()
         times.append(time.perf_counter() - t)
     trainer.finalize()
+    whole = time.perf_counter() - t_all          # data set, trainer, epochs (imports included)
     X, Y = scorer.user_embeddings, scorer.item_embeddings
     ver = getattr(lenskit, "__version__", "?")
     if biased:
         b = scorer.bias
         rm = rmse_of(problem, X, Y, b.user_biases, b.item_biases, offset=b.global_bias)
-        return PeerRun("lenskit-biased", seconds=times, test_rmse=rm,
+        return PeerRun("lenskit-biased", seconds=times, test_rmse=rm, whole_s=whole,
                        note=f"lenskit {ver} BiasedMFScorer (biases, damping {b.damping}), "
                             "own start")
-    return PeerRun("lenskit", seconds=times, test_rmse=rmse_of(problem, X, Y),
+    return PeerRun("lenskit", seconds=times, test_rmse=rmse_of(problem, X, Y), whole_s=whole,
                    note=f"lenskit {ver} explicit ALS trainer, raw ratings, same start",
                    factors=(X, Y))
 
@@ -251,10 +254,12 @@ def _implicit(problem, f, lam, iterations, seed, use_cg):
                                     use_cg=use_cg, calculate_training_loss=False,
                                     random_state=seed, dtype=np.float32)
     times = []
+    t_all = time.perf_counter()
     model.fit(problem.train.astype(np.float32).tocsr(), show_progress=False,
               callback=lambda it, elapsed, loss: times.append(float(elapsed)))
+    whole = time.perf_counter() - t_all
     name = "implicit-cg" if use_cg else "implicit-chol"
-    return PeerRun(name, seconds=times,
+    return PeerRun(name, seconds=times, whole_s=whole,
                    note=f"implicit {implicit.__version__} CPU ALS "
                         f"({'CG' if use_cg else 'Cholesky'}); "
                         "implicit-feedback objective: speed only, no RMSE")

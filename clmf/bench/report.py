@@ -17,7 +17,8 @@ log = logging.getLogger(__name__)
 FIELDS = [
     "date", "commit", "host", "dataset", "users", "items", "nnz_train", "nnz_test", "f",
     "regularization", "iterations", "system", "kind", "platform", "device", "driver", "variant",
-    "config_rule", "status", "seconds_per_iteration", "first_iteration_s", "s1_s", "s2_s", "s3_s",
+    "config_rule", "status", "seconds_per_iteration", "first_iteration_s", "whole_fit_s", "setup_s",
+    "setup_share", "s1_s", "s2_s", "s3_s",
     "test_rmse", "rmse_vs_reference", "useful_gflop", "gflops", "frac_peak_flops",
     "effective_gb", "gbps", "frac_peak_bw",
     "s1_gflops", "s1_frac_peak_flops", "s1_gbps", "s1_frac_peak_bw",
@@ -83,7 +84,9 @@ def render_markdown(rows, meta, infos, peaks, argv=None, elapsed=None, load=None
              "(2·nnz·f(f+1) + 4·nnz·f + (m+n)f³/3 per iteration); GB/s: minimal traffic of a fused "
              "iteration (CSR once, one gather per rating, factors written); % of the *measured* "
              "peak of the device it ran on (CPU peers: the host CPU's peak as measured through "
-             "OpenCL). Ratios are clmf ÷ peer in s/it: below 1, clmf is faster.\n")
+             "OpenCL). Ratios are clmf ÷ peer in s/it: below 1, clmf is faster. Whole fit: from "
+             "the host CSR to factors on the host (validation, tuning lookup, program builds, "
+             "upload, iterations); set-up %: its share before the first iteration.\n")
     L.append("## Measured device limits\n")
     L.append("| device | when | FMA GFLOP/s (best width) | per width | copy GB/s (kernel) |")
     L.append("|---|---|---|---|---|")
@@ -115,14 +118,17 @@ def render_markdown(rows, meta, infos, peaks, argv=None, elapsed=None, load=None
         L.append(f"{r0['users']} × {r0['items']}, {r0['nnz_train']} train / "
                  f"{r0['nnz_test']} test ratings, λ = {r0['regularization']} (weighted), "
                  f"{r0['iterations']} iterations.\n")
-        L.append("| system | status | s/it | 1st it | S1 s | S2 s | S3 s | test RMSE | vs ref | "
-                 "GFLOP/s | % peak | GB/s | % BW | S1 % peak | memory MiB |")
-        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        L.append("| system | status | s/it | 1st it | whole fit s | set-up % | S1 s | S2 s | "
+                 "S3 s | test RMSE | vs ref | GFLOP/s | % peak | GB/s | % BW | S1 % peak | "
+                 "memory MiB |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in g:
             mem = r.get("device_memory_bytes")
             L.append("| " + " | ".join([
                 _sys_label(r), r["status"], _fmt(r.get("seconds_per_iteration")),
-                _fmt(r.get("first_iteration_s")), _fmt(r.get("s1_s")), _fmt(r.get("s2_s")),
+                _fmt(r.get("first_iteration_s")), _fmt(r.get("whole_fit_s")),
+                _pct(r.get("setup_share")) if r.get("setup_share") not in (None, "") else "",
+                _fmt(r.get("s1_s")), _fmt(r.get("s2_s")),
                 _fmt(r.get("s3_s")), _fmt(r.get("test_rmse")),
                 (_pct(r.get("rmse_vs_reference"))
                  if r.get("rmse_vs_reference") not in (None, "") else ""),

@@ -85,7 +85,8 @@ def check_ratings(X, shape=None, *, allow_empty=False, what="X"):
         R = X.to_csr()
         if shape is not None and tuple(R.shape) != tuple(shape):
             raise ValueError(f"{what} has shape {R.shape}, expected {tuple(shape)}")
-        return _finish(R.tocoo(), allow_empty, what)
+        fast = _canonical_csr(R)
+        return fast if fast is not None else _finish(R.tocoo(), allow_empty, what)
     if isinstance(X, np.ndarray) or (hasattr(X, "__array__") and not sp.issparse(X)
                                      and not isinstance(X, tuple) and not hasattr(X, "columns")):
         raise TypeError(
@@ -126,9 +127,47 @@ def check_ratings(X, shape=None, *, allow_empty=False, what="X"):
         if X.dtype.kind not in "fiub":
             raise TypeError(f"{what} ratings must be numeric, not dtype {X.dtype}")
         check_shape_vs_ratings(X.shape, X.nnz, what, ids=False)
+        fast = _canonical_csr(X)
+        if fast is not None:
+            return fast
         return _finish(sp.coo_matrix(X), allow_empty, what)
     raise TypeError(f"{what} must be a scipy.sparse matrix, a (user_idx, item_idx, ratings) tuple "
                     f"or clmf.datasets.Ratings, not {type(X).__name__}")
+
+
+def _canonical_csr(X):
+    """``X`` as the float32 CSR the fit reads, sharing its arrays, when it already is a canonical
+    CSR (sorted column indices, no duplicates, in range, finite ratings in float32's range, int32
+    or int64 index arrays): one pass over the entries, nothing copied when the indices are int32
+    and the ratings float32. None for anything else (the general path then converts it and names
+    any problem)."""
+    if X.format != "csr" or X.nnz == 0 or X.dtype.kind not in "fiub":
+        return None
+    m, n = X.shape
+    indptr, indices, data = X.indptr, X.indices, X.data
+    if (indptr.dtype not in (np.int32, np.int64) or indices.dtype not in (np.int32, np.int64)
+            or indptr.ndim != 1 or len(indptr) != m + 1 or indptr[0] != 0
+            or not (len(indices) == len(data) == indptr[-1]) or n > np.iinfo(np.int32).max):
+        return None
+    # a fresh view has no cached flags: scipy's check (one pass, no temporaries) runs on it
+    view = sp.csr_matrix((data, indices, indptr), shape=X.shape, copy=False)
+    if view.indptr is not indptr or view.indices is not indices:   # scipy changed index dtypes
+        indptr, indices = view.indptr, view.indices
+    if not view.has_canonical_format:        # unsorted, duplicates or decreasing row pointers
+        return None
+    counts = np.diff(indptr)
+    full = counts > 0
+    if indices[indptr[:-1][full]].min() < 0 or indices[indptr[1:][full] - 1].max() >= n:
+        return None                          # sorted rows: first/last entries bound them all
+    if data.dtype.kind == "f":
+        lo, hi = data.min(), data.max()      # NaN propagates; ±inf or beyond float32 fails
+        if not (np.isfinite(lo) and np.isfinite(hi) and -_F32_MAX <= lo and hi <= _F32_MAX):
+            return None
+    R = sp.csr_matrix((data.astype(np.float32, copy=False), indices.astype(np.int32, copy=False),
+                       indptr), shape=X.shape, copy=False)
+    R.has_sorted_indices = True
+    R.has_canonical_format = True
+    return R
 
 
 def _finish(C, allow_empty, what):

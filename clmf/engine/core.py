@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 import numpy as np
 import scipy.sparse as sp
@@ -16,6 +17,7 @@ from ..errors import InvalidConfigError, SingularSystemError
 from . import kernels as K
 from .device import device_info, get_context
 from .memory import choose_batch_rows, plan_fit
+from .transpose import device_transpose
 
 log = logging.getLogger(__name__)
 
@@ -24,15 +26,18 @@ __all__ = ["Engine", "SideData", "choose_batch_rows", "plan_fit"]
 
 @dataclasses.dataclass
 class SideData:
-    """CSR of one side (rows to solve) with the other side's factors as columns."""
+    """CSR of one side (rows to solve) with the other side's factors as columns; ``indices`` and
+    ``data`` are None where they exist only on the device (the items' side, transposed there)."""
     indptr: np.ndarray   # int64
-    indices: np.ndarray  # int32
-    data: np.ndarray     # float32
+    indices: np.ndarray  # int32 or None
+    data: np.ndarray     # float32 or None
 
     @classmethod
     def from_csr(cls, R):
+        """The side of a CSR (no copy of arrays already int32 indices / float32 data)."""
         R = sp.csr_matrix(R)
-        return cls(R.indptr.astype(np.int64), R.indices.astype(np.int32), R.data.astype(np.float32))
+        return cls(R.indptr.astype(np.int64, copy=False), R.indices.astype(np.int32, copy=False),
+                   R.data.astype(np.float32, copy=False))
 
     @property
     def rows(self):
@@ -43,6 +48,9 @@ class SideData:
         return int(self.indptr[-1])
 
     def nbytes(self):
+        """Bytes of the side on the device (int32 indices and float32 values per entry)."""
+        if self.indices is None:
+            return self.indptr.nbytes + 8 * self.nnz
         return self.indptr.nbytes + self.indices.nbytes + self.data.nbytes
 
 
@@ -114,10 +122,11 @@ class Engine:
     R : scipy.sparse.csr_matrix (users × items), canonical (sorted, no duplicates)
     f : factors
     configs : (users_config, items_config) KernelConfig pair
+    item_counts : optional ratings per item (``np.bincount(R.indices)``, when already known)
     """
 
     def __init__(self, device, R, f, configs, profile=False, implicit_alpha=None, biased=False,
-                 offset=0.0):
+                 offset=0.0, item_counts=None):
         import pyopencl as cl
         self.cl = cl
         self.device = device
@@ -145,14 +154,21 @@ class Engine:
         self.batch_rows = {s: choose_batch_rows(self.configs[s], self.fs, rows[s], self.info)
                            for s in ("users", "items")}
         # every device buffer planned from the shapes, and checked, before any is created (and
-        # before the CSR copies of both sides are made on the host)
+        # before the users' CSR is prepared on the host and transposed on the device)
         plan = plan_fit(m, n, R.nnz, f, (configs[0], configs[1]), self.info,
                         implicit=self.implicit, biased=self.biased, batch_rows=self.batch_rows)
         plan.check_device(self.info)
         self.memory = plan.device_dict()
         est = self.memory
-        self.side = {"users": SideData.from_csr(R), "items": SideData.from_csr(sp.csr_matrix(R).T.tocsr())}
+        users = SideData.from_csr(R)
+        if item_counts is None:
+            item_counts = np.bincount(users.indices, minlength=R.shape[1])
+        col_ptr = np.zeros(R.shape[1] + 1, np.int64)
+        np.cumsum(item_counts, out=col_ptr[1:])
+        # the items' CSR (the ratings' CSC) is built on the device from the users' (below)
+        self.side = {"users": users, "items": SideData(col_ptr, None, None)}
         fs = self.fs
+        t0 = time.perf_counter()
         self.programs = {}
         for s in ("users", "items"):
             try:
@@ -163,19 +179,17 @@ class Engine:
                 raise
         self.vars = {s: K.als_variables(self.configs[s], fs, self.info, self.implicit, self.biased)
                      for s in ("users", "items")}
+        t1 = time.perf_counter()
         mf = cl.mem_flags
-        self.buf = {}
+        self.buf = {s: {} for s in ("users", "items")}
+        self._upload_ratings()
+        # seconds of the engine's set-up: building (or loading) programs, uploading the users'
+        # CSR and transposing it on the device
+        self.setup_times = {"build": t1 - t0, "upload_transpose": time.perf_counter() - t1}
         for s in ("users", "items"):
-            d = self.side[s]
-            self.buf[s] = {
-                "indptr": cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=d.indptr),
-                "indices": cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
-                                     hostbuf=d.indices if d.nnz else np.zeros(1, np.int32)),
-                "data": cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
-                                  hostbuf=d.data if d.nnz else np.zeros(1, np.float32)),
-                "A": cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * fs * self.batch_rows[s]),
-                "B": cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * self.batch_rows[s]),
-            }
+            self.buf[s].update(
+                A=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * fs * self.batch_rows[s]),
+                B=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * self.batch_rows[s]))
             if self.implicit:
                 # the other side's rows as K virtual rows: S1 with unit weights gives K partial
                 # Gram matrices, summed into G = (other)ᵀ(other) once per half-step
@@ -201,6 +215,43 @@ class Engine:
         self._metrics_prog = None
         self._metric_bufs = {}
         log.debug("engine on %s: batch rows %s, memory %s", self.info.name, self.batch_rows, est)
+
+    def _upload_ratings(self):
+        """The users' CSR to the device once (a CPU device reads the host arrays in place), the
+        items' CSR transposed from it there."""
+        cl = self.cl
+        mf = cl.mem_flags
+        u, col_ptr = self.side["users"], self.side["items"].indptr
+
+        # zero-copy on CPU runtimes; not on the Oclgrind simulator, whose checks count host
+        # memory it did not copy as uninitialised
+        in_place = self.info.type == "CPU" and "oclgrind" not in self.info.platform.lower()
+
+        def upload(a, empty):
+            a = a if a.size else empty
+            if in_place and a.flags.c_contiguous:
+                # zero-copy: the host arrays outlive the engine's buffers (self.side keeps them)
+                return cl.Buffer(self.ctx, mf.READ_ONLY | mf.USE_HOST_PTR, hostbuf=a)
+            return cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
+
+        self._hold = [np.zeros(1, np.int32), np.zeros(1, np.float32)]
+        bu = self.buf["users"]
+        bu["indptr"] = upload(u.indptr, None)
+        bu["indices"] = upload(u.indices, self._hold[0])
+        bu["data"] = upload(u.data, self._hold[1])
+        bi = self.buf["items"]
+        bi["indptr"] = upload(col_ptr, None)
+        if "oclgrind" in self.info.platform.lower():
+            # the simulator checks the ALS kernels; it flags the device transpose's output as
+            # uninitialised, so there the transpose is scipy's on the host
+            C = sp.csr_matrix((u.data, u.indices, u.indptr), shape=self.shape).tocsc()
+            idx, val = C.indices.astype(np.int32), C.data.astype(np.float32)
+            self._hold += [idx, val]
+            bi["indices"], bi["data"] = upload(idx, self._hold[0]), upload(val, self._hold[1])
+            return
+        bi["indices"], bi["data"] = device_transpose(
+            self.ctx, self.queue, self.info, u.indptr, bu["indptr"], bu["indices"], bu["data"],
+            self.shape[1], bi["indptr"])
 
     # ----- factors -------------------------------------------------------------------------
     def set_factors(self, side, M, biases=None):
@@ -240,8 +291,15 @@ class Engine:
         bs = self.batch_rows[side]
         events = []
         if self.implicit:      # G = (other side)ᵀ(other side), once per half-step
+            if self.profile:           # timed alone (host clock around its two kernels)
+                q.finish()
+                t_gram = time.perf_counter()
             launch_gram(kern, q, cfg, fs, b["gram_k"], b["g_indptr"], b["g_indices"], b["g_data"],
                         self.factors[other], b["A"], b["B"], b["G"])
+            if self.profile:
+                q.finish()
+                self.stage_times["gram"] = (self.stage_times.get("gram", 0.0)
+                                            + time.perf_counter() - t_gram)
         for row0 in range(0, d.rows, bs):
             n = min(bs, d.rows - row0)
             events.append(launch_batch(
@@ -294,6 +352,29 @@ class Engine:
         part = np.empty(groups, np.float32)
         cl.enqueue_copy(self.queue, part, bp)
         return float(part.astype(np.float64).sum()), n
+
+    def train_squared_error(self):
+        """Sum of squared errors of the current factors on the training ratings, read from the
+        users' CSR already on the device (nothing uploaded); returns ``(sse, count)``."""
+        cl = self.cl
+        if self._metrics_prog is None:
+            self._metrics_prog = K.metrics_program(self.ctx, self.fs, self.storage, self.ldf,
+                                                   biased=self.biased)
+        wg = 128
+        rows = self.side["users"].rows
+        groups = max(1, -(-rows // wg))
+        if "train_csr" not in self._metric_bufs:
+            self._metric_bufs["train_csr"] = (None, groups, cl.Buffer(
+                self.ctx, cl.mem_flags.READ_WRITE, size=4 * groups))
+        bp = self._metric_bufs["train_csr"][2]
+        b = self.buf["users"]
+        self._metrics_prog.kernels["sq_error_csr"](
+            self.queue, (groups * wg,), (wg,), b["indptr"], b["indices"], b["data"],
+            self.factors["users"], self.factors["items"], np.int32(rows),
+            np.float32(self.offset), bp)
+        part = np.empty(groups, np.float32)
+        cl.enqueue_copy(self.queue, part, bp)
+        return float(part.astype(np.float64).sum()), self.side["users"].nnz
 
     def release(self):
         for d in list(self.buf.values()) + [self.factors]:

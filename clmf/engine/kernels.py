@@ -31,9 +31,24 @@ CG_STEPS_FLOOR = KernelConfig.cg_steps
 
 @functools.lru_cache(maxsize=1)
 def _env():
+    """The Jinja2 environment of the templates; compiled templates are kept on disk (a new
+    process loads them instead of compiling every template again)."""
     return jinja2.Environment(loader=jinja2.PackageLoader("clmf.cl_kernels", "."),
                               undefined=jinja2.StrictUndefined, trim_blocks=True,
-                              lstrip_blocks=True, keep_trailing_newline=True)
+                              lstrip_blocks=True, keep_trailing_newline=True,
+                              bytecode_cache=_bytecode_cache())
+
+
+def _bytecode_cache():
+    """Jinja2's on-disk cache of compiled templates under clmf's cache directory, or None when
+    it cannot be created."""
+    from ..cache import cache_dir
+    d = cache_dir() / "jinja"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        return jinja2.FileSystemBytecodeCache(str(d))
+    except OSError:
+        return None
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,6 +1,7 @@
 """The ``ALS`` estimator: explicit-feedback alternating least squares on an OpenCL device."""
 from __future__ import annotations
 
+import concurrent.futures
 import inspect
 import logging
 import time
@@ -98,6 +99,10 @@ class ALS(RecommenderMixin):
     device_configs_ : list of dict — per device: ``{"device": str, "users": Choice, "items":
         Choice}`` (each device its own tuning lookup)
     history_ : list of dict — per-iteration seconds and metrics
+    timings_ : dict — wall seconds of the fit's parts: ``validation``, ``preparation`` (counts,
+        start factors), ``engine`` (device, tuning lookup, ``build`` of the programs,
+        ``upload_transpose`` of the ratings), ``setup`` (all before the first iteration;
+        ``setup_cpu``: its CPU seconds, all threads) and ``fit`` (the whole call)
     best_iteration_ : int — iteration whose factors were kept (0-based)
 
     Examples
@@ -191,6 +196,7 @@ class ALS(RecommenderMixin):
             if isinstance(v, str) and v == "auto":
                 ch = tuning.choose(info, f, side, stats[side], self.storage or "float32", solver,
                                    mode=mode)
+                ch = _pocl_implicit_rule(info, mode, ch)
             else:
                 cfg = KernelConfig.parse(v)
                 if forced is not None:
@@ -203,7 +209,7 @@ class ALS(RecommenderMixin):
             out[side] = ch
         return out
 
-    def _build_engine(self, devs, R, stats, global_mean):
+    def _build_engine(self, devs, R, stats, global_mean, item_counts=None):
         """The fit's backend (one device's :class:`Engine` or a multi-device one) and the
         configurations per device: a chosen configuration that fails to build, lacks a kernel or
         exceeds a kernel's limits is rejected (one warning, see :mod:`clmf.tuning.fallback`) and
@@ -225,7 +231,8 @@ class ALS(RecommenderMixin):
                                       implicit_alpha=self._kernel_alpha(),
                                       biased=bool(self.biases),
                                       offset=global_mean if self.biases else 0.0,
-                                      max_device_memory=self.max_device_memory)
+                                      max_device_memory=self.max_device_memory,
+                                      item_counts=item_counts)
                 return engine, per_device
             except InvalidConfigError as e:
                 k = int(getattr(e, "device_index", 0) or 0)
@@ -283,8 +290,10 @@ class ALS(RecommenderMixin):
         # all-or-nothing: the new state is built in locals and assigned in one step at the end,
         # so a fit that fails or is interrupted (KeyboardInterrupt included) leaves a fitted
         # model exactly as it was
+        t_fit, c_fit = time.perf_counter(), time.process_time()
         check_params(self)
         R = check_ratings(X)
+        t_valid = time.perf_counter()
         implicit = self.feedback == "implicit"
         if implicit and R.nnz and R.data.min() < 0:
             raise ValueError(f"implicit feedback needs non-negative strengths; X has "
@@ -319,6 +328,7 @@ class ALS(RecommenderMixin):
             if not (np.all(np.isfinite(X0)) and np.all(np.isfinite(Y0))):
                 raise ValueError("init factors contain NaN/inf")
 
+        t_prep = time.perf_counter()
         stats = {"users": _side_stats(user_counts, n), "items": _side_stats(item_counts, m)}
         devs = select_devices(self.device)
         info = device_info(devs[0])
@@ -327,25 +337,29 @@ class ALS(RecommenderMixin):
         want_train = bool(show_progress or callback is not None)
         # the memory plan, from shapes alone, before any large allocation: the host's here; the
         # devices' in the backend (one device's engine, or the multi-device/streamed planner,
-        # which streams what does not fit), both before any buffer or start factor exists
+        # which streams what does not fit), both before any buffer exists
         plan = plan_fit(m, n, R.nnz, f, configs, info, implicit=implicit, biased=bool(self.biases),
                         validation_nnz=0 if V is None else V.nnz,
                         train_metrics=want_train and not implicit,
                         early_stopping=early_stopping_rounds is not None)
         plan.check_host()
-        global_mean = float(R.data.astype(np.float64).mean())
-        engine, per_device = self._build_engine(devs, self._kernel_ratings(R), stats, global_mean)
+        start = None
+        if init is None:
+            # drawn in a thread while the device is set up (the generator releases the GIL):
+            # (m + n)·f numbers are a large part of the set-up at Netflix scale; the host's plan
+            # above covers them
+            start_pool = concurrent.futures.ThreadPoolExecutor(1)
+            start = start_pool.submit(reference.start_factors, m, n, f, self.random_state)
+            start_pool.shutdown(wait=False)
+        global_mean = float(np.mean(R.data, dtype=np.float64))
+        engine, per_device = self._build_engine(devs, self._kernel_ratings(R), stats, global_mean,
+                                                item_counts=item_counts)
         choices = per_device[0]
         configs = (choices["users"].config, choices["items"].config)
+        t_engine = time.perf_counter()
         labels = [device_label(d) for d in devs]
-        if init is None:
-            try:
-                X0, Y0 = reference.start_factors(m, n, f, self.random_state)
-            except BaseException:
-                engine.release()
-                raise
         history = []
-        Rc = R.tocoo()
+        train_rows = []               # row of each rating, for backends without a CSR metric
         if V is not None and (self.biases or implicit):
             v_unknown_se, v_total = 0.0, int(V.nnz)      # biases: the kernel predicts them itself
         elif V is not None:
@@ -357,13 +371,20 @@ class ALS(RecommenderMixin):
             V = sp.coo_matrix((V.data[~unk], (V.row[~unk], V.col[~unk])), shape=V.shape)
         storage = configs[0].storage
         try:
+            if start is not None:
+                X0, Y0 = start.result()
             engine.set_factors("users", X0)
             engine.set_factors("items", Y0)
             del X0, Y0
             best = (np.inf, None, None, -1)
-            t_start = time.perf_counter()
             bar = tqdm(range(self.iterations), desc="ALS", unit="it", disable=not show_progress,
                        leave=False)
+            t_start = time.perf_counter()
+            timings = {"validation": t_valid - t_fit, "preparation": t_prep - t_valid,
+                       "engine": t_engine - t_prep, "setup": t_start - t_fit,
+                       # CPU seconds of the process (all threads, OpenCL runtimes' included)
+                       "setup_cpu": time.process_time() - c_fit,
+                       **getattr(engine, "setup_times", {})}
             for it in bar:
                 t0 = time.perf_counter()
                 try:
@@ -375,7 +396,7 @@ class ALS(RecommenderMixin):
                 secs = time.perf_counter() - t0
                 metrics = {"seconds": secs}
                 if want_train and not implicit:
-                    se, cnt = engine.squared_error("train", Rc.row, Rc.col, Rc.data)
+                    se, cnt = _train_squared_error(engine, R, train_rows)
                     metrics["train_rmse"] = float(np.sqrt(se / cnt))
                 if V is not None and implicit:
                     metrics["validation_precision@10"] = _precision_at_10(
@@ -414,6 +435,7 @@ class ALS(RecommenderMixin):
                     "the fit produced non-finite factors (NaN/inf); the previous state of the "
                     "model is kept")
             memory = dict(engine.memory)
+            timings["fit"] = time.perf_counter() - t_fit
         finally:
             engine.release()
         new = {
@@ -424,6 +446,7 @@ class ALS(RecommenderMixin):
             "best_iteration_": best_iteration, "user_factors_": Xf, "item_factors_": Yf,
             "user_biases_": bu if self.biases else None,
             "item_biases_": bi if self.biases else None, "memory_": memory,
+            "timings_": timings,
         }
         self.__dict__.update(new)          # one step: nothing half-assigned
         self._invalidate_inference()       # the factors uploaded for inference are stale
@@ -620,6 +643,33 @@ def _precision_at_10(X, Y, R, V, k=10):
     Vc = sp.csr_matrix((np.ones_like(V.data), (V.row, V.col)), shape=V.shape)[users]
     relevant = [Vc.indices[Vc.indptr[j]:Vc.indptr[j + 1]] for j in range(users.size)]
     return float(precision_at_k(top, relevant, k))
+
+
+def _pocl_implicit_rule(info, mode, ch):
+    """PoCL runs the fused CG of implicit feedback fastest with one work-item per system (its
+    barrier-free, vectorised path: 5.8× less CPU time than solve_wg=2 at f = 64 on 280K ratings,
+    issue 16): an implicit fit whose fused CG comes from the shipped tunings (measured before
+    that path existed; drop this rule once they are re-measured) or from an explicit-mode
+    tuning takes it there; a tuning of the user's own is kept."""
+    from .. import tuning
+    c = ch.config
+    stale = "shipped database" in ch.reason or "explicit-mode tuning" in ch.reason
+    if (mode == "implicit" and info.type == "CPU" and "portable" in info.platform.lower()
+            and c.solver == "fusedcg" and c.solve_wg != 1 and stale):
+        return tuning.Choice(c.replace(solve_wg=1), ch.rule,
+                             ch.reason + "; solve_wg=1 (PoCL's fused CG is fastest with one "
+                             "work-item per system)")
+    return ch
+
+
+def _train_squared_error(engine, R, rows):
+    """``(sse, count)`` on the training ratings: from the CSR already on the device where the
+    backend can, else as triples (the rows expanded once into ``rows``)."""
+    if hasattr(engine, "train_squared_error"):
+        return engine.train_squared_error()
+    if not rows:
+        rows.append(np.repeat(np.arange(R.shape[0], dtype=np.int32), np.diff(R.indptr)))
+    return engine.squared_error("train", rows[0], R.indices, R.data)
 
 
 def _side_stats(counts, other):

@@ -52,7 +52,8 @@ def _single_fits(device, R, f, configs, max_device_memory, biased=False, implici
 
 
 def make_backend(devices, R, f, configs, *, implicit_alpha=None, biased=False, offset=0.0,
-                 max_device_memory=None, profile=False, force_stream=(), modes=None):
+                 max_device_memory=None, profile=False, force_stream=(), modes=None,
+                 item_counts=None):
     """The backend of a fit: today's :class:`clmf.engine.Engine` for one device when the data
     fit (same speed), else a :class:`MultiEngine`.
 
@@ -64,6 +65,7 @@ def make_backend(devices, R, f, configs, *, implicit_alpha=None, biased=False, o
     max_device_memory : bytes, or a fraction (≤ 1) of each device's global memory.
     force_stream : sides to stream even if they fit (tests).
     modes : optional side → "replicate"/"reduce" (default: :func:`choose_modes`).
+    item_counts : optional ratings per item, when already counted (the single-device engine).
     """
     from ..engine import Engine
     if len(devices) != len(configs):
@@ -72,7 +74,8 @@ def make_backend(devices, R, f, configs, *, implicit_alpha=None, biased=False, o
             and _single_fits(devices[0], R, f, configs[0], max_device_memory, biased=biased,
                              implicit=implicit_alpha is not None)):
         return Engine(devices[0], R, f, configs[0], profile=profile,
-                      implicit_alpha=implicit_alpha, biased=biased, offset=offset)
+                      implicit_alpha=implicit_alpha, biased=biased, offset=offset,
+                      item_counts=item_counts)
     return MultiEngine(devices, R, f, configs, implicit_alpha=implicit_alpha, biased=biased,
                        offset=offset, max_device_memory=max_device_memory, profile=profile,
                        force_stream=force_stream, modes=modes)

@@ -56,7 +56,7 @@ import warnings
 
 from ..engine.config import KernelConfig
 from ..errors import InvalidConfigError
-from .database import database_paths, read_database
+from .database import database_paths
 from .schema import (
     BASELINE,
     CLASS_TOL,
@@ -146,7 +146,25 @@ class _Case:
     mode: str = "explicit"
 
 
+_cases_memo: dict = {}
+
+
 def _cases(records, origin):
+    """The runs of one database's records (memoized per records list: read_database returns the
+    same list until the file changes, so a lookup does not re-parse every record)."""
+    key = (origin, id(records))
+    hit = _cases_memo.get(key)
+    if hit is not None and hit[0] is records:
+        return hit[1]
+    out = _parse_cases(records, origin)
+    if len(_cases_memo) > 32:
+        _cases_memo.clear()
+    _cases_memo[key] = (records, out)
+    return out
+
+
+def _parse_cases(records, origin):
+    """Every complete run (both sides' best records) of ``records`` as a :class:`_Case`."""
     best = {}
     for r in records:
         if r.get("kind") != "best" or r.get("side") not in SIDES:
@@ -178,20 +196,30 @@ def _cases(records, origin):
     return out
 
 
+class _Sources(list):
+    """[(origin, path, best records)] of the databases in search order, with the runs whose
+    records are left out (``exclude_runs``: the computed default drops their measurements too)."""
+
+    exclude_runs: frozenset = frozenset()
+
+
 def _sources(exclude_paths=(), exclude_runs=()):
-    """[(origin, path, records)] of the databases in search order, leaving out the files of
-    ``exclude_paths`` and the records of the runs in ``exclude_runs``."""
+    """:class:`_Sources` of every usable database, from the persistent index, leaving out the
+    files of ``exclude_paths`` and the records of the runs in ``exclude_runs``."""
     import os
+
+    from .index import best_records
     skip = {os.path.abspath(p) for p in exclude_paths}
-    runs = set(exclude_runs)
-    out = []
+    runs = frozenset(exclude_runs)
+    out = _Sources()
+    out.exclude_runs = runs
     for origin, p in database_paths():
         if os.path.abspath(p) in skip:
             continue
-        recs = read_database(p)
+        recs = best_records(p)
         if recs and runs:
             recs = [r for r in recs if r.get("run_id") not in runs]
-        if recs:
+        if recs is not None:             # (a database of measurements only feeds the default)
             out.append((origin, p, recs))
     return out
 
@@ -296,7 +324,11 @@ def _lookup(info, f, storage, ds, mode="explicit", finalize=None, sources=None):
 
     def default(cm):
         # the computed default over the stored measurements of this device type
-        cfg, why = _computed_default(info, f, storage, [(o, r) for o, p, r in sources], cm, mode,
+        from .index import measurement_records
+        runs = getattr(sources, "exclude_runs", frozenset())
+        meas = [(o, [m for m in (measurement_records(p) or ()) if m.get("run_id") not in runs])
+                for o, p, r in sources]
+        cfg, why = _computed_default(info, f, storage, [(o, r) for o, r in meas if r], cm, mode,
                                      lambda c: fallback.usable(info, finalize(c, cm), f, mode,
                                                                "the computed default", None))
         if cfg is not None:

@@ -1,0 +1,128 @@
+"""A persistent index of each tuning database as the lookup reads it: its "best" records, and
+apart (read only when a lookup reaches the computed default) its measurements reduced to the keys
+that rung reads; keyed by the file's path, size and modification time, so that a lookup in a new
+process reads a small file instead of parsing every record of a database that grows with each
+tuning run.
+
+The index lives in ``$CLMF_CACHE_DIR`` (default ``$XDG_CACHE_HOME/clmf`` or ``~/.cache/clmf``);
+a missing, stale or unreadable index is rebuilt from :func:`~clmf.tuning.database.read_database`
+(which also reports a corrupted file), and a cache that cannot be written is only skipped.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import threading
+
+from ..cache import cache_dir
+from .database import read_database
+from .schema import SCHEMA_VERSION
+
+log = logging.getLogger(__name__)
+
+__all__ = ["best_records", "measurement_records"]
+
+_memo: dict = {}
+_lock = threading.Lock()
+
+
+_MEASUREMENT_KEYS = ("kind", "status", "side", "mode", "f", "run_id", "config", "seconds")
+
+
+def _slim(r):
+    """A record as the lookup reads it: "best" records whole, measurements with only the keys
+    of the computed default (and their device's type)."""
+    if r.get("kind") == "best":
+        return r
+    out = {k: r[k] for k in _MEASUREMENT_KEYS if k in r}
+    dev = r.get("device")
+    out["device"] = {"type": dev.get("type")} if isinstance(dev, dict) else dev
+    return out
+
+
+def _paths(path, stamp):
+    """(best index, measurement index, prefix of every version's files) of a database."""
+    where = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+    version = hashlib.sha256(f"{stamp[0]}|{stamp[1]}|{SCHEMA_VERSION}".encode()).hexdigest()[:16]
+    d = cache_dir()
+    return (d / f"tuning-index-{where}-{version}.json",
+            d / f"tuning-index-{where}-{version}-m.json", f"tuning-index-{where}-")
+
+
+def _stamp(path):
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size)
+
+
+def _read_index(index, path, stamp):
+    """The records of one index file, or None when missing or stale."""
+    try:
+        doc = json.loads(index.read_text())
+        if doc.get("path") == str(path.resolve()) and doc.get("stamp") == list(stamp):
+            return doc["records"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def _build(path, stamp):
+    """Both indexes of ``path`` from the full database: (best, measurements) or None."""
+    recs = read_database(path)
+    if recs is None:                 # unusable: not indexed, read_database warned
+        return None
+    best = [r for r in recs if r.get("kind") == "best"]
+    meas = [_slim(r) for r in recs if r.get("kind") == "measurement"]
+    b_idx, m_idx, prefix = _paths(path, stamp)
+    try:
+        b_idx.parent.mkdir(parents=True, exist_ok=True)
+        for index, part in ((m_idx, meas), (b_idx, best)):
+            tmp = index.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"path": str(path.resolve()), "stamp": list(stamp),
+                                       "records": part}))
+            os.replace(tmp, index)
+        for old in b_idx.parent.glob(prefix + "*.json"):
+            if old not in (b_idx, m_idx):          # earlier versions of the same file
+                old.unlink(missing_ok=True)
+    except OSError as e:
+        log.debug("tuning index %s not written: %s", b_idx, e)
+    return best, meas
+
+
+def _records(path, which):
+    """The ``which`` (0: best, 1: measurements) records of ``path`` (memoized per version)."""
+    path = pathlib.Path(path)
+    stamp = _stamp(path)
+    if stamp is None:
+        return []
+    key = (str(path), which)
+    with _lock:
+        hit = _memo.get(key)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    recs = _read_index(_paths(path, stamp)[which], path, stamp)
+    if recs is None:
+        built = _build(path, stamp)
+        if built is None:
+            return None
+        recs = built[which]
+    with _lock:
+        _memo[key] = (stamp, recs)
+    return recs
+
+
+def best_records(path):
+    """The "best" records of the database at ``path`` (a list, the same object until the file
+    changes), or None when the file is unusable (``read_database`` warns about it)."""
+    return _records(path, 0)
+
+
+def measurement_records(path):
+    """The database's measurements reduced to what the computed default reads (see
+    :func:`_slim`; read only when a lookup reaches that rung), or None when it is unusable."""
+    return _records(path, 1)

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Whole ALS fits from a host CSR, timed as a user sees them (issue 16): set-up (validation,
+tuning lookup, program builds, upload, device transpose) in ns per rating, the first iteration,
+the later iterations' s/it and the whole fit's wall time.
+
+The data set is generated once (clmf's synthetic generator, default the Netflix shape
+480,189 × 17,770, ~99M ratings) and saved under OUTDIR/data; then each of ``--processes`` fresh
+Python processes loads it into memory (not timed) and runs ``--fits`` fits of ``--iterations``
+iterations. The first process of a machine with an empty kernel cache shows the cold builds, the
+next ones a warm cache; the second fit of a process shows what a process pays only once.
+
+    python scripts/whole_fit.py OUTDIR                       # Netflix shape, f=100, 15 iterations
+    python scripts/whole_fit.py OUTDIR --data synthetic:100000x20000x5000000 --device portable
+
+Writes OUTDIR/whole_fit.json (every fit, with device, driver, date, commit, command) and
+OUTDIR/whole_fit.md (the table).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+
+def log(msg):
+    """Timestamped progress on stderr."""
+    print(f"[{datetime.datetime.now(datetime.timezone.utc):%H:%M:%S}] {msg}", file=sys.stderr,
+          flush=True)
+
+
+def make_data(spec, out):
+    """Generate the data set of ``spec`` ("netflix" or "synthetic:UxIxN") into ``out`` (.npy)."""
+    import numpy as np
+
+    import clmf
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "meta.json").exists() and json.loads((out / "meta.json").read_text())["spec"] == spec:
+        return
+    t = time.perf_counter()
+    if spec.startswith("synthetic:"):
+        r = clmf.datasets.synthetic_from_spec(spec)[0]
+    else:
+        r = clmf.datasets.synthetic(spec)
+    R = r.to_csr()
+    for name in ("indptr", "indices", "data"):
+        np.save(out / f"{name}.npy", getattr(R, name))
+    (out / "meta.json").write_text(json.dumps({"spec": spec, "shape": list(R.shape),
+                                               "nnz": int(R.nnz)}))
+    log(f"data {spec}: {R.shape[0]} × {R.shape[1]}, {R.nnz} ratings "
+        f"({time.perf_counter() - t:.1f} s to generate)")
+
+
+def child(a):
+    """One process: load the CSR, then ``a.fits`` timed fits; prints one JSON line per fit."""
+    t_imp = time.perf_counter()
+    import numpy as np
+    import scipy.sparse as sp
+
+    import clmf
+    from clmf.engine.device import device_info, select_device
+    import_s = time.perf_counter() - t_imp
+    d = pathlib.Path(a.outdir) / "data"
+    meta = json.loads((d / "meta.json").read_text())
+    arrs = [np.load(d / f"{k}.npy") for k in ("indptr", "indices", "data")]
+    R = sp.csr_matrix((arrs[2], arrs[1], arrs[0]), shape=tuple(meta["shape"]), copy=False)
+    for fit in range(a.fits):
+        t_dev = time.perf_counter()
+        dev = select_device(a.device)
+        info = device_info(dev)
+        dev_s = time.perf_counter() - t_dev
+        model = clmf.ALS(factors=a.factors, regularization=a.regularization,
+                         iterations=a.iterations, device=dev, random_state=0,
+                         feedback=a.feedback, biases=a.biases)
+        t0 = time.perf_counter()
+        model.fit(R, show_progress=False)
+        whole = time.perf_counter() - t0
+        secs = [h["seconds"] for h in model.history_]
+        rest = secs[1:] or secs
+        t = model.timings_
+        rec = {
+            "process": a.process, "fit": fit, "data": meta["spec"], "shape": meta["shape"],
+            "nnz": meta["nnz"], "factors": a.factors, "iterations": a.iterations,
+            "feedback": a.feedback, "biases": a.biases, "regularization": a.regularization,
+            "device": f"{info.platform} | {info.name}", "driver": info.driver,
+            "import_s": import_s if fit == 0 else 0.0, "select_device_s": dev_s,
+            "whole_fit_s": whole, "setup_s": t["setup"],
+            "setup_ns_per_rating": t["setup"] / meta["nnz"] * 1e9,
+            "timings": t, "first_iteration_s": secs[0],
+            "s_per_it": statistics.median(rest), "iteration_s": secs,
+            "setup_share": t["setup"] / whole,
+            "configs": {s: str(c.config) for s, c in model.config_.items()},
+        }
+        print("RESULT " + json.dumps(rec), flush=True)
+
+
+def render(recs):
+    """The markdown table of the fits."""
+    lines = ["| process | fit | whole fit (s) | set-up (s) | set-up ns/rating | builds (s) | "
+             "upload + transpose (s) | 1st iteration (s) | s/it (later) | set-up share |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in recs:
+        t = r["timings"]
+        lines.append(
+            f"| {r['process']} | {r['fit']} | {r['whole_fit_s']:.3f} | {r['setup_s']:.3f} | "
+            f"{r['setup_ns_per_rating']:.1f} | {t.get('build', float('nan')):.3f} | "
+            f"{t.get('upload_transpose', float('nan')):.3f} | {r['first_iteration_s']:.3f} | "
+            f"{r['s_per_it']:.4f} | {100 * r['setup_share']:.0f} % |")
+    return "\n".join(lines)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("outdir")
+    p.add_argument("--data", default="netflix",
+                   help="a synthetic preset name or synthetic:USERSxITEMSxRATINGS")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--factors", type=int, default=100)
+    p.add_argument("--iterations", type=int, default=15)
+    p.add_argument("--regularization", type=float, default=0.05)
+    p.add_argument("--feedback", default="explicit", choices=("explicit", "implicit"))
+    p.add_argument("--biases", action="store_true")
+    p.add_argument("--processes", type=int, default=2, help="fresh processes, one after another")
+    p.add_argument("--fits", type=int, default=2, help="fits per process")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--process", type=int, default=0, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        return child(a)
+    out = pathlib.Path(a.outdir)
+    make_data(a.data, out / "data")
+    recs = []
+    for k in range(a.processes):
+        cmd = [sys.executable, __file__, *sys.argv[1:], "--child", "--process", str(k)]
+        log(f"process {k}: {a.fits} fit(s) of {a.iterations} iterations at f={a.factors}")
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            log(res.stderr[-4000:])
+            raise SystemExit(f"process {k} failed ({res.returncode})")
+        for line in res.stdout.splitlines():
+            if line.startswith("RESULT "):
+                r = json.loads(line[7:])
+                recs.append(r)
+                log(f"  fit {r['fit']}: whole {r['whole_fit_s']:.3f} s, set-up "
+                    f"{r['setup_s']:.3f} s ({r['setup_ns_per_rating']:.1f} ns/rating), first "
+                    f"iteration {r['first_iteration_s']:.3f} s, {r['s_per_it']:.4f} s/it")
+    from clmf.provenance import commit
+    doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "commit": commit(), "host": platform.node(), "cpu_count": os.cpu_count(),
+           "command": "python scripts/whole_fit.py " + " ".join(sys.argv[1:]), "fits": recs}
+    (out / "whole_fit.json").write_text(json.dumps(doc, indent=1))
+    head = (f"# Whole fits: {recs[0]['data']} ({recs[0]['shape'][0]} × {recs[0]['shape'][1]}, "
+            f"{recs[0]['nnz']} ratings), f={a.factors}, {a.iterations} iterations\n\n"
+            f"Device: {recs[0]['device']} (driver {recs[0]['driver']}); {doc['date']}; "
+            f"commit {doc['commit']}\n\nCommand: `{doc['command']}`\n\n")
+    (out / "whole_fit.md").write_text(head + render(recs) + "\n")
+    print(head + render(recs))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""The fit's set-up path (issue 16): canonical CSR input taken without copies, the items' CSR
+transposed on the device, the training error read from the device's CSR."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from clmf.data.validation import check_ratings
+
+
+def _random_csr(m, n, nnz, seed=0, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    keys = np.unique(rng.integers(0, m * n, size=nnz))
+    vals = rng.integers(1, 6, size=keys.size).astype(dtype)
+    return sp.csr_matrix((vals, (keys // n, keys % n)), shape=(m, n))
+
+
+def test_canonical_csr_is_not_copied():
+    R = _random_csr(50, 40, 600)
+    R.indices = R.indices.astype(np.int32)
+    out = check_ratings(R)
+    assert out.data is R.data or np.shares_memory(out.data, R.data)
+    assert np.shares_memory(out.indices, R.indices)
+    assert out.dtype == np.float32 and out.indices.dtype == np.int32
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int64, np.float32])
+@pytest.mark.parametrize("index", [np.int32, np.int64])
+def test_canonical_fast_path_equals_general_path(dtype, index):
+    R = _random_csr(30, 20, 200, dtype=dtype)
+    R.indices = R.indices.astype(index)
+    R.indptr = R.indptr.astype(index)
+    fast = check_ratings(R)
+    slow = check_ratings(R.tocoo())                 # the general (sorting) path
+    assert fast.dtype == np.float32 and fast.indices.dtype == np.int32
+    for a in ("indptr", "indices", "data"):
+        np.testing.assert_array_equal(getattr(fast, a), getattr(slow, a))
+
+
+def _raw_csr(data, indices, indptr, shape):
+    """A CSR whose arrays scipy does not check or sort."""
+    R = sp.csr_matrix(shape, dtype=np.float32)
+    R.data, R.indices, R.indptr = (np.asarray(data, np.float32), np.asarray(indices, np.int32),
+                                   np.asarray(indptr, np.int32))
+    return R
+
+
+def test_non_canonical_csr_takes_the_general_path():
+    # unsorted row: sorted by the general path, same result as the sorted input
+    R = _raw_csr([1, 2, 3], [2, 0, 1], [0, 2, 3], (2, 3))
+    out = check_ratings(R)
+    np.testing.assert_array_equal(out.indices, [0, 2, 1])
+    np.testing.assert_array_equal(out.data, [2, 1, 3])
+    # duplicates within a row are named
+    with pytest.raises(ValueError, match="duplicate"):
+        check_ratings(_raw_csr([1, 2], [1, 1], [0, 2], (1, 3)))
+    # NaN ratings are named
+    with pytest.raises(ValueError, match="NaN"):
+        check_ratings(_raw_csr([1, np.nan], [0, 1], [0, 2], (1, 3)))
+    # a column index past the shape is refused (scipy's own check on conversion)
+    with pytest.raises(ValueError):
+        check_ratings(_raw_csr([1, 2], [0, 5], [0, 2], (1, 3)))
+
+
+@pytest.mark.parametrize("band", [None, 3])
+def test_device_transpose_equals_scipy(cl_device, band, monkeypatch):
+    import pyopencl as cl
+
+    from clmf.engine import transpose as T
+    from clmf.engine.device import device_info, get_context
+    if band is not None:
+        monkeypatch.setattr(T, "_CPU_BAND", band)
+    # empty rows and columns, one long row, a few blocks
+    R = _random_csr(300, 47, 3000, seed=3).tolil()
+    R[5, :] = 0
+    R[:, 7] = 0
+    R[11, :] = np.arange(1, 48)
+    R = sp.csr_matrix(R)
+    R.eliminate_zeros()
+    R.indices = R.indices.astype(np.int32)
+    info = device_info(cl_device)
+    ctx, q = get_context(cl_device)
+    mf = cl.mem_flags
+    ip = R.indptr.astype(np.int64)
+    C = R.tocsc()
+    col = C.indptr.astype(np.int64)
+    bufs = [cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
+            for a in (ip, R.indices, R.data.astype(np.float32), col)]
+    oi, ov = T.device_transpose(ctx, q, info, ip, bufs[0], bufs[1], bufs[2], R.shape[1], bufs[3])
+    gi, gv = np.empty(R.nnz, np.int32), np.empty(R.nnz, np.float32)
+    cl.enqueue_copy(q, gi, oi)
+    cl.enqueue_copy(q, gv, ov)
+    np.testing.assert_array_equal(gi, C.indices)
+    np.testing.assert_array_equal(gv, C.data)
+
+
+@pytest.mark.parametrize("biases", [False, True])
+def test_train_error_from_device_csr(cl_device, biases):
+    from clmf.engine.config import KernelConfig
+    from clmf.engine.core import Engine
+    R = _random_csr(40, 30, 500, seed=5)
+    cfg = KernelConfig.parse("batch")
+    eng = Engine(cl_device, R, 6, (cfg, cfg), biased=biases, offset=3.0 if biases else 0.0)
+    try:
+        rng = np.random.default_rng(0)
+        eng.set_factors("users", rng.random((40, 6)), biases=rng.random(40) if biases else None)
+        eng.set_factors("items", rng.random((30, 6)), biases=rng.random(30) if biases else None)
+        C = R.tocoo()
+        want = eng.squared_error("t", C.row, C.col, C.data)
+        got = eng.train_squared_error()
+        assert got[1] == want[1] == R.nnz
+        assert got[0] == pytest.approx(want[0], rel=1e-5)
+    finally:
+        eng.release()
+
+
+def test_fit_records_setup_timings(cl_device):
+    import clmf
+    R = _random_csr(60, 50, 900, seed=2)
+    m = clmf.ALS(factors=4, iterations=2, device=cl_device, random_state=0)
+    m.fit(R, show_progress=False)
+    t = m.timings_
+    for k in ("validation", "preparation", "engine", "setup", "build", "upload_transpose", "fit"):
+        assert t[k] >= 0.0
+    assert t["setup"] <= t["fit"]
+
+
+def test_tuning_index_follows_the_database(tmp_path, monkeypatch):
+    import json
+    import os
+
+    from clmf.tuning import index
+    monkeypatch.setenv("CLMF_CACHE_DIR", str(tmp_path / "cache"))
+    db = tmp_path / "db.jsonl"
+    # records that pass the database's record checks (clmf.tuning.schema)
+    dev = {"platform": "FakeCL", "vendor": "FakeVendor", "type": "GPU", "device": "big"}
+    rec = {"schema_version": 1, "kind": "best", "run_id": "r1", "side": "users", "f": 10,
+           "storage": "float32", "device": dev, "config": {}, "dataset": {"m": 5, "n": 4, "nnz": 9}}
+    meas = {"schema_version": 1, "kind": "measurement", "run_id": "r1", "side": "users",
+            "status": "ok", "f": 10, "seconds": 0.5, "config": {}, "device": dev}
+    db.write_text(json.dumps(rec) + "\n" + json.dumps(meas) + "\n")
+    first = index.best_records(db)
+    assert first == [rec]
+    m = index.measurement_records(db)
+    assert m[0]["device"] == {"type": "GPU"} and m[0]["seconds"] == 0.5
+    assert "schema_version" not in m[0]
+    assert index.best_records(db) is first                       # memoized in the process
+    index._memo.clear()
+    assert index.best_records(db) == first                       # read back from the index
+    assert index.measurement_records(db) == m
+    assert len(list((tmp_path / "cache").glob("tuning-index-*.json"))) == 2
+    rec2 = dict(rec, run_id="r2")
+    db.write_text(json.dumps(rec2) + "\n")
+    os.utime(db, ns=(1, 1))                                       # another version of the file
+    assert index.best_records(db) == [rec2]
+    assert index.measurement_records(db) == []
+    assert len(list((tmp_path / "cache").glob("tuning-index-*.json"))) == 2   # old ones pruned
+    db.write_text("not json\n")
+    os.utime(db, ns=(2, 2))
+    with pytest.warns(Warning, match="skipped"):                  # a bad line is skipped alone
+        assert index.best_records(db) == []
+
+
+@pytest.mark.parametrize("header", [True, False])
+def test_movielens_csv_fast_path_equals_line_parser(tmp_path, header, monkeypatch):
+    pytest.importorskip("pyarrow")
+    from clmf.data import _fastcsv, movielens
+    lines = ["userId,movieId,rating,timestamp"] if header else []
+    lines += ["1,10,4.5,978300760", "3,10,2.0,978300761", "1,7,1.0,978300762", "", "2,7,5,1"]
+    p = tmp_path / "ratings.csv"
+    p.write_text("\r\n".join(lines) + "\r\n")
+    fast = movielens.load_movielens_csv(p)
+    monkeypatch.setattr(_fastcsv, "read_numeric", lambda *a, **k: None)
+    monkeypatch.setattr(movielens, "read_numeric", lambda *a, **k: None)
+    slow = movielens.load_movielens_csv(p)
+    for a in ("users", "items", "ratings", "timestamps", "user_ids", "item_ids"):
+        np.testing.assert_array_equal(getattr(fast, a), getattr(slow, a))
+
+
+@pytest.mark.parametrize("bad", ["1,10,nan,5", "1,10, 4,5", "1,x,4,5", "1,10,4", '"1",10,4,5'])
+def test_movielens_csv_fast_path_leaves_problems_to_the_line_parser(tmp_path, bad):
+    pytest.importorskip("pyarrow")
+    from clmf.data import _fastcsv
+    p = tmp_path / "ratings.csv"
+    p.write_text("userId,movieId,rating,timestamp\n2,3,4,5\n" + bad + "\n")
+    assert _fastcsv.read_numeric(p, ",", 4, True, {0: "int", 1: "int", 2: "float", 3: "int"}) \
+        is None or bad == "1,10, 4,5"
