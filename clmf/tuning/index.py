@@ -29,6 +29,7 @@ _memo: dict = {}
 _lock = threading.Lock()
 
 
+_INDEX_FORMAT = 2              # 2: "topk" records kept beside "best" ones
 _MEASUREMENT_KEYS = ("kind", "status", "side", "mode", "f", "run_id", "config", "seconds")
 
 
@@ -46,7 +47,8 @@ def _slim(r):
 def _paths(path, stamp):
     """(best index, measurement index, prefix of every version's files) of a database."""
     where = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
-    version = hashlib.sha256(f"{stamp[0]}|{stamp[1]}|{SCHEMA_VERSION}".encode()).hexdigest()[:16]
+    version = hashlib.sha256(f"{stamp[0]}|{stamp[1]}|{SCHEMA_VERSION}|{_INDEX_FORMAT}"
+                             .encode()).hexdigest()[:16]
     d = cache_dir()
     return (d / f"tuning-index-{where}-{version}.json",
             d / f"tuning-index-{where}-{version}-m.json", f"tuning-index-{where}-")
@@ -76,7 +78,9 @@ def _build(path, stamp):
     recs = read_database(path)
     if recs is None:                 # unusable: not indexed, read_database warned
         return None
-    best = [r for r in recs if r.get("kind") == "best"]
+    # the ALS lookup's "best" records and the top-k kernels' "topk" records (each reader keeps
+    # its own kind)
+    best = [r for r in recs if r.get("kind") in ("best", "topk")]
     meas = [_slim(r) for r in recs if r.get("kind") == "measurement"]
     b_idx, m_idx, prefix = _paths(path, stamp)
     try:
