@@ -15,7 +15,7 @@ import numpy as np
 from .layout import Layout, SideLayout, transpose_csr
 from .memory import plan_device
 from .partition import choose_modes, make_plan
-from .worker import SIDES, DeviceWorker, Exchange, other_side
+from .worker import SIDES, DeviceWorker, Exchange, other_side, padded_factors
 
 log = logging.getLogger(__name__)
 
@@ -202,16 +202,7 @@ class MultiEngine:
     # ----- factors -------------------------------------------------------------------------
     def _padded(self, side, M, biases):
         rows = self.layout[side].rows
-        M = np.asarray(M, dtype=np.float32)
-        if M.shape != (rows, self.f):
-            raise ValueError(f"{side} factors must have shape {(rows, self.f)}, not {M.shape}")
-        host = np.zeros((max(1, rows), self.ldf), dtype=self.np_store)
-        host[:rows, :self.f] = M
-        if self.biased:
-            host[:, self.f] = 1.0
-            if biases is not None:
-                host[:rows, self.f + 1] = biases
-        return host
+        return padded_factors(side, M, rows, self.f, self.ldf, self.np_store, self.biased, biases)
 
     def set_factors(self, side, M, biases=None):
         """Upload a side's factors (n_rows × f) to every device (the rows each holds)."""

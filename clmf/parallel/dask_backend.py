@@ -20,7 +20,7 @@ import numpy as np
 
 from . import dask_tasks as T
 from .partition import choose_modes, make_plan
-from .worker import SIDES, other_side
+from .worker import SIDES, other_side, padded_factors
 
 log = logging.getLogger(__name__)
 
@@ -299,16 +299,7 @@ class DaskEngine:
     def padded(self, side, M, biases=None):
         """A side's factors (n_rows × f) as the devices' padded rows."""
         rows = self.shape[0 if side == "users" else 1]
-        M = np.asarray(M, dtype=np.float32)
-        if M.shape != (rows, self.f):
-            raise ValueError(f"{side} factors must have shape {(rows, self.f)}, not {M.shape}")
-        host = np.zeros((max(1, rows), self.ldf), dtype=self.np_store)
-        host[:rows, :self.f] = M
-        if self.biased:
-            host[:, self.f] = 1.0
-            if biases is not None:
-                host[:rows, self.f + 1] = biases
-        return host
+        return padded_factors(side, M, rows, self.f, self.ldf, self.np_store, self.biased, biases)
 
     def set_factors(self, side, M, biases=None):
         """Upload a side's factors to every worker (the rows each device holds)."""
