@@ -36,20 +36,9 @@ _BLOCK_NNZ = 1 << 24        # ratings per generated block (memory per thread ≈
 
 
 def _alias(p):
-    """Walker alias table (vectorised construction by sorting; exact up to rounding)."""
-    n = p.size
-    q = p * n
-    alias = np.arange(n, dtype=np.int32)
-    small = list(np.flatnonzero(q < 1.0))
-    large = list(np.flatnonzero(q >= 1.0))
-    while small and large:
-        s = small.pop()
-        g = large.pop()
-        alias[s] = g
-        q[g] -= 1.0 - q[s]
-        (small if q[g] < 1.0 else large).append(g)
-    q[small + large] = 1.0
-    return q, alias
+    """Walker alias table of ``p`` (the synthetic generator's own, so both draw alike)."""
+    from ..data.synthetic import _alias_table
+    return _alias_table(p)
 
 
 def synthetic_layout(preset="hugewiki", fraction=1.0, *, seed=0, threads=None, rank=4,
