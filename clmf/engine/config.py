@@ -29,23 +29,28 @@ import re
 
 from ..errors import InvalidConfigError
 
-__all__ = ["KernelConfig", "VARIANT_FLAGS", "SOLVERS", "STORAGES", "representative_variants"]
+__all__ = ["KernelConfig", "VARIANT_FLAGS", "SOLVERS", "STORAGES", "SPLIT_NEVER",
+           "representative_variants"]
 
 VARIANT_FLAGS = ("reg", "local", "vec", "tile", "gemm", "syrk")
 SOLVERS = ("cholesky", "cg", "fusedcg")
 STORAGES = ("float32", "float16")
 _NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?(\+gemm)?(\+syrk)?$")
 _INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "cg_steps",
-               "batch_rows")
+               "batch_rows", "split")
 _BOOL_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "triangle")
 # hard bounds of every integer field, checked whenever a configuration is made (the bounds that
 # depend on f and the device, e.g. cg_steps ≤ f or the work-group limits, are checked by
 # clmf.kernels.validate where both are known)
 MAX_CG_STEPS = 4096
+# ``split`` at this value cuts no row: a row of one side has fewer entries than the other side has
+# rows (int32 column indices), so no row reaches 2^31 - 1 entries
+SPLIT_NEVER = (1 << 31) - 1
 INT_RANGES = {"vec": (0, 16), "tx": (1, 1 << 14), "ty": (1, 1 << 14), "tz": (1, 1 << 14),
               "bx": (0, 1 << 16), "by": (0, 1 << 16), "ks": (1, 1 << 10),
               "nnz_batch": (1, 1 << 20), "solve_wg": (0, 1 << 14),
-              "cg_steps": (1, MAX_CG_STEPS), "batch_rows": (0, (1 << 31) - 1)}
+              "cg_steps": (1, MAX_CG_STEPS), "batch_rows": (0, (1 << 31) - 1),
+              "split": (0, SPLIT_NEVER)}
 _DIGITS = re.compile(r"^[0-9]{1,12}$")      # ASCII digits only (int() takes "1_0", "１", " +3")
 _TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
 
@@ -81,6 +86,11 @@ class KernelConfig:
     storage : "float32" or "float16" (factors stored as half, compute in float32)
     triangle : compute only the lower triangle of each hermitian and mirror it
     batch_rows : rows per S1/S2/S3 launch; 0 = sized from device memory
+    split : most entries of a row one S1 work-group sums (long rows are cut into pieces of at
+        most ``split`` entries, summed by a combine kernel: :func:`clmf.engine.memory.plan_split`);
+        0 = automatic (the rule in :func:`clmf.engine.memory.split_threshold`), 1 ..
+        ``SPLIT_NEVER`` - 1 = that many, ``SPLIT_NEVER`` (2^31 - 1) = never split. The fused CG
+        solver builds no hermitians and ignores it; so do multi-device fits
 
     Examples
     --------
@@ -107,6 +117,7 @@ class KernelConfig:
     storage: str = "float32"
     triangle: bool = True
     batch_rows: int = 0
+    split: int = 0
 
     def __post_init__(self):
         # a configuration may come from an untrusted tuning record or a --variant string: every
@@ -411,4 +422,7 @@ def representative_variants(f=None):
         "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5,batch_rows=7",
         "batch+vec4+syrk:bx=8,ks=32,nnz_batch=16,solver=cg",
         "batch+vec4+syrk:bx=16,ks=8,nnz_batch=8,storage=float16",
+        # long rows cut into pieces of 3 (resp. 5) entries, pieces and batches interleaved
+        "batch:tx=4,ty=4,split=3,batch_rows=4",
+        "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5,split=5,batch_rows=7",
     ]

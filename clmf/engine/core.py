@@ -3,6 +3,11 @@
 An :class:`Engine` owns, for one fit, the CSR of both sides (the users' CSR and the items' CSR,
 i.e. the CSC of the ratings), the factor matrices X and Y, and per-side scratch for a batch of
 hermitians (O(batch · f²), never O(m · f²)). Factors stay on the device across iterations.
+
+Long rows (a Netflix item has up to 233K ratings, 5.7K on average) are cut into pieces summed by
+separate S1 work-groups, so that no work-group runs alone at the end of a launch: see
+:func:`split_rows` and :func:`launch_split_batch`; the threshold is the configuration's ``split``
+(:func:`clmf.engine.memory.plan_split`).
 """
 from __future__ import annotations
 
@@ -16,12 +21,15 @@ import scipy.sparse as sp
 from ..errors import InvalidConfigError, SingularSystemError
 from . import kernels as K
 from .device import device_info, get_context
-from .memory import choose_batch_rows, plan_fit
+from .memory import choose_batch_rows, plan_fit, plan_split
 from .transpose import device_transpose
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Engine", "SideData", "choose_batch_rows", "plan_fit"]
+__all__ = ["Engine", "SideData", "choose_batch_rows", "plan_fit", "split_rows",
+           "launch_split_batch"]
+
+_INT32_MAX = (1 << 31) - 1
 
 
 @dataclasses.dataclass
@@ -104,6 +112,80 @@ def launch_batch(kern, q, cfg, v, fs, indptr, indices, data, Yother, A, B, G, Xo
     return e1, e2, e3
 
 
+def split_rows(indptr, threshold, batch_rows, virtual_rows):
+    """The pieces of a side's rows and its launches, built once on the host.
+
+    Row r of ``indptr`` (int64 CSR row pointers) is cut into ⌈count / threshold⌉ consecutive
+    pieces of ``threshold`` entries (the last holds the rest; an empty row is one empty piece):
+    ``vindptr`` holds the pieces' row pointers (the same entry offsets: S1 and S2 run on it
+    unchanged) and ``vstart[r]`` the first piece of row r (``vstart[rows]`` = pieces). Launches
+    are consecutive real rows, at most ``batch_rows`` of them and at most ``virtual_rows``
+    pieces; each is ``(row0, n, v0, nv)``: ``nv`` its pieces from ``v0``, 0 when none of its
+    rows is cut (it then runs the unsplit path)."""
+    indptr = np.asarray(indptr, np.int64)
+    rows = len(indptr) - 1
+    t = int(threshold)
+    if t < 1:
+        raise ValueError(f"split threshold must be ≥ 1, not {t}")
+    counts = np.diff(indptr)
+    pieces = np.maximum(1, -(-counts // t))
+    most = int(pieces.max()) if rows else 0
+    if most > virtual_rows:
+        raise ValueError(f"a row of {most} pieces does not fit a scratch of {virtual_rows} pieces")
+    vstart = np.zeros(rows + 1, np.int64)
+    np.cumsum(pieces, out=vstart[1:])
+    total = int(vstart[-1])
+    if total > _INT32_MAX - 1:
+        # the kernels take a launch's first row as a 32-bit int
+        raise ValueError(f"splitting rows at {t} entries makes {total} pieces, beyond the "
+                         f"kernels' 32-bit row numbers: use a larger split")
+    owner = np.repeat(np.arange(rows, dtype=np.int64), pieces)
+    vindptr = np.empty(total + 1, np.int64)
+    vindptr[:-1] = indptr[:-1][owner] + (np.arange(total, dtype=np.int64) - vstart[:-1][owner]) * t
+    vindptr[-1] = indptr[-1]
+    del owner
+    launches = []
+    r = 0
+    while r < rows:
+        # the most rows from r whose pieces fit the scratch (row r's always do)
+        fit = int(np.searchsorted(vstart, vstart[r] + virtual_rows, side="right")) - 1
+        r1 = max(r + 1, min(r + int(batch_rows), fit, rows))
+        nv = int(vstart[r1] - vstart[r])
+        launches.append((r, r1 - r, int(vstart[r]), nv if nv > r1 - r else 0))
+        r = r1
+    return vindptr, vstart, launches
+
+
+def launch_split_batch(kern, q, cfg, v, fs, indptr, vindptr, vstart, indices, data, Yother, A,
+                       B, Av, Bp, G, Xout, status, row0, n, v0, nv, xoff, regularization,
+                       weighted, implicit, alpha, offset, wait_for=None):
+    """Enqueue S1 (and S2 unless S1 fuses it) over the pieces ``v0 .. v0 + nv - 1`` of
+    ``vindptr`` into ``Av``/``Bp`` (unregularised, no Gram), the combine of each real row's
+    pieces into ``A``/``B`` (diagonal and Gram added as S1 adds them to an unsplit row), then S3
+    on the real rows ``row0 .. row0 + n - 1``; returns the (S1, S2, combine, S3) events (S2
+    None when fused). Not for the fused CG solver, which builds no hermitians."""
+    if cfg.solver == "fusedcg":
+        raise ValueError("the fused CG solver builds no hermitians to split")
+    if not (0 <= v0 and v0 + nv <= _INT32_MAX and row0 + n <= _INT32_MAX):
+        raise ValueError(f"pieces {v0} .. {v0 + nv} pass the kernels' 32-bit row numbers")
+    s1_local = cfg.s1_local_size(fs)
+    e1 = kern["s1_hermitian"](
+        q, (cfg.s1_groups(fs, nv) * s1_local,), (s1_local,), vindptr, indices, Yother, Av,
+        np.int32(v0), np.int32(nv), np.float32(0.0), np.int32(0), data, np.float32(alpha), G,
+        np.int32(0), Bp, np.int32(1 if cfg.fuses_rhs else 0), np.float32(offset),
+        wait_for=wait_for)
+    e2 = None if cfg.fuses_rhs else kern["s2_rhs"](
+        q, (nv * v["s2_wg"],), (v["s2_wg"],), vindptr, indices, data, Yother, Bp, np.int32(v0),
+        np.int32(nv), np.float32(alpha), np.float32(offset))
+    wg = v["comb_wg"]
+    ec = kern["s1_combine"](q, (n * wg,), (wg,), indptr, vstart, Av, Bp, A, B, np.int32(row0),
+                            np.int32(n), np.float32(regularization),
+                            np.int32(1 if weighted else 0), G, np.int32(1 if implicit else 0))
+    e3 = launch_solve(kern, q, cfg, fs, indptr, A, B, Xout, status, row0, n, xoff,
+                      regularization, weighted)
+    return e1, e2, ec, e3
+
+
 def launch_solve(kern, q, cfg, fs, indptr, A, B, Xout, status, row0, n, xoff, regularization,
                  weighted, wait_for=None):
     """Enqueue S3 alone (Cholesky or CG) on the systems in ``A``/``B``; ``indptr`` gives the
@@ -151,18 +233,23 @@ class Engine:
         self.shape = R.shape
         m, n = R.shape
         rows = {"users": m, "items": n}
-        self.batch_rows = {s: choose_batch_rows(self.configs[s], self.fs, rows[s], self.info)
-                           for s in ("users", "items")}
+        if item_counts is None:
+            item_counts = np.bincount(R.indices, minlength=R.shape[1])
+        longest = {"users": int(np.diff(R.indptr).max()) if m else 0,
+                   "items": int(item_counts.max()) if n else 0}
+        # long rows cut into pieces (per side: threshold, rows per launch, pieces' scratch)
+        self.splits = {s: plan_split(self.configs[s], self.fs, rows[s], R.nnz, longest[s],
+                                     self.info) for s in ("users", "items")}
+        self.batch_rows = {s: self.splits[s].batch_rows for s in ("users", "items")}
         # every device buffer planned from the shapes, and checked, before any is created (and
         # before the users' CSR is prepared on the host and transposed on the device)
         plan = plan_fit(m, n, R.nnz, f, (configs[0], configs[1]), self.info,
-                        implicit=self.implicit, biased=self.biased, batch_rows=self.batch_rows)
+                        implicit=self.implicit, biased=self.biased, batch_rows=self.batch_rows,
+                        splits=self.splits)
         plan.check_device(self.info)
         self.memory = plan.device_dict()
         est = self.memory
         users = SideData.from_csr(R)
-        if item_counts is None:
-            item_counts = np.bincount(users.indices, minlength=R.shape[1])
         col_ptr = np.zeros(R.shape[1] + 1, np.int64)
         np.cumsum(item_counts, out=col_ptr[1:])
         # the items' CSR (the ratings' CSC) is built on the device from the users' (below)
@@ -204,17 +291,39 @@ class Engine:
                     g_data=cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
                                      hostbuf=np.ones(n_other, np.float32)))
             self.buf[s]["G"] = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * fs)
+        self.launches = {}
+        for s in ("users", "items"):
+            self.launches[s] = self._plan_launches(s)
         itemsize = np.dtype(self.np_store).itemsize
         self.factors = {s: cl.Buffer(self.ctx, mf.READ_WRITE,
                                      size=max(1, self.side[s].rows) * self.ldf * itemsize)
                         for s in ("users", "items")}
         self.status = cl.Buffer(self.ctx, mf.READ_WRITE, size=4)
         self.profile = profile
-        self.stage_times = {"s1": 0.0, "s2": 0.0, "s3": 0.0}
+        self.stage_times = {"s1": 0.0, "s2": 0.0, "s3": 0.0, "combine": 0.0}
         self._events = []
         self._metrics_prog = None
         self._metric_bufs = {}
         log.debug("engine on %s: batch rows %s, memory %s", self.info.name, self.batch_rows, est)
+
+    def _plan_launches(self, side):
+        """The launches of a side's half-step, ``(row0, n, v0, nv)`` (``nv`` > 0: split), with
+        the pieces' row pointers and scratch on the device when the side is split."""
+        sp_, d, bs = self.splits[side], self.side[side], self.batch_rows[side]
+        if not sp_.active:
+            return [(r0, min(bs, d.rows - r0), 0, 0) for r0 in range(0, d.rows, bs)]
+        cl, mf, fs = self.cl, self.cl.mem_flags, self.fs
+        vindptr, vstart, launches = split_rows(d.indptr, sp_.threshold, bs, sp_.virtual_rows)
+        cut = int(np.count_nonzero(np.diff(d.indptr) > sp_.threshold))
+        log.debug("%s: %d row(s) over %d entries cut into %d pieces in all; %d of %d launches "
+                  "split", side, cut, sp_.threshold, len(vindptr) - 1,
+                  sum(1 for x in launches if x[3]), len(launches))
+        self.buf[side].update(
+            vindptr=cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=vindptr),
+            vstart=cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=vstart),
+            Av=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * fs * sp_.virtual_rows),
+            Bp=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * sp_.virtual_rows))
+        return launches
 
     def _upload_ratings(self):
         """The users' CSR to the device once (a CPU device reads the host arrays in place), the
@@ -288,7 +397,6 @@ class Engine:
         q = self.queue
         fs = self.fs
         cl.enqueue_copy(q, self.status, np.array([np.iinfo(np.int32).max], np.int32))
-        bs = self.batch_rows[side]
         events = []
         if self.implicit:      # G = (other side)ᵀ(other side), once per half-step
             if self.profile:           # timed alone (host clock around its two kernels)
@@ -300,19 +408,28 @@ class Engine:
                 q.finish()
                 self.stage_times["gram"] = (self.stage_times.get("gram", 0.0)
                                             + time.perf_counter() - t_gram)
-        for row0 in range(0, d.rows, bs):
-            n = min(bs, d.rows - row0)
-            events.append(launch_batch(
-                kern, q, cfg, v, fs, b["indptr"], b["indices"], b["data"], self.factors[other],
-                b["A"], b["B"], b["G"], self.factors[side], self.status, row0, n, 0,
-                regularization, weighted, self.implicit, self.alpha, self.offset))
+        for row0, n, v0, nv in self.launches[side]:
+            if nv:
+                e1, e2, ec, e3 = launch_split_batch(
+                    kern, q, cfg, v, fs, b["indptr"], b["vindptr"], b["vstart"], b["indices"],
+                    b["data"], self.factors[other], b["A"], b["B"], b["Av"], b["Bp"], b["G"],
+                    self.factors[side], self.status, row0, n, v0, nv, 0, regularization,
+                    weighted, self.implicit, self.alpha, self.offset)
+            else:
+                ec = None
+                e1, e2, e3 = launch_batch(
+                    kern, q, cfg, v, fs, b["indptr"], b["indices"], b["data"],
+                    self.factors[other], b["A"], b["B"], b["G"], self.factors[side], self.status,
+                    row0, n, 0, regularization, weighted, self.implicit, self.alpha, self.offset)
+            events.append((e1, e2, e3, ec))
         st = np.empty(1, np.int32)
         cl.enqueue_copy(q, st, self.status)   # blocking: also ends the half-step
         if self.profile:
-            for e1, e2, e3 in events:
-                for key, e in (("s1", e1), ("s2", e2), ("s3", e3)):
+            for e1, e2, e3, ec in events:
+                for key, e in (("s1", e1), ("s2", e2), ("s3", e3), ("combine", ec)):
                     if e is not None:
-                        self.stage_times[key] += (e.profile.end - e.profile.start) * 1e-9
+                        self.stage_times[key] = (self.stage_times.get(key, 0.0)
+                                                 + (e.profile.end - e.profile.start) * 1e-9)
         if st[0] != np.iinfo(np.int32).max:
             raise SingularSystemError(
                 f"the normal equations of {side[:-1]} row {int(st[0])} are not positive definite "

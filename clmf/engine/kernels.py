@@ -125,6 +125,7 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
         tile=config.tile, gemm=config.gemm, syrk=config.syrk, triangle=config.triangle, tx=config.tx, ty=config.ty, tz=config.tz,
         bx=bx, by=by, nnz_batch=config.nnz_batch, s1_wg=config.s1_local_size(f),
         s2_wg=min(_next_pow2(f), 256),
+        comb_wg=_comb_wg(device_info),
         solve_wg=config.swg(f), solver=config.solver, cg_steps=config.cg_steps,
         chol_local=config.chol_local_bytes(f) + 4 * (4 * f + config.swg(f)) <= local_budget,
     )
@@ -137,6 +138,11 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
         # ML-100K at f = 50 than with work-items across the factors)
         v["s2_wg"] = 1
     return v
+
+
+def _comb_wg(device_info):
+    """Work-items of the long rows' combine kernel (one work-group per real row)."""
+    return max(1, min(64, device_info.max_work_group_size if device_info else 64))
 
 
 def _check_ldf(config, width, ldf):
@@ -290,8 +296,9 @@ def als_program(context, device, config: KernelConfig, f: int, device_info, impl
     src = render_als(config, f, device_info, implicit, biased, ldf)
     prog = build(context, src)
     s3 = "s3_fused" if config.solver == "fusedcg" else "s3_solve"
+    av = als_variables(config, f, device_info)
     needs = {"s1_hermitian": config.s1_local_size(f), s3: config.swg(f),
-             "s2_rhs": als_variables(config, f, device_info)["s2_wg"]}
+             "s2_rhs": av["s2_wg"], "s1_combine": av["comb_wg"]}
     missing = sorted(set(needs) - set(prog.kernels))
     if missing:
         raise InvalidConfigError(f"the program built for {config} has no kernel(s) "

@@ -10,8 +10,9 @@ partitioner) can ask "does this fit?" for any piece of the problem without touch
 Every buffer the engine creates is counted: per side the CSR (``indptr`` int64, ``indices``
 int32, ``data`` float32), the factor matrix (``rows × ldf`` at the storage's item size), the
 batch scratch ``A`` (``batch × f²``) and ``B`` (``batch × f``), the ``G`` buffer (``f²``, the
-implicit Gram; allocated on every fit), the implicit Gram's virtual-row CSR, the status word, and
-the device metrics' triples (train and validation).
+implicit Gram; allocated on every fit), the implicit Gram's virtual-row CSR, the long rows'
+pieces (:func:`plan_split`: the virtual row pointers and the pieces' partial ``A``/``B``), the status
+word, and the device metrics' triples (train and validation).
 """
 from __future__ import annotations
 
@@ -20,16 +21,20 @@ import logging
 import os
 
 from ..errors import DeviceMemoryError, HostMemoryError
+from .config import SPLIT_NEVER
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MemoryPlan", "plan_fit", "choose_batch_rows", "available_host_memory",
-           "DEVICE_FRACTION", "HOST_FRACTION", "SCRATCH_BUDGET", "MAX_BATCH_ROWS"]
+__all__ = ["MemoryPlan", "SplitPlan", "plan_fit", "plan_split", "split_threshold",
+           "choose_batch_rows", "available_host_memory", "DEVICE_FRACTION", "HOST_FRACTION",
+           "SCRATCH_BUDGET", "MAX_BATCH_ROWS", "SPLIT_FLOOR", "SPLIT_WAVES"]
 
 SCRATCH_BUDGET = 512 << 20      # default cap on per-side hermitian scratch
 MAX_BATCH_ROWS = 1 << 16
 DEVICE_FRACTION = 0.9           # of the device's global memory a fit may plan to use
 HOST_FRACTION = 0.9             # of the host's available memory
+SPLIT_FLOOR = 4096              # automatic split: never pieces shorter than this
+SPLIT_WAVES = 8                 # automatic split: work-group slots per compute unit
 
 
 def _gib(b):
@@ -112,17 +117,75 @@ def available_host_memory():
         return None
 
 
-def choose_batch_rows(config, f, rows, info, budget=None):
-    """Rows per launch: the config's ``batch_rows`` or what fits the scratch budget, ≥ 1."""
-    per_row = 4 * (f * f + f)
+def choose_batch_rows(config, f, rows, info, budget=None, split=False):
+    """Rows per launch: the config's ``batch_rows`` or what fits the scratch budget, ≥ 1; with
+    ``split`` the budget also holds as many rows of the pieces' scratch (half as many rows)."""
+    per_row = 4 * (f * f + f) * (2 if split else 1)
     cap = min(info.max_alloc, budget or SCRATCH_BUDGET, max(per_row, info.global_mem // 8))
     fit = max(1, cap // per_row)
     want = config.batch_rows or MAX_BATCH_ROWS
     return int(max(1, min(want, fit, rows)))
 
 
+def split_threshold(config, nnz, rows, batch_rows, compute_units):
+    """Most entries per piece of a long row of a side with ``nnz`` entries in ``rows`` rows
+    launched ``batch_rows`` at a time: ``config.split``, or the automatic rule.
+
+    Automatic rule: T = max(SPLIT_FLOOR, ⌈nnz_launch / (compute_units · SPLIT_WAVES)⌉) with
+    nnz_launch = nnz / ⌈rows / batch_rows⌉ the entries of an average S1 launch. A launch is
+    balanced when its entries are spread over its ``compute_units · SPLIT_WAVES`` work-group
+    slots (SPLIT_WAVES = 8 resident work-groups per compute unit, what the S1 variants keep on
+    the GPUs we know), so each slot sums about nnz_launch / slots entries; a row beyond that
+    holds its compute unit's slot after the others drained, and the launch waits for it alone
+    (Netflix items: 232,944 ratings in one row, 5,654 on average). Pieces of at most T entries
+    bound that tail by one slot's balanced share. The floor keeps pieces long enough that the
+    combine (one f × f read per piece) costs little beside their S1 (f² multiply-adds per entry):
+    with a few compute units (CPU devices) and small data no row is long and nothing is split."""
+    if config.split:
+        return int(config.split)
+    launches = max(1, -(-int(rows) // max(1, int(batch_rows))))
+    per_launch = -(-int(nnz) // launches)
+    return int(max(SPLIT_FLOOR, -(-per_launch // (max(1, int(compute_units)) * SPLIT_WAVES))))
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitPlan:
+    """How one side's long rows are cut: ``threshold`` entries per piece at most (0: the side is
+    not split), ``batch_rows`` real rows per launch, ``virtual_rows`` rows of the pieces' scratch
+    (pieces of one launch), ``pieces_bound`` an upper bound on the side's pieces (virtual rows)."""
+    threshold: int
+    batch_rows: int
+    virtual_rows: int = 0
+    pieces_bound: int = 0
+
+    @property
+    def active(self):
+        return self.threshold > 0
+
+
+def plan_split(config, f, rows, nnz, max_row, info):
+    """The :class:`SplitPlan` of a side of ``rows`` rows, ``nnz`` entries and ``max_row``
+    entries in its longest row, solved at ``f`` unknowns with ``config`` on the device ``info``.
+
+    The side is split when its longest row has more entries than :func:`split_threshold`
+    (never with the fused CG solver, which builds no hermitians). Then a launch's rows are cut
+    into ⌈count / T⌉ pieces each (an empty or short row is one piece), the pieces' partial
+    hermitians and right-hand sides go to a scratch of ``virtual_rows`` rows (at least the
+    pieces of the longest row, so a launch always holds a whole row), and the batch of real rows
+    shrinks so that both scratches fit the budget (:func:`choose_batch_rows` with ``split``)."""
+    plain = choose_batch_rows(config, f, rows, info)
+    if config.solver == "fusedcg" or config.split == SPLIT_NEVER or rows <= 0:
+        return SplitPlan(0, plain)
+    t = split_threshold(config, nnz, rows, plain, info.compute_units)
+    if int(max_row) <= t:
+        return SplitPlan(0, plain)
+    bs = choose_batch_rows(config, f, rows, info, split=True)
+    most = -(-int(max_row) // t)
+    return SplitPlan(t, bs, int(max(bs, most)), int(rows) + int(nnz) // t + 1)
+
+
 def plan_fit(m, n, nnz, f, configs, info, *, implicit=False, biased=False, batch_rows=None,
-             validation_nnz=0, train_metrics=True, early_stopping=False):
+             validation_nnz=0, train_metrics=True, early_stopping=False, splits=None):
     """The :class:`MemoryPlan` of an ALS fit of an ``m × n`` matrix with ``nnz`` ratings.
 
     Parameters
@@ -133,6 +196,8 @@ def plan_fit(m, n, nnz, f, configs, info, *, implicit=False, biased=False, batch
     info : :class:`clmf.device.DeviceInfo` (its limits size the batches)
     implicit, biased : the fit's mode
     batch_rows : {"users": b, "items": b} or None (chosen as the engine does)
+    splits : {"users": SplitPlan, "items": SplitPlan} or None (no long rows split); the pieces'
+        scratch and row pointers are counted, and the batches default to the plans'
     validation_nnz : held-out ratings scored on the device each iteration
     train_metrics : whether the training RMSE is computed on the device (its triples uploaded)
     early_stopping : whether the best iteration's factors are kept on the host
@@ -141,8 +206,10 @@ def plan_fit(m, n, nnz, f, configs, info, *, implicit=False, biased=False, batch
     fs = f + 1 if biased else f                   # unknowns per system
     width = f + 2 if biased else f                # [factors | 1 | bias] with biases
     rows = {"users": m, "items": n}
+    splits = splits or {}
     if batch_rows is None:
-        batch_rows = {s: choose_batch_rows(c, fs, rows[s], info)
+        batch_rows = {s: splits[s].batch_rows if s in splits else
+                      choose_batch_rows(c, fs, rows[s], info)
                       for s, c in zip(("users", "items"), configs)}
     dev = {}
     csr = 0
@@ -157,6 +224,11 @@ def plan_fit(m, n, nnz, f, configs, info, *, implicit=False, biased=False, batch
         if implicit:
             k = int(max(1, min(64, b, other)))
             dev[f"implicit_{side}"] = 8 * (k + 1) + 8 * other          # virtual rows' CSR
+        sp_ = splits.get(side)
+        if sp_ is not None and sp_.active:
+            # the pieces' partial A and B, their row pointers and the rows' first pieces (int64)
+            dev[f"split_{side}"] = (4 * (fs * fs + fs) * sp_.virtual_rows
+                                    + 8 * (sp_.pieces_bound + 1) + 8 * (r + 1))
     dev["csr"] = csr
     metrics = 0
     if train_metrics and not implicit:
@@ -178,4 +250,7 @@ def plan_fit(m, n, nnz, f, configs, info, *, implicit=False, biased=False, batch
     }
     if early_stopping:
         host["best_factors"] = (m + n) * (f4 + 4)
+    for side, sp_ in splits.items():
+        if sp_.active:      # the pieces' row pointers, built once on the host
+            host[f"split_{side}"] = 3 * 8 * (sp_.pieces_bound + 1) + 8 * (rows[side] + 1)
     return MemoryPlan(dev, {k: int(v) for k, v in host.items() if v})
