@@ -120,7 +120,7 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
     bx, by = config.tile_edges(f)
     v = dict(
         f=f, ldf=_check_ldf(config, f + 1 if biased else f, ldf), storage=config.storage,
-        config_str=str(config), implicit=bool(implicit), biased=bool(biased),
+        config_str=str(config.replace(split=0)), implicit=bool(implicit), biased=bool(biased),
         variant_name=config.name, reg=config.reg, local=config.local, vec=config.vec,
         tile=config.tile, gemm=config.gemm, syrk=config.syrk, triangle=config.triangle, tx=config.tx, ty=config.ty, tz=config.tz,
         bx=bx, by=by, nnz_batch=config.nnz_batch, s1_wg=config.s1_local_size(f),

@@ -9,6 +9,11 @@ published it). Transfers therefore overlap the kernels. The kernels are the sing
 engine's (:func:`clmf.engine.launch_batch`); a chunk's row pointers are rebased to its first
 entry and S3 writes factor row ``xoff + row`` of the buffer (``xoff`` the chunk's first row
 in the buffer's numbering), so no offset the kernels see exceeds one chunk's size.
+
+Long rows are not split across work-groups here (a configuration's ``split`` is ignored): the
+single-device engine's pieces (:func:`clmf.engine.core.split_rows`) are built once for resident
+row pointers, while a worker's chunks are rebased and may be streamed; every launch here is the
+unsplit :func:`clmf.engine.core.launch_batch`, whose scratch the multi-device plan counts.
 """
 from __future__ import annotations
 
