@@ -17,6 +17,9 @@ from clmf.engine.device import device_info
 from clmf.errors import InvalidConfigError
 
 TOL = 1e-4
+# λ: a CG after 3 of f = 7 steps on the 2-entry rows' systems at λ = 0.1 moves 1e-7 differences
+# of its input (either path's, e.g. the other side's factors) to 1e-4: conditioned enough at 0.5
+LAM = 0.5
 T = 3                                          # entries per piece in the device tests
 VARIANTS = ["batch:tx=4,ty=4",
             "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5",
@@ -173,7 +176,7 @@ def _splits_of(cl_device, R, f, cfg, biased=False):
 
 def _fit(cl_device, R, f, variant, init, **kw):
     cfg = KernelConfig.parse(variant)
-    return clmf.ALS(f, 0.1, kw.pop("iterations", 1), device=cl_device, variant=cfg,
+    return clmf.ALS(f, LAM, kw.pop("iterations", 1), device=cl_device, variant=cfg,
                     solver=cfg.solver, **kw).fit(R, init=init, show_progress=False)
 
 
@@ -194,13 +197,13 @@ def test_split_matches_unsplit_and_reference(cl_device, variant, mode):
     plain = _fit(cl_device, R, f, f"{variant},split={SPLIT_NEVER},batch_rows=2", init, **dict(kw))
     steps = dict(solver=cfg.solver, cg_steps=cfg.cg_steps)
     if mode == "biased":
-        X, Y, bu, bi, _mu = ref.als_biased(R, f, 0.1, 2, init=init, **steps)
+        X, Y, bu, bi, _mu = ref.als_biased(R, f, LAM, 2, init=init, **steps)
         pairs = [(got.user_factors_, plain.user_factors_, X), (got.item_factors_,
                  plain.item_factors_, Y), (got.user_biases_, plain.user_biases_, bu),
                  (got.item_biases_, plain.item_biases_, bi)]
         tol = 10 * TOL                                       # two iterations, as test_feedback
     else:
-        X, Y = ref.als(R, f, 0.1, 1, weighted=mode == "explicit", init=init,
+        X, Y = ref.als(R, f, LAM, 1, weighted=mode == "explicit", init=init,
                        implicit_alpha=2.0 if mode == "implicit" else None, **steps)
         pairs = [(got.user_factors_, plain.user_factors_, X),
                  (got.item_factors_, plain.item_factors_, Y)]
@@ -261,6 +264,6 @@ def test_fused_cg_ignores_split(cl_device, feedback):
     assert not any(p.active for p in _splits_of(cl_device, R, f, KernelConfig.parse(v)))
     kw = {"feedback": "implicit", "alpha": 2.0} if feedback == "implicit" else {}
     m = _fit(cl_device, R, f, v, init, **kw)
-    X, Y = ref.als(R, f, 0.1, 1, weighted=feedback == "explicit", init=init, solver="fusedcg",
+    X, Y = ref.als(R, f, LAM, 1, weighted=feedback == "explicit", init=init, solver="fusedcg",
                    cg_steps=3, implicit_alpha=2.0 if feedback == "implicit" else None)
     assert rel_err(m.user_factors_, X) <= TOL and rel_err(m.item_factors_, Y) <= TOL
