@@ -94,9 +94,11 @@ def render(recs):
     for r in recs:
         for side in ("items", "users"):
             s = r[side]
+            mode = "off" if r["split"] == r["split_never"] else \
+                "auto" if r["split"] == 0 else r["split"]
             lines.append(
                 f"| {r['f']} | `{r['configs']['items']}` | {side} | "
-                f"{'off' if r['split'] == r['split_never'] else 'auto' if r['split'] == 0 else r['split']} | "
+                f"{mode} | "
                 f"{s['threshold'] or '–'} | {s['launches']} ({s['split_launches']}) | "
                 f"{s['rows_cut']} | {s['s1_s']:.5f} | {s['combine_s']:.5f} | "
                 f"{s['s1_total_s']:.5f} | {s['s2_s']:.5f} | {s['s3_s']:.5f} | "

@@ -107,8 +107,15 @@ def test_automatic_threshold_rule():
     assert memory.split_threshold(cfg.replace(split=3), 99_072_112, 17_770, 13_000, 132) == 3
     p = memory.plan_split(cfg, 100, 17_770, 99_072_112, 232_944, _Info())
     assert p.active and p.threshold == t and p.virtual_rows >= -(-232_944 // t)
-    assert p.batch_rows == memory.choose_batch_rows(cfg, 100, 17_770, _Info(), split=True)
-    assert p.batch_rows < memory.choose_batch_rows(cfg, 100, 17_770, _Info())
+    # 80 GiB: the budget binds, not the memory: as many rows per launch as unsplit
+    assert p.batch_rows == memory.choose_batch_rows(cfg, 100, 17_770, _Info())
+
+    class Small(_Info):                   # 1 GiB: an eighth of it holds both scratches
+        global_mem = 1 << 30
+    q = memory.plan_split(cfg, 100, 17_770, 99_072_112, 232_944, Small())
+    plain = memory.choose_batch_rows(cfg, 100, 17_770, Small())
+    assert q.active and q.batch_rows == plain // 2
+    assert 2 * 4 * (100 * 100 + 100) * q.virtual_rows <= (1 << 30) // 8 + 4 * (10_100)
     # no row over the threshold, the fused CG, or never: not split, plain batches
     for c, longest in ((cfg, t), (cfg.replace(solver="fusedcg"), 232_944),
                        (cfg.replace(split=SPLIT_NEVER), 232_944)):

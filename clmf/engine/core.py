@@ -391,7 +391,7 @@ class Engine:
         """Solve every row of ``side`` given the other side's factors (stays on the device)."""
         cl = self.cl
         other = "items" if side == "users" else "users"
-        d, b, prog, v = self.side[side], self.buf[side], self.programs[side], self.vars[side]
+        b, prog, v = self.buf[side], self.programs[side], self.vars[side]
         cfg = self.configs[side]
         kern = prog.kernels
         q = self.queue

@@ -11,8 +11,8 @@ Every buffer the engine creates is counted: per side the CSR (``indptr`` int64, 
 int32, ``data`` float32), the factor matrix (``rows × ldf`` at the storage's item size), the
 batch scratch ``A`` (``batch × f²``) and ``B`` (``batch × f``), the ``G`` buffer (``f²``, the
 implicit Gram; allocated on every fit), the implicit Gram's virtual-row CSR, the long rows'
-pieces (:func:`plan_split`: the virtual row pointers and the pieces' partial ``A``/``B``), the status
-word, and the device metrics' triples (train and validation).
+pieces (:func:`plan_split`: the virtual row pointers and the pieces' partial ``A``/``B``), the
+status word, and the device metrics' triples (train and validation).
 """
 from __future__ import annotations
 
@@ -118,10 +118,14 @@ def available_host_memory():
 
 
 def choose_batch_rows(config, f, rows, info, budget=None, split=False):
-    """Rows per launch: the config's ``batch_rows`` or what fits the scratch budget, ≥ 1; with
-    ``split`` the budget also holds as many rows of the pieces' scratch (half as many rows)."""
-    per_row = 4 * (f * f + f) * (2 if split else 1)
-    cap = min(info.max_alloc, budget or SCRATCH_BUDGET, max(per_row, info.global_mem // 8))
+    """Rows per launch: the config's ``batch_rows`` or what fits the scratch budget, ≥ 1.
+
+    The budget caps each scratch buffer (``A``; with ``split`` also the pieces' scratch, a
+    second buffer of as many rows), and both together stay within an eighth of the device's
+    memory: a split side gets half the rows only where that eighth, not the budget, binds."""
+    per_row = 4 * (f * f + f)
+    share = info.global_mem // 8 // (2 if split else 1)
+    cap = min(info.max_alloc, budget or SCRATCH_BUDGET, max(per_row, share))
     fit = max(1, cap // per_row)
     want = config.batch_rows or MAX_BATCH_ROWS
     return int(max(1, min(want, fit, rows)))
@@ -170,9 +174,11 @@ def plan_split(config, f, rows, nnz, max_row, info):
     The side is split when its longest row has more entries than :func:`split_threshold`
     (never with the fused CG solver, which builds no hermitians). Then a launch's rows are cut
     into ⌈count / T⌉ pieces each (an empty or short row is one piece), the pieces' partial
-    hermitians and right-hand sides go to a scratch of ``virtual_rows`` rows (at least the
-    pieces of the longest row, so a launch always holds a whole row), and the batch of real rows
-    shrinks so that both scratches fit the budget (:func:`choose_batch_rows` with ``split``)."""
+    hermitians and right-hand sides go to a scratch of ``virtual_rows`` rows (as many as a
+    launch's real rows, and at least the pieces of the longest row, so that a launch always
+    holds a whole row), and a launch's real rows are cut short where its pieces would pass that
+    (:func:`clmf.engine.core.split_rows`); the batch of real rows is what both scratches allow
+    (:func:`choose_batch_rows` with ``split``)."""
     plain = choose_batch_rows(config, f, rows, info)
     if config.solver == "fusedcg" or config.split == SPLIT_NEVER or rows <= 0:
         return SplitPlan(0, plain)
