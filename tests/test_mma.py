@@ -21,7 +21,7 @@ VARIANTS = ["batch+vec4+mma:tx=1,ks=1,nnz_batch=8",
             "batch+vec4+mma:tx=4,ks=1,nnz_batch=32,solver=cg",
             "batch+vec4+mma:tx=2,ks=1,nnz_batch=16,storage=float16",
             "batch+vec4+mma:tx=4,ks=2,nnz_batch=16,precision=tf32"]
-CPU_F = [1, 3, 17]
+CPU_F = [1, 3, 16, 17]
 GPU_F = [8, 10, 16, 17, 32, 50, 64, 100, 128]
 
 
