@@ -139,3 +139,25 @@ def test_mma_config_grammar():
                 "batch+vec4+mma:precision=fp16"]:
         with pytest.raises(InvalidConfigError):
             KernelConfig.parse(bad)
+
+
+def test_tuner_space_offers_mma_only_with_tensor_cores(cl_device):
+    """The default and full tuning spaces hold mma configurations on a device that reports
+    tensor cores (a faked NVIDIA compute capability 9.0) and none on this device."""
+    import dataclasses
+
+    from clmf.tuner.space import make_space
+    info = _info(cl_device)
+    nv = dataclasses.replace(info, platform="NVIDIA CUDA", vendor="NVIDIA Corporation",
+                             type="GPU", compute_capability=(9, 0), local_mem=48 * 1024,
+                             max_work_group_size=1024, max_work_item_sizes=(1024, 1024, 64))
+    for name in ("default", "full"):
+        space = make_space(name, 100, nv)
+        assert any(fl[-1] for fl in space.flags)
+        cfg = space._valid(KernelConfig.parse("batch+vec4+mma:tx=7,nnz_batch=32,solver=cg"), nv)
+        assert cfg is not None and cfg.mma and cfg.tx == 7
+        if not mma_supported(info):
+            assert not any(fl[-1] for fl in make_space(name, 100, info).flags)
+    with pytest.raises(InvalidConfigError):
+        from clmf.tuner.space import prune
+        prune(KernelConfig.parse("batch+vec4+mma:tx=16"), 10, nv)     # 16 warps for 1 block
