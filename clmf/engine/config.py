@@ -23,9 +23,9 @@ partial hermitian.
 
 ``mma`` (``batch+vec4+mma``, NVIDIA with compute capability ≥ 8.0 only) computes the row's
 hermitian on the tensor cores (PTX ``mma.sync`` m16n8k8 TF32): the padded f × f lower triangle is
-cut into 16 × 16 blocks held by warps in registers (``tx`` warps per slice, block p by warp
-p mod tx), ``ks`` slices split each chunk's k-groups of 8 entries, ``nnz_batch`` entries (a
-multiple of 8) are staged per chunk; ``precision="fp32"`` (3xTF32 split products, float32-
+cut into 16 × 16 blocks held by warps in registers (``tx`` warps per slice, each a contiguous
+range of the row-major triangle's blocks), ``ks`` slices split each chunk's k-groups of 8
+entries, ``nnz_batch`` entries (a multiple of 8) are staged per chunk; ``precision="fp32"`` (3xTF32 split products, float32-
 equivalent sums) or ``"tf32"`` (one product, 10-bit mantissas: chosen only where the accuracy
 check passes). Other devices never build it (``validate`` rejects it with reason
 ``"unsupported_device"``).
