@@ -38,6 +38,17 @@ def _tol(variant):
     return TOL
 
 
+def fit(f, *args, **kw):
+    """``clmf.ALS(f, ...).fit`` on the test problem, or None where the variant's geometry does not
+    fit f (too many accumulators for its warps: a typed refusal, never a build failure)."""
+    R, init = problem(f)
+    try:
+        return R, init, clmf.ALS(f, *args, **kw).fit(R, init=init, show_progress=False)
+    except InvalidConfigError as e:
+        assert e.reason in ("geometry", "local_memory", "work_group_size"), e
+        return R, init, None
+
+
 def problem(f, seed=0):
     R = random_ratings(61, 43, 0.25, seed=seed + f, empty_rows=[2, 60], empty_cols=[5]).tolil()
     R[7, :] = 3.0                        # a row longer than any chunk (and ends mid k-group)
@@ -61,15 +72,18 @@ def mma_device(cl_device, monkeypatch):
 def test_mma_explicit_matches_reference(mma_device, variant):
     dev, fs = mma_device
     cfg = KernelConfig.parse(variant)
+    ran = 0
     for f in fs:
-        R, init = problem(f)
-        m = clmf.ALS(f, 0.1, 1, device=dev, variant=variant).fit(R, init=init,
-                                                                  show_progress=False)
+        R, init, m = fit(f, 0.1, 1, device=dev, variant=variant)
+        if m is None:
+            continue
+        ran += 1
         assert m.config_["users"].config.mma
         Xr, Yr = ref.als(R, f, 0.1, 1, init=init, solver=cfg.solver, cg_steps=cfg.cg_steps)
         assert rel_err(m.user_factors_, Xr) <= _tol(variant), f
         assert rel_err(m.item_factors_, Yr) <= _tol(variant), f
         assert np.all(m.user_factors_[[2, 60]] == 0) and np.all(m.item_factors_[5] == 0)
+    assert ran >= len(fs) // 2
 
 
 @pytest.mark.parametrize("variant", VARIANTS[:3] + VARIANTS[4:])
@@ -77,9 +91,10 @@ def test_mma_implicit_matches_reference(mma_device, variant):
     dev, fs = mma_device
     cfg = KernelConfig.parse(variant)
     for f in fs:
-        R, init = problem(f)
-        m = clmf.ALS(f, 0.1, 1, device=dev, variant=variant, feedback="implicit",
-                     alpha=2.0, solver=cfg.solver).fit(R, init=init, show_progress=False)
+        R, init, m = fit(f, 0.1, 1, device=dev, variant=variant, feedback="implicit",
+                         alpha=2.0, solver=cfg.solver)
+        if m is None:
+            continue
         Xr, Yr = ref.als(R, f, 0.1, 1, weighted=False, init=init, implicit_alpha=2.0,
                          solver=cfg.solver, cg_steps=cfg.cg_steps)
         assert rel_err(m.user_factors_, Xr) <= _tol(variant), f
@@ -91,9 +106,9 @@ def test_mma_implicit_matches_reference(mma_device, variant):
 def test_mma_biased_matches_reference(mma_device, variant):
     dev, fs = mma_device
     for f in fs:
-        R, init = problem(f)
-        m = clmf.ALS(f, 0.1, 2, device=dev, variant=variant, biases=True,
-                     solver="cholesky").fit(R, init=init, show_progress=False)
+        R, init, m = fit(f, 0.1, 2, device=dev, variant=variant, biases=True, solver="cholesky")
+        if m is None:
+            continue
         X, Y, bu, bi, mu = ref.als_biased(R, f, 0.1, 2, init=init, solver="cholesky")
         for got, want in ((m.user_factors_, X), (m.item_factors_, Y), (m.user_biases_, bu),
                           (m.item_biases_, bi)):
