@@ -23,7 +23,8 @@ CUTS = {
     # the mma variant (batch+vec4+mma)
     "mma_nogather": [("#define PCL_GLOAD4(p, o) (((__global const float4*)(p))[(o) / 4])",
                       "#define PCL_GLOAD4(p, o) ((float4)(0.01f * (float)((o) & 7)))")],
-    "mma_nob": [("        if (want_b) {\n            if (lid", "        if (0) {\n            if (lid")],
+    "mma_nob": [("        if (want_b) {\n            if (lid",
+                 "        if (0) {\n            if (lid")],
     "mma_nomma": [("#define PCL_MMA(", "#define PCL_MMA(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1) "
                    "(d0 += as_float((a0) ^ (b1)))\n#define PCL_MMA_CUT(")],
     "mma_noL": [("    for (int p = lid; p < F * F; p += PCL_WG) {",

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import importlib.resources
 import logging
+import os
 import re
 import threading
 
