@@ -20,7 +20,10 @@ VARIANTS = ["batch+vec4+mma:tx=1,ks=1,nnz_batch=8",
             "batch+vec4+mma:tx=2,ks=2,nnz_batch=16,batch_rows=9",
             "batch+vec4+mma:tx=4,ks=1,nnz_batch=32,solver=cg",
             "batch+vec4+mma:tx=2,ks=1,nnz_batch=16,storage=float16",
-            "batch+vec4+mma:tx=4,ks=2,nnz_batch=16,precision=tf32"]
+            "batch+vec4+mma:tx=4,ks=2,nnz_batch=16,precision=tf32",
+            # the CG in the S1 work-group (systems kept in local memory), b aug / apart
+            "batch+vec4+mma:tx=2,ks=2,nnz_batch=16,solver=cg,fused_solve=1,batch_rows=9",
+            "batch+vec4+mma:tx=3,ks=1,nnz_batch=8,solver=cg,cg_steps=2,fused_solve=1"]
 CPU_F = [1, 3, 16, 17]
 GPU_F = [8, 10, 16, 17, 32, 50, 64, 100, 128]
 
@@ -102,14 +105,16 @@ def test_mma_implicit_matches_reference(mma_device, variant):
         assert np.all(m.user_factors_[2] == 0)
 
 
-@pytest.mark.parametrize("variant", [VARIANTS[0], VARIANTS[1], VARIANTS[4]])
+@pytest.mark.parametrize("variant", [VARIANTS[0], VARIANTS[1], VARIANTS[4], VARIANTS[5]])
 def test_mma_biased_matches_reference(mma_device, variant):
     dev, fs = mma_device
+    cfg = KernelConfig.parse(variant)
     for f in fs:
-        R, init, m = fit(f, 0.1, 2, device=dev, variant=variant, biases=True, solver="cholesky")
+        R, init, m = fit(f, 0.1, 2, device=dev, variant=variant, biases=True, solver=cfg.solver)
         if m is None:
             continue
-        X, Y, bu, bi, mu = ref.als_biased(R, f, 0.1, 2, init=init, solver="cholesky")
+        X, Y, bu, bi, mu = ref.als_biased(R, f, 0.1, 2, init=init, solver=cfg.solver,
+                                          cg_steps=cfg.cg_steps)
         for got, want in ((m.user_factors_, X), (m.item_factors_, Y), (m.user_biases_, bu),
                           (m.item_biases_, bi)):
             assert rel_err(got, want) <= 10 * _tol(variant), f

@@ -89,6 +89,8 @@ def canonical(cfg: KernelConfig, mode="explicit") -> KernelConfig:
         kw.update(tx=KernelConfig.tx, ty=KernelConfig.ty, by=0, tz=1)
     if cfg.mma:                       # warps per slice tx, slices ks, precision only
         kw.update(ty=KernelConfig.ty, bx=0, by=0, tz=1)
+        if cfg.fused_solve:           # no S3 work-group
+            kw["solve_wg"] = 0
     if cfg.solver == "cholesky":
         kw["cg_steps"] = KernelConfig.cg_steps
     if not (cfg.reg or cfg.local or cfg.vec or cfg.tile or cfg.gemm or cfg.syrk or cfg.mma):
@@ -168,6 +170,7 @@ class Space:
             # the plain TF32 precision is not searched: a time objective cannot judge the
             # accuracy it trades (an explicit request or an accuracy-checked run chooses it)
             out = ["tx", "ks", "nnz_batch", "solve_wg", "solver"]
+            out += ["fused_solve"] if solver == "cg" else []
             return out + (["cg_steps"] if solver != "cholesky" else [])
         if syrk:
             out = ["bx", "ks", "nnz_batch", "solve_wg", "solver"]
@@ -382,6 +385,7 @@ def make_space(name, f, info, storage="float32", solvers=None, mode="explicit"):
                     by=_tile_edges(f, (4, 8, 16, 24, 32, 48, 64)), tz=[1, 2, 4],
                     ks=_pow2s(1, min(128, cap)),
                     solve_wg=_pow2s(1, min(f, maxwg, 256)), solver=solvers,
+                    fused_solve=[False, True],
                     cg_steps=list(MODE_CG_STEPS.get(mode, [KernelConfig.cg_steps])))
         return Space("full", f, flags, grid, storage, mode)
     raise ValueError(f"unknown space {name!r}; choose from {SPACES}")
@@ -415,7 +419,7 @@ def _default_space(f, info, storage="float32", mode="explicit"):
                 bx=sorted(set(edges) | ({0, 4, 8} if gpu else set())), by=edges, square_tiles=True,
                 tz=[1, 2, 4], ks=[1, 2, 4, 8, 16, 32] if gpu else [1],
                 solve_wg=[w for w in wgs if w <= min(f, info.max_work_group_size)],
-                solver=["cholesky", "cg", "fusedcg"],
+                solver=["cholesky", "cg", "fusedcg"], fused_solve=[False, True],
                 cg_steps=list(MODE_CG_STEPS.get(mode, [KernelConfig.cg_steps])))
     return Space("default", f, flags, grid, storage, mode)
 

@@ -27,7 +27,9 @@ cut into 16 × 16 blocks held by warps in registers (``tx`` warps per slice, eac
 range of the row-major triangle's blocks), ``ks`` slices split each chunk's k-groups of 8
 entries, ``nnz_batch`` entries (a multiple of 8) are staged per chunk; ``precision="fp32"`` (3xTF32 split products, float32-
 equivalent sums) or ``"tf32"`` (one product, 10-bit mantissas: chosen only where the accuracy
-check passes). Other devices never build it (``validate`` rejects it with reason
+check passes). ``fused_solve`` (with ``solver="cg"``) runs the CG in the same work-group on the
+system kept in local memory: nothing is written to global memory and S3 is not launched.
+Other devices never build it (``validate`` rejects it with reason
 ``"unsupported_device"``).
 """
 from __future__ import annotations
@@ -47,7 +49,7 @@ PRECISIONS = ("fp32", "tf32")
 _NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?(\+gemm)?(\+syrk)?(\+mma)?$")
 _INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "cg_steps",
                "batch_rows")
-_BOOL_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "mma", "triangle")
+_BOOL_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "mma", "triangle", "fused_solve")
 # hard bounds of every integer field, checked whenever a configuration is made (the bounds that
 # depend on f and the device, e.g. cg_steps ≤ f or the work-group limits, are checked by
 # clmf.kernels.validate where both are known)
@@ -91,6 +93,7 @@ class KernelConfig:
     storage : "float32" or "float16" (factors stored as half, compute in float32)
     triangle : compute only the lower triangle of each hermitian and mirror it
     batch_rows : rows per S1/S2/S3 launch; 0 = sized from device memory
+    fused_solve : ``mma`` with ``solver="cg"`` only: the CG runs in the S1 work-group
 
     Examples
     --------
@@ -119,6 +122,7 @@ class KernelConfig:
     precision: str = "fp32"
     triangle: bool = True
     batch_rows: int = 0
+    fused_solve: bool = False
 
     def __post_init__(self):
         # a configuration may come from an untrusted tuning record or a --variant string: every
@@ -184,6 +188,10 @@ class KernelConfig:
             if self.tx > 32:
                 raise InvalidConfigError(f"mma tx (warps per slice) must be ≤ 32, not {self.tx}",
                                          "tx")
+        if self.fused_solve and not (self.mma and self.solver == "cg"):
+            raise InvalidConfigError("fused_solve (CG in the S1 work-group, the system kept in "
+                                     "local memory) is an mma parameter with solver=cg",
+                                     "fused_solve")
         if not self.syrk and not self.mma and self.ks != 1:
             raise InvalidConfigError("ks (split-K slices) is a syrk or mma parameter", "ks")
         if self.solve_wg and not _pow2(self.solve_wg):
@@ -236,9 +244,9 @@ class KernelConfig:
                 v = v.strip()
                 if k in ("solver", "storage", "precision"):
                     kw[k] = v
-                elif k == "triangle":
+                elif k in _BOOL_FIELDS:
                     if v.lower() not in _TRUE + _FALSE:
-                        raise InvalidConfigError(f"parameter triangle must be 0/1/true/false, "
+                        raise InvalidConfigError(f"parameter {k} must be 0/1/true/false, "
                                                  f"not {_show(v)}", k)
                     kw[k] = v.lower() in _TRUE
                 else:
@@ -400,8 +408,11 @@ class KernelConfig:
         nb = self.nnz_batch
         staged = (nb // 8) * (fp * 8 + 8) + 2 * nb
         packed = 256 * nblk
+        p2 = 1 << (wg - 1).bit_length()            # the fused CG's reduction tree
+        solve = 4 * fp + p2 if self.fused_solve else 0
         return dict(vw=4, bx=f, by=f, fp=fp, ntb=ntb, nblk=nblk, wb=wb, ks=self.ks, wg=wg,
-                    slots=-(-nblk // wb), lds_floats=max(staged, packed), nt=1, tz_eff=1,
+                    packed_floats=packed, p2=p2,
+                    slots=-(-nblk // wb), lds_floats=max(staged, packed + solve), nt=1, tz_eff=1,
                     tri_tiles=True, spt=-(-(nb * fp // 4) // wg), ept=-(-nb // wg),
                     qb=-(-f // wg))
 

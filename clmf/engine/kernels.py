@@ -125,6 +125,7 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
         variant_name=config.name, reg=config.reg, local=config.local, vec=config.vec,
         tile=config.tile, gemm=config.gemm, syrk=config.syrk, mma=config.mma,
         precision=config.precision, mma_emulate=config.mma and not mma_supported(device_info),
+        fused_solve=config.fused_solve,
         triangle=config.triangle, tx=config.tx, ty=config.ty, tz=config.tz,
         bx=bx, by=by, nnz_batch=config.nnz_batch, s1_wg=config.s1_local_size(f),
         s2_wg=min(_next_pow2(f), 256),
@@ -325,6 +326,8 @@ def als_program(context, device, config: KernelConfig, f: int, device_info, impl
     s3 = "s3_fused" if config.solver == "fusedcg" else "s3_solve"
     needs = {"s1_hermitian": config.s1_local_size(f), s3: config.swg(f),
              "s2_rhs": als_variables(config, f, device_info)["s2_wg"]}
+    if config.fused_solve:
+        needs["s1s3_mma"] = config.s1_local_size(f)
     missing = sorted(set(needs) - set(prog.kernels))
     if missing:
         raise InvalidConfigError(f"the program built for {config} has no kernel(s) "
