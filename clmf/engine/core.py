@@ -87,6 +87,14 @@ def launch_batch(kern, q, cfg, v, fs, indptr, indices, data, Yother, A, B, G, Xo
     add_gram = implicit if gram is None else gram
     if fused and not solve:
         raise ValueError("the fused CG solver builds no normal equations to reduce")
+    if cfg.fused_solve and solve:
+        # S1 and the CG in one kernel (mma): the systems stay in local memory
+        e1 = kern["s1s3_mma"](
+            q, (groups * s1_local,), (s1_local,), indptr, indices, Yother, A, np.int32(row0),
+            np.int32(n), np.float32(regularization), np.int32(1 if weighted else 0), data,
+            np.float32(alpha), G, np.int32(1 if add_gram else 0), B, np.int32(1),
+            np.float32(offset), Xout, status, np.int32(xoff), wait_for=wait_for)
+        return e1, None, None
     e1 = None if fused else kern["s1_hermitian"](
         q, (groups * s1_local,), (s1_local,), indptr, indices, Yother, A, np.int32(row0),
         np.int32(n), np.float32(regularization), np.int32(1 if weighted else 0), data,
@@ -163,9 +171,10 @@ def launch_split_batch(kern, q, cfg, v, fs, indptr, vindptr, vstart, indices, da
     ``vindptr`` into ``Av``/``Bp`` (unregularised, no Gram), the combine of each real row's
     pieces into ``A``/``B`` (diagonal and Gram added as S1 adds them to an unsplit row), then S3
     on the real rows ``row0 .. row0 + n - 1``; returns the (S1, S2, combine, S3) events (S2
-    None when fused). Not for the fused CG solver, which builds no hermitians."""
-    if cfg.solver == "fusedcg":
-        raise ValueError("the fused CG solver builds no hermitians to split")
+    None when fused). Not for the fused CG solver or ``fused_solve``, which build no
+    hermitians."""
+    if cfg.solver == "fusedcg" or cfg.fused_solve:
+        raise ValueError("the fused CG solvers build no hermitians to split")
     if not (0 <= v0 and v0 + nv <= _INT32_MAX and row0 + n <= _INT32_MAX):
         raise ValueError(f"pieces {v0} .. {v0 + nv} pass the kernels' 32-bit row numbers")
     s1_local = cfg.s1_local_size(fs)

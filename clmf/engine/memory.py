@@ -172,15 +172,16 @@ def plan_split(config, f, rows, nnz, max_row, info):
     entries in its longest row, solved at ``f`` unknowns with ``config`` on the device ``info``.
 
     The side is split when its longest row has more entries than :func:`split_threshold`
-    (never with the fused CG solver, which builds no hermitians). Then a launch's rows are cut
-    into ⌈count / T⌉ pieces each (an empty or short row is one piece), the pieces' partial
-    hermitians and right-hand sides go to a scratch of ``virtual_rows`` rows (as many as a
-    launch's real rows, and at least the pieces of the longest row, so that a launch always
-    holds a whole row), and a launch's real rows are cut short where its pieces would pass that
-    (:func:`clmf.engine.core.split_rows`); the batch of real rows is what both scratches allow
-    (:func:`choose_batch_rows` with ``split``)."""
+    (never with the fused CG solver or ``fused_solve``, which build no hermitians). Then a
+    launch's rows are cut into ⌈count / T⌉ pieces each (an empty or short row is one piece),
+    the pieces' partial hermitians and right-hand sides go to a scratch of ``virtual_rows`` rows
+    (as many as a launch's real rows, and at least the pieces of the longest row, so that a
+    launch always holds a whole row), and a launch's real rows are cut short where its pieces
+    would pass that (:func:`clmf.engine.core.split_rows`); the batch of real rows is what both
+    scratches allow (:func:`choose_batch_rows` with ``split``)."""
     plain = choose_batch_rows(config, f, rows, info)
-    if config.solver == "fusedcg" or config.split == SPLIT_NEVER or rows <= 0:
+    if (config.solver == "fusedcg" or config.fused_solve or config.split == SPLIT_NEVER
+            or rows <= 0):
         return SplitPlan(0, plain)
     t = split_threshold(config, nnz, rows, plain, info.compute_units)
     if int(max_row) <= t:
