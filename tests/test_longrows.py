@@ -158,6 +158,8 @@ def test_tuner_space_searches_split_on_gpus_only():
         max_work_group_size = 1024
         max_work_item_sizes = (1024, 1024, 64)
         local_mem = 48 * 1024
+        platform = "NVIDIA CUDA"
+        compute_capability = (9, 0)
 
     class Cpu(Gpu):
         type = "CPU"
@@ -165,9 +167,13 @@ def test_tuner_space_searches_split_on_gpus_only():
     assert "split" in make_space("default", 50, Gpu()).grid
     assert "split" not in make_space("default", 50, Cpu()).grid
     sp_ = make_space("default", 50, Gpu())
-    assert "split" in sp_.active((False, False, 4, False, False, True), "cholesky")
-    assert "split" not in sp_.active((False, False, 4, False, False, True), "fusedcg")
+    syrk = (False, False, 4, False, False, True, False)
+    mma = (False, False, 4, False, False, False, True)
+    assert "split" in sp_.active(syrk, "cholesky") and "split" in sp_.active(mma, "cg")
+    assert "split" not in sp_.active(syrk, "fusedcg")
     assert canonical(KernelConfig(solver="fusedcg", split=8192)).split == 0
+    assert canonical(KernelConfig.parse("batch+vec4+mma:solver=cg,fused_solve=1,split=8192")
+                     ).split == 0
 
 
 # ----- on every device ------------------------------------------------------------------------
