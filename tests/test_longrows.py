@@ -196,12 +196,42 @@ def _fit(cl_device, R, f, variant, init, **kw):
 @pytest.mark.parametrize("mode", ["explicit", "unweighted", "implicit", "biased"])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_split_matches_unsplit_and_reference(cl_device, variant, mode):
+    check(cl_device, variant, mode)
+
+
+@pytest.mark.parametrize("mode", ["explicit", "implicit", "biased"])
+@pytest.mark.parametrize("variant", ["batch+vec4+mma:tx=2,ks=2,nnz_batch=16",
+                                     "batch+vec4+mma:tx=1,ks=1,nnz_batch=8,solver=cg"])
+def test_split_mma(cl_device, monkeypatch, variant, mode):
+    """The tensor-core S1 over pieces (its emulation where the device has no tensor cores)."""
+    from clmf.engine.kernels import mma_supported
+    if not mma_supported(device_info(cl_device)):
+        monkeypatch.setenv("CLMF_MMA_EMULATION", "1")
+    check(cl_device, variant, mode)
+
+
+def test_fused_solve_is_not_split(cl_device, monkeypatch):
+    """mma's fused_solve keeps the systems in local memory: nothing to split, the fit exact."""
+    from clmf.engine.kernels import mma_supported
+    if not mma_supported(device_info(cl_device)):
+        monkeypatch.setenv("CLMF_MMA_EMULATION", "1")
+    v = "batch+vec4+mma:tx=2,ks=2,nnz_batch=16,solver=cg,fused_solve=1"
+    R = problem()
+    assert not any(p.active for p in _splits_of(cl_device, R, 7,
+                                                 KernelConfig.parse(f"{v},split={T}")))
+    check(cl_device, v, "explicit", split_active=False)
+
+
+def check(cl_device, variant, mode, split_active=True):
+    """A fit of ``variant`` split at T with 2 rows per launch, the same unsplit, the reference:
+    all three agree; the empty rows get zero factors."""
     f = 7
     R = problem()
     init = ref.start_factors(*R.shape, f, 1)
     split = f"{variant},split={T},batch_rows=2"
     cfg = KernelConfig.parse(split)
-    assert all(p.active for p in _splits_of(cl_device, R, f, cfg, mode == "biased"))
+    assert all(p.active == split_active
+               for p in _splits_of(cl_device, R, f, cfg, mode == "biased"))
     kw = {"explicit": {}, "unweighted": {"weighted_regularization": False},
           "implicit": {"feedback": "implicit", "alpha": 2.0}, "biased": {"biases": True}}[mode]
     if mode == "biased":
