@@ -82,6 +82,28 @@ def test_split_rows_pieces_and_launches():
         split_rows(indptr, 0, 2, 8)
 
 
+def test_split_rows_only_where_it_pays():
+    """With the automatic threshold a launch is split only when its longest row outlasts the
+    balanced share by more than its rows' trip through the pieces' scratch costs."""
+    counts = np.array([1] * 20 + [9] + [1] * 20 + [40] + [1] * 20)
+    indptr = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    # 4 slots, launches of 21 rows: 40 · 4 > 60 + 32 · 21 fails, so nothing pays there ...
+    _, _, launches = split_rows(indptr, 3, 21, 21 + 13, slots=4)
+    assert all(nv == 0 for *_, nv in launches)
+    # ... with 64 slots the launch of the 40-entry row pays (2560 > 60 + 672), the 9-entry one
+    # not (576 < 29 + 672); forced (slots=0) both are split
+    _, _, launches = split_rows(indptr, 3, 21, 21 + 13, slots=64)
+    cut = [r0 for r0, n, v0, nv in launches if nv]
+    assert len(cut) == 1 and counts[cut[0]:cut[0] + 21].max() == 40
+    _, _, launches = split_rows(indptr, 3, 21, 21 + 13)
+    assert sum(1 for *_, nv in launches if nv) == 2
+    # the rule itself
+    assert memory.split_pays(9000, 2_700_000, 13_300, 132 * 8)          # a Netflix user launch
+    assert not memory.split_pays(2900, 2_700_000, 13_300, 132 * 8)
+    assert memory.split_pays(5, 10 ** 9, 10 ** 6, 0)                     # forced
+
+
 def test_split_rows_without_long_rows_is_the_plain_batching():
     indptr = np.array([0, 2, 2, 5, 6, 9], np.int64)
     vptr, vstart, launches = split_rows(indptr, 3, 2, 2)
@@ -107,6 +129,9 @@ def test_automatic_threshold_rule():
     assert memory.split_threshold(cfg.replace(split=3), 99_072_112, 17_770, 13_000, 132) == 3
     p = memory.plan_split(cfg, 100, 17_770, 99_072_112, 232_944, _Info())
     assert p.active and p.threshold == t and p.virtual_rows >= -(-232_944 // t)
+    assert p.slots == 132 * memory.SPLIT_WAVES
+    assert memory.plan_split(cfg.replace(split=3), 100, 17_770, 99_072_112, 232_944,
+                             _Info()).slots == 0
     # 80 GiB: the budget binds, not the memory: as many rows per launch as unsplit
     assert p.batch_rows == memory.choose_batch_rows(cfg, 100, 17_770, _Info())
 

@@ -21,7 +21,7 @@ import scipy.sparse as sp
 from ..errors import InvalidConfigError, SingularSystemError
 from . import kernels as K
 from .device import device_info, get_context
-from .memory import choose_batch_rows, plan_fit, plan_split
+from .memory import choose_batch_rows, plan_fit, plan_split, split_pays
 from .transpose import device_transpose
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ def launch_batch(kern, q, cfg, v, fs, indptr, indices, data, Yother, A, B, G, Xo
     return e1, e2, e3
 
 
-def split_rows(indptr, threshold, batch_rows, virtual_rows):
+def split_rows(indptr, threshold, batch_rows, virtual_rows, slots=0):
     """The pieces of a side's rows and its launches, built once on the host.
 
     Row r of ``indptr`` (int64 CSR row pointers) is cut into ⌈count / threshold⌉ consecutive
@@ -129,7 +129,9 @@ def split_rows(indptr, threshold, batch_rows, virtual_rows):
     unchanged) and ``vstart[r]`` the first piece of row r (``vstart[rows]`` = pieces). Launches
     are consecutive real rows, at most ``batch_rows`` of them and at most ``virtual_rows``
     pieces; each is ``(row0, n, v0, nv)``: ``nv`` its pieces from ``v0``, 0 when none of its
-    rows is cut (it then runs the unsplit path)."""
+    rows is cut or when cutting does not pay on ``slots`` work-group slots
+    (:func:`clmf.engine.memory.split_pays`; 0: it always does) — it then runs the unsplit
+    path."""
     indptr = np.asarray(indptr, np.int64)
     rows = len(indptr) - 1
     t = int(threshold)
@@ -159,7 +161,9 @@ def split_rows(indptr, threshold, batch_rows, virtual_rows):
         fit = int(np.searchsorted(vstart, vstart[r] + virtual_rows, side="right")) - 1
         r1 = max(r + 1, min(r + int(batch_rows), fit, rows))
         nv = int(vstart[r1] - vstart[r])
-        launches.append((r, r1 - r, int(vstart[r]), nv if nv > r1 - r else 0))
+        cut = nv > r1 - r and split_pays(counts[r:r1].max(), indptr[r1] - indptr[r], r1 - r,
+                                         slots)
+        launches.append((r, r1 - r, int(vstart[r]), nv if cut else 0))
         r = r1
     return vindptr, vstart, launches
 
@@ -322,7 +326,8 @@ class Engine:
         if not sp_.active:
             return [(r0, min(bs, d.rows - r0), 0, 0) for r0 in range(0, d.rows, bs)]
         cl, mf, fs = self.cl, self.cl.mem_flags, self.fs
-        vindptr, vstart, launches = split_rows(d.indptr, sp_.threshold, bs, sp_.virtual_rows)
+        vindptr, vstart, launches = split_rows(d.indptr, sp_.threshold, bs, sp_.virtual_rows,
+                                               sp_.slots)
         cut = int(np.count_nonzero(np.diff(d.indptr) > sp_.threshold))
         log.debug("%s: %d row(s) over %d entries cut into %d pieces in all; %d of %d launches "
                   "split", side, cut, sp_.threshold, len(vindptr) - 1,

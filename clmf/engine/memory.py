@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["MemoryPlan", "SplitPlan", "plan_fit", "plan_split", "split_threshold",
            "choose_batch_rows", "available_host_memory", "DEVICE_FRACTION", "HOST_FRACTION",
-           "SCRATCH_BUDGET", "MAX_BATCH_ROWS", "SPLIT_FLOOR", "SPLIT_WAVES"]
+           "SCRATCH_BUDGET", "MAX_BATCH_ROWS", "SPLIT_FLOOR", "SPLIT_WAVES",
+           "SPLIT_COMBINE_ENTRIES", "split_pays"]
 
 SCRATCH_BUDGET = 512 << 20      # default cap on per-side hermitian scratch
 MAX_BATCH_ROWS = 1 << 16
@@ -35,6 +36,11 @@ DEVICE_FRACTION = 0.9           # of the device's global memory a fit may plan t
 HOST_FRACTION = 0.9             # of the host's available memory
 SPLIT_FLOOR = 4096              # automatic split: never pieces shorter than this
 SPLIT_WAVES = 8                 # automatic split: work-group slots per compute unit
+# automatic split: what routing one row through the pieces' scratch costs (its f × f system
+# written, read and written again: 8 f² bytes more than unsplit), in entries of S1 work (f²/2
+# multiply-adds each for the triangle) at the ~2 multiply-adds per byte S1 reaches on the GPUs
+# we measured (a quarter to a third of their FMA peak): 8 f² · 2 / (f² / 2) = 32
+SPLIT_COMBINE_ENTRIES = 32
 
 
 def _gib(b):
@@ -152,15 +158,28 @@ def split_threshold(config, nnz, rows, batch_rows, compute_units):
     return int(max(SPLIT_FLOOR, -(-per_launch // (max(1, int(compute_units)) * SPLIT_WAVES))))
 
 
+def split_pays(longest, entries, rows, slots):
+    """Whether splitting a launch of ``rows`` rows and ``entries`` entries whose longest row has
+    ``longest`` entries pays on a device of ``slots`` work-group slots (0: always, a forced
+    ``split``): the longest row, summed by one slot, outlasts the launch's balanced share by
+    more than its rows' trip through the pieces' scratch costs (SPLIT_COMBINE_ENTRIES each):
+    ``longest · slots > entries + SPLIT_COMBINE_ENTRIES · rows``."""
+    cost = int(entries) + SPLIT_COMBINE_ENTRIES * int(rows)
+    return slots <= 0 or int(longest) * int(slots) > cost
+
+
 @dataclasses.dataclass(frozen=True)
 class SplitPlan:
     """How one side's long rows are cut: ``threshold`` entries per piece at most (0: the side is
     not split), ``batch_rows`` real rows per launch, ``virtual_rows`` rows of the pieces' scratch
-    (pieces of one launch), ``pieces_bound`` an upper bound on the side's pieces (virtual rows)."""
+    (pieces of one launch), ``pieces_bound`` an upper bound on the side's pieces (virtual rows),
+    ``slots`` the device's work-group slots that :func:`split_pays` weighs each launch with (0:
+    a forced ``split``, every launch with a row over the threshold is split)."""
     threshold: int
     batch_rows: int
     virtual_rows: int = 0
     pieces_bound: int = 0
+    slots: int = 0
 
     @property
     def active(self):
@@ -171,8 +190,10 @@ def plan_split(config, f, rows, nnz, max_row, info):
     """The :class:`SplitPlan` of a side of ``rows`` rows, ``nnz`` entries and ``max_row``
     entries in its longest row, solved at ``f`` unknowns with ``config`` on the device ``info``.
 
-    The side is split when its longest row has more entries than :func:`split_threshold`
-    (never with the fused CG solver or ``fused_solve``, which build no hermitians). Then a
+    The side is split when its longest row has more entries than :func:`split_threshold` and,
+    with the automatic threshold, when splitting pays for an average launch holding that row
+    (:func:`split_pays`; the engine asks it again of every launch); never with the fused CG
+    solver or ``fused_solve``, which build no hermitians. Then a
     launch's rows are cut into ⌈count / T⌉ pieces each (an empty or short row is one piece),
     the pieces' partial hermitians and right-hand sides go to a scratch of ``virtual_rows`` rows
     (as many as a launch's real rows, and at least the pieces of the longest row, so that a
@@ -184,11 +205,14 @@ def plan_split(config, f, rows, nnz, max_row, info):
             or rows <= 0):
         return SplitPlan(0, plain)
     t = split_threshold(config, nnz, rows, plain, info.compute_units)
-    if int(max_row) <= t:
+    slots = 0 if config.split else max(1, int(info.compute_units)) * SPLIT_WAVES
+    launches = -(-int(rows) // plain)
+    if int(max_row) <= t or not split_pays(max_row, -(-int(nnz) // launches),
+                                           min(plain, int(rows)), slots):
         return SplitPlan(0, plain)
     bs = choose_batch_rows(config, f, rows, info, split=True)
     most = -(-int(max_row) // t)
-    return SplitPlan(t, bs, int(max(bs, most)), int(rows) + int(nnz) // t + 1)
+    return SplitPlan(t, bs, int(max(bs, most)), int(rows) + int(nnz) // t + 1, slots)
 
 
 def plan_fit(m, n, nnz, f, configs, info, *, implicit=False, biased=False, batch_rows=None,
