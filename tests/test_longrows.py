@@ -335,3 +335,36 @@ def test_fused_cg_ignores_split(cl_device, feedback):
     X, Y = ref.als(R, f, LAM, 1, weighted=feedback == "explicit", init=init, solver="fusedcg",
                    cg_steps=3, implicit_alpha=2.0 if feedback == "implicit" else None)
     assert rel_err(m.user_factors_, X) <= TOL and rel_err(m.item_factors_, Y) <= TOL
+
+
+def test_automatic_split_on_a_skewed_side(cl_device):
+    """One user with 60,000 ratings among 2,000 users of 10: the automatic rule cuts that row on
+    any device (T ≤ max(4096, 80,000 / 16) and the split pays), the items stay whole; the
+    half-steps equal the reference's and the unsplit engine's."""
+    rng = np.random.default_rng(3)
+    m, n, f = 2000, 60_000, 4
+    rows = np.concatenate([np.zeros(n, np.int64), np.repeat(np.arange(1, m), 10)])
+    cols = np.concatenate([np.arange(n), rng.integers(0, n, size=10 * (m - 1))])
+    R = sp.csr_matrix((rng.integers(1, 6, size=rows.size).astype(np.float32), (rows, cols)),
+                      shape=(m, n))
+    R.sum_duplicates()
+    R.data[:] = np.minimum(R.data, 5)
+    X0, Y0 = ref.start_factors(m, n, f, 4)
+    out = {}
+    for split in (0, SPLIT_NEVER):
+        cfg = KernelConfig.parse(f"batch+reg:tx=4,ty=4,split={split}")
+        eng = Engine(cl_device, R, f, (cfg, cfg))
+        try:
+            assert eng.splits["users"].active == (split == 0) and not eng.splits["items"].active
+            if split == 0:
+                assert eng.splits["users"].threshold < n
+                assert sum(1 for *_, nv in eng.launches["users"] if nv) >= 1
+            eng.set_factors("users", X0)
+            eng.set_factors("items", Y0)
+            eng.half_step("users", 0.1, True)
+            out[split] = eng.get_factors("users")
+        finally:
+            eng.release()
+    want = ref.half_step(R, Y0.astype(np.float64), 0.1)
+    assert rel_err(out[0], want) <= TOL and rel_err(out[SPLIT_NEVER], want) <= TOL
+    assert rel_err(out[0], out[SPLIT_NEVER]) <= TOL
