@@ -144,8 +144,10 @@ def split_threshold(config, nnz, rows, batch_rows, compute_units):
     Automatic rule: T = max(SPLIT_FLOOR, ⌈nnz_launch / (compute_units · SPLIT_WAVES)⌉) with
     nnz_launch = nnz / ⌈rows / batch_rows⌉ the entries of an average S1 launch. A launch is
     balanced when its entries are spread over its ``compute_units · SPLIT_WAVES`` work-group
-    slots (SPLIT_WAVES = 8 resident work-groups per compute unit, what the S1 variants keep on
-    the GPUs we know), so each slot sums about nnz_launch / slots entries; a row beyond that
+    slots (SPLIT_WAVES = 8 per compute unit: an estimate, not yet calibrated on a GPU —
+    ``scripts/longrows_bench.py`` measures it — of how many work-groups a compute unit runs at
+    once, so that a lone work-group sums at about 1/slots of the launch's rate), so each slot
+    sums about nnz_launch / slots entries; a row beyond that
     holds its compute unit's slot after the others drained, and the launch waits for it alone
     (Netflix items: 232,944 ratings in one row, 5,654 on average). Pieces of at most T entries
     bound that tail by one slot's balanced share. The floor keeps pieces long enough that the
