@@ -473,4 +473,7 @@ def representative_variants(f=None):
         "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5,batch_rows=7",
         "batch+vec4+syrk:bx=8,ks=32,nnz_batch=16,solver=cg",
         "batch+vec4+syrk:bx=16,ks=8,nnz_batch=8,storage=float16",
+        # tensor cores (NVIDIA; elsewhere its emulation, CLMF_MMA_EMULATION=1)
+        "batch+vec4+mma:tx=2,ks=2,nnz_batch=16,batch_rows=7",
+        "batch+vec4+mma:tx=3,nnz_batch=8,solver=cg,fused_solve=1",
     ]
