@@ -338,7 +338,8 @@ class _DaskSteps(loop.FitSteps):
                  iterations):
         """Keep the engine, the held-out ratings predicted as the mean (``v_rest``), the
         regularisation and the checkpoint policy."""
-        self.engine, self.v_rest, self.train = engine, v_rest, train
+        super().__init__(engine)
+        self.v_rest, self.train = v_rest, train
         self.regularization, self.weighted = regularization, weighted
         self.checkpoint, self.every, self.iterations = checkpoint, max(1, int(every)), iterations
 
@@ -358,12 +359,6 @@ class _DaskSteps(loop.FitSteps):
             out["validation_rmse"] = (float(np.sqrt((se + self.v_rest[0]) / total))
                                       if total else float("nan"))
         return out
-
-    def factors(self):
-        """Both sides' factors and biases, gathered from the workers."""
-        X, bu = self.engine.get_factors("users", True)
-        Y, bi = self.engine.get_factors("items", True)
-        return X, bu, Y, bi
 
     def after_iteration(self, it, history):
         """Write the checkpoint when one is due."""

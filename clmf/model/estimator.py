@@ -626,7 +626,8 @@ class _DeviceSteps(loop.FitSteps):
 
     def __init__(self, model, engine, R, V, v_unknown_se, v_total, storage, train):
         """Keep the backend, the training ratings and the validation triples."""
-        self.engine, self.R, self.V = engine, R, V
+        super().__init__(engine)
+        self.R, self.V = R, V
         self.v_unknown_se, self.v_total = v_unknown_se, v_total
         self.storage, self.train = storage, train
         self.f = int(model.factors)
@@ -659,12 +660,6 @@ class _DeviceSteps(loop.FitSteps):
             out["validation_rmse"] = (float(np.sqrt((se + self.v_unknown_se) / self.v_total))
                                       if self.v_total else float("nan"))
         return out
-
-    def factors(self):
-        """Both sides' factors and biases, downloaded."""
-        X, bu = self.engine.get_factors("users", True)
-        Y, bi = self.engine.get_factors("items", True)
-        return X, bu, Y, bi
 
     def non_finite_error(self):
         """A :class:`RatingRangeError` when the ratings' magnitude explains the failure."""

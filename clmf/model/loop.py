@@ -21,8 +21,13 @@ __all__ = ["FitResult", "FitSteps", "run"]
 
 
 class FitSteps:
-    """What :func:`run` needs of a backend: subclasses implement :meth:`iterate` and
-    :meth:`factors`; the other hooks have do-nothing defaults."""
+    """What :func:`run` needs of a backend ``engine`` (anything with ``get_factors(side,
+    with_biases)``: :class:`clmf.engine.Engine`, :class:`clmf.parallel.MultiEngine`, the Dask
+    engine): subclasses implement :meth:`iterate`; the other hooks have defaults."""
+
+    def __init__(self, engine):
+        """Keep the backend."""
+        self.engine = engine
 
     def iterate(self, it):
         """Run ALS iteration ``it`` (users, then items) to its end on the device(s)."""
@@ -34,7 +39,9 @@ class FitSteps:
 
     def factors(self):
         """The current factors on the host: ``(X, user_biases, Y, item_biases)``."""
-        raise NotImplementedError
+        X, bu = self.engine.get_factors("users", True)
+        Y, bi = self.engine.get_factors("items", True)
+        return X, bu, Y, bi
 
     def after_iteration(self, it, history):
         """Called after iteration ``it``'s metrics are in ``history``, before the callback."""
