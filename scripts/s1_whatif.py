@@ -20,6 +20,15 @@ CUTS = {
     "nowrite": [("        Ab[p] = val;", "        if (val == -12345.0f) Ab[p] = val;")],
     "noL": [("    for (int p = lid; p < F * F; p += WG) {",
              "    for (int p = lid; p < 0; p += WG) {")],
+    # the mma variant (batch+vec4+mma)
+    "mma_nogather": [("#define PCL_GLOAD4(p, o) (((__global const float4*)(p))[(o) / 4])",
+                      "#define PCL_GLOAD4(p, o) ((float4)(0.01f * (float)((o) & 7)))")],
+    "mma_nob": [("        if (want_b) {\n            if (lid",
+                 "        if (0) {\n            if (lid")],
+    "mma_nomma": [("#define PCL_MMA(", "#define PCL_MMA(d0, d1, d2, d3, a0, a1, a2, a3, b0, b1) "
+                   "(d0 += as_float((a0) ^ (b1)))\n#define PCL_MMA_CUT(")],
+    "mma_noL": [("    for (int p = lid; p < F * F; p += PCL_WG) {",
+                 "    for (int p = lid; p < 0; p += PCL_WG) {")],
 }
 
 
@@ -36,7 +45,8 @@ def main(argv=None):
     ap.add_argument("--scale", type=float, default=0.05, help="Netflix-shaped synthetic set scale")
     ap.add_argument("-f", "--factors", type=int, default=100)
     ap.add_argument("--variant", required=True)
-    ap.add_argument("--cut", nargs="*", default=list(CUTS), choices=list(CUTS))
+    ap.add_argument("--cut", nargs="*", default=None, choices=list(CUTS),
+                    help="default: every cut that applies to the variant's kernel")
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args(argv)
 
@@ -56,6 +66,8 @@ def main(argv=None):
     R = datasets.synthetic("netflix", scale=a.scale, seed=0).to_csr()
     dev = select_device(a.device)
     cfg = KernelConfig.parse(a.variant)
+    if a.cut is None:
+        a.cut = [c for c in CUTS if c.startswith("mma_") == cfg.mma]
     rng = np.random.default_rng(0)
     X0 = (rng.standard_normal((R.shape[0], a.factors)) * 0.1).astype(np.float32)
     Y0 = (rng.standard_normal((R.shape[1], a.factors)) * 0.1).astype(np.float32)

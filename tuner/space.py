@@ -32,12 +32,12 @@ import itertools
 import math
 
 from clmf.engine.config import SOLVERS, KernelConfig
-from clmf.engine.kernels import validate
+from clmf.engine.kernels import mma_supported, validate
 from clmf.errors import InvalidConfigError
 
 __all__ = ["Space", "canonical", "prune", "make_space", "SPACES", "config_id"]
 
-FLAG_FIELDS = ("reg", "local", "vec", "tile", "gemm", "syrk")
+FLAG_FIELDS = ("reg", "local", "vec", "tile", "gemm", "syrk", "mma")
 # The CG solvers are opt-in (``solvers=``): a CG half-step is cheaper but converges less per
 # iteration, which a per-iteration time objective cannot judge. Their steps stay ≤ 3: with more,
 # float32 CG mid-convergence departs from the float64 reference CG beyond the 1e-4 validation
@@ -79,17 +79,21 @@ def canonical(cfg: KernelConfig, mode="explicit") -> KernelConfig:
         kw.update(tx=1, ty=1) if cfg.vec else kw.update(tx=8, ty=8)
         cfg = cfg.replace(**kw)
         kw = {}
-    if not (cfg.local or cfg.gemm or cfg.syrk):
+    if not (cfg.local or cfg.gemm or cfg.syrk or cfg.mma):
         kw["nnz_batch"] = KernelConfig.nnz_batch
-    if not (cfg.tile or cfg.gemm or cfg.syrk):
+    if not (cfg.tile or cfg.gemm or cfg.syrk or cfg.mma):
         kw.update(bx=0, by=0, tz=1)
     if cfg.gemm:                      # square tiles: by is not used
         kw["by"] = 0
     if cfg.syrk:                      # micro-tile edge bx and slices ks only
         kw.update(tx=KernelConfig.tx, ty=KernelConfig.ty, by=0, tz=1)
+    if cfg.mma:                       # warps per slice tx, slices ks, precision only
+        kw.update(ty=KernelConfig.ty, bx=0, by=0, tz=1)
+        if cfg.fused_solve:           # no S3 work-group
+            kw["solve_wg"] = 0
     if cfg.solver == "cholesky":
         kw["cg_steps"] = KernelConfig.cg_steps
-    if not (cfg.reg or cfg.local or cfg.vec or cfg.tile or cfg.gemm or cfg.syrk):
+    if not (cfg.reg or cfg.local or cfg.vec or cfg.tile or cfg.gemm or cfg.syrk or cfg.mma):
         p = cfg.tx * cfg.ty           # the baseline uses tx·ty work-items, flat
         tx = _pow2_le(max(1, int(math.isqrt(p)))) if (p & (p - 1)) == 0 else cfg.tx
         kw.update(tx=tx, ty=p // tx)
@@ -101,7 +105,15 @@ def prune(cfg: KernelConfig, f: int, info):
     for ``f`` factors on the device ``info``; returns ``cfg`` otherwise."""
     bx, by = cfg.tile_edges(f)
     vw = cfg.vec or 1
-    if cfg.syrk:
+    if cfg.mma:
+        g = cfg.s1_geometry(f)
+        if cfg.tx > g["nblk"]:
+            raise InvalidConfigError(f"{cfg.tx} warps per slice for {g['nblk']} blocks",
+                                     "idle_work_items")
+        if cfg.nnz_batch < 8 * cfg.ks:
+            raise InvalidConfigError(f"{cfg.ks} slices for {cfg.nnz_batch // 8} k-groups per "
+                                     "chunk", "idle_work_items")
+    elif cfg.syrk:
         r = cfg.bx or 8
         if r > 4 and r - 4 >= f + 1:         # (the triangle has f + 1 rows: b rides along)
             raise InvalidConfigError(f"micro-tile {r} when {r - 4} already covers f={f}", "geometry")
@@ -135,7 +147,7 @@ def prune(cfg: KernelConfig, f: int, info):
 class Space:
     """A product space of configurations at ``f`` factors for one device.
 
-    ``flags`` lists the (reg, local, vec, tile, gemm, syrk) tuples; ``grid`` maps each field to its values
+    ``flags`` lists the (reg, local, vec, tile, gemm, syrk, mma) tuples; ``grid`` maps each field to its values
     (``square_tiles`` restricts tiles to bx = by). Small spaces are enumerated
     (:meth:`enumerate`); large ones are sampled (:meth:`sample`) and walked (:meth:`mutate`).
     """
@@ -153,7 +165,13 @@ class Space:
 
     def active(self, flags, solver):
         """The fields that matter for a configuration with these flags and solver."""
-        reg, local, vec, tile, gemm, syrk = flags
+        reg, local, vec, tile, gemm, syrk, mma = flags
+        if mma:
+            # the plain TF32 precision is not searched: a time objective cannot judge the
+            # accuracy it trades (an explicit request or an accuracy-checked run chooses it)
+            out = ["tx", "ks", "nnz_batch", "solve_wg", "solver"]
+            out += ["fused_solve"] if solver == "cg" else []
+            return out + (["cg_steps"] if solver != "cholesky" else [])
         if syrk:
             out = ["bx", "ks", "nnz_batch", "solve_wg", "solver"]
             return out + (["cg_steps"] if solver != "cholesky" else [])
@@ -169,12 +187,12 @@ class Space:
         return out
 
     def _make(self, flags, vals):
-        reg, local, vec, tile, gemm, syrk = flags
+        reg, local, vec, tile, gemm, syrk, mma = flags
         kw = dict(vals)
         if (self.grid.get("square_tiles") or gemm) and "bx" in kw:
             kw["by"] = kw["bx"]
         return KernelConfig(reg=reg, local=local, vec=vec, tile=tile, gemm=gemm, syrk=syrk,
-                            storage=self.storage, **kw)
+                            mma=mma, storage=self.storage, **kw)
 
     def _raw(self):
         g = self.grid
@@ -354,6 +372,8 @@ def make_space(name, f, info, storage="float32", solvers=None, mode="explicit"):
                  for v in (0, 4, 8, 16) for t in (False, True)]
         flags += [(False, False, 0, False, True), (False, False, 4, False, True)]   # gemm
         flags += [(False, False, 4, False, False, True)]                             # syrk
+        if mma_supported(info):
+            flags += [(False, False, 4, False, False, False, True)]                  # mma
         cap = min(maxwg, 1024)
         # powers of two, and the work-item counts that split a tile edge of f, f/2 or f/3 into
         # whole micro-tiles of 4 or 8 (the gemm variant's natural shapes, e.g. 13 × 4 = 52)
@@ -365,6 +385,7 @@ def make_space(name, f, info, storage="float32", solvers=None, mode="explicit"):
                     by=_tile_edges(f, (4, 8, 16, 24, 32, 48, 64)), tz=[1, 2, 4],
                     ks=_pow2s(1, min(128, cap)),
                     solve_wg=_pow2s(1, min(f, maxwg, 256)), solver=solvers,
+                    fused_solve=[False, True],
                     cg_steps=list(MODE_CG_STEPS.get(mode, [KernelConfig.cg_steps])))
         return Space("full", f, flags, grid, storage, mode)
     raise ValueError(f"unknown space {name!r}; choose from {SPACES}")
@@ -387,6 +408,8 @@ def _default_space(f, info, storage="float32", mode="explicit"):
     if gpu:
         flags += [(False, False, 0, False, True), (False, False, 4, False, True),   # gemm
                   (False, False, 4, False, False, True)]                            # syrk
+    if mma_supported(info):
+        flags += [(False, False, 4, False, False, False, True)]                     # mma
     extra = {-(-e // r) for e in (f, -(-f // 2)) for r in (4, 8)}
     ts = sorted(set(_pow2s(1, min(16, cap))) | {t for t in extra if 2 < t <= min(32, cap)})
     edges = [e for e in (8, 16, 32) + ((64,) if gpu else ()) if e < f] or [f]
@@ -396,7 +419,7 @@ def _default_space(f, info, storage="float32", mode="explicit"):
                 bx=sorted(set(edges) | ({0, 4, 8} if gpu else set())), by=edges, square_tiles=True,
                 tz=[1, 2, 4], ks=[1, 2, 4, 8, 16, 32] if gpu else [1],
                 solve_wg=[w for w in wgs if w <= min(f, info.max_work_group_size)],
-                solver=["cholesky", "cg", "fusedcg"],
+                solver=["cholesky", "cg", "fusedcg"], fused_solve=[False, True],
                 cg_steps=list(MODE_CG_STEPS.get(mode, [KernelConfig.cg_steps])))
     return Space("default", f, flags, grid, storage, mode)
 

@@ -1,6 +1,6 @@
 """The one kernel configuration object: the currency between tuner, database, builder and model.
 
-Variant names follow one grammar, ``batch[+reg][+local][+vecN][+tile][+gemm|+syrk]`` (in that order, each
+Variant names follow one grammar, ``batch[+reg][+local][+vecN][+tile][+gemm|+syrk|+mma]`` (in that order, each
 at most once), parsed by :meth:`KernelConfig.parse`; the numeric parameters ride along as
 ``name:key=value`` pairs, e.g. ``"batch+reg+local:tx=8,ty=8,nnz_batch=32"``.
 
@@ -20,6 +20,17 @@ an extra staged column (row f of the triangle is b; implicit feedback, whose b w
 the Gram's, sums it apart), so S2 is not launched. When one micro-tile covers the whole triangle
 (bx ≥ f + 1) only its lower triangle is accumulated: one work-item per slice holds the row's whole
 partial hermitian.
+
+``mma`` (``batch+vec4+mma``, NVIDIA with compute capability ≥ 8.0 only) computes the row's
+hermitian on the tensor cores (PTX ``mma.sync`` m16n8k8 TF32): the padded f × f lower triangle is
+cut into 16 × 16 blocks held by warps in registers (``tx`` warps per slice, each a contiguous
+range of the row-major triangle's blocks), ``ks`` slices split each chunk's k-groups of 8
+entries, ``nnz_batch`` entries (a multiple of 8) are staged per chunk; ``precision="fp32"`` (3xTF32 split products, float32-
+equivalent sums) or ``"tf32"`` (one product, 10-bit mantissas: chosen only where the accuracy
+check passes). ``fused_solve`` (with ``solver="cg"``) runs the CG in the same work-group on the
+system kept in local memory: nothing is written to global memory and S3 is not launched.
+Other devices never build it (``validate`` rejects it with reason
+``"unsupported_device"``).
 """
 from __future__ import annotations
 
@@ -31,13 +42,14 @@ from ..errors import InvalidConfigError
 
 __all__ = ["KernelConfig", "VARIANT_FLAGS", "SOLVERS", "STORAGES", "representative_variants"]
 
-VARIANT_FLAGS = ("reg", "local", "vec", "tile", "gemm", "syrk")
+VARIANT_FLAGS = ("reg", "local", "vec", "tile", "gemm", "syrk", "mma")
 SOLVERS = ("cholesky", "cg", "fusedcg")
 STORAGES = ("float32", "float16")
-_NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?(\+gemm)?(\+syrk)?$")
+PRECISIONS = ("fp32", "tf32")
+_NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?(\+gemm)?(\+syrk)?(\+mma)?$")
 _INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "cg_steps",
                "batch_rows")
-_BOOL_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "triangle")
+_BOOL_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "mma", "triangle", "fused_solve")
 # hard bounds of every integer field, checked whenever a configuration is made (the bounds that
 # depend on f and the device, e.g. cg_steps ≤ f or the work-group limits, are checked by
 # clmf.kernels.validate where both are known)
@@ -81,6 +93,7 @@ class KernelConfig:
     storage : "float32" or "float16" (factors stored as half, compute in float32)
     triangle : compute only the lower triangle of each hermitian and mirror it
     batch_rows : rows per S1/S2/S3 launch; 0 = sized from device memory
+    fused_solve : ``mma`` with ``solver="cg"`` only: the CG runs in the S1 work-group
 
     Examples
     --------
@@ -94,6 +107,7 @@ class KernelConfig:
     tile: bool = False
     gemm: bool = False
     syrk: bool = False
+    mma: bool = False
     tx: int = 8
     ty: int = 8
     bx: int = 0
@@ -105,8 +119,10 @@ class KernelConfig:
     solver: str = "cholesky"
     cg_steps: int = 3
     storage: str = "float32"
+    precision: str = "fp32"
     triangle: bool = True
     batch_rows: int = 0
+    fused_solve: bool = False
 
     def __post_init__(self):
         # a configuration may come from an untrusted tuning record or a --variant string: every
@@ -117,7 +133,7 @@ class KernelConfig:
             v = getattr(self, k)
             if type(v) is not bool:
                 raise InvalidConfigError(f"{k} must be true or false, not {_show(v)}", k)
-        for k in ("solver", "storage"):
+        for k in ("solver", "storage", "precision"):
             v = getattr(self, k)
             if type(v) is not str:
                 raise InvalidConfigError(f"{k} must be a string, not {_show(v)}", k)
@@ -130,6 +146,11 @@ class KernelConfig:
         if self.storage not in STORAGES:
             raise InvalidConfigError(f"unknown storage {_show(self.storage)}; choose from "
                                      f"{STORAGES}", "storage")
+        if self.precision not in PRECISIONS:
+            raise InvalidConfigError(f"unknown precision {_show(self.precision)}; choose from "
+                                     f"{PRECISIONS}", "precision")
+        if self.precision != "fp32" and not self.mma:
+            raise InvalidConfigError("precision tf32 is a parameter of the mma variant", "precision")
         for k in _INT_FIELDS:
             v = getattr(self, k)
             lo, hi = INT_RANGES[k]
@@ -154,8 +175,25 @@ class KernelConfig:
                                          f"(0: 8), not {self.bx}", "bx")
             if not _pow2(self.ks):
                 raise InvalidConfigError(f"ks must be a power of two, not {self.ks}", "ks")
-        elif self.ks != 1:
-            raise InvalidConfigError("ks (split-K slices) is a syrk parameter", "ks")
+        if self.mma:
+            if self.reg or self.local or self.tile or self.gemm or self.syrk or self.vec != 4:
+                raise InvalidConfigError("mma stages, keeps register tiles and covers the triangle "
+                                         "by itself with float4 loads: it is batch+vec4+mma only",
+                                         "name")
+            if self.nnz_batch % 8:
+                raise InvalidConfigError(f"mma stages k-groups of 8 entries: nnz_batch must be a "
+                                         f"multiple of 8, not {self.nnz_batch}", "nnz_batch")
+            if not _pow2(self.ks) or self.ks > 8:
+                raise InvalidConfigError(f"mma ks must be a power of two ≤ 8, not {self.ks}", "ks")
+            if self.tx > 32:
+                raise InvalidConfigError(f"mma tx (warps per slice) must be ≤ 32, not {self.tx}",
+                                         "tx")
+        if self.fused_solve and not (self.mma and self.solver == "cg"):
+            raise InvalidConfigError("fused_solve (CG in the S1 work-group, the system kept in "
+                                     "local memory) is an mma parameter with solver=cg",
+                                     "fused_solve")
+        if not self.syrk and not self.mma and self.ks != 1:
+            raise InvalidConfigError("ks (split-K slices) is a syrk or mma parameter", "ks")
         if self.solve_wg and not _pow2(self.solve_wg):
             raise InvalidConfigError(f"solve_wg must be a power of two, not {self.solve_wg}", "solve_wg")
 
@@ -176,6 +214,8 @@ class KernelConfig:
             s += "+gemm"
         if self.syrk:
             s += "+syrk"
+        if self.mma:
+            s += "+mma"
         return s
 
     @classmethod
@@ -190,11 +230,11 @@ class KernelConfig:
         if not m:
             raise InvalidConfigError(
                 f"unknown variant {text!r}: expected "
-                "batch[+reg][+local][+vec4|8|16][+tile][+gemm|+syrk] "
+                "batch[+reg][+local][+vec4|8|16][+tile][+gemm|+syrk|+mma] "
                 "(flags in that order)", "name")
         kw = dict(reg=bool(m.group(1)), local=bool(m.group(2)),
                   vec=int(m.group(4)) if m.group(4) else 0, tile=bool(m.group(5)),
-                  gemm=bool(m.group(6)), syrk=bool(m.group(7)))
+                  gemm=bool(m.group(6)), syrk=bool(m.group(7)), mma=bool(m.group(8)))
         if tail.strip():
             for pair in tail.split(","):
                 k, eq, v = pair.partition("=")
@@ -202,11 +242,11 @@ class KernelConfig:
                 if not eq or k not in {f.name for f in dataclasses.fields(cls)} or k in VARIANT_FLAGS:
                     raise InvalidConfigError(f"bad parameter {pair!r} in variant {text!r}", "name")
                 v = v.strip()
-                if k in ("solver", "storage"):
+                if k in ("solver", "storage", "precision"):
                     kw[k] = v
-                elif k == "triangle":
+                elif k in _BOOL_FIELDS:
                     if v.lower() not in _TRUE + _FALSE:
-                        raise InvalidConfigError(f"parameter triangle must be 0/1/true/false, "
+                        raise InvalidConfigError(f"parameter {k} must be 0/1/true/false, "
                                                  f"not {_show(v)}", k)
                     kw[k] = v.lower() in _TRUE
                 else:
@@ -265,20 +305,20 @@ class KernelConfig:
 
     def s1_local_size(self, f=None):
         """Work-items of one S1 work-group (``syrk``: depends on ``f``, which it then needs)."""
-        if self.syrk:
+        if self.syrk or self.mma:
             if f is None:
-                raise ValueError("the syrk work-group size depends on f")
+                raise ValueError("the syrk/mma work-group size depends on f")
             return self.s1_geometry(f)["wg"]
         return self.tx * self.ty * (self.tz if (self.tile or self.gemm) else 1)
 
     @property
     def fuses_rhs(self):
         """True when S1 also computes the right-hand sides (S2 is then not launched)."""
-        return (self.gemm or self.syrk) and self.solver != "fusedcg"
+        return (self.gemm or self.syrk or self.mma) and self.solver != "fusedcg"
 
     def tile_edges(self, f):
         """(bx, by) of the S1 output block one work-group computes."""
-        if self.syrk:
+        if self.syrk or self.mma:
             return (f, f)
         if self.gemm:
             b = min(self.bx or f, f)
@@ -293,6 +333,8 @@ class KernelConfig:
         bx, by = self.tile_edges(f)
         if self.syrk:
             return self._syrk_geometry(f)
+        if self.mma:
+            return self._mma_geometry(f)
         if self.gemm:
             return self._gemm_geometry(f, bx, vw)
         rx = -(-bx // self.tx)
@@ -354,9 +396,29 @@ class KernelConfig:
                     qb=qb, wg=wg, ks=self.ks, lds_floats=lds, nt=1, tz_eff=1, tri_tiles=True,
                     spt=-(-(nb * fp // 4) // wg), ept=-(-nb // wg), slots=slots, rounds=rounds)
 
+    def _mma_geometry(self, f):
+        # f padded to 16-row blocks; the nblk blocks of the lower triangle spread over the tx
+        # warps of a slice (slots per warp); ks slices; staging as k-groups of 8 entries, each
+        # fp * 8 + 8 floats (see hermitian_mma.cl.j2)
+        fp = -(-f // 16) * 16
+        ntb = fp // 16
+        nblk = ntb * (ntb + 1) // 2
+        wb = self.tx
+        wg = 32 * wb * self.ks
+        nb = self.nnz_batch
+        staged = (nb // 8) * (fp * 8 + 8) + 2 * nb
+        packed = 256 * nblk
+        p2 = 1 << (wg - 1).bit_length()            # the fused CG's reduction tree
+        solve = 4 * fp + p2 if self.fused_solve else 0
+        return dict(vw=4, bx=f, by=f, fp=fp, ntb=ntb, nblk=nblk, wb=wb, ks=self.ks, wg=wg,
+                    packed_floats=packed, p2=p2,
+                    slots=-(-nblk // wb), lds_floats=max(staged, packed + solve), nt=1, tz_eff=1,
+                    tri_tiles=True, spt=-(-(nb * fp // 4) // wg), ept=-(-nb // wg),
+                    qb=-(-f // wg))
+
     def s1_groups(self, f, nrows):
         """Number of S1 work-groups for a batch of ``nrows`` rows."""
-        if self.syrk:
+        if self.syrk or self.mma:
             return nrows
         if not (self.reg or self.local or self.vec or self.tile or self.gemm):
             return nrows
@@ -365,7 +427,7 @@ class KernelConfig:
 
     def local_mem_bytes(self, f, device_local=None):
         """Local memory the S1 kernel of this configuration declares, by formula (bytes)."""
-        if self.syrk:
+        if self.syrk or self.mma:
             return 4 * self.s1_geometry(f)["lds_floats"]
         if self.gemm:
             g = self.s1_geometry(f)

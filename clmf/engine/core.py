@@ -79,6 +79,14 @@ def launch_batch(kern, q, cfg, v, fs, indptr, indices, data, Yother, A, B, G, Xo
     add_gram = implicit if gram is None else gram
     if fused and not solve:
         raise ValueError("the fused CG solver builds no normal equations to reduce")
+    if cfg.fused_solve and solve:
+        # S1 and the CG in one kernel (mma): the systems stay in local memory
+        e1 = kern["s1s3_mma"](
+            q, (groups * s1_local,), (s1_local,), indptr, indices, Yother, A, np.int32(row0),
+            np.int32(n), np.float32(regularization), np.int32(1 if weighted else 0), data,
+            np.float32(alpha), G, np.int32(1 if add_gram else 0), B, np.int32(1),
+            np.float32(offset), Xout, status, np.int32(xoff), wait_for=wait_for)
+        return e1, None, None
     e1 = None if fused else kern["s1_hermitian"](
         q, (groups * s1_local,), (s1_local,), indptr, indices, Yother, A, np.int32(row0),
         np.int32(n), np.float32(regularization), np.int32(1 if weighted else 0), data,

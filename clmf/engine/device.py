@@ -53,6 +53,7 @@ class DeviceInfo:
     preferred_vector_width_float: int
     native_vector_width_float: int
     clock_mhz: int
+    compute_capability: tuple = (0, 0)   # NVIDIA (major, minor); (0, 0) elsewhere
 
     def __str__(self):
         return (f"[{self.index}] {self.platform} | {self.name} ({self.type}, {self.compute_units} CUs, "
@@ -113,7 +114,20 @@ def device_info(device, index="?"):
         preferred_vector_width_float=int(device.preferred_vector_width_float),
         native_vector_width_float=int(device.native_vector_width_float),
         clock_mhz=int(device.max_clock_frequency),
+        compute_capability=_compute_capability(device),
     )
+
+
+def _compute_capability(device):
+    """(major, minor) of an NVIDIA device (``cl_nv_device_attribute_query``), else (0, 0)."""
+    cl = _cl()
+    if "cl_nv_device_attribute_query" not in (device.extensions or ""):
+        return (0, 0)
+    try:
+        return (int(device.get_info(cl.device_info.COMPUTE_CAPABILITY_MAJOR_NV)),
+                int(device.get_info(cl.device_info.COMPUTE_CAPABILITY_MINOR_NV)))
+    except (cl.Error, AttributeError):
+        return (0, 0)
 
 
 def devices():

@@ -11,6 +11,7 @@ import functools
 import hashlib
 import importlib.resources
 import logging
+import os
 import re
 import threading
 
@@ -122,7 +123,10 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
         f=f, ldf=_check_ldf(config, f + 1 if biased else f, ldf), storage=config.storage,
         config_str=str(config), implicit=bool(implicit), biased=bool(biased),
         variant_name=config.name, reg=config.reg, local=config.local, vec=config.vec,
-        tile=config.tile, gemm=config.gemm, syrk=config.syrk, triangle=config.triangle, tx=config.tx, ty=config.ty, tz=config.tz,
+        tile=config.tile, gemm=config.gemm, syrk=config.syrk, mma=config.mma,
+        precision=config.precision, mma_emulate=config.mma and not mma_supported(device_info),
+        fused_solve=config.fused_solve,
+        triangle=config.triangle, tx=config.tx, ty=config.ty, tz=config.tz,
         bx=bx, by=by, nnz_batch=config.nnz_batch, s1_wg=config.s1_local_size(f),
         s2_wg=min(_next_pow2(f), 256),
         solve_wg=config.swg(f), solver=config.solver, cg_steps=config.cg_steps,
@@ -137,6 +141,22 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
         # ML-100K at f = 50 than with work-items across the factors)
         v["s2_wg"] = 1
     return v
+
+
+def mma_supported(device_info):
+    """True when the device runs PTX ``mma.sync`` TF32 (NVIDIA's platform, compute capability
+    ≥ 8.0). The platform name decides, never a device-name substring."""
+    if device_info is None:
+        return False
+    cc = getattr(device_info, "compute_capability", (0, 0)) or (0, 0)
+    return "nvidia" in device_info.platform.lower() and tuple(cc) >= (8, 0)
+
+
+def mma_emulation():
+    """True when the environment asks for the mma variant's emulation on devices without tensor
+    cores (``CLMF_MMA_EMULATION=1``: tests of its staging, guards and reduction on CPUs only;
+    never chosen by the tuning lookup)."""
+    return os.environ.get("CLMF_MMA_EMULATION", "") == "1"
 
 
 def _check_ldf(config, width, ldf):
@@ -214,6 +234,20 @@ def validate(config: KernelConfig, f: int, device_info):
         if g["rx"] * g["ry"] > 256:
             raise InvalidConfigError(f"{g['rx']}×{g['ry']} register micro-tile per work-item is too "
                                      "many accumulators", "geometry")
+    if config.mma:
+        if not (mma_supported(device_info) or mma_emulation()):
+            raise InvalidConfigError("the mma variant needs NVIDIA tensor cores (compute "
+                                     "capability ≥ 8.0); this device has none",
+                                     "unsupported_device")
+        g = config.s1_geometry(f)
+        if g["spt"] > 32:
+            raise InvalidConfigError(f"mma would stage {g['spt']} vectors per work-item and chunk "
+                                     f"(nnz_batch {config.nnz_batch}, {g['wg']} work-items); use "
+                                     "fewer entries per chunk or more warps", "geometry")
+        if 8 * g["slots"] > 128:
+            raise InvalidConfigError(f"{8 * g['slots']} mma accumulators per work-item ("
+                                     f"{g['nblk']} blocks over {g['wb']} warps) are too many: "
+                                     "use more warps (tx)", "geometry")
     if config.syrk:
         g = config.s1_geometry(f)
         if g["spt"] > 16:
@@ -292,6 +326,8 @@ def als_program(context, device, config: KernelConfig, f: int, device_info, impl
     s3 = "s3_fused" if config.solver == "fusedcg" else "s3_solve"
     needs = {"s1_hermitian": config.s1_local_size(f), s3: config.swg(f),
              "s2_rhs": als_variables(config, f, device_info)["s2_wg"]}
+    if config.fused_solve:
+        needs["s1s3_mma"] = config.s1_local_size(f)
     missing = sorted(set(needs) - set(prog.kernels))
     if missing:
         raise InvalidConfigError(f"the program built for {config} has no kernel(s) "

@@ -230,12 +230,14 @@ def _fits(cfgs, info, f, storage, mode="explicit", check=None):
     """The pair adapted to this f and storage if it validates on the device (at the kernels' f of
     the mode) and ``check(config)`` accepts each side (not rejected, probed: see
     :mod:`clmf.tuning.fallback`), else None."""
-    from ..engine.kernels import validate
+    from ..engine.kernels import mma_supported, validate
     kf, width = kernel_factors(f, mode), factor_width(f, mode)
     f = kf
     out = {}
     for side in SIDES:
         c = cfgs[side]
+        if c.mma and not mma_supported(info):
+            return None           # tensor-core records never apply elsewhere (not even emulated)
         if c.storage != storage:
             c = c.replace(storage=storage)
         try:
