@@ -410,8 +410,11 @@ class KernelConfig:
         packed = 256 * nblk
         p2 = 1 << (wg - 1).bit_length()            # the fused CG's reduction tree
         solve = 4 * fp + p2 if self.fused_solve else 0
+        tri = [(i, j) for i in range(ntb) for j in range(i + 1)]
+        warp_blocks = [[list(tri[p]) for p in range(w * nblk // wb, (w + 1) * nblk // wb)]
+                       for w in range(wb)]        # warp w's contiguous range (as the kernel's)
         return dict(vw=4, bx=f, by=f, fp=fp, ntb=ntb, nblk=nblk, wb=wb, ks=self.ks, wg=wg,
-                    packed_floats=packed, p2=p2,
+                    packed_floats=packed, p2=p2, warp_blocks=warp_blocks,
                     slots=-(-nblk // wb), lds_floats=max(staged, packed + solve), nt=1, tz_eff=1,
                     tri_tiles=True, spt=-(-(nb * fp // 4) // wg), ept=-(-nb // wg),
                     qb=-(-f // wg))
