@@ -37,7 +37,8 @@ def main(argv=None):
                 print(f"f={f} {v}: invalid ({e})")
                 continue
             src = K.render_als(cfg, f, info, a.implicit)
-            prg = cl.Program(ctx, src).build(options=list(K.BUILD_OPTIONS) + ["-cl-nv-verbose"])
+            opts = list(K.build_options(cfg, f, info)) + ["-cl-nv-verbose"]
+            prg = cl.Program(ctx, src).build(options=opts)
             log = prg.get_build_info(dev, cl.program_build_info.LOG)
             for k in prg.all_kernels():
                 if not k.function_name.startswith("s1"):
@@ -46,7 +47,8 @@ def main(argv=None):
                 priv = k.get_work_group_info(cl.kernel_work_group_info.PRIVATE_MEM_SIZE, dev)
                 m = re.search(rf"Compiling entry function '{k.function_name}'.*?Used (\d+) "
                               r"registers[^\n]*", log, re.S)
-                print(f"f={f} {v} {k.function_name}: max work-group {wg}, private {priv} B, "
+                print(f"f={f} {v} {k.function_name} {' '.join(opts[1:-1])}: max work-group {wg}, "
+                      f"private {priv} B, "
                       f"{m.group(0).splitlines()[-1].strip() if m else 'no ptxas line'}")
 
 
