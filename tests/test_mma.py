@@ -156,18 +156,14 @@ def test_lookup_filters_mma_records_on_other_devices(cl_device, monkeypatch):
 
 
 def test_mma_config_grammar():
-    c = KernelConfig.parse("batch+vec4+mma:tx=4,ks=2,nnz_batch=32,precision=tf32,occupancy=3")
+    c = KernelConfig.parse("batch+vec4+mma:tx=4,ks=2,nnz_batch=32,precision=tf32")
     assert c.name == "batch+vec4+mma" and c.precision == "tf32" and c.fuses_rhs
     assert KernelConfig.parse(str(c)) == c and KernelConfig.from_dict(c.to_dict()) == c
-    from clmf.engine.kernels import BUILD_OPTIONS, build_options
-    nv = type("NV", (), {"platform": "NVIDIA CUDA", "compute_capability": (9, 0)})()
-    assert build_options(c, 100, nv) == BUILD_OPTIONS + ("-cl-nv-maxrregcount=80",)
-    assert build_options(c.replace(occupancy=0), 100, nv) == BUILD_OPTIONS
     g = c.s1_geometry(100)
     assert g["fp"] == 112 and g["nblk"] == 28 and g["wg"] == 256 and g["slots"] == 7
     for bad in ["batch+mma", "batch+vec4+syrk+mma", "batch+vec4+mma:nnz_batch=12",
                 "batch+vec4+mma:ks=3", "batch+vec4+syrk:precision=tf32",
-                "batch+vec4+mma:precision=fp16", "batch+vec4+syrk:occupancy=2"]:
+                "batch+vec4+mma:precision=fp16"]:
         with pytest.raises(InvalidConfigError):
             KernelConfig.parse(bad)
 

@@ -169,7 +169,7 @@ class Space:
         if mma:
             # the plain TF32 precision is not searched: a time objective cannot judge the
             # accuracy it trades (an explicit request or an accuracy-checked run chooses it)
-            out = ["tx", "ks", "nnz_batch", "solve_wg", "solver", "occupancy"]
+            out = ["tx", "ks", "nnz_batch", "solve_wg", "solver"]
             out += ["fused_solve"] if solver == "cg" else []
             return out + (["cg_steps"] if solver != "cholesky" else [])
         if syrk:
@@ -385,7 +385,7 @@ def make_space(name, f, info, storage="float32", solvers=None, mode="explicit"):
                     by=_tile_edges(f, (4, 8, 16, 24, 32, 48, 64)), tz=[1, 2, 4],
                     ks=_pow2s(1, min(128, cap)),
                     solve_wg=_pow2s(1, min(f, maxwg, 256)), solver=solvers,
-                    fused_solve=[False, True], occupancy=[0, 2, 3, 4],
+                    fused_solve=[False, True],
                     cg_steps=list(MODE_CG_STEPS.get(mode, [KernelConfig.cg_steps])))
         return Space("full", f, flags, grid, storage, mode)
     raise ValueError(f"unknown space {name!r}; choose from {SPACES}")
@@ -420,7 +420,6 @@ def _default_space(f, info, storage="float32", mode="explicit"):
                 tz=[1, 2, 4], ks=[1, 2, 4, 8, 16, 32] if gpu else [1],
                 solve_wg=[w for w in wgs if w <= min(f, info.max_work_group_size)],
                 solver=["cholesky", "cg", "fusedcg"], fused_solve=[False, True],
-                occupancy=[0, 3, 4],
                 cg_steps=list(MODE_CG_STEPS.get(mode, [KernelConfig.cg_steps])))
     return Space("default", f, flags, grid, storage, mode)
 

@@ -48,7 +48,7 @@ STORAGES = ("float32", "float16")
 PRECISIONS = ("fp32", "tf32")
 _NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?(\+gemm)?(\+syrk)?(\+mma)?$")
 _INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "cg_steps",
-               "batch_rows", "occupancy")
+               "batch_rows")
 _BOOL_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "mma", "triangle", "fused_solve")
 # hard bounds of every integer field, checked whenever a configuration is made (the bounds that
 # depend on f and the device, e.g. cg_steps ≤ f or the work-group limits, are checked by
@@ -57,8 +57,7 @@ MAX_CG_STEPS = 4096
 INT_RANGES = {"vec": (0, 16), "tx": (1, 1 << 14), "ty": (1, 1 << 14), "tz": (1, 1 << 14),
               "bx": (0, 1 << 16), "by": (0, 1 << 16), "ks": (1, 1 << 10),
               "nnz_batch": (1, 1 << 20), "solve_wg": (0, 1 << 14),
-              "cg_steps": (1, MAX_CG_STEPS), "batch_rows": (0, (1 << 31) - 1),
-              "occupancy": (0, 16)}
+              "cg_steps": (1, MAX_CG_STEPS), "batch_rows": (0, (1 << 31) - 1)}
 _DIGITS = re.compile(r"^[0-9]{1,12}$")      # ASCII digits only (int() takes "1_0", "１", " +3")
 _TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
 
@@ -95,8 +94,6 @@ class KernelConfig:
     triangle : compute only the lower triangle of each hermitian and mirror it
     batch_rows : rows per S1/S2/S3 launch; 0 = sized from device memory
     fused_solve : ``mma`` with ``solver="cg"`` only: the CG runs in the S1 work-group
-    occupancy : ``mma`` only: S1 work-groups per multiprocessor the compiler must leave room for
-        (NVIDIA's ``-cl-nv-maxrregcount`` from the register file); 0 = the compiler's choice
 
     Examples
     --------
@@ -126,7 +123,6 @@ class KernelConfig:
     triangle: bool = True
     batch_rows: int = 0
     fused_solve: bool = False
-    occupancy: int = 0
 
     def __post_init__(self):
         # a configuration may come from an untrusted tuning record or a --variant string: every
@@ -196,8 +192,6 @@ class KernelConfig:
             raise InvalidConfigError("fused_solve (CG in the S1 work-group, the system kept in "
                                      "local memory) is an mma parameter with solver=cg",
                                      "fused_solve")
-        if self.occupancy and not self.mma:
-            raise InvalidConfigError("occupancy is an mma parameter", "occupancy")
         if not self.syrk and not self.mma and self.ks != 1:
             raise InvalidConfigError("ks (split-K slices) is a syrk or mma parameter", "ks")
         if self.solve_wg and not _pow2(self.solve_wg):

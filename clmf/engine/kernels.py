@@ -152,17 +152,6 @@ def mma_supported(device_info):
     return "nvidia" in device_info.platform.lower() and tuple(cc) >= (8, 0)
 
 
-def build_options(config, f, device_info):
-    """The compiler options of a configuration's ALS program: the common ones, and for an mma
-    configuration with ``occupancy`` on NVIDIA a register cap that leaves room for that many
-    S1 work-groups per multiprocessor (a 64K-register file; at least 32, at most 255)."""
-    if not (config.mma and config.occupancy and mma_supported(device_info)):
-        return BUILD_OPTIONS
-    per = 65536 // (config.occupancy * config.s1_local_size(f))
-    regs = max(32, min(255, per // 8 * 8))
-    return BUILD_OPTIONS + (f"-cl-nv-maxrregcount={regs}",)
-
-
 def mma_emulation():
     """True when the environment asks for the mma variant's emulation on devices without tensor
     cores (``CLMF_MMA_EMULATION=1``: tests of its staging, guards and reduction on CPUs only;
@@ -333,7 +322,7 @@ def als_program(context, device, config: KernelConfig, f: int, device_info, impl
     """Validate, render, build and post-check the ALS program of a configuration."""
     validate(config, f, device_info)
     src = render_als(config, f, device_info, implicit, biased, ldf)
-    prog = build(context, src, build_options(config, f, device_info))
+    prog = build(context, src)
     s3 = "s3_fused" if config.solver == "fusedcg" else "s3_solve"
     needs = {"s1_hermitian": config.s1_local_size(f), s3: config.swg(f),
              "s2_rhs": als_variables(config, f, device_info)["s2_wg"]}
