@@ -37,7 +37,7 @@ def main(argv=None):
                 print(f"f={f} {v}: invalid ({e})")
                 continue
             src = K.render_als(cfg, f, info, a.implicit)
-            opts = list(K.build_options(cfg, f, info)) + ["-cl-nv-verbose"]
+            opts = list(K.BUILD_OPTIONS) + ["-cl-nv-verbose"]
             prg = cl.Program(ctx, src).build(options=opts)
             log = prg.get_build_info(dev, cl.program_build_info.LOG)
             for k in prg.all_kernels():
