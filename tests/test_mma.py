@@ -24,6 +24,10 @@ VARIANTS = ["batch+vec4+mma:tx=1,ks=1,nnz_batch=8",
             # the CG in the S1 work-group (systems kept in local memory), b aug / apart
             "batch+vec4+mma:tx=2,ks=2,nnz_batch=16,solver=cg,fused_solve=1,batch_rows=9",
             "batch+vec4+mma:tx=3,ks=1,nnz_batch=8,solver=cg,cg_steps=2,fused_solve=1"]
+# on a GPU every f of the issue, with the shapes that hold the largest f (one variant per path:
+# split-K, CG, float16 storage, TF32, the fused solve); on CPUs (the emulation is slow) all
+# shapes at a few f
+GPU_SKIP = {VARIANTS[0]}
 CPU_F = [1, 3, 16, 17]
 GPU_F = [8, 10, 16, 17, 32, 50, 64, 100, 128]
 
@@ -66,12 +70,15 @@ def problem(f, seed=0):
 
 
 @pytest.fixture
-def mma_device(cl_device, monkeypatch):
+def mma_device(cl_device, monkeypatch, request):
     """The device, with the emulation switched on where it has no tensor cores; the f values
     to check (every f of the issue on a GPU, a few on CPUs, where the emulation is slow)."""
     if not mma_supported(_info(cl_device)):
         monkeypatch.setenv("CLMF_MMA_EMULATION", "1")
         return cl_device, CPU_F
+    variant = request.node.callspec.params.get("variant")
+    if variant in GPU_SKIP:
+        pytest.skip("one warp holds too few blocks for the GPU's f values (checked on CPUs)")
     return cl_device, GPU_F
 
 
