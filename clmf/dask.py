@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from .model import loop
 from .model.estimator import ALS as _ALS
 from .model.estimator import _side_stats
 from .parallel.dask_backend import WorkerLostError, get_client
@@ -124,8 +125,6 @@ class ALS(_ALS):
     def _fit_once(self, X, *, columns, show_progress, callback, init, validation,
                   early_stopping_rounds, checkpoint, checkpoint_every, resume, modes):
         """One attempt of :meth:`fit`."""
-        from tqdm.auto import tqdm
-
         from . import reference
         from .data.validation import check_params
         from .errors import SingularSystemError
@@ -139,7 +138,7 @@ class ALS(_ALS):
         shift = (-1.0 / float(self.alpha) if implicit and
                  getattr(self, "confidence", "1+alpha*r") == "alpha*r" else 0.0)
         data = prepare(client, X, columns, shift=shift)     # the kernels' view (confidence)
-        self.fit_times_ = {"prepare_s": time.perf_counter() - t_start}
+        fit_times = {"prepare_s": time.perf_counter() - t_start}
         m, n = data.shape
         f = int(self.factors)
         if implicit and data.minimum < 0:
@@ -190,30 +189,25 @@ class ALS(_ALS):
             client.submit(T.probe, specs[d], ranks[d], params, stats, workers=[a],
                           allow_other_workers=False, pure=False)
             for d, a in enumerate(addrs)], "the fit", "the device probe")
-        self.global_mean_ = float(data.total / data.nnz)
-        engine = DaskEngine(client, addrs, ranks, specs, data, f, [p[1] for p in probes],
-                            [(p[2]["users"].config, p[2]["items"].config) for p in probes],
-                            implicit_alpha=float(self.alpha) if implicit else None,
-                            biased=bool(self.biases),
-                            offset=self.global_mean_ if self.biases else 0.0,
-                            max_device_memory=self.max_device_memory, modes=modes)
-        data.release()
-        self.fit_times_["probe_and_build_s"] = (time.perf_counter() - t_start
-                                                - self.fit_times_["prepare_s"])
-        self.user_counts_, self.item_counts_ = data.user_counts, data.item_counts
-        self.user_ids_, self.item_ids_ = data.user_ids, data.item_ids
-        self.config_ = probes[0][2]
-        self.device_ = [p[0] for p in probes]
-        self.device_configs_ = [{"device": p[0], **p[2]} for p in probes]
-        self.workers_ = list(addrs)
-        self.plan_ = engine.plan
-        self.history_ = history
-        self.best_iteration_ = self.iterations - 1
+        # all-or-nothing, as clmf.ALS.fit: the new state is built in locals and assigned in one
+        # step at the end, so a fit that fails midway leaves a fitted model exactly as it was
+        global_mean = float(data.total / data.nnz)
+        try:
+            engine = DaskEngine(client, addrs, ranks, specs, data, f, [p[1] for p in probes],
+                                [(p[2]["users"].config, p[2]["items"].config) for p in probes],
+                                implicit_alpha=float(self.alpha) if implicit else None,
+                                biased=bool(self.biases),
+                                offset=global_mean if self.biases else 0.0,
+                                max_device_memory=self.max_device_memory, modes=modes)
+        finally:
+            data.release()
+        fit_times["probe_and_build_s"] = (time.perf_counter() - t_start
+                                          - fit_times["prepare_s"])
         try:
             v_rest = None
             if validation is not None:
                 vd = prepare(client, validation, columns, maps=(data.user_ids, data.item_ids))
-                v_rest = engine.set_heldout("validation", vd, self.global_mean_,
+                v_rest = engine.set_heldout("validation", vd, global_mean,
                                             to_mean=not self.biases)
                 vd.release()
                 if v_rest[2] and self.biases:
@@ -221,68 +215,30 @@ class ALS(_ALS):
                                      "in the training data; with biases=True drop them first")
             engine.set_factors("users", X0, init_b[0])
             engine.set_factors("items", Y0, init_b[1])
-            self.time_to_first_iteration_ = None
-            self._iterate(engine, start, show_progress, callback, v_rest, early_stopping_rounds,
-                          checkpoint, checkpoint_every, t_start, tqdm)
+            steps = _DaskSteps(engine, v_rest, float(self.regularization), self._weighted,
+                               train=bool(show_progress or callback is not None) and not implicit,
+                               checkpoint=checkpoint, every=checkpoint_every,
+                               iterations=int(self.iterations))
+            res = loop.run(steps, int(self.iterations), start=start, history=history,
+                           callback=callback, early_stopping_rounds=early_stopping_rounds,
+                           monitor="validation_rmse", show_progress=show_progress,
+                           desc="ALS (dask)", origin=t_start)
+            memory = dict(engine.memory)
         except WorkerLostError as e:
             raise WorkerLostError(f"{e}. The fit cannot go on without that worker's blocks. "
-                                  + _resume_hint(checkpoint, self)) from e
+                                  + _resume_hint(checkpoint)) from e
         finally:
             engine.release()
+        new = {"fit_times_": fit_times, "global_mean_": global_mean,
+               "user_counts_": data.user_counts, "item_counts_": data.item_counts,
+               "user_ids_": data.user_ids, "item_ids_": data.item_ids, "config_": probes[0][2],
+               "device_": [p[0] for p in probes],
+               "device_configs_": [{"device": p[0], **p[2]} for p in probes],
+               "workers_": list(addrs), "plan_": engine.plan, "memory_": memory,
+               "time_to_first_iteration_": res.first_iteration_s, **self._learned(res)}
+        self.__dict__.update(new)          # one step: nothing half-assigned
+        self._invalidate_inference()       # the factors uploaded for inference are stale
         return self
-
-    def _iterate(self, engine, start, show_progress, callback, v_rest, rounds, checkpoint,
-                 every, t_start, tqdm):
-        """The iterations (as :meth:`clmf.ALS.fit`), checkpoints, and the kept factors."""
-        implicit = self.feedback == "implicit"
-        want_train = bool(show_progress or callback is not None)
-        best = (np.inf, None, None, -1)
-        bar = tqdm(range(start, self.iterations), desc="ALS (dask)", unit="it",
-                   disable=not show_progress, leave=False)
-        for it in bar:
-            t0 = time.perf_counter()
-            engine.iteration(float(self.regularization), self._weighted, it)
-            secs = time.perf_counter() - t0
-            if self.time_to_first_iteration_ is None:
-                self.time_to_first_iteration_ = time.perf_counter() - t_start
-            metrics = {"seconds": secs}
-            if want_train and not implicit:
-                se, cnt = engine.squared_error("train")
-                metrics["train_rmse"] = float(np.sqrt(se / cnt))
-            if v_rest is not None:
-                se, cnt = engine.squared_error("validation")
-                total = cnt + v_rest[1]
-                metrics["validation_rmse"] = (float(np.sqrt((se + v_rest[0]) / total))
-                                              if total else float("nan"))
-            self.history_.append(metrics)
-            bar.set_postfix({k: f"{v:.4f}" for k, v in metrics.items()})
-            log.info("iteration %d: %s", it, metrics)
-            if checkpoint is not None and ((it + 1) % max(1, int(every)) == 0
-                                           or it == self.iterations - 1):
-                save_checkpoint(checkpoint, self, engine, it)
-            if callback is not None:
-                callback(it, time.perf_counter() - t_start, dict(metrics))
-            if v_rest is not None and rounds is not None:
-                score = metrics["validation_rmse"]
-                if score < best[0]:
-                    best = (score, engine.get_factors("users", True),
-                            engine.get_factors("items", True), it)
-                elif it - best[3] >= int(rounds):
-                    log.info("early stop at iteration %d; best %d (validation RMSE %.5f)",
-                             it, best[3], best[0])
-                    break
-        bar.close()
-        if best[1] is not None:
-            (Xf, bu), (Yf, bi) = best[1], best[2]
-            self.best_iteration_ = best[3]
-        else:
-            Xf, bu = engine.get_factors("users", True)
-            Yf, bi = engine.get_factors("items", True)
-            self.best_iteration_ = len(self.history_) - 1
-        self.user_factors_, self.item_factors_ = Xf, Yf
-        self.user_biases_ = bu if self.biases else None
-        self.item_biases_ = bi if self.biases else None
-        self.memory_ = dict(engine.memory)
 
     # ----- raw-id scoring and recommending ---------------------------------------------------
     def _state(self):
@@ -358,7 +314,7 @@ def _exists(path):
     return fs.exists(p)
 
 
-def _resume_hint(checkpoint, model):
+def _resume_hint(checkpoint):
     """The sentence of a :class:`WorkerLostError` that says how to resume."""
     if checkpoint is None:
         return ("No checkpoint was written: fit again with checkpoint=PATH (every "
@@ -374,9 +330,46 @@ def _resume_hint(checkpoint, model):
             f"resume={checkpoint!r}, checkpoint={checkpoint!r}).")
 
 
-def save_checkpoint(path, model, engine, iteration):
-    """Write both sides' factors after ``iteration`` to ``path`` (any fsspec URL), atomically
-    (a temporary file moved into place)."""
+class _DaskSteps(loop.FitSteps):
+    """:func:`clmf.model.loop.run`'s view of a :class:`~clmf.parallel.dask_backend.DaskEngine`:
+    RMSEs summed on the workers, a checkpoint every ``every`` iterations and after the last."""
+
+    def __init__(self, engine, v_rest, regularization, weighted, *, train, checkpoint, every,
+                 iterations):
+        """Keep the engine, the held-out ratings predicted as the mean (``v_rest``), the
+        regularisation and the checkpoint policy."""
+        super().__init__(engine)
+        self.v_rest, self.train = v_rest, train
+        self.regularization, self.weighted = regularization, weighted
+        self.checkpoint, self.every, self.iterations = checkpoint, max(1, int(every)), iterations
+
+    def iterate(self, it):
+        """One iteration on every worker, waited for."""
+        self.engine.iteration(self.regularization, self.weighted, it)
+
+    def metrics(self):
+        """Train RMSE (when wanted) and validation RMSE (the unseen ids' error included)."""
+        out = {}
+        if self.train:
+            se, cnt = self.engine.squared_error("train")
+            out["train_rmse"] = float(np.sqrt(se / cnt))
+        if self.v_rest is not None:
+            se, cnt = self.engine.squared_error("validation")
+            total = cnt + self.v_rest[1]
+            out["validation_rmse"] = (float(np.sqrt((se + self.v_rest[0]) / total))
+                                      if total else float("nan"))
+        return out
+
+    def after_iteration(self, it, history):
+        """Write the checkpoint when one is due."""
+        if self.checkpoint is not None and ((it + 1) % self.every == 0
+                                            or it == self.iterations - 1):
+            save_checkpoint(self.checkpoint, self.engine, it, history)
+
+
+def save_checkpoint(path, engine, iteration, history):
+    """Write both sides' factors after ``iteration`` and the ``history`` of the iterations so
+    far to ``path`` (any fsspec URL), atomically (a temporary file moved into place)."""
     import io
     import json
 
@@ -384,7 +377,7 @@ def save_checkpoint(path, model, engine, iteration):
     X, bu = engine.get_factors("users", True)
     Y, bi = engine.get_factors("items", True)
     meta = {"format": _CKPT_FORMAT, "iteration": int(iteration), "shape": list(engine.shape),
-            "factors": int(model.factors), "history": model.history_}
+            "factors": int(engine.f), "history": list(history)}
     buf = io.BytesIO()
     np.savez(buf, X=X, Y=Y, bu=bu, bi=bi, meta=np.array(json.dumps(meta)))
     fs, p = fsspec.core.url_to_fs(str(path))

@@ -86,6 +86,60 @@ def _cosine(F, q):
         return np.where(norms > 0, F @ F[q] / (norms * max(norms[q], 1e-300)), 0.0)
 
 
+def _midway_failure(how, monkeypatch):
+    """``fit`` keyword arguments (a callback), or a patch of the fit loop, that make a fit fail
+    at its second iteration: the callback raises (``RuntimeError`` or ``KeyboardInterrupt``), or
+    the backend's second ``iteration`` does (a device or worker failure)."""
+    from clmf.model import loop
+
+    def callback(it, _elapsed, _metrics):
+        if it == 1:
+            raise (KeyboardInterrupt if how == "interrupt" else RuntimeError)("stopped midway")
+
+    if how != "backend":
+        return {"callback": callback}
+    real_run = loop.run
+
+    def run(steps, *args, **kw):
+        engine, calls = steps.engine, []
+        real = engine.iteration
+
+        def iteration(*a, **k):
+            calls.append(1)
+            if len(calls) == 2:
+                raise RuntimeError("the backend failed midway (injected)")
+            return real(*a, **k)
+        monkeypatch.setattr(engine, "iteration", iteration)
+        return real_run(steps, *args, **kw)
+    monkeypatch.setattr(loop, "run", run)
+    return {}
+
+
+def _fitted_state(m):
+    """The fitted attributes of ``m``: each object, and a deep copy of its value."""
+    import copy
+    out = {}
+    for k, v in vars(m).items():
+        if k.endswith("_") and not k.startswith("_"):
+            try:
+                out[k] = (v, copy.deepcopy(v))
+            except TypeError:                       # an object that cannot be copied
+                out[k] = (v, None)
+    return out
+
+
+def _assert_same_state(m, before):
+    """``m`` holds exactly the fitted attributes of ``before``: the same objects, unmodified."""
+    now = {k: v for k, v in vars(m).items() if k.endswith("_") and not k.startswith("_")}
+    assert set(now) == set(before)
+    for k, (obj, copied) in before.items():
+        assert now[k] is obj, k
+        if isinstance(obj, np.ndarray):
+            np.testing.assert_array_equal(obj, copied, err_msg=k)
+        elif isinstance(obj, (list, dict, float, int, str)):
+            assert obj == copied, k
+
+
 class ModelBehaviour:
     """The checks; subclasses provide the ``backend`` fixture (see the module docstring)."""
 
@@ -221,6 +275,30 @@ class ModelBehaviour:
             np.testing.assert_array_equal(m2.predict([0, 1], [2, 3]), m.predict([0, 1], [2, 3]))
             a, b = m.recommend([0, 1], self.R, N=5), m2.recommend([0, 1], self.R, N=5)
             np.testing.assert_array_equal(a[0], b[0])
+
+    # ----- a fit is all-or-nothing -------------------------------------------------------------
+    @pytest.mark.parametrize("how", ["callback", "interrupt", "backend"])
+    def test_failed_refit_keeps_the_model(self, backend, how, monkeypatch):
+        m = self.fit(backend, solver="cholesky", regularization=0.1)
+        before = _fitted_state(m)
+        predicted = m.predict([0, 1, 2], [3, 4, 5])
+        fail = _midway_failure(how, monkeypatch)
+        other = random_ratings(35, 25, 0.3, seed=9)        # another shape: nothing may leak
+        with pytest.raises((RuntimeError, KeyboardInterrupt), match="midway"):
+            m.fit(backend.data(other), show_progress=False, **fail)
+        _assert_same_state(m, before)
+        np.testing.assert_array_equal(m.predict([0, 1, 2], [3, 4, 5]), predicted)
+        assert m.recommend(0, self.R, N=3)[0].shape == (3,)
+
+    @pytest.mark.parametrize("how", ["callback", "backend"])
+    def test_failed_first_fit_leaves_it_unfitted(self, backend, how, monkeypatch):
+        m = backend.make(factors=self.F, iterations=3, random_state=0)
+        fail = _midway_failure(how, monkeypatch)
+        with pytest.raises(RuntimeError, match="midway"):
+            m.fit(backend.data(self.R), show_progress=False, **fail)
+        assert [k for k in vars(m) if k.endswith("_") and not k.startswith("_")] == []
+        with pytest.raises(NOT_FITTED, match="not fitted"):
+            m.predict([0], [0])
 
     # ----- errors ------------------------------------------------------------------------------
     def test_not_fitted(self, backend):

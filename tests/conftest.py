@@ -14,6 +14,10 @@ import scipy.sparse as sp
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 IN_CI = os.environ.get("CI", "").lower() == "true"
+# the tensor-core (mma) S1 variant runs as its emulation on devices without tensor cores, so the
+# shared variant checks (reference, Oclgrind) cover its staging, guards and reductions there; the
+# tuning lookup never picks it on such devices (tests/test_mma.py checks both)
+os.environ.setdefault("CLMF_MMA_EMULATION", "1")
 
 
 def _list_devices():

@@ -266,6 +266,36 @@ def test_killed_worker_raises_or_resumes_from_checkpoint(ml100k, tmp_path):
         cluster.close()
 
 
+def test_worker_lost_midway_keeps_the_fitted_model(client, ml100k, monkeypatch, tmp_path):
+    """A WorkerLostError in the middle of a refit (on_worker_lost="raise") leaves the model of
+    the earlier fit exactly as it was: factors, id maps, history, plan, workers."""
+    from clmf.parallel.dask_backend import DaskEngine
+    path, R, raw = ml100k
+    dm = clmf.dask.ALS(client=client, iterations=2, device=POCL, **KW).fit(
+        raw.iloc[:50_000], show_progress=False)
+    before = {k: v for k, v in vars(dm).items() if k.endswith("_")}
+    copies = {k: v.copy() for k, v in before.items() if isinstance(v, np.ndarray)}
+    history = [dict(h) for h in dm.history_]
+    real, calls = DaskEngine.iteration, []
+
+    def iteration(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise clmf.dask.WorkerLostError("worker tcp://10.0.0.1:1 left the cluster (injected)")
+        return real(self, *a, **k)
+    monkeypatch.setattr(DaskEngine, "iteration", iteration)
+    ck = tmp_path / "ck.npz"
+    with pytest.raises(clmf.dask.WorkerLostError, match="injected.*resume="):
+        dm.fit(path, checkpoint=str(ck), show_progress=False)      # other data, a checkpoint
+    assert clmf.dask.load_checkpoint(str(ck))["iteration"] == 0
+    now = {k: v for k, v in vars(dm).items() if k.endswith("_")}
+    assert set(now) == set(before) and all(now[k] is v for k, v in before.items())
+    for k, v in copies.items():
+        np.testing.assert_array_equal(now[k], v, err_msg=k)
+    assert dm.history_ == history and len(history) == 2
+    assert np.isfinite(dm.rmse(raw.iloc[:50_000]))
+
+
 def test_bad_input_is_a_clear_error(client):
     df = pd.DataFrame({"user": [1, 2, 2], "item": ["a", "b", "a"], "rating": [4.0, 5.0, 3.0]})
     with pytest.raises(ValueError, match="no column"):

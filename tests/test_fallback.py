@@ -161,3 +161,74 @@ def test_probe_off_and_rejections_are_per_configuration(isolated, monkeypatch):
     monkeypatch.setenv(fallback.PROBE_ENV, "off")
     monkeypatch.setattr(fallback, "_probe_command", lambda: pytest.fail("probed with off"))
     assert fallback.usable(info, b, 8, "explicit", "x", record_device=None)
+
+
+# ----- no probe for what already ran on this device and driver ------------------------------------
+def _probe_spy(monkeypatch):
+    """Count the probe children of a faked device (seen by the process; each probe passes)."""
+    calls = []
+    monkeypatch.setattr(fallback, "_device_present", lambda info: True)
+    monkeypatch.setattr(fallback, "_probe_command",
+                        lambda: calls.append(1) or [sys.executable, "-c", "pass"])
+    return calls
+
+
+def _choose_both(info, R):
+    """The lookup's choice of both sides of a fit of R on ``info`` (no warning allowed)."""
+    from clmf.model.estimator import _side_stats
+    stats = {"users": _side_stats(np.diff(R.indptr), R.shape[1]),
+             "items": _side_stats(np.bincount(R.indices, minlength=R.shape[1]), R.shape[0])}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return [tuning.choose(info, F, side, stats[side], "float32", None)
+                for side in ("users", "items")]
+
+
+@pytest.mark.parametrize("driver,probes", [("1.0", 0), ("0.9", 1)])
+def test_shipped_record_of_this_device_and_driver_is_not_probed(isolated, monkeypatch, driver,
+                                                                probes):
+    """A shipped tuning measured on this device name *and* driver ran here already: no probe
+    child. The same device with another driver: the configuration is probed (once)."""
+    from test_tuning_db import fake_info
+    info = fake_info(driver="1.0")
+    calls = _probe_spy(monkeypatch)
+    R = random_ratings(60, 45, density=0.25, seed=3)
+    cfg = plant(isolated, dict(tuning.device_record(info), driver=driver), R)
+    chosen = _choose_both(info, R)
+    assert [c.rule for c in chosen] == ["tuned", "tuned"]
+    assert all(c.config == cfg for c in chosen)
+    assert len(calls) == probes
+
+
+def _measured(device, variant=PLANTED, run_id="measured-run"):
+    """``ok`` measurements (both sides) of ``variant`` on ``device``."""
+    cfg = KernelConfig.parse(variant)
+    return [base_record("measurement", status="ok", run_id=run_id, device=device, f=F,
+                        storage="float32", side=side, dataset={"m": 60, "n": 45, "nnz": 675,
+                                                               "name": "x"},
+                        config=cfg.to_dict(), variant=str(cfg), seconds=1.0)
+            for side in ("users", "items")]
+
+
+@pytest.mark.parametrize("rung", ["vendor", "default"])
+@pytest.mark.parametrize("driver,probes", [("1.0", 0), ("0.9", 1)])
+def test_configuration_measured_on_this_device_and_driver_is_not_probed(
+        isolated, monkeypatch, rung, driver, probes):
+    """Another device's record (the vendor rung) or the computed default is probed unless the
+    same configuration was measured (status ok) in this mode on this device and driver."""
+    from test_tuning_db import fake_info
+    info = fake_info(driver="1.0")
+    calls = _probe_spy(monkeypatch)
+    R = random_ratings(60, 45, density=0.25, seed=3)
+    here = tuning.device_record(info)
+    if rung == "vendor":
+        plant(isolated, dict(here, device="Fake GPU 2", driver="7.0"), R)
+        # measured here too, at another f (so not the "nearest" rung's record)
+        Database(isolated).append([dict(r, f=2 * F) for r in _measured(dict(here,
+                                                                             driver=driver))])
+    else:
+        Database(isolated).append(_measured(dict(here, driver=driver)))
+    chosen = _choose_both(info, R)
+    assert [c.rule for c in chosen] == [rung, rung]
+    assert all(c.config == KernelConfig.parse(PLANTED) for c in chosen)
+    assert len(calls) == probes

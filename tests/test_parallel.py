@@ -195,20 +195,25 @@ def test_streamed_fit_matches_resident(cl_device, mode):
         assert rel_err(st.user_factors_, X1) <= 1e-4 and rel_err(st.item_factors_, Y1) <= 1e-4
 
 
-@pytest.mark.parametrize("pinned", [False, True])
-def test_streamed_chunks_pinned_or_not(cl_device, pinned):
+@pytest.mark.parametrize("pinned,modes", [(False, None), (True, None),
+                                          (False, ("reduce", "replicate")),
+                                          (True, ("replicate", "reduce"))])
+def test_streamed_chunks_pinned_or_not(cl_device, pinned, modes):
     """Streaming through page-locked staging arrays (the GPU default) or straight from the
-    host arrays gives the resident answer; several chunks per side, two workers."""
+    host arrays gives the resident answer; several chunks per side, two workers, the
+    replicated half-step and the reduce mode's partial systems (both go through
+    ``DeviceWorker._batches``)."""
     from clmf.engine.config import KernelConfig
     from clmf.parallel import MultiEngine
     R = random_ratings(300, 160, 0.1, seed=12, empty_rows=(1,))
     cfg = KernelConfig.parse("batch+reg:solver=cholesky")
     X0, Y0 = reference.start_factors(*R.shape, 6, 0)
     got = []
-    for kw in (dict(), dict(force_stream=("users", "items"), pinned=pinned)):
+    md = None if modes is None else dict(zip(("users", "items"), modes))
+    for kw in (dict(modes=md), dict(force_stream=("users", "items"), pinned=pinned, modes=md)):
         e = MultiEngine([cl_device] * 2, R, 6, [(cfg, cfg)] * 2, **kw)
         try:
-            if kw:
+            if "force_stream" in kw:
                 assert all(len(p.sides[s].chunks) >= 3 for p in e.dplans for s in p.streamed)
                 assert all(p.streamed == ["users", "items"] for p in e.dplans)
             e.set_factors("users", X0)
@@ -219,6 +224,46 @@ def test_streamed_chunks_pinned_or_not(cl_device, pinned):
         finally:
             e.release()
     assert rel_err(got[1][0], got[0][0]) <= 1e-6 and rel_err(got[1][1], got[0][1]) <= 1e-6
+
+
+def test_streamed_batches_wait_for_the_buffer_sets_previous_chunk():
+    """``DeviceWorker._batches`` (no device): every row of a side once, batch by batch within
+    its chunk; a streamed chunk is uploaded into the buffer sets in turn, each upload waiting
+    for the event the caller gave as the last batch's ``done`` of the set's previous chunk,
+    and only a chunk's first batch waits for its upload; resident chunks are not uploaded."""
+    from types import SimpleNamespace
+
+    from clmf.parallel.worker import DeviceWorker
+    chunks = [(0, 5), (5, 9), (9, 9), (9, 16), (16, 20)]
+    for resident in (False, True):
+        uploads = []
+
+        def upload(side, bset, chunk, wait_for=None):
+            uploads.append((bset["name"], chunk, wait_for))
+            return f"up{chunk}"
+        sets = [{"name": k, "event": None} for k in range(1 if resident else 2)]
+        w = SimpleNamespace(
+            dplan=SimpleNamespace(sides={"users": SimpleNamespace(
+                chunks=chunks[:1] if resident else chunks, resident=resident, batch_rows=3)}),
+            buf={"users": {"sets": sets}}, _upload_chunk=upload)
+        events, rows = [], []
+        for b in DeviceWorker._batches(w, "users", events):
+            rows.extend(range(b.r0 + b.row0, b.r0 + b.row0 + b.rows))
+            assert b.rows <= 3
+            b.done = f"done{b.r0 + b.row0}"
+            if resident:
+                assert b.wait is None
+            else:
+                assert b.wait == ([f"up{uploads[-1][1]}"] if b.row0 == 0 else None)
+        assert rows == list(range(5 if resident else 20))
+        if resident:
+            assert uploads == [] and events == []
+            continue
+        assert [u[:2] for u in uploads] == [(k % 2, c) for k, c in enumerate(chunks)]
+        # chunk c waits for the last batch of chunk c-2 (same set); the empty chunk has none
+        assert [u[2] for u in uploads] == [None, None, ["done3"], ["done8"], None]
+        assert events == [f"up{c}" for c in chunks]
+        assert sets[0]["event"] == "done19" and sets[1]["event"] == "done15"
 
 
 def test_plan_that_cannot_fit_raises_before_device_work(cl_device, monkeypatch):

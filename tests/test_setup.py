@@ -139,11 +139,14 @@ def test_tuning_index_follows_the_database(tmp_path, monkeypatch):
            "storage": "float32", "device": dev, "config": {}, "dataset": {"m": 5, "n": 4, "nnz": 9}}
     meas = {"schema_version": 1, "kind": "measurement", "run_id": "r1", "side": "users",
             "status": "ok", "f": 10, "seconds": 0.5, "config": {}, "device": dev}
-    db.write_text(json.dumps(rec) + "\n" + json.dumps(meas) + "\n")
+    failed = dict(meas, status="failed", seconds=0.0)
+    db.write_text("".join(json.dumps(r) + "\n" for r in (rec, meas, failed)))
     first = index.best_records(db)
     assert first == [rec]
     m = index.measurement_records(db)
-    assert m[0]["device"] == {"type": "GPU"} and m[0]["seconds"] == 0.5
+    # a measurement that ran keeps its device's key (it verifies the configuration there)
+    assert m[0]["device"] == dev and m[0]["seconds"] == 0.5
+    assert m[1]["device"] == {"type": "GPU"} and m[1]["status"] == "failed"
     assert "schema_version" not in m[0]
     assert index.best_records(db) is first                       # memoized in the process
     index._memo.clear()

@@ -278,14 +278,15 @@ class TorchALS:
     """Straightforward explicit ALS-WR in PyTorch: for each side, rows sorted by their number of
     ratings are cut into buckets; per bucket the other side's factors are gathered into a
     zero-padded (rows × longest × f) block, ``A = GᵀG + λ·n·I`` and ``b = Gᵀr`` by batched
-    matmul, then a batched Cholesky solve. float32, TF32 off. The bucket layout (index tensors)
-    is built once, on the device, before timing."""
+    matmul, then a batched Cholesky solve. float32, TF32 off unless ``tf32`` (the matmuls on
+    the tensor cores). The bucket layout (index tensors) is built once, on the device, before
+    timing."""
 
-    def __init__(self, R, f, lam, device, budget=1 << 28):
+    def __init__(self, R, f, lam, device, budget=1 << 28, tf32=False):
         import torch
         self.torch = torch
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = bool(tf32)
+        torch.backends.cudnn.allow_tf32 = bool(tf32)
         self.device = device
         self.f, self.lam = f, lam
         R = sp.csr_matrix(R)
@@ -348,14 +349,16 @@ class PeerSkipped(Exception):
 TORCH_CPU_MAX_NNZ = 20_000_000
 
 
-def run_pytorch(problem, f, lam, iterations, seed):
+def run_pytorch(problem, f, lam, iterations, seed, tf32=False):
+    """The PyTorch peer (TF32 matmuls with ``tf32``)."""
     import torch
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if dev == "cpu" and problem.train.nnz > TORCH_CPU_MAX_NNZ:
         raise PeerSkipped(f"no CUDA device, and {problem.train.nnz} ratings > {TORCH_CPU_MAX_NNZ} "
                           "is too many for the CPU fallback")
     X0, Y0 = _start(problem, f, seed)
-    model = TorchALS(problem.train, f, lam, dev, budget=(1 << 30) if dev == "cuda" else (1 << 28))
+    model = TorchALS(problem.train, f, lam, dev, budget=(1 << 30) if dev == "cuda" else (1 << 28),
+                     tf32=tf32)
     X = torch.as_tensor(X0, device=dev).clone()
     Y = torch.as_tensor(Y0, device=dev).clone()
     times = []
@@ -373,9 +376,17 @@ def run_pytorch(problem, f, lam, iterations, seed):
         torch.cuda.empty_cache()          # give the memory back before clmf's OpenCL runs
     name = (torch.cuda.get_device_name(0) if dev == "cuda"
             else f"host CPU ({torch.get_num_threads()} threads)")
-    return PeerRun("pytorch", seconds=times, test_rmse=rmse_of(problem, Xh, Yh), device=name,
+    torch.backends.cuda.matmul.allow_tf32 = False     # back to the default for what runs next
+    return PeerRun("pytorch-tf32" if tf32 else "pytorch", seconds=times,
+                   test_rmse=rmse_of(problem, Xh, Yh), device=name,
                    note=f"torch {torch.__version__} on {dev}: bucketed gather + bmm + batched "
-                        "Cholesky, float32, TF32 off, same start", factors=(Xh, Yh))
+                        f"Cholesky, float32, TF32 {'on' if tf32 else 'off'}, same start",
+                   factors=(Xh, Yh))
+
+
+def run_pytorch_tf32(problem, f, lam, iterations, seed):
+    """The PyTorch peer with TF32 matmuls (tensor cores) allowed."""
+    return run_pytorch(problem, f, lam, iterations, seed, tf32=True)
 
 
 PEERS = {
@@ -386,11 +397,13 @@ PEERS = {
     "implicit-cg": run_implicit_cg,
     "implicit-chol": run_implicit_chol,
     "pytorch": run_pytorch,
+    "pytorch-tf32": run_pytorch_tf32,
 }
 CPU_PEERS = ("reference", "lenskit", "lenskit-biased", "spark", "implicit-cg", "implicit-chol")
-GPU_PEERS = ("pytorch",)
+GPU_PEERS = ("pytorch", "pytorch-tf32")
 _NEEDS = {"lenskit": "lenskit", "lenskit-biased": "lenskit", "spark": "pyspark",
-          "implicit-cg": "implicit", "implicit-chol": "implicit", "pytorch": "torch"}
+          "implicit-cg": "implicit", "implicit-chol": "implicit", "pytorch": "torch",
+          "pytorch-tf32": "torch"}
 
 
 def available(name):

@@ -421,8 +421,11 @@ class KernelConfig:
         packed = 256 * nblk
         p2 = 1 << (wg - 1).bit_length()            # the fused CG's reduction tree
         solve = 4 * fp + p2 if self.fused_solve else 0
+        tri = [(i, j) for i in range(ntb) for j in range(i + 1)]
+        warp_blocks = [[list(tri[p]) for p in range(w * nblk // wb, (w + 1) * nblk // wb)]
+                       for w in range(wb)]        # warp w's contiguous range (as the kernel's)
         return dict(vw=4, bx=f, by=f, fp=fp, ntb=ntb, nblk=nblk, wb=wb, ks=self.ks, wg=wg,
-                    packed_floats=packed, p2=p2,
+                    packed_floats=packed, p2=p2, warp_blocks=warp_blocks,
                     slots=-(-nblk // wb), lds_floats=max(staged, packed + solve), nt=1, tz_eff=1,
                     tri_tiles=True, spt=-(-(nb * fp // 4) // wg), ept=-(-nb // wg),
                     qb=-(-f // wg))
@@ -484,6 +487,9 @@ def representative_variants(f=None):
         "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5,batch_rows=7",
         "batch+vec4+syrk:bx=8,ks=32,nnz_batch=16,solver=cg",
         "batch+vec4+syrk:bx=16,ks=8,nnz_batch=8,storage=float16",
+        # tensor cores (NVIDIA; elsewhere its emulation, CLMF_MMA_EMULATION=1)
+        "batch+vec4+mma:tx=2,ks=2,nnz_batch=16,batch_rows=7",
+        "batch+vec4+mma:tx=3,nnz_batch=8,solver=cg,fused_solve=1",
         # long rows cut into pieces of 3 (resp. 5) entries, pieces and batches interleaved
         "batch:tx=4,ty=4,split=3,batch_rows=4",
         "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5,split=5,batch_rows=7",

@@ -15,6 +15,7 @@ from ..engine.config import KernelConfig
 from ..errors import SingularSystemError
 from ..inference.conventions import confidence_rows
 from ..inference.recommend import RecommenderMixin
+from . import loop
 from .persistence import register_estimator
 
 log = logging.getLogger(__name__)
@@ -280,8 +281,6 @@ class ALS(RecommenderMixin):
         -------
         self
         """
-        from tqdm.auto import tqdm
-
         from ..engine.device import device_info
         from ..engine.memory import plan_fit
         from ..parallel import select_devices
@@ -358,8 +357,7 @@ class ALS(RecommenderMixin):
         configs = (choices["users"].config, choices["items"].config)
         t_engine = time.perf_counter()
         labels = [device_label(d) for d in devs]
-        history = []
-        train_rows = []               # row of each rating, for backends without a CSR metric
+        v_unknown_se, v_total = 0.0, 0
         if V is not None and (self.biases or implicit):
             v_unknown_se, v_total = 0.0, int(V.nnz)      # biases: the kernel predicts them itself
         elif V is not None:
@@ -369,71 +367,25 @@ class ALS(RecommenderMixin):
             v_unknown_se = float(np.sum((global_mean - V.data[unk].astype(np.float64)) ** 2))
             v_total = int(V.nnz)
             V = sp.coo_matrix((V.data[~unk], (V.row[~unk], V.col[~unk])), shape=V.shape)
-        storage = configs[0].storage
         try:
             if start is not None:
                 X0, Y0 = start.result()
             engine.set_factors("users", X0)
             engine.set_factors("items", Y0)
             del X0, Y0
-            best = (np.inf, None, None, -1)
-            bar = tqdm(range(self.iterations), desc="ALS", unit="it", disable=not show_progress,
-                       leave=False)
+            steps = _DeviceSteps(self, engine, R, V, v_unknown_se, v_total, configs[0].storage,
+                                 train=want_train and not implicit)
             t_start = time.perf_counter()
             timings = {"validation": t_valid - t_fit, "preparation": t_prep - t_valid,
                        "engine": t_engine - t_prep, "setup": t_start - t_fit,
                        # CPU seconds of the process (all threads, OpenCL runtimes' included)
                        "setup_cpu": time.process_time() - c_fit,
                        **getattr(engine, "setup_times", {})}
-            for it in bar:
-                t0 = time.perf_counter()
-                try:
-                    engine.iteration(float(self.regularization), self._weighted)
-                except SingularSystemError as e:
-                    raise _range_error(engine, R, f, storage,
-                                       float(self.regularization)) or e from None
-                engine.finish()
-                secs = time.perf_counter() - t0
-                metrics = {"seconds": secs}
-                if want_train and not implicit:
-                    se, cnt = _train_squared_error(engine, R, train_rows)
-                    metrics["train_rmse"] = float(np.sqrt(se / cnt))
-                if V is not None and implicit:
-                    metrics["validation_precision@10"] = _precision_at_10(
-                        engine.get_factors("users"), engine.get_factors("items"), R, V)
-                elif V is not None:
-                    se = engine.squared_error("validation", V.row, V.col, V.data)[0] if V.nnz else 0.0
-                    metrics["validation_rmse"] = (float(np.sqrt((se + v_unknown_se) / v_total))
-                                                  if v_total else float("nan"))
-                history.append(metrics)
-                bar.set_postfix({k: f"{v:.4f}" for k, v in metrics.items()})
-                log.info("iteration %d: %s", it, metrics)
-                if callback is not None:
-                    callback(it, time.perf_counter() - t_start, dict(metrics))
-                if V is not None and early_stopping_rounds is not None:
-                    score = (-metrics["validation_precision@10"] if implicit
-                             else metrics["validation_rmse"])
-                    if score < best[0]:
-                        best = (score, engine.get_factors("users", True),
-                                engine.get_factors("items", True), it)
-                    elif it - best[3] >= int(early_stopping_rounds):
-                        log.info("early stop at iteration %d; best %d (validation RMSE %.5f)",
-                                 it, best[3], best[0])
-                        break
-            bar.close()
-            if best[1] is not None:
-                (Xf, bu), (Yf, bi) = best[1], best[2]
-                best_iteration = best[3]
-            else:
-                Xf, bu = engine.get_factors("users", True)
-                Yf, bi = engine.get_factors("items", True)
-                best_iteration = len(history) - 1
-            if not (np.isfinite(Xf).all() and np.isfinite(Yf).all()
-                    and np.isfinite(bu).all() and np.isfinite(bi).all()):
-                raise _range_error(engine, R, f, storage,
-                                   float(self.regularization)) or FloatingPointError(
-                    "the fit produced non-finite factors (NaN/inf); the previous state of the "
-                    "model is kept")
+            res = loop.run(steps, int(self.iterations), callback=callback,
+                           early_stopping_rounds=early_stopping_rounds,
+                           monitor="validation_precision@10" if implicit else "validation_rmse",
+                           higher_is_better=implicit, show_progress=show_progress, desc="ALS",
+                           origin=t_start)
             memory = dict(engine.memory)
             timings["fit"] = time.perf_counter() - t_fit
         finally:
@@ -441,16 +393,20 @@ class ALS(RecommenderMixin):
         new = {
             "user_ids_": user_ids, "item_ids_": item_ids, "global_mean_": global_mean,
             "user_counts_": user_counts, "item_counts_": item_counts, "config_": choices,
-            "device_": labels[0] if len(devs) == 1 else labels, "history_": history,
+            "device_": labels[0] if len(devs) == 1 else labels,
             "device_configs_": [{"device": lab, **c} for lab, c in zip(labels, per_device)],
-            "best_iteration_": best_iteration, "user_factors_": Xf, "item_factors_": Yf,
-            "user_biases_": bu if self.biases else None,
-            "item_biases_": bi if self.biases else None, "memory_": memory,
-            "timings_": timings,
+            "memory_": memory, "timings_": timings, **self._learned(res),
         }
         self.__dict__.update(new)          # one step: nothing half-assigned
         self._invalidate_inference()       # the factors uploaded for inference are stale
         return self
+
+    def _learned(self, res):
+        """The fitted attributes of a :class:`~clmf.model.loop.FitResult`."""
+        return {"history_": res.history, "best_iteration_": res.best_iteration,
+                "user_factors_": res.user_factors, "item_factors_": res.item_factors,
+                "user_biases_": res.user_biases if self.biases else None,
+                "item_biases_": res.item_biases if self.biases else None}
 
     def _id_maps_from(self, X):
         """Set the raw-id maps of ``X`` (a Ratings) or None."""
@@ -660,6 +616,54 @@ def _pocl_implicit_rule(info, mode, ch):
                              ch.reason + "; solve_wg=1 (PoCL's fused CG is fastest with one "
                              "work-item per system)")
     return ch
+
+
+class _DeviceSteps(loop.FitSteps):
+    """:func:`clmf.model.loop.run`'s view of a fit on one or several devices in this process
+    (:class:`clmf.engine.Engine` or :class:`clmf.parallel.MultiEngine`): metrics on the
+    devices (train RMSE from their CSR, validation RMSE of triples) or, for implicit feedback,
+    validation precision@10 on the host."""
+
+    def __init__(self, model, engine, R, V, v_unknown_se, v_total, storage, train):
+        """Keep the backend, the training ratings and the validation triples."""
+        super().__init__(engine)
+        self.R, self.V = R, V
+        self.v_unknown_se, self.v_total = v_unknown_se, v_total
+        self.storage, self.train = storage, train
+        self.f = int(model.factors)
+        self.regularization = float(model.regularization)
+        self.weighted = model._weighted
+        self.implicit = model.feedback == "implicit"
+        self.rows = []              # row of each rating, for backends without a CSR metric
+
+    def iterate(self, it):
+        """One iteration, waited for; a singular system explained by the ratings' range is a
+        :class:`RatingRangeError`."""
+        try:
+            self.engine.iteration(self.regularization, self.weighted)
+        except SingularSystemError as e:
+            raise self.non_finite_error() or e from None
+        self.engine.finish()
+
+    def metrics(self):
+        """Train RMSE (explicit, when wanted) and the validation metric."""
+        out = {}
+        engine, V = self.engine, self.V
+        if self.train:
+            se, cnt = _train_squared_error(engine, self.R, self.rows)
+            out["train_rmse"] = float(np.sqrt(se / cnt))
+        if V is not None and self.implicit:
+            out["validation_precision@10"] = _precision_at_10(
+                engine.get_factors("users"), engine.get_factors("items"), self.R, V)
+        elif V is not None:
+            se = engine.squared_error("validation", V.row, V.col, V.data)[0] if V.nnz else 0.0
+            out["validation_rmse"] = (float(np.sqrt((se + self.v_unknown_se) / self.v_total))
+                                      if self.v_total else float("nan"))
+        return out
+
+    def non_finite_error(self):
+        """A :class:`RatingRangeError` when the ratings' magnitude explains the failure."""
+        return _range_error(self.engine, self.R, self.f, self.storage, self.regularization)
 
 
 def _train_squared_error(engine, R, rows):

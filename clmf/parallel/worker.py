@@ -17,6 +17,7 @@ unsplit :func:`clmf.engine.core.launch_batch`, whose scratch the multi-device pl
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue as _queue
 import threading
@@ -346,7 +347,6 @@ class DeviceWorker:
         cl = self.cl
         t0 = time.perf_counter()
         other = other_side(side)
-        m = self.dplan.sides[side]
         b, v, cfg = self.buf[side], self.vars[side], self.configs[side]
         kern = self.programs[side].kernels
         q = self.q["compute"]
@@ -359,41 +359,52 @@ class DeviceWorker:
         if self.implicit:
             launch_gram(kern, q, cfg, fs, b["gram_k"], b["g_indptr"], b["g_indices"],
                         b["g_data"], self.factors[other], b["A"], b["B"], b["G"])
-        bs = m.batch_rows
-        sets = b["sets"]
         publisher = _Publisher(exchange, self.index) if exchange.needed else None
         kernel_events, stream_events, copy_events = [], [], []
-        for c, chunk in enumerate(m.chunks):
+        for batch in self._batches(side, stream_events):
+            bset, r0, row0, n = batch.bset, batch.r0, batch.row0, batch.rows
+            evs = launch_batch(
+                kern, q, cfg, v, fs, bset["indptr"], bset["indices"], bset["data"],
+                self.factors[other], b["A"], b["B"], b["G"], self.factors[side],
+                self.status, row0, n, r0 - lo, regularization, weighted, self.implicit,
+                self.alpha, self.offset, wait_for=batch.wait)
+            batch.done = evs[2]
+            kernel_events.extend(e for e in evs if e is not None)
+            if publisher is not None:
+                g0 = r0 + row0
+                ev = self.read_rows(side, exchange.host, g0, g0 + n, blocking=False,
+                                    wait_for=[evs[2]])
+                copy_events.append(ev)
+                publisher.put(ev, g0, g0 + n)
+        self._finish_half_step(side, regularization, publisher, exchange, t0,
+                               kernel_events, stream_events, copy_events)
+
+    def _batches(self, side, stream_events):
+        """The batches of this device's rows of ``side``, chunk by chunk, as :class:`_Batch`
+        (buffer set, chunk start ``r0``, ``row0`` within the chunk, ``rows``, ``wait``: the
+        upload the batch's first kernel waits for). A streamed chunk is uploaded into the buffer
+        sets in turn (its events appended to ``stream_events``), only after the commands of the
+        set's previous chunk ran: the caller sets ``batch.done`` to its batch's last event, so
+        the copy of chunk c+1 is enqueued while chunk c's kernels run (double buffer)."""
+        m = self.dplan.sides[side]
+        sets = self.buf[side]["sets"]
+        bs = m.batch_rows
+        for c, (r0, r1) in enumerate(m.chunks):
             bset = sets[c % len(sets)]
             wait = None
             if not m.resident:
-                # a buffer set is refilled only after the kernels of its previous chunk ran;
-                # the copy of chunk c+1 is enqueued while chunk c's kernels run (double buffer)
                 prev = bset["event"]
-                up = self._upload_chunk(side, bset, chunk, wait_for=[prev] if prev else None)
+                up = self._upload_chunk(side, bset, (r0, r1),
+                                        wait_for=[prev] if prev else None)
                 wait = [up]
                 stream_events.append(up)
-            r0, r1 = chunk
             last = None
             for row0 in range(0, r1 - r0, bs):
-                n = min(bs, r1 - r0 - row0)
-                evs = launch_batch(
-                    kern, q, cfg, v, fs, bset["indptr"], bset["indices"], bset["data"],
-                    self.factors[other], b["A"], b["B"], b["G"], self.factors[side],
-                    self.status, row0, n, r0 - lo, regularization, weighted, self.implicit,
-                    self.alpha, self.offset, wait_for=wait)
+                batch = _Batch(bset, r0, row0, min(bs, r1 - r0 - row0), wait)
+                yield batch
                 wait = None
-                last = evs[2]
-                kernel_events.extend(e for e in evs if e is not None)
-                if publisher is not None:
-                    g0 = r0 + row0
-                    ev = self.read_rows(side, exchange.host, g0, g0 + n, blocking=False,
-                                        wait_for=[last])
-                    copy_events.append(ev)
-                    publisher.put(ev, g0, g0 + n)
+                last = batch.done
             bset["event"] = last
-        self._finish_half_step(side, regularization, publisher, exchange, t0,
-                               kernel_events, stream_events, copy_events)
 
     def _finish_half_step(self, side, regularization, publisher, exchange, t0, kernel_events,
                           stream_events, copy_events):
@@ -437,7 +448,6 @@ class DeviceWorker:
         cl = self.cl
         t0 = time.perf_counter()
         other = other_side(side)
-        m = self.dplan.sides[side]
         b, v, cfg = self.buf[side], self.vars[side], self.configs[side]
         kern = self.programs[side].kernels
         q = self.q["compute"]
@@ -448,32 +458,18 @@ class DeviceWorker:
                                              b["g_indices"], b["g_data"], self.factors[other],
                                              b["A"], b["B"], b["G"]))
             cl.enqueue_copy(q, host_G, b["G"], is_blocking=False)
-        sets = b["sets"]
-        bs = m.batch_rows
-        for c, chunk in enumerate(m.chunks):
-            bset = sets[c % len(sets)]
-            wait = None
-            if not m.resident:
-                prev = bset["event"]
-                up = self._upload_chunk(side, bset, chunk, wait_for=[prev] if prev else None)
-                wait = [up]
-                stream_events.append(up)
-            r0, r1 = chunk
-            last = None
-            for row0 in range(0, r1 - r0, bs):
-                n = min(bs, r1 - r0 - row0)
-                evs = launch_batch(
-                    kern, q, cfg, v, fs, bset["indptr"], bset["indices"], bset["data"],
-                    self.factors[other], b["A"], b["B"], b["G"], None, None, row0, n, 0, 0.0,
-                    False, self.implicit, self.alpha, self.offset, wait_for=wait, solve=False,
-                    gram=False)
-                wait = None
-                kernel_events.extend(e for e in evs if e is not None)
-                g0 = r0 + row0
-                # the scratch is reused by the next batch: copied on the same (in-order) queue
-                cl.enqueue_copy(q, host_A[g0:g0 + n], b["A"], is_blocking=False)
-                last = cl.enqueue_copy(q, host_B[g0:g0 + n], b["B"], is_blocking=False)
-            bset["event"] = last
+        for batch in self._batches(side, stream_events):
+            bset, n = batch.bset, batch.rows
+            evs = launch_batch(
+                kern, q, cfg, v, fs, bset["indptr"], bset["indices"], bset["data"],
+                self.factors[other], b["A"], b["B"], b["G"], None, None, batch.row0, n, 0, 0.0,
+                False, self.implicit, self.alpha, self.offset, wait_for=batch.wait,
+                solve=False, gram=False)
+            kernel_events.extend(e for e in evs if e is not None)
+            g0 = batch.r0 + batch.row0
+            # the scratch is reused by the next batch: copied on the same (in-order) queue
+            cl.enqueue_copy(q, host_A[g0:g0 + n], b["A"], is_blocking=False)
+            batch.done = cl.enqueue_copy(q, host_B[g0:g0 + n], b["B"], is_blocking=False)
         q.finish()
         self.times["compute"] += time.perf_counter() - t0
         if self.profile:
@@ -630,6 +626,18 @@ class DeviceWorker:
         self.status.release()
         self.buf = {}
         self.factors = {}
+
+
+@dataclasses.dataclass
+class _Batch:
+    """One batch of :meth:`DeviceWorker._batches`; the caller sets ``done``."""
+
+    bset: dict
+    r0: int
+    row0: int
+    rows: int
+    wait: list | None
+    done: object = None
 
 
 class _Publisher:

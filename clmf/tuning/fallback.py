@@ -12,12 +12,16 @@ Debian's PoCL). A database must never break a fit, so:
   source and the reason, and the lookup falls through to the next rule, down to the plain
   ``batch`` variant;
 * a configuration that was never run on this device and driver (a record of another device or
-  driver, the computed default) is first *probed* in a child process (:func:`probe`): the child
-  builds it and runs one ALS iteration on a tiny problem, so a crash of the runtime kills the
-  child, not the caller. Verdicts are cached on disk per (device, driver, clmf version, kernel
-  templates, configuration, f, mode) in ``platformdirs.user_cache_dir("clmf")``, so a probe runs
-  once per machine. ``CLMF_PROBE=off`` disables probing, ``CLMF_PROBE=always`` probes every
-  configuration taken from a database or the computed default, this device's own tunings too.
+  driver, the computed default) is first *probed* in a child process (:func:`probe`); one that
+  a database records as run here — a record of this device name and driver (:func:`ran_here`),
+  or the same configuration in the fit's mode in a best record or an ok measurement of this
+  device and driver (the shipped tunings included) — was built and run here already and is not
+  probed. The child builds the configuration and runs one ALS iteration on a tiny problem, so
+  a crash of the runtime kills the child, not the caller. Verdicts are cached on disk per
+  (device, driver, clmf version, kernel templates, configuration, f, mode) in
+  ``platformdirs.user_cache_dir("clmf")``, so a probe runs once per machine. ``CLMF_PROBE=off``
+  disables probing, ``CLMF_PROBE=always`` probes every configuration taken from a database or
+  the computed default, this device's own tunings too.
   The heuristic and the baseline (clmf's own plain kernels) are checked in process only.
 
 Configurations given by the caller (``ALS(variant=...)``) are never replaced: their failures
@@ -39,8 +43,8 @@ import warnings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TuningFallbackWarning", "reject", "rejection", "usable", "probe", "probe_cache_path",
-           "PROBE_ENV", "PROBE_TIMEOUT"]
+__all__ = ["TuningFallbackWarning", "reject", "rejection", "usable", "ran_here", "probe",
+           "probe_cache_path", "PROBE_ENV", "PROBE_TIMEOUT"]
 
 PROBE_ENV = "CLMF_PROBE"          # "auto" (default), "always" or "off"
 PROBE_TIMEOUT = 300.0             # seconds a child may take to build and run one configuration
@@ -96,8 +100,9 @@ def _probe_mode():
     return v if v in ("auto", "always", "off") else "auto"
 
 
-def _ran_here(info, record_device):
-    """Whether a record's device is this device *and* driver (the tuner then ran it here)."""
+def ran_here(info, record_device):
+    """Whether a record's device is this device *and* driver (the tuner then built and ran its
+    configuration here: no probe needed)."""
     if not record_device:
         return False
     here = (info.platform, info.vendor, info.type, info.name, info.driver)
@@ -115,7 +120,7 @@ def usable(info, cfg, f, mode, source, record_device=None):
     if rejection(info, cfg, f, mode) is not None:
         return False
     pm = _probe_mode()
-    if pm == "off" or (pm == "auto" and _ran_here(info, record_device)):
+    if pm == "off" or (pm == "auto" and ran_here(info, record_device)):
         return True
     reason = probe(info, cfg, f, mode)
     if reason is not None:

@@ -29,18 +29,23 @@ _memo: dict = {}
 _lock = threading.Lock()
 
 
-_INDEX_FORMAT = 2              # 2: "topk" records kept beside "best" ones
+_INDEX_FORMAT = 3              # 2: "topk" records kept beside "best" ones; 3: ok measurements'
+                               # whole device keys (they verify a configuration on that device)
 _MEASUREMENT_KEYS = ("kind", "status", "side", "mode", "f", "run_id", "config", "seconds")
+_DEVICE_KEYS = ("platform", "vendor", "type", "device", "driver")
 
 
 def _slim(r):
     """A record as the lookup reads it: "best" records whole, measurements with only the keys
-    of the computed default (and their device's type)."""
+    of the computed default and their device's type, or, for a measurement that ran (status
+    ok), its device's whole key (the probe of :mod:`clmf.tuning.fallback` skips configurations
+    that ran on this device and driver)."""
     if r.get("kind") == "best":
         return r
     out = {k: r[k] for k in _MEASUREMENT_KEYS if k in r}
     dev = r.get("device")
-    out["device"] = {"type": dev.get("type")} if isinstance(dev, dict) else dev
+    keys = _DEVICE_KEYS if r.get("status") == "ok" else ("type",)
+    out["device"] = {k: dev[k] for k in keys if k in dev} if isinstance(dev, dict) else dev
     return out
 
 

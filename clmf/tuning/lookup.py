@@ -38,8 +38,10 @@ is checked with :func:`clmf.engine.kernels.validate` on this device and f before
 and must not have failed here before: a configuration that fails to build, lacks a kernel or
 exceeds a kernel's limits when the fit builds it is rejected with one warning and the lookup falls
 through to the next candidate and rule; one that was never run on this device and driver (another
-device's record, the computed default) is first probed in a child process, since some runtimes
-abort the process on kernels they cannot compile (see :mod:`clmf.tuning.fallback`).
+device's record, the computed default), unless a best record or an ok measurement of this device
+and driver holds the same configuration in the fit's mode, is first probed in a child process,
+since some runtimes abort the process on kernels they cannot compile (see
+:mod:`clmf.tuning.fallback`).
 
 Records are untrusted input (:func:`clmf.tuning.schema.check_record`): a line that is not JSON,
 of a foreign schema, or whose fields fail the checks is reported (naming the file and line) and
@@ -275,8 +277,21 @@ def _lookup(info, f, storage, ds, mode="explicit", finalize=None, sources=None):
         return (f"{c.device['platform']} | {c.device['device']}, f={c.f}, {c.storage}, "
                 f"data set {d['m']}×{d['n']} nnz={d['nnz']} ({c.origin} database, run {c.run_id})")
 
+    verified = []              # [{(configuration key, mode)} that ran here], built on demand
+
+    def usable(cfg, source, record_device):
+        # a configuration that ran on this device and driver — the record's own, or the same
+        # configuration in this mode in a best record or ok measurement of this device and
+        # driver — needs no probe
+        if not fallback.ran_here(info, record_device):
+            if not verified:
+                verified.append(_verified_here(info, sources))
+            if (cfg.key(), mode) in verified[0]:
+                record_device = dev
+        return fallback.usable(info, cfg, f, mode, source, record_device)
+
     def check(c, cm):
-        return lambda cfg: fallback.usable(info, finalize(cfg, cm), f, mode, fmt(c), c.device)
+        return lambda cfg: usable(finalize(cfg, cm), fmt(c), c.device)
 
     def note(cm):
         return "" if cm == mode else f" (from an {cm}-mode tuning: no {mode}-mode tuning fits here)"
@@ -331,8 +346,8 @@ def _lookup(info, f, storage, ds, mode="explicit", finalize=None, sources=None):
         meas = [(o, [m for m in (measurement_records(p) or ()) if m.get("run_id") not in runs])
                 for o, p, r in sources]
         cfg, why = _computed_default(info, f, storage, [(o, r) for o, r in meas if r], cm, mode,
-                                     lambda c: fallback.usable(info, finalize(c, cm), f, mode,
-                                                               "the computed default", None))
+                                     lambda c: usable(finalize(c, cm), "the computed default",
+                                                      None))
         if cfg is not None:
             return "default", {s: cfg for s in SIDES}, why + note(cm), cm
         return None
@@ -345,6 +360,27 @@ def _lookup(info, f, storage, ds, mode="explicit", finalize=None, sources=None):
                 if hit is not None:
                     return hit
     return None
+
+
+def _verified_here(info, sources):
+    """``{(configuration key, mode)}`` of every configuration the databases of ``sources``
+    (:func:`_sources`) record as built and run on this device and driver: their best records and
+    their measurements of status ok."""
+    from . import fallback
+    from .index import measurement_records
+    out = set()
+    for _origin, p, recs in sources:
+        for r in [*recs, *(measurement_records(p) or ())]:
+            kind = r.get("kind")
+            if (kind not in ("best", "measurement") or (kind == "measurement"
+                                                        and r.get("status") != "ok")
+                    or not fallback.ran_here(info, r.get("device"))):
+                continue
+            try:
+                out.add((KernelConfig.from_dict(r["config"]).key(), record_mode(r)))
+            except (KeyError, TypeError, ValueError, InvalidConfigError):
+                continue
+    return out
 
 
 def _computed_default(info, f, storage, sources, record_mode_=None, mode="explicit", check=None):
