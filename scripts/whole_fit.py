@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Whole ALS fits from a host CSR, timed as a user sees them (issue 16): set-up (validation,
-tuning lookup, program builds, upload, device transpose) in ns per rating, the first iteration,
-the later iterations' s/it and the whole fit's wall time.
+tuning lookup, program builds, upload, device transpose) in ns per rating and by phase, the first
+iteration, the later iterations' s/it and the whole fit's wall time.
 
 The data set is generated once (clmf's synthetic generator, default the Netflix shape
 480,189 × 17,770, ~99M ratings) and saved under OUTDIR/data; then each of ``--processes`` fresh
@@ -112,7 +112,23 @@ def render(recs):
             f"{r['setup_ns_per_rating']:.1f} | {t.get('build', float('nan')):.3f} | "
             f"{t.get('upload_transpose', float('nan')):.3f} | {r['first_iteration_s']:.3f} | "
             f"{r['s_per_it']:.4f} | {100 * r['setup_share']:.0f} % |")
+    lines += ["", "Set-up phases (s; `ALS.timings_`, see its docstring):", "",
+              "| process | fit | " + " | ".join(PHASES) + " | other |",
+              "|---|---|" + "---|" * (len(PHASES) + 1)]
+    for r in recs:
+        t = r["timings"]
+        known = sum(t.get(k, 0.0) for k in PHASES if k not in NESTED)
+        lines.append(f"| {r['process']} | {r['fit']} | "
+                     + " | ".join(f"{t[k]:.3f}" if k in t else "–" for k in PHASES)
+                     + f" | {t['setup'] - known:.3f} |")
     return "\n".join(lines)
+
+
+# set-up phases in order; NESTED ones are parts of the one before (build runs in a thread, its
+# build_wait is what the set-up waited for it)
+PHASES = ("validation", "counts", "tuning", "plan", "engine_host", "build", "build_wait",
+          "upload", "transpose", "buffers", "start_factors", "factors_upload")
+NESTED = ("build",)
 
 
 def main():

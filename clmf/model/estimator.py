@@ -12,6 +12,7 @@ import scipy.sparse as sp
 from .. import reference
 from ..data.validation import check_index_pairs, check_params, check_ratings
 from ..engine.config import KernelConfig
+from ..engine.transpose import count_columns
 from ..errors import SingularSystemError
 from ..inference.conventions import confidence_rows
 from ..inference.recommend import RecommenderMixin
@@ -99,10 +100,16 @@ class ALS(RecommenderMixin):
     device_configs_ : list of dict — per device: ``{"device": str, "users": Choice, "items":
         Choice}`` (each device its own tuning lookup)
     history_ : list of dict — per-iteration seconds and metrics
-    timings_ : dict — wall seconds of the fit's parts: ``validation``, ``preparation`` (counts,
-        start factors), ``engine`` (device, tuning lookup, ``build`` of the programs,
-        ``upload_transpose`` of the ratings), ``setup`` (all before the first iteration;
-        ``setup_cpu``: its CPU seconds, all threads) and ``fit`` (the whole call)
+    timings_ : dict — wall seconds of the fit's parts: ``validation`` (the input checked and
+        converted), ``preparation`` (from validation to the backend: ``counts`` of ratings per
+        user/item, ``checks`` of the other arguments, ``tuning`` (device selection and tuning
+        lookup), ``plan`` (host memory plan), the global mean), ``engine`` (the backend's set-up:
+        on one device ``engine_host`` (host CSR arrays), ``build`` of the programs (in a thread;
+        ``build_wait``: the part not hidden by the uploads), ``upload`` of the ratings,
+        ``transpose`` on the device, ``upload_transpose`` their sum, ``buffers`` (scratch)),
+        ``start_factors`` (waiting for the start factors drawn in a thread), ``factors_upload``,
+        ``setup`` (all before the first iteration; ``setup_cpu``: its CPU seconds, all threads)
+        and ``fit`` (the whole call)
     best_iteration_ : int — iteration whose factors were kept (0-based)
 
     Examples
@@ -302,7 +309,8 @@ class ALS(RecommenderMixin):
         m, n = R.shape
         f = int(self.factors)
         user_counts = np.diff(R.indptr)
-        item_counts = np.bincount(R.indices, minlength=n)
+        item_counts = count_columns(R.indices, n)
+        t_counts = time.perf_counter()
         if self.regularization == 0 and not implicit:
             for side, counts in (("user", user_counts), ("item", item_counts)):
                 bad = np.nonzero((counts > 0) & (counts < f))[0]
@@ -328,12 +336,13 @@ class ALS(RecommenderMixin):
             if not (np.all(np.isfinite(X0)) and np.all(np.isfinite(Y0))):
                 raise ValueError("init factors contain NaN/inf")
 
-        t_prep = time.perf_counter()
+        t_checks = time.perf_counter()
         stats = {"users": _side_stats(user_counts, n), "items": _side_stats(item_counts, m)}
         devs = select_devices(self.device)
         info = device_info(devs[0])
         choices = self._resolve_configs(info, stats)
         configs = (choices["users"].config, choices["items"].config)
+        t_tuning = time.perf_counter()
         want_train = bool(show_progress or callback is not None)
         # the memory plan, from shapes alone, before any large allocation: the host's here; the
         # devices' in the backend (one device's engine, or the multi-device/streamed planner,
@@ -343,6 +352,7 @@ class ALS(RecommenderMixin):
                         train_metrics=want_train and not implicit,
                         early_stopping=early_stopping_rounds is not None)
         plan.check_host()
+        t_plan = time.perf_counter()
         start = None
         if init is None:
             # drawn in a thread while the device is set up (the generator releases the GIL):
@@ -352,6 +362,7 @@ class ALS(RecommenderMixin):
             start = start_pool.submit(reference.start_factors, m, n, f, self.random_state)
             start_pool.shutdown(wait=False)
         global_mean = float(np.mean(R.data, dtype=np.float64))
+        t_prep = time.perf_counter()
         engine, per_device = self._build_engine(devs, self._kernel_ratings(R), stats, global_mean,
                                                 item_counts=item_counts)
         choices = per_device[0]
@@ -371,16 +382,23 @@ class ALS(RecommenderMixin):
             V = sp.coo_matrix((V.data[~unk], (V.row[~unk], V.col[~unk])), shape=V.shape)
         storage = configs[0].storage
         try:
+            t_wait = time.perf_counter()
             if start is not None:
                 X0, Y0 = start.result()
+            t_start_factors = time.perf_counter()
             engine.set_factors("users", X0)
             engine.set_factors("items", Y0)
             del X0, Y0
+            engine.finish()
             best = (np.inf, None, None, -1)
             bar = tqdm(range(self.iterations), desc="ALS", unit="it", disable=not show_progress,
                        leave=False)
             t_start = time.perf_counter()
             timings = {"validation": t_valid - t_fit, "preparation": t_prep - t_valid,
+                       "counts": t_counts - t_valid, "checks": t_checks - t_counts,
+                       "tuning": t_tuning - t_checks, "plan": t_plan - t_tuning,
+                       "start_factors": t_start_factors - t_wait,
+                       "factors_upload": t_start - t_start_factors,
                        "engine": t_engine - t_prep, "setup": t_start - t_fit,
                        # CPU seconds of the process (all threads, OpenCL runtimes' included)
                        "setup_cpu": time.process_time() - c_fit,
@@ -591,7 +609,7 @@ def _range_error(engine, R, f, storage, regularization):
     from ..data.validation import overflow_limit, precision_limit
     from ..errors import RatingRangeError
     counts = max(int(np.diff(R.indptr).max(initial=0)),
-                 int(np.bincount(R.indices, minlength=R.shape[1]).max(initial=0)), 1)
+                 int(count_columns(R.indices, R.shape[1]).max(initial=0)), 1)
     rmax = float(np.abs(R.data).max(initial=0.0))
     big = 0.0
     try:
