@@ -132,15 +132,24 @@ def test_fit_records_setup_timings(cl_device):
     assert t["counts"] + t["checks"] + t["tuning"] + t["plan"] <= t["preparation"] + 1e-6
 
 
-def test_count_columns_equals_bincount(monkeypatch):
-    from clmf.engine import transpose as T
-    monkeypatch.setattr(T, "_COUNT_CHUNK", 7)          # several chunks and a partial last one
+@pytest.mark.parametrize("threads", [False, True])
+def test_host_scans_equal_numpy(monkeypatch, threads):
+    from clmf.data import scan
+    monkeypatch.setattr(scan, "CHUNK", 7)              # several chunks and a partial last one
+    monkeypatch.setattr(scan, "_PARALLEL_FROM", 0 if threads else 1 << 40)
     rng = np.random.default_rng(4)
     for size in (0, 5, 7, 100):
         idx = rng.integers(0, 13, size=size).astype(np.int32)
-        got = T.count_columns(idx, 13)
+        got = scan.count_columns(idx, 13)
         assert got.dtype == np.int64
         np.testing.assert_array_equal(got, np.bincount(idx, minlength=13))
+        if size:
+            v = rng.normal(size=size).astype(np.float32)
+            assert scan.value_range(v) == (v.min(), v.max())
+            assert scan.value_sum(v) == pytest.approx(float(np.sum(v, dtype=np.float64)),
+                                                      rel=1e-12)
+            v[size // 2] = np.nan
+            assert all(np.isnan(x) for x in scan.value_range(v))
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float32])

@@ -6,6 +6,8 @@ import numbers
 import numpy as np
 import scipy.sparse as sp
 
+from .scan import value_range
+
 __all__ = ["check_ratings", "check_index_pairs", "check_params", "check_shape_vs_ratings",
            "overflow_limit", "precision_limit", "check_float32_range", "SPARSE_ROWS_FLOOR", "SPARSE_ROWS_PER_RATING"]
 
@@ -160,7 +162,7 @@ def _canonical_csr(X):
     if indices[indptr[:-1][full]].min() < 0 or indices[indptr[1:][full] - 1].max() >= n:
         return None                          # sorted rows: first/last entries bound them all
     if data.dtype.kind == "f":
-        lo, hi = data.min(), data.max()      # NaN propagates; ±inf or beyond float32 fails
+        lo, hi = value_range(data)           # NaN propagates; ±inf or beyond float32 fails
         if not (np.isfinite(lo) and np.isfinite(hi) and -_F32_MAX <= lo and hi <= _F32_MAX):
             return None
     R = sp.csr_matrix((data.astype(np.float32, copy=False), indices.astype(np.int32, copy=False),

@@ -14,12 +14,13 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
+from ..data.scan import count_columns
 from ..errors import InvalidConfigError, SingularSystemError
 from . import kernels as K
 from . import upload as U
 from .device import device_info, get_context
 from .memory import choose_batch_rows, plan_fit
-from .transpose import count_columns, device_transpose
+from .transpose import device_transpose
 
 log = logging.getLogger(__name__)
 

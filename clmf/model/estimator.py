@@ -10,9 +10,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import reference
+from ..data.scan import count_columns, value_range, value_sum
 from ..data.validation import check_index_pairs, check_params, check_ratings
 from ..engine.config import KernelConfig
-from ..engine.transpose import count_columns
 from ..errors import SingularSystemError
 from ..inference.conventions import confidence_rows
 from ..inference.recommend import RecommenderMixin
@@ -302,7 +302,7 @@ class ALS(RecommenderMixin):
         R = check_ratings(X)
         t_valid = time.perf_counter()
         implicit = self.feedback == "implicit"
-        if implicit and R.nnz and R.data.min() < 0:
+        if implicit and R.nnz and value_range(R.data)[0] < 0:
             raise ValueError(f"implicit feedback needs non-negative strengths; X has "
                              f"{int((R.data < 0).sum())} negative value(s)")
         user_ids, item_ids = _id_maps_of(X)
@@ -361,7 +361,7 @@ class ALS(RecommenderMixin):
             start_pool = concurrent.futures.ThreadPoolExecutor(1)
             start = start_pool.submit(reference.start_factors, m, n, f, self.random_state)
             start_pool.shutdown(wait=False)
-        global_mean = float(np.mean(R.data, dtype=np.float64))
+        global_mean = value_sum(R.data) / R.nnz if R.nnz else float("nan")
         t_prep = time.perf_counter()
         engine, per_device = self._build_engine(devs, self._kernel_ratings(R), stats, global_mean,
                                                 item_counts=item_counts)

@@ -1,0 +1,59 @@
+"""Passes over a fit's ratings on the host, split into chunks over a few threads (NumPy releases
+the GIL inside ``bincount``, reductions and copies): column counts, the ratings' range and sum.
+Chunk results are combined in chunk order, so the results do not depend on the threads."""
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import os
+
+import numpy as np
+
+__all__ = ["count_columns", "value_range", "value_sum", "CHUNK", "THREADS"]
+
+CHUNK = 1 << 20                  # entries per chunk (also avoids whole-array temporaries)
+THREADS = 8                      # at most this many threads
+_PARALLEL_FROM = 4 * CHUNK       # fewer entries: one thread
+
+
+@functools.lru_cache(maxsize=1)
+def _pool():
+    """The shared pool of the scans."""
+    return concurrent.futures.ThreadPoolExecutor(max(1, min(THREADS, os.cpu_count() or 1)),
+                                                 thread_name_prefix="clmf-scan")
+
+
+def _chunks(n):
+    """Bounds of the chunks of ``n`` entries."""
+    return [(s, min(n, s + CHUNK)) for s in range(0, n, CHUNK)]
+
+
+def _map(fn, n):
+    """``fn(s, e)`` over the chunks of ``n`` entries, in chunk order (threads for many)."""
+    bounds = _chunks(n)
+    if n < _PARALLEL_FROM or (os.cpu_count() or 1) == 1:
+        return [fn(s, e) for s, e in bounds]
+    return list(_pool().map(lambda b: fn(*b), bounds))
+
+
+def count_columns(indices, ncols):
+    """Entries per column (int64, length ``ncols``) of a CSR's column ``indices``
+    (``np.bincount`` per chunk: no int64 copy of the whole index array)."""
+    out = np.zeros(ncols, np.int64)
+    for part in _map(lambda s, e: np.bincount(indices[s:e], minlength=ncols), len(indices)):
+        out += part
+    return out
+
+
+def value_range(values):
+    """``(min, max)`` of a non-empty array (NaN if any value is NaN)."""
+    parts = _map(lambda s, e: (values[s:e].min(), values[s:e].max()), len(values))
+    lo = np.array([p[0] for p in parts])
+    hi = np.array([p[1] for p in parts])
+    return lo.min(), hi.max()
+
+
+def value_sum(values):
+    """Sum of an array in float64 (chunk sums added in order)."""
+    parts = _map(lambda s, e: np.add.reduce(values[s:e], dtype=np.float64), len(values))
+    return float(np.sum(np.array(parts, dtype=np.float64)))
