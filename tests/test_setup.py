@@ -152,6 +152,35 @@ def test_host_scans_equal_numpy(monkeypatch, threads):
             assert all(np.isnan(x) for x in scan.value_range(v))
 
 
+@pytest.mark.parametrize("threads", [False, True])
+def test_blockwise_canonical_check_equals_scipy(monkeypatch, threads):
+    from clmf.data import scan
+    monkeypatch.setattr(scan, "CHUNK", 16)             # many blocks of rows
+    monkeypatch.setattr(scan, "_PARALLEL_FROM", 0 if threads else 1 << 40)
+    R = _random_csr(40, 30, 500, seed=9)
+    cases = [R.indptr.copy(), R.indices.copy()]
+
+    def check(ip, ix):
+        want = sp.csr_matrix((np.ones(len(ix), np.float32), ix, ip), shape=R.shape,
+                             copy=True).has_canonical_format
+        assert scan.csr_is_canonical(ip, ix, np.ones(len(ix), np.float32), 30) == want
+        return want
+
+    assert check(*cases)
+    for k in range(1, R.nnz):                          # swap or repeat neighbours anywhere
+        ix = cases[1].copy()
+        ix[k - 1], ix[k] = ix[k], ix[k - 1]
+        check(cases[0], ix)
+        ix = cases[1].copy()
+        ix[k] = ix[k - 1]
+        check(cases[0], ix)
+    ip = cases[0].copy()
+    ip[5], ip[6] = ip[6], ip[5]                        # decreasing row pointers
+    assert not scan.csr_is_canonical(ip, cases[1], R.data, 30)
+    empty = np.zeros(41, np.int32)
+    assert scan.csr_is_canonical(empty, np.zeros(0, np.int32), np.zeros(0, np.float32), 30)
+
+
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float32])
 def test_pinned_staging_upload_is_exact(cl_device, dtype, monkeypatch):
     import pyopencl as cl

@@ -1,5 +1,6 @@
-"""Passes over a fit's ratings on the host, split into chunks over a few threads (NumPy releases
-the GIL inside ``bincount``, reductions and copies): column counts, the ratings' range and sum.
+"""Passes over a fit's ratings on the host, split into chunks over a few threads (NumPy and
+SciPy's sparse tools release the GIL inside ``bincount``, reductions, copies and format checks):
+column counts, the ratings' range and sum, the CSR's canonical-format check.
 Chunk results are combined in chunk order, so the results do not depend on the threads."""
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 
 import numpy as np
 
-__all__ = ["count_columns", "value_range", "value_sum", "CHUNK", "THREADS"]
+__all__ = ["count_columns", "value_range", "value_sum", "csr_is_canonical", "CHUNK", "THREADS"]
 
 CHUNK = 1 << 20                  # entries per chunk (also avoids whole-array temporaries)
 THREADS = 8                      # at most this many threads
@@ -57,3 +58,29 @@ def value_sum(values):
     """Sum of an array in float64 (chunk sums added in order)."""
     parts = _map(lambda s, e: np.add.reduce(values[s:e], dtype=np.float64), len(values))
     return float(np.sum(np.array(parts, dtype=np.float64)))
+
+
+def csr_is_canonical(indptr, indices, data, ncols):
+    """Whether a CSR's rows hold strictly increasing column indices (sorted, no duplicates) with
+    non-decreasing row pointers: SciPy's ``has_canonical_format`` check on blocks of rows of
+    about :data:`CHUNK` entries each (views, nothing copied but each block's row pointers)."""
+    import scipy.sparse as sp
+    rows = len(indptr) - 1
+    if rows <= 0:
+        return True
+    if indptr[0] != 0 or bool(np.any(indptr[1:] < indptr[:-1])):
+        return False
+    nnz = int(indptr[-1])
+    cuts = np.searchsorted(indptr, np.arange(CHUNK, nnz, CHUNK), side="right")
+    bounds = np.unique(np.concatenate(([0], np.clip(cuts - 1, 0, rows), [rows])))
+
+    def block(r0, r1):
+        a, b = int(indptr[r0]), int(indptr[r1])
+        view = sp.csr_matrix((data[a:b], indices[a:b], indptr[r0:r1 + 1] - a),
+                             shape=(r1 - r0, ncols), copy=False)
+        return bool(view.has_canonical_format)
+
+    pairs = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+    if nnz < _PARALLEL_FROM or len(pairs) == 1 or (os.cpu_count() or 1) == 1:
+        return all(block(a, b) for a, b in pairs)
+    return all(_pool().map(lambda p: block(*p), pairs))

@@ -6,7 +6,7 @@ import numbers
 import numpy as np
 import scipy.sparse as sp
 
-from .scan import value_range
+from .scan import csr_is_canonical, value_range
 
 __all__ = ["check_ratings", "check_index_pairs", "check_params", "check_shape_vs_ratings",
            "overflow_limit", "precision_limit", "check_float32_range", "SPARSE_ROWS_FLOOR", "SPARSE_ROWS_PER_RATING"]
@@ -151,11 +151,8 @@ def _canonical_csr(X):
             or indptr.ndim != 1 or len(indptr) != m + 1 or indptr[0] != 0
             or not (len(indices) == len(data) == indptr[-1]) or n > np.iinfo(np.int32).max):
         return None
-    # a fresh view has no cached flags: scipy's check (one pass, no temporaries) runs on it
-    view = sp.csr_matrix((data, indices, indptr), shape=X.shape, copy=False)
-    if view.indptr is not indptr or view.indices is not indices:   # scipy changed index dtypes
-        indptr, indices = view.indptr, view.indices
-    if not view.has_canonical_format:        # unsorted, duplicates or decreasing row pointers
+    # scipy's check (one pass, no temporaries) on blocks of rows, in threads
+    if not csr_is_canonical(indptr, indices, data, n):   # unsorted, duplicates or decreasing
         return None
     counts = np.diff(indptr)
     full = counts > 0
