@@ -17,12 +17,14 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Uploader", "STAGE_BYTES", "STAGES", "zero_copy"]
+__all__ = ["Uploader", "STAGE_BYTES", "STAGES", "PINNED", "zero_copy"]
 
 STAGE_BYTES = 32 << 20        # bytes of one pinned staging buffer
 STAGES = 3                    # staging buffers in flight
 _SMALL = 1 << 20              # arrays below this size are written directly
 _COPY_THREADS = 4             # host threads copying a chunk into a staging buffer
+PINNED = True                 # False: copy from the host arrays as they are (COPY_HOST_PTR /
+                              # blocking writes from pageable memory; for comparisons)
 
 
 def zero_copy(info):
@@ -96,7 +98,7 @@ class Uploader:
             flag = mf.USE_HOST_PTR if a.flags.c_contiguous else mf.COPY_HOST_PTR
             return cl.Buffer(self.ctx, mf.READ_ONLY | flag, hostbuf=a)
         a = np.ascontiguousarray(a)
-        if a.nbytes < _SMALL:
+        if a.nbytes < _SMALL or not PINNED:
             self.bytes += a.nbytes
             return cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
         dst = cl.Buffer(self.ctx, mf.READ_ONLY, size=a.nbytes)
@@ -110,7 +112,7 @@ class Uploader:
         cl = self.cl
         a = np.ascontiguousarray(a)
         self.bytes += a.nbytes
-        if self.in_place or a.nbytes < _SMALL:
+        if self.in_place or a.nbytes < _SMALL or not PINNED:
             cl.enqueue_copy(self.queue, dst, a)
             return
         src = a.reshape(-1).view(np.uint8)
