@@ -203,7 +203,6 @@ class ALS(RecommenderMixin):
             if isinstance(v, str) and v == "auto":
                 ch = tuning.choose(info, f, side, stats[side], self.storage or "float32", solver,
                                    mode=mode)
-                ch = _pocl_implicit_rule(info, mode, ch)
             else:
                 cfg = KernelConfig.parse(v)
                 if forced is not None:
@@ -661,23 +660,6 @@ def _precision_at_10(X, Y, R, V, k=10):
     Vc = sp.csr_matrix((np.ones_like(V.data), (V.row, V.col)), shape=V.shape)[users]
     relevant = [Vc.indices[Vc.indptr[j]:Vc.indptr[j + 1]] for j in range(users.size)]
     return float(precision_at_k(top, relevant, k))
-
-
-def _pocl_implicit_rule(info, mode, ch):
-    """PoCL runs the fused CG of implicit feedback fastest with one work-item per system (its
-    barrier-free, vectorised path: 5.8× less CPU time than solve_wg=2 at f = 64 on 280K ratings,
-    issue 16): an implicit fit whose fused CG comes from the shipped tunings (measured before
-    that path existed; drop this rule once they are re-measured) or from an explicit-mode
-    tuning takes it there; a tuning of the user's own is kept."""
-    from .. import tuning
-    c = ch.config
-    stale = "shipped database" in ch.reason or "explicit-mode tuning" in ch.reason
-    if (mode == "implicit" and info.type == "CPU" and "portable" in info.platform.lower()
-            and c.solver == "fusedcg" and c.solve_wg != 1 and stale):
-        return tuning.Choice(c.replace(solve_wg=1), ch.rule,
-                             ch.reason + "; solve_wg=1 (PoCL's fused CG is fastest with one "
-                             "work-item per system)")
-    return ch
 
 
 def _train_squared_error(engine, R, rows):
