@@ -38,15 +38,20 @@ def log(msg):
           flush=True)
 
 
-def top_n(X, Y, train_csr, users, k=10):
-    """Top-k unseen items of ``users`` by X·Yᵀ (ties by item index)."""
-    S = X[users] @ Y.T
-    R = train_csr[users]
-    rr = np.repeat(np.arange(len(users)), np.diff(R.indptr))
-    S[rr, R.indices] = -np.inf
-    top = np.argpartition(-S, k - 1, axis=1)[:, :k]
-    order = np.argsort(-np.take_along_axis(S, top, 1), axis=1, kind="stable")
-    return np.take_along_axis(top, order, 1)
+def top_n(X, Y, train_csr, users, k=10, block=2048):
+    """Top-k unseen items of ``users`` by X·Yᵀ (ties by item index), ``block`` users at a time
+    (the scores of every user at once do not fit in memory on large sets)."""
+    out = []
+    for b0 in range(0, len(users), block):
+        ub = users[b0:b0 + block]
+        S = X[ub] @ Y.T
+        R = train_csr[ub]
+        rr = np.repeat(np.arange(len(ub)), np.diff(R.indptr))
+        S[rr, R.indices] = -np.inf
+        top = np.argpartition(-S, k - 1, axis=1)[:, :k]
+        order = np.argsort(-np.take_along_axis(S, top, 1), axis=1, kind="stable")
+        out.append(np.take_along_axis(top, order, 1))
+    return np.concatenate(out) if out else np.zeros((0, k), np.int64)
 
 
 def implicit_data(name, path, seed, k_out):
