@@ -748,7 +748,7 @@ def test_duplicate_pair_check_equals_sorting():
     """The O(N) duplicate check (two counting sorts) finds exactly the inputs with a repeated
     (user, item) pair, in any input order, a repeat anywhere (first/last entries, neighbouring
     items' lists)."""
-    from clmf.data.ratings import _has_duplicate_pairs
+    from clmf.data.scan import has_duplicate_pairs as _has_duplicate_pairs
     rng = np.random.default_rng(11)
     for trial in range(200):
         n_users, n_items = int(rng.integers(1, 9)), int(rng.integers(1, 9))

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from .scan import has_duplicate_pairs
 from .validation import check_float32_range
 
 logger = logging.getLogger(__name__)
@@ -743,49 +744,8 @@ def _check_finite(values: np.ndarray, what: str) -> None:
         )
 
 
-def _pairs_increasing(a, b, chunk=1 << 20):
-    """Whether the pairs ``(a[k], b[k])`` strictly increase (lexicographically), checked chunk
-    by chunk (the first unordered chunk ends it)."""
-    n = len(a)
-    for s in range(0, n - 1, chunk):
-        e = min(n, s + chunk + 1)
-        da = np.diff(a[s:e].astype(np.int64))
-        if np.any(da < 0) or np.any((da == 0) & (np.diff(b[s:e].astype(np.int64)) <= 0)):
-            return False
-    return True
-
-
-def _has_duplicate_pairs(u, i, n_items):
-    """Whether a (user, item) pair repeats, in O(N) without sorting the keys. Pairs already in
-    strictly increasing (user, item) or (item, user) order have none; otherwise two stable
-    counting sorts (SciPy's COO → CSR by user with the duplicates kept — or the CSR read off
-    directly when the users are already in order —, then CSR → CSC by item) put each item's
-    users in ascending order, where a repeated pair shows as two equal neighbours."""
-    import scipy.sparse as sp
-    n = len(u)
-    if n < 2 or _pairs_increasing(u, i) or _pairs_increasing(i, u):
-        return False
-    shape = (int(u.max()) + 1, max(n_items, 1))
-    ones = np.ones(n, np.int8)
-    if not np.any(np.diff(u) < 0):     # grouped by user already: the CSR needs no scatter
-        indptr = np.zeros(shape[0] + 1, np.int64)
-        np.cumsum(np.bincount(u, minlength=shape[0]), out=indptr[1:])
-        C = sp.csr_matrix((ones, i, indptr), shape=shape, copy=False)
-    else:
-        C = sp.coo_matrix((ones, (u, i)), shape=shape)
-        C.has_canonical_format = True  # tocsr would sum duplicates (sorting every row) otherwise
-        C = C.tocsr()
-    T = C.tocsc()
-    if T.nnz != n:                     # a SciPy that merged duplicates anyway: there were some
-        return True
-    same = T.indices[1:] == T.indices[:-1]
-    bounds = T.indptr[1:-1]
-    same[bounds[(bounds > 0) & (bounds < n)] - 1] = False   # across two items' lists
-    return bool(same.any())
-
-
 def _handle_duplicates(u, i, r, ts, n_items, policy):
-    if not _has_duplicate_pairs(u, i, n_items):
+    if not has_duplicate_pairs(u, i, n_items):
         return u, i, r, ts
     keys = u.astype(np.int64) * max(n_items, 1) + i
     sorted_keys = np.sort(keys)

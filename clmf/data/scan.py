@@ -9,8 +9,10 @@ import functools
 import os
 
 import numpy as np
+import scipy.sparse as sp
 
-__all__ = ["count_columns", "value_range", "value_sum", "csr_is_canonical", "CHUNK", "THREADS"]
+__all__ = ["count_columns", "value_range", "value_sum", "csr_is_canonical", "pairs_increasing",
+           "has_duplicate_pairs", "CHUNK", "THREADS"]
 
 CHUNK = 1 << 20                  # entries per chunk (also avoids whole-array temporaries)
 THREADS = 8                      # at most this many threads
@@ -64,7 +66,6 @@ def csr_is_canonical(indptr, indices, data, ncols):
     """Whether a CSR's rows hold strictly increasing column indices (sorted, no duplicates) with
     non-decreasing row pointers: SciPy's ``has_canonical_format`` check on blocks of rows of
     about :data:`CHUNK` entries each (views, nothing copied but each block's row pointers)."""
-    import scipy.sparse as sp
     rows = len(indptr) - 1
     if rows <= 0:
         return True
@@ -84,3 +85,43 @@ def csr_is_canonical(indptr, indices, data, ncols):
     if nnz < _PARALLEL_FROM or len(pairs) == 1 or (os.cpu_count() or 1) == 1:
         return all(block(a, b) for a, b in pairs)
     return all(_pool().map(lambda p: block(*p), pairs))
+
+
+def pairs_increasing(a, b, chunk=1 << 20):
+    """Whether the pairs ``(a[k], b[k])`` strictly increase (lexicographically), checked chunk
+    by chunk (the first unordered chunk ends it)."""
+    n = len(a)
+    for s in range(0, n - 1, chunk):
+        e = min(n, s + chunk + 1)
+        da = np.diff(a[s:e].astype(np.int64))
+        if np.any(da < 0) or np.any((da == 0) & (np.diff(b[s:e].astype(np.int64)) <= 0)):
+            return False
+    return True
+
+
+def has_duplicate_pairs(u, i, n_items):
+    """Whether a (user, item) pair repeats, in O(N) without sorting the keys. Pairs already in
+    strictly increasing (user, item) or (item, user) order have none; otherwise two stable
+    counting sorts (SciPy's COO → CSR by user with the duplicates kept — or the CSR read off
+    directly when the users are already in order —, then CSR → CSC by item) put each item's
+    users in ascending order, where a repeated pair shows as two equal neighbours."""
+    n = len(u)
+    if n < 2 or pairs_increasing(u, i) or pairs_increasing(i, u):
+        return False
+    shape = (int(u.max()) + 1, max(n_items, 1))
+    ones = np.ones(n, np.int8)
+    if not np.any(np.diff(u) < 0):     # grouped by user already: the CSR needs no scatter
+        indptr = np.zeros(shape[0] + 1, np.int64)
+        np.cumsum(np.bincount(u, minlength=shape[0]), out=indptr[1:])
+        C = sp.csr_matrix((ones, i, indptr), shape=shape, copy=False)
+    else:
+        C = sp.coo_matrix((ones, (u, i)), shape=shape)
+        C.has_canonical_format = True  # tocsr would sum duplicates (sorting every row) otherwise
+        C = C.tocsr()
+    T = C.tocsc()
+    if T.nnz != n:                     # a SciPy that merged duplicates anyway: there were some
+        return True
+    same = T.indices[1:] == T.indices[:-1]
+    bounds = T.indptr[1:-1]
+    same[bounds[(bounds > 0) & (bounds < n)] - 1] = False   # across two items' lists
+    return bool(same.any())
