@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ALS"]
 
+_SCORE_BLOCK_BYTES = 64 << 20   # scores of a block of users in the host's precision@k
+
 
 class ALS(RecommenderMixin):
     """Alternating least squares matrix factorization (ALS-WR) on any OpenCL device.
@@ -652,11 +654,17 @@ def _precision_at_10(X, Y, R, V, k=10):
     users = np.unique(V.row)
     if users.size == 0:
         return float("nan")
-    S = X[users] @ Y.T
-    Rr = R[users]
-    rr = np.repeat(np.arange(users.size), np.diff(Rr.indptr))
-    S[rr, Rr.indices] = -np.inf
-    top = _top_n(S, k)[0]            # the ranking recommend() uses (ties by item index)
+    # the ranking recommend() uses (ties by item index), a block of users at a time (all users'
+    # scores at once would be users × items floats)
+    block = max(1, _SCORE_BLOCK_BYTES // (4 * max(1, Y.shape[0])))
+    tops = []
+    for b0 in range(0, users.size, block):
+        ub = users[b0:b0 + block]
+        S = X[ub] @ Y.T
+        Rr = R[ub]
+        S[np.repeat(np.arange(ub.size), np.diff(Rr.indptr)), Rr.indices] = -np.inf
+        tops.append(_top_n(S, k)[0])
+    top = np.concatenate(tops)
     Vc = sp.csr_matrix((np.ones_like(V.data), (V.row, V.col)), shape=V.shape)[users]
     relevant = [Vc.indices[Vc.indptr[j]:Vc.indptr[j + 1]] for j in range(users.size)]
     return float(precision_at_k(top, relevant, k))
