@@ -38,15 +38,20 @@ def log(msg):
           flush=True)
 
 
-def top_n(X, Y, train_csr, users, k=10):
-    """Top-k unseen items of ``users`` by X·Yᵀ (ties by item index)."""
-    S = X[users] @ Y.T
-    R = train_csr[users]
-    rr = np.repeat(np.arange(len(users)), np.diff(R.indptr))
-    S[rr, R.indices] = -np.inf
-    top = np.argpartition(-S, k - 1, axis=1)[:, :k]
-    order = np.argsort(-np.take_along_axis(S, top, 1), axis=1, kind="stable")
-    return np.take_along_axis(top, order, 1)
+def top_n(X, Y, train_csr, users, k=10, block=2048):
+    """Top-k unseen items of ``users`` by X·Yᵀ (ties by item index), ``block`` users at a time
+    (the scores of every user at once do not fit in memory on large sets)."""
+    out = []
+    for b0 in range(0, len(users), block):
+        ub = users[b0:b0 + block]
+        S = X[ub] @ Y.T
+        R = train_csr[ub]
+        rr = np.repeat(np.arange(len(ub)), np.diff(R.indptr))
+        S[rr, R.indices] = -np.inf
+        top = np.argpartition(-S, k - 1, axis=1)[:, :k]
+        order = np.argsort(-np.take_along_axis(S, top, 1), axis=1, kind="stable")
+        out.append(np.take_along_axis(top, order, 1))
+    return np.concatenate(out) if out else np.zeros((0, k), np.int64)
 
 
 def implicit_data(name, path, seed, k_out):
@@ -105,6 +110,42 @@ def stages(R, device, model, f, lam, alpha, iterations=3):
         eng.release()
 
 
+def implicit_work(R, f, configs):
+    """Useful fp32 operations (FLOP) and gathered bytes of one implicit iteration, both sides,
+    by stage, for the configurations used: Gram 2·n_other·f², S2 2·nnz·f; the fused CG applies
+    A (G·v: 2·rows·f², each entry a dot and an axpy: 4·f) cg_steps + 1 times, gathering the
+    entry's factor row twice each time; the plain CG builds A (S1, nnz·f(f+1)) and applies it
+    (2·rows·f² per step)."""
+    nnz = int(R.nnz)
+    out = {"gram": 0.0, "s1": 0.0, "s2": 0.0, "s3": 0.0, "gather_bytes": 0.0}
+    for side, rows, other in (("users", R.shape[0], R.shape[1]),
+                              ("items", R.shape[1], R.shape[0])):
+        c = configs[side]
+        apps = c.cg_steps + 1
+        out["gram"] += 2.0 * other * f * f
+        out["s2"] += 2.0 * nnz * f
+        if c.solver == "fusedcg":
+            out["s3"] += apps * (2.0 * rows * f * f + 4.0 * nnz * f)
+            out["gather_bytes"] += apps * 2.0 * nnz * f * 4
+        else:
+            out["s1"] += nnz * f * (f + 1.0)
+            out["s3"] += apps * 2.0 * rows * f * f
+            out["gather_bytes"] += nnz * f * 4.0
+    return out
+
+
+def device_peaks(devices):
+    """Measured fp32 FMA GFLOP/s and copy GB/s of each device (clmf.bench.peaks, quick)."""
+    from clmf.bench.peaks import measure_peaks
+    out = {}
+    for dev in devices:
+        pk = measure_peaks(dev, quick=True)
+        out[f"{pk['platform']} | {pk['device']}"] = pk
+        log(f"peaks {pk['platform']}: {pk['peak_gflops']:.1f} GFLOP/s, "
+            f"{pk['peak_gbps']:.1f} GB/s")
+    return out
+
+
 def run_implicit(a, devices, threads, rows):
     """Table 1 and 2 rows: clmf (each device) and `implicit` on each implicit data set."""
     import implicit
@@ -150,6 +191,7 @@ def run_implicit(a, devices, threads, rows):
                            rule={s: c.rule for s, c in m.config_.items()})
                 if a.stages:
                     row["stages"] = stages(R, dev, m, f, a.regularization, a.alpha)
+                    row["work"] = implicit_work(R, f, {s: c.config for s, c in m.config_.items()})
                 rows.append(row)
                 log(f"  f={f} clmf {info.platform}: whole {whole:.3f} s, "
                     f"{row['s_per_it']:.4f} s/it, p@10 {row['precision_at_10']:.4f}, "
@@ -253,6 +295,28 @@ def render(doc):
                          f"{cfg['items']} | {_f(s['wall_s'])} | {_f(s['gram'])} | "
                          f"{_f(s['s1'])} | {_f(s['s2'])} | {_f(s['s3'])} |")
             L.append("")
+            peaks = doc.get("peaks") or {}
+            wk = [r for r in st if r.get("work")]
+            if wk:
+                L += ["Useful work of those iterations against the device's measured peak "
+                      "(`scripts/cpu_peers.py` `implicit_work`: Gram 2·n·f², S2 2·nnz·f, fused "
+                      "CG (cg_steps + 1)·(2·rows·f² + 4·nnz·f) per side, each entry's factor row "
+                      "gathered twice per application; peaks from `clmf.bench.peaks`, quick):\n",
+                      "| data | f | device | GFLOP / it | GFLOP/s (iteration) | S3 GFLOP/s | "
+                      "peak GFLOP/s | % of peak | S3 gathers GB/s | copy GB/s |",
+                      "|---|---|---|---|---|---|---|---|---|---|"]
+                for r in wk:
+                    s, w = r["stages"], r["work"]
+                    flop = w["gram"] + w["s1"] + w["s2"] + w["s3"]
+                    pk = peaks.get(r["device"], {})
+                    rate = flop / s["wall_s"] * 1e-9 if s["wall_s"] else None
+                    s3 = w["s3"] / s["s3"] * 1e-9 if s["s3"] else None
+                    gb = w["gather_bytes"] / s["s3"] * 1e-9 if s["s3"] else None
+                    pct = 100 * rate / pk["peak_gflops"] if rate and pk.get("peak_gflops") else None
+                    L.append(f"| {r['data']} | {r['f']} | {_d(r['device'])} | {_f(flop * 1e-9, 2)}"
+                             f" | {_f(rate, 1)} | {_f(s3, 1)} | {_f(pk.get('peak_gflops'), 1)} | "
+                             f"{_f(pct, 1)} | {_f(gb, 1)} | {_f(pk.get('peak_gbps'), 1)} |")
+                L.append("")
     exp = [r for r in rows if r["table"] == "explicit"]
     if exp:
         L += ["## Whole explicit fits: clmf vs LensKit\n",
@@ -306,6 +370,8 @@ def main():
                         "driver": device_info(d).driver} for d in devices], "rows": []}
     if "implicit" not in a.skip:
         run_implicit(a, devices, threads, doc["rows"])
+        if a.stages:
+            doc["peaks"] = device_peaks(devices)
     if "explicit" not in a.skip:
         run_explicit(a, devices, doc["rows"])
     doc["load"] = [load0, os.getloadavg()[0]]

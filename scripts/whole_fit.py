@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Whole ALS fits from a host CSR, timed as a user sees them (issue 16): set-up (validation,
-tuning lookup, program builds, upload, device transpose) in ns per rating, the first iteration,
-the later iterations' s/it and the whole fit's wall time.
+tuning lookup, program builds, upload, device transpose) in ns per rating and by phase, the first
+iteration, the later iterations' s/it and the whole fit's wall time.
 
 The data set is generated once (clmf's synthetic generator, default the Netflix shape
 480,189 × 17,770, ~99M ratings) and saved under OUTDIR/data; then each of ``--processes`` fresh
@@ -64,8 +64,10 @@ def child(a):
     import scipy.sparse as sp
 
     import clmf
+    from clmf.engine import upload
     from clmf.engine.device import device_info, select_device
     import_s = time.perf_counter() - t_imp
+    upload.PINNED = a.upload == "pinned"
     d = pathlib.Path(a.outdir) / "data"
     meta = json.loads((d / "meta.json").read_text())
     arrs = [np.load(d / f"{k}.npy") for k in ("indptr", "indices", "data")]
@@ -88,6 +90,7 @@ def child(a):
             "process": a.process, "fit": fit, "data": meta["spec"], "shape": meta["shape"],
             "nnz": meta["nnz"], "factors": a.factors, "iterations": a.iterations,
             "feedback": a.feedback, "biases": a.biases, "regularization": a.regularization,
+            "upload": a.upload,
             "device": f"{info.platform} | {info.name}", "driver": info.driver,
             "import_s": import_s if fit == 0 else 0.0, "select_device_s": dev_s,
             "whole_fit_s": whole, "setup_s": t["setup"],
@@ -112,7 +115,23 @@ def render(recs):
             f"{r['setup_ns_per_rating']:.1f} | {t.get('build', float('nan')):.3f} | "
             f"{t.get('upload_transpose', float('nan')):.3f} | {r['first_iteration_s']:.3f} | "
             f"{r['s_per_it']:.4f} | {100 * r['setup_share']:.0f} % |")
+    lines += ["", "Set-up phases (s; `ALS.timings_`, see its docstring):", "",
+              "| process | fit | " + " | ".join(PHASES) + " | other |",
+              "|---|---|" + "---|" * (len(PHASES) + 1)]
+    for r in recs:
+        t = r["timings"]
+        known = sum(t.get(k, 0.0) for k in PHASES if k not in NESTED)
+        lines.append(f"| {r['process']} | {r['fit']} | "
+                     + " | ".join(f"{t[k]:.3f}" if k in t else "–" for k in PHASES)
+                     + f" | {t['setup'] - known:.3f} |")
     return "\n".join(lines)
+
+
+# set-up phases in order; NESTED ones are parts of the one before (build runs in a thread, its
+# build_wait is what the set-up waited for it)
+PHASES = ("validation", "counts", "tuning", "plan", "engine_host", "build", "build_wait",
+          "upload", "transpose", "buffers", "start_factors", "factors_upload")
+NESTED = ("build",)
 
 
 def main():
@@ -126,6 +145,9 @@ def main():
     p.add_argument("--regularization", type=float, default=0.05)
     p.add_argument("--feedback", default="explicit", choices=("explicit", "implicit"))
     p.add_argument("--biases", action="store_true")
+    p.add_argument("--upload", default="pinned", choices=("pinned", "direct"),
+                   help="GPU uploads through pinned staging buffers (the library's way) or "
+                        "straight from the host arrays (before issue 16's pinned uploads)")
     p.add_argument("--processes", type=int, default=2, help="fresh processes, one after another")
     p.add_argument("--fits", type=int, default=2, help="fits per process")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -158,7 +180,7 @@ def main():
     head = (f"# Whole fits: {recs[0]['data']} ({recs[0]['shape'][0]} × {recs[0]['shape'][1]}, "
             f"{recs[0]['nnz']} ratings), f={a.factors}, {a.iterations} iterations\n\n"
             f"Device: {recs[0]['device']} (driver {recs[0]['driver']}); {doc['date']}; "
-            f"commit {doc['commit']}\n\nCommand: `{doc['command']}`\n\n")
+            f"commit {doc['commit']}; uploads: {a.upload}\n\nCommand: `{doc['command']}`\n\n")
     (out / "whole_fit.md").write_text(head + render(recs) + "\n")
     print(head + render(recs))
 

@@ -742,3 +742,30 @@ def test_synthetic_from_spec_is_shared_by_bench_and_tuner():
     from clmf import tuner
     R2, name2 = tuner.load_data("synthetic:300x40x2000", seed=1)
     assert name2 == name and (R2 != R).nnz == 0
+
+
+def test_duplicate_pair_check_equals_sorting():
+    """The O(N) duplicate check (two counting sorts) finds exactly the inputs with a repeated
+    (user, item) pair, in any input order, a repeat anywhere (first/last entries, neighbouring
+    items' lists)."""
+    from clmf.data.scan import has_duplicate_pairs as _has_duplicate_pairs
+    rng = np.random.default_rng(11)
+    for trial in range(200):
+        n_users, n_items = int(rng.integers(1, 9)), int(rng.integers(1, 9))
+        size = int(rng.integers(0, 3 * n_users * n_items // 2 + 2))
+        u = rng.integers(0, n_users, size).astype(np.int32)
+        i = rng.integers(0, n_items, size).astype(np.int32)
+        keys = u.astype(np.int64) * n_items + i
+        want = np.unique(keys).size != keys.size
+        assert _has_duplicate_pairs(u, i, n_items) == want, (u, i)
+        for order in (np.argsort(keys, kind="stable"),                  # sorted by (user, item)
+                      np.argsort(i.astype(np.int64) * n_users + u, kind="stable"),  # (item, user)
+                      np.argsort(u, kind="stable")):                    # grouped by user
+            assert _has_duplicate_pairs(u[order], i[order], n_items) == want, (u, i, order)
+    u = np.arange(1000, dtype=np.int32) % 37
+    i = np.arange(1000, dtype=np.int32) // 37
+    assert not _has_duplicate_pairs(u[::-1].copy(), i[::-1].copy(), 28)
+    for a, b in ((0, 999), (0, 1), (998, 999), (500, 37)):
+        uu, ii = u.copy(), i.copy()
+        uu[b], ii[b] = uu[a], ii[a]
+        assert _has_duplicate_pairs(uu, ii, 28)

@@ -121,9 +121,119 @@ def test_fit_records_setup_timings(cl_device):
     m = clmf.ALS(factors=4, iterations=2, device=cl_device, random_state=0)
     m.fit(R, show_progress=False)
     t = m.timings_
-    for k in ("validation", "preparation", "engine", "setup", "build", "upload_transpose", "fit"):
-        assert t[k] >= 0.0
-    assert t["setup"] <= t["fit"]
+    for k in ("validation", "preparation", "counts", "checks", "tuning", "plan", "engine",
+              "engine_host", "build", "build_wait", "upload", "transpose", "upload_transpose",
+              "buffers", "start_factors", "factors_upload", "setup", "fit"):
+        assert t[k] >= 0.0, k
+    assert t["upload_transpose"] == pytest.approx(t["upload"] + t["transpose"])
+    parts = t["validation"] + t["preparation"] + t["engine"] + t["start_factors"] + \
+        t["factors_upload"]
+    assert parts <= t["setup"] + 1e-6 and t["setup"] <= t["fit"]
+    assert t["counts"] + t["checks"] + t["tuning"] + t["plan"] <= t["preparation"] + 1e-6
+
+
+@pytest.mark.parametrize("threads", [False, True])
+def test_host_scans_equal_numpy(monkeypatch, threads):
+    from clmf.data import scan
+    monkeypatch.setattr(scan, "CHUNK", 7)              # several chunks and a partial last one
+    monkeypatch.setattr(scan, "_PARALLEL_FROM", 0 if threads else 1 << 40)
+    rng = np.random.default_rng(4)
+    for size in (0, 5, 7, 100):
+        idx = rng.integers(0, 13, size=size).astype(np.int32)
+        got = scan.count_columns(idx, 13)
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, np.bincount(idx, minlength=13))
+        if size:
+            v = rng.normal(size=size).astype(np.float32)
+            assert scan.value_range(v) == (v.min(), v.max())
+            assert scan.value_sum(v) == pytest.approx(float(np.sum(v, dtype=np.float64)),
+                                                      rel=1e-12)
+            v[size // 2] = np.nan
+            assert all(np.isnan(x) for x in scan.value_range(v))
+
+
+@pytest.mark.parametrize("threads", [False, True])
+def test_blockwise_canonical_check_equals_scipy(monkeypatch, threads):
+    from clmf.data import scan
+    monkeypatch.setattr(scan, "CHUNK", 16)             # many blocks of rows
+    monkeypatch.setattr(scan, "_PARALLEL_FROM", 0 if threads else 1 << 40)
+    R = _random_csr(40, 30, 500, seed=9)
+    cases = [R.indptr.copy(), R.indices.copy()]
+
+    def check(ip, ix):
+        want = sp.csr_matrix((np.ones(len(ix), np.float32), ix, ip), shape=R.shape,
+                             copy=True).has_canonical_format
+        assert scan.csr_is_canonical(ip, ix, np.ones(len(ix), np.float32), 30) == want
+        return want
+
+    assert check(*cases)
+    for k in range(1, R.nnz):                          # swap or repeat neighbours anywhere
+        ix = cases[1].copy()
+        ix[k - 1], ix[k] = ix[k], ix[k - 1]
+        check(cases[0], ix)
+        ix = cases[1].copy()
+        ix[k] = ix[k - 1]
+        check(cases[0], ix)
+    ip = cases[0].copy()
+    ip[5], ip[6] = ip[6], ip[5]                        # decreasing row pointers
+    assert not scan.csr_is_canonical(ip, cases[1], R.data, 30)
+    empty = np.zeros(41, np.int32)
+    assert scan.csr_is_canonical(empty, np.zeros(0, np.int32), np.zeros(0, np.float32), 30)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float32])
+def test_pinned_staging_upload_is_exact(cl_device, dtype, monkeypatch):
+    import pyopencl as cl
+
+    from clmf.engine import upload as U
+    from clmf.engine.device import get_context
+    monkeypatch.setattr(U, "_SMALL", 0)                # every array through the staging buffers
+    ctx, q = get_context(cl_device)
+    rng = np.random.default_rng(1)
+    # sizes around the stage size (4096 B): one byte short, exact, several stages and a tail;
+    # more chunks than staging buffers, so buffers are reused after their copy ended
+    arrays = [(rng.random(k) * 1e6).astype(dtype) for k in (1023, 1024, 5 * 1024 + 3, 9000)]
+    up = U.Uploader(ctx, q, in_place=False, stage_bytes=4096, stages=2, threads=2)
+    try:
+        bufs = [up.buffer(a) for a in arrays]
+        big = rng.integers(0, 256, size=(8 << 20) + 5, dtype=np.uint8)
+        into = np.zeros_like(big)
+        up._copy(into, big)                            # split over the two threads
+        np.testing.assert_array_equal(into, big)
+        dst = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, size=arrays[3].nbytes)
+        up.write(dst, arrays[3][::-1])                 # a non-contiguous view is copied first
+    finally:
+        up.finish()
+    assert up.bytes == sum(a.nbytes for a in arrays) + arrays[3].nbytes
+    for a, b in zip(arrays, bufs):
+        out = np.empty_like(a)
+        cl.enqueue_copy(q, out, b)
+        np.testing.assert_array_equal(out, a)
+    out = np.empty_like(arrays[3])
+    cl.enqueue_copy(q, out, dst)
+    np.testing.assert_array_equal(out, arrays[3][::-1])
+
+
+@pytest.mark.parametrize("biases", [False, True])
+def test_fit_through_pinned_staging_equals_zero_copy(cl_device, biases, monkeypatch):
+    """The GPUs' upload path (pinned staging buffers, chunked copies), run on a CPU device,
+    fits exactly what the CPU's zero-copy path fits."""
+    import clmf
+    from clmf.engine import upload as U
+    R = _random_csr(300, 200, 6000, seed=7)
+
+    def fit():
+        m = clmf.ALS(factors=8, iterations=3, device=cl_device, random_state=0, biases=biases)
+        return m.fit(R, show_progress=False)
+
+    direct = fit()
+    monkeypatch.setattr(U, "zero_copy", lambda info: False)
+    monkeypatch.setattr(U, "_SMALL", 0)
+    monkeypatch.setattr(U, "STAGE_BYTES", 4096)
+    staged = fit()
+    np.testing.assert_array_equal(staged.user_factors_, direct.user_factors_)
+    np.testing.assert_array_equal(staged.item_factors_, direct.item_factors_)
+    assert staged.timings_["upload"] >= 0.0
 
 
 def test_tuning_index_follows_the_database(tmp_path, monkeypatch):

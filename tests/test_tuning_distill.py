@@ -183,3 +183,28 @@ def test_same_choice_for_unseen_devices(isolated):
                for mode in ("explicit", "implicit", "biased")]
     rules = {g[7] for g in _same_choices(isolated, queries)}
     assert {"vendor", "default"} <= rules
+
+
+LASTFM = {"m": 1892, "n": 17632, "nnz": 92834}
+SYN5M = {"m": 100000, "n": 20000, "nnz": 5000000}
+
+
+@pytest.mark.parametrize("platform", ["Portable Computing Language", "Intel(R) OpenCL"])
+def test_cpu_implicit_fits_read_implicit_tunings(isolated, platform):
+    """Implicit fits on the CPU runtimes (issue 16) read implicit-mode tunings of their own
+    device from the shipped files — at f = 64 on the Last.fm and a 5M-rating synthetic shape,
+    at f = 128 on Last.fm — not explicit-mode tunings with the solver swapped; on PoCL the fused
+    CG at f = 64 runs one work-item per system (its barrier-free path), as tuned."""
+    devs = [d for d in _devices().values() if d.platform.startswith(platform)]
+    if not devs:
+        pytest.skip(f"no {platform} tuning runs in this checkout")
+    isolated(SHIPPED_DIR)
+    info = devs[0]
+    for f, ds in ((64, LASTFM), (64, SYN5M), (128, LASTFM)):
+        for side in ("users", "items"):
+            c = tuning.choose(info, f, side, _stats(side, ds), mode="implicit")
+            assert c.rule == "tuned", (f, ds, side, c)
+            assert "-mode tuning" not in c.reason and f"f={f}" in c.reason, c.reason
+            assert c.config.solver in ("fusedcg", "cg"), c.config
+            if platform.startswith("Portable") and f == 64 and c.config.solver == "fusedcg":
+                assert c.config.solve_wg == 1, c.config

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from .scan import has_duplicate_pairs
 from .validation import check_float32_range
 
 logger = logging.getLogger(__name__)
@@ -744,12 +745,12 @@ def _check_finite(values: np.ndarray, what: str) -> None:
 
 
 def _handle_duplicates(u, i, r, ts, n_items, policy):
+    if not has_duplicate_pairs(u, i, n_items):
+        return u, i, r, ts
     keys = u.astype(np.int64) * max(n_items, 1) + i
     sorted_keys = np.sort(keys)
     dup_sorted = sorted_keys[1:] == sorted_keys[:-1]
     n_dup = int(np.count_nonzero(dup_sorted))
-    if n_dup == 0:
-        return u, i, r, ts
     if policy == "error":
         n_pairs = int(np.count_nonzero(dup_sorted & ~np.r_[False, dup_sorted[:-1]]))
         raise ValueError(

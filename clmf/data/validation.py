@@ -6,6 +6,8 @@ import numbers
 import numpy as np
 import scipy.sparse as sp
 
+from .scan import csr_is_canonical, value_range
+
 __all__ = ["check_ratings", "check_index_pairs", "check_params", "check_shape_vs_ratings",
            "overflow_limit", "precision_limit", "check_float32_range", "SPARSE_ROWS_FLOOR", "SPARSE_ROWS_PER_RATING"]
 
@@ -149,18 +151,15 @@ def _canonical_csr(X):
             or indptr.ndim != 1 or len(indptr) != m + 1 or indptr[0] != 0
             or not (len(indices) == len(data) == indptr[-1]) or n > np.iinfo(np.int32).max):
         return None
-    # a fresh view has no cached flags: scipy's check (one pass, no temporaries) runs on it
-    view = sp.csr_matrix((data, indices, indptr), shape=X.shape, copy=False)
-    if view.indptr is not indptr or view.indices is not indices:   # scipy changed index dtypes
-        indptr, indices = view.indptr, view.indices
-    if not view.has_canonical_format:        # unsorted, duplicates or decreasing row pointers
+    # scipy's check (one pass, no temporaries) on blocks of rows, in threads
+    if not csr_is_canonical(indptr, indices, data, n):   # unsorted, duplicates or decreasing
         return None
     counts = np.diff(indptr)
     full = counts > 0
     if indices[indptr[:-1][full]].min() < 0 or indices[indptr[1:][full] - 1].max() >= n:
         return None                          # sorted rows: first/last entries bound them all
     if data.dtype.kind == "f":
-        lo, hi = data.min(), data.max()      # NaN propagates; ±inf or beyond float32 fails
+        lo, hi = value_range(data)           # NaN propagates; ±inf or beyond float32 fails
         if not (np.isfinite(lo) and np.isfinite(hi) and -_F32_MAX <= lo and hi <= _F32_MAX):
             return None
     R = sp.csr_matrix((data.astype(np.float32, copy=False), indices.astype(np.int32, copy=False),

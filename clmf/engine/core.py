@@ -11,6 +11,7 @@ separate S1 work-groups, so that no work-group runs alone at the end of a launch
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import time
@@ -18,8 +19,10 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
+from ..data.scan import count_columns
 from ..errors import InvalidConfigError, SingularSystemError
 from . import kernels as K
+from . import upload as U
 from .device import device_info, get_context
 from .memory import choose_batch_rows, plan_fit, plan_split, split_pays
 from .transpose import device_transpose
@@ -247,7 +250,7 @@ class Engine:
         m, n = R.shape
         rows = {"users": m, "items": n}
         if item_counts is None:
-            item_counts = np.bincount(R.indices, minlength=R.shape[1])
+            item_counts = count_columns(R.indices, R.shape[1])
         longest = {"users": int(np.diff(R.indptr).max()) if m else 0,
                    "items": int(item_counts.max()) if n else 0}
         # long rows cut into pieces (per side: threshold, rows per launch, pieces' scratch)
@@ -262,6 +265,7 @@ class Engine:
         plan.check_device(self.info)
         self.memory = plan.device_dict()
         est = self.memory
+        t_host = time.perf_counter()
         users = SideData.from_csr(R)
         col_ptr = np.zeros(R.shape[1] + 1, np.int64)
         np.cumsum(item_counts, out=col_ptr[1:])
@@ -269,23 +273,32 @@ class Engine:
         self.side = {"users": users, "items": SideData(col_ptr, None, None)}
         fs = self.fs
         t0 = time.perf_counter()
-        self.programs = {}
-        for s in ("users", "items"):
-            try:
-                self.programs[s] = K.als_program(self.ctx, device, self.configs[s], fs, self.info,
-                                                 self.implicit, self.biased)
-            except InvalidConfigError as e:
-                e.side = s                   # which side's configuration failed (fit falls back)
-                raise
+        # the programs are built (or loaded from the cache) in a thread while the ratings are
+        # uploaded and transposed (the OpenCL compilers release the GIL)
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        builds = pool.submit(self._build_programs)
+        pool.shutdown(wait=False)
+        self.buf = {s: {} for s in ("users", "items")}
+        try:
+            times = self._upload_ratings()
+            t1 = time.perf_counter()
+            self.programs, build_s = builds.result()
+        except BaseException:
+            builds.cancel()
+            concurrent.futures.wait([builds])
+            self._release_buffers()
+            raise
+        t2 = time.perf_counter()
         self.vars = {s: K.als_variables(self.configs[s], fs, self.info, self.implicit, self.biased)
                      for s in ("users", "items")}
-        t1 = time.perf_counter()
         mf = cl.mem_flags
-        self.buf = {s: {} for s in ("users", "items")}
-        self._upload_ratings()
-        # seconds of the engine's set-up: building (or loading) programs, uploading the users'
-        # CSR and transposing it on the device
-        self.setup_times = {"build": t1 - t0, "upload_transpose": time.perf_counter() - t1}
+        # seconds of the engine's set-up: the host's CSR arrays and column pointers, building
+        # (or loading) the programs (in a thread; ``build_wait``: what the set-up waited for them
+        # after the uploads), uploading the users' CSR and transposing it on the device
+        self.setup_times = {"engine_host": t0 - t_host, "build": build_s,
+                            "build_wait": t2 - t1, **times,
+                            "upload_transpose": times["upload"] + times["transpose"]}
+        t3 = time.perf_counter()
         for s in ("users", "items"):
             self.buf[s].update(
                 A=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * fs * self.batch_rows[s]),
@@ -317,6 +330,7 @@ class Engine:
         self._events = []
         self._metrics_prog = None
         self._metric_bufs = {}
+        self.setup_times["buffers"] = time.perf_counter() - t3
         log.debug("engine on %s: batch rows %s, memory %s", self.info.name, self.batch_rows, est)
 
     def _plan_launches(self, side):
@@ -339,56 +353,72 @@ class Engine:
             Bp=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * sp_.virtual_rows))
         return launches
 
+    def _build_programs(self):
+        """The programs of both sides and the seconds they took (an
+        :class:`InvalidConfigError` names the side whose configuration failed)."""
+        t0 = time.perf_counter()
+        programs = {}
+        for s in ("users", "items"):
+            try:
+                programs[s] = K.als_program(self.ctx, self.device, self.configs[s], self.fs,
+                                            self.info, self.implicit, self.biased)
+            except InvalidConfigError as e:
+                e.side = s                   # which side's configuration failed (fit falls back)
+                raise
+        return programs, time.perf_counter() - t0
+
     def _upload_ratings(self):
-        """The users' CSR to the device once (a CPU device reads the host arrays in place), the
-        items' CSR transposed from it there."""
-        cl = self.cl
-        mf = cl.mem_flags
+        """The users' CSR to the device once (a CPU device reads the host arrays in place, a GPU
+        gets them through pinned staging buffers), the items' CSR transposed from it there;
+        returns the seconds of the ``upload`` and the ``transpose``."""
         u, col_ptr = self.side["users"], self.side["items"].indptr
-
-        # zero-copy on CPU runtimes; not on the Oclgrind simulator, whose checks count host
-        # memory it did not copy as uninitialised
-        in_place = self.info.type == "CPU" and "oclgrind" not in self.info.platform.lower()
-
-        def upload(a, empty):
-            a = a if a.size else empty
-            if in_place and a.flags.c_contiguous:
-                # zero-copy: the host arrays outlive the engine's buffers (self.side keeps them)
-                return cl.Buffer(self.ctx, mf.READ_ONLY | mf.USE_HOST_PTR, hostbuf=a)
-            return cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
-
+        t0 = time.perf_counter()
+        up = U.Uploader(self.ctx, self.queue, U.zero_copy(self.info))
         self._hold = [np.zeros(1, np.int32), np.zeros(1, np.float32)]
-        bu = self.buf["users"]
-        bu["indptr"] = upload(u.indptr, None)
-        bu["indices"] = upload(u.indices, self._hold[0])
-        bu["data"] = upload(u.data, self._hold[1])
-        bi = self.buf["items"]
-        bi["indptr"] = upload(col_ptr, None)
+        bu, bi = self.buf["users"], self.buf["items"]
+        try:
+            bu["indptr"] = up.buffer(u.indptr)
+            bu["indices"] = up.buffer(u.indices, self._hold[0])
+            bu["data"] = up.buffer(u.data, self._hold[1])
+            bi["indptr"] = up.buffer(col_ptr)
+        finally:
+            up.finish()
+        t1 = time.perf_counter()
         if "oclgrind" in self.info.platform.lower():
             # the simulator checks the ALS kernels; it flags the device transpose's output as
             # uninitialised, so there the transpose is scipy's on the host
             C = sp.csr_matrix((u.data, u.indices, u.indptr), shape=self.shape).tocsc()
             idx, val = C.indices.astype(np.int32), C.data.astype(np.float32)
             self._hold += [idx, val]
-            bi["indices"], bi["data"] = upload(idx, self._hold[0]), upload(val, self._hold[1])
-            return
-        bi["indices"], bi["data"] = device_transpose(
-            self.ctx, self.queue, self.info, u.indptr, bu["indptr"], bu["indices"], bu["data"],
-            self.shape[1], bi["indptr"])
+            bi["indices"], bi["data"] = up.buffer(idx, self._hold[0]), up.buffer(val, self._hold[1])
+            up.finish()
+        else:
+            bi["indices"], bi["data"] = device_transpose(
+                self.ctx, self.queue, self.info, u.indptr, bu["indptr"], bu["indices"],
+                bu["data"], self.shape[1], bi["indptr"])
+        return {"upload": t1 - t0, "transpose": time.perf_counter() - t1}
 
     # ----- factors -------------------------------------------------------------------------
     def set_factors(self, side, M, biases=None):
+        """Upload the factors (and biases) of ``side`` into its device buffer."""
         rows = self.side[side].rows
         M = np.asarray(M, dtype=np.float32)
         if M.shape != (rows, self.f):
             raise ValueError(f"{side} factors must have shape {(rows, self.f)}, not {M.shape}")
-        host = np.zeros((rows, self.ldf), dtype=self.np_store)
-        host[:, :self.f] = M
-        if self.biased:
-            host[:, self.f] = 1.0
-            if biases is not None:
-                host[:, self.f + 1] = biases
-        self.cl.enqueue_copy(self.queue, self.factors[side], host)
+        if self.ldf == self.f and not self.biased and self.np_store == np.float32:
+            host = np.ascontiguousarray(M)          # the device's layout already: no copy
+        else:
+            host = np.zeros((rows, self.ldf), dtype=self.np_store)
+            host[:, :self.f] = M
+            if self.biased:
+                host[:, self.f] = 1.0
+                if biases is not None:
+                    host[:, self.f + 1] = biases
+        up = U.Uploader(self.ctx, self.queue, U.zero_copy(self.info))
+        try:
+            up.write(self.factors[side], host)
+        finally:
+            up.finish()
 
     def get_factors(self, side, with_biases=False):
         rows = self.side[side].rows
@@ -506,6 +536,14 @@ class Engine:
         part = np.empty(groups, np.float32)
         cl.enqueue_copy(self.queue, part, bp)
         return float(part.astype(np.float64).sum()), self.side["users"].nnz
+
+    def _release_buffers(self):
+        """Release the ratings' buffers created so far (a set-up that failed)."""
+        for d in self.buf.values():
+            for bufobj in d.values():
+                if isinstance(bufobj, self.cl.MemoryObjectHolder):
+                    bufobj.release()
+        self.buf = {}
 
     def release(self):
         for d in list(self.buf.values()) + [self.factors]:

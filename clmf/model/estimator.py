@@ -10,6 +10,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import reference
+from ..data.scan import count_columns, value_range, value_sum
 from ..data.validation import check_index_pairs, check_params, check_ratings
 from ..engine.config import KernelConfig
 from ..errors import SingularSystemError
@@ -21,6 +22,8 @@ from .persistence import register_estimator
 log = logging.getLogger(__name__)
 
 __all__ = ["ALS"]
+
+_SCORE_BLOCK_BYTES = 64 << 20   # scores of a block of users in the host's precision@k
 
 
 class ALS(RecommenderMixin):
@@ -100,10 +103,16 @@ class ALS(RecommenderMixin):
     device_configs_ : list of dict — per device: ``{"device": str, "users": Choice, "items":
         Choice}`` (each device its own tuning lookup)
     history_ : list of dict — per-iteration seconds and metrics
-    timings_ : dict — wall seconds of the fit's parts: ``validation``, ``preparation`` (counts,
-        start factors), ``engine`` (device, tuning lookup, ``build`` of the programs,
-        ``upload_transpose`` of the ratings), ``setup`` (all before the first iteration;
-        ``setup_cpu``: its CPU seconds, all threads) and ``fit`` (the whole call)
+    timings_ : dict — wall seconds of the fit's parts: ``validation`` (the input checked and
+        converted), ``preparation`` (from validation to the backend: ``counts`` of ratings per
+        user/item, ``checks`` of the other arguments, ``tuning`` (device selection and tuning
+        lookup), ``plan`` (host memory plan), the global mean), ``engine`` (the backend's set-up:
+        on one device ``engine_host`` (host CSR arrays), ``build`` of the programs (in a thread;
+        ``build_wait``: the part not hidden by the uploads), ``upload`` of the ratings,
+        ``transpose`` on the device, ``upload_transpose`` their sum, ``buffers`` (scratch)),
+        ``start_factors`` (waiting for the start factors drawn in a thread), ``factors_upload``,
+        ``setup`` (all before the first iteration; ``setup_cpu``: its CPU seconds, all threads)
+        and ``fit`` (the whole call)
     best_iteration_ : int — iteration whose factors were kept (0-based)
 
     Examples
@@ -197,7 +206,6 @@ class ALS(RecommenderMixin):
             if isinstance(v, str) and v == "auto":
                 ch = tuning.choose(info, f, side, stats[side], self.storage or "float32", solver,
                                    mode=mode)
-                ch = _pocl_implicit_rule(info, mode, ch)
             else:
                 cfg = KernelConfig.parse(v)
                 if forced is not None:
@@ -294,14 +302,15 @@ class ALS(RecommenderMixin):
         R = check_ratings(X)
         t_valid = time.perf_counter()
         implicit = self.feedback == "implicit"
-        if implicit and R.nnz and R.data.min() < 0:
+        if implicit and R.nnz and value_range(R.data)[0] < 0:
             raise ValueError(f"implicit feedback needs non-negative strengths; X has "
                              f"{int((R.data < 0).sum())} negative value(s)")
         user_ids, item_ids = _id_maps_of(X)
         m, n = R.shape
         f = int(self.factors)
         user_counts = np.diff(R.indptr)
-        item_counts = np.bincount(R.indices, minlength=n)
+        item_counts = count_columns(R.indices, n)
+        t_counts = time.perf_counter()
         if self.regularization == 0 and not implicit:
             for side, counts in (("user", user_counts), ("item", item_counts)):
                 bad = np.nonzero((counts > 0) & (counts < f))[0]
@@ -327,12 +336,13 @@ class ALS(RecommenderMixin):
             if not (np.all(np.isfinite(X0)) and np.all(np.isfinite(Y0))):
                 raise ValueError("init factors contain NaN/inf")
 
-        t_prep = time.perf_counter()
+        t_checks = time.perf_counter()
         stats = {"users": _side_stats(user_counts, n), "items": _side_stats(item_counts, m)}
         devs = select_devices(self.device)
         info = device_info(devs[0])
         choices = self._resolve_configs(info, stats)
         configs = (choices["users"].config, choices["items"].config)
+        t_tuning = time.perf_counter()
         want_train = bool(show_progress or callback is not None)
         # the memory plan, from shapes alone, before any large allocation: the host's here; the
         # devices' in the backend (one device's engine, or the multi-device/streamed planner,
@@ -342,6 +352,7 @@ class ALS(RecommenderMixin):
                         train_metrics=want_train and not implicit,
                         early_stopping=early_stopping_rounds is not None)
         plan.check_host()
+        t_plan = time.perf_counter()
         start = None
         if init is None:
             # drawn in a thread while the device is set up (the generator releases the GIL):
@@ -350,7 +361,8 @@ class ALS(RecommenderMixin):
             start_pool = concurrent.futures.ThreadPoolExecutor(1)
             start = start_pool.submit(reference.start_factors, m, n, f, self.random_state)
             start_pool.shutdown(wait=False)
-        global_mean = float(np.mean(R.data, dtype=np.float64))
+        global_mean = value_sum(R.data) / R.nnz if R.nnz else float("nan")
+        t_prep = time.perf_counter()
         engine, per_device = self._build_engine(devs, self._kernel_ratings(R), stats, global_mean,
                                                 item_counts=item_counts)
         choices = per_device[0]
@@ -368,15 +380,22 @@ class ALS(RecommenderMixin):
             v_total = int(V.nnz)
             V = sp.coo_matrix((V.data[~unk], (V.row[~unk], V.col[~unk])), shape=V.shape)
         try:
+            t_wait = time.perf_counter()
             if start is not None:
                 X0, Y0 = start.result()
+            t_start_factors = time.perf_counter()
             engine.set_factors("users", X0)
             engine.set_factors("items", Y0)
             del X0, Y0
+            engine.finish()
             steps = _DeviceSteps(self, engine, R, V, v_unknown_se, v_total, configs[0].storage,
                                  train=want_train and not implicit)
             t_start = time.perf_counter()
             timings = {"validation": t_valid - t_fit, "preparation": t_prep - t_valid,
+                       "counts": t_counts - t_valid, "checks": t_checks - t_counts,
+                       "tuning": t_tuning - t_checks, "plan": t_plan - t_tuning,
+                       "start_factors": t_start_factors - t_wait,
+                       "factors_upload": t_start - t_start_factors,
                        "engine": t_engine - t_prep, "setup": t_start - t_fit,
                        # CPU seconds of the process (all threads, OpenCL runtimes' included)
                        "setup_cpu": time.process_time() - c_fit,
@@ -547,7 +566,7 @@ def _range_error(engine, R, f, storage, regularization):
     from ..data.validation import overflow_limit, precision_limit
     from ..errors import RatingRangeError
     counts = max(int(np.diff(R.indptr).max(initial=0)),
-                 int(np.bincount(R.indices, minlength=R.shape[1]).max(initial=0)), 1)
+                 int(count_columns(R.indices, R.shape[1]).max(initial=0)), 1)
     rmax = float(np.abs(R.data).max(initial=0.0))
     big = 0.0
     try:
@@ -591,31 +610,20 @@ def _precision_at_10(X, Y, R, V, k=10):
     users = np.unique(V.row)
     if users.size == 0:
         return float("nan")
-    S = X[users] @ Y.T
-    Rr = R[users]
-    rr = np.repeat(np.arange(users.size), np.diff(Rr.indptr))
-    S[rr, Rr.indices] = -np.inf
-    top = _top_n(S, k)[0]            # the ranking recommend() uses (ties by item index)
+    # the ranking recommend() uses (ties by item index), a block of users at a time (all users'
+    # scores at once would be users × items floats)
+    block = max(1, _SCORE_BLOCK_BYTES // (4 * max(1, Y.shape[0])))
+    tops = []
+    for b0 in range(0, users.size, block):
+        ub = users[b0:b0 + block]
+        S = X[ub] @ Y.T
+        Rr = R[ub]
+        S[np.repeat(np.arange(ub.size), np.diff(Rr.indptr)), Rr.indices] = -np.inf
+        tops.append(_top_n(S, k)[0])
+    top = np.concatenate(tops)
     Vc = sp.csr_matrix((np.ones_like(V.data), (V.row, V.col)), shape=V.shape)[users]
     relevant = [Vc.indices[Vc.indptr[j]:Vc.indptr[j + 1]] for j in range(users.size)]
     return float(precision_at_k(top, relevant, k))
-
-
-def _pocl_implicit_rule(info, mode, ch):
-    """PoCL runs the fused CG of implicit feedback fastest with one work-item per system (its
-    barrier-free, vectorised path: 5.8× less CPU time than solve_wg=2 at f = 64 on 280K ratings,
-    issue 16): an implicit fit whose fused CG comes from the shipped tunings (measured before
-    that path existed; drop this rule once they are re-measured) or from an explicit-mode
-    tuning takes it there; a tuning of the user's own is kept."""
-    from .. import tuning
-    c = ch.config
-    stale = "shipped database" in ch.reason or "explicit-mode tuning" in ch.reason
-    if (mode == "implicit" and info.type == "CPU" and "portable" in info.platform.lower()
-            and c.solver == "fusedcg" and c.solve_wg != 1 and stale):
-        return tuning.Choice(c.replace(solve_wg=1), ch.rule,
-                             ch.reason + "; solve_wg=1 (PoCL's fused CG is fastest with one "
-                             "work-item per system)")
-    return ch
 
 
 class _DeviceSteps(loop.FitSteps):

@@ -1,0 +1,137 @@
+"""Host arrays into device buffers: read in place on CPU runtimes (zero-copy), and on other
+devices copied through pinned (page-locked) staging buffers in chunks, the host's copy of one
+chunk into a staging buffer overlapping the device's DMA transfer of the previous one.
+
+``COPY_HOST_PTR`` from ordinary (pageable) memory makes a GPU driver stage the data itself,
+usually one synchronous chunk at a time; a buffer allocated with ``ALLOC_HOST_PTR`` and mapped is
+pinned memory on such drivers (NVIDIA's OpenCL guide), which the DMA engine reads at the bus's
+speed, so the host's copies (split over a few threads) and the transfers overlap.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Uploader", "STAGE_BYTES", "STAGES", "PINNED", "zero_copy"]
+
+STAGE_BYTES = 32 << 20        # bytes of one pinned staging buffer
+STAGES = 3                    # staging buffers in flight
+_SMALL = 1 << 20              # arrays below this size are written directly
+_COPY_THREADS = 4             # host threads copying a chunk into a staging buffer
+PINNED = True                 # False: copy from the host arrays as they are (COPY_HOST_PTR /
+                              # blocking writes from pageable memory; for comparisons)
+
+
+def zero_copy(info):
+    """Whether the device reads host arrays in place (CPU runtimes; not the Oclgrind simulator,
+    whose checks count host memory it did not copy as uninitialised)."""
+    return info.type == "CPU" and "oclgrind" not in info.platform.lower()
+
+
+class Uploader:
+    """Creates read-only device buffers holding host arrays (one per :meth:`buffer` call).
+
+    ``in_place=True`` (CPU runtimes) wraps each C-contiguous array with ``USE_HOST_PTR`` (no
+    copy; the caller keeps the arrays alive as long as the buffers); else each array is copied
+    through ``stages`` pinned staging buffers of ``stage_bytes`` (non-blocking copies on the
+    in-order ``queue``). :meth:`finish` waits for every copy and frees the staging buffers.
+    """
+
+    def __init__(self, ctx, queue, in_place, stage_bytes=None, stages=None, threads=None):
+        import pyopencl as cl
+        self.cl, self.ctx, self.queue = cl, ctx, queue
+        self.in_place = bool(in_place)
+        self.stage_bytes = max(4096, int(stage_bytes or STAGE_BYTES)) // 64 * 64
+        self.n_stages = max(1, int(stages or STAGES))
+        self.threads = max(1, min(_COPY_THREADS, os.cpu_count() or 1) if threads is None
+                           else int(threads))
+        self._stages = []             # (buffer, mapped uint8 array, event of its last copy)
+        self._next = 0
+        self._pool = None
+        self.bytes = 0                # bytes uploaded (not counting zero-copy wraps)
+
+    def _staging(self):
+        """The next staging buffer (allocated and mapped on first use), waiting for its last
+        copy to the device to end."""
+        cl = self.cl
+        k = self._next % self.n_stages
+        self._next += 1
+        if k == len(self._stages):
+            mf = cl.mem_flags
+            buf = cl.Buffer(self.ctx, mf.READ_ONLY | mf.ALLOC_HOST_PTR, size=self.stage_bytes)
+            host, ev = cl.enqueue_map_buffer(self.queue, buf, cl.map_flags.WRITE, 0,
+                                             (self.stage_bytes,), np.uint8)
+            ev.wait()
+            self._stages.append([buf, host, None])
+        st = self._stages[k]
+        if st[2] is not None:
+            st[2].wait()
+            st[2] = None
+        return st
+
+    def _copy(self, dst, src):
+        """``dst[:] = src`` (uint8 arrays), split over the copy threads for large chunks (NumPy
+        releases the GIL while copying)."""
+        n = src.size
+        if self.threads == 1 or n < (4 << 20):
+            np.copyto(dst, src)
+            return
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(self.threads)
+        step = (-(-n // self.threads) + 63) // 64 * 64
+        list(self._pool.map(lambda s: np.copyto(dst[s:s + step], src[s:s + step]),
+                            range(0, n, step)))
+
+    def buffer(self, a, empty=None):
+        """A read-only device buffer holding ``a`` (``empty``, a one-element array, stands for
+        an empty ``a``: OpenCL has no empty buffers)."""
+        cl = self.cl
+        mf = cl.mem_flags
+        a = a if a.size else empty
+        if self.in_place:
+            # zero-copy: the caller keeps the host arrays alive as long as the buffers
+            flag = mf.USE_HOST_PTR if a.flags.c_contiguous else mf.COPY_HOST_PTR
+            return cl.Buffer(self.ctx, mf.READ_ONLY | flag, hostbuf=a)
+        a = np.ascontiguousarray(a)
+        if a.nbytes < _SMALL or not PINNED:
+            self.bytes += a.nbytes
+            return cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
+        dst = cl.Buffer(self.ctx, mf.READ_ONLY, size=a.nbytes)
+        self.write(dst, a)
+        return dst
+
+    def write(self, dst, a):
+        """Copy the host array ``a`` to the start of the device buffer ``dst`` (through the
+        staging buffers; directly for small arrays or on CPU runtimes). Call :meth:`finish`
+        before ``a`` changes."""
+        cl = self.cl
+        a = np.ascontiguousarray(a)
+        self.bytes += a.nbytes
+        if self.in_place or a.nbytes < _SMALL or not PINNED:
+            cl.enqueue_copy(self.queue, dst, a)
+            return
+        src = a.reshape(-1).view(np.uint8)
+        for off in range(0, src.size, self.stage_bytes):
+            n = min(self.stage_bytes, src.size - off)
+            st = self._staging()
+            self._copy(st[1][:n], src[off:off + n])
+            st[2] = cl.enqueue_copy(self.queue, dst, st[1][:n], dst_offset=off,
+                                    is_blocking=False)
+
+    def finish(self):
+        """Wait for every copy, unmap and free the staging buffers."""
+        for buf, host, ev in self._stages:
+            if ev is not None:
+                ev.wait()
+            host.base.release(self.queue)
+            buf.release()
+        self._stages = []
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        self.queue.finish()
