@@ -88,19 +88,20 @@ def test_split_rows_only_where_it_pays():
     counts = np.array([1] * 20 + [9] + [1] * 20 + [40] + [1] * 20)
     indptr = np.zeros(len(counts) + 1, np.int64)
     np.cumsum(counts, out=indptr[1:])
-    # 4 slots, launches of 21 rows: 40 · 4 > 60 + 32 · 21 fails, so nothing pays there ...
-    _, _, launches = split_rows(indptr, 3, 21, 21 + 13, slots=4)
-    assert all(nv == 0 for *_, nv in launches)
-    # ... with 64 slots the launch of the 40-entry row pays (2560 > 60 + 672), the 9-entry one
-    # not (576 < 29 + 672); forced (slots=0) both are split
+    # 64 slots, launches of 21 rows: 40 · 64 > 60 + 2048 · 21 fails, so nothing pays there ...
     _, _, launches = split_rows(indptr, 3, 21, 21 + 13, slots=64)
+    assert all(nv == 0 for *_, nv in launches)
+    # ... with 4096 slots the launch of the 40-entry row pays (163840 > 60 + 43008), the 9-entry
+    # one not (36864 < 29 + 43008); forced (slots=0) both are split
+    _, _, launches = split_rows(indptr, 3, 21, 21 + 13, slots=4096)
     cut = [r0 for r0, n, v0, nv in launches if nv]
     assert len(cut) == 1 and counts[cut[0]:cut[0] + 21].max() == 40
     _, _, launches = split_rows(indptr, 3, 21, 21 + 13)
     assert sum(1 for *_, nv in launches if nv) == 2
     # the rule itself
-    assert memory.split_pays(9000, 2_700_000, 13_300, 132 * 8)          # a Netflix user launch
-    assert not memory.split_pays(2900, 2_700_000, 13_300, 132 * 8)
+    # calibrated on the H100 (Netflix shape): a users' launch loses, an items' launch gains
+    assert not memory.split_pays(17_000, 2_700_000, 13_300, 132 * 8)
+    assert memory.split_pays(233_000, 50_000_000, 8_885, 132 * 8)
     assert memory.split_pays(5, 10 ** 9, 10 ** 6, 0)                     # forced
 
 
@@ -338,11 +339,11 @@ def test_fused_cg_ignores_split(cl_device, feedback):
 
 
 def test_automatic_split_on_a_skewed_side(cl_device):
-    """One user with 60,000 ratings among 2,000 users of 10: the automatic rule cuts that row on
-    any device (T ≤ max(4096, 80,000 / 16) and the split pays), the items stay whole; the
-    half-steps equal the reference's and the unsplit engine's."""
+    """One user with 60,000 ratings among 200 users of 10: the automatic rule cuts that row on
+    any device (T ≤ max(4096, 62,000 / 16) and the split pays: 60,000 · 16 > 62,000 + 2048 ·
+    200), the items stay whole; the half-steps equal the reference's and the unsplit engine's."""
     rng = np.random.default_rng(3)
-    m, n, f = 2000, 60_000, 4
+    m, n, f = 200, 60_000, 4
     rows = np.concatenate([np.zeros(n, np.int64), np.repeat(np.arange(1, m), 10)])
     cols = np.concatenate([np.arange(n), rng.integers(0, n, size=10 * (m - 1))])
     R = sp.csr_matrix((rng.integers(1, 6, size=rows.size).astype(np.float32), (rows, cols)),

@@ -36,6 +36,17 @@ def _info(cl_device):
     return device_info(select_device(cl_device))
 
 
+def _at(variant, f):
+    """The variant as checked at f: a CG solver without its own step count runs to convergence
+    (max(f, 3) steps). Three steps stop mid-convergence, where the small systems' conditioning
+    magnifies any input difference ~1e3 (the tensor cores' truncated accumulation gave ~2e-3 at
+    f = 100 on the H100 against the float64 reference's 3 steps)."""
+    cfg = KernelConfig.parse(variant)
+    if cfg.solver == "cg" and "cg_steps" not in variant:
+        return variant + f",cg_steps={max(f, 3)}"
+    return variant
+
+
 def _tol(variant):
     cfg = KernelConfig.parse(variant)
     if cfg.storage == "float16":
@@ -88,12 +99,14 @@ def test_mma_explicit_matches_reference(mma_device, variant):
     cfg = KernelConfig.parse(variant)
     ran, errs = 0, {}
     for f in fs:
-        R, init, m = fit(f, 0.1, 1, device=dev, variant=variant)
+        cfg = KernelConfig.parse(_at(variant, f))
+        R, init, m = fit(f, 0.1, 1, device=dev, variant=_at(variant, f))
         if m is None:
             continue
         ran += 1
         assert m.config_["users"].config.mma
-        Xr, Yr = ref.als(R, f, 0.1, 1, init=init, solver=cfg.solver, cg_steps=cfg.cg_steps)
+        Xr, Yr = ref.als(R, f, 0.1, 1, init=init, solver=cfg.solver,
+                         cg_steps=cfg.cg_steps)
         errs[f] = max(rel_err(m.user_factors_, Xr), rel_err(m.item_factors_, Yr))
         assert np.all(m.user_factors_[[2, -1]] == 0) and np.all(m.item_factors_[5] == 0)
     assert ran >= len(fs) // 2
@@ -106,7 +119,8 @@ def test_mma_implicit_matches_reference(mma_device, variant):
     cfg = KernelConfig.parse(variant)
     errs = {}
     for f in fs:
-        R, init, m = fit(f, 0.1, 1, device=dev, variant=variant, feedback="implicit",
+        cfg = KernelConfig.parse(_at(variant, f))
+        R, init, m = fit(f, 0.1, 1, device=dev, variant=_at(variant, f), feedback="implicit",
                          alpha=2.0, solver=cfg.solver)
         if m is None:
             continue
@@ -123,7 +137,9 @@ def test_mma_biased_matches_reference(mma_device, variant):
     cfg = KernelConfig.parse(variant)
     errs = {}
     for f in fs:
-        R, init, m = fit(f, 0.1, 2, device=dev, variant=variant, biases=True, solver=cfg.solver)
+        cfg = KernelConfig.parse(_at(variant, f))
+        R, init, m = fit(f, 0.1, 2, device=dev, variant=_at(variant, f), biases=True,
+                         solver=cfg.solver)
         if m is None:
             continue
         X, Y, bu, bi, mu = ref.als_biased(R, f, 0.1, 2, init=init, solver=cfg.solver,

@@ -36,11 +36,13 @@ DEVICE_FRACTION = 0.9           # of the device's global memory a fit may plan t
 HOST_FRACTION = 0.9             # of the host's available memory
 SPLIT_FLOOR = 4096              # automatic split: never pieces shorter than this
 SPLIT_WAVES = 8                 # automatic split: work-group slots per compute unit
-# automatic split: what routing one row through the pieces' scratch costs (its f × f system
-# written, read and written again: 8 f² bytes more than unsplit), in entries of S1 work (f²/2
-# multiply-adds each for the triangle) at the ~2 multiply-adds per byte S1 reaches on the GPUs
-# we measured (a quarter to a third of their FMA peak): 8 f² · 2 / (f² / 2) = 32
-SPLIT_COMBINE_ENTRIES = 32
+# automatic split: what routing one row through the pieces' scratch costs, in entries of S1
+# work, calibrated on the H100 (results/bench/longrows-h100, Netflix shape, f = 50 and 100):
+# the users' side (13K rows per launch, longest ~17K) lost with splitting (S1 70.1 -> 61.2 ms
+# but the combine 21.2 ms), the items' side (8.9K rows per launch, longest 233K) gained
+# (S1 57.3 -> 46.8 ms, combine 0.8 ms); the first estimate (8 f² bytes per row at ~2 FMA per
+# byte: 32 entries) overrated the longest row's tail ~20×; 2048 separates the two with margin
+SPLIT_COMBINE_ENTRIES = 2048
 
 
 def _gib(b):
