@@ -48,8 +48,8 @@ SOLVERS = ("cholesky", "cg", "fusedcg")
 STORAGES = ("float32", "float16")
 PRECISIONS = ("fp32", "tf32")
 _NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?(\+gemm)?(\+syrk)?(\+mma)?$")
-_INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "cg_steps",
-               "batch_rows", "split")
+_INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_rows",
+               "solve_vec", "cg_steps", "batch_rows", "split")
 _BOOL_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "mma", "triangle", "fused_solve")
 # hard bounds of every integer field, checked whenever a configuration is made (the bounds that
 # depend on f and the device, e.g. cg_steps ≤ f or the work-group limits, are checked by
@@ -60,7 +60,8 @@ MAX_CG_STEPS = 4096
 SPLIT_NEVER = (1 << 31) - 1
 INT_RANGES = {"vec": (0, 16), "tx": (1, 1 << 14), "ty": (1, 1 << 14), "tz": (1, 1 << 14),
               "bx": (0, 1 << 16), "by": (0, 1 << 16), "ks": (1, 1 << 10),
-              "nnz_batch": (1, 1 << 20), "solve_wg": (0, 1 << 14),
+              "nnz_batch": (1, 1 << 20), "solve_wg": (0, 1 << 14), "solve_rows": (1, 1 << 10),
+              "solve_vec": (0, 16),
               "cg_steps": (1, MAX_CG_STEPS), "batch_rows": (0, (1 << 31) - 1),
               "split": (0, SPLIT_NEVER)}
 _DIGITS = re.compile(r"^[0-9]{1,12}$")      # ASCII digits only (int() takes "1_0", "１", " +3")
@@ -93,6 +94,14 @@ class KernelConfig:
     solve_wg : work-items per system in S3 (a power of two ≤ f); 0 = the largest power of two
         ≤ min(f, 64). At 1, S2 also runs one work-item per row and both walk the factors in an
         inner, contiguous loop (what CPU compilers vectorise)
+    solve_rows : fused CG with ``solve_wg=1`` only: systems per S3 work-group, one per work-item
+        (a power of two; 1 = one system per work-group). Consecutive work-items solve consecutive
+        rows with the same loops, their CG vectors in private memory: a runtime that vectorises
+        across work-items (Intel's CPU compiler) runs each work-item as a SIMD lane, with no
+        barriers
+    solve_vec : fused CG with ``solve_wg=1`` only: 0 (scalar loops over the factors) or the
+        width 4/8/16 of the explicit float vectors the one work-item's CG is written in (for
+        compilers that vectorise across work-items, not along loops: Intel's CPU runtime)
     solver : "cholesky" (default), "cg" (cuMF's batched CG on the built hermitians) or "fusedcg"
         (CG applying A from the row's entries, S1 skipped); cg_steps their iterations
     storage : "float32" or "float16" (factors stored as half, compute in float32)
@@ -126,6 +135,8 @@ class KernelConfig:
     ks: int = 1
     nnz_batch: int = 32
     solve_wg: int = 0
+    solve_rows: int = 1
+    solve_vec: int = 0
     solver: str = "cholesky"
     cg_steps: int = 3
     storage: str = "float32"
@@ -207,6 +218,22 @@ class KernelConfig:
             raise InvalidConfigError("ks (split-K slices) is a syrk or mma parameter", "ks")
         if self.solve_wg and not _pow2(self.solve_wg):
             raise InvalidConfigError(f"solve_wg must be a power of two, not {self.solve_wg}", "solve_wg")
+        if self.solve_rows != 1:
+            if not _pow2(self.solve_rows):
+                raise InvalidConfigError(f"solve_rows must be a power of two, not "
+                                         f"{self.solve_rows}", "solve_rows")
+            if self.solver != "fusedcg" or self.solve_wg != 1:
+                raise InvalidConfigError("solve_rows (systems per S3 work-group, one per "
+                                         "work-item) is a parameter of the fused CG with "
+                                         "solve_wg=1", "solve_rows")
+        if self.solve_vec:
+            if self.solve_vec not in (4, 8, 16):
+                raise InvalidConfigError(f"solve_vec must be 0, 4, 8 or 16, not "
+                                         f"{self.solve_vec}", "solve_vec")
+            if self.solver != "fusedcg" or self.solve_wg != 1 or self.solve_rows != 1:
+                raise InvalidConfigError("solve_vec (the one work-item CG in explicit vectors) "
+                                         "is a parameter of the fused CG with solve_wg=1 and "
+                                         "solve_rows=1", "solve_vec")
 
     # ----- names ---------------------------------------------------------------------------
     @property
