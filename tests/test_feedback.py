@@ -14,7 +14,9 @@ VARIANTS = ["batch:tx=4,ty=4", "batch+reg+local:tx=4,ty=4,nnz_batch=8",
             # the fused right-hand side: a separate sum (implicit), an extra staged column (biases)
             "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5,batch_rows=9",
             # one work-item per row in S2 and per system in S3
-            "batch+reg+local:tx=4,ty=4,nnz_batch=8,solve_wg=1"]
+            "batch+reg+local:tx=4,ty=4,nnz_batch=8,solve_wg=1",
+            # ... and with the fused CG, in explicit float8 vectors (the last one ragged)
+            "batch+reg+local:tx=4,ty=4,nnz_batch=8,solve_wg=1,solve_vec=8"]
 
 
 def problem(f):

@@ -50,14 +50,14 @@ MODE_SOLVERS = {"implicit": ("cholesky", "cg", "fusedcg")}
 # objective cannot judge (the H100 Netflix f=10 tuning picked 2 steps: 2% worse test RMSE after 4
 # iterations); the tuner keeps the solver's default number of steps
 MODE_CG_STEPS = {"implicit": [3]}
-PARAM_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solver", "cg_steps",
-                "split")
+PARAM_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec", "solver",
+                "cg_steps", "split")
 # the GPU presets' long-row piece lengths: automatic (0), fixed lengths, never split. A long row is
 # one work-group's work unsplit; on a CPU (a few compute units, work-groups run as loops) the
 # tail it makes is short, and the automatic rule splits nothing on the data sizes CPUs take
 SPLIT_GRID = [0, 8192, 32768, SPLIT_NEVER]
-_MUTABLE = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "cg_steps", "split",
-            "fused_solve")
+_MUTABLE = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec", "cg_steps",
+            "split", "fused_solve")
 
 
 def flags_of(cfg):
@@ -102,6 +102,8 @@ def canonical(cfg: KernelConfig, mode="explicit") -> KernelConfig:
             kw["solve_wg"] = 0
     if cfg.solver == "cholesky":
         kw["cg_steps"] = KernelConfig.cg_steps
+    if cfg.solve_vec and (cfg.solver != "fusedcg" or cfg.solve_wg != 1):
+        kw["solve_vec"] = 0           # the explicit vectors of the one-work-item fused CG only
     if cfg.solver == "fusedcg" or cfg.fused_solve:   # no hermitians built: nothing to split
         kw["split"] = KernelConfig.split
     if not (cfg.reg or cfg.local or cfg.vec or cfg.tile or cfg.gemm or cfg.syrk or cfg.mma):
@@ -189,6 +191,8 @@ class Space:
             out = ["bx", "ks", "nnz_batch", "solve_wg", "solver"] + split
             return out + (["cg_steps"] if solver != "cholesky" else [])
         out = ["tx", "ty", "solve_wg", "solver"] + split
+        if solver == "fusedcg" and "solve_vec" in self.grid:
+            out.append("solve_vec")
         if local or gemm:
             out.append("nnz_batch")
         if gemm:
@@ -372,7 +376,7 @@ def make_space(name, f, info, storage="float32", solvers=None, mode="explicit"):
         edges = [e for e in (8, 16, 32) if e < f] or [f]
         grid = dict(tx=[1, 2, 4, 8, 16], ty=[1, 2, 4, 8, 16], nnz_batch=[16, 64],
                     bx=edges, by=edges,
-                    square_tiles=True, tz=[1, 2], solve_wg=[0],
+                    square_tiles=True, tz=[1, 2], solve_wg=[0], solve_vec=[0],
                     solver=list(mode_solvers or ["cholesky"]),
                     cg_steps=[3])
         return Space("bounded", f, flags, grid, storage, mode)
@@ -397,6 +401,7 @@ def make_space(name, f, info, storage="float32", solvers=None, mode="explicit"):
                     by=_tile_edges(f, (4, 8, 16, 24, 32, 48, 64)), tz=[1, 2, 4],
                     ks=_pow2s(1, min(128, cap)),
                     solve_wg=_pow2s(1, min(f, maxwg, 256)), solver=solvers,
+                    solve_vec=[0, 4, 8, 16] if info.type == "CPU" else [0],
                     fused_solve=[False, True],
                     cg_steps=list(MODE_CG_STEPS.get(mode, [KernelConfig.cg_steps])))
         if info.type != "CPU":
@@ -408,7 +413,8 @@ def make_space(name, f, info, storage="float32", solvers=None, mode="explicit"):
 def _default_space(f, info, storage="float32", mode="explicit"):
     """The ``default`` preset: what wins on the devices we know (the shipped tunings) — Cholesky,
     CG and fused CG; registers with vector widths 4/8/16, with and without local memory, and
-    tiles; ``solve_wg`` = 1 and 2 (the barrier-free CG forms) on CPUs; the gemm and syrk shapes
+    tiles; ``solve_wg`` = 1 and 2 (the barrier-free CG forms) on CPUs, the one-work-item fused CG
+    in scalar loops or explicit float8/float16 vectors (``solve_vec``); the gemm and syrk shapes
     on GPUs — at the work-item counts that split f, f/2 into whole 4- or 8-wide micro-tiles. On a
     CPU it is enumerable (≈ 7,000 configurations at f = 50); on a GPU the budgeted strategy samples
     and walks it."""
@@ -433,6 +439,7 @@ def _default_space(f, info, storage="float32", mode="explicit"):
                 bx=sorted(set(edges) | ({0, 4, 8} if gpu else set())), by=edges, square_tiles=True,
                 tz=[1, 2, 4], ks=[1, 2, 4, 8, 16, 32] if gpu else [1],
                 solve_wg=[w for w in wgs if w <= min(f, info.max_work_group_size)],
+                solve_vec=[0] if gpu else [0, 8, 16],
                 solver=["cholesky", "cg", "fusedcg"], fused_solve=[False, True],
                 cg_steps=list(MODE_CG_STEPS.get(mode, [KernelConfig.cg_steps])))
     if gpu:

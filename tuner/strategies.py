@@ -663,8 +663,8 @@ def _composed(session):
         # in explicit/biased mode the fused CG has no S1: its S1/S2 time says nothing of flags
         s12 = min(res, key=lambda r: s12_time(r, side))
         s3 = min(res, key=lambda r: r.sides[side]["stages_estimated"]["s3"])
-        c = s12.config.replace(solve_wg=s3.config.solve_wg, solver=s3.config.solver,
-                               cg_steps=s3.config.cg_steps)
+        c = s12.config.replace(solve_wg=s3.config.solve_wg, solve_vec=s3.config.solve_vec,
+                               solver=s3.config.solver, cg_steps=s3.config.cg_steps)
         try:
             c = prune(canonical(c, session.case.mode), session.case.kf, session.case.info)
         except InvalidConfigError:

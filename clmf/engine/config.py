@@ -48,8 +48,8 @@ SOLVERS = ("cholesky", "cg", "fusedcg")
 STORAGES = ("float32", "float16")
 PRECISIONS = ("fp32", "tf32")
 _NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?(\+gemm)?(\+syrk)?(\+mma)?$")
-_INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_rows",
-               "solve_vec", "cg_steps", "batch_rows", "split")
+_INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec",
+               "cg_steps", "batch_rows", "split")
 _BOOL_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "mma", "triangle", "fused_solve")
 # hard bounds of every integer field, checked whenever a configuration is made (the bounds that
 # depend on f and the device, e.g. cg_steps ≤ f or the work-group limits, are checked by
@@ -60,8 +60,7 @@ MAX_CG_STEPS = 4096
 SPLIT_NEVER = (1 << 31) - 1
 INT_RANGES = {"vec": (0, 16), "tx": (1, 1 << 14), "ty": (1, 1 << 14), "tz": (1, 1 << 14),
               "bx": (0, 1 << 16), "by": (0, 1 << 16), "ks": (1, 1 << 10),
-              "nnz_batch": (1, 1 << 20), "solve_wg": (0, 1 << 14), "solve_rows": (1, 1 << 10),
-              "solve_vec": (0, 16),
+              "nnz_batch": (1, 1 << 20), "solve_wg": (0, 1 << 14), "solve_vec": (0, 16),
               "cg_steps": (1, MAX_CG_STEPS), "batch_rows": (0, (1 << 31) - 1),
               "split": (0, SPLIT_NEVER)}
 _DIGITS = re.compile(r"^[0-9]{1,12}$")      # ASCII digits only (int() takes "1_0", "１", " +3")
@@ -94,14 +93,11 @@ class KernelConfig:
     solve_wg : work-items per system in S3 (a power of two ≤ f); 0 = the largest power of two
         ≤ min(f, 64). At 1, S2 also runs one work-item per row and both walk the factors in an
         inner, contiguous loop (what CPU compilers vectorise)
-    solve_rows : fused CG with ``solve_wg=1`` only: systems per S3 work-group, one per work-item
-        (a power of two; 1 = one system per work-group). Consecutive work-items solve consecutive
-        rows with the same loops, their CG vectors in private memory: a runtime that vectorises
-        across work-items (Intel's CPU compiler) runs each work-item as a SIMD lane, with no
-        barriers
-    solve_vec : fused CG with ``solve_wg=1`` only: 0 (scalar loops over the factors) or the
-        width 4/8/16 of the explicit float vectors the one work-item's CG is written in (for
-        compilers that vectorise across work-items, not along loops: Intel's CPU runtime)
+    solve_vec : 0, or 4/8/16: with the fused CG at one work-item per system (``swg(f) == 1``),
+        that work-item's CG (and S2, one work-item per row) is written in explicit float vectors
+        of this width, for compilers that vectorise across work-items rather than along loops
+        (Intel's CPU runtime runs the scalar one-work-item form as scalar code); ignored
+        elsewhere (:meth:`svec`)
     solver : "cholesky" (default), "cg" (cuMF's batched CG on the built hermitians) or "fusedcg"
         (CG applying A from the row's entries, S1 skipped); cg_steps their iterations
     storage : "float32" or "float16" (factors stored as half, compute in float32)
@@ -135,7 +131,6 @@ class KernelConfig:
     ks: int = 1
     nnz_batch: int = 32
     solve_wg: int = 0
-    solve_rows: int = 1
     solve_vec: int = 0
     solver: str = "cholesky"
     cg_steps: int = 3
@@ -218,22 +213,9 @@ class KernelConfig:
             raise InvalidConfigError("ks (split-K slices) is a syrk or mma parameter", "ks")
         if self.solve_wg and not _pow2(self.solve_wg):
             raise InvalidConfigError(f"solve_wg must be a power of two, not {self.solve_wg}", "solve_wg")
-        if self.solve_rows != 1:
-            if not _pow2(self.solve_rows):
-                raise InvalidConfigError(f"solve_rows must be a power of two, not "
-                                         f"{self.solve_rows}", "solve_rows")
-            if self.solver != "fusedcg" or self.solve_wg != 1:
-                raise InvalidConfigError("solve_rows (systems per S3 work-group, one per "
-                                         "work-item) is a parameter of the fused CG with "
-                                         "solve_wg=1", "solve_rows")
-        if self.solve_vec:
-            if self.solve_vec not in (4, 8, 16):
-                raise InvalidConfigError(f"solve_vec must be 0, 4, 8 or 16, not "
-                                         f"{self.solve_vec}", "solve_vec")
-            if self.solver != "fusedcg" or self.solve_wg != 1 or self.solve_rows != 1:
-                raise InvalidConfigError("solve_vec (the one work-item CG in explicit vectors) "
-                                         "is a parameter of the fused CG with solve_wg=1 and "
-                                         "solve_rows=1", "solve_vec")
+        if self.solve_vec not in (0, 4, 8, 16):
+            raise InvalidConfigError(f"solve_vec must be 0, 4, 8 or 16, not {self.solve_vec}",
+                                     "solve_vec")
 
     # ----- names ---------------------------------------------------------------------------
     @property
@@ -340,6 +322,11 @@ class KernelConfig:
         while p * 2 <= min(max(f, 1), 64):
             p *= 2
         return p
+
+    def svec(self, f):
+        """The explicit vector width of the one-work-item fused CG at ``f`` factors (0: scalar
+        loops, or ``solve_vec`` does not apply: another solver or work-items per system)."""
+        return self.solve_vec if self.solver == "fusedcg" and self.swg(f) == 1 else 0
 
     def s1_local_size(self, f=None):
         """Work-items of one S1 work-group (``syrk``: depends on ``f``, which it then needs)."""
@@ -506,6 +493,10 @@ def representative_variants(f=None):
         "batch:tx=4,ty=4,storage=float16,solver=cg",
         "batch:solver=fusedcg,cg_steps=3,batch_rows=7",
         "batch:solver=fusedcg,cg_steps=2,solve_wg=2",
+        # the one-work-item fused CG (and S2) in explicit vectors: ragged last vector at every f
+        # but 16 (f < SVW: that vector alone), half storage
+        "batch:solver=fusedcg,solve_wg=1,solve_vec=8,batch_rows=7",
+        "batch:solver=fusedcg,solve_wg=1,solve_vec=16,storage=float16",
         "batch+gemm:tx=3,ty=2,bx=7,tz=3,nnz_batch=4,batch_rows=7",
         "batch+vec4+gemm:tx=2,ty=2,bx=8,tz=2,nnz_batch=5",
         "batch+vec4+gemm:tx=2,ty=4,bx=12,nnz_batch=8,solver=cg,storage=float16",

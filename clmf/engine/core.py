@@ -112,11 +112,8 @@ def launch_batch(kern, q, cfg, v, fs, indptr, indices, data, Yother, A, B, G, Xo
     if not solve:
         return e1, e2, None
     if fused:
-        # solve_rows systems per work-group (one per work-item), or one per work-group
-        wg3 = cfg.swg(fs) * cfg.solve_rows
-        e3 = kern["s3_fused"](q, (-(-n // cfg.solve_rows) * wg3,), (wg3,), indptr, indices, data,
-                              Yother, G, np.int32(1 if add_gram else 0), B, Xout, status,
-                              np.int32(row0),
+        e3 = kern["s3_fused"](q, (n * cfg.swg(fs),), (cfg.swg(fs),), indptr, indices, data, Yother,
+                              G, np.int32(1 if add_gram else 0), B, Xout, status, np.int32(row0),
                               np.int32(n), np.float32(regularization),
                               np.int32(1 if weighted else 0), np.float32(alpha), np.int32(xoff),
                               wait_for=wait_for if e2 is None else None)

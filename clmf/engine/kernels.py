@@ -130,8 +130,8 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
         bx=bx, by=by, nnz_batch=config.nnz_batch, s1_wg=config.s1_local_size(f),
         s2_wg=min(_next_pow2(f), 256),
         comb_wg=_comb_wg(device_info),
-        solve_wg=config.swg(f), solve_rows=config.solve_rows,
-        solve_vec=config.solve_vec, solver=config.solver, cg_steps=config.cg_steps,
+        solve_wg=config.swg(f), solve_vec=config.svec(f),
+        solver=config.solver, cg_steps=config.cg_steps,
         chol_local=config.chol_local_bytes(f) + 4 * (4 * f + config.swg(f)) <= local_budget,
     )
     v.update(config.s1_geometry(f))
@@ -332,7 +332,7 @@ def als_program(context, device, config: KernelConfig, f: int, device_info, impl
     prog = build(context, src)
     s3 = "s3_fused" if config.solver == "fusedcg" else "s3_solve"
     av = als_variables(config, f, device_info)
-    needs = {"s1_hermitian": config.s1_local_size(f), s3: config.swg(f) * config.solve_rows,
+    needs = {"s1_hermitian": config.s1_local_size(f), s3: config.swg(f),
              "s2_rhs": av["s2_wg"], "s1_combine": av["comb_wg"]}
     if config.fused_solve:
         needs["s1s3_mma"] = config.s1_local_size(f)
