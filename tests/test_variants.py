@@ -126,3 +126,17 @@ def test_cg_more_steps_approaches_cholesky(cl_device):
         assert rel_err(m.user_factors_, Xr) <= TOL and rel_err(m.item_factors_, Yr) <= TOL
         errs.append(rel_err(m.user_factors_, Xc))
     assert errs[2] < errs[1] < errs[0]
+
+
+def test_solve_vec_applies_to_the_one_work_item_fused_cg_only():
+    from clmf.engine.kernels import render_als
+    from clmf.tuner.space import canonical
+    c = KernelConfig.parse("batch:solve_wg=1,solve_vec=8,solver=fusedcg")
+    assert c.svec(10) == 8 and "typedef float8 svec" in render_als(c, 10, implicit=True)
+    for other in (c.replace(solver="cg"), c.replace(solve_wg=2)):
+        assert other.svec(10) == 0 and "svec" not in render_als(other, 10, implicit=True)
+        assert canonical(other).solve_vec == 0
+    assert canonical(c).solve_vec == 8
+    assert KernelConfig.from_dict(c.to_dict()) == c and KernelConfig.parse(str(c)) == c
+    with pytest.raises(InvalidConfigError):
+        KernelConfig.parse("batch:solve_wg=1,solve_vec=3,solver=fusedcg")
