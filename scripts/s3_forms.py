@@ -121,7 +121,8 @@ def main(argv=None):
              f"- command: `{meta['command']}`",
              f"- medians of {a.rounds} alternating rounds, s per iteration; ratios: the first "
              "configuration's seconds ÷ this one's", "",
-             "| configuration (users / items) | wall | S1 | S2 | S3 | gram | S3 ratio | wall ratio |",
+             "| configuration (users / items) | wall | S1 | S2 | S3 | gram | S3 ratio "
+             "| wall ratio |",
              "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         lines.append(f"| `{row['config']}` | {row['wall_s']:.3f} | {row['s1']:.3f} | "
