@@ -65,6 +65,32 @@ class SideData:
         return self.indptr.nbytes + self.indices.nbytes + self.data.nbytes
 
 
+def padded_factors(side, M, rows, f, ldf, np_store, biased, biases=None):
+    """A side's factors (``rows`` × f) as the devices' padded host rows ``(max(1, rows), ldf)``:
+    with biases, column f holds the 1 and column f + 1 the bias."""
+    M = np.asarray(M, dtype=np.float32)
+    if M.shape != (rows, f):
+        raise ValueError(f"{side} factors must have shape {(rows, f)}, not {M.shape}")
+    host = np.zeros((max(1, rows), ldf), dtype=np_store)
+    host[:rows, :f] = M
+    if biased:
+        host[:, f] = 1.0
+        if biases is not None:
+            host[:rows, f + 1] = biases
+    return host
+
+
+def unpadded_factors(host, rows, f, biased, with_biases=False):
+    """The factors (float32, ``rows`` × f) of padded host rows, and with ``with_biases`` the
+    biases too (column f + 1 where ``biased``, else zeros)."""
+    X = np.ascontiguousarray(host[:rows, :f], dtype=np.float32)
+    if with_biases:
+        b = (host[:rows, f + 1].astype(np.float32) if biased
+             else np.zeros(rows, np.float32))
+        return X, b
+    return X
+
+
 def launch_gram(kern, q, cfg, fs, k, g_indptr, g_indices, g_data, Yother, A, B, G):
     """Enqueue G = Σ y yᵀ over the other side's rows (``k`` virtual rows of partial Grams summed
     by ``sum_partials``; implicit feedback)."""
@@ -408,12 +434,8 @@ class Engine:
         if self.ldf == self.f and not self.biased and self.np_store == np.float32:
             host = np.ascontiguousarray(M)          # the device's layout already: no copy
         else:
-            host = np.zeros((rows, self.ldf), dtype=self.np_store)
-            host[:, :self.f] = M
-            if self.biased:
-                host[:, self.f] = 1.0
-                if biases is not None:
-                    host[:, self.f + 1] = biases
+            host = padded_factors(side, M, rows, self.f, self.ldf, self.np_store, self.biased,
+                                  biases)
         up = U.Uploader(self.ctx, self.queue, U.zero_copy(self.info))
         try:
             up.write(self.factors[side], host)
@@ -424,11 +446,7 @@ class Engine:
         rows = self.side[side].rows
         host = np.empty((rows, self.ldf), dtype=self.np_store)
         self.cl.enqueue_copy(self.queue, host, self.factors[side])
-        X = np.ascontiguousarray(host[:, :self.f], dtype=np.float32)
-        if with_biases:
-            b = host[:, self.f + 1].astype(np.float32) if self.biased else np.zeros(rows, np.float32)
-            return X, b
-        return X
+        return unpadded_factors(host, rows, self.f, self.biased, with_biases)
 
     # ----- one half-step -------------------------------------------------------------------
     def half_step(self, side, regularization, weighted):

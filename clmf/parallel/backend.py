@@ -12,10 +12,11 @@ import time
 
 import numpy as np
 
+from ..engine.core import padded_factors, unpadded_factors
 from .layout import Layout, SideLayout, transpose_csr
 from .memory import plan_device
 from .partition import choose_modes, make_plan
-from .worker import SIDES, DeviceWorker, Exchange, other_side, padded_factors
+from .worker import SIDES, DeviceWorker, Exchange, other_side
 
 log = logging.getLogger(__name__)
 
@@ -218,12 +219,7 @@ class MultiEngine:
         for d, w in enumerate(self.workers):
             r0, r1 = self.plan[side].block(d)
             w.read_rows(side, host, r0, r1, blocking=True)
-        X = np.ascontiguousarray(host[:rows, :self.f], dtype=np.float32)
-        if with_biases:
-            b = (host[:rows, self.f + 1].astype(np.float32) if self.biased
-                 else np.zeros(rows, np.float32))
-            return X, b
-        return X
+        return unpadded_factors(host, rows, self.f, self.biased, with_biases)
 
     # ----- iterations ----------------------------------------------------------------------
     def half_step(self, side, regularization, weighted):

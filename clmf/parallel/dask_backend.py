@@ -18,9 +18,10 @@ import uuid
 
 import numpy as np
 
+from ..engine.core import padded_factors, unpadded_factors
 from . import dask_tasks as T
 from .partition import choose_modes, make_plan
-from .worker import SIDES, other_side, padded_factors
+from .worker import SIDES, other_side
 
 log = logging.getLogger(__name__)
 
@@ -316,12 +317,7 @@ class DaskEngine:
         for r0, blk in self._wait([self._on(d, T.read, self.fit_id, side)
                                    for d in range(self.n)]):
             host[r0:r0 + len(blk)] = blk
-        X = np.ascontiguousarray(host[:rows, :self.f], dtype=np.float32)
-        if with_biases:
-            b = (host[:rows, self.f + 1].astype(np.float32) if self.biased
-                 else np.zeros(rows, np.float32))
-            return X, b
-        return X
+        return unpadded_factors(host, rows, self.f, self.biased, with_biases)
 
     # ----- iterations ----------------------------------------------------------------------
     def half_step(self, side, regularization, weighted, previous=()):

@@ -37,21 +37,6 @@ SIDES = ("users", "items")
 _INT_MAX = np.iinfo(np.int32).max
 
 
-def padded_factors(side, M, rows, f, ldf, np_store, biased, biases=None):
-    """A side's factors (``rows`` × f) as the devices' padded host rows ``(max(1, rows), ldf)``:
-    with biases, column f holds the 1 and column f + 1 the bias."""
-    M = np.asarray(M, dtype=np.float32)
-    if M.shape != (rows, f):
-        raise ValueError(f"{side} factors must have shape {(rows, f)}, not {M.shape}")
-    host = np.zeros((max(1, rows), ldf), dtype=np_store)
-    host[:rows, :f] = M
-    if biased:
-        host[:, f] = 1.0
-        if biases is not None:
-            host[:rows, f + 1] = biases
-    return host
-
-
 def other_side(side):
     """The side that is fixed while ``side`` is solved."""
     return "items" if side == "users" else "users"
