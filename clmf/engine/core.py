@@ -52,10 +52,12 @@ class SideData:
 
     @property
     def rows(self):
+        """Rows of this side."""
         return len(self.indptr) - 1
 
     @property
     def nnz(self):
+        """Entries of this side."""
         return int(self.indptr[-1])
 
     def nbytes(self):

@@ -10,25 +10,16 @@ import os
 import numpy as np
 import scipy.sparse as sp
 
+from ..engine.core import SideData
+
 __all__ = ["SideLayout", "Layout", "transpose_csr"]
 
 
 @dataclasses.dataclass
-class SideLayout:
-    """CSR of one side: row r's entries are ``indices/data[indptr[r]:indptr[r+1]]``."""
-    indptr: np.ndarray    # int64, rows + 1
-    indices: np.ndarray   # int32
-    data: np.ndarray      # float32
-
-    @property
-    def rows(self):
-        """Rows of this side."""
-        return len(self.indptr) - 1
-
-    @property
-    def nnz(self):
-        """Entries."""
-        return int(self.indptr[-1])
+class SideLayout(SideData):
+    """CSR of one side held on the host (row r's entries are
+    ``indices/data[indptr[r]:indptr[r+1]]``; the arrays may be memory maps), with the slicing
+    the devices' row blocks need."""
 
     def counts(self):
         """Entries per row (int64)."""
