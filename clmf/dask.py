@@ -21,7 +21,7 @@ import numpy as np
 
 from .model import loop
 from .model.estimator import ALS as _ALS
-from .model.estimator import _side_stats
+from .model.estimator import _check_unregularized, _side_stats
 from .parallel.dask_backend import WorkerLostError, get_client
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,6 @@ class ALS(_ALS):
         """One attempt of :meth:`fit`."""
         from . import reference
         from .data.validation import check_params
-        from .errors import SingularSystemError
         from .parallel import dask_tasks as T
         from .parallel.dask_backend import DaskEngine, fit_workers, prepare, wait_alive
         check_params(self)
@@ -145,13 +144,7 @@ class ALS(_ALS):
             raise ValueError("implicit feedback needs non-negative strengths; X has negative "
                              "values")
         if self.regularization == 0 and not implicit:
-            for side, counts in (("user", data.user_counts), ("item", data.item_counts)):
-                bad = np.nonzero((counts > 0) & (counts < f))[0]
-                if bad.size:
-                    raise SingularSystemError(
-                        f"regularization=0 with {bad.size} {side}(s) having fewer ratings than "
-                        f"factors={f}: their normal equations are singular; use "
-                        "regularization > 0")
+            _check_unregularized(data.user_counts, data.item_counts, f)
         if early_stopping_rounds is not None:
             if validation is None:
                 raise ValueError("early_stopping_rounds needs validation data")

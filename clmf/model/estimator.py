@@ -312,13 +312,7 @@ class ALS(RecommenderMixin):
         item_counts = count_columns(R.indices, n)
         t_counts = time.perf_counter()
         if self.regularization == 0 and not implicit:
-            for side, counts in (("user", user_counts), ("item", item_counts)):
-                bad = np.nonzero((counts > 0) & (counts < f))[0]
-                if bad.size:
-                    raise SingularSystemError(
-                        f"regularization=0 with {bad.size} {side}(s) having fewer ratings than "
-                        f"factors={f} (first: {side} {int(bad[0])} with {int(counts[bad[0]])}): "
-                        "their normal equations are singular; use regularization > 0")
+            _check_unregularized(user_counts, item_counts, f)
         V = None
         if validation is not None:
             V = check_ratings(validation, shape=R.shape, what="validation").tocoo()
@@ -600,6 +594,18 @@ def _range_error(engine, R, f, storage, regularization):
             f"{plimit:.1e} work at this regularization; divide the ratings by {scale:.0e} (and "
             "multiply predictions back), or raise regularization in proportion to the scale")
     return None
+
+
+def _check_unregularized(user_counts, item_counts, f):
+    """Raise :class:`SingularSystemError` when, without regularization, a user or item with
+    ratings has fewer of them than factors (its normal equations are singular)."""
+    for side, counts in (("user", user_counts), ("item", item_counts)):
+        bad = np.nonzero((counts > 0) & (counts < f))[0]
+        if bad.size:
+            raise SingularSystemError(
+                f"regularization=0 with {bad.size} {side}(s) having fewer ratings than "
+                f"factors={f} (first: {side} {int(bad[0])} with {int(counts[bad[0]])}): "
+                "their normal equations are singular; use regularization > 0")
 
 
 def _precision_at_10(X, Y, R, V, k=10):
