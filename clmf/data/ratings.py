@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from ._ids import factorize
 from .scan import has_duplicate_pairs
 from .validation import check_float32_range
 
@@ -61,27 +62,8 @@ def _as_id_array(raw: Any, what: str) -> np.ndarray:
 
 
 def _factorize(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Map raw ids to contiguous indices sorted by raw id.
-
-    Returns ``(uniques, codes)`` with ``uniques[codes] == raw``. Integer ids with a compact
-    range take an O(n) table path; everything else uses :func:`numpy.unique`.
-    """
-    if raw.dtype.kind in "iu" and len(raw) > 0:
-        lo = int(raw.min())
-        hi = int(raw.max())
-        span = hi - lo + 1
-        if span <= 4 * len(raw) + 4096:
-            shifted = (raw - lo).astype(np.intp, copy=False)
-            present = np.zeros(span, dtype=bool)
-            present[shifted] = True
-            uniques_off = np.flatnonzero(present)
-            table = np.full(span, -1, dtype=np.int64)
-            table[uniques_off] = np.arange(len(uniques_off), dtype=np.int64)
-            codes = table[shifted]
-            uniques = (uniques_off + lo).astype(raw.dtype if raw.dtype.itemsize >= 4 else np.int64)
-            return uniques, codes
-    uniques, codes = np.unique(raw, return_inverse=True)
-    return uniques, codes.reshape(-1)
+    """Map raw ids to contiguous indices sorted by raw id (:func:`._ids.factorize`)."""
+    return factorize(raw)
 
 
 def _compatible(map_kind: str, query_kind: str) -> bool:
