@@ -44,7 +44,6 @@ def _factorize_compact(raw: np.ndarray, lo: int, span: int, codes_dtype):
         present[_offsets(raw[s:e], lo)] = True
     _map(mark, len(raw))
     uniques_off = np.flatnonzero(present)
-    del present
     table = np.full(span, -1, dtype=codes_dtype)
     table[uniques_off] = np.arange(len(uniques_off), dtype=codes_dtype)
     codes = np.empty(len(raw), dtype=codes_dtype)

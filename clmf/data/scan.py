@@ -22,8 +22,12 @@ _PARALLEL_FROM = 4 * CHUNK       # fewer entries: one thread
 @functools.lru_cache(maxsize=1)
 def _pool():
     """The shared pool of the scans."""
-    return concurrent.futures.ThreadPoolExecutor(max(1, min(THREADS, os.cpu_count() or 1)),
-                                                 thread_name_prefix="clmf-scan")
+    return concurrent.futures.ThreadPoolExecutor(_workers(), thread_name_prefix="clmf-scan")
+
+
+def _workers():
+    """Threads of the shared pool."""
+    return max(1, min(THREADS, os.cpu_count() or 1))
 
 
 def _chunks(n):
@@ -87,24 +91,35 @@ def csr_is_canonical(indptr, indices, data, ncols):
     return all(_pool().map(lambda p: block(*p), pairs))
 
 
-def pairs_increasing(a, b, chunk=1 << 20):
+def pairs_increasing(a, b):
     """Whether the pairs ``(a[k], b[k])`` strictly increase (lexicographically), checked chunk
-    by chunk (the first unordered chunk ends it)."""
+    by chunk over the threads (each chunk with its successor's first pair; once a chunk is out of
+    order, the chunks not yet started are skipped)."""
     n = len(a)
-    for s in range(0, n - 1, chunk):
-        e = min(n, s + chunk + 1)
-        da = np.diff(a[s:e].astype(np.int64))
-        if np.any(da < 0) or np.any((da == 0) & (np.diff(b[s:e].astype(np.int64)) <= 0)):
+    if n < 2:
+        return True
+    unordered = []
+
+    def part(s, e):
+        """Whether one chunk's pairs (and the next pair) increase."""
+        if unordered:
             return False
-    return True
+        e = min(n, e + 1)
+        da = np.diff(a[s:e].astype(np.int64))
+        ok = not (np.any(da < 0) or np.any((da == 0) & (np.diff(b[s:e].astype(np.int64)) <= 0)))
+        if not ok:
+            unordered.append(s)
+        return ok
+    return all(_map(part, n - 1))
 
 
 def has_duplicate_pairs(u, i, n_items):
     """Whether a (user, item) pair repeats, in O(N) without sorting the keys. Pairs already in
-    strictly increasing (user, item) or (item, user) order have none; otherwise two stable
-    counting sorts (SciPy's COO → CSR by user with the duplicates kept — or the CSR read off
-    directly when the users are already in order —, then CSR → CSC by item) put each item's
-    users in ascending order, where a repeated pair shows as two equal neighbours."""
+    strictly increasing (user, item) or (item, user) order have none (checked over the threads);
+    otherwise two stable counting sorts (SciPy's COO → CSR by user with the duplicates kept — or
+    the CSR read off directly when the users are already in order —, then CSR → CSC by item)
+    put each item's users in ascending order, where a repeated pair shows as two equal
+    neighbours."""
     n = len(u)
     if n < 2 or pairs_increasing(u, i) or pairs_increasing(i, u):
         return False
