@@ -11,11 +11,10 @@ from typing import Sequence
 
 import numpy as np
 
-from ._fastcsv import first_line, read_numeric
+from . import _fastload
 from ._text import (
     _empty,
     _finish,
-    _looks_like_header,
     _parse_float,
     _parse_int,
     _read_text,
@@ -155,46 +154,6 @@ def _named_columns(table: _Table, path: Path, wanted: dict[str, Sequence[str]]) 
     return out
 
 
-_CSV_NAMES = {"user": ("userId", "user_id", "user"),
-              "item": ("movieId", "movie_id", "item", "itemId"),
-              "rating": ("rating",), "timestamp": ("timestamp", "time")}
-
-
-def _movielens_csv_fast(path: Path):
-    """``(users, items, ratings, timestamps or None)`` of a well-formed ratings.csv read by
-    pyarrow, or None (then the line-by-line path reads it and names any problem)."""
-    line = first_line(path)
-    if line is None:
-        return None
-    fields = line.split(",")
-    if _looks_like_header(fields, 2):
-        header = [f.strip().strip('"').lower() for f in fields]
-        idx = {}
-        for key, alternatives in _CSV_NAMES.items():
-            for alt in alternatives:
-                if alt.lower() in header:
-                    idx[key] = header.index(alt.lower())
-                    break
-        if any(k not in idx for k in ("user", "item", "rating")):
-            return None
-        ncols, has_header = len(header), True
-    else:
-        ncols, has_header = len(fields), False
-        if ncols not in (3, 4):
-            return None
-        idx = {"user": 0, "item": 1, "rating": 2, **({"timestamp": 3} if ncols == 4 else {})}
-    types = {idx["user"]: "int", idx["item"]: "int", idx["rating"]: "float"}
-    if "timestamp" in idx:
-        types[idx["timestamp"]] = "int"
-    if len(types) != len(idx):                 # one column named twice: the careful path
-        return None
-    cols = read_numeric(path, ",", ncols, has_header, types)
-    if cols is None:
-        return None
-    ts = cols[idx["timestamp"]] if "timestamp" in idx else None
-    return cols[idx["user"]], cols[idx["item"]], cols[idx["rating"]], ts
-
-
 def load_movielens_csv(path: str | os.PathLike, *, duplicates: str = "error") -> Ratings:
     """Load a MovieLens ``ratings.csv`` (latest, latest-small, 20M, 25M, 32M).
 
@@ -226,10 +185,9 @@ def load_movielens_csv(path: str | os.PathLike, *, duplicates: str = "error") ->
     """
     path = Path(path)
     t0 = time.perf_counter()
-    fast = _movielens_csv_fast(path)
+    fast = _fastload.movielens_csv(path, duplicates, t0)
     if fast is not None:
-        u, i, r, ts = fast
-        return _finish(path, None, u, i, r, ts, t0, "MovieLens CSV", duplicates=duplicates)
+        return fast
     text = _read_text(path)
     table = _Table(path, text, ",", header="auto", rating_col=2)
     _empty(path, table)

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from . import _fastload
 from ._text import (
     _empty,
     _finish,
@@ -137,7 +138,14 @@ def load_triples(
     if header not in ("auto", True, False):
         raise ValueError(f"header must be 'auto', True or False, got {header!r}")
     if path.suffix.lower() in (".parquet", ".pq"):
+        fast = _fastload.parquet(path, columns, timestamp_column, duplicates, t0)
+        if fast is not None:
+            return fast
         return _load_parquet(path, columns, timestamp_column, duplicates=duplicates)
+    if sep != "":
+        fast = _fastload.triples_csv(path, sep, columns, header, timestamp_column, duplicates, t0)
+        if fast is not None:
+            return fast
     text = _read_text(path)
     if sep is None:
         sep = _sniff_sep(path, text)
