@@ -273,29 +273,3 @@ def test_tuning_index_follows_the_database(tmp_path, monkeypatch):
     os.utime(db, ns=(2, 2))
     with pytest.warns(Warning, match="skipped"):                  # a bad line is skipped alone
         assert index.best_records(db) == []
-
-
-@pytest.mark.parametrize("header", [True, False])
-def test_movielens_csv_fast_path_equals_line_parser(tmp_path, header, monkeypatch):
-    pytest.importorskip("pyarrow")
-    from clmf.data import _fastcsv, movielens
-    lines = ["userId,movieId,rating,timestamp"] if header else []
-    lines += ["1,10,4.5,978300760", "3,10,2.0,978300761", "1,7,1.0,978300762", "", "2,7,5,1"]
-    p = tmp_path / "ratings.csv"
-    p.write_text("\r\n".join(lines) + "\r\n")
-    fast = movielens.load_movielens_csv(p)
-    monkeypatch.setattr(_fastcsv, "read_numeric", lambda *a, **k: None)
-    monkeypatch.setattr(movielens, "read_numeric", lambda *a, **k: None)
-    slow = movielens.load_movielens_csv(p)
-    for a in ("users", "items", "ratings", "timestamps", "user_ids", "item_ids"):
-        np.testing.assert_array_equal(getattr(fast, a), getattr(slow, a))
-
-
-@pytest.mark.parametrize("bad", ["1,10,nan,5", "1,10, 4,5", "1,x,4,5", "1,10,4", '"1",10,4,5'])
-def test_movielens_csv_fast_path_leaves_problems_to_the_line_parser(tmp_path, bad):
-    pytest.importorskip("pyarrow")
-    from clmf.data import _fastcsv
-    p = tmp_path / "ratings.csv"
-    p.write_text("userId,movieId,rating,timestamp\n2,3,4,5\n" + bad + "\n")
-    assert _fastcsv.read_numeric(p, ",", 4, True, {0: "int", 1: "int", 2: "float", 3: "int"}) \
-        is None or bad == "1,10, 4,5"

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ._text import _gunzip
+from .scan import value_range
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["RawText", "read_raw", "read_columns"]
@@ -80,7 +83,6 @@ class RawText:
 def read_raw(path: Path) -> RawText | None:
     """The file's bytes (gzip-aware) as :class:`RawText`, or None when it cannot be read (the line
     parser then names the problem: a missing file, a truncated or corrupt gzip stream)."""
-    from ._text import _gunzip
     try:
         data = path.read_bytes()
         if data[:2] == b"\x1f\x8b":
@@ -184,6 +186,5 @@ def read_columns(raw: RawText, sep: str, ncols: int, header: bool, kinds: dict[i
 
 def _all_finite(values: np.ndarray) -> bool:
     """Whether every value is finite (min and max over the scan threads)."""
-    from .scan import value_range
     lo, hi = value_range(values)
     return bool(np.isfinite(lo) and np.isfinite(hi))

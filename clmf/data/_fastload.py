@@ -17,7 +17,7 @@ import numpy as np
 
 from ._fastcsv import _dictionary_column, read_columns, read_raw
 from ._ids import factorize, take
-from ._text import _looks_like_header, _parse_id
+from ._text import _looks_like_header, _parse_id, _resolve_column, _sniff_sep
 from .ratings import Ratings, _handle_duplicates
 from .scan import _map, _pool, value_range
 
@@ -154,7 +154,6 @@ def triples_csv(path: Path, sep, columns, header, timestamp_column, duplicates,
     reads them (integers when all are canonical ASCII integers, else stripped texts), or None
     (whitespace or multi-character separators, quoted CSV, and whatever :func:`._fastcsv.
     read_columns` leaves to the line parser)."""
-    from .triples import _resolve_column, _sniff_sep
     raw = read_raw(path)
     if raw is None:
         return None
@@ -192,13 +191,17 @@ def triples_csv(path: Path, sep, columns, header, timestamp_column, duplicates,
 
 def _parquet_names(schema) -> list[str] | None:
     """The columns pandas would show for a Parquet schema, or None where pandas' metadata could
-    make them differ (stored index columns, names that are not the fields' strings, repeats)."""
+    make them differ (stored index columns, names that are not the fields' strings — integer
+    column labels are stored as text —, repeats)."""
     names = list(schema.names)
     if len(set(names)) != len(names):
         return None
     meta = schema.pandas_metadata
     if meta:
         if any(isinstance(c, str) for c in meta.get("index_columns", [])):
+            return None
+        labels = meta.get("column_indexes", [])
+        if len(labels) > 1 or any(c.get("pandas_type") != "unicode" for c in labels):
             return None
         for c in meta.get("columns", []):
             if c.get("field_name") in names and c.get("name") != c.get("field_name"):

@@ -233,6 +233,40 @@ def _parse_time(table: _Table, values: list[str], what: str) -> np.ndarray:
         ) from None
 
 
+def _sniff_sep(path: Path, text: str) -> str | None:
+    """The separator of a delimited text (from its first 20 non-blank lines), or None for
+    whitespace."""
+    sample = [ln for ln in _text_lines(text[:65536]) if ln.strip()][:20]
+    if not sample:
+        return None
+    if all("::" in ln for ln in sample):
+        return "::"
+    for cand in ("\t", ",", ";", "|"):
+        counts = {ln.count(cand) for ln in sample}
+        if len(counts) == 1 and counts.pop() >= 1:
+            return cand
+    for cand in ("\t", ",", ";"):
+        if all(cand in ln for ln in sample):
+            return cand
+    return None
+
+
+def _resolve_column(spec: int | str, table: _Table, path: Path, what: str) -> int:
+    """0-based position of a column given by position or by header name."""
+    if isinstance(spec, (int, np.integer)):
+        if spec < 0:
+            raise ValueError(f"{what} column index must be >= 0, got {spec}")
+        return int(spec)
+    if table.header is None:
+        raise ValueError(f"{path}: column {spec!r} given by name but the file has no header")
+    if spec in table.header:
+        return table.header.index(spec)
+    lowered = [h.lower() for h in table.header]
+    if spec.lower() in lowered:
+        return lowered.index(spec.lower())
+    raise ValueError(f"{path}: column {spec!r} not in header {table.header}")
+
+
 def _empty(path: Path, table: _Table) -> None:
     if not table.lines:
         raise ValueError(f"{path}: no ratings found (file is empty or has only a header)")

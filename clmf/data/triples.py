@@ -25,6 +25,8 @@ from ._text import (
     _parse_id,
     _parse_time,
     _read_text,
+    _resolve_column,
+    _sniff_sep,
     _Table,
     _text_lines,
 )
@@ -33,37 +35,6 @@ from .netflix import load_netflix
 from .ratings import Ratings, _import_pandas
 
 logger = logging.getLogger(__name__)
-
-
-def _sniff_sep(path: Path, text: str) -> str | None:
-    sample = [ln for ln in _text_lines(text[:65536]) if ln.strip()][:20]
-    if not sample:
-        return None
-    if all("::" in ln for ln in sample):
-        return "::"
-    for cand in ("\t", ",", ";", "|"):
-        counts = {ln.count(cand) for ln in sample}
-        if len(counts) == 1 and counts.pop() >= 1:
-            return cand
-    for cand in ("\t", ",", ";"):
-        if all(cand in ln for ln in sample):
-            return cand
-    return None
-
-
-def _resolve_column(spec: int | str, table: _Table, path: Path, what: str) -> int:
-    if isinstance(spec, (int, np.integer)):
-        if spec < 0:
-            raise ValueError(f"{what} column index must be >= 0, got {spec}")
-        return int(spec)
-    if table.header is None:
-        raise ValueError(f"{path}: column {spec!r} given by name but the file has no header")
-    if spec in table.header:
-        return table.header.index(spec)
-    lowered = [h.lower() for h in table.header]
-    if spec.lower() in lowered:
-        return lowered.index(spec.lower())
-    raise ValueError(f"{path}: column {spec!r} not in header {table.header}")
 
 
 def _load_parquet(path: Path, columns, timestamp_column, **kw) -> Ratings:
