@@ -157,6 +157,13 @@ def test_movielens_gzip_and_corrupt_gzip(tmp_path, monkeypatch):
     assert "truncated or corrupt gzip" in str(same(monkeypatch, "ml", p, fast=False))
 
 
+@pytest.mark.parametrize("user", ["7", "0x7", "0X7", "-0x7"])
+def test_movielens_hex_guard_looks_past_the_header(tmp_path, monkeypatch, user):
+    text = f"userId,movieId,rating,timestamp,xtra\n1,2,3,4,x\n{user},2,3,4,y\n"
+    out = same(monkeypatch, "ml", write(tmp_path / "ratings.csv", text))
+    assert (user == "7") != isinstance(out, Exception)
+
+
 def test_movielens_latin1_and_lone_cr(tmp_path, monkeypatch):
     same(monkeypatch, "ml", write(tmp_path / "a.csv", (ML + "2,3,4,5\n").encode() + b"\xe9\n"))
     same(monkeypatch, "ml", write(tmp_path / "b.csv", ML.replace("\n", "\r")), fast=False)
@@ -312,6 +319,17 @@ def test_parquet_unusual_columns_take_the_pandas_path(tmp_path, monkeypatch, cha
             "t": np.array([5, 6, 7]), **change}
     p = _parquet(tmp_path / "r.parquet", **cols)
     same(monkeypatch, "parquet", p, fast=False, columns=("u", "i", "r"), timestamp_column="t")
+
+
+def test_parquet_pandas_extension_dtypes(tmp_path, monkeypatch):
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"u": pd.array([5, -2, 5], dtype="Int64"),
+                       "i": pd.array(["a", "b", "b"], dtype="string"),
+                       "r": pd.array([1.5, 2.0, 3.0], dtype="Float64"),
+                       "t": pd.array([7, 8, 9], dtype="UInt32")})
+    df.to_parquet(tmp_path / "x.parquet")
+    same(monkeypatch, "parquet", tmp_path / "x.parquet", columns=("u", "i", "r"),
+         timestamp_column="t")
 
 
 def test_parquet_names_positions_and_empty(tmp_path, monkeypatch):

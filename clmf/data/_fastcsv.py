@@ -75,9 +75,14 @@ class RawText:
             return None
         return line
 
-    def has(self, *needles: bytes) -> bool:
-        """Whether any of ``needles`` occurs in the text."""
-        return any(n in self.data for n in needles)
+    def has(self, *needles: bytes, after_first_line: bool = False) -> bool:
+        """Whether any of ``needles`` occurs in the text (or in the text after its first line)."""
+        start = self.start
+        if after_first_line:
+            start = self.data.find(b"\n", start)
+            if start < 0:
+                return False
+        return any(self.data.find(n, start) >= 0 for n in needles)
 
 
 def read_raw(path: Path) -> RawText | None:
@@ -142,7 +147,7 @@ def read_columns(raw: RawText, sep: str, ncols: int, header: bool, kinds: dict[i
     except ImportError:
         return None
     names = [f"c{k}" for k in range(ncols)]
-    hex_possible = raw.has(b"x", b"X")
+    hex_possible = raw.has(b"x", b"X", after_first_line=header)
     kind_types = {"int": pa.string() if hex_possible else pa.int64(), "float": pa.float64(),
                   "id": pa.dictionary(pa.int32(), pa.string())}
     buf = pa.py_buffer(raw.data)
