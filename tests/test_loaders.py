@@ -91,6 +91,13 @@ ML = "userId,movieId,rating,timestamp\n1,10,4.5,978300760\n3,10,2.0,978300761\n1
 TR = "user\titem\tscore\nann\tx1\t4\nbob\tx1\t2.5\nann\tx2\t1\n"
 
 
+@pytest.fixture(autouse=True)
+def mapped(monkeypatch):
+    """Text files memory-mapped as large ones are (the small files of the other test modules, and
+    the test that says so, take the copy)."""
+    monkeypatch.setattr(_fastcsv, "_MAP_FROM", 1)
+
+
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Scan threads and pyarrow blocks on tiny inputs: many chunks, per-block dictionaries."""
@@ -164,7 +171,9 @@ def test_movielens_hex_guard_looks_past_the_header(tmp_path, monkeypatch, user):
     assert (user == "7") != isinstance(out, Exception)
 
 
-def test_movielens_latin1_and_lone_cr(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mapped", [False, True])
+def test_movielens_latin1_and_lone_cr(tmp_path, monkeypatch, mapped):
+    monkeypatch.setattr(_fastcsv, "_MAP_FROM", 1 if mapped else 1 << 24)
     same(monkeypatch, "ml", write(tmp_path / "a.csv", (ML + "2,3,4,5\n").encode() + b"\xe9\n"))
     same(monkeypatch, "ml", write(tmp_path / "b.csv", ML.replace("\n", "\r")), fast=False)
 
@@ -356,7 +365,8 @@ def test_parquet_names_positions_and_empty(tmp_path, monkeypatch):
     np.array([-30000, 30000, 5, -30000], np.int16), np.array([0, 255, 3, 3], np.uint8),
     np.array([2**64 - 1, 2**63, 2**63 + 5, 2**63], np.uint64),
     np.array([2**63 - 1, -2**63, 0], np.int64), np.array([10**12, 5, 10**12, 7]),
-    np.array(["b", "a", "b", "ccc"]), np.array([1.5, -0.5, 1.5]),
+    np.array(["b", "a", "b", "ccc"]), np.array([1.5, -0.5, 1.5]), np.array([5, 9, 5, 7]),
+    np.array([1000, 1003, 1000], np.int32), np.array([0, 3, 3], np.uint64),
 ])
 @pytest.mark.parametrize("threads", [False, True])
 def test_factorize_equals_numpy_unique(monkeypatch, raw, threads):

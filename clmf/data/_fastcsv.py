@@ -1,10 +1,11 @@
 """Reading delimited files with pyarrow's multithreaded CSV reader (when pyarrow is installed),
 column by column as the line-by-line parser of :mod:`._text` would read them.
 
-The file is read into memory once (gunzipped, a UTF-8 mark dropped) and handed to pyarrow without
-a copy. Numeric columns are read as int64 / float64; id columns as dictionary-encoded text, so that
-the line parser's own functions read each distinct id text once (same ids, same id maps, whatever
-the texts look like: ``01``, ``0x1f``, ``1e5``, ``１`` stay what the line parser makes of them).
+The file is memory-mapped (a gzip file decompressed into memory), a UTF-8 mark skipped, and handed
+to pyarrow without a copy. Numeric columns are read as int64 / float64; id columns as
+dictionary-encoded text, so that the line parser's own functions read each distinct id text once
+(same ids, same id maps, whatever the texts look like: ``01``, ``0x1f``, ``1e5``, ``１`` stay
+what the line parser makes of them).
 Whatever pyarrow would not read exactly as the line parser does gives None and the caller takes the
 line-by-line path, which names the problem with its line number: a file that is not UTF-8, quotes
 (with a comma separator), whitespace-only lines, a ragged line, a field that is not a plain number,
@@ -14,13 +15,14 @@ from __future__ import annotations
 
 import codecs
 import logging
+import mmap
 import os
 from pathlib import Path
 
 import numpy as np
 
 from ._text import _gunzip
-from .scan import value_range
+from .scan import _map, value_range
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +30,16 @@ __all__ = ["RawText", "read_raw", "read_columns"]
 
 _BOM = b"\xef\xbb\xbf"
 _UTF8_PIECE = 1 << 24          # bytes per step of the UTF-8 check of non-ASCII files
+_MAP_FROM = 1 << 24            # files of at least this many bytes are memory-mapped, not copied
+
+
+def _is_ascii(data) -> bool:
+    """Whether ``data`` (bytes, or a memory map checked in chunks over the scan threads) is
+    ASCII."""
+    if isinstance(data, bytes):
+        return data.isascii()
+    arr = np.frombuffer(data, np.uint8)
+    return all(_map(lambda s, e: bool(arr[s:e].max(initial=0) < 0x80), len(arr)))
 
 
 def _is_utf8(data: memoryview) -> bool:
@@ -43,16 +55,16 @@ def _is_utf8(data: memoryview) -> bool:
 
 
 class RawText:
-    """A delimited file's bytes in memory as the line parser sees them: gunzipped, a leading
-    UTF-8 mark skipped, and whether they are UTF-8 (else the line parser reads latin-1)."""
+    """A delimited file's bytes as the line parser sees them (gunzipped; ``data`` is bytes or a
+    read-only memory map), where they start (after a UTF-8 mark), and whether they are UTF-8
+    (else the line parser reads latin-1)."""
 
-    def __init__(self, path: Path, data: bytes):
-        """Wrap the (decompressed) bytes ``data`` of ``path``."""
+    def __init__(self, path: Path, data):
+        """Wrap the (decompressed) bytes or memory map ``data`` of ``path``."""
         self.path = path
         self.data = data
-        self.start = 3 if data.startswith(_BOM) else 0
-        body = memoryview(data)[self.start:]
-        self.utf8 = data.isascii() or _is_utf8(body)
+        self.start = 3 if data[:3] == _BOM else 0
+        self.utf8 = _is_ascii(data) or _is_utf8(memoryview(data)[self.start:])
 
     def _decode(self, raw: bytes) -> str:
         """Text of some whole characters of the file, decoded as the line parser decodes it."""
@@ -86,12 +98,18 @@ class RawText:
 
 
 def read_raw(path: Path) -> RawText | None:
-    """The file's bytes (gzip-aware) as :class:`RawText`, or None when it cannot be read (the line
-    parser then names the problem: a missing file, a truncated or corrupt gzip stream)."""
+    """The file's bytes (gzip-aware; a large plain file memory-mapped) as :class:`RawText`, or
+    None when it cannot be read (the line parser then names the problem: a missing file, a
+    truncated or corrupt gzip stream)."""
     try:
-        data = path.read_bytes()
-        if data[:2] == b"\x1f\x8b":
-            data = _gunzip(path, data)
+        with open(path, "rb") as fh:
+            magic = fh.read(2)
+            if magic == b"\x1f\x8b":
+                data = _gunzip(path, magic + fh.read())
+            elif os.fstat(fh.fileno()).st_size >= max(_MAP_FROM, 1):
+                data = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            else:
+                data = magic + fh.read()
     except (OSError, ValueError):
         return None
     return RawText(path, data)

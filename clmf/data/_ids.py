@@ -36,24 +36,33 @@ def take(table: np.ndarray, index: np.ndarray, dtype=None) -> np.ndarray:
 
 
 def _factorize_compact(raw: np.ndarray, lo: int, span: int, codes_dtype):
-    """The presence-table path of :func:`factorize` for integer ids in ``[lo, lo + span)``."""
-    present = np.zeros(span, dtype=bool)
+    """The presence-table path of :func:`factorize` for integer ids in ``[lo, lo + span)``: the
+    table starts at 0 when ``lo`` is small and non-negative (the ids index it as they are, no
+    offset array per chunk), else at ``lo``."""
+    direct = 0 <= lo <= span and raw.dtype != np.uint64
+    base = 0 if direct else lo
+    size = span + lo - base
+
+    def where(x):
+        """Positions of ids ``x`` in the table."""
+        return x if direct else _offsets(x, base)
+    present = np.zeros(size, dtype=bool)
 
     def mark(s, e):
         """Mark one chunk's ids present (concurrent writes store the same True)."""
-        present[_offsets(raw[s:e], lo)] = True
+        present[where(raw[s:e])] = True
     _map(mark, len(raw))
     uniques_off = np.flatnonzero(present)
-    table = np.full(span, -1, dtype=codes_dtype)
+    table = np.full(size, -1, dtype=codes_dtype)
     table[uniques_off] = np.arange(len(uniques_off), dtype=codes_dtype)
     codes = np.empty(len(raw), dtype=codes_dtype)
 
     def look(s, e):
         """Codes of one chunk."""
-        np.take(table, _offsets(raw[s:e], lo), out=codes[s:e])
+        np.take(table, where(raw[s:e]), out=codes[s:e])
     _map(look, len(raw))
     out_dtype = raw.dtype if raw.dtype.itemsize >= 4 else np.dtype(np.int64)
-    uniques = uniques_off.astype(out_dtype) + out_dtype.type(lo)
+    uniques = uniques_off.astype(out_dtype) + out_dtype.type(base)
     return uniques, codes
 
 
