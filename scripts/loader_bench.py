@@ -198,6 +198,16 @@ def markdown(doc):
     return "\n".join(lines) + "\n"
 
 
+def write_atomic(path, text):
+    """Write ``text`` to ``path`` through a temporary file renamed over it (never half-written)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def main(argv=None):
     """Generate the files, time the loaders, write the report."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -210,8 +220,8 @@ def main(argv=None):
                     help="only write OUT/loaders.md again from OUT/loaders.json")
     args = ap.parse_args(argv)
     if args.rewrite_md:
-        (args.out / "loaders.md").write_text(markdown(json.loads((args.out / "loaders.json")
-                                                                .read_text())))
+        write_atomic(args.out / "loaders.md",
+                     markdown(json.loads((args.out / "loaders.json").read_text())))
         return 0
     clmf = import_clmf()
     from clmf.data import _fastload
@@ -249,8 +259,8 @@ def main(argv=None):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "loaders.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (args.out / "loaders.md").write_text(markdown(doc))
+    write_atomic(args.out / "loaders.json", json.dumps(doc, indent=1) + "\n")
+    write_atomic(args.out / "loaders.md", markdown(doc))
     sys.stdout.write(markdown(doc))
     return 0
 

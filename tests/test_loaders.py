@@ -203,6 +203,7 @@ def test_movielens_many_blocks(tmp_path, monkeypatch, small_chunks):
     ("9223372036854775807,1,1\n-9223372036854775808,1,2\n", {}),
     ("9223372036854775808,1,1\n1,1,2\n", {}),                          # beyond int64: texts
     ("u,i,r,t\na,b,1,100\nc,b,2,-5\n", {"timestamp_column": "t"}),
+    ("x,b,1,100\ny,b,2,-5\n", {"timestamp_column": 3}),               # an x: times as text
     ("when,score,who,what\n7,5,ann,apple\n8,3,bob,pear\n",
      {"columns": ("who", "what", "score"), "timestamp_column": 0}),
     ("a,,3\nb,x,4\n", {}),                                             # an empty id
@@ -223,6 +224,7 @@ def test_triples_fast_path_matches_line_parser(tmp_path, monkeypatch, text, kw):
     ("a,b,1,0x10\n", {"timestamp_column": 3}),                         # hex time: an error
     ("a,b,1,soon\n", {"timestamp_column": 3}),
     ("a,b,1,1.5\nc,d,2,2020\n", {"timestamp_column": 3}),              # float seconds
+    ("x,b,1,1.5\nc,d,2,2020\n", {"timestamp_column": 3}),
     ("a,b,1,2020-01-01\n", {"timestamp_column": 3}),                   # ISO dates
     ("Jos\xe9,caf\xe9,4\n".encode("latin-1"), {}),                      # not UTF-8
     ("u,i,r\n   \na,b,1\n", {}), ("\n\nu,i,r\na,b,1\n", {}),           # blank first / inner

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ._text import _gunzip
-from .scan import _map, value_range
+from .scan import _map, _pool, value_range
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,9 @@ __all__ = ["RawText", "read_raw", "read_columns"]
 
 _BOM = b"\xef\xbb\xbf"
 _UTF8_PIECE = 1 << 24          # bytes per step of the UTF-8 check of non-ASCII files
-_MAP_FROM = 1 << 24            # files of at least this many bytes are memory-mapped, not copied
+# files of at least this many bytes are memory-mapped, not copied (as with any memory map, a file
+# truncated by another process while it is being read ends the reading process with SIGBUS)
+_MAP_FROM = 1 << 24
 
 
 def _is_ascii(data) -> bool:
@@ -124,14 +126,21 @@ def _block_size(nbytes: int) -> int:
 
 def _ints_from_text(col):
     """int64 values of a column read as text, or None when a value is not one pyarrow and Python's
-    ``int`` both read the same way (hexadecimal, or anything pyarrow refuses)."""
+    ``int`` both read the same way (hexadecimal, or anything pyarrow refuses); chunk by chunk over
+    the scan threads."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    parts = []
-    for chunk in col.chunks:
+
+    def chunk_ints(chunk):
+        """The chunk's int64 values, or None."""
         if pc.any(pc.match_substring(chunk, "x", ignore_case=True)).as_py():
             return None
-        parts.append(pc.cast(chunk, pa.int64()).to_numpy(zero_copy_only=False))
+        return pc.cast(chunk, pa.int64()).to_numpy(zero_copy_only=False)
+    chunks = col.chunks
+    parts = list(_pool().map(chunk_ints, chunks)) if len(chunks) > 1 else list(map(chunk_ints,
+                                                                                   chunks))
+    if any(p is None for p in parts):
+        return None
     return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
 
