@@ -69,9 +69,9 @@ class SideData:
 
 # CPU devices with at most this many ratings transpose on the host (scipy's counting sort): there
 # the device transpose runs on the same cores, and the first fit after an install also compiles
-# its program (on the 2-core development machine, 1M ratings: 5.5 ms for scipy against 12 ms for
-# the device transpose warm and 0.86 s with PoCL's compile; 10M ratings: 94 against 150 ms warm,
-# the machine shared; results/bench/transpose-cpu/)
+# its program (2-core development machine, shared: 1M ratings 5–8 ms on the host against 8 ms
+# for the device transpose warm and 0.2–1.0 s with its compile; at 4M a wash warm, 35–50 ms;
+# at 10M the host 95–105 ms against 140–155: results/bench/transpose-cpu/)
 HOST_TRANSPOSE_MAX_NNZ = 1 << 22
 
 
