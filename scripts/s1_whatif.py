@@ -7,11 +7,13 @@ that follow may fail; only S1's profiled time is reported). It shows where S1's 
         --variant "batch+vec4+syrk:bx=8,ks=2,nnz_batch=32,solver=cg"
 
 Cuts (``--cut``, any of): ``nogather`` (staged rows are constants instead of gathered factor
-rows), ``nowrite`` (the hermitians are not stored), ``noL`` (the write-back loop is skipped).
+rows), ``nowrite`` (the hermitians are not stored), ``noL`` (the write-back loop is skipped),
+``noprod`` (the micro-tiles' products dropped).
 """
 from __future__ import annotations
 
 import argparse
+import re
 
 import numpy as np
 
@@ -20,6 +22,10 @@ CUTS = {
     "nowrite": [("        Ab[p] = val;", "        if (val == -12345.0f) Ab[p] = val;")],
     "noL": [("    for (int p = lid; p < F * F; p += WG) {",
              "    for (int p = lid; p < 0; p += WG) {")],
+    # the products of the off-diagonal micro-tile entries are dropped (one FMA per work-item and
+    # entry stays, so the staged loads are still used): what S1 costs without its arithmetic
+    "noprod": [(re.compile(r"acc_(\d+)_(\d+) = fma\(xa\d+, y[ab]\d+\.s\d, acc_\d+_\d+\);"),
+                lambda m: m.group(0) if m.group(1) == m.group(2) == "0" else "")],
     # the mma variant (batch+vec4+mma)
     "mma_nogather": [("#define PCL_GLOAD4(p, o) (((__global const float4*)(p))[(o) / 4])",
                       "#define PCL_GLOAD4(p, o) ((float4)(0.01f * (float)((o) & 7)))")],
@@ -57,9 +63,14 @@ def main(argv=None):
         src = orig(*args, **kw)
         for cut in active:
             for old, new in CUTS[cut]:
-                if old not in src:
+                if isinstance(old, re.Pattern):
+                    src, n = old.subn(new, src)
+                elif old in src:
+                    src, n = src.replace(old, new), 1
+                else:
+                    n = 0
+                if not n:
                     raise SystemExit(f"cut {cut!r} does not apply to this kernel source")
-                src = src.replace(old, new)
         return src
 
     K.render_als = render

@@ -273,3 +273,24 @@ def test_tuning_index_follows_the_database(tmp_path, monkeypatch):
     os.utime(db, ns=(2, 2))
     with pytest.warns(Warning, match="skipped"):                  # a bad line is skipped alone
         assert index.best_records(db) == []
+
+
+def test_host_and_device_transpose_fit_alike(cl_device, monkeypatch):
+    """A CPU device's small fits transpose on the host (no program to build); the items' side
+    then holds exactly what the device transpose gives, so the fits agree bit for bit."""
+    import clmf
+    from clmf.engine import core
+    from clmf.engine.device import device_info
+    R = _random_csr(120, 70, 1500, seed=9)
+    info = device_info(cl_device)
+    assert core.host_transpose(info, R.nnz) == (info.type == "CPU")
+    assert not core.host_transpose(info, core.HOST_TRANSPOSE_MAX_NNZ + 1) or \
+        "oclgrind" in info.platform.lower()
+    fits = []
+    for limit in (core.HOST_TRANSPOSE_MAX_NNZ, -1):     # host (on CPUs), then the device's
+        monkeypatch.setattr(core, "HOST_TRANSPOSE_MAX_NNZ", limit)
+        m = clmf.ALS(8, regularization=0.1, iterations=2, device=cl_device, random_state=0,
+                     variant="batch").fit(R, show_progress=False)
+        fits.append((m.user_factors_, m.item_factors_))
+    for a, b in zip(*fits):
+        np.testing.assert_array_equal(a, b)

@@ -57,7 +57,7 @@ PARAM_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "so
 # tail it makes is short, and the automatic rule splits nothing on the data sizes CPUs take
 SPLIT_GRID = [0, 8192, 32768, SPLIT_NEVER]
 _MUTABLE = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec", "cg_steps",
-            "split", "fused_solve")
+            "split", "fused_solve", "fused_dims")
 
 
 def flags_of(cfg):
@@ -88,7 +88,9 @@ def canonical(cfg: KernelConfig, mode="explicit") -> KernelConfig:
         kw.update(tx=1, ty=1) if cfg.vec else kw.update(tx=8, ty=8)
         cfg = cfg.replace(**kw)
         kw = {}
-    if not (cfg.local or cfg.gemm or cfg.syrk or cfg.mma):
+    if cfg.fused_dims and not cfg.dims:
+        kw["fused_dims"] = False      # the dimensions form of the fused CG solver only
+    if not (cfg.local or cfg.gemm or cfg.syrk or cfg.mma or cfg.dims):
         kw["nnz_batch"] = KernelConfig.nnz_batch
     if not (cfg.tile or cfg.gemm or cfg.syrk or cfg.mma):
         kw.update(bx=0, by=0, tz=1)
@@ -193,7 +195,10 @@ class Space:
         out = ["tx", "ty", "solve_wg", "solver"] + split
         if solver == "fusedcg" and "solve_vec" in self.grid:
             out.append("solve_vec")
-        if local or gemm:
+        dims = solver == "fusedcg" and vec == 4 and "fused_dims" in self.grid
+        if dims:                      # the fused CG's dimensions form, entries per group
+            out.append("fused_dims")
+        if local or gemm or dims:
             out.append("nnz_batch")
         if gemm:
             out += ["bx", "tz"]
@@ -402,10 +407,12 @@ def make_space(name, f, info, storage="float32", solvers=None, mode="explicit"):
                     ks=_pow2s(1, min(128, cap)),
                     solve_wg=_pow2s(1, min(f, maxwg, 256)), solver=solvers,
                     solve_vec=[0, 4, 8, 16] if info.type == "CPU" else [0],
-                    fused_solve=[False, True],
+                    fused_solve=[False, True], fused_dims=[False, True],
                     cg_steps=list(MODE_CG_STEPS.get(mode, [KernelConfig.cg_steps])))
         if info.type != "CPU":
             grid["split"] = list(SPLIT_GRID)
+            grid["nnz_batch"] = [2, 4] + grid["nnz_batch"]        # the fused CG's groups
+            grid["solve_wg"] = _pow2s(1, min(maxwg, 256))          # (its form takes > f)
         return Space("full", f, flags, grid, storage, mode)
     raise ValueError(f"unknown space {name!r}; choose from {SPACES}")
 
@@ -433,17 +440,20 @@ def _default_space(f, info, storage="float32", mode="explicit"):
     extra = {-(-e // r) for e in (f, -(-f // 2)) for r in (4, 8)}
     ts = sorted(set(_pow2s(1, min(16, cap))) | {t for t in extra if 2 < t <= min(32, cap)})
     edges = [e for e in (8, 16, 32) + ((64,) if gpu else ()) if e < f] or [f]
-    wgs = (0, 8, 32, 64) if gpu else (0, 1, 2, 16)
+    # on GPUs also 128 work-items, and more than f: the fused CG's dimensions form takes them
+    wgs = (0, 8, 32, 64, 128) if gpu else (0, 1, 2, 16)
     # bx: tile edges; on GPUs also 0 (gemm over the whole f) and the syrk micro-tiles 4 and 8
-    grid = dict(tx=ts, ty=ts, nnz_batch=[8, 16, 32, 64] if gpu else [16, 32, 64],
+    grid = dict(tx=ts, ty=ts, nnz_batch=[4, 8, 16, 32, 64] if gpu else [16, 32, 64],
                 bx=sorted(set(edges) | ({0, 4, 8} if gpu else set())), by=edges, square_tiles=True,
                 tz=[1, 2, 4], ks=[1, 2, 4, 8, 16, 32] if gpu else [1],
-                solve_wg=[w for w in wgs if w <= min(f, info.max_work_group_size)],
+                solve_wg=[w for w in wgs if w <= info.max_work_group_size
+                          and (gpu or w <= f)],
                 solve_vec=[0] if gpu else [0, 8, 16],
                 solver=["cholesky", "cg", "fusedcg"], fused_solve=[False, True],
                 cg_steps=list(MODE_CG_STEPS.get(mode, [KernelConfig.cg_steps])))
     if gpu:
         grid["split"] = list(SPLIT_GRID)
+        grid["fused_dims"] = [False, True]
     return Space("default", f, flags, grid, storage, mode)
 
 

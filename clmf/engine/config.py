@@ -50,7 +50,8 @@ PRECISIONS = ("fp32", "tf32")
 _NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?(\+gemm)?(\+syrk)?(\+mma)?$")
 _INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec",
                "cg_steps", "batch_rows", "split")
-_BOOL_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "mma", "triangle", "fused_solve")
+_BOOL_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "mma", "triangle", "fused_solve",
+                "fused_dims")
 # hard bounds of every integer field, checked whenever a configuration is made (the bounds that
 # depend on f and the device, e.g. cg_steps ≤ f or the work-group limits, are checked by
 # clmf.kernels.validate where both are known)
@@ -109,6 +110,13 @@ class KernelConfig:
         ``SPLIT_NEVER`` - 1 = that many, ``SPLIT_NEVER`` (2^31 - 1) = never split. The fused CG
         solver and ``fused_solve`` build no hermitians and ignore it; so do multi-device fits
     fused_solve : ``mma`` with ``solver="cg"`` only: the CG runs in the S1 work-group
+    fused_dims : with ``solver="fusedcg"`` (ignored with the other solvers: :attr:`dims`) and
+        ``vec4`` (the S1 flags serve only implicit feedback's Gram matrix, as with every fused
+        CG): the fused CG's dimensions form for GPUs
+        (``cl_kernels/solve_fcgdims.cl.j2``): the ``solve_wg`` work-items of a row split every
+        entry's factor row into float4 slices and the row's entries into groups, so each CG step
+        gathers a row once, coalesced, and the right-hand side is formed in the first pass (S2
+        is not launched); ``nnz_batch`` entries per group are held in registers per chunk
 
     Examples
     --------
@@ -140,6 +148,7 @@ class KernelConfig:
     batch_rows: int = 0
     split: int = 0
     fused_solve: bool = False
+    fused_dims: bool = False
 
     def __post_init__(self):
         # a configuration may come from an untrusted tuning record or a --variant string: every
@@ -209,6 +218,9 @@ class KernelConfig:
             raise InvalidConfigError("fused_solve (CG in the S1 work-group, the system kept in "
                                      "local memory) is an mma parameter with solver=cg",
                                      "fused_solve")
+        if self.dims and self.vec != 4:
+            raise InvalidConfigError("fused_dims (the fused CG in float4 slices of the factor "
+                                     "rows) takes +vec4 (rows padded to whole float4s)", "vec")
         if not self.syrk and not self.mma and self.ks != 1:
             raise InvalidConfigError("ks (split-K slices) is a syrk or mma parameter", "ks")
         if self.solve_wg and not _pow2(self.solve_wg):
@@ -326,7 +338,15 @@ class KernelConfig:
     def svec(self, f):
         """The explicit vector width of the one-work-item fused CG at ``f`` factors (0: scalar
         loops, or ``solve_vec`` does not apply: another solver or work-items per system)."""
-        return self.solve_vec if self.solver == "fusedcg" and self.swg(f) == 1 else 0
+        return (self.solve_vec if self.solver == "fusedcg" and not self.dims
+                and self.swg(f) == 1 else 0)
+
+    @property
+    def dims(self):
+        """True when the fused CG runs in its dimensions form (``fused_dims`` with the fused CG
+        solver; another solver ignores the field, e.g. where a multi-device fit's reduced side
+        swaps the fused CG for ``cg``)."""
+        return self.fused_dims and self.solver == "fusedcg"
 
     def s1_local_size(self, f=None):
         """Work-items of one S1 work-group (``syrk``: depends on ``f``, which it then needs)."""
@@ -339,7 +359,19 @@ class KernelConfig:
     @property
     def fuses_rhs(self):
         """True when S1 also computes the right-hand sides (S2 is then not launched)."""
+        if self.dims:                       # b is formed in the fused CG's first pass
+            return True
         return (self.gemm or self.syrk or self.mma) and self.solver != "fusedcg"
+
+    def fcg_geometry(self, f):
+        """The fused CG dimensions form's geometry at ``f`` unknowns: float4 slices ``f4``,
+        ``q`` per work-item, ``d`` work-items per entry, ``e`` entry groups, ``nb`` entries per
+        group and chunk (``fused_dims`` only)."""
+        swg = self.swg(f)
+        f4 = -(-f // 4)
+        q = -(-f4 // swg)
+        d = -(-f4 // q)
+        return dict(fd_f4=f4, fd_q=q, fd_d=d, fd_e=swg // d, fd_nb=self.nnz_batch)
 
     def tile_edges(self, f):
         """(bx, by) of the S1 output block one work-group computes."""
@@ -505,6 +537,12 @@ def representative_variants(f=None):
         "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5,batch_rows=7",
         "batch+vec4+syrk:bx=8,ks=32,nnz_batch=16,solver=cg",
         "batch+vec4+syrk:bx=16,ks=8,nnz_batch=8,storage=float16",
+        # the fused CG's dimensions form: several entry groups and a ragged chunk (F4 not a
+        # multiple of the work-items), slices per work-item > 1 (2 work-items), half storage;
+        # more work-items than unknowns at small f
+        "batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=8,nnz_batch=3,batch_rows=7",
+        "batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=2,nnz_batch=2,storage=float16",
+        "batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=32,nnz_batch=4,cg_steps=2",
         # tensor cores (NVIDIA; elsewhere its emulation, CLMF_MMA_EMULATION=1)
         "batch+vec4+mma:tx=2,ks=2,nnz_batch=16,batch_rows=7",
         "batch+vec4+mma:tx=3,nnz_batch=8,solver=cg,fused_solve=1",

@@ -67,6 +67,22 @@ class SideData:
         return self.indptr.nbytes + self.indices.nbytes + self.data.nbytes
 
 
+# CPU devices with at most this many ratings transpose on the host (scipy's counting sort): there
+# the device transpose runs on the same cores, and the first fit after an install also compiles
+# its program (2-core development machine, shared: 1M ratings 5–8 ms on the host against 8 ms
+# for the device transpose warm and 0.2–1.0 s with its compile; at 4M a wash warm, 35–50 ms;
+# at 10M the host 95–105 ms against 140–155: results/bench/transpose-cpu/)
+HOST_TRANSPOSE_MAX_NNZ = 1 << 22
+
+
+def host_transpose(info, nnz):
+    """Whether the items' CSR is built on the host: the Oclgrind simulator (it flags the device
+    transpose's output as uninitialised) and CPU devices up to ``HOST_TRANSPOSE_MAX_NNZ``."""
+    if "oclgrind" in info.platform.lower():
+        return True
+    return info.type == "CPU" and nnz <= HOST_TRANSPOSE_MAX_NNZ
+
+
 def padded_factors(side, M, rows, f, ldf, np_store, biased, biases=None):
     """A side's factors (``rows`` × f) as the devices' padded host rows ``(max(1, rows), ldf)``:
     with biases, column f holds the 1 and column f + 1 the bias."""
@@ -139,6 +155,15 @@ def launch_batch(kern, q, cfg, v, fs, indptr, indices, data, Yother, A, B, G, Xo
         np.int32(n), np.float32(alpha), np.float32(offset), wait_for=wait_for)
     if not solve:
         return e1, e2, None
+    if cfg.dims:
+        # the fused CG's dimensions form: b formed in its first pass (no S2 above)
+        swg = cfg.swg(fs)
+        e3 = kern["s3_fcg"](q, (n * swg,), (swg,), indptr, indices, data, Yother, G,
+                            np.int32(1 if add_gram else 0), Xout, status, np.int32(row0),
+                            np.int32(n), np.float32(regularization),
+                            np.int32(1 if weighted else 0), np.float32(alpha),
+                            np.float32(offset), np.int32(xoff), wait_for=wait_for)
+        return e1, e2, e3
     if fused:
         e3 = kern["s3_fused"](q, (n * cfg.swg(fs),), (cfg.swg(fs),), indptr, indices, data, Yother,
                               G, np.int32(1 if add_gram else 0), B, Xout, status, np.int32(row0),
@@ -397,34 +422,38 @@ class Engine:
 
     def _upload_ratings(self):
         """The users' CSR to the device once (a CPU device reads the host arrays in place, a GPU
-        gets them through pinned staging buffers), the items' CSR transposed from it there;
-        returns the seconds of the ``upload`` and the ``transpose``."""
+        gets them through pinned staging buffers), the items' CSR transposed from it there (or
+        on the host: :func:`host_transpose`); returns the seconds of the ``upload`` and the
+        ``transpose``."""
         u, col_ptr = self.side["users"], self.side["items"].indptr
         t0 = time.perf_counter()
         up = U.Uploader(self.ctx, self.queue, U.zero_copy(self.info))
         self._hold = [np.zeros(1, np.int32), np.zeros(1, np.float32)]
         bu, bi = self.buf["users"], self.buf["items"]
+        on_host = host_transpose(self.info, u.nnz)
+        t_host = 0.0
         try:
             bu["indptr"] = up.buffer(u.indptr)
             bu["indices"] = up.buffer(u.indices, self._hold[0])
             bu["data"] = up.buffer(u.data, self._hold[1])
             bi["indptr"] = up.buffer(col_ptr)
+            if on_host:
+                t_host = time.perf_counter()
+                C = sp.csr_matrix((u.data, u.indices, u.indptr), shape=self.shape).tocsc()
+                idx = C.indices.astype(np.int32, copy=False)
+                val = C.data.astype(np.float32, copy=False)
+                self._hold += [idx, val]
+                t_host = time.perf_counter() - t_host
+                bi["indices"] = up.buffer(idx, self._hold[0])
+                bi["data"] = up.buffer(val, self._hold[1])
         finally:
             up.finish()
         t1 = time.perf_counter()
-        if "oclgrind" in self.info.platform.lower():
-            # the simulator checks the ALS kernels; it flags the device transpose's output as
-            # uninitialised, so there the transpose is scipy's on the host
-            C = sp.csr_matrix((u.data, u.indices, u.indptr), shape=self.shape).tocsc()
-            idx, val = C.indices.astype(np.int32), C.data.astype(np.float32)
-            self._hold += [idx, val]
-            bi["indices"], bi["data"] = up.buffer(idx, self._hold[0]), up.buffer(val, self._hold[1])
-            up.finish()
-        else:
+        if not on_host:
             bi["indices"], bi["data"] = device_transpose(
                 self.ctx, self.queue, self.info, u.indptr, bu["indptr"], bu["indices"],
                 bu["data"], self.shape[1], bi["indptr"])
-        return {"upload": t1 - t0, "transpose": time.perf_counter() - t1}
+        return {"upload": t1 - t0 - t_host, "transpose": time.perf_counter() - t1 + t_host}
 
     # ----- factors -------------------------------------------------------------------------
     def set_factors(self, side, M, biases=None):

@@ -125,7 +125,7 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
         variant_name=config.name, reg=config.reg, local=config.local, vec=config.vec,
         tile=config.tile, gemm=config.gemm, syrk=config.syrk, mma=config.mma,
         precision=config.precision, mma_emulate=config.mma and not mma_supported(device_info),
-        fused_solve=config.fused_solve,
+        fused_solve=config.fused_solve, fused_dims=config.dims,
         triangle=config.triangle, tx=config.tx, ty=config.ty, tz=config.tz,
         bx=bx, by=by, nnz_batch=config.nnz_batch, s1_wg=config.s1_local_size(f),
         s2_wg=min(_next_pow2(f), 256),
@@ -135,6 +135,7 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
         chol_local=config.chol_local_bytes(f) + 4 * (4 * f + config.swg(f)) <= local_budget,
     )
     v.update(config.s1_geometry(f))
+    v.update(config.fcg_geometry(f))
     v["bx"], v["by"] = bx, by
     v["s2_wg"] = max(1, min(v["s2_wg"], device_info.max_work_group_size if device_info else 256))
     if config.swg(f) == 1:
@@ -205,7 +206,9 @@ def validate(config: KernelConfig, f: int, device_info):
     maxwg = device_info.max_work_group_size
     if wg > maxwg:
         raise InvalidConfigError(f"S1 work-group {wg} exceeds the device's {maxwg}", "work_group_size")
-    if config.swg(f) > max(1, f):
+    if config.dims:
+        _validate_fcg_dims(config, f, device_info)
+    elif config.swg(f) > max(1, f):
         # More S3 work-items than unknowns leaves whole work-items idle in every step; PoCL 3.1
         # also computes wrong results / corrupts memory in that case (seen here), so it is
         # rejected everywhere.
@@ -282,6 +285,29 @@ def validate(config: KernelConfig, f: int, device_info):
     return True
 
 
+def fcg_dims_local_bytes(config, f):
+    """Local memory of the fused CG's dimensions form (``s3_fcg``), by formula (bytes)."""
+    g = config.fcg_geometry(f)
+    ch = g["fd_e"] * g["fd_nb"]
+    return 4 * (ch * g["fd_d"] + ch + 4 * g["fd_e"] * g["fd_d"] * g["fd_q"] + g["fd_d"]
+                + 4 * g["fd_f4"] + 1)
+
+
+def _validate_fcg_dims(config, f, device_info):
+    """The fused CG dimensions form's constraints: gathered rows held in registers, local
+    memory, the work-group size (raise InvalidConfigError)."""
+    g = config.fcg_geometry(f)
+    if g["fd_q"] * g["fd_nb"] > 16:
+        raise InvalidConfigError(f"fused_dims would hold {g['fd_q'] * g['fd_nb']} float4s of "
+                                 f"gathered rows per work-item ({g['fd_q']} slices × nnz_batch "
+                                 f"{g['fd_nb']}); at most 16", "geometry")
+    lm = fcg_dims_local_bytes(config, f)
+    have = device_info.local_mem if device_info is not None else 32 * 1024
+    if lm > have:
+        raise InvalidConfigError(f"the fused CG needs {lm} B of local memory, the device has "
+                                 f"{have}", "local_memory")
+
+
 class Program:
     """A built program with its kernels retrieved once (``prog.kernels[name]``)."""
 
@@ -330,7 +356,7 @@ def als_program(context, device, config: KernelConfig, f: int, device_info, impl
     validate(config, f, device_info)
     src = render_als(config, f, device_info, implicit, biased, ldf)
     prog = build(context, src)
-    s3 = "s3_fused" if config.solver == "fusedcg" else "s3_solve"
+    s3 = ("s3_fcg" if config.dims else "s3_fused") if config.solver == "fusedcg" else "s3_solve"
     av = als_variables(config, f, device_info)
     needs = {"s1_hermitian": config.s1_local_size(f), s3: config.swg(f),
              "s2_rhs": av["s2_wg"], "s1_combine": av["comb_wg"]}

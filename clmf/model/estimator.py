@@ -109,7 +109,8 @@ class ALS(RecommenderMixin):
         lookup), ``plan`` (host memory plan), the global mean), ``engine`` (the backend's set-up:
         on one device ``engine_host`` (host CSR arrays), ``build`` of the programs (in a thread;
         ``build_wait``: the part not hidden by the uploads), ``upload`` of the ratings,
-        ``transpose`` on the device, ``upload_transpose`` their sum, ``buffers`` (scratch)),
+        ``transpose`` (the items' CSR: on the device; on the host for a CPU device's small
+        fits), ``upload_transpose`` their sum, ``buffers`` (scratch)),
         ``start_factors`` (waiting for the start factors drawn in a thread), ``factors_upload``,
         ``setup`` (all before the first iteration; ``setup_cpu``: its CPU seconds, all threads)
         and ``fit`` (the whole call)
