@@ -17,6 +17,10 @@ VARIANTS = ["batch:tx=4,ty=4", "batch+reg+local:tx=4,ty=4,nnz_batch=8",
             "batch+reg+local:tx=4,ty=4,nnz_batch=8,solve_wg=1",
             # ... and with the fused CG, in explicit float8 vectors (the last one ragged)
             "batch+reg+local:tx=4,ty=4,nnz_batch=8,solve_wg=1,solve_vec=8"]
+# the fused CG's dimensions form (float4 slices, entry groups, more work-items than unknowns at
+# small f; the Gram matrix of implicit feedback by the S1 flags' kernel)
+DIMS_VARIANTS = ["batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=8,nnz_batch=3",
+                 "batch+reg+vec4:solver=fusedcg,fused_dims=1,solve_wg=32,nnz_batch=2,tx=2,ty=2"]
 
 
 def problem(f):
@@ -39,6 +43,18 @@ def test_implicit_matches_reference(cl_device, variant, f, solver):
                      solver=solver, cg_steps=3)
     assert rel_err(m.user_factors_, Xr) <= TOL and rel_err(m.item_factors_, Yr) <= TOL
     assert np.all(m.user_factors_[2] == 0)          # no interactions, b = 0 → x = 0
+
+
+@pytest.mark.parametrize("f", [1, 5, 17])
+@pytest.mark.parametrize("variant", DIMS_VARIANTS)
+def test_fused_dims_implicit_matches_reference(cl_device, variant, f):
+    test_implicit_matches_reference(cl_device, variant, f, "fusedcg")
+
+
+@pytest.mark.parametrize("f", [1, 5, 17])
+@pytest.mark.parametrize("variant", DIMS_VARIANTS)
+def test_fused_dims_biases_match_reference(cl_device, variant, f):
+    test_biases_match_reference(cl_device, variant, f, "fusedcg")
 
 
 @pytest.mark.parametrize("f", [1, 5, 17])

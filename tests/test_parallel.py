@@ -348,15 +348,18 @@ def test_workers_replicate_and_reduce_match_engine(cl_device, mode, modes):
         assert rel_err(bu3, bu1) <= 1e-4 and rel_err(bi3, bi1) <= 1e-4
 
 
-@pytest.mark.parametrize("solver,mode", [("cg", "explicit"), ("fusedcg", "implicit"),
-                                         ("cg", "biased")])
-def test_workers_with_cg_solvers_match_engine(cl_device, solver, mode):
+@pytest.mark.parametrize("variant,mode", [
+    ("batch+reg:solver=cg", "explicit"), ("batch+reg:solver=fusedcg", "implicit"),
+    ("batch+reg:solver=cg", "biased"),
+    ("batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=8,nnz_batch=2", "explicit"),
+    ("batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=8,nnz_batch=2", "biased")])
+def test_workers_with_cg_solvers_match_engine(cl_device, variant, mode):
     """The CG solvers warm-start from the factor rows at their offset (``xoff``) in each
     worker's buffer: two workers give the one-device answer."""
     from clmf.engine.config import KernelConfig
     from clmf.parallel import MultiEngine, make_backend
     R = random_ratings(200, 90, 0.12, seed=13)
-    cfg = KernelConfig.parse(f"batch+reg:solver={solver}")
+    cfg = KernelConfig.parse(variant)
     kw = dict(implicit_alpha=2.0 if mode == "implicit" else None, biased=mode == "biased",
               offset=3.0 if mode == "biased" else 0.0)
     X0, Y0 = reference.start_factors(*R.shape, 6, 0)
