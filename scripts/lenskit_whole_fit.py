@@ -8,7 +8,8 @@ OpenCL CPU runtimes use the machine's 2 cores). Every measurement is one fresh p
 systems alternate within each repetition (the order rotates), so load changes on a shared host
 hit all of them alike. Timed: from the CSR in memory (libraries imported beforehand) to factors on
 the host, set-up and kernel builds included (clmf: context, tuning lookup, builds — from the
-on-disk cache after an untimed warm-up process, or from an empty cache with ``--cold``; LensKit:
+on-disk cache after an untimed warm-up process, or with ``--cold`` from an empty clmf cache and
+PoCL's kernel cache off (a cache Intel's runtime may keep is not cleared); LensKit:
 data set, trainer, epochs). Test RMSE by one rule (``clmf.bench.peers.rmse_of``).
 
     PYTHONPATH=/tmp/site-wt-lenskit OCL_ICD_VENDORS=/work/main/.icd /tmp/venv-lk/bin/python \\
@@ -44,8 +45,8 @@ def log(msg):
 def load(spec, seed):
     """A clmf.bench Problem: a directory/file of ratings (10 % random holdout) or a bench spec."""
     from clmf import datasets, splits
-    from clmf.bench.runner import _train_test_csr, load_problem
     from clmf.bench.peers import Problem
+    from clmf.bench.runner import _train_test_csr, load_problem
     p = pathlib.Path(spec)
     if p.exists():
         f = p / "ratings.csv" if p.is_dir() else p
@@ -73,6 +74,7 @@ def child(job):
                    torch_threads=torch.get_num_threads())
         return out
     import pyopencl  # noqa: F401
+
     import clmf
     from clmf.engine.device import device_info, select_device
     info = device_info(select_device(job["device"]))
@@ -163,7 +165,8 @@ def render(doc):
         c = " / ".join(f"`{cfg[s]['config']}`" for s in ("users", "items") if s in cfg)
         rule = cfg.get("users", {}).get("rule", "")
         dev = r["device"].replace("|", "\\|") + (" (cold)" if r["cold"] else "")
-        L.append(f"| {pathlib.Path(r['data']).name} | {r['f']} | {r['mode']} | {dev} | {_f(r['clmf_s'])} | "
+        L.append(f"| {pathlib.Path(r['data']).name} | {r['f']} | {r['mode']} | {dev} | "
+                 f"{_f(r['clmf_s'])} | "
                  f"{_f(r['lenskit_s'])} | {_f(r['ratio'], 2)} | {_f(r['clmf_s_per_it'], 4)} | "
                  f"{_f(r['lenskit_s_per_it'], 4)} | {_f(r['setup_s'])} | "
                  f"{_f(r['clmf_rmse'], 4)} | {_f(r['lenskit_rmse'], 4)} | {c} ({rule}) |")
@@ -201,9 +204,10 @@ def main():
     except ImportError:
         a.no_lenskit = True
     devs = [device_info(select_device(d)) for d in a.devices]
+    rev = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
+                         text=True, cwd=pathlib.Path(__file__).parent).stdout.strip()
     doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "commit": subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
-                                     text=True, cwd=pathlib.Path(__file__).parent).stdout.strip(), "host": platform.node(), "cpu_count": os.cpu_count(),
+           "commit": rev, "host": platform.node(), "cpu_count": os.cpu_count(),
            "command": "python scripts/lenskit_whole_fit.py " + " ".join(sys.argv[1:]),
            "devices": [{"device": f"{i.platform} | {i.name}", "driver": i.driver} for i in devs],
            "lam": a.lam, "iterations": a.iterations, "seed": a.seed, "reps": a.reps, **vers,
@@ -230,7 +234,8 @@ def main():
                     for i in range(a.cold):
                         with tempfile.TemporaryDirectory() as tmp:
                             r = spawn(dict(base, system="clmf", device=d, cold=True, rep=i),
-                                      dict(env, CLMF_CACHE_DIR=tmp))
+                                      dict(env, CLMF_CACHE_DIR=tmp, POCL_CACHE_DIR=tmp,
+                                           POCL_KERNEL_CACHE="0"))
                         runs.append(r)
                         log(f"{data} f={f} {mode} clmf {d} cold: {r.get('whole_s') or r['status']}")
     doc["load"].append(os.getloadavg())
