@@ -289,7 +289,7 @@ def fcg_dims_local_bytes(config, f):
     """Local memory of the fused CG's dimensions form (``s3_fcg``), by formula (bytes)."""
     g = config.fcg_geometry(f)
     ch = g["fd_e"] * g["fd_nb"]
-    return 4 * (ch * g["fd_d"] + ch + 4 * g["fd_e"] * g["fd_d"] * g["fd_q"] + g["fd_d"]
+    return 4 * (ch * (g["fd_d"] | 1) + ch + 4 * g["fd_e"] * g["fd_d"] * g["fd_q"] + g["fd_d"]
                 + 4 * g["fd_f4"] + 1)
 
 
