@@ -11,8 +11,8 @@ spends it exactly as the first attempt did); an interrupted measurement is measu
 (:mod:`.journal`).
 
 Strategies (both measure first, at full fidelity, the *incumbent* — what ``variant="auto"``
-chose before this run —, the baseline ``batch``, the untuned default and this device's earlier best
-configurations, see :mod:`tuner.incumbent`):
+chose before this run —, the baseline ``batch``, the untuned default, this device's earlier best
+configurations, see :mod:`tuner.incumbent`, and on CPUs the :data:`CPU_ANCHORS`):
 
 ``exhaustive``  every configuration of an enumerable space at full fidelity;
 ``budgeted``    within ``budget`` seconds, at low fidelity (3 runs): local search around those
