@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Per-stage seconds of clmf's implicit iteration for several configurations, side by side.
+"""Per-stage seconds of clmf's iteration for several configurations, side by side.
 
 Every configuration gets a profiled engine on the same data and device; the engines then run
 ``--rounds`` rounds, each one iteration of every configuration in turn (alternating, so that the
 load of a shared machine falls on all of them alike), and the per-stage medians are reported with
 their ratio to the first configuration. A configuration is ``USERS[/ITEMS]`` in the variant
-grammar (one string: both sides).
+grammar (one string: both sides). ``--mode`` (default ``implicit``) also times explicit and biased
+iterations (the data's raw ratings; biased: the global mean as the offset).
 
     python -P scripts/s3_forms.py results/bench/s3-forms --data synthetic:100000x20000x5000000 \\
         --device intel --factors 64 \\
@@ -34,15 +35,17 @@ def log(msg):
           flush=True)
 
 
-def load(spec, seed):
-    """The CSR of a data set spec (``synthetic:UxIxN``, or a file clmf.datasets reads), with
-    implicit-feedback values (log1p of the counts for a file)."""
+def load(spec, seed, mode="implicit"):
+    """The CSR of a data set spec (``synthetic:UxIxN``, or a file/directory clmf.datasets reads),
+    with implicit-feedback values in implicit mode (log1p of the counts for a file)."""
     from clmf import datasets
     got = datasets.synthetic_from_spec(spec, seed=seed)
     if got is not None:
         data, name = got
     else:
-        data, name = datasets.load(spec), pathlib.Path(spec).stem
+        p = pathlib.Path(spec)
+        data, name = datasets.load(str(p / "ratings.csv" if p.is_dir() else p)), p.stem
+    if got is None and mode == "implicit":
         data = datasets.Ratings(data.users, data.items, np.log1p(data.ratings).astype(np.float32),
                                 data.timestamps, data.user_ids, data.item_ids)
     return data.to_csr(), name
@@ -58,6 +61,7 @@ def main(argv=None):
     p.add_argument("--config", nargs="+", required=True)
     p.add_argument("--regularization", type=float, default=0.05)
     p.add_argument("--alpha", type=float, default=2.0)
+    p.add_argument("--mode", choices=["implicit", "explicit", "biased"], default="implicit")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
@@ -68,7 +72,8 @@ def main(argv=None):
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     load0 = os.getloadavg()[0]
-    R, name = load(a.data, a.seed)
+    R, name = load(a.data, a.seed, a.mode)
+    implicit, biased = a.mode == "implicit", a.mode == "biased"
     dev = select_device(a.device)
     info = device_info(dev)
     log(f"{name}: {R.shape} {R.nnz} ratings on {info.platform} | {info.name}")
@@ -77,7 +82,9 @@ def main(argv=None):
     for text in a.config:
         u, _, i = text.partition("/")
         cfgs = (KernelConfig.parse(u), KernelConfig.parse(i or u))
-        eng = Engine(dev, R, a.factors, cfgs, profile=True, implicit_alpha=a.alpha)
+        eng = Engine(dev, R, a.factors, cfgs, profile=True,
+                     implicit_alpha=a.alpha if implicit else None, biased=biased,
+                     offset=float(R.data.mean()) if biased else 0.0)
         eng.set_factors("users", X0)
         eng.set_factors("items", Y0)
         eng.iteration(a.regularization, False)            # builds, first touch: not counted
@@ -112,9 +119,10 @@ def main(argv=None):
                 command="python -P scripts/s3_forms.py " + " ".join(
                     f'"{x}"' if any(c in x for c in " ,+/") else x for x in sys.argv[1:]),
                 load_start=load0, load_end=os.getloadavg()[0], rounds=a.rounds,
-                regularization=a.regularization, alpha=a.alpha)
+                regularization=a.regularization, alpha=a.alpha, mode=a.mode)
     (out / "s3_forms.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    lines = [f"# Implicit iteration by stage, configurations side by side — {meta['date']}", "",
+    lines = [f"# {a.mode.capitalize()} iteration by stage, configurations side by side — "
+             f"{meta['date']}", "",
              f"- data: {name} {R.shape[0]} × {R.shape[1]}, {R.nnz} ratings, f = {a.factors}",
              f"- device: {meta['device']}, driver {info.driver}",
              f"- commit: {meta['commit']}; load (1 min) {load0:.2f} / {meta['load_end']:.2f}",

@@ -199,6 +199,19 @@ def test_resume_after_a_crash(isolated, tmp_path, monkeypatch):
     assert calls == [] and again["best"]["configs"] == summary["best"]["configs"]
 
 
+@pytest.mark.parametrize("mode", ["explicit", "biased"])
+def test_cpu_anchors_are_measured_where_the_space_holds_them(mode):
+    cpus = [d for d in DEVICES if device_info(d).type == "CPU"]
+    if not cpus:
+        pytest.skip("no OpenCL CPU device")
+    case = strategies.Case(cpus[0], random_ratings(60, 40, 0.2), 16, "tiny", "float32", mode)
+    got = strategies.device_anchors(case, make_space("default", case.kf, case.info, mode=mode))
+    assert [(c.solver, c.solve_wg, c.solve_vec, c.vec) for c in got] == [
+        ("fusedcg", 1, 16, 16), ("fusedcg", 1, 8, 8)]
+    assert strategies.device_anchors(case, make_space("bounded", case.kf, case.info)) == []
+    assert strategies.device_anchors(case, tiny_space(case.kf)) == []
+
+
 def test_budgeted_stays_within_its_budget(isolated, tmp_path):
     if not DEVICES:
         pytest.skip("no OpenCL device")

@@ -11,8 +11,8 @@ spends it exactly as the first attempt did); an interrupted measurement is measu
 (:mod:`.journal`).
 
 Strategies (both measure first, at full fidelity, the *incumbent* — what ``variant="auto"``
-chose before this run —, the baseline ``batch``, the untuned default and this device's earlier best
-configurations, see :mod:`tuner.incumbent`):
+chose before this run —, the baseline ``batch``, the untuned default, this device's earlier best
+configurations, see :mod:`tuner.incumbent`, and on CPUs the :data:`CPU_ANCHORS`):
 
 ``exhaustive``  every configuration of an enumerable space at full fidelity;
 ``budgeted``    within ``budget`` seconds, at low fidelity (3 runs): local search around those
@@ -65,6 +65,11 @@ log = logging.getLogger(__name__)
 __all__ = ["Case", "Session", "exhaustive", "budgeted", "STRATEGIES", "run"]
 
 STRATEGIES = ("exhaustive", "budgeted")
+# measured as anchors on CPUs where the space holds them: the one-work-item fused CG in explicit
+# float16 / float8 vectors won on both CPU runtimes in every mode (issue 16: 6–27× the CG shapes
+# on Intel's), but a short budgeted search behind a slow incumbent could miss it
+CPU_ANCHORS = ("batch+vec16:tx=1,ty=1,solve_wg=1,solve_vec=16,solver=fusedcg",
+               "batch+vec8:tx=1,ty=1,solve_wg=1,solve_vec=8,solver=fusedcg")
 SKIP_STATUSES = ("invalid", "wrong", "failed")
 
 
@@ -518,7 +523,8 @@ class Session:
     def measure_anchors(self):
         """At full fidelity, in this order: what the user had (the incumbent pair the lookup chain
         chooses without this run's records), the baseline ``batch``, the untuned default (the
-        heuristic), this device's earlier best configurations and the given starts."""
+        heuristic), this device's earlier best configurations, the device type's known winners
+        (:func:`device_anchors`) and the given starts."""
         from .incumbent import earlier_bests, lookup_incumbent
         c = self.case
         self.anchors = {}
@@ -532,6 +538,8 @@ class Session:
         self.anchors["default"] = self.evaluate(self.probe(), "full")
         for i, cfg in enumerate(earlier_bests(c, (self.run_id,), self.earlier_limit)):
             self.anchors[f"earlier{i + 1}"] = self.evaluate(cfg, "full")
+        for i, cfg in enumerate(device_anchors(c, self.space)):
+            self.anchors[f"device{i + 1}"] = self.evaluate(cfg, "full")
         for i, cfg in enumerate(self.starts):
             cfg = canonical(cfg.replace(storage=c.storage), c.mode)
             try:
@@ -773,6 +781,24 @@ def budgeted(session: Session, exploit=0.2, explore=0.3, finalists=3):
     promote()
     session.showdown(_top(session, 2, fidelity=False), budget_left=budget - session.spent)
     return session
+
+
+def device_anchors(case, space):
+    """The device type's known winners (:data:`CPU_ANCHORS` on CPUs) that ``space`` holds."""
+    if case.info.type != "CPU":
+        return []
+    out = []
+    for text in CPU_ANCHORS:
+        cfg = canonical(KernelConfig.parse(text).replace(storage=case.storage), case.mode)
+        g = space.grid
+        if cfg.solver not in g.get("solver", ()) or cfg.solve_vec not in g.get("solve_vec", ()):
+            continue
+        try:
+            prune(cfg, case.kf, case.info)
+        except InvalidConfigError:
+            continue
+        out.append(cfg)
+    return out
 
 
 def run(case, space, strategy="budgeted", db=None, budget=None, **kw):
