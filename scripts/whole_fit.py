@@ -68,6 +68,8 @@ def child(a):
     from clmf.engine.device import device_info, select_device
     import_s = time.perf_counter() - t_imp
     upload.PINNED = a.upload == "pinned"
+    align = a.host_align[a.process % len(a.host_align)] if a.host_align else upload.HOST_ALIGN
+    upload.HOST_ALIGN = align
     d = pathlib.Path(a.outdir) / "data"
     meta = json.loads((d / "meta.json").read_text())
     arrs = [np.load(d / f"{k}.npy") for k in ("indptr", "indices", "data")]
@@ -90,7 +92,7 @@ def child(a):
             "process": a.process, "fit": fit, "data": meta["spec"], "shape": meta["shape"],
             "nnz": meta["nnz"], "factors": a.factors, "iterations": a.iterations,
             "feedback": a.feedback, "biases": a.biases, "regularization": a.regularization,
-            "upload": a.upload,
+            "upload": a.upload, "host_align": align,
             "device": f"{info.platform} | {info.name}", "driver": info.driver,
             "import_s": import_s if fit == 0 else 0.0, "select_device_s": dev_s,
             "whole_fit_s": whole, "setup_s": t["setup"],
@@ -105,13 +107,15 @@ def child(a):
 
 def render(recs):
     """The markdown table of the fits."""
-    lines = ["| process | fit | whole fit (s) | set-up (s) | set-up ns/rating | builds (s) | "
-             "upload + transpose (s) | 1st iteration (s) | s/it (later) | set-up share |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| process | fit | host align | whole fit (s) | set-up (s) | set-up ns/rating | "
+             "builds (s) | upload + transpose (s) | 1st iteration (s) | s/it (later) | "
+             "set-up share |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in recs:
         t = r["timings"]
         lines.append(
-            f"| {r['process']} | {r['fit']} | {r['whole_fit_s']:.3f} | {r['setup_s']:.3f} | "
+            f"| {r['process']} | {r['fit']} | {r.get('host_align', '–')} | "
+            f"{r['whole_fit_s']:.3f} | {r['setup_s']:.3f} | "
             f"{r['setup_ns_per_rating']:.1f} | {t.get('build', float('nan')):.3f} | "
             f"{t.get('upload_transpose', float('nan')):.3f} | {r['first_iteration_s']:.3f} | "
             f"{r['s_per_it']:.4f} | {100 * r['setup_share']:.0f} % |")
@@ -148,6 +152,10 @@ def main():
     p.add_argument("--upload", default="pinned", choices=("pinned", "direct"),
                    help="GPU uploads through pinned staging buffers (the library's way) or "
                         "straight from the host arrays (before issue 16's pinned uploads)")
+    p.add_argument("--host-align", type=int, nargs="+", default=None,
+                   help="bytes at which host arrays must start to be wrapped in place on Intel's "
+                        "CPU runtime (clmf.engine.upload.HOST_ALIGN; 0: never copied), one per "
+                        "process in turn (e.g. 128 0: side by side; default the library's)")
     p.add_argument("--processes", type=int, default=2, help="fresh processes, one after another")
     p.add_argument("--fits", type=int, default=2, help="fits per process")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -157,6 +165,7 @@ def main():
         return child(a)
     out = pathlib.Path(a.outdir)
     make_data(a.data, out / "data")
+    load0 = os.getloadavg()[0]
     recs = []
     for k in range(a.processes):
         cmd = [sys.executable, __file__, *sys.argv[1:], "--child", "--process", str(k)]
@@ -175,12 +184,15 @@ def main():
     from clmf.provenance import commit
     doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "commit": commit(), "host": platform.node(), "cpu_count": os.cpu_count(),
-           "command": "python scripts/whole_fit.py " + " ".join(sys.argv[1:]), "fits": recs}
+           "command": "python scripts/whole_fit.py " + " ".join(sys.argv[1:]),
+           "load_start": load0, "load_end": os.getloadavg()[0], "fits": recs}
     (out / "whole_fit.json").write_text(json.dumps(doc, indent=1))
     head = (f"# Whole fits: {recs[0]['data']} ({recs[0]['shape'][0]} × {recs[0]['shape'][1]}, "
             f"{recs[0]['nnz']} ratings), f={a.factors}, {a.iterations} iterations\n\n"
             f"Device: {recs[0]['device']} (driver {recs[0]['driver']}); {doc['date']}; "
-            f"commit {doc['commit']}; uploads: {a.upload}\n\nCommand: `{doc['command']}`\n\n")
+            f"commit {doc['commit']}; uploads: {a.upload}; load average (1 min) "
+            f"{doc['load_start']:.2f} at start / {doc['load_end']:.2f} at end\n\n"
+            f"Command: `{doc['command']}`\n\n")
     (out / "whole_fit.md").write_text(head + render(recs) + "\n")
     print(head + render(recs))
 

@@ -236,6 +236,99 @@ def test_fit_through_pinned_staging_equals_zero_copy(cl_device, biases, monkeypa
     assert staged.timings_["upload"] >= 0.0
 
 
+def _misaligned(a, skew=16, align=128):
+    """A copy of ``a`` whose data starts ``skew`` bytes past a multiple of ``align`` (as NumPy's
+    large arrays start 16 bytes past a page)."""
+    k = a.dtype.itemsize
+    raw = np.empty(a.size + 2 * align // k, a.dtype)      # a base of its dtype, barely larger:
+    off = ((-raw.ctypes.data) % align + skew) // k        # scipy copies views of much larger ones
+    out = raw[off:off + a.size].reshape(a.shape)
+    out[...] = a
+    assert out.ctypes.data % align == skew
+    return out
+
+
+@pytest.mark.parametrize("align", [128, 4096])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float32])
+def test_aligned_copy_is_aligned_and_equal(dtype, align):
+    """aligned_copy returns an equal array of the same dtype and shape starting at a multiple
+    of the alignment, for empty, 2-D, misaligned and non-contiguous inputs and through the
+    uploader's threaded copy."""
+    from clmf.engine import upload as U
+    rng = np.random.default_rng(3)
+    a = (rng.random(40_001) * 1e6).astype(dtype)
+    cases = [a, _misaligned(a), a[::3], a[:40_000].reshape(200, 200), a[:0]]
+    up = U.Uploader(None, None, in_place=True, threads=2)
+    for x in cases:
+        for copy in (None, up._copy):
+            y = U.aligned_copy(x, align, copy)
+            assert y.ctypes.data % align == 0 and y.flags.c_contiguous
+            assert y.dtype == x.dtype and y.shape == x.shape and not np.shares_memory(x, y)
+            np.testing.assert_array_equal(y, x)
+    big = _misaligned(rng.integers(0, 1 << 30, size=(3 << 20) + 7, dtype=np.int64))
+    y = U.aligned_copy(big, align, up._copy)           # over 4 MiB: split over the threads
+    assert y.ctypes.data % align == 0
+    np.testing.assert_array_equal(y, big)
+    if up._pool is not None:
+        up._pool.shutdown()
+
+
+def test_aligned_host_copies_on_intels_platform_only():
+    """The aligned copies follow the platform's name: Intel's CPU runtime, not PoCL on an Intel
+    CPU (whose device name holds the CPU's), not Oclgrind, not a GPU."""
+    from types import SimpleNamespace as NS
+
+    from clmf.engine import upload as U
+    assert U.needs_aligned_host(NS(type="CPU", platform="Intel(R) OpenCL",
+                                   name="Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz"))
+    assert U.needs_aligned_host(NS(type="CPU", platform="Intel(R) CPU Runtime for OpenCL(TM) "
+                                   "Applications", name="AMD EPYC 7763"))
+    assert not U.needs_aligned_host(NS(type="CPU", platform="Portable Computing Language",
+                                       name="pthread-icelake-server-Intel(R) Xeon(R) Gold"))
+    assert not U.needs_aligned_host(NS(type="CPU", platform="Oclgrind", name="Oclgrind Simulator"))
+    assert not U.needs_aligned_host(NS(type="GPU", platform="Intel(R) OpenCL Graphics",
+                                       name="Intel(R) Arc(TM) A770 Graphics"))
+
+
+@pytest.mark.parametrize("biases", [False, True])
+def test_fit_through_aligned_host_copies_equals_in_place(cl_device, biases, monkeypatch):
+    """Misaligned host arrays copied into aligned ones before they are wrapped (forced on every
+    CPU device) fit exactly what wrapping them as they are fits."""
+    import clmf
+    from clmf.engine import upload as U
+    from clmf.engine.device import device_info
+    if not U.zero_copy(device_info(cl_device)):
+        pytest.skip("the device does not read host arrays in place")
+    R = _random_csr(300, 200, 6000, seed=7)
+    R = sp.csr_matrix((_misaligned(R.data), _misaligned(R.indices.astype(np.int32)),
+                       _misaligned(R.indptr.astype(np.int32))), shape=R.shape)
+    assert R.data.ctypes.data % 128 and R.indices.ctypes.data % 128     # shared, not copied
+
+    def fit():
+        m = clmf.ALS(factors=8, iterations=3, device=cl_device, random_state=0, biases=biases)
+        return m.fit(R, show_progress=False)
+
+    monkeypatch.setattr(U, "HOST_ALIGN", 0)
+    direct = fit()
+    copies = []
+    real = U.aligned_copy
+
+    def spy(a, align=128, copy=None):
+        copies.append(a.nbytes)
+        out = real(a, align, copy)
+        assert out.ctypes.data % align == 0
+        return out
+
+    monkeypatch.setattr(U, "HOST_ALIGN", 128)
+    monkeypatch.setattr(U, "needs_aligned_host", lambda info: True)
+    monkeypatch.setattr(U, "aligned_copy", spy)
+    aligned = fit()
+    # the users' indices and data (and row and column pointers where they start misaligned)
+    assert copies.count(R.data.nbytes) == 2
+    np.testing.assert_array_equal(aligned.user_factors_, direct.user_factors_)
+    np.testing.assert_array_equal(aligned.item_factors_, direct.item_factors_)
+
+
 def test_tuning_index_follows_the_database(tmp_path, monkeypatch):
     import json
     import os

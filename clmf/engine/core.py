@@ -427,7 +427,10 @@ class Engine:
         ``transpose``."""
         u, col_ptr = self.side["users"], self.side["items"].indptr
         t0 = time.perf_counter()
-        up = U.Uploader(self.ctx, self.queue, U.zero_copy(self.info))
+        # Intel's CPU runtime reads only aligned host arrays in place: misaligned ones are
+        # copied (into aligned arrays, by the uploader's threads) and held with the ratings
+        align = U.HOST_ALIGN if U.needs_aligned_host(self.info) else 0
+        up = U.Uploader(self.ctx, self.queue, U.zero_copy(self.info), align=align)
         self._hold = [np.zeros(1, np.int32), np.zeros(1, np.float32)]
         bu, bi = self.buf["users"], self.buf["items"]
         on_host = host_transpose(self.info, u.nnz)
@@ -448,6 +451,7 @@ class Engine:
                 bi["data"] = up.buffer(val, self._hold[1])
         finally:
             up.finish()
+            self._hold += up.held
         t1 = time.perf_counter()
         if not on_host:
             bi["indices"], bi["data"] = device_transpose(

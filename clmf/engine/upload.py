@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import mmap
 import os
 
 import numpy as np
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Uploader", "STAGE_BYTES", "STAGES", "PINNED", "zero_copy"]
+__all__ = ["Uploader", "STAGE_BYTES", "STAGES", "PINNED", "HOST_ALIGN", "zero_copy",
+           "needs_aligned_host", "aligned_copy"]
 
 STAGE_BYTES = 32 << 20        # bytes of one pinned staging buffer
 STAGES = 3                    # staging buffers in flight
@@ -25,6 +27,10 @@ _SMALL = 1 << 20              # arrays below this size are written directly
 _COPY_THREADS = 4             # host threads copying a chunk into a staging buffer
 PINNED = True                 # False: copy from the host arrays as they are (COPY_HOST_PTR /
                               # blocking writes from pageable memory; for comparisons)
+HOST_ALIGN = 128              # bytes: where a host array must start for Intel's CPU runtime to
+                              # read it in place (USE_HOST_PTR; its CL_DEVICE_MEM_BASE_ADDR_ALIGN,
+                              # 1024 bits: 16- and 64-byte starts are copied, 128 and up are not,
+                              # whatever the size); 0 turns the aligned copies off
 
 
 def zero_copy(info):
@@ -33,16 +39,56 @@ def zero_copy(info):
     return info.type == "CPU" and "oclgrind" not in info.platform.lower()
 
 
+def needs_aligned_host(info):
+    """Whether the device's runtime reads ``USE_HOST_PTR`` host arrays in place only when they
+    are aligned, copying them itself otherwise: Intel's CPU runtime (45–100 ms per 100 MB for
+    NumPy's large arrays, which start 16 bytes past a page; 0.01 ms 128-byte aligned). Decided by
+    the platform's name, never by the device's (PoCL's device names hold the host CPU's)."""
+    return (info.type == "CPU" and "intel" in info.platform.lower()
+            and "oclgrind" not in info.platform.lower())
+
+
+def _aligned_empty(nbytes, align):
+    """Uninitialised bytes (a uint8 array) starting at a multiple of ``align``: fresh anonymous
+    pages without NumPy's huge-page advice for a large array (a huge-page fault may stall for
+    memory compaction: 10 to 250 ms per 100 MB here, against 30 to 50 ms for small pages faulted
+    by two threads), else NumPy's memory."""
+    if nbytes >= _SMALL and align <= mmap.PAGESIZE and hasattr(mmap, "MAP_PRIVATE"):
+        pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        return np.frombuffer(pages, np.uint8)          # the array keeps the mapping alive
+    raw = np.empty(nbytes + align, np.uint8)
+    off = (-raw.ctypes.data) % align
+    return raw[off:off + nbytes]
+
+
+def aligned_copy(a, align=HOST_ALIGN, copy=None):
+    """A C-contiguous copy of ``a`` (same dtype, shape and values) whose data starts at a
+    multiple of ``align`` bytes; ``copy(dst, src)`` copies flat uint8 arrays (default
+    ``np.copyto``; the :class:`Uploader` splits it over its threads, which then also share the
+    page faults of the new memory, the larger part of the cost)."""
+    a = np.asarray(a)
+    align = max(1, int(align))
+    n = max(a.nbytes, a.itemsize)          # an empty array keeps an aligned start too
+    out = _aligned_empty(n, align).view(a.dtype)[:a.size].reshape(a.shape)
+    src = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    (copy or np.copyto)(out.reshape(-1).view(np.uint8), src)
+    return out
+
+
 class Uploader:
     """Creates read-only device buffers holding host arrays (one per :meth:`buffer` call).
 
     ``in_place=True`` (CPU runtimes) wraps each C-contiguous array with ``USE_HOST_PTR`` (no
-    copy; the caller keeps the arrays alive as long as the buffers); else each array is copied
-    through ``stages`` pinned staging buffers of ``stage_bytes`` (non-blocking copies on the
-    in-order ``queue``). :meth:`finish` waits for every copy and frees the staging buffers.
+    copy; the caller keeps the arrays alive as long as the buffers); with ``align`` (bytes;
+    Intel's CPU runtime, :func:`needs_aligned_host`) an array not starting at a multiple of it is
+    first copied, by this uploader's threads, into an aligned one, kept in :attr:`held` (the
+    caller keeps those alive too). Else each array is copied through ``stages`` pinned staging
+    buffers of ``stage_bytes`` (non-blocking copies on the in-order ``queue``). :meth:`finish`
+    waits for every copy and frees the staging buffers.
     """
 
-    def __init__(self, ctx, queue, in_place, stage_bytes=None, stages=None, threads=None):
+    def __init__(self, ctx, queue, in_place, stage_bytes=None, stages=None, threads=None,
+                 align=0):
         import pyopencl as cl
         self.cl, self.ctx, self.queue = cl, ctx, queue
         self.in_place = bool(in_place)
@@ -54,6 +100,9 @@ class Uploader:
         self._next = 0
         self._pool = None
         self.bytes = 0                # bytes uploaded (not counting zero-copy wraps)
+        self.align = int(align or 0)  # in place: host arrays start at multiples of this
+        self.held = []                # aligned copies wrapped in place
+        self.aligned_bytes = 0        # bytes of those copies
 
     def _staging(self):
         """The next staging buffer (allocated and mapped on first use), waiting for its last
@@ -95,8 +144,14 @@ class Uploader:
         a = a if a.size else empty
         if self.in_place:
             # zero-copy: the caller keeps the host arrays alive as long as the buffers
-            flag = mf.USE_HOST_PTR if a.flags.c_contiguous else mf.COPY_HOST_PTR
-            return cl.Buffer(self.ctx, mf.READ_ONLY | flag, hostbuf=a)
+            if not a.flags.c_contiguous:
+                return cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
+            if self.align > 1 and a.ctypes.data % self.align:
+                # else the runtime copies it itself (45–100 ms per 100 MB), on this thread
+                a = aligned_copy(a, self.align, self._copy)
+                self.held.append(a)
+                self.aligned_bytes += a.nbytes
+            return cl.Buffer(self.ctx, mf.READ_ONLY | mf.USE_HOST_PTR, hostbuf=a)
         a = np.ascontiguousarray(a)
         if a.nbytes < _SMALL or not PINNED:
             self.bytes += a.nbytes
