@@ -458,3 +458,28 @@ def _default_space(f, info, storage="float32", mode="explicit"):
 
 
 SPACES = ("default", "bounded", "full")
+
+
+# measured as anchors on CPUs where the space holds them: the one-work-item fused CG in explicit
+# float16 / float8 vectors won on both CPU runtimes in every mode (issue 16: 6–27× the CG shapes
+# on Intel's), but a short budgeted search behind a slow incumbent could miss it
+CPU_ANCHORS = ("batch+vec16:tx=1,ty=1,solve_wg=1,solve_vec=16,solver=fusedcg",
+               "batch+vec8:tx=1,ty=1,solve_wg=1,solve_vec=8,solver=fusedcg")
+
+
+def device_anchors(case, space):
+    """The device type's known winners (:data:`CPU_ANCHORS` on CPUs) that ``space`` holds."""
+    if case.info.type != "CPU":
+        return []
+    out = []
+    for text in CPU_ANCHORS:
+        cfg = canonical(KernelConfig.parse(text).replace(storage=case.storage), case.mode)
+        g = space.grid
+        if cfg.solver not in g.get("solver", ()) or cfg.solve_vec not in g.get("solve_vec", ()):
+            continue
+        try:
+            prune(cfg, case.kf, case.info)
+        except InvalidConfigError:
+            continue
+        out.append(cfg)
+    return out

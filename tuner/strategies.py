@@ -58,18 +58,13 @@ from . import journal
 from .measure import (CHECK_TIME, MEASURE_VERSION, SAMPLE_TOL, SIDES, Measurer, Result,
                       _result_from_json, _result_to_json, calibrate_samples, check_samples,
                       full_sample, make_sample, sample_min_rows)
-from .space import canonical, prune
+from .space import canonical, device_anchors, prune
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Case", "Session", "exhaustive", "budgeted", "STRATEGIES", "run"]
 
 STRATEGIES = ("exhaustive", "budgeted")
-# measured as anchors on CPUs where the space holds them: the one-work-item fused CG in explicit
-# float16 / float8 vectors won on both CPU runtimes in every mode (issue 16: 6–27× the CG shapes
-# on Intel's), but a short budgeted search behind a slow incumbent could miss it
-CPU_ANCHORS = ("batch+vec16:tx=1,ty=1,solve_wg=1,solve_vec=16,solver=fusedcg",
-               "batch+vec8:tx=1,ty=1,solve_wg=1,solve_vec=8,solver=fusedcg")
 SKIP_STATUSES = ("invalid", "wrong", "failed")
 
 
@@ -781,24 +776,6 @@ def budgeted(session: Session, exploit=0.2, explore=0.3, finalists=3):
     promote()
     session.showdown(_top(session, 2, fidelity=False), budget_left=budget - session.spent)
     return session
-
-
-def device_anchors(case, space):
-    """The device type's known winners (:data:`CPU_ANCHORS` on CPUs) that ``space`` holds."""
-    if case.info.type != "CPU":
-        return []
-    out = []
-    for text in CPU_ANCHORS:
-        cfg = canonical(KernelConfig.parse(text).replace(storage=case.storage), case.mode)
-        g = space.grid
-        if cfg.solver not in g.get("solver", ()) or cfg.solve_vec not in g.get("solve_vec", ()):
-            continue
-        try:
-            prune(cfg, case.kf, case.info)
-        except InvalidConfigError:
-            continue
-        out.append(cfg)
-    return out
 
 
 def run(case, space, strategy="budgeted", db=None, budget=None, **kw):
