@@ -17,7 +17,7 @@ import numpy as np
 
 from ._fastcsv import _dictionary_column, read_columns, read_raw
 from ._ids import factorize, take
-from ._text import _looks_like_header, _parse_id, _resolve_column, _sniff_sep
+from ._text import _looks_like_header, _named_columns, _parse_id, _resolve_column, _sniff_sep
 from .ratings import Ratings, _handle_duplicates
 from .scan import _map, _pool, value_range
 
@@ -90,11 +90,6 @@ def _ids_of_texts(column, what: str):
     return uniques, take(codes, index)
 
 
-_CSV_NAMES = {"user": ("userId", "user_id", "user"),
-              "item": ("movieId", "movie_id", "item", "itemId"),
-              "rating": ("rating",), "timestamp": ("timestamp", "time")}
-
-
 def _movielens_layout(line: str):
     """``(column of each field, ncols, has_header)`` of a ratings.csv from its first line, as the
     line parser finds them, or None where it would refuse the file."""
@@ -104,13 +99,8 @@ def _movielens_layout(line: str):
             return None
         idx = {"user": 0, "item": 1, "rating": 2, **({"timestamp": 3} if len(fields) == 4 else {})}
         return idx, len(fields), False
-    header = [f.strip().strip('"').lower() for f in fields]
-    idx = {}
-    for key, alternatives in _CSV_NAMES.items():
-        for alt in alternatives:
-            if alt.lower() in header:
-                idx[key] = header.index(alt.lower())
-                break
+    header = [f.strip().strip('"') for f in fields]
+    idx = _named_columns(header)
     if any(k not in idx for k in ("user", "item", "rating")):
         return None
     return idx, len(header), True

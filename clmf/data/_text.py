@@ -287,3 +287,22 @@ def _finish(path: Path, table: _Table, u, i, r, ts, t0: float, what: str, **kw) 
 # --------------------------------------------------------------------------------------
 # loaders
 # --------------------------------------------------------------------------------------
+
+
+# ratings.csv's logical columns and the header names each may go by (case-insensitive)
+MOVIELENS_COLUMNS = {"user": ("userId", "user_id", "user"),
+                     "item": ("movieId", "movie_id", "item", "itemId"),
+                     "rating": ("rating",), "timestamp": ("timestamp", "time")}
+
+
+def _named_columns(header, wanted=MOVIELENS_COLUMNS) -> dict[str, int]:
+    """Positions in ``header`` of the logical columns ``wanted`` (the first alternative name
+    present, case-insensitive); keys not found are absent."""
+    lowered = [h.lower() for h in header]
+    out = {}
+    for key, alternatives in wanted.items():
+        for alt in alternatives:
+            if alt.lower() in lowered:
+                out[key] = lowered.index(alt.lower())
+                break
+    return out

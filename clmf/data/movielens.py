@@ -7,7 +7,6 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -15,6 +14,7 @@ from . import _fastload
 from ._text import (
     _empty,
     _finish,
+    _named_columns,
     _parse_float,
     _parse_int,
     _read_text,
@@ -142,18 +142,6 @@ def load_movielens_100k_split(
     return train, test
 
 
-def _named_columns(table: _Table, path: Path, wanted: dict[str, Sequence[str]]) -> dict[str, int]:
-    """Resolve logical column names against a header (case-insensitive alternatives)."""
-    header = [h.lower() for h in (table.header or [])]
-    out = {}
-    for key, alternatives in wanted.items():
-        for alt in alternatives:
-            if alt.lower() in header:
-                out[key] = header.index(alt.lower())
-                break
-    return out
-
-
 def load_movielens_csv(path: str | os.PathLike, *, duplicates: str = "error") -> Ratings:
     """Load a MovieLens ``ratings.csv`` (latest, latest-small, 20M, 25M, 32M).
 
@@ -192,12 +180,7 @@ def load_movielens_csv(path: str | os.PathLike, *, duplicates: str = "error") ->
     table = _Table(path, text, ",", header="auto", rating_col=2)
     _empty(path, table)
     if table.header is not None:
-        idx = _named_columns(
-            table, path,
-            {"user": ("userId", "user_id", "user"),
-             "item": ("movieId", "movie_id", "item", "itemId"),
-             "rating": ("rating",), "timestamp": ("timestamp", "time")},
-        )
+        idx = _named_columns(table.header)
         missing = [k for k in ("user", "item", "rating") if k not in idx]
         if missing:
             raise ValueError(
