@@ -290,47 +290,92 @@ def test_aligned_host_copies_on_intels_platform_only():
                                        name="Intel(R) Arc(TM) A770 Graphics"))
 
 
+def test_common_skew_and_widened_views():
+    """Arrays starting the same whole number of elements past a boundary share a skew (a view
+    from the boundary below each holds its bytes at that offset); different starts, a skew that
+    is not a whole element, empty or strided arrays, mixed item sizes have none."""
+    from clmf.engine import upload as U
+    a = _misaligned(np.arange(1000, dtype=np.int32))
+    b = _misaligned(np.linspace(0, 1, 1000, dtype=np.float32))
+    assert U.common_skew((a, b), 128) == 16
+    w = U.widened(b, 16)
+    assert w.ctypes.data % 128 == 0 and w.size == b.nbytes + 16
+    np.testing.assert_array_equal(w[16:].view(np.float32), b)
+    assert U.common_skew((a, _misaligned(b, skew=64)), 128) is None
+    raw = np.empty(b.nbytes + 256, np.uint8)
+    off = (-raw.ctypes.data) % 128 + 6
+    odd = raw[off:off + b.nbytes].view(np.float32)       # 6 bytes past: not a whole element
+    assert U.common_skew((odd,), 128) is None and U.common_skew((a, odd), 128) is None
+    assert U.common_skew((a, b[:0]), 128) is None and U.common_skew((a, b[::2]), 128) is None
+    assert U.common_skew((a, _misaligned(np.arange(1000, dtype=np.int64))), 128) is None
+    assert U.common_skew((a, b), 0) is None and U.common_skew((a, b), 1 << 16) is None
+    assert U.common_skew((_misaligned(a, skew=0),), 128) == 0
+
+
+@pytest.mark.parametrize("transpose", ["device", "host"])
+@pytest.mark.parametrize("skews", [(16, 16), (16, 64)])
+@pytest.mark.parametrize("variant", ["batch:tx=4,ty=4",
+                                     "batch:tx=4,ty=4,solver=cg,cg_steps=3,split=3,batch_rows=2"])
 @pytest.mark.parametrize("biases", [False, True])
-def test_fit_through_aligned_host_copies_equals_in_place(cl_device, biases, monkeypatch):
-    """Misaligned host arrays copied into aligned ones before they are wrapped (forced on every
-    CPU device) fit exactly what wrapping them as they are fits."""
+def test_fit_through_aligned_host_wraps_equals_in_place(cl_device, biases, variant, skews,
+                                                        transpose, monkeypatch):
+    """On a runtime that reads only aligned host arrays in place (forced on every CPU device),
+    misaligned indices and values starting alike are wrapped from the boundary below them with
+    the row pointers shifted (long rows split into pieces too), and ones starting differently are
+    copied into aligned arrays: either fits exactly what wrapping them as they are fits."""
     import clmf
     from clmf.engine import core
     from clmf.engine import upload as U
     from clmf.engine.device import device_info
     if not U.zero_copy(device_info(cl_device)):
         pytest.skip("the device does not read host arrays in place")
-    # the items' CSR transposed on the device: the host transpose's fresh arrays would be copied
-    # too where the allocator happens to place them misaligned (the count below is the users')
-    monkeypatch.setattr(core, "HOST_TRANSPOSE_MAX_NNZ", -1)
-    R = _random_csr(300, 200, 6000, seed=7)
-    R = sp.csr_matrix((_misaligned(R.data), _misaligned(R.indices.astype(np.int32)),
+    monkeypatch.setattr(core, "HOST_TRANSPOSE_MAX_NNZ", -1 if transpose == "device" else 1 << 30)
+    R = _random_csr(300, 200, 6000, seed=7).tolil()
+    R[5, :] = 1.0                                  # a long row (split at 3 entries a piece)
+    R = R.tocsr()
+    R = sp.csr_matrix((_misaligned(R.data.astype(np.float32), skew=skews[1]),
+                       _misaligned(R.indices.astype(np.int32), skew=skews[0]),
                        _misaligned(R.indptr.astype(np.int32))), shape=R.shape)
-    assert R.data.ctypes.data % 128 and R.indices.ctypes.data % 128     # shared, not copied
+    assert R.data.ctypes.data % 128 == skews[1] and R.indices.ctypes.data % 128 == skews[0]
 
     def fit():
-        m = clmf.ALS(factors=8, iterations=3, device=cl_device, random_state=0, biases=biases)
+        m = clmf.ALS(factors=8, iterations=3, device=cl_device, random_state=0, biases=biases,
+                     variant=variant)
         return m.fit(R, show_progress=False)
 
     monkeypatch.setattr(U, "HOST_ALIGN", 0)
     direct = fit()
-    copies = []
-    real = U.aligned_copy
+    copies, wraps = [], []
+    real_copy, real_widened = U.aligned_copy, U.widened
 
-    def spy(a, align=128, copy=None):
-        copies.append(a.nbytes)
-        out = real(a, align, copy)
+    def copy_spy(a, align=128, copy=None):
+        copies.append(a)
+        out = real_copy(a, align, copy)
         assert out.ctypes.data % align == 0
+        return out
+
+    def widened_spy(a, skew):
+        wraps.append(a)
+        out = real_widened(a, skew)
+        assert out.ctypes.data % 128 == 0
         return out
 
     monkeypatch.setattr(U, "HOST_ALIGN", 128)
     monkeypatch.setattr(U, "needs_aligned_host", lambda info: True)
-    monkeypatch.setattr(U, "aligned_copy", spy)
+    monkeypatch.setattr(U, "aligned_copy", copy_spy)
+    monkeypatch.setattr(U, "widened", widened_spy)
     aligned = fit()
-    # the users' indices and data (and row and column pointers where they start misaligned)
-    assert copies.count(R.data.nbytes) == 2
+
+    def users(arrays):
+        """How many of ``arrays`` are the users' indices or values (shared, not copied)."""
+        return sum(np.shares_memory(x, R.data) or np.shares_memory(x, R.indices) for x in arrays)
+    # the users' indices and values: wrapped where they start alike, else copied
+    same = skews[0] == skews[1]
+    assert (users(wraps), users(copies)) == ((2, 0) if same else (0, 2))
     np.testing.assert_array_equal(aligned.user_factors_, direct.user_factors_)
     np.testing.assert_array_equal(aligned.item_factors_, direct.item_factors_)
+    if biases:
+        np.testing.assert_array_equal(aligned.user_biases_, direct.user_biases_)
 
 
 def test_tuning_index_follows_the_database(tmp_path, monkeypatch):

@@ -332,6 +332,8 @@ class Engine:
         builds = pool.submit(self._build_programs)
         pool.shutdown(wait=False)
         self.buf = {s: {} for s in ("users", "items")}
+        # where each side's first entry lies in its indices/values buffers (see _upload_side)
+        self.entry_offset = {"users": 0, "items": 0}
         try:
             times = self._upload_ratings()
             t1 = time.perf_counter()
@@ -395,6 +397,7 @@ class Engine:
         cl, mf, fs = self.cl, self.cl.mem_flags, self.fs
         vindptr, vstart, launches = split_rows(d.indptr, sp_.threshold, bs, sp_.virtual_rows,
                                                sp_.slots)
+        vindptr += self.entry_offset[side]      # entry offsets into the side's buffers
         cut = int(np.count_nonzero(np.diff(d.indptr) > sp_.threshold))
         log.debug("%s: %d row(s) over %d entries cut into %d pieces in all; %d of %d launches "
                   "split", side, cut, sp_.threshold, len(vindptr) - 1,
@@ -428,18 +431,16 @@ class Engine:
         u, col_ptr = self.side["users"], self.side["items"].indptr
         t0 = time.perf_counter()
         # Intel's CPU runtime reads only aligned host arrays in place: misaligned ones are
-        # copied (into aligned arrays, by the uploader's threads) and held with the ratings
+        # wrapped from the boundary below them (the device's row pointers shifted to match) or,
+        # where the indices and values start differently, copied into aligned arrays by the
+        # uploader's threads; either is held with the ratings
         align = U.HOST_ALIGN if U.needs_aligned_host(self.info) else 0
         up = U.Uploader(self.ctx, self.queue, U.zero_copy(self.info), align=align)
         self._hold = [np.zeros(1, np.int32), np.zeros(1, np.float32)]
-        bu, bi = self.buf["users"], self.buf["items"]
         on_host = host_transpose(self.info, u.nnz)
         t_host = 0.0
         try:
-            bu["indptr"] = up.buffer(u.indptr)
-            bu["indices"] = up.buffer(u.indices, self._hold[0])
-            bu["data"] = up.buffer(u.data, self._hold[1])
-            bi["indptr"] = up.buffer(col_ptr)
+            self._upload_side("users", up, u.indptr, u.indices, u.data)
             if on_host:
                 t_host = time.perf_counter()
                 C = sp.csr_matrix((u.data, u.indices, u.indptr), shape=self.shape).tocsc()
@@ -447,17 +448,31 @@ class Engine:
                 val = C.data.astype(np.float32, copy=False)
                 self._hold += [idx, val]
                 t_host = time.perf_counter() - t_host
-                bi["indices"] = up.buffer(idx, self._hold[0])
-                bi["data"] = up.buffer(val, self._hold[1])
+                self._upload_side("items", up, col_ptr, idx, val)
+            else:
+                self.buf["items"]["indptr"] = up.buffer(col_ptr)
         finally:
             up.finish()
             self._hold += up.held
         t1 = time.perf_counter()
         if not on_host:
+            bu, bi = self.buf["users"], self.buf["items"]
             bi["indices"], bi["data"] = device_transpose(
                 self.ctx, self.queue, self.info, u.indptr, bu["indptr"], bu["indices"],
                 bu["data"], self.shape[1], bi["indptr"])
         return {"upload": t1 - t0 - t_host, "transpose": time.perf_counter() - t1 + t_host}
+
+    def _upload_side(self, side, up, indptr, indices, data):
+        """A side's CSR into its device buffers; its row pointers shifted by the entry offset
+        at which the uploader placed the indices and values (:meth:`Uploader.entry_buffers`),
+        kept in :attr:`entry_offset` for the pieces' row pointers of split rows."""
+        b = self.buf[side]
+        (b["indices"], b["data"]), k = up.entry_buffers((indices, data), self._hold[:2])
+        self.entry_offset[side] = k
+        if k:
+            indptr = indptr + k
+            self._hold.append(indptr)
+        b["indptr"] = up.buffer(indptr)
 
     # ----- factors -------------------------------------------------------------------------
     def set_factors(self, side, M, biases=None):

@@ -10,6 +10,7 @@ speed, so the host's copies (split over a few threads) and the transfers overlap
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import logging
 import mmap
 import os
@@ -19,7 +20,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 __all__ = ["Uploader", "STAGE_BYTES", "STAGES", "PINNED", "HOST_ALIGN", "zero_copy",
-           "needs_aligned_host", "aligned_copy"]
+           "needs_aligned_host", "aligned_copy", "common_skew", "widened"]
 
 STAGE_BYTES = 32 << 20        # bytes of one pinned staging buffer
 STAGES = 3                    # staging buffers in flight
@@ -75,6 +76,30 @@ def aligned_copy(a, align=HOST_ALIGN, copy=None):
     return out
 
 
+def common_skew(arrays, align):
+    """The bytes ``s`` past a multiple of ``align`` at which every one of ``arrays`` starts,
+    when they all do at the same ``s`` and ``s`` is a whole number of their (common) item size;
+    else None. Non-contiguous or empty arrays have none."""
+    sizes = {a.dtype.itemsize for a in arrays}
+    if (not 1 < align <= mmap.PAGESIZE or len(sizes) != 1
+            or not all(a.size and a.flags.c_contiguous for a in arrays)):
+        return None
+    skews = {a.ctypes.data % align for a in arrays}
+    if len(skews) != 1:
+        return None
+    s = skews.pop()
+    return s if s % sizes.pop() == 0 else None
+
+
+def widened(a, skew):
+    """A flat uint8 array over the ``skew`` bytes before ``a``'s data and its data (no copy; the
+    caller keeps ``a`` alive). Those bytes lie in the page that holds ``a``'s start when ``a``
+    starts ``skew`` bytes past a multiple of a power of two up to the page size, so they are
+    mapped; the device never reads them."""
+    raw = (ctypes.c_uint8 * (a.nbytes + skew)).from_address(a.ctypes.data - skew)
+    return np.frombuffer(raw, np.uint8)
+
+
 class Uploader:
     """Creates read-only device buffers holding host arrays (one per :meth:`buffer` call).
 
@@ -103,6 +128,7 @@ class Uploader:
         self.align = int(align or 0)  # in place: host arrays start at multiples of this
         self.held = []                # aligned copies wrapped in place
         self.aligned_bytes = 0        # bytes of those copies
+        self.skewed_bytes = 0         # bytes wrapped in place from below their start
 
     def _staging(self):
         """The next staging buffer (allocated and mapped on first use), waiting for its last
@@ -159,6 +185,26 @@ class Uploader:
         dst = cl.Buffer(self.ctx, mf.READ_ONLY, size=a.nbytes)
         self.write(dst, a)
         return dst
+
+    def entry_buffers(self, arrays, empties):
+        """Read-only device buffers holding ``arrays`` (a CSR's indices and values, ``empties``
+        standing for empty ones), and the entry offset ``k`` at which each array's first element
+        lies in its buffer: the device's row pointers are the host's plus ``k``.
+
+        ``k`` is 0 but where the runtime reads only aligned host arrays in place (``align``) and
+        every array starts the same whole number of elements past an alignment boundary, as
+        NumPy's large arrays do (16 bytes past a page): then each is wrapped in place from the
+        boundary just below its start, and neither the runtime nor this uploader copies it.
+        Otherwise each goes through :meth:`buffer` (aligned copies where needed)."""
+        cl = self.cl
+        skew = common_skew(arrays, self.align) if self.in_place else None
+        if not skew:
+            return [self.buffer(a, e) for a, e in zip(arrays, empties)], 0
+        self.held.extend(arrays)            # the wrapped memory belongs to them
+        flags = cl.mem_flags.READ_ONLY | cl.mem_flags.USE_HOST_PTR
+        bufs = [cl.Buffer(self.ctx, flags, hostbuf=widened(a, skew)) for a in arrays]
+        self.skewed_bytes += sum(a.nbytes for a in arrays)
+        return bufs, skew // arrays[0].dtype.itemsize
 
     def write(self, dst, a):
         """Copy the host array ``a`` to the start of the device buffer ``dst`` (through the
