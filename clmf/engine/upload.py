@@ -106,8 +106,9 @@ class Uploader:
     ``in_place=True`` (CPU runtimes) wraps each C-contiguous array with ``USE_HOST_PTR`` (no
     copy; the caller keeps the arrays alive as long as the buffers); with ``align`` (bytes;
     Intel's CPU runtime, :func:`needs_aligned_host`) an array not starting at a multiple of it is
-    first copied, by this uploader's threads, into an aligned one, kept in :attr:`held` (the
-    caller keeps those alive too). Else each array is copied through ``stages`` pinned staging
+    wrapped from the boundary below it (:meth:`entry_buffers`, a CSR's indices and values
+    starting alike) or else first copied, by this uploader's threads, into an aligned one; both
+    kinds are kept in :attr:`held` (the caller keeps those alive too). Else each array is copied through ``stages`` pinned staging
     buffers of ``stage_bytes`` (non-blocking copies on the in-order ``queue``). :meth:`finish`
     waits for every copy and frees the staging buffers.
     """
@@ -126,7 +127,7 @@ class Uploader:
         self._pool = None
         self.bytes = 0                # bytes uploaded (not counting zero-copy wraps)
         self.align = int(align or 0)  # in place: host arrays start at multiples of this
-        self.held = []                # aligned copies wrapped in place
+        self.held = []                # aligned copies and arrays wrapped from below, in place
         self.aligned_bytes = 0        # bytes of those copies
         self.skewed_bytes = 0         # bytes wrapped in place from below their start
 
