@@ -69,7 +69,8 @@ def child(a):
     import_s = time.perf_counter() - t_imp
     upload.PINNED = a.upload == "pinned"
     align = a.host_align[a.process % len(a.host_align)] if a.host_align else upload.HOST_ALIGN
-    upload.HOST_ALIGN = align
+    upload.HOST_ALIGN = int(str(align).removeprefix("copy"))
+    upload.WRAP_BELOW = not str(align).startswith("copy")
     d = pathlib.Path(a.outdir) / "data"
     meta = json.loads((d / "meta.json").read_text())
     arrs = [np.load(d / f"{k}.npy") for k in ("indptr", "indices", "data")]
@@ -138,6 +139,13 @@ PHASES = ("validation", "counts", "tuning", "plan", "engine_host", "build", "bui
 NESTED = ("build",)
 
 
+def host_align_arg(text):
+    """``--host-align``'s value: bytes, or ``copy`` and bytes."""
+    if not text.removeprefix("copy").isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not N or copyN (N bytes)")
+    return text
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("outdir")
@@ -152,10 +160,12 @@ def main():
     p.add_argument("--upload", default="pinned", choices=("pinned", "direct"),
                    help="GPU uploads through pinned staging buffers (the library's way) or "
                         "straight from the host arrays (before issue 16's pinned uploads)")
-    p.add_argument("--host-align", type=int, nargs="+", default=None,
+    p.add_argument("--host-align", nargs="+", default=None, type=host_align_arg,
                    help="bytes at which host arrays must start to be wrapped in place on Intel's "
-                        "CPU runtime (clmf.engine.upload.HOST_ALIGN; 0: never copied), one per "
-                        "process in turn (e.g. 128 0: side by side; default the library's)")
+                        "CPU runtime (clmf.engine.upload.HOST_ALIGN; 0: never copied; copyN: N, "
+                        "misaligned arrays copied, never wrapped from below: WRAP_BELOW off), "
+                        "one per process in turn (e.g. 128 copy128 0: side by side; default the "
+                        "library's)")
     p.add_argument("--processes", type=int, default=2, help="fresh processes, one after another")
     p.add_argument("--fits", type=int, default=2, help="fits per process")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -32,6 +32,8 @@ HOST_ALIGN = 128              # bytes: where a host array must start for Intel's
                               # read it in place (USE_HOST_PTR; its CL_DEVICE_MEM_BASE_ADDR_ALIGN,
                               # 1024 bits: 16- and 64-byte starts are copied, 128 and up are not,
                               # whatever the size); 0 turns the aligned copies off
+WRAP_BELOW = True             # False: misaligned arrays are copied, never wrapped from the
+                              # boundary below them (Uploader.entry_buffers; for comparisons)
 
 
 def zero_copy(info):
@@ -108,9 +110,9 @@ class Uploader:
     Intel's CPU runtime, :func:`needs_aligned_host`) an array not starting at a multiple of it is
     wrapped from the boundary below it (:meth:`entry_buffers`, a CSR's indices and values
     starting alike) or else first copied, by this uploader's threads, into an aligned one; both
-    kinds are kept in :attr:`held` (the caller keeps those alive too). Else each array is copied through ``stages`` pinned staging
-    buffers of ``stage_bytes`` (non-blocking copies on the in-order ``queue``). :meth:`finish`
-    waits for every copy and frees the staging buffers.
+    kinds are kept in :attr:`held` (the caller keeps those alive too). Else each array is copied
+    through ``stages`` pinned staging buffers of ``stage_bytes`` (non-blocking copies on the
+    in-order ``queue``). :meth:`finish` waits for every copy and frees the staging buffers.
     """
 
     def __init__(self, ctx, queue, in_place, stage_bytes=None, stages=None, threads=None,
@@ -198,7 +200,7 @@ class Uploader:
         boundary just below its start, and neither the runtime nor this uploader copies it.
         Otherwise each goes through :meth:`buffer` (aligned copies where needed)."""
         cl = self.cl
-        skew = common_skew(arrays, self.align) if self.in_place else None
+        skew = common_skew(arrays, self.align) if self.in_place and WRAP_BELOW else None
         if not skew:
             return [self.buffer(a, e) for a, e in zip(arrays, empties)], 0
         self.held.extend(arrays)            # the wrapped memory belongs to them
