@@ -32,7 +32,7 @@ __all__ = [
 _CHUNK_BYTES = 64 << 20
 
 
-def initial_factors(n_rows, factors, random_state=None, dtype=np.float32):
+def initial_factors(n_rows, factors, random_state=None, dtype=np.float32, out=None):
     """Random start factors, the same in the OpenCL path and the reference.
 
     Uniform on [0, 1) scaled by ``1/sqrt(factors)``, so a dot product starts near 1/3·1 scale.
@@ -42,6 +42,8 @@ def initial_factors(n_rows, factors, random_state=None, dtype=np.float32):
     n_rows, factors : int
     random_state : None, int or numpy.random.Generator
     dtype : numpy dtype of the result
+    out : optional C-contiguous array of that shape and dtype to fill and return (memory of
+        the caller's choice, e.g. page-aligned for a device to read in place)
 
     Returns
     -------
@@ -53,7 +55,7 @@ def initial_factors(n_rows, factors, random_state=None, dtype=np.float32):
     (3, 2)
     """
     rng = np.random.default_rng(random_state)
-    out = np.empty((n_rows, factors), dtype=dtype)
+    out = np.empty((n_rows, factors), dtype=dtype) if out is None else out
     # drawn in chunks of rows (the same stream as one draw): no float64 copy of the whole matrix
     step = max(1, _CHUNK_BYTES // (8 * max(factors, 1)))
     scale = np.sqrt(factors)
@@ -63,10 +65,13 @@ def initial_factors(n_rows, factors, random_state=None, dtype=np.float32):
     return out
 
 
-def start_factors(n_users, n_items, factors, random_state=None, dtype=np.float32):
-    """The (X0, Y0) start of a fit: :func:`initial_factors` for users then items, one generator."""
+def start_factors(n_users, n_items, factors, random_state=None, dtype=np.float32, empty=None):
+    """The (X0, Y0) start of a fit: :func:`initial_factors` for users then items, one generator;
+    ``empty(shape, dtype)`` allocates the arrays (default ``np.empty``)."""
     rng = np.random.default_rng(random_state)
-    return (initial_factors(n_users, factors, rng, dtype), initial_factors(n_items, factors, rng, dtype))
+    empty = empty or np.empty
+    return tuple(initial_factors(rows, factors, rng, dtype, out=empty((rows, factors), dtype))
+                 for rows in (n_users, n_items))
 
 
 def _as_csr(R):

@@ -64,13 +64,15 @@ def child(a):
     import scipy.sparse as sp
 
     import clmf
-    from clmf.engine import upload
+    from clmf.engine import core, upload
     from clmf.engine.device import device_info, select_device
     import_s = time.perf_counter() - t_imp
     upload.PINNED = a.upload == "pinned"
     align = a.host_align[a.process % len(a.host_align)] if a.host_align else upload.HOST_ALIGN
     upload.HOST_ALIGN = int(str(align).removeprefix("copy"))
     upload.WRAP_BELOW = not str(align).startswith("copy")
+    adopt = a.adopt[a.process % len(a.adopt)] if a.adopt else int(core.ADOPT_FACTORS)
+    core.ADOPT_FACTORS = bool(adopt)
     d = pathlib.Path(a.outdir) / "data"
     meta = json.loads((d / "meta.json").read_text())
     arrs = [np.load(d / f"{k}.npy") for k in ("indptr", "indices", "data")]
@@ -93,7 +95,7 @@ def child(a):
             "process": a.process, "fit": fit, "data": meta["spec"], "shape": meta["shape"],
             "nnz": meta["nnz"], "factors": a.factors, "iterations": a.iterations,
             "feedback": a.feedback, "biases": a.biases, "regularization": a.regularization,
-            "upload": a.upload, "host_align": align,
+            "upload": a.upload, "host_align": align, "adopt": adopt,
             "device": f"{info.platform} | {info.name}", "driver": info.driver,
             "import_s": import_s if fit == 0 else 0.0, "select_device_s": dev_s,
             "whole_fit_s": whole, "setup_s": t["setup"],
@@ -108,14 +110,15 @@ def child(a):
 
 def render(recs):
     """The markdown table of the fits."""
-    lines = ["| process | fit | host align | whole fit (s) | set-up (s) | set-up ns/rating | "
-             "builds (s) | upload + transpose (s) | 1st iteration (s) | s/it (later) | "
-             "set-up share |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| process | fit | host align | adopt | whole fit (s) | set-up (s) | "
+             "set-up ns/rating | builds (s) | upload + transpose (s) | 1st iteration (s) | "
+             "s/it (later) | set-up share |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in recs:
         t = r["timings"]
         lines.append(
             f"| {r['process']} | {r['fit']} | {r.get('host_align', '–')} | "
+            f"{r.get('adopt', '–')} | "
             f"{r['whole_fit_s']:.3f} | {r['setup_s']:.3f} | "
             f"{r['setup_ns_per_rating']:.1f} | {t.get('build', float('nan')):.3f} | "
             f"{t.get('upload_transpose', float('nan')):.3f} | {r['first_iteration_s']:.3f} | "
@@ -166,6 +169,10 @@ def main():
                         "misaligned arrays copied, never wrapped from below: WRAP_BELOW off), "
                         "one per process in turn (e.g. 128 copy128 0: side by side; default the "
                         "library's)")
+    p.add_argument("--adopt", type=int, nargs="+", default=None, choices=(0, 1),
+                   help="1: a CPU runtime's factor buffers wrap the start factors in place "
+                        "(clmf.engine.core.ADOPT_FACTORS), 0: copied into the engine's buffers; "
+                        "one per process in turn (e.g. 1 0; default the library's)")
     p.add_argument("--processes", type=int, default=2, help="fresh processes, one after another")
     p.add_argument("--fits", type=int, default=2, help="fits per process")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -436,3 +436,48 @@ def test_host_and_device_transpose_fit_alike(cl_device, monkeypatch):
         fits.append((m.user_factors_, m.item_factors_))
     for a, b in zip(*fits):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("mode", ["explicit", "biased", "implicit", "float16"])
+def test_fit_with_adopted_start_factors_equals_copies(cl_device, mode, monkeypatch):
+    """Start factors drawn by the fit into page-aligned memory are wrapped in place as the
+    factor buffers on CPU runtimes (the padded layouts of biases and float16 storage too): the
+    fit equals one whose start factors are copied into the engine's own buffers, and equals a
+    fit given the same start as ``init``."""
+    import clmf
+    from clmf import reference as ref
+    from clmf.engine import core
+    from clmf.engine import upload as U
+    from clmf.engine.device import device_info
+    R = _random_csr(300, 200, 6000, seed=11)
+    kw = {"explicit": {}, "biased": {"biases": True}, "float16": {"storage": "float16"},
+          "implicit": {"feedback": "implicit", "alpha": 2.0}}[mode]
+
+    def fit(**extra):
+        m = clmf.ALS(factors=8, iterations=3, device=cl_device, random_state=0, **kw)
+        return m.fit(R, show_progress=False, **extra)
+
+    wrapped = []
+    real = core.Engine._wrappable
+
+    def spy(self, host):
+        ok = real(self, host)
+        wrapped.append(ok)
+        return ok
+
+    monkeypatch.setattr(core.Engine, "_wrappable", spy)
+    adopted = fit()
+    # on CPU runtimes both sides' factor buffers wrap page-aligned host rows: the start
+    # factors as drawn or, in a padded layout, the padded rows
+    assert wrapped == ([True, True] if U.zero_copy(device_info(cl_device)) else [False, False])
+    monkeypatch.setattr(core.Engine, "_wrappable", lambda self, host: False)
+    copied = fit()
+    X0, Y0 = ref.start_factors(*R.shape, 8, 0)
+    given = fit(init=(X0, Y0))
+    for other in (copied, given):
+        np.testing.assert_array_equal(adopted.user_factors_, other.user_factors_)
+        np.testing.assert_array_equal(adopted.item_factors_, other.item_factors_)
+    X, Y = ref.start_factors(*R.shape, 8, 0, empty=U.aligned_empty)
+    assert X.ctypes.data % 4096 == 0 and Y.ctypes.data % 4096 == 0
+    np.testing.assert_array_equal(X, X0)
+    np.testing.assert_array_equal(Y, Y0)

@@ -73,6 +73,9 @@ class SideData:
 # for the device transpose warm and 0.2–1.0 s with its compile; at 4M a wash warm, 35–50 ms;
 # at 10M the host 95–105 ms against 140–155: results/bench/transpose-cpu/)
 HOST_TRANSPOSE_MAX_NNZ = 1 << 22
+# CPU runtimes: the factor buffers wrap adopted start factors in place (Engine.set_factors);
+# False copies them into the engine's own buffers as before (for comparisons)
+ADOPT_FACTORS = True
 
 
 def host_transpose(info, nnz):
@@ -83,14 +86,17 @@ def host_transpose(info, nnz):
     return info.type == "CPU" and nnz <= HOST_TRANSPOSE_MAX_NNZ
 
 
-def padded_factors(side, M, rows, f, ldf, np_store, biased, biases=None):
-    """A side's factors (``rows`` × f) as the devices' padded host rows ``(max(1, rows), ldf)``:
-    with biases, column f holds the 1 and column f + 1 the bias."""
+def padded_factors(side, M, rows, f, ldf, np_store, biased, biases=None, empty=None):
+    """A side's factors (``rows`` × f) as the devices' padded host rows ``(max(1, rows), ldf)``
+    (allocated by ``empty(shape, dtype)``, default ``np.empty``; the padding zeroed): with
+    biases, column f holds the 1 and column f + 1 the bias."""
     M = np.asarray(M, dtype=np.float32)
     if M.shape != (rows, f):
         raise ValueError(f"{side} factors must have shape {(rows, f)}, not {M.shape}")
-    host = np.zeros((max(1, rows), ldf), dtype=np_store)
+    host = (empty or np.empty)((max(1, rows), ldf), np_store)
     host[:rows, :f] = M
+    host[:rows, f:] = 0
+    host[rows:] = 0
     if biased:
         host[:, f] = 1.0
         if biases is not None:
@@ -379,6 +385,7 @@ class Engine:
         self.factors = {s: cl.Buffer(self.ctx, mf.READ_WRITE,
                                      size=max(1, self.side[s].rows) * self.ldf * itemsize)
                         for s in ("users", "items")}
+        self._factor_hosts = {}                      # host arrays the factor buffers wrap
         self.status = cl.Buffer(self.ctx, mf.READ_WRITE, size=4)
         self.profile = profile
         self.stage_times = {"s1": 0.0, "s2": 0.0, "s3": 0.0, "combine": 0.0}
@@ -475,8 +482,13 @@ class Engine:
         b["indptr"] = up.buffer(indptr)
 
     # ----- factors -------------------------------------------------------------------------
-    def set_factors(self, side, M, biases=None):
-        """Upload the factors (and biases) of ``side`` into its device buffer."""
+    def set_factors(self, side, M, biases=None, adopt=False):
+        """Upload the factors (and biases) of ``side`` into its device buffer.
+
+        ``adopt``: ``M`` is the engine's to keep and overwrite (start factors that no one else
+        holds). On a device that reads host memory in place, the factor buffer then wraps the
+        array in the device's layout (``M`` itself when it is that layout already, contiguous
+        and aligned as the runtime needs: no copy and no fresh pages), else ``M`` is copied."""
         rows = self.side[side].rows
         M = np.asarray(M, dtype=np.float32)
         if M.shape != (rows, self.f):
@@ -484,15 +496,32 @@ class Engine:
         if self.ldf == self.f and not self.biased and self.np_store == np.float32:
             host = np.ascontiguousarray(M)          # the device's layout already: no copy
         else:
+            # adopted on a CPU runtime: the padded rows in memory it can wrap in place
+            empty = U.aligned_empty if adopt and ADOPT_FACTORS and U.zero_copy(self.info) else None
             host = padded_factors(side, M, rows, self.f, self.ldf, self.np_store, self.biased,
-                                  biases)
+                                  biases, empty)
+        if adopt and ADOPT_FACTORS and self._wrappable(host):
+            mf = self.cl.mem_flags
+            buf = self.cl.Buffer(self.ctx, mf.READ_WRITE | mf.USE_HOST_PTR, hostbuf=host)
+            self.factors[side].release()
+            self.factors[side] = buf
+            self._factor_hosts[side] = host         # the buffer's memory: kept with it
+            return
         up = U.Uploader(self.ctx, self.queue, U.zero_copy(self.info))
         try:
             up.write(self.factors[side], host)
         finally:
             up.finish()
 
+    def _wrappable(self, host):
+        """Whether the device reads ``host`` (a writable, C-contiguous array) in place: a CPU
+        runtime, and the start its runtime needs for that (:func:`upload.needs_aligned_host`)."""
+        align = U.HOST_ALIGN if U.needs_aligned_host(self.info) else 0
+        return (U.zero_copy(self.info) and host.size > 0 and host.flags.c_contiguous
+                and host.flags.writeable and (align <= 1 or host.ctypes.data % align == 0))
+
     def get_factors(self, side, with_biases=False):
+        """A side's factors (and biases) copied from its device buffer."""
         rows = self.side[side].rows
         host = np.empty((rows, self.ldf), dtype=self.np_store)
         self.cl.enqueue_copy(self.queue, host, self.factors[side])

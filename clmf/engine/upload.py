@@ -20,7 +20,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 __all__ = ["Uploader", "STAGE_BYTES", "STAGES", "PINNED", "HOST_ALIGN", "zero_copy",
-           "needs_aligned_host", "aligned_copy", "common_skew", "widened"]
+           "needs_aligned_host", "aligned_copy", "aligned_empty", "common_skew", "widened"]
 
 STAGE_BYTES = 32 << 20        # bytes of one pinned staging buffer
 STAGES = 3                    # staging buffers in flight
@@ -64,15 +64,23 @@ def _aligned_empty(nbytes, align):
     return raw[off:off + nbytes]
 
 
+def aligned_empty(shape, dtype=np.float32, align=mmap.PAGESIZE):
+    """An uninitialised C-contiguous array of ``shape`` and ``dtype`` starting at a multiple of
+    ``align`` bytes (fresh pages for a large one): host memory any CPU runtime can wrap in place,
+    e.g. the start factors a fit hands to its engine (:meth:`Engine.set_factors` ``adopt``)."""
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape, dtype=np.int64))
+    n = max(size * dtype.itemsize, dtype.itemsize)
+    return _aligned_empty(n, max(1, int(align))).view(dtype)[:size].reshape(shape)
+
+
 def aligned_copy(a, align=HOST_ALIGN, copy=None):
     """A C-contiguous copy of ``a`` (same dtype, shape and values) whose data starts at a
     multiple of ``align`` bytes; ``copy(dst, src)`` copies flat uint8 arrays (default
     ``np.copyto``; the :class:`Uploader` splits it over its threads, which then also share the
     page faults of the new memory, the larger part of the cost)."""
     a = np.asarray(a)
-    align = max(1, int(align))
-    n = max(a.nbytes, a.itemsize)          # an empty array keeps an aligned start too
-    out = _aligned_empty(n, align).view(a.dtype)[:a.size].reshape(a.shape)
+    out = aligned_empty(a.shape, a.dtype, align)   # an empty array keeps an aligned start too
     src = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
     (copy or np.copyto)(out.reshape(-1).view(np.uint8), src)
     return out

@@ -13,6 +13,7 @@ from .. import reference
 from ..data.scan import count_columns, value_range, value_sum
 from ..data.validation import check_index_pairs, check_params, check_ratings
 from ..engine.config import KernelConfig
+from ..engine.upload import aligned_empty
 from ..errors import SingularSystemError
 from ..inference.conventions import confidence_rows
 from ..inference.recommend import RecommenderMixin
@@ -354,7 +355,9 @@ class ALS(RecommenderMixin):
             # (m + n)·f numbers are a large part of the set-up at Netflix scale; the host's plan
             # above covers them
             start_pool = concurrent.futures.ThreadPoolExecutor(1)
-            start = start_pool.submit(reference.start_factors, m, n, f, self.random_state)
+            # (in page-aligned memory, which a CPU device's factor buffers then wrap in place)
+            start = start_pool.submit(reference.start_factors, m, n, f, self.random_state,
+                                      empty=aligned_empty)
             start_pool.shutdown(wait=False)
         global_mean = value_sum(R.data) / R.nnz if R.nnz else float("nan")
         t_prep = time.perf_counter()
@@ -379,8 +382,9 @@ class ALS(RecommenderMixin):
             if start is not None:
                 X0, Y0 = start.result()
             t_start_factors = time.perf_counter()
-            engine.set_factors("users", X0)
-            engine.set_factors("items", Y0)
+            # drawn here, the start factors are the engine's to keep and overwrite
+            engine.set_factors("users", X0, adopt=start is not None)
+            engine.set_factors("items", Y0, adopt=start is not None)
             del X0, Y0
             engine.finish()
             steps = _DeviceSteps(self, engine, R, V, v_unknown_se, v_total, configs[0].storage,

@@ -1,7 +1,8 @@
 """Backends of a fit: the single-device :class:`clmf.engine.Engine`, or :class:`MultiEngine`
 (any number of devices, resident or streamed) behind the same small interface:
-``set_factors(side, M, biases=None)``, ``iteration(regularization, weighted)``, ``finish()``,
-``squared_error(key, users, items, ratings)``, ``get_factors(side, with_biases=False)``,
+``set_factors(side, M, biases=None, adopt=False)``, ``iteration(regularization, weighted)``,
+``finish()``, ``squared_error(key, users, items, ratings)``,
+``get_factors(side, with_biases=False)``,
 ``release()``, ``memory`` (dict with a ``total``) and ``configs`` (per device and side).
 """
 from __future__ import annotations
@@ -205,8 +206,9 @@ class MultiEngine:
         rows = self.layout[side].rows
         return padded_factors(side, M, rows, self.f, self.ldf, self.np_store, self.biased, biases)
 
-    def set_factors(self, side, M, biases=None):
-        """Upload a side's factors (n_rows × f) to every device (the rows each holds)."""
+    def set_factors(self, side, M, biases=None, adopt=False):
+        """Upload a side's factors (n_rows × f) to every device (the rows each holds); the
+        devices' blocks are always copies (``adopt``, the engine's in-place hint, is moot)."""
         host = self._padded(side, M, biases)
         self.host[side][...] = host
         for w in self.workers:

@@ -302,8 +302,9 @@ class DaskEngine:
         rows = self.shape[0 if side == "users" else 1]
         return padded_factors(side, M, rows, self.f, self.ldf, self.np_store, self.biased, biases)
 
-    def set_factors(self, side, M, biases=None):
-        """Upload a side's factors to every worker (the rows each device holds)."""
+    def set_factors(self, side, M, biases=None, adopt=False):
+        """Upload a side's factors to every worker (the rows each device holds; ``adopt``, the
+        engine's in-place hint, is moot: the workers get copies)."""
         self.phase = f"uploading the {side} factors"
         fut = self.client.scatter([self.padded(side, M, biases)], broadcast=True,
                                   workers=self.addrs, hash=False)[0]
