@@ -440,10 +440,10 @@ def test_host_and_device_transpose_fit_alike(cl_device, monkeypatch):
 
 @pytest.mark.parametrize("mode", ["explicit", "biased", "implicit", "float16"])
 def test_fit_with_adopted_start_factors_equals_copies(cl_device, mode, monkeypatch):
-    """Start factors drawn by the fit into page-aligned memory are wrapped in place as the
-    factor buffers on CPU runtimes (the padded layouts of biases and float16 storage too): the
-    fit equals one whose start factors are copied into the engine's own buffers, and equals a
-    fit given the same start as ``init``."""
+    """Start factors drawn by the fit into page-aligned host rows in the devices' layout (the
+    padding of vector widths and biases included) are wrapped in place as the factor buffers on
+    CPU runtimes (float16 storage is converted, so copied): the fit equals one whose start
+    factors are copied into the engine's own buffers, and one given the same start as ``init``."""
     import clmf
     from clmf import reference as ref
     from clmf.engine import core
@@ -462,22 +462,48 @@ def test_fit_with_adopted_start_factors_equals_copies(cl_device, mode, monkeypat
 
     def spy(self, host):
         ok = real(self, host)
-        wrapped.append(ok)
+        wrapped.append((ok, host.ctypes.data % 4096))
         return ok
 
     monkeypatch.setattr(core.Engine, "_wrappable", spy)
     adopted = fit()
-    # on CPU runtimes both sides' factor buffers wrap page-aligned host rows: the start
-    # factors as drawn or, in a padded layout, the padded rows
-    assert wrapped == ([True, True] if U.zero_copy(device_info(cl_device)) else [False, False])
-    monkeypatch.setattr(core.Engine, "_wrappable", lambda self, host: False)
+    if mode == "float16":
+        assert wrapped == []
+    else:
+        ok = U.zero_copy(device_info(cl_device))
+        assert wrapped == [(ok, 0), (ok, 0)]
+    monkeypatch.setattr(core, "ADOPT_FACTORS", False)
     copied = fit()
+    monkeypatch.setattr(core, "ADOPT_FACTORS", True)
     X0, Y0 = ref.start_factors(*R.shape, 8, 0)
     given = fit(init=(X0, Y0))
     for other in (copied, given):
         np.testing.assert_array_equal(adopted.user_factors_, other.user_factors_)
         np.testing.assert_array_equal(adopted.item_factors_, other.item_factors_)
-    X, Y = ref.start_factors(*R.shape, 8, 0, empty=U.aligned_empty)
-    assert X.ctypes.data % 4096 == 0 and Y.ctypes.data % 4096 == 0
-    np.testing.assert_array_equal(X, X0)
-    np.testing.assert_array_equal(Y, Y0)
+        if mode == "biased":
+            np.testing.assert_array_equal(adopted.user_biases_, other.user_biases_)
+
+
+@pytest.mark.parametrize("biased", [False, True])
+@pytest.mark.parametrize("rows", [0, 1, 37])
+def test_host_factor_rows_are_padded_factors(rows, biased):
+    """host_factor_rows' view, filled, is the padded layout padded_factors writes, starting at a
+    page; the engine finds the rows from the view, not from an unpadded array or another
+    layout; start factors drawn into memory of the caller's are the same numbers."""
+    from clmf.engine import core
+    from clmf.engine import upload as U
+    f, ldf = 5, 8
+    X = np.random.default_rng(rows).random((rows, f), dtype=np.float32)
+    view = core.host_factor_rows(rows, f, ldf, biased)
+    view[...] = X
+    host = core._padded_base(view, rows, f, ldf)
+    assert host is not None and host.ctypes.data % 4096 == 0
+    np.testing.assert_array_equal(host, core.padded_factors("users", X, rows, f, ldf, np.float32,
+                                                            biased))
+    assert core._padded_base(X, rows, f, ldf) is None
+    assert core._padded_base(view, rows, f, ldf + 4) is None
+    from clmf import reference as ref
+    A, B = ref.start_factors(rows, 3, f, 0, empty=lambda shape, dtype: U.aligned_empty(shape))
+    C, D = ref.start_factors(rows, 3, f, 0)
+    np.testing.assert_array_equal(A, C)
+    np.testing.assert_array_equal(B, D)

@@ -86,22 +86,46 @@ def host_transpose(info, nnz):
     return info.type == "CPU" and nnz <= HOST_TRANSPOSE_MAX_NNZ
 
 
-def padded_factors(side, M, rows, f, ldf, np_store, biased, biases=None, empty=None):
-    """A side's factors (``rows`` × f) as the devices' padded host rows ``(max(1, rows), ldf)``
-    (allocated by ``empty(shape, dtype)``, default ``np.empty``; the padding zeroed): with
-    biases, column f holds the 1 and column f + 1 the bias."""
+def padded_factors(side, M, rows, f, ldf, np_store, biased, biases=None):
+    """A side's factors (``rows`` × f) as the devices' padded host rows ``(max(1, rows), ldf)``:
+    with biases, column f holds the 1 and column f + 1 the bias."""
     M = np.asarray(M, dtype=np.float32)
     if M.shape != (rows, f):
         raise ValueError(f"{side} factors must have shape {(rows, f)}, not {M.shape}")
-    host = (empty or np.empty)((max(1, rows), ldf), np_store)
+    host = np.zeros((max(1, rows), ldf), dtype=np_store)
     host[:rows, :f] = M
-    host[:rows, f:] = 0
-    host[rows:] = 0
     if biased:
         host[:, f] = 1.0
         if biases is not None:
             host[:rows, f + 1] = biases
     return host
+
+
+def host_factor_rows(rows, f, ldf, biased=False):
+    """float32 host rows ``(max(1, rows), ldf)`` in the devices' padded layout, as
+    :func:`padded_factors` writes them (the padding zero; with biases column f one, the biases
+    zero), starting at a page boundary in NumPy's memory, the factors themselves uninitialised;
+    returns their ``[:rows, :f]`` view, to be filled (the start factors of a fit) and handed to
+    :meth:`Engine.set_factors` with ``adopt``, whose CPU runtimes then wrap the rows in place."""
+    host = U.aligned_empty((max(1, rows), ldf), np.float32, small_pages=False)
+    host[:, f:] = 0
+    host[rows:] = 0
+    if biased:
+        host[:, f] = 1.0
+    return host[:rows, :f]
+
+
+def _padded_base(M, rows, f, ldf):
+    """The padded rows ``(max(1, rows), ldf)`` that ``M`` is the ``[:rows, :f]`` view of
+    (:func:`host_factor_rows`; the padding is trusted to be as that wrote it), or None."""
+    base, n = M.base, max(1, rows) * ldf
+    if (not isinstance(base, np.ndarray) or M.dtype != np.float32 or M.shape != (rows, f)
+            or M.strides != (4 * ldf, 4) or not base.flags.c_contiguous):
+        return None
+    off = M.ctypes.data - base.ctypes.data
+    if off < 0 or off + 4 * n > base.nbytes:
+        return None
+    return np.ndarray((max(1, rows), ldf), np.float32, buffer=base, offset=off)
 
 
 def unpadded_factors(host, rows, f, biased, with_biases=False):
@@ -487,26 +511,30 @@ class Engine:
 
         ``adopt``: ``M`` is the engine's to keep and overwrite (start factors that no one else
         holds). On a device that reads host memory in place, the factor buffer then wraps the
-        array in the device's layout (``M`` itself when it is that layout already, contiguous
-        and aligned as the runtime needs: no copy and no fresh pages), else ``M`` is copied."""
+        rows in the device's layout without a copy where ``M`` is those rows already: ``M``
+        itself (contiguous, float32, no padding, aligned as the runtime needs), or the padded
+        rows ``M`` is the view of (:func:`host_factor_rows`); else ``M`` is copied."""
         rows = self.side[side].rows
         M = np.asarray(M, dtype=np.float32)
         if M.shape != (rows, self.f):
             raise ValueError(f"{side} factors must have shape {(rows, self.f)}, not {M.shape}")
+        host = None
+        if adopt and ADOPT_FACTORS and biases is None and self.np_store == np.float32:
+            host = _padded_base(M, rows, self.f, self.ldf)
+            if host is None and self.ldf == self.f and not self.biased:
+                host = M
+            if host is not None and self._wrappable(host):
+                mf = self.cl.mem_flags
+                buf = self.cl.Buffer(self.ctx, mf.READ_WRITE | mf.USE_HOST_PTR, hostbuf=host)
+                self.factors[side].release()
+                self.factors[side] = buf
+                self._factor_hosts[side] = host         # the buffer's memory: kept with it
+                return
         if self.ldf == self.f and not self.biased and self.np_store == np.float32:
             host = np.ascontiguousarray(M)          # the device's layout already: no copy
         else:
-            # adopted on a CPU runtime: the padded rows in memory it can wrap in place
-            empty = U.aligned_empty if adopt and ADOPT_FACTORS and U.zero_copy(self.info) else None
             host = padded_factors(side, M, rows, self.f, self.ldf, self.np_store, self.biased,
-                                  biases, empty)
-        if adopt and ADOPT_FACTORS and self._wrappable(host):
-            mf = self.cl.mem_flags
-            buf = self.cl.Buffer(self.ctx, mf.READ_WRITE | mf.USE_HOST_PTR, hostbuf=host)
-            self.factors[side].release()
-            self.factors[side] = buf
-            self._factor_hosts[side] = host         # the buffer's memory: kept with it
-            return
+                                  biases)
         up = U.Uploader(self.ctx, self.queue, U.zero_copy(self.info))
         try:
             up.write(self.factors[side], host)

@@ -51,12 +51,13 @@ def needs_aligned_host(info):
             and "oclgrind" not in info.platform.lower())
 
 
-def _aligned_empty(nbytes, align):
-    """Uninitialised bytes (a uint8 array) starting at a multiple of ``align``: fresh anonymous
-    pages without NumPy's huge-page advice for a large array (a huge-page fault may stall for
-    memory compaction: 10 to 250 ms per 100 MB here, against 30 to 50 ms for small pages faulted
-    by two threads), else NumPy's memory."""
-    if nbytes >= _SMALL and align <= mmap.PAGESIZE and hasattr(mmap, "MAP_PRIVATE"):
+def _aligned_empty(nbytes, align, small_pages=True):
+    """Uninitialised bytes (a uint8 array) starting at a multiple of ``align``: with
+    ``small_pages``, fresh anonymous pages without NumPy's huge-page advice for a large array (a
+    huge-page fault may stall for memory compaction: 10 to 250 ms per 100 MB here, against 30 to
+    50 ms for small pages faulted by two threads), else NumPy's memory."""
+    if (small_pages and nbytes >= _SMALL and align <= mmap.PAGESIZE
+            and hasattr(mmap, "MAP_PRIVATE")):
         pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         return np.frombuffer(pages, np.uint8)          # the array keeps the mapping alive
     raw = np.empty(nbytes + align, np.uint8)
@@ -64,14 +65,16 @@ def _aligned_empty(nbytes, align):
     return raw[off:off + nbytes]
 
 
-def aligned_empty(shape, dtype=np.float32, align=mmap.PAGESIZE):
+def aligned_empty(shape, dtype=np.float32, align=mmap.PAGESIZE, small_pages=True):
     """An uninitialised C-contiguous array of ``shape`` and ``dtype`` starting at a multiple of
-    ``align`` bytes (fresh pages for a large one): host memory any CPU runtime can wrap in place,
-    e.g. the start factors a fit hands to its engine (:meth:`Engine.set_factors` ``adopt``)."""
+    ``align`` bytes: host memory any CPU runtime can wrap in place. ``small_pages``: a large
+    one in fresh small pages (a copy's destination, :func:`aligned_copy`), else in NumPy's
+    memory (huge pages where NumPy advises them: arrays that kernels gather from at random)."""
     dtype = np.dtype(dtype)
     size = int(np.prod(shape, dtype=np.int64))
     n = max(size * dtype.itemsize, dtype.itemsize)
-    return _aligned_empty(n, max(1, int(align))).view(dtype)[:size].reshape(shape)
+    raw = _aligned_empty(n, max(1, int(align)), small_pages)
+    return raw.view(dtype)[:size].reshape(shape)
 
 
 def aligned_copy(a, align=HOST_ALIGN, copy=None):

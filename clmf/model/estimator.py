@@ -13,7 +13,7 @@ from .. import reference
 from ..data.scan import count_columns, value_range, value_sum
 from ..data.validation import check_index_pairs, check_params, check_ratings
 from ..engine.config import KernelConfig
-from ..engine.upload import aligned_empty
+from ..engine.core import host_factor_rows
 from ..errors import SingularSystemError
 from ..inference.conventions import confidence_rows
 from ..inference.recommend import RecommenderMixin
@@ -355,9 +355,12 @@ class ALS(RecommenderMixin):
             # (m + n)·f numbers are a large part of the set-up at Netflix scale; the host's plan
             # above covers them
             start_pool = concurrent.futures.ThreadPoolExecutor(1)
-            # (in page-aligned memory, which a CPU device's factor buffers then wrap in place)
-            start = start_pool.submit(reference.start_factors, m, n, f, self.random_state,
-                                      empty=aligned_empty)
+            # (into page-aligned host rows in the devices' layout, which a CPU device's factor
+            # buffers then wrap in place)
+            ldf = configs[0].ldf(f + 2 if self.biases else f)
+            start = start_pool.submit(
+                reference.start_factors, m, n, f, self.random_state,
+                empty=lambda shape, dtype: host_factor_rows(shape[0], f, ldf, bool(self.biases)))
             start_pool.shutdown(wait=False)
         global_mean = value_sum(R.data) / R.nnz if R.nnz else float("nan")
         t_prep = time.perf_counter()
