@@ -485,6 +485,9 @@ class Engine:
         finally:
             up.finish()
             self._hold += up.held
+        log.debug("ratings on %s: %d bytes copied to the device, %d into aligned host copies, %d "
+                  "wrapped from below (entry offsets %s)", self.info.name, up.bytes,
+                  up.aligned_bytes, up.skewed_bytes, self.entry_offset)
         t1 = time.perf_counter()
         if not on_host:
             bu, bi = self.buf["users"], self.buf["items"]
