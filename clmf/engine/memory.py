@@ -276,7 +276,8 @@ def plan_fit(m, n, nnz, f, configs, info, *, implicit=False, biased=False, batch
     # host arrays at the fit's peak (beyond the caller's input and its canonical CSR)
     f4 = 4 * f
     host = {
-        "start_factors": (m + n) * f4,                                 # X0, Y0 (float32)
+        # X0, Y0 (float32), drawn into rows of the devices' padded layout (host_factor_rows)
+        "start_factors": (max(1, m) + max(1, n)) * 4 * configs[0].ldf(width),
         "side_csr": 2 * (8 * (m + n + 2) + 8 * nnz),                   # both sides' CSR copies
         "transpose": 8 * (n + 1) + 8 * nnz,                            # the items' CSR
         "coo": 12 * nnz if train_metrics else 0,                       # training triples
