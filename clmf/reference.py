@@ -42,8 +42,8 @@ def initial_factors(n_rows, factors, random_state=None, dtype=np.float32, out=No
     n_rows, factors : int
     random_state : None, int or numpy.random.Generator
     dtype : numpy dtype of the result
-    out : optional C-contiguous array of that shape and dtype to fill and return (memory of
-        the caller's choice, e.g. page-aligned for a device to read in place)
+    out : optional array of that shape and dtype to fill and return, of any strides (memory of
+        the caller's choice, e.g. the factor columns of a device's padded rows)
 
     Returns
     -------
