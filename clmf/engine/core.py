@@ -465,8 +465,7 @@ class Engine:
         # wrapped from the boundary below them (the device's row pointers shifted to match) or,
         # where the indices and values start differently, copied into aligned arrays by the
         # uploader's threads; either is held with the ratings
-        align = U.HOST_ALIGN if U.needs_aligned_host(self.info) else 0
-        up = U.Uploader(self.ctx, self.queue, U.zero_copy(self.info), align=align)
+        up = U.Uploader(self.ctx, self.queue, U.zero_copy(self.info), align=U.host_align(self.info))
         self._hold = [np.zeros(1, np.int32), np.zeros(1, np.float32)]
         on_host = host_transpose(self.info, u.nnz)
         t_host = 0.0
@@ -514,18 +513,15 @@ class Engine:
 
         ``adopt``: ``M`` is the engine's to keep and overwrite (start factors that no one else
         holds). On a device that reads host memory in place, the factor buffer then wraps the
-        rows in the device's layout without a copy where ``M`` is those rows already: ``M``
-        itself (contiguous, float32, no padding, aligned as the runtime needs), or the padded
-        rows ``M`` is the view of (:func:`host_factor_rows`); else ``M`` is copied."""
+        rows in the device's layout without a copy where ``M`` is the ``[:rows, :f]`` view of
+        such rows (:func:`host_factor_rows`, aligned as the runtime needs); else ``M`` is
+        copied."""
         rows = self.side[side].rows
         M = np.asarray(M, dtype=np.float32)
         if M.shape != (rows, self.f):
             raise ValueError(f"{side} factors must have shape {(rows, self.f)}, not {M.shape}")
-        host = None
         if adopt and ADOPT_FACTORS and biases is None and self.np_store == np.float32:
             host = _padded_base(M, rows, self.f, self.ldf)
-            if host is None and self.ldf == self.f and not self.biased:
-                host = M
             if host is not None and self._wrappable(host):
                 mf = self.cl.mem_flags
                 buf = self.cl.Buffer(self.ctx, mf.READ_WRITE | mf.USE_HOST_PTR, hostbuf=host)
@@ -547,7 +543,7 @@ class Engine:
     def _wrappable(self, host):
         """Whether the device reads ``host`` (a writable, C-contiguous array) in place: a CPU
         runtime, and the start its runtime needs for that (:func:`upload.needs_aligned_host`)."""
-        align = U.HOST_ALIGN if U.needs_aligned_host(self.info) else 0
+        align = U.host_align(self.info)
         return (U.zero_copy(self.info) and host.size > 0 and host.flags.c_contiguous
                 and host.flags.writeable and (align <= 1 or host.ctypes.data % align == 0))
 

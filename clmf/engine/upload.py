@@ -20,7 +20,8 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 __all__ = ["Uploader", "STAGE_BYTES", "STAGES", "PINNED", "HOST_ALIGN", "zero_copy",
-           "needs_aligned_host", "aligned_copy", "aligned_empty", "common_skew", "widened"]
+           "needs_aligned_host", "host_align", "aligned_copy", "aligned_empty", "common_skew",
+           "widened"]
 
 STAGE_BYTES = 32 << 20        # bytes of one pinned staging buffer
 STAGES = 3                    # staging buffers in flight
@@ -49,6 +50,12 @@ def needs_aligned_host(info):
     the platform's name, never by the device's (PoCL's device names hold the host CPU's)."""
     return (info.type == "CPU" and "intel" in info.platform.lower()
             and "oclgrind" not in info.platform.lower())
+
+
+def host_align(info):
+    """Where host arrays must start for the device's runtime to read them in place: the bytes
+    :data:`HOST_ALIGN` where :func:`needs_aligned_host`, else 0 (any start)."""
+    return HOST_ALIGN if needs_aligned_host(info) else 0
 
 
 def _aligned_empty(nbytes, align, small_pages=True):

@@ -357,7 +357,8 @@ class ALS(RecommenderMixin):
             start_pool = concurrent.futures.ThreadPoolExecutor(1)
             # (into page-aligned host rows in the devices' layout, which a CPU device's factor
             # buffers then wrap in place)
-            ldf = configs[0].ldf(f + 2 if self.biases else f)
+            from ..tuning import factor_width, fit_mode
+            ldf = configs[0].ldf(factor_width(f, fit_mode(self.feedback, self.biases)))
             start = start_pool.submit(
                 reference.start_factors, m, n, f, self.random_state,
                 empty=lambda shape, dtype: host_factor_rows(shape[0], f, ldf, bool(self.biases)))
