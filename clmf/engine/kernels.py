@@ -244,6 +244,12 @@ def validate(config: KernelConfig, f: int, device_info):
         if g["rx"] * g["ry"] > 256:
             raise InvalidConfigError(f"{g['rx']}×{g['ry']} register micro-tile per work-item is too "
                                      "many accumulators", "geometry")
+    if max(config.vec, config.svec(f)) == 16:
+        from .capability import wide_vectors_ok
+        if not wide_vectors_ok(device_info):
+            raise InvalidConfigError("16-wide float vectors (vec16 / solve_vec=16) abort this "
+                                     "OpenCL runtime's compiler (checked once in a child "
+                                     "process); use vector widths up to 8", "unsupported_device")
     if config.mma:
         if not (mma_supported(device_info) or mma_emulation()):
             raise InvalidConfigError("the mma variant needs NVIDIA tensor cores (compute "

@@ -17,6 +17,7 @@ from ..engine.core import host_factor_rows
 from ..errors import SingularSystemError
 from ..inference.conventions import confidence_rows
 from ..inference.recommend import RecommenderMixin
+from ..tuning.fallback import show_progress as probe_progress
 from . import loop
 from .persistence import register_estimator
 
@@ -336,7 +337,8 @@ class ALS(RecommenderMixin):
         stats = {"users": _side_stats(user_counts, n), "items": _side_stats(item_counts, m)}
         devs = select_devices(self.device)
         info = device_info(devs[0])
-        choices = self._resolve_configs(info, stats)
+        with probe_progress(show_progress):
+            choices = self._resolve_configs(info, stats)
         configs = (choices["users"].config, choices["items"].config)
         t_tuning = time.perf_counter()
         want_train = bool(show_progress or callback is not None)
@@ -365,8 +367,9 @@ class ALS(RecommenderMixin):
             start_pool.shutdown(wait=False)
         global_mean = value_sum(R.data) / R.nnz if R.nnz else float("nan")
         t_prep = time.perf_counter()
-        engine, per_device = self._build_engine(devs, self._kernel_ratings(R), stats, global_mean,
-                                                item_counts=item_counts)
+        with probe_progress(show_progress):
+            engine, per_device = self._build_engine(devs, self._kernel_ratings(R), stats,
+                                                    global_mean, item_counts=item_counts)
         choices = per_device[0]
         configs = (choices["users"].config, choices["items"].config)
         t_engine = time.perf_counter()

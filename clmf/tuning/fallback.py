@@ -29,11 +29,13 @@ raise :class:`clmf.InvalidConfigError`.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import logging
+import math
 import os
 import pathlib
-import signal
 import subprocess
 import sys
 import tempfile
@@ -44,14 +46,49 @@ import warnings
 log = logging.getLogger(__name__)
 
 __all__ = ["TuningFallbackWarning", "reject", "rejection", "usable", "ran_here", "probe",
-           "probe_cache_path", "PROBE_ENV", "PROBE_TIMEOUT"]
+           "probe_cache_path", "probe_timeout", "show_progress", "PROBE_ENV", "PROBE_TIMEOUT",
+           "PROBE_TIMEOUT_ENV"]
 
 PROBE_ENV = "CLMF_PROBE"          # "auto" (default), "always" or "off"
-PROBE_TIMEOUT = 300.0             # seconds a child may take to build and run one configuration
+# Seconds a child may take to build and run one configuration on its tiny problem. A working
+# configuration takes 2-5 s on a 2-core CPU (PyPI's PoCL: 3.5 s, most of it the build); the
+# failures seen on runtimes that cannot compile a kernel are a crash after 20-155 s of LLVM time.
+# A configuration that needs longer to build is rejected like one that crashed: the lookup falls
+# through to the next rule, and a first fit never stalls for minutes. ``CLMF_PROBE_TIMEOUT``
+# (seconds) overrides it.
+PROBE_TIMEOUT = 20.0
+PROBE_TIMEOUT_ENV = "CLMF_PROBE_TIMEOUT"
 
 _lock = threading.Lock()
 _rejected: dict = {}              # key -> reason
 _probed: dict = {}                # key -> None (ok) or reason, this process
+# whether a probe shows a progress line on stderr (the fit's ``show_progress`` sets it for the
+# duration of its tuning lookup through :func:`show_progress`)
+_progress = contextvars.ContextVar("clmf_probe_progress", default=True)
+
+
+@contextlib.contextmanager
+def show_progress(on):
+    """Within the block, probes show (``on``) or hide their progress line."""
+    token = _progress.set(bool(on))
+    try:
+        yield
+    finally:
+        _progress.reset(token)
+
+
+def probe_timeout():
+    """Seconds a probe's child may run: ``$CLMF_PROBE_TIMEOUT`` or :data:`PROBE_TIMEOUT`."""
+    raw = os.environ.get(PROBE_TIMEOUT_ENV, "").strip()
+    if raw:
+        try:
+            v = float(raw)
+            if v > 0 and math.isfinite(v):
+                return v
+        except ValueError:
+            pass
+        log.warning("ignoring %s=%r: not a positive number of seconds", PROBE_TIMEOUT_ENV, raw)
+    return PROBE_TIMEOUT
 
 
 class TuningFallbackWarning(UserWarning):
@@ -192,21 +229,13 @@ def _probe_command():
     return [sys.executable, "-m", __spec__.name if __spec__ else "clmf.tuning.fallback"]
 
 
-def _describe_exit(rc):
-    if rc < 0:
-        try:
-            return f"the probe process was killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"the probe process was killed by signal {-rc}"
-    return f"the probe process exited with status {rc}"
-
-
 def probe(info, cfg, f, mode="explicit", timeout=None):
     """Build ``cfg`` and run one ALS iteration on a tiny problem in a child process.
 
     Returns None when it ran (or when no child could be started: the in-process checks remain),
     else the reason it failed (the child's exit status or signal and the last line it wrote).
     """
+    from ..engine.capability import describe_exit
     key = _cache_key(info, cfg, f, mode)
     with _lock:
         if key in _probed:
@@ -228,15 +257,18 @@ def probe(info, cfg, f, mode="explicit", timeout=None):
     job = {"platform": info.platform, "device": info.name, "config": cfg.to_dict(), "f": int(f),
            "mode": mode}
     t0 = time.perf_counter()
+    limit = timeout or probe_timeout()
     log.info("probing kernel configuration %s (f=%d, %s) on %s | %s in a child process",
              cfg, f, mode, info.platform, info.name)
     try:
         # started in the folder that holds this clmf package, so `-m` imports this clmf (not
         # a source checkout that happens to be the working directory)
-        res = subprocess.run(_probe_command(), input=json.dumps(job), capture_output=True,
-                             text=True, timeout=timeout or PROBE_TIMEOUT, cwd=_package_root())
+        with _progress_line(f"clmf: first use of a kernel configuration on {info.name}: "
+                            f"checking it in a child process (once per machine, ≤ {limit:.0f} s)"):
+            res = subprocess.run(_probe_command(), input=json.dumps(job), capture_output=True,
+                                 text=True, timeout=limit, cwd=_package_root())
     except subprocess.TimeoutExpired:
-        reason = f"the probe did not finish in {timeout or PROBE_TIMEOUT:.0f} s"
+        reason = f"the probe did not finish in {limit:.0f} s"
     except OSError as e:
         log.warning("cannot start a probe process (%s); %s is used unprobed", e, cfg)
         return None
@@ -251,7 +283,7 @@ def probe(info, cfg, f, mode="explicit", timeout=None):
                 if ln.startswith(("LLVM ERROR", "clmf probe:")):
                     last = ln
                     break
-            reason = _describe_exit(res.returncode) + (f" ({last[:300]})" if last else "")
+            reason = describe_exit(res.returncode) + (f" ({last[:300]})" if last else "")
     log.info("probe of %s: %s in %.1f s", cfg, reason or "ok", time.perf_counter() - t0)
     with _lock:
         _probed[key] = reason
@@ -259,6 +291,37 @@ def probe(info, cfg, f, mode="explicit", timeout=None):
         _write_cache(path, key, {"ok": reason is None, "reason": reason,
                                  "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     return reason
+
+
+@contextlib.contextmanager
+def _progress_line(desc):
+    """A tqdm line on stderr with the seconds elapsed while the block runs (when progress is
+    shown: :func:`show_progress`)."""
+    if not _progress.get():
+        yield
+        return
+    from tqdm.auto import tqdm
+    tty = sys.stderr.isatty()
+    # on a terminal the elapsed time ticks in place; in a log one line before and one after
+    bar = tqdm(total=None, desc=desc, bar_format="{desc}: {elapsed}", leave=not tty,
+               mininterval=0.5 if tty else 3600)
+    stop = threading.Event()
+
+    def tick():
+        while not stop.wait(0.5):
+            bar.refresh()
+    th = threading.Thread(target=tick, name="clmf-probe-progress", daemon=True)
+    if tty:
+        th.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if tty:
+            th.join()
+        else:
+            bar.refresh()
+        bar.close()
 
 
 def _child(job):

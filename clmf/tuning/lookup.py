@@ -13,7 +13,8 @@ The fallback chain (``Choice.rule``), first hit wins:
               data set of the same class (:func:`class_distance` ≤ :data:`CLASS_TOL`); the
               closest class first, and among equally close ones the newest run;
 ``nearest``   the same device, the nearest tuned (f, data-set class, storage);
-``vendor``    the same device type and vendor (or platform) — another device of the architecture;
+``vendor``    the same device type and vendor (or platform) — another device of the architecture,
+              records of the same platform and driver first;
 ``default``   the computed default: the configuration with the best mean relative time over the
               stored results of this device type (as CLBlast does);
 ``heuristic`` an unseen device: the paper's rule, ``batch+reg`` with tx = ty = the largest divisor
@@ -253,9 +254,23 @@ def _fits(cfgs, info, f, storage, mode="explicit", check=None):
         out[side] = c
     if out["users"].ldf(width) != out["items"].ldf(width):
         return None
-    if check is not None and not all(check(out[side]) for side in SIDES):
+    if check is not None and not _all_pass(check, [out[side] for side in SIDES]):
         return None
     return out
+
+
+def _all_pass(check, cfgs):
+    """Whether ``check`` accepts every configuration of ``cfgs``; distinct ones are checked
+    concurrently (each may probe in a child process: two sides' probes overlap instead of
+    adding up on a first fit)."""
+    distinct = list(dict.fromkeys(cfgs))
+    if len(distinct) == 1:
+        return bool(check(distinct[0]))
+    import concurrent.futures
+    import contextvars
+    with concurrent.futures.ThreadPoolExecutor(len(distinct)) as ex:
+        futs = [ex.submit(contextvars.copy_context().run, check, c) for c in distinct]
+        return all([fu.result() for fu in futs])
 
 
 def _lookup(info, f, storage, ds, mode="explicit", finalize=None, sources=None):
@@ -329,7 +344,10 @@ def _lookup(info, f, storage, ds, mode="explicit", finalize=None, sources=None):
                     and (_norm(c.device.get("vendor", "")).lower() == dev["vendor"].lower()
                          or _norm(c.device.get("platform", "")).lower() == dev["platform"].lower())]
             def key(c):
+                # the same platform, then the same driver first: a runtime build compiles what it
+                # was tuned with (PyPI's PoCL aborts on kernels Debian's PoCL builds)
                 return (_norm(c.device.get("platform", "")).lower() != dev["platform"].lower(),
+                        _norm(c.device.get("driver", "")).lower() != dev["driver"].lower(),
                         abs(math.log(c.f / f)), c.storage != storage,
                         class_distance(c.dataset, ds) if ds else 0, _newest_first(c))
             for c in sorted(cand, key=key):
