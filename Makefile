@@ -66,7 +66,7 @@ define run_pytest
 endef
 
 test: install
-	$(VENV)/bin/ruff check clmf tuner cl_kernels tests scripts
+	$(VENV)/bin/ruff check clmf tuner cl_kernels tests scripts benchmarks
 	$(call run_pytest,-m "$(MARKERS)")
 
 test-all: install
