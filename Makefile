@@ -67,7 +67,7 @@ define run_pytest
 endef
 
 test: install
-	$(VENV)/bin/ruff check clmf tuner cl_kernels tests scripts benchmarks
+	$(VENV)/bin/ruff check clmf tuner cl_kernels tests scripts benchmarks docs
 	$(call run_pytest,-m "$(MARKERS)")
 
 test-all: install
