@@ -27,7 +27,7 @@ DEMO_ARGS   ?=
 RUN_ENV := env -u PYTHONPATH OCL_ICD_VENDORS=$(ICD_DIR)
 TEST_ENV := $(RUN_ENV) CLMF_TEST_INSTALLED=1
 
-.PHONY: help setup install demo test test-all test-oclgrind test-pip platforms \
+.PHONY: help setup install demo test test-all test-oclgrind test-pip docs platforms \
         register-intel unregister-intel clean distclean
 
 help:
@@ -36,6 +36,7 @@ help:
 	@echo "make test-all         all tests, slow and perf included"
 	@echo "make test-oclgrind    the race/out-of-bounds tests under Oclgrind"
 	@echo "make test-pip         the pip-only path: fresh venv, wheel + PyPI's pyopencl[pocl], README example"
+	@echo "make docs             build the documentation site (site/, warnings as errors) and run its doctests"
 	@echo "make setup            system packages, .venv, dependencies, clmf wheel, .icd/"
 	@echo "make platforms        list the OpenCL platforms/devices clmf will see"
 	@echo "make register-intel   register .venv's Intel CPU OpenCL runtime system-wide (root/sudo)"
@@ -66,7 +67,7 @@ define run_pytest
 endef
 
 test: install
-	$(VENV)/bin/ruff check clmf tuner cl_kernels tests scripts
+	$(VENV)/bin/ruff check clmf tuner cl_kernels tests scripts benchmarks docs
 	$(call run_pytest,-m "$(MARKERS)")
 
 test-all: install
@@ -80,6 +81,14 @@ test-oclgrind: install
 # PyPI's pyopencl[pocl], system runtimes hidden, the README's first example (needs the network).
 test-pip: install
 	bash scripts/pip_only_check.sh
+
+# The documentation site: MkDocs with mkdocstrings (API pages from the numpydoc docstrings),
+# warnings as errors, into site/; then every >>> example of docs/*.md runs as a doctest against
+# the installed wheel (docs/conftest.py: from the repository root, shared data checked).
+DOCTEST_FLAGS := NUMBER ELLIPSIS NORMALIZE_WHITESPACE
+docs: install
+	$(RUN_ENV) $(VENV)/bin/mkdocs build --strict
+	$(call run_pytest,--doctest-glob="*.md" -o doctest_optionflags="$(DOCTEST_FLAGS)" -p no:cacheprovider docs)
 
 platforms: $(STAMP)
 	$(SETUP) --icd --check

@@ -6,7 +6,7 @@ rating blocks resident on their worker's device for the whole fit, factor blocks
 normal equations) moved between workers as Dask results. Raw ids are mapped to dense indices on
 the workers; the fitted model is a :class:`clmf.ALS` (factors gathered to the client) that keeps
 the id maps, scores raw-id frames (:meth:`ALS.rmse`) and recommends for every user on the
-workers (:meth:`ALS.recommend_all`). See "Scaling out with Dask" in the README.
+workers (:meth:`ALS.recommend_all`). See docs/guide/dask.md.
 
 Devices: each worker takes ``CLMF_DEVICE`` from its environment when ``device="auto"``; with
 ``device="gpu"`` (or ``"cpu"``) the k-th worker of a host takes that host's k-th device of the

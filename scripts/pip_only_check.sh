@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The pip-only install path, as a new user without root takes it:
-#   python -m venv venv && venv/bin/pip install clmf-*.whl "pyopencl[pocl]"
-# (PoCL from PyPI as a wheel; no system OpenCL packages). The system's OpenCL runtimes are hidden
+# The pip-only install path, as a new user without root takes it: the README's install block
+# (python3 -m venv venv && . venv/bin/activate; pip install dist/clmf-*.whl "pyopencl[pocl]"),
+# run as written: PoCL from PyPI as a wheel, no system OpenCL packages. The system's OpenCL runtimes are hidden
 # (OCL_ICD_VENDORS points at an empty folder) and every cache starts empty, so the kernels are
 # built by PyPI's PoCL as on a fresh machine; then the README's first example runs.
 # Checks: the wheel adds exactly one top-level package, `clmf`; the only OpenCL device is PyPI's
@@ -38,11 +38,26 @@ export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$HOME/.cache/pip}"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_PROGRESS_BAR=off
 t0=$SECONDS
 
-log "fresh venv ($("$PY" --version 2>&1)) in $WORK/venv"
-"$PY" -m venv "$WORK/venv"
+# the README's pip-only install block (the one under this mark), run as written in $WORK, where
+# dist/ holds the wheel and python3 is $PY: it makes $WORK/venv
+MARK='<!-- ci: scripts/pip_only_check.sh -->'
+"$PY" - "$ROOT/README.md" "$MARK" >"$WORK/install.sh" <<'EOF'
+import re
+import sys
+text = open(sys.argv[1], encoding="utf-8").read()
+m = re.search(re.escape(sys.argv[2]) + r"[ \t]*\n```bash\n(.*?)^```", text, re.S | re.M)
+if not m:
+    sys.exit(f"[pip-only] ERROR: README.md has no ```bash block under {sys.argv[2]}")
+sys.stdout.write(m.group(1))
+EOF
+mkdir -p "$WORK/dist" "$WORK/bin"
+ln -s "$WHEEL" "$WORK/dist/$(basename "$WHEEL")"
+ln -s "$(command -v "$PY")" "$WORK/bin/python3"
+log "the README's install block ($("$PY" --version 2>&1), pip cache: $PIP_CACHE_DIR):"
+sed 's/^/[pip-only]   /' "$WORK/install.sh"
+(cd "$WORK" && PATH="$WORK/bin:$PATH" PIP_QUIET=1 bash -euo pipefail install.sh)
 V="$WORK/venv/bin/python"
-log "pip install $(basename "$WHEEL") \"pyopencl[pocl]\" (pip cache: $PIP_CACHE_DIR)"
-"$V" -m pip install -q "$WHEEL" "pyopencl[pocl]"
+[ -x "$V" ] || die "the README's install block made no venv at $WORK/venv"
 log "installed in $((SECONDS - t0)) s:" \
     "$("$V" -m pip list --format=freeze 2>/dev/null | tr '\n' ' ')"
 

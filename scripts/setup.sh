@@ -15,7 +15,7 @@
 # environment:
 #   PYTHON=/path/to/python3.x    use this interpreter for the venv (must be >= 3.11)
 #   CLMF_SKIP_APT=1              never call apt-get (install the OpenCL packages yourself)
-#   CLMF_EXTRAS=test,intel,dask  extras installed with the wheel
+#   CLMF_EXTRAS=test,intel,dask,docs  extras installed with the wheel
 #   CLMF_REQUIRE_PLATFORMS="A,B" fail the check unless a platform whose name contains each of
 #                                A, B, ... is found (CI sets PoCL and Intel)
 set -euo pipefail
@@ -27,7 +27,7 @@ VENV="$ROOT/.venv"
 VPY="$VENV/bin/python"
 ICD_DIR="$ROOT/.icd"
 WHEEL_DIR="$ROOT/dist"
-EXTRAS="${CLMF_EXTRAS:-test,intel,dask}"
+EXTRAS="${CLMF_EXTRAS:-test,intel,dask,docs}"
 PROJECT="clmf"
 SYSTEM_ICD_DIR="/etc/OpenCL/vendors"
 SYSTEM_INTEL_ICD="$SYSTEM_ICD_DIR/clmf-intel-cpu.icd"

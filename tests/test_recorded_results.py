@@ -1,4 +1,4 @@
-"""The recorded cross-implementation runs (results/runs, produced by scripts/platform_runs.py)
+"""The recorded cross-implementation runs (results/runs, produced by benchmarks/platform_runs.py)
 agree: factors after one iteration within 1e-4 between every pair of implementations, test RMSE
 within 0.1% of each other, within 0.5% of the reference and ≤ 0.95 on MovieLens 100K."""
 import glob

@@ -1,4 +1,5 @@
-"""scripts/s3_forms.py: per-stage times in every mode (explicit and biased as well as implicit)."""
+"""benchmarks/s3_forms.py: per-stage times in every mode (explicit and biased as well as
+implicit)."""
 from __future__ import annotations
 
 import importlib.util
@@ -10,7 +11,7 @@ from conftest import DEVICES, REPO
 
 def _script():
     """The script as a module."""
-    spec = importlib.util.spec_from_file_location("s3_forms", REPO / "scripts" / "s3_forms.py")
+    spec = importlib.util.spec_from_file_location("s3_forms", REPO / "benchmarks" / "s3_forms.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

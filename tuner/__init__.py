@@ -26,7 +26,7 @@ def load_data(path=None, preset=None, scale=1.0, seed=0, split="ua", log1p=False
     ``ua.base``: its training part; another directory: its ratings file, see
     :func:`clmf.datasets.load`; the HetRec Last.fm directory: its ``user_artists.dat`` play
     counts) or a synthetic preset. ``log1p`` stores log(1 + r) (implicit strengths, as
-    ``scripts/lastfm_implicit.py``) and adds ``-log1p`` to the name."""
+    ``benchmarks/lastfm_implicit.py``) and adds ``-log1p`` to the name."""
     import numpy as np
     R, name = _load_data(path, preset, scale, seed, split)
     if log1p:

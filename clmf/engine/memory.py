@@ -147,7 +147,7 @@ def split_threshold(config, nnz, rows, batch_rows, compute_units):
     nnz_launch = nnz / ⌈rows / batch_rows⌉ the entries of an average S1 launch. A launch is
     balanced when its entries are spread over its ``compute_units · SPLIT_WAVES`` work-group
     slots (SPLIT_WAVES = 8 per compute unit: an estimate, not yet calibrated on a GPU —
-    ``scripts/longrows_bench.py`` measures it — of how many work-groups a compute unit runs at
+    ``benchmarks/longrows_bench.py`` measures it — of how many work-groups a compute unit runs at
     once, so that a lone work-group sums at about 1/slots of the launch's rate), so each slot
     sums about nnz_launch / slots entries; a row beyond that
     holds its compute unit's slot after the others drained, and the launch waits for it alone

@@ -90,7 +90,7 @@ class ALS(RecommenderMixin):
         ``storage=float16``).
     max_device_memory : None, int (bytes) or float ≤ 1 (fraction of each device's memory) — a cap
         on the device memory the fit plans with; ratings that do not fit are streamed from host
-        memory (see "Multi-device and out-of-core" in the README).
+        memory (see "Multi-device and out-of-core" in docs/guide/devices.md).
 
     Attributes
     ----------

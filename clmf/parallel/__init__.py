@@ -42,7 +42,7 @@ worker processes and exchanges through Dask instead of host memory):
 ``generate`` — :func:`synthetic_layout`: the Hugewiki / 4×-Netflix shapes built as a
     :class:`Layout` block by block in threads (no whole-set COO).
 ``scaling`` — ``timed_fit``, ``scaling_rows``, ``render_scaling`` (``clmf bench --scaling`` and
-    ``scripts/scale_runs.py``; not imported by the package: it uses the estimator's tuning
+    ``benchmarks/scale_runs.py``; not imported by the package: it uses the estimator's tuning
     lookup, and the estimator imports this package).
 
 A Dask backend runs one :class:`DeviceWorker` per device in worker processes (each with the

@@ -46,7 +46,7 @@ def get_client(client=None):
         return _get()
     except ValueError:
         raise ValueError("no Dask client: pass client=distributed.Client(...) or create one "
-                         "first (see 'Scaling out with Dask' in the README)") from None
+                         "first (see docs/guide/dask.md)") from None
 
 
 def fit_workers(client, workers=None):

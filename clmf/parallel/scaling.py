@@ -1,5 +1,5 @@
 """Timing fits on 1..N devices: the scaling table of ``clmf bench --scaling`` and the runs of
-``scripts/scale_runs.py`` (seconds per iteration, speedup, exchange share, streamed copies)."""
+``benchmarks/scale_runs.py`` (seconds per iteration, speedup, exchange share, streamed copies)."""
 from __future__ import annotations
 
 import logging

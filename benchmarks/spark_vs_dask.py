@@ -2,7 +2,7 @@
 workers (one thread each, PoCL, each PoCL device limited to one compute unit) on the same ~1M
 rating parquet data, same f, λ and iterations: seconds per iteration and test RMSE side by side.
 
-    python scripts/spark_vs_dask.py OUTDIR [--factors 10 --regularization 0.1 --iterations 10]
+    python benchmarks/spark_vs_dask.py OUTDIR [--factors 10 --regularization 0.1 --iterations 10]
 
 The data: :func:`clmf.datasets.synthetic` (20,000 users × 5,000 items, 1M ratings, seed 0),
 90/10 random split, test rows of users/items unseen in training dropped (Spark's

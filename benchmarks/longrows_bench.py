@@ -4,7 +4,7 @@ splitting off (``split`` = SPLIT_NEVER) and automatic (``split=0``), per f and v
 
 The data set is clmf's synthetic Netflix shape (480,189 × 17,770, ~99M ratings, Zipf items: the
 most popular item has ~10⁵ ratings, the average ~5.6K), generated once into OUTDIR/data (as
-scripts/whole_fit.py does). For each f and variant (``auto``: the tuned choice for the device,
+benchmarks/whole_fit.py does). For each f and variant (``auto``: the tuned choice for the device,
 as a fit would make it), two engines with profiling on — the same configurations but for
 ``split`` — each run one warm-up iteration, then ``--repeats`` items half-steps, each timed by
 the host clock (queue finished) and by the OpenCL profiling events of its kernels: S1 (the
@@ -12,8 +12,8 @@ hermitians, over the pieces where split), the combine of the pieces, S2, S3. The
 after the same half-step from the same start are compared (relative Frobenius difference: the
 split sums in another order, ~1e-6 expected). The users half-step is timed the same way.
 
-    python scripts/longrows_bench.py OUTDIR --device gpu                 # f = 10, 50, 100
-    python scripts/longrows_bench.py OUTDIR --factors 10 --data synthetic:20000x2000x2000000
+    python benchmarks/longrows_bench.py OUTDIR --device gpu                 # f = 10, 50, 100
+    python benchmarks/longrows_bench.py OUTDIR --factors 10 --data synthetic:20000x2000x2000000
 
 Writes OUTDIR/longrows.json (every run, with device, driver, date, commit, command) and
 OUTDIR/longrows.md (the table).
@@ -182,7 +182,7 @@ def main():
                 (out / "longrows.json").write_text(json.dumps(recs, indent=1))
     (out / "longrows.md").write_text(
         f"# Long rows split: items half-step, {meta['spec']} on {info.name}\n\n"
-        f"Command: `python scripts/longrows_bench.py {' '.join(sys.argv[1:])}` "
+        f"Command: `python benchmarks/longrows_bench.py {' '.join(sys.argv[1:])}` "
         f"(commit {commit()})\n\n{render(recs)}\n")
     print(render(recs))
 

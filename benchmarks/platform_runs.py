@@ -7,8 +7,8 @@ per iteration, device, platform, driver, date and commit (JSON Lines), and saves
 after ONE iteration from the shared start so runs on different implementations can be compared
 (`--compare` checks ‖ΔX‖/‖X‖ ≤ 1e-4 between every pair of saved runs and RMSE within 0.1%).
 
-    python scripts/platform_runs.py --data ../shared/data/ml-100k --out results/runs
-    python scripts/platform_runs.py --compare results/runs
+    python benchmarks/platform_runs.py --data ../shared/data/ml-100k --out results/runs
+    python benchmarks/platform_runs.py --compare results/runs
 """
 import argparse
 import datetime

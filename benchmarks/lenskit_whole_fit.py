@@ -13,7 +13,7 @@ PoCL's kernel cache off (a cache Intel's runtime may keep is not cleared); LensK
 data set, trainer, epochs). Test RMSE by one rule (``clmf.bench.peers.rmse_of``).
 
     PYTHONPATH=/tmp/site-wt-lenskit OCL_ICD_VENDORS=/work/main/.icd /tmp/venv-lk/bin/python \\
-        scripts/lenskit_whole_fit.py results/bench/lenskit-whole-fit-cpu/after \\
+        benchmarks/lenskit_whole_fit.py results/bench/lenskit-whole-fit-cpu/after \\
         --data synthetic:6040x3706x1000209 ../shared/data/ml-latest-small -f 50 100 --reps 3
 
 Writes OUT/lenskit_whole_fit.json and OUT/lenskit_whole_fit.md (devices, drivers, date, commit,
@@ -208,7 +208,7 @@ def main():
                          text=True, cwd=pathlib.Path(__file__).parent).stdout.strip()
     doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "commit": rev, "host": platform.node(), "cpu_count": os.cpu_count(),
-           "command": "python scripts/lenskit_whole_fit.py " + " ".join(sys.argv[1:]),
+           "command": "python benchmarks/lenskit_whole_fit.py " + " ".join(sys.argv[1:]),
            "devices": [{"device": f"{i.platform} | {i.name}", "driver": i.driver} for i in devs],
            "lam": a.lam, "iterations": a.iterations, "seed": a.seed, "reps": a.reps, **vers,
            "load": [os.getloadavg()], "runs": []}

@@ -12,7 +12,7 @@
    trainer on the raw ratings), same data, f, λ, iterations; set-up and builds included
    (LensKit: data set, trainer and epochs). Skipped with a note when lenskit is not installed.
 
-    python scripts/cpu_peers.py results/bench/cpu-peers-pocl-intel \\
+    python benchmarks/cpu_peers.py results/bench/cpu-peers-pocl-intel \\
         --lastfm ../shared/data/hetrec2011-lastfm-2k/user_artists.dat
 
 Writes OUT/cpu_peers.json and OUT/cpu_peers.md (device, driver, date, commit, command, load).
@@ -299,7 +299,7 @@ def render(doc):
             wk = [r for r in st if r.get("work")]
             if wk:
                 L += ["Useful work of those iterations against the device's measured peak "
-                      "(`scripts/cpu_peers.py` `implicit_work`: Gram 2·n·f², S2 2·nnz·f, fused "
+                      "(`benchmarks/cpu_peers.py` `implicit_work`: Gram 2·n·f², S2 2·nnz·f, fused "
                       "CG (cg_steps + 1)·(2·rows·f² + 4·nnz·f) per side, each entry's factor row "
                       "gathered twice per application; peaks from `clmf.bench.peaks`, quick):\n",
                       "| data | f | device | GFLOP / it | GFLOP/s (iteration) | S3 GFLOP/s | "
@@ -365,7 +365,7 @@ def main():
     load0 = os.getloadavg()[0]
     doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "commit": commit(), "host": platform.node(), "cpu_count": os.cpu_count(),
-           "command": "python scripts/cpu_peers.py " + " ".join(sys.argv[1:]),
+           "command": "python benchmarks/cpu_peers.py " + " ".join(sys.argv[1:]),
            "devices": [{"device": f"{device_info(d).platform} | {device_info(d).name}",
                         "driver": device_info(d).driver} for d in devices], "rows": []}
     if "implicit" not in a.skip:

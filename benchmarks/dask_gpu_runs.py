@@ -3,8 +3,8 @@ in-process multi-device fit (clmf.parallel.MultiEngine) of the same data, at f =
 
 One preset per command (each fits a 10-minute command on nvidia-h200-x2):
 
-    python scripts/dask_gpu_runs.py OUTDIR --preset netflix
-    python scripts/dask_gpu_runs.py OUTDIR --preset hugewiki --fraction 0.05
+    python benchmarks/dask_gpu_runs.py OUTDIR --preset netflix
+    python benchmarks/dask_gpu_runs.py OUTDIR --preset hugewiki --fraction 0.05
 
 Steps, each logged with a timestamp: the synthetic set of the preset's shape
 (:func:`clmf.parallel.synthetic_layout`) written as parquet files under OUTDIR/data (user, item,

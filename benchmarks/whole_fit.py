@@ -9,8 +9,8 @@ Python processes loads it into memory (not timed) and runs ``--fits`` fits of ``
 iterations. The first process of a machine with an empty kernel cache shows the cold builds, the
 next ones a warm cache; the second fit of a process shows what a process pays only once.
 
-    python scripts/whole_fit.py OUTDIR                       # Netflix shape, f=100, 15 iterations
-    python scripts/whole_fit.py OUTDIR --data synthetic:100000x20000x5000000 --device portable
+    python benchmarks/whole_fit.py OUTDIR                    # Netflix shape, f=100, 15 iterations
+    python benchmarks/whole_fit.py OUTDIR --data synthetic:100000x20000x5000000 --device portable
 
 Writes OUTDIR/whole_fit.json (every fit, with device, driver, date, commit, command) and
 OUTDIR/whole_fit.md (the table).
@@ -201,7 +201,7 @@ def main():
     from clmf.provenance import commit
     doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "commit": commit(), "host": platform.node(), "cpu_count": os.cpu_count(),
-           "command": "python scripts/whole_fit.py " + " ".join(sys.argv[1:]),
+           "command": "python benchmarks/whole_fit.py " + " ".join(sys.argv[1:]),
            "load_start": load0, "load_end": os.getloadavg()[0], "fits": recs}
     (out / "whole_fit.json").write_text(json.dumps(doc, indent=1))
     head = (f"# Whole fits: {recs[0]['data']} ({recs[0]['shape'][0]} × {recs[0]['shape'][1]}, "

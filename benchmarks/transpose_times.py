@@ -7,7 +7,7 @@ the host transpose (``scipy.sparse`` ``tocsc``, what :func:`clmf.engine.core.hos
 picks up to ``HOST_TRANSPOSE_MAX_NNZ`` ratings) and the device transpose (first call and best of
 the later calls), medians over ``--repeats``::
 
-    python -P scripts/transpose_times.py OUT --nnz 1000000 4000000 10000000
+    python -P benchmarks/transpose_times.py OUT --nnz 1000000 4000000 10000000
 
 Writes ``OUT/transpose_times.md`` and ``.json`` (device, driver, date, commit, machine load).
 """
@@ -97,7 +97,7 @@ def main(argv=None):
             print(f"{r['device'][:40]:40} {r['nnz']:>10}: host {r['host_s'] * 1e3:8.1f} ms, "
                   f"device first {r['device_first_s'] * 1e3:8.1f} ms, "
                   f"later {r['device_s'] * 1e3:8.1f} ms", flush=True)
-    meta = {"command": "python -P scripts/transpose_times.py " + " ".join(argv or sys.argv[1:]),
+    meta = {"command": "python -P benchmarks/transpose_times.py " + " ".join(argv or sys.argv[1:]),
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": commit(),
             "load_start": load0, "load_end": os.getloadavg()[0], "cpus": os.cpu_count()}
     out = pathlib.Path(a.out)

@@ -8,7 +8,7 @@ their ratio to the first configuration. A configuration is ``USERS[/ITEMS]`` in 
 grammar (one string: both sides). ``--mode`` (default ``implicit``) also times explicit and biased
 iterations (the data's raw ratings; biased: the global mean as the offset).
 
-    python -P scripts/s3_forms.py results/bench/s3-forms --data synthetic:100000x20000x5000000 \\
+    python -P benchmarks/s3_forms.py results/bench/s3-forms --data synthetic:100000x20000x5000000 \\
         --device intel --factors 64 \\
         --config "batch+reg+vec8:ty=2,solve_wg=16,solver=fusedcg" \\
                  "batch+reg+vec8:ty=2,solve_wg=1,solve_rows=16,solver=fusedcg"
@@ -116,7 +116,7 @@ def main(argv=None):
                 device=f"{info.platform} | {info.name}", driver=info.driver,
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 commit=os.environ.get("CLMF_COMMIT", "unknown"),
-                command="python -P scripts/s3_forms.py " + " ".join(
+                command="python -P benchmarks/s3_forms.py " + " ".join(
                     f'"{x}"' if any(c in x for c in " ,+/") else x for x in sys.argv[1:]),
                 load_start=load0, load_end=os.getloadavg()[0], rounds=a.rounds,
                 regularization=a.regularization, alpha=a.alpha, mode=a.mode)

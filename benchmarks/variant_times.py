@@ -8,7 +8,7 @@ S1 hermitian, S2 right side, S3 solve), with device, driver, date and commit, as
 Each variant is verified against the reference on a small problem on the same device first;
 a variant that fails verification is recorded as 'wrong' and not timed.
 
-    python scripts/variant_times.py --device gpu --scale 1.0 --out results/variants/gpu.csv
+    python benchmarks/variant_times.py --device gpu --scale 1.0 --out results/variants/gpu.csv
 """
 import argparse
 import csv

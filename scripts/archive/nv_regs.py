@@ -2,7 +2,7 @@
 """Registers, spills and work-group limits of the ALS kernels of configurations on an NVIDIA
 device (the build log of ``-cl-nv-verbose``: ptxas' per-kernel report).
 
-    python scripts/nv_regs.py -f 100 --variant "batch+vec4+mma:tx=7,nnz_batch=32,solver=cg"
+    python scripts/archive/nv_regs.py -f 100 --variant "batch+vec4+mma:tx=7,nnz_batch=32,solver=cg"
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The GPU scaling runs of issue 14, each step bounded, results written as they come.
 
-    python scripts/scale_runs.py OUTDIR [--which STEP[,STEP...]] [--fraction F] [--iterations N]
+    python benchmarks/scale_runs.py OUTDIR [--which STEP[,STEP...]] [--fraction F] [--iterations N]
 
 Steps (``--which``, default all, in this order):
 

@@ -6,7 +6,8 @@ Same data (HetRec 2011 Last.fm 2K, strengths log1p(plays)), the same leave-k-out
 and scored with clmf.metrics (precision@10, nDCG@10); fit times are wall-clock seconds in this one
 run. Writes a markdown table and JSON with device, driver, date and commit.
 
-    python scripts/lastfm_implicit.py --data ../shared/data/hetrec2011-lastfm-2k/user_artists.dat \\
+    python benchmarks/lastfm_implicit.py \\
+        --data ../shared/data/hetrec2011-lastfm-2k/user_artists.dat \\
         --out results/bench/lastfm_implicit
 """
 import argparse
@@ -111,7 +112,7 @@ def main():
         with open(a.out + ".json", "w") as fh:
             json.dump(dict(meta=meta, rows=rows), fh, indent=1)
         lines = ["# Implicit-feedback ALS on Last.fm (HetRec 2011): clmf vs implicit", "",
-                 f"`python scripts/lastfm_implicit.py` — {meta['date']}, "
+                 f"`python benchmarks/lastfm_implicit.py` — {meta['date']}, "
                  f"commit {meta['commit'][:10]}; "
                  f"{meta['users']} users × {meta['items']} artists, {meta['train_nnz']} train / "
                  f"{meta['test_nnz']} held-out (leave-{a.k_out}-out), strengths log1p(plays), "

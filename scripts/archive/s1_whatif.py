@@ -3,7 +3,7 @@
 Exploration, not a benchmark: the mutated kernels compute wrong results on purpose (the solves
 that follow may fail; only S1's profiled time is reported). It shows where S1's time goes:
 
-    python scripts/s1_whatif.py --device gpu --scale 1.0 -f 100 \\
+    python scripts/archive/s1_whatif.py --device gpu --scale 1.0 -f 100 \\
         --variant "batch+vec4+syrk:bx=8,ks=2,nnz_batch=32,solver=cg"
 
 Cuts (``--cut``, any of): ``nogather`` (staged rows are constants instead of gathered factor

@@ -17,8 +17,8 @@ Writes ``OUTDIR/bench_topk_{cpu,gpu}.json`` and ``.md``. Factors are random norm
 the seen items popularity-skewed (``tuner.topk.synthetic_problem``); every peer ranks the same
 arrays.
 
-    python scripts/bench_topk.py results/bench/topk-cpu
-    python scripts/bench_topk.py OUTDIR --gpu
+    python benchmarks/bench_topk.py results/bench/topk-cpu
+    python benchmarks/bench_topk.py OUTDIR --gpu
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Markdown table and a Figure-9-style plot (time per ALS iteration of each S1 variant, per data
-set and f) from the CSV files written by scripts/variant_times.py.
+set and f) from the CSV files written by benchmarks/variant_times.py.
 
-    python scripts/variant_report.py results/variants/nvidia-h100.csv
+    python benchmarks/variant_report.py results/variants/nvidia-h100.csv
 """
 import csv
 import os
@@ -36,7 +36,8 @@ def report(path):
     commits = sorted({r["commit"][:10] for r in rows})
     dates = sorted({r["date"][:10] for r in rows})
     lines = [f"# S1 variants: seconds per ALS iteration on {dev}", "",
-             f"Produced by `scripts/variant_times.py` then `scripts/variant_report.py {path}`; "
+             "Produced by `benchmarks/variant_times.py` then "
+             f"`benchmarks/variant_report.py {path}`; "
              f"date {', '.join(dates)}, commit {', '.join(commits)}. Median of the timed "
              "iterations after one warm-up; S1/S2/S3 are device times from OpenCL profiling "
              "events. Every variant was verified against the NumPy reference on the same device "

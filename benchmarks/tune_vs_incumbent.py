@@ -7,7 +7,7 @@ temporary directory), so "what you had" is what ``ALS(variant="auto")`` chose fr
 tunings alone. The tuner re-times its winner and that incumbent side by side on the whole data at
 the end of each run; the table lists both (before / after) and the written record's choice.
 
-    python scripts/tune_vs_incumbent.py --out results/tuning/reports \\
+    python benchmarks/tune_vs_incumbent.py --out results/tuning/reports \\
         --devices "Portable Computing Language,Intel(R) OpenCL" --budget 40 \\
         --data ../shared/data/ml-latest-small synthetic:3000x3600x500000
 
@@ -86,7 +86,7 @@ def markdown(rows, args, started):
          "configuration); *after* is what it runs after the tuning (the written record). Both "
          "were re-timed side by side at the end of the run (3 rounds round-robin, medians of "
          "the kernels' device time per iteration, on the whole data unless marked)",
-         f"- command: `python scripts/tune_vs_incumbent.py {' '.join(sys.argv[1:])}`; per run "
+         f"- command: `python benchmarks/tune_vs_incumbent.py {' '.join(sys.argv[1:])}`; per run "
          "the equivalent `clmf tune` command is listed in the JSON", ""]
     devs = []
     for r in rows:

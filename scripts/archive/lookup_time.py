@@ -10,7 +10,7 @@ compact databases installed with clmf) and ``raw`` (the raw ``results/tuning/*.j
 ``--raw``, through ``$CLMF_TUNING_DB``, the shipped files off), for comparison. Writes
 ``lookup_time.json`` to ``OUT`` and prints a table.
 
-    PYTHONPATH=.devsite OCL_ICD_VENDORS=/work/main/.icd python scripts/lookup_time.py \\
+    PYTHONPATH=.devsite OCL_ICD_VENDORS=/work/main/.icd python scripts/archive/lookup_time.py \\
         ../shared/data/ml-100k OUT --device Intel --raw results/tuning
 """
 from __future__ import annotations

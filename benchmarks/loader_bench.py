@@ -17,7 +17,7 @@ medians (and the fast path's first run in the process, which pays the one-time c
 thread pools, the allocators' first pages), and every result is checked identical to the old
 path's (ids, maps, values).
 
-    python3 -P scripts/loader_bench.py OUT --rows 25000000
+    python3 -P benchmarks/loader_bench.py OUT --rows 25000000
 
 needs numpy, scipy, pyarrow, pandas and clmf (installed, or this checkout's ``clmf/`` found
 through the script's location) and writes OUT/loaders.json and OUT/loaders.md with host facts
@@ -227,8 +227,8 @@ def main(argv=None):
         return 0
     clmf = import_clmf()
     from clmf.data import _fastload
-    doc = {"command": "python3 -P scripts/loader_bench.py " + " ".join(sys.argv[1:] if argv is None
-                                                                       else argv),
+    doc = {"command": "python3 -P benchmarks/loader_bench.py "
+                      + " ".join(sys.argv[1:] if argv is None else argv),
            "rows": args.rows, "repeats": args.repeats, "old_repeats": args.old_repeats,
            "host": host(), "cases": []}
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="clmf-loader-bench-", dir=args.tmp))
