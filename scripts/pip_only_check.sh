@@ -123,3 +123,18 @@ EOF
 t1=$SECONDS
 "${RUN[@]}" "$V" "$WORK/example.py"
 log "README example ran in $((SECONDS - t1)) s with PyPI's PoCL; step total $((SECONDS - t0)) s"
+
+# issue 34: the first fit of every mode at f = 16/64/128 on ML-100K and Last.fm, each in a fresh
+# process with every cache empty (probes and kernel builds included); fails on a crash or a stall
+# (> 60 s), prints the table (the goal is <= 10 s each)
+DATA_DIR="${CLMF_SHARED_DATA:-$ROOT/../shared/data}"
+if [ -d "$DATA_DIR/ml-100k" ] && [ -d "$DATA_DIR/hetrec2011-lastfm-2k" ]; then
+    t1=$SECONDS
+    "${RUN[@]}" "$V" "$ROOT/scripts/first_fit_check.py" --data-dir "$DATA_DIR" \
+        --json "$WORK/first-fits.json"
+    log "first fits of every mode ran in $((SECONDS - t1)) s with PyPI's PoCL"
+elif [ "${CI:-}" = "true" ]; then
+    die "the shared data ($DATA_DIR: ml-100k, hetrec2011-lastfm-2k) is missing (CI=true needs it)"
+else
+    log "shared data not found under $DATA_DIR: first-fit check skipped"
+fi

@@ -232,3 +232,65 @@ def test_configuration_measured_on_this_device_and_driver_is_not_probed(
     assert [c.rule for c in chosen] == [rung, rung]
     assert all(c.config == KernelConfig.parse(PLANTED) for c in chosen)
     assert len(calls) == probes
+
+
+# ----- device capabilities (clmf.engine.capability): 16-wide vectors --------------------------
+def test_real_devices_build_wide_vectors(cl_device, tmp_path, monkeypatch):
+    """Debian's PoCL, Intel's runtime and NVIDIA build 16-wide float fma (checked in a child)."""
+    from clmf.engine import capability
+    monkeypatch.setattr(capability, "_known", {})
+    monkeypatch.setattr(capability, "_cache_path", lambda: tmp_path / "caps.json")
+    monkeypatch.delenv(fallback.PROBE_ENV, raising=False)
+    assert capability.wide_vectors_ok(device_info(cl_device))
+    assert "wide_vectors" in (tmp_path / "caps.json").read_text()
+
+
+def test_runtime_without_wide_vectors_refuses_vec16_at_once(cl_device, tmp_path, monkeypatch):
+    """A runtime whose compiler aborts on 16-wide vectors (PyPI's PoCL 3.0): validate refuses
+    vec16 / solve_vec=16 with a typed reason, 8-wide ones still pass, the verdict is cached on
+    disk (no second child in a fresh process)."""
+    from clmf.engine import capability
+    info = device_info(cl_device)
+    monkeypatch.setattr(capability, "_known", {})
+    monkeypatch.setattr(capability, "_cache_path", lambda: tmp_path / "caps.json")
+    monkeypatch.delenv(fallback.PROBE_ENV, raising=False)
+    calls = []
+
+    def aborting(job):
+        calls.append(job)
+        return False, "the child process was killed by SIGABRT (LLVM ERROR: simulated)"
+    monkeypatch.setattr(capability, "_check_in_child", aborting)
+    wide = KernelConfig.parse("batch+reg+vec16:tx=4,ty=4")
+    with pytest.raises(InvalidConfigError) as e:
+        kernels.validate(wide, 32, info)
+    assert e.value.reason == "unsupported_device" and "16-wide" in str(e.value)
+    svec = KernelConfig.parse("batch:solver=fusedcg,solve_wg=1,solve_vec=16")
+    with pytest.raises(InvalidConfigError):
+        kernels.validate(svec, 32, info)
+    kernels.validate(KernelConfig.parse("batch+reg+vec8:tx=4,ty=4"), 32, info)
+    kernels.validate(svec.replace(solve_vec=8), 32, info)
+    assert len(calls) == 1
+    monkeypatch.setattr(capability, "_known", {})
+    monkeypatch.setattr(capability, "_check_in_child", lambda job: pytest.fail("checked again"))
+    assert not capability.wide_vectors_ok(info)
+
+
+def test_probe_timeout_from_the_environment(monkeypatch):
+    monkeypatch.delenv(fallback.PROBE_TIMEOUT_ENV, raising=False)
+    assert fallback.probe_timeout() == fallback.PROBE_TIMEOUT
+    monkeypatch.setenv(fallback.PROBE_TIMEOUT_ENV, "7.5")
+    assert fallback.probe_timeout() == 7.5
+    for bad in ("abc", "-1", "0", "nan"):
+        monkeypatch.setenv(fallback.PROBE_TIMEOUT_ENV, bad)
+        assert fallback.probe_timeout() == fallback.PROBE_TIMEOUT
+
+
+def test_a_probe_past_its_timeout_rejects_the_configuration(cl_device, isolated, monkeypatch):
+    """A child that does not finish in time is killed and its configuration rejected (the fit
+    falls through instead of stalling for minutes)."""
+    info = device_info(cl_device)
+    monkeypatch.setattr(fallback, "_probe_command",
+                        lambda: [sys.executable, "-c", "import time; time.sleep(30)"])
+    monkeypatch.setenv(fallback.PROBE_TIMEOUT_ENV, "1")
+    reason = fallback.probe(info, KernelConfig(), F, "explicit")
+    assert reason is not None and "did not finish in 1 s" in reason
