@@ -706,6 +706,11 @@ def test_invalid_csr_is_refused(indptr, indices, match):
         clmf.ALS(factors=2, device="no such device").fit(M)
     with pytest.raises(ValueError, match=match):
         check_ratings(M)
+    m = _host_model(n_users=3, n_items=3)                  # also where only its pattern counts
+    with pytest.raises(ValueError, match=match):
+        m.recommend([0, 1, 2], M, N=2)
+    with pytest.raises(ValueError, match=match):
+        m.recommend_all(2, M)
 
 
 def test_strided_csr_arrays_are_made_contiguous(cl_device):

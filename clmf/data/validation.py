@@ -9,8 +9,9 @@ import scipy.sparse as sp
 from .scan import csr_is_canonical, value_range
 
 __all__ = ["check_ratings", "check_index_pairs", "check_params", "check_shape_vs_ratings",
-           "check_strengths", "check_memory_cap", "overflow_limit", "precision_limit",
-           "check_float32_range", "SPARSE_ROWS_FLOOR", "SPARSE_ROWS_PER_RATING"]
+           "check_strengths", "check_memory_cap", "check_sparse_structure", "overflow_limit",
+           "precision_limit", "check_float32_range", "SPARSE_ROWS_FLOOR",
+           "SPARSE_ROWS_PER_RATING"]
 
 # ids that imply a matrix vastly larger than its ratings are refused before anything is sized by
 # them (the CSR's row pointers, the factors): more than SPARSE_ROWS_FLOOR rows (or columns) and
@@ -133,7 +134,7 @@ def check_ratings(X, shape=None, *, allow_empty=False, what="X"):
         fast = _canonical_csr(X)
         if fast is not None:
             return fast
-        _check_compressed(X, what)
+        check_sparse_structure(X, what)
         return _finish(sp.coo_matrix(X), allow_empty, what)
     raise TypeError(f"{what} must be a scipy.sparse matrix, a (user_idx, item_idx, ratings) tuple "
                     f"or clmf.datasets.Ratings, not {type(X).__name__}")
@@ -174,7 +175,7 @@ def _canonical_csr(X):
     return R
 
 
-def _check_compressed(X, what):
+def check_sparse_structure(X, what="X"):
     """Refuse a CSR/CSC matrix whose structure is invalid (SciPy's own ``check_format`` rules,
     checked without touching ``X``): row pointers of the wrong length, not starting at 0, not
     ending at the entry count, or decreasing; index and value arrays of different lengths or

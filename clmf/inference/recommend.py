@@ -26,7 +26,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import reference
-from ..data.validation import check_ratings, check_strengths
+from ..data.validation import check_ratings, check_sparse_structure, check_strengths
 from .conventions import LIKED_SCORE, confidence_rows, ids_dtype  # noqa: F401
 from .host import _top_n, host_rank  # noqa: F401  (the host ranking, re-exported)
 from .ranking import DeviceRankingMixin
@@ -75,6 +75,7 @@ def _as_csr(M, name, ratings=False):
         raise ValueError(f"{name} must be 2-D")
     if ratings and M.shape[0] and M.shape[1]:
         return check_ratings(M, what=name, allow_empty=True)
+    check_sparse_structure(M, name)        # SciPy's own operations crash on a malformed CSR
     M = sp.csr_matrix(M)
     M.sum_duplicates()
     return M
