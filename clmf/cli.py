@@ -34,6 +34,47 @@ class UsageError(ValueError):
     """A bad or missing command-line argument (exit status 2)."""
 
 
+class _ArgumentError(SystemExit):
+    """argparse's own usage error (exit status 2), with its message kept for ``--json``."""
+
+    def __init__(self, message, prog):
+        super().__init__(2)
+        self.message, self.prog = message, prog
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors keep their message (for the ``--json`` document)
+    instead of only printing it."""
+
+    def error(self, message):
+        """Print the usage and the error on stderr, as argparse does, then exit with status 2."""
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise _ArgumentError(message, self.prog)
+
+
+def positive_int(text):
+    """argparse type: an integer ≥ 1 (else a usage error naming the option)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer ≥ 1, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer ≥ 1, not {text!r}")
+    return value
+
+
+def positive_float(text):
+    """argparse type: a finite number > 0 (else a usage error naming the option)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, not {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, not {text!r}")
+    return value
+
+
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
     """--help shows every default (argparse's ``(default: ...)``)."""
 
@@ -74,6 +115,18 @@ def _add_model_args(p, factors=None, reg=None, iterations=None):
                    help="implicit feedback: confidence c of an entry r (1+alpha*r: Hu et al. and "
                         "Spark; alpha*r: the implicit library)")
     p.add_argument("--biases", action="store_true", help="explicit feedback: learn user/item biases")
+
+
+def _checked_model(args):
+    """The command's :class:`clmf.ALS`, its parameters checked first: bad model options
+    (``-f 0``, a bad variant, λ < 0, ...) are usage errors (exit status 2)."""
+    from .data.validation import check_params
+    model = _model_from(args)
+    try:
+        check_params(model)
+    except (ValueError, TypeError) as e:
+        raise UsageError(str(e)) from None
+    return model
 
 
 def _model_from(args):
@@ -132,10 +185,10 @@ def _load_train_test(path, seed, test_fraction=0.1):
 
 
 def cmd_demo(args):
+    model = _checked_model(args)
     train, test, what = _load_train_test(args.data, args.seed)
     print(f"data: {what}: {train.shape[0]} users × {train.shape[1]} items, "
           f"{len(train)} train / {len(test)} test ratings")
-    model = _model_from(args)
 
     def show(it, elapsed, metrics):
         print(f"iteration {it + 1:3d}  train RMSE {metrics['train_rmse']:.4f}  "
@@ -155,7 +208,11 @@ def cmd_demo(args):
 def cmd_source(args):
     from .engine.config import KernelConfig
     from .engine.kernels import render_als
-    print(render_als(KernelConfig.parse(args.variant), args.factors))
+    try:
+        config = KernelConfig.parse(args.variant)
+    except (ValueError, TypeError) as e:
+        raise UsageError(str(e)) from None
+    print(render_als(config, args.factors))
     return 0
 
 
@@ -170,6 +227,13 @@ def cmd_bench(args):
             float(v)
         except ValueError:
             raise UsageError(f"--peer-max-nnz wants PEER=N, not {item!r}") from None
+    from .engine.config import KernelConfig
+    for v in args.variant or ():
+        if v != "auto":
+            try:
+                KernelConfig.parse(v)
+            except (ValueError, TypeError) as e:
+                raise UsageError(f"--variant {v!r}: {e}") from None
     status = runner.cmd_bench(args, sys.argv[2:] if len(sys.argv) > 2 and sys.argv[1] == "bench"
                               else None)
     args.result = {"command": "bench", "files": getattr(args, "bench_files", None),
@@ -234,12 +298,7 @@ def cmd_fit(args):
     """
     from tqdm.auto import tqdm
 
-    from .data.validation import check_params
-    model = _model_from(args)
-    try:
-        check_params(model)                  # bad model options are usage errors (exit 2)
-    except (ValueError, TypeError) as e:
-        raise UsageError(str(e)) from None
+    model = _checked_model(args)             # bad model options are usage errors (exit 2)
     train, test, what = _fit_data(args)
     print(f"data: {what}: {train.shape[0]} users × {train.shape[1]} items, {len(train)} train"
           + (f" / {len(test)} test" if test is not None else "") + " ratings")
@@ -610,7 +669,7 @@ def _tune_outcome(s):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="clmf", formatter_class=_Formatter,
+    p = _Parser(prog="clmf", formatter_class=_Formatter,
                                 description="Autotuned ALS matrix factorization on OpenCL. Exit "
                                             "status: 0 ok, 1 the work failed, 2 usage error.")
     p.add_argument("-v", "--verbose", action="count", default=0,
@@ -636,7 +695,7 @@ def build_parser():
     s.set_defaults(func=cmd_demo)
     s = sub.add_parser("source", help="print the rendered OpenCL source of a configuration")
     s.add_argument("variant", nargs="?", default="batch")
-    s.add_argument("--factors", "-f", type=int, default=32)
+    s.add_argument("--factors", "-f", type=positive_int, default=32)
     s.set_defaults(func=cmd_source)
     s = sub.add_parser("bench", json_output=True,
                        help="benchmark clmf against its peers (NumPy reference, LensKit, Spark, "
@@ -653,7 +712,8 @@ def build_parser():
                    help="ratings file or directory (MovieLens, Netflix, CSV/TSV triples, ...)")
     s.add_argument("--preset", default=None, help="fit synthetic data in the shape of this preset "
                                                   "(e.g. movielens-100k) instead of DATA")
-    s.add_argument("--scale", type=float, default=1.0, help="scale of the --preset data")
+    s.add_argument("--scale", type=positive_float, default=1.0,
+                   help="scale of the --preset data")
     s.add_argument("--test-fraction", type=float, default=0.1,
                    help="random holdout fraction scored each iteration (0: none)")
     s.add_argument("--split", default=None, help="official MovieLens-100K split of the DATA "
@@ -673,7 +733,8 @@ def build_parser():
                                                  "(its <split>.base filters seen items)")
     s.add_argument("--train", default=None, help="training ratings: their items are left out of "
                                                  "each user's ranking")
-    s.add_argument("--k", type=int, nargs="+", default=[10], help="ranking cut-off(s)")
+    s.add_argument("--k", type=positive_int, nargs="+", default=[10],
+                   help="ranking cut-off(s)")
     s.add_argument("--relevance-threshold", type=float, default=None,
                    help="only test ratings ≥ this are relevant (default: all)")
     s.set_defaults(func=cmd_eval)
@@ -685,9 +746,9 @@ def build_parser():
     s.add_argument("--all", action="store_true", help="every user of the model (with --out)")
     s.add_argument("--out", default=None, help="with --all: write FILE.parquet or FILE.csv "
                                                "(user, rank, item, score), streamed in batches")
-    s.add_argument("--batch-size", type=int, default=None,
+    s.add_argument("--batch-size", type=positive_int, default=None,
                    help="with --all: users per batch (default: the device's memory plan)")
-    s.add_argument("-n", type=int, default=10, help="number of items")
+    s.add_argument("-n", type=positive_int, default=10, help="number of items")
     s.add_argument("--titles", default=None, help="item titles (movies.csv, u.item, ...)")
     s.add_argument("--train", default=None, help="ratings whose items the user has already seen "
                                                  "(left out)")
@@ -699,7 +760,8 @@ def build_parser():
                    help="ratings file or directory (the ml-100k directory: its ua.base), or "
                         "synthetic:USERSxITEMSxRATINGS (the bench's synthetic sets)")
     s.add_argument("--preset", default=None, help="tune on synthetic data in this preset's shape")
-    s.add_argument("--scale", type=float, default=1.0, help="scale of the --preset data")
+    s.add_argument("--scale", type=positive_float, default=1.0,
+                   help="scale of the --preset data")
     s.add_argument("--factors", "-f", default="10,50,100", help="comma-separated f values")
     s.add_argument("--device", "-d", default="auto", help="auto | cpu | gpu | P:D | name substring")
     s.add_argument("--strategy", default="budgeted", choices=["exhaustive", "budgeted"])
@@ -745,7 +807,14 @@ def build_parser():
 def main(argv=None):
     """Run the command line; returns the exit status (0 ok, 1 failure, 2 usage error)."""
     parser = build_parser()
-    args = parser.parse_args(argv)            # usage errors: argparse exits with status 2
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser.parse_args(argv)        # usage errors: argparse exits with status 2
+    except _ArgumentError as e:               # (printed on stderr); --json: the document too
+        if "--json" in argv:
+            command = next((a for a in argv if not a.startswith("-")), None)
+            print(json.dumps({"command": command, "error": e.message, "exit_status": 2}))
+        raise
     logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     as_json = bool(getattr(args, "json", False))
@@ -759,6 +828,9 @@ def main(argv=None):
         again = (" (run the same command again to resume; the measurement cut short is measured "
                  "again)" if args.command == "tune" else "")
         print(f"clmf {args.command}: interrupted{again}", file=sys.stderr)
+        if as_json:
+            print(json.dumps({"command": args.command, "error": "interrupted",
+                              "exit_status": 130}), file=stdout)
         return 130
     except Exception as e:  # noqa: BLE001 - every failure becomes a message and an exit status
         status = 2 if isinstance(e, UsageError) else 1

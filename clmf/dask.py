@@ -19,9 +19,10 @@ import time
 
 import numpy as np
 
+from .errors import SingularSystemError
 from .model import loop
 from .model.estimator import ALS as _ALS
-from .model.estimator import _check_unregularized, _side_stats
+from .model.estimator import _check_unregularized, _range_error, _side_stats
 from .parallel.dask_backend import WorkerLostError, get_client
 
 log = logging.getLogger(__name__)
@@ -211,7 +212,11 @@ class ALS(_ALS):
             steps = _DaskSteps(engine, v_rest, float(self.regularization), self._weighted,
                                train=bool(show_progress or callback is not None) and not implicit,
                                checkpoint=checkpoint, every=checkpoint_every,
-                               iterations=int(self.iterations))
+                               iterations=int(self.iterations),
+                               ratings_range=(max(int(data.user_counts.max(initial=0)),
+                                                  int(data.item_counts.max(initial=0))),
+                                              max(abs(data.minimum), abs(data.maximum))),
+                               storage=np.dtype(engine.np_store).name)
             res = loop.run(steps, int(self.iterations), start=start, history=history,
                            callback=callback, early_stopping_rounds=early_stopping_rounds,
                            monitor="validation_rmse", show_progress=show_progress,
@@ -328,17 +333,31 @@ class _DaskSteps(loop.FitSteps):
     RMSEs summed on the workers, a checkpoint every ``every`` iterations and after the last."""
 
     def __init__(self, engine, v_rest, regularization, weighted, *, train, checkpoint, every,
-                 iterations):
+                 iterations, ratings_range=None, storage="float32"):
         """Keep the engine, the held-out ratings predicted as the mean (``v_rest``), the
-        regularisation and the checkpoint policy."""
+        regularisation, the checkpoint policy and, for diagnosing overflow, ``(largest count
+        per user/item, largest |rating|)`` and the factors' storage."""
         super().__init__(engine)
         self.v_rest, self.train = v_rest, train
         self.regularization, self.weighted = regularization, weighted
         self.checkpoint, self.every, self.iterations = checkpoint, max(1, int(every)), iterations
+        self.ratings_range, self.storage = ratings_range, storage
 
     def iterate(self, it):
-        """One iteration on every worker, waited for."""
-        self.engine.iteration(self.regularization, self.weighted, it)
+        """One iteration on every worker, waited for; a singular system explained by the
+        ratings' range is a :class:`clmf.RatingRangeError` (as in-process)."""
+        try:
+            self.engine.iteration(self.regularization, self.weighted, it)
+        except SingularSystemError as e:
+            raise self.non_finite_error() or e from None
+
+    def non_finite_error(self):
+        """A :class:`clmf.RatingRangeError` when the ratings' magnitude explains the failure
+        (the in-process fit's diagnosis, :func:`clmf.model.estimator._range_error`)."""
+        if self.ratings_range is None:
+            return None
+        return _range_error(self.engine, *self.ratings_range, int(self.engine.f), self.storage,
+                            self.regularization)
 
     def metrics(self):
         """Train RMSE (when wanted) and validation RMSE (the unseen ids' error included)."""

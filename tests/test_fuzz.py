@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import tracemalloc
 
@@ -15,6 +16,7 @@ from conftest import DEVICES, random_ratings
 
 import clmf
 from clmf import reference, tuning
+from clmf.data.validation import check_ratings
 from clmf.engine import kernels, memory
 from clmf.engine.config import KernelConfig
 from clmf.engine.device import DeviceInfo, device_info
@@ -590,3 +592,438 @@ def _with_func(parser, func):
         for sub in action.choices.values():
             sub.set_defaults(func=func)
     return parser
+
+
+# ----- issue 33: every public call checks what fit checks ----------------------------------------
+# Fold-in, load, the loaders, recommend_all, the Dask path and the command line refuse what fit
+# refuses, with the same error types; each case let a wrong result through (or an unclear
+# error) before.
+def _host_model(biases=False, feedback="explicit", n_users=30, n_items=20, f=4):
+    """A fitted-looking model (factors set directly: fold-in runs on the host, no device)."""
+    rng = np.random.default_rng(5)
+    m = clmf.ALS(factors=f, biases=biases, feedback=feedback)
+    m.user_factors_ = rng.standard_normal((n_users, f)).astype(np.float32)
+    m.item_factors_ = rng.standard_normal((n_items, f)).astype(np.float32)
+    m.user_counts_ = np.full(n_users, 3, np.int64)
+    m.item_counts_ = np.full(n_items, 4, np.int64)
+    m.global_mean_ = 3.0
+    if biases:
+        m.user_biases_ = rng.standard_normal(n_users).astype(np.float32)
+        m.item_biases_ = rng.standard_normal(n_items).astype(np.float32)
+    return m
+
+
+def _row(values, cols, n, rows=None):
+    """A CSR of ``values`` at ``cols`` (one row unless ``rows`` are given), float64, kept as
+    given (duplicates are not summed)."""
+    rows = np.zeros(len(cols), np.int64) if rows is None else np.asarray(rows)
+    indptr = np.searchsorted(rows, np.arange(rows.max() + 2))
+    return sp.csr_matrix((np.asarray(values, np.float64), np.asarray(cols), indptr),
+                         shape=(int(rows.max()) + 1, n))
+
+
+FOLD_IN = {
+    "partial_fit_users": lambda m, M: m.partial_fit_users([0], M),
+    "partial_fit_users(new)": lambda m, M: m.partial_fit_users([m.user_factors_.shape[0]], M),
+    "recalculate_user": lambda m, M: m.recalculate_user(0, M),
+    "recommend(recalculate_user)": lambda m, M: m.recommend(0, M, recalculate_user=True),
+    "partial_fit_items": lambda m, M: m.partial_fit_items([0], M),
+    "recalculate_item": lambda m, M: m.recalculate_item(0, M),
+}
+
+
+@pytest.mark.parametrize("call", list(FOLD_IN))
+@pytest.mark.parametrize("biases", [False, True], ids=["plain", "biased"])
+@pytest.mark.parametrize("case", ["1e300", "1e39", "nan", "inf", "duplicates",
+                                  "decreasing-indptr"])
+def test_fold_in_refuses_what_fit_refuses(call, biases, case):
+    m = _host_model(biases)
+    n = m.item_factors_.shape[0] if "user" in call else m.user_factors_.shape[0]
+    M = {"1e300": lambda: _row([1e300, 3.0], [0, 1], n),
+         "1e39": lambda: _row([1e39, 3.0], [0, 1], n),
+         "nan": lambda: _row([np.nan, 3.0], [0, 1], n),
+         "inf": lambda: _row([np.inf, 3.0], [0, 1], n),
+         "duplicates": lambda: _row([5.0, 5.0], [2, 2], n),        # summed to one 10 before
+         "decreasing-indptr": lambda: sp.csr_matrix(
+             (np.array([1.0, 2.0, 3.0]), np.array([0, 1, 2]), np.array([0, 2, 1])),
+             shape=(2, n))}[case]()
+    with pytest.raises(Exception) as fit_err:          # what fit makes of the same matrix
+        clmf.ALS(factors=4, device="no such device").fit(M)
+    assert isinstance(fit_err.value, ValueError)       # (refused before any device work)
+    before = {k: np.array(v, copy=True) for k, v in vars(m).items() if k.endswith("_")
+              and isinstance(v, np.ndarray)}
+    with pytest.raises(type(fit_err.value)) as e:      # the same error type as fit
+        FOLD_IN[call](m, M)
+    assert type(e.value) is type(fit_err.value), (e.value, fit_err.value)
+    for k, v in before.items():                        # nothing stored
+        np.testing.assert_array_equal(getattr(m, k), v, err_msg=k)
+
+
+@pytest.mark.parametrize("call", ["partial_fit_users", "recalculate_user", "partial_fit_items"])
+def test_fold_in_refuses_negative_implicit_strengths(call):
+    m = _host_model(feedback="implicit")
+    n = m.item_factors_.shape[0] if "user" in call else m.user_factors_.shape[0]
+    M = _row([-1.0, 3.0], [0, 1], n)
+    with pytest.raises(ValueError, match="non-negative") as fit_err:
+        clmf.ALS(factors=4, feedback="implicit", device="no such device").fit(M)
+    with pytest.raises(ValueError, match="non-negative") as e:
+        FOLD_IN[call](m, M)
+    assert type(e.value) is type(fit_err.value)
+
+
+def test_fold_in_still_folds_in_valid_rows():
+    m = _host_model()
+    M = _row([5.0, 3.0, 0.0], [0, 1, 4], 20)           # an explicit zero is a rating
+    x = m.recalculate_user(0, M)
+    ref = reference.half_step(M, m.item_factors_.astype(np.float64), m.regularization, True)
+    np.testing.assert_allclose(x, ref[0], rtol=1e-5, atol=1e-6)
+    m.partial_fit_users([30], M)
+    np.testing.assert_allclose(m.user_factors_[30], ref[0], rtol=1e-5, atol=1e-6)
+    assert m.user_counts_[30] == 3
+
+
+@pytest.mark.parametrize("bad", [-5, 0, 2.5, True])
+def test_recommend_all_refuses_bad_batch_sizes(bad):
+    m = _host_model()
+    with pytest.raises(ValueError, match="batch_size"):
+        m.recommend_all(10, batch_size=bad)
+    with pytest.raises(ValueError, match="batch_size"):
+        next(m.iter_recommend_all(10, batch_size=bad))
+    assert m.recommend_all(10, batch_size=7)[0].shape == (30, 10)
+
+
+@pytest.mark.parametrize("indptr,indices,match", [
+    ([0, 2, 1, 3], [0, 1, 2], "decreasing indptr"),        # SciPy's own check refuses it
+    ([0, 1, 2, 2], [0, 1, 2], "indptr from 0 to 2"),       # ends before the last entry
+    ([1, 1, 2, 3], [0, 1, 2], "indptr from 1 to 3"),
+    ([0, 1, 3], [0, 1, 2], "3 row pointers"),              # too few pointers
+    ([0, 1, 2, 3], [0, 5, 1], "index 5 out of range"),
+])
+def test_invalid_csr_is_refused(indptr, indices, match):
+    M = sp.csr_matrix(np.eye(3))                           # then broken as a caller could
+    M.indptr, M.indices, M.data = np.array(indptr), np.array(indices), np.ones(3)
+    with pytest.raises(ValueError, match=match):
+        clmf.ALS(factors=2, device="no such device").fit(M)
+    with pytest.raises(ValueError, match=match):
+        check_ratings(M)
+    m = _host_model(n_users=3, n_items=3)                  # also where only its pattern counts
+    with pytest.raises(ValueError, match=match):
+        m.recommend([0, 1, 2], M, N=2)
+    with pytest.raises(ValueError, match=match):
+        m.recommend_all(2, M)
+
+
+def test_strided_csr_arrays_are_made_contiguous(cl_device):
+    R = random_ratings(40, 30, 0.3, seed=7)
+    wide = np.zeros((R.nnz, 2), np.float32)
+    wide[:, 0] = R.data
+    S = sp.csr_matrix((wide[:, 0], R.indices, R.indptr), shape=R.shape, copy=False)
+    assert not S.data.flags.c_contiguous                  # a strided view of the caller's
+    kw = dict(factors=4, iterations=2, device=cl_device, random_state=0)
+    a = clmf.ALS(**kw).fit(S, show_progress=False)
+    b = clmf.ALS(**kw).fit(R, show_progress=False)
+    np.testing.assert_array_equal(a.user_factors_, b.user_factors_)
+
+
+# ----- max_device_memory: one rule ------------------------------------------------------------
+def test_max_device_memory_rule():
+    from clmf.data.validation import check_memory_cap
+    from clmf.parallel.memory import device_budget
+    g = 10 << 30
+    assert check_memory_cap(1, g) == 1                     # an int is bytes: 1 is one byte
+    assert check_memory_cap(np.int64(4096), g) == 4096
+    assert check_memory_cap(1.0, g) == g                   # a float ≤ 1 is a fraction
+    assert check_memory_cap(0.25, g) == g // 4
+    assert check_memory_cap(8e9, g) == 8_000_000_000       # a float above 1 counts bytes
+    assert device_budget(g, g, 1) == (1, 1)
+    assert device_budget(g, g // 4, 0.5) == (g // 2, g // 4)
+
+
+@pytest.mark.parametrize("cap", ["abc", "1MB", float("nan"), float("inf"), 0, -1, -0.5, True,
+                                 [1]])
+def test_bad_max_device_memory_is_named_before_any_work(cap):
+    with pytest.raises((ValueError, TypeError), match="max_device_memory"):
+        clmf.ALS(factors=2, max_device_memory=cap, device="no such device").fit(
+            random_ratings(5, 5, 0.5))
+
+
+def test_max_device_memory_one_byte_is_refused_by_the_plan(cl_device):
+    with pytest.raises(DeviceMemoryError, match="bytes") as e:
+        clmf.ALS(factors=4, iterations=1, device=cl_device, max_device_memory=1).fit(
+            random_ratings(30, 20, 0.3), show_progress=False)
+    assert "(1 bytes)" in str(e.value)
+
+
+# ----- load is as strict as save ----------------------------------------------------------------
+def _f64_with(value):
+    def change(d):
+        X = d["user_factors"].astype(np.float64)
+        X[0, 0] = value
+        return {**d, "user_factors": X}
+    return change
+
+
+def _meta_params(**over):
+    def change(d):
+        meta = json.loads(str(d["meta"]))
+        meta["params"] = {**meta["params"], **over}
+        return {**d, "meta": np.array(json.dumps(meta))}
+    return change
+
+
+@pytest.mark.parametrize("name,change,match", [
+    ("f64-1e300", _f64_with(1e300), "NaN/inf"),            # inf once cast to float32
+    ("f64-1e39", _f64_with(1e39), "NaN/inf"),
+    ("uint64-counts", lambda d: {**d, "user_counts": np.full(d["user_counts"].shape, 2 ** 64 - 1,
+                                                               np.uint64)}, "int64"),
+    ("dup-ids", lambda d: {**d, "user_ids": np.zeros_like(d["user_ids"])}, "repeated"),
+    ("nan-ids", lambda d: {**d, "item_ids": np.full(d["item_ids"].shape, np.nan)}, "NaN"),
+    ("factors-param", _meta_params(factors=7), "factors=7"),
+    ("mean-1e300", lambda d: {**d, "global_mean": np.array(1e300)}, "global_mean"),
+    ("biases-1e300", lambda d: {**d, "user_biases": np.full(d["user_counts"].shape, 1e300),
+                                "item_biases": np.zeros(d["item_counts"].shape)}, "biases"),
+])
+def test_load_checks_values_as_the_model_holds_them(saved, tmp_path, name, change, match):
+    m, path = saved
+    bad = _rewrite(path, tmp_path / f"{name}.npz", change)
+    with pytest.raises(ValueError, match=match) as e:
+        clmf.load(bad)
+    assert str(bad) in str(e.value)
+
+
+def test_load_of_a_text_file_does_not_suggest_pickles(tmp_path):
+    for text in (b"user,item,rating\n1,2,3\n", b"\x80\x04 looks like a pickle", b""):
+        path = tmp_path / "model.npz"
+        path.write_bytes(text)
+        with pytest.raises(ValueError, match="not an .npz archive") as e:
+            clmf.load(path)
+        assert "pickle" not in str(e.value) and str(path) in str(e.value)
+        import io
+        with pytest.raises(ValueError, match="not an .npz archive"):
+            clmf.load(io.BytesIO(text))
+
+
+def test_save_into_a_missing_directory_names_it(saved, tmp_path):
+    m, path = saved
+    target = tmp_path / "no" / "such" / "model.npz"
+    with pytest.raises(FileNotFoundError) as e:
+        m.save(target)
+    assert e.value.filename == str(target.parent) and ".tmp" not in str(e.value)
+    assert not (tmp_path / "no").exists()
+
+
+def test_save_refuses_factors_param_disagreeing_with_the_width(saved):
+    m, path = saved
+    before = path.read_bytes()
+    m.factors = m.user_factors_.shape[1] + 1
+    with pytest.raises(ValueError, match="wide"):
+        m.save(path)
+    assert path.read_bytes() == before
+
+
+# ----- loaders: what is wrong, in which column of which file ---------------------------------
+def test_parquet_non_numeric_ratings_name_the_column_and_file(tmp_path):
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    base = {"user": [1, 2, 3], "item": [4, 5, 6]}
+    cases = {
+        "datetime": {**base, "rating": pd.to_datetime(["2021-01-01"] * 3)},   # ~1.6e18 before
+        "timedelta": {**base, "rating": pd.to_timedelta([1, 2, 3], unit="s")},
+        "list-rating": {**base, "rating": [[1.0], [2.0], [3.0]]},
+        "list-user": {"user": [[1, 2], [3], [4]], "item": [4, 5, 6], "rating": [1.0, 2.0, 3.0]},
+    }
+    for name, cols in cases.items():
+        path = tmp_path / f"{name}.parquet"
+        pd.DataFrame(cols).to_parquet(path)
+        with pytest.raises(ValueError) as e:
+            clmf.datasets.load(path)
+        col = "user" if name == "list-user" else "rating"
+        assert str(path) in str(e.value) and f"column {col!r}" in str(e.value), (name, e.value)
+
+
+def test_corrupt_parquet_names_the_file(tmp_path, capsys):
+    pytest.importorskip("pyarrow")
+    path = tmp_path / "ratings.parquet"
+    path.write_bytes(b"PAR1" + b"\0" * 100)
+    with pytest.raises(ValueError, match="not a readable Parquet file") as e:
+        clmf.datasets.load(path)
+    assert str(path) in str(e.value)
+    from clmf.cli import main
+    assert main(["fit", str(path)]) == 1
+    assert str(path) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ids,match", [
+    (np.array([7, "7", 8], dtype=object), "mix text and numbers"),
+    (np.array(["a", 7.5, "b"], dtype=object), "mix text and numbers"),
+    (np.array([7, None, 8], dtype=object), "missing"),
+    (np.array(["a", None, "b"], dtype=object), "missing"),
+    (np.array(["a", np.nan, "b"], dtype=object), "missing"),     # pandas' missing text
+    (np.array([7.0, np.nan, 8.0]), "NaN"),
+])
+def test_raw_ids_missing_or_of_mixed_types_are_refused(ids, match):
+    with pytest.raises(ValueError, match=match):
+        clmf.datasets.Ratings.from_triples(ids, [1, 2, 3], [1.0, 2.0, 3.0])
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"user": [1, 2, 3], "item": ids, "rating": [1.0, 2.0, 3.0]})
+    with pytest.raises(ValueError, match=match) as e:
+        clmf.datasets.Ratings.from_pandas(df)
+    assert "column 'item'" in str(e.value)
+    # one type per column is fine: numbers stay numbers, texts stay texts
+    assert clmf.datasets.Ratings.from_triples(np.array([9, 7, 8], dtype=object), [1, 2, 3],
+                                              [1.0, 2.0, 3.0]).user_ids.tolist() == [7, 8, 9]
+
+
+@pytest.fixture(scope="module")
+def dask_client():
+    """An in-process Dask cluster of one worker thread (the Dask path's checks, not its
+    distribution, are under test)."""
+    distributed = pytest.importorskip("distributed")
+    pytest.importorskip("dask.dataframe")
+    import clmf.dask  # noqa: F401
+    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                       dashboard_address=None, silence_logs=40)
+    client = distributed.Client(cluster)
+    yield client
+    client.close()
+    cluster.close()
+
+
+def _frame(n=400, seed=0, **over):
+    pd = pytest.importorskip("pandas")
+    rng = np.random.default_rng(seed)
+    df = pd.DataFrame({"user": rng.integers(0, 40, n), "item": rng.integers(0, 30, n),
+                       "rating": rng.integers(1, 6, n).astype(float)})
+    df = df.drop_duplicates(["user", "item"]).reset_index(drop=True)
+    for k, v in over.items():
+        df[k] = v(df[k])
+    return df
+
+
+def _mixed(col):
+    out = col.astype(object)
+    out[::2] = out[::2].astype(str)            # 7 and "7": 1,886 users on Dask, 943 in-process
+    return out
+
+
+def _with_none(col):
+    out = col.astype(object)
+    out[3] = None
+    return out
+
+
+@pytest.mark.parametrize("change,match", [(_mixed, "mix text and numbers"),
+                                          (_with_none, "missing")])
+def test_dask_and_in_process_agree_on_raw_ids(dask_client, change, match):
+    import clmf.dask
+    df = _frame(user=change)
+    with pytest.raises(ValueError, match=match) as local:
+        clmf.datasets.Ratings.from_pandas(df)
+    with pytest.raises(ValueError, match=match) as dist:
+        clmf.dask.ALS(client=dask_client, factors=4, iterations=1,
+                      device="no such device").fit(df, show_progress=False)
+    assert "column 'user'" in str(local.value) and "column 'user'" in str(dist.value)
+
+
+@pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
+def test_dask_names_overflow_as_in_process(dask_client):
+    import clmf.dask
+    df = _frame(rating=lambda r: r * 1e30)
+    dev = f"{DEVICES[0].platform.name.strip()} | {DEVICES[0].name.strip()}"
+    kw = dict(factors=6, iterations=3, random_state=0, solver="cholesky", device=dev)
+    with pytest.raises(RatingRangeError) as local:
+        clmf.ALS(**kw).fit(clmf.datasets.Ratings.from_pandas(df), show_progress=False)
+    with pytest.raises(RatingRangeError) as dist:
+        clmf.dask.ALS(client=dask_client, **kw).fit(df, show_progress=False)
+    assert "increase regularization" not in str(dist.value)
+
+    def same(e):          # (where the factors were when it failed may differ in the last bits)
+        return re.sub(r"factors reached [^)]*", "", str(e.value))
+    assert same(dist) == same(local) and "overflowed the float32 range" in same(dist)
+
+
+# ----- the command line: usage errors exit 2, --json always one document ----------------------
+def _cli(argv, capsys):
+    """``clmf ARGV`` in-process: (exit status, stdout, stderr); argparse's own usage errors
+    exit through SystemExit."""
+    from clmf.cli import main
+    try:
+        rc = main([str(a) for a in argv])
+    except SystemExit as e:
+        rc = e.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture
+def cli_files(tmp_path):
+    path = tmp_path / "r.csv"
+    path.write_text("user,item,rating\n" + "".join(f"{u},{i},{(u + i) % 5 + 1}\n"
+                                                    for u in range(8) for i in range(6)))
+    model = _host_model(n_users=8, n_items=6)
+    model.user_ids_, model.item_ids_ = np.arange(8), np.arange(6)
+    model.save(tmp_path / "m.npz")
+    return path, tmp_path / "m.npz"
+
+
+USAGE_ERRORS = [
+    (["fit", "--preset", "movielens-100k", "--scale", "0"], "--scale"),
+    (["fit", "--preset", "movielens-100k", "--scale", "-1"], "--scale"),
+    (["recommend", "{model}", "--user", "1", "-n", "-1"], "-n"),
+    (["recommend", "{model}", "--all", "--out", "{tmp}/recs.csv", "--batch-size", "-5"],
+     "--batch-size"),
+    (["eval", "{model}", "{data}", "--k", "0"], "--k"),
+    (["eval", "{model}", "{data}", "--k", "5", "-3"], "--k"),
+    (["fit", "{data}", "--variant", "batch:tx=0"], "tx"),
+    (["fit", "{data}", "-f", "0"], "factors"),
+    (["demo", "-f", "0"], "factors"),
+    (["demo", "--variant", "nosuch"], "variant"),
+    (["source", "-f", "0"], "--factors"),
+    (["source", "nosuch"], "variant"),
+    (["bench", "--factors", "0", "--peers", "none", "--no-plots", "--out", "{tmp}/b"],
+     "--factors"),
+    (["bench", "--variant", "nosuch", "--peers", "none", "--no-plots", "--out", "{tmp}/b"],
+     "variant"),
+    (["fit", "{data}", "--no-such-option"], "unrecognized"),
+]
+
+
+@pytest.mark.parametrize("argv,match,as_json", [
+    pytest.param(a, m, j, id=f"{a[0]}{k}-{'json' if j else 'text'}")
+    for k, (a, m) in enumerate(USAGE_ERRORS) for j in (False, True)
+    if not (j and a[0] in ("source", "demo"))])          # (they have no --json)
+def test_cli_usage_errors_exit_2(cli_files, capsys, argv, match, as_json):
+    data, model = cli_files
+    argv = [a.format(data=data, model=model, tmp=data.parent) for a in argv]
+    if as_json:
+        argv.append("--json")
+    rc, out, err = _cli(argv, capsys)
+    assert rc == 2, (argv, rc, err)
+    assert match in err and "Traceback" not in err and " N " not in err, err
+    if "--json" in argv:
+        doc = json.loads(out)                      # exactly one JSON document
+        assert doc["exit_status"] == 2 and match in doc["error"] and doc["command"] == argv[0]
+    else:
+        assert out == "" or "usage" not in out
+    assert not (data.parent / "recs.csv").exists() and not (data.parent / "b").exists()
+
+
+def test_cli_runtime_errors_exit_1_with_one_json_document(cli_files, capsys, tmp_path):
+    data, model = cli_files
+    rc, out, err = _cli(["recommend", model, "--user", "nobody", "--json"], capsys)
+    assert rc == 1 and json.loads(out)["exit_status"] == 1
+
+
+def test_cli_interrupt_prints_one_json_document(cli_files, capsys, monkeypatch):
+    from clmf import cli
+    data, model = cli_files
+
+    def ctrl_c(args):
+        raise KeyboardInterrupt
+
+    parser = cli.build_parser
+    monkeypatch.setattr(cli, "build_parser", lambda: _with_func(parser(), ctrl_c))
+    rc, out, err = _cli(["recommend", model, "--user", "1", "--json"], capsys)
+    assert rc == 130 and "interrupted" in err
+    assert json.loads(out) == {"command": "recommend", "error": "interrupted",
+                               "exit_status": 130}

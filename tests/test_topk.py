@@ -256,10 +256,22 @@ def test_recommend_all_and_cli_stream(cl_device, tmp_path, monkeypatch):
             got = df[df.user == model.user_ids_[u]].sort_values("rank")
             assert got["item"].tolist() == model.item_ids_[ids[u][ids[u] >= 0]].tolist()
             np.testing.assert_allclose(got["score"], sc[u][ids[u] >= 0], rtol=1e-5)
-    # a failing run leaves no file (and no temporary) behind
+    # a run failing midway leaves no file (and no temporary) behind
     bad = tmp_path / "bad.csv"
-    assert main(["recommend", str(path), "--all", "--out", str(bad), "-n", "-3"]) == 1
+    real = clmf.ALS.iter_recommend_all
+
+    def failing(self, *a, **k):
+        """The first batch, then a failure."""
+        yield next(real(self, *a, **k))
+        raise RuntimeError("the device went away")
+
+    monkeypatch.setattr(clmf.ALS, "iter_recommend_all", failing)
+    assert main(["recommend", str(path), "--all", "--out", str(bad), "-n", "4",
+                 "--batch-size", "7"]) == 1
     assert not bad.exists() and not list(tmp_path.glob(".bad.csv.*"))
+    with pytest.raises(SystemExit) as e:                 # -n -3: a usage error, nothing written
+        main(["recommend", str(path), "--all", "--out", str(bad), "-n", "-3"])
+    assert e.value.code == 2 and not bad.exists()
     assert main(["recommend", str(path), "--all", "--out", str(tmp_path / "x.txt")]) == 2
     assert main(["recommend", str(path), "--all", "--user", "1"]) == 2
 

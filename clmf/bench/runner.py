@@ -463,8 +463,10 @@ def configure_parser(p):
     p.add_argument("--data", action="append", default=None, metavar="SPEC",
                    help="data set (repeatable): ml-100k | netflix | yahoomusic-r1 | movielens-20m "
                         "(synthetic, [@SCALE]) | synthetic:USERSxITEMSxRATINGS; default ml-100k")
-    p.add_argument("--scale", type=float, default=1.0, help="scale of the synthetic presets")
-    p.add_argument("--factors", "-f", type=int, nargs="+", default=[10, 50, 100])
+    from ..cli import positive_float, positive_int
+    p.add_argument("--scale", type=positive_float, default=1.0,
+                   help="scale of the synthetic presets")
+    p.add_argument("--factors", "-f", type=positive_int, nargs="+", default=[10, 50, 100])
     p.add_argument("--iterations", "-i", type=int, default=10)
     p.add_argument("--regularization", "--lambda", dest="regularization", type=float, default=0.1,
                    help="λ, weighted by the row's rating count (ALS-WR) for every system")
@@ -482,7 +484,7 @@ def configure_parser(p):
     p.add_argument("--out", default=None, help="output folder (default results/bench/<device-slug>)")
     p.add_argument("--name", default=None, help="file stem of the outputs (default bench-<UTC time>)")
     p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--peak-repeats", type=int, default=7)
+    p.add_argument("--peak-repeats", type=positive_int, default=7)
     p.add_argument("--scaling", default=None, metavar="DEVICES",
                    help="instead of the peers: time each data set and f on the first 1..N of "
                         "DEVICES (gpu:all, cpu:all or a comma list) and write a scaling table "

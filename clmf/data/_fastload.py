@@ -57,12 +57,12 @@ def _timestamps(ts: np.ndarray | None) -> np.ndarray | None | bool:
     return False
 
 
-def finish(path: Path, users, items, r, ts, t0: float, what: str, duplicates: str,
-           name_file: bool = True) -> Ratings | None:
+def finish(path: Path, users, items, r, ts, t0: float, what: str,
+           duplicates: str) -> Ratings | None:
     """The :class:`Ratings` of factorized ids ``users``/``items`` (``(uniques, int32 codes)``),
     ratings and timestamps, as :meth:`Ratings.from_triples` builds it; None where that would
     refuse the ratings or timestamps (the slow path then says why). Duplicate pairs raise its
-    error (prefixed with the file when ``name_file``, as the text loaders do)."""
+    error, prefixed with the file (as the text and Parquet loaders do)."""
     (umap, u), (imap, i) = users, items
     r32 = _ratings32(r)
     ts = _timestamps(ts)
@@ -71,9 +71,7 @@ def finish(path: Path, users, items, r, ts, t0: float, what: str, duplicates: st
     try:
         u, i, r32, ts = _handle_duplicates(u, i, r32, ts, len(imap), duplicates)
     except ValueError as exc:
-        if name_file:
-            raise ValueError(f"{path}: {exc}") from None
-        raise
+        raise ValueError(f"{path}: {exc}") from None
     out = Ratings._new(u, i, r32, ts, umap, imap)
     logger.info("loaded %s (%s): %d ratings, %d users, %d items in %.2f s",
                 path, what, len(out), out.shape[0], out.shape[1], time.perf_counter() - t0)
@@ -258,6 +256,5 @@ def parquet(path: Path, columns, timestamp_column, duplicates: str, t0: float) -
     items = _parquet_ids(cols[1], "item")
     if users is None or items is None:
         return None
-    return finish(path, users, items, cols[2].to_numpy(), ts, t0, "Parquet", duplicates,
-                  name_file=False)
+    return finish(path, users, items, cols[2].to_numpy(), ts, t0, "Parquet", duplicates)
 

@@ -10,7 +10,16 @@ import numpy as np
 
 from .scan import _PARALLEL_FROM, CHUNK, _map, value_range
 
-__all__ = ["factorize", "take"]
+__all__ = ["factorize", "take", "check_raw_ids"]
+
+_MISSING_TYPES = ("NoneType", "NAType", "NaTType")     # None, pandas.NA, pandas.NaT
+
+
+def _is_missing(x) -> bool:
+    """Whether one raw id is a missing value: None, pandas' NA/NaT, or a float NaN."""
+    if type(x).__name__ in _MISSING_TYPES:
+        return True
+    return isinstance(x, (float, np.floating)) and x != x
 
 
 def _offsets(x: np.ndarray, lo: int) -> np.ndarray:
@@ -33,6 +42,41 @@ def take(table: np.ndarray, index: np.ndarray, dtype=None) -> np.ndarray:
         np.take(table, index[s:e], out=out[s:e])
     _map(part, len(index))
     return out
+
+
+def check_raw_ids(arr: np.ndarray, what: str) -> None:
+    """Refuse raw ids that are missing (None, NaN, pandas' NA) or that mix text and numbers in
+    one column (``7`` and ``"7"``): clmf has one rule for both, in-process
+    (:meth:`clmf.datasets.Ratings.from_triples`) and on a Dask cluster (:mod:`clmf.dask`) —
+    whether ``7`` and ``"7"`` are one id or two would be a guess, so neither is made. Numbers
+    of several types (ints and floats) are one kind; bytes count as text."""
+    arr = np.asarray(arr)
+    if arr.dtype.kind == "f":
+        bad = ~np.isfinite(arr)
+        if bad.any():
+            raise ValueError(f"{what}: {int(bad.sum())} id(s) are NaN/inf, i.e. missing (first "
+                             f"at position {int(np.flatnonzero(bad)[0])}); drop or fill them "
+                             "first")
+        return
+    if arr.dtype.kind != "O" or not arr.size:
+        return
+    types = set(map(type, arr.ravel().tolist()))
+    if any(t.__name__ in _MISSING_TYPES or issubclass(t, (float, np.floating)) for t in types):
+        miss = np.fromiter((_is_missing(x) for x in arr.ravel()), bool, arr.size)
+        if miss.any():
+            raise ValueError(f"{what}: {int(miss.sum())} id(s) are missing (None/NaN; first at "
+                             f"position {int(np.flatnonzero(miss)[0])}); drop or fill them "
+                             "first")
+    text = {t for t in types if issubclass(t, (str, bytes, np.str_, np.bytes_))}
+    if text and len(text) < len(types):
+        other = sorted(t.__name__ for t in types)
+        first_text = next(x for x in arr.ravel() if isinstance(x, (str, bytes)))
+        first_other = next(x for x in arr.ravel() if not isinstance(x, (str, bytes)))
+        raise ValueError(
+            f"{what}: the ids mix text and numbers ({' and '.join(other)}; e.g. {first_text!r} "
+            f"and {first_other!r}): whether 7 and '7' are one id or two is ambiguous, so clmf "
+            "refuses the column; make it one type first (e.g. df[col].astype(str), or "
+            "pandas.to_numeric)")
 
 
 def _factorize_compact(raw: np.ndarray, lo: int, span: int, codes_dtype):

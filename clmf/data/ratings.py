@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from ._ids import factorize
+from ._ids import check_raw_ids, factorize
 from .scan import has_duplicate_pairs
 from .validation import check_float32_range
 
@@ -34,15 +34,22 @@ def _as_id_array(raw: Any, what: str) -> np.ndarray:
     arr = np.asarray(raw)
     if arr.ndim != 1:
         raise ValueError(f"{what} must be one-dimensional, got shape {arr.shape}")
+    check_raw_ids(arr, what)          # no missing ids, no text mixed with numbers
     if arr.dtype.kind == "O":
-        # Mixed / python objects: strings if any element is a string, else try numbers.
-        if any(isinstance(x, (str, bytes)) for x in arr[: min(len(arr), 1000)]) or len(arr) == 0:
+        # python objects: all text (strings) or all numbers (check_raw_ids)
+        if len(arr) == 0 or isinstance(arr[0], (str, bytes)):
             arr = arr.astype(str)
         else:
+            if isinstance(arr[0], (list, tuple, dict, set, np.ndarray)):
+                raise ValueError(f"{what}: ids must be integers or strings, not "
+                                 f"{type(arr[0]).__name__}s (first {arr[0]!r}); a list column "
+                                 "is not an id column")
             try:
                 arr = np.asarray(arr.tolist())
             except (TypeError, ValueError) as exc:  # pragma: no cover - exotic objects
                 raise ValueError(f"{what}: ids must be integers or strings") from exc
+            if arr.ndim != 1:
+                raise ValueError(f"{what}: ids must be integers or strings, not sequences")
             if arr.dtype.kind == "O":
                 arr = arr.astype(str)
     if arr.dtype.kind == "S":
@@ -50,12 +57,7 @@ def _as_id_array(raw: Any, what: str) -> np.ndarray:
     if arr.dtype.kind == "b":
         arr = arr.astype(np.int64)
     if arr.dtype.kind == "f":
-        bad = ~np.isfinite(arr)
-        if bad.any():
-            raise ValueError(
-                f"{what}: {int(bad.sum())} id(s) are NaN/inf (first at position "
-                f"{int(np.flatnonzero(bad)[0])})"
-            )
+        check_raw_ids(arr, what)      # (object arrays of numbers come out as floats)
     if arr.dtype.kind not in "iufU":
         raise ValueError(f"{what}: unsupported id dtype {arr.dtype}")
     return arr
@@ -586,13 +588,7 @@ class Ratings:
             raise ValueError(f"inputs differ in length: {lengths}")
         if len(r) == 0:
             raise ValueError("no ratings given (empty input)")
-        check_float32_range(r, "ratings")
-        try:
-            with np.errstate(over="ignore", invalid="ignore"):
-                r32 = r.astype(np.float32)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"ratings must be numeric, got dtype {r.dtype}") from exc
-        _check_finite(r32, "ratings")
+        r32 = _as_ratings(r, "ratings")
         if ts is not None:
             if ts.dtype.kind == "M":
                 ts = ts.astype("datetime64[s]").astype(np.int64)
@@ -666,7 +662,11 @@ class Ratings:
             return c.to_numpy() if hasattr(c, "to_numpy") else np.asarray(c)
 
         ts = col(timestamp) if timestamp is not None else None
-        return cls.from_triples(col(user), col(item), col(rating), ts, **kw)
+        # each column checked under its own name (the errors then say which column is wrong)
+        return cls.from_triples(_as_id_array(col(user), f"column {user!r} (user ids)"),
+                                _as_id_array(col(item), f"column {item!r} (item ids)"),
+                                _as_ratings(col(rating), f"column {rating!r} (ratings)"), ts,
+                                **kw)
 
     @classmethod
     def from_sparse(cls, X: Any) -> "Ratings":
@@ -707,6 +707,25 @@ class Ratings:
         return cls._new(
             users, items, data, None, np.arange(m, dtype=np.int64), np.arange(n, dtype=np.int64)
         )
+
+
+def _as_ratings(r: np.ndarray, what: str) -> np.ndarray:
+    """Rating values as float32: numbers only (not dates, durations, lists), finite and inside
+    float32's range; ``what`` names them in the errors."""
+    if r.dtype.kind in "mM":          # NumPy would cast them to numbers (ns since 1970)
+        raise ValueError(f"{what} must be numeric, not {r.dtype} (dates or durations; first "
+                         f"{r[0]!r})")
+    if r.dtype.kind == "O" and len(r) and isinstance(r[0], (list, tuple, dict, np.ndarray)):
+        raise ValueError(f"{what} must be numeric, not {type(r[0]).__name__}s (first "
+                         f"{r[0]!r})")
+    check_float32_range(r, what)
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            r32 = r.astype(np.float32)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what} must be numeric, got dtype {r.dtype}") from exc
+    _check_finite(r32, what)
+    return r32
 
 
 def _sorter_of(ids: np.ndarray) -> np.ndarray | None:

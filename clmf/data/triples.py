@@ -45,6 +45,11 @@ def _load_parquet(path: Path, columns, timestamp_column, **kw) -> Ratings:
         raise ImportError(
             f"reading {path} needs pyarrow (or fastparquet); install it with `pip install pyarrow`"
         ) from exc
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - Arrow's errors do not name the file
+        raise ValueError(f"{path}: not a readable Parquet file ({type(exc).__name__}: "
+                         f"{exc})") from None
     names = list(df.columns)
 
     def name(spec):
@@ -54,7 +59,12 @@ def _load_parquet(path: Path, columns, timestamp_column, **kw) -> Ratings:
 
     ucol, icol, rcol = (name(c) for c in columns)
     tcol = name(timestamp_column) if timestamp_column is not None else None
-    return Ratings.from_pandas(df, ucol, icol, rcol, tcol, **kw)
+    try:
+        return Ratings.from_pandas(df, ucol, icol, rcol, tcol, **kw)
+    except (ValueError, TypeError) as exc:          # the column is named, the file is not
+        raise type(exc)(f"{path}: {exc}") from None
+    except KeyError as exc:
+        raise KeyError(f"{path}: {exc.args[0] if exc.args else exc}") from None
 
 
 def load_triples(

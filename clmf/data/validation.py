@@ -9,7 +9,9 @@ import scipy.sparse as sp
 from .scan import csr_is_canonical, value_range
 
 __all__ = ["check_ratings", "check_index_pairs", "check_params", "check_shape_vs_ratings",
-           "overflow_limit", "precision_limit", "check_float32_range", "SPARSE_ROWS_FLOOR", "SPARSE_ROWS_PER_RATING"]
+           "check_strengths", "check_memory_cap", "check_sparse_structure", "overflow_limit",
+           "precision_limit", "check_float32_range", "SPARSE_ROWS_FLOOR",
+           "SPARSE_ROWS_PER_RATING"]
 
 # ids that imply a matrix vastly larger than its ratings are refused before anything is sized by
 # them (the CSR's row pointers, the factors): more than SPARSE_ROWS_FLOOR rows (or columns) and
@@ -132,6 +134,7 @@ def check_ratings(X, shape=None, *, allow_empty=False, what="X"):
         fast = _canonical_csr(X)
         if fast is not None:
             return fast
+        check_sparse_structure(X, what)
         return _finish(sp.coo_matrix(X), allow_empty, what)
     raise TypeError(f"{what} must be a scipy.sparse matrix, a (user_idx, item_idx, ratings) tuple "
                     f"or clmf.datasets.Ratings, not {type(X).__name__}")
@@ -162,11 +165,59 @@ def _canonical_csr(X):
         lo, hi = value_range(data)           # NaN propagates; ±inf or beyond float32 fails
         if not (np.isfinite(lo) and np.isfinite(hi) and -_F32_MAX <= lo and hi <= _F32_MAX):
             return None
-    R = sp.csr_matrix((data.astype(np.float32, copy=False), indices.astype(np.int32, copy=False),
-                       indptr), shape=X.shape, copy=False)
+    # contiguous arrays (a strided view of the caller's is copied): the device uploads them as
+    # they are
+    R = sp.csr_matrix((np.ascontiguousarray(data, dtype=np.float32),
+                       np.ascontiguousarray(indices, dtype=np.int32),
+                       np.ascontiguousarray(indptr)), shape=X.shape, copy=False)
     R.has_sorted_indices = True
     R.has_canonical_format = True
     return R
+
+
+def check_sparse_structure(X, what="X"):
+    """Refuse a CSR/CSC matrix whose structure is invalid (SciPy's own ``check_format`` rules,
+    checked without touching ``X``): row pointers of the wrong length, not starting at 0, not
+    ending at the entry count, or decreasing; index and value arrays of different lengths or
+    not 1-D; indices out of range. Converting such a matrix would silently drop or misplace
+    ratings."""
+    if X.format not in ("csr", "csc"):
+        return
+    major, minor = X.shape if X.format == "csr" else X.shape[::-1]
+    kind = "row" if X.format == "csr" else "column"
+    indptr, indices, data = np.asarray(X.indptr), np.asarray(X.indices), np.asarray(X.data)
+    name = f"{what} (a {X.format.upper()} matrix)"
+    if indptr.ndim != 1 or indices.ndim != 1 or data.ndim != 1:
+        raise ValueError(f"{name} has indptr/indices/data that are not all 1-D")
+    if indptr.dtype.kind not in "iu" or indices.dtype.kind not in "iu":
+        raise TypeError(f"{name} has index arrays of dtype {indptr.dtype}/{indices.dtype}, "
+                        "not integers")
+    if len(indptr) != major + 1:
+        raise ValueError(f"{name} has {len(indptr)} {kind} pointers (indptr), not {major + 1} "
+                         f"for its {major} {kind}s")
+    if len(indices) != len(data):
+        raise ValueError(f"{name} has {len(indices)} indices but {len(data)} values")
+    if indptr[0] != 0 or indptr[-1] != len(indices):
+        raise ValueError(f"{name} has indptr from {int(indptr[0])} to {int(indptr[-1])}, not "
+                         f"from 0 to its {len(indices)} stored entries")
+    down = np.flatnonzero(np.diff(indptr.astype(np.int64)) < 0)
+    if down.size:
+        k = int(down[0])
+        raise ValueError(f"{name} has a decreasing indptr ({kind} {k}: {int(indptr[k])} → "
+                         f"{int(indptr[k + 1])}), which is not a valid sparse matrix (SciPy's "
+                         "check_format refuses it): its ratings cannot be read")
+    if indices.size and (indices.min() < 0 or indices.max() >= minor):
+        bad = int(indices.min()) if indices.min() < 0 else int(indices.max())
+        raise ValueError(f"{name} has an index {bad} out of range for {minor} "
+                         f"{'columns' if X.format == 'csr' else 'rows'}")
+
+
+def check_strengths(R, what="X"):
+    """Refuse negative implicit-feedback strengths in the CSR ``R`` (the fit and the fold-in of
+    an implicit model read the same rule)."""
+    if R.nnz and value_range(R.data)[0] < 0:
+        raise ValueError(f"implicit feedback needs non-negative strengths; {what} has "
+                         f"{int((R.data < 0).sum())} negative value(s)")
 
 
 def _finish(C, allow_empty, what):
@@ -255,7 +306,36 @@ def check_params(est):
         raise ValueError("weighted_regularization must be True, False or None")
     if est.solver not in ("auto", "cholesky", "cg", "fusedcg"):
         raise ValueError(f"unknown solver {est.solver!r}; choose 'auto', 'cholesky', 'cg' or 'fusedcg'")
+    check_memory_cap(getattr(est, "max_device_memory", None))
     _check_variant(est.variant)
+
+
+def check_memory_cap(cap, global_mem=None):
+    """The rule of ``max_device_memory``, in one place: None (no cap), an integer (bytes, ≥ 1;
+    ``1`` is one byte), or a float in (0, 1] (a fraction of each device's global memory; a float
+    above 1 is a byte count, e.g. ``8e9``). Returns the cap in bytes for a device of
+    ``global_mem`` bytes (None without a cap or without ``global_mem``); raises ValueError or
+    TypeError naming the parameter for anything else (text such as ``"1MB"``, NaN, bools,
+    values ≤ 0)."""
+    if cap is None:
+        return None
+    name = "max_device_memory"
+    rule = ("an integer number of bytes (≥ 1) or a float in (0, 1] (a fraction of each "
+            "device's memory)")
+    if isinstance(cap, (bool, np.bool_)) or not isinstance(cap, numbers.Real):
+        raise TypeError(f"{name} must be None, {rule}; not {cap!r}"
+                        + (" (write bytes as a number, e.g. 8 << 30)" if isinstance(cap, str)
+                           else ""))
+    if isinstance(cap, numbers.Integral):
+        if cap < 1:
+            raise ValueError(f"{name} must be None, {rule}; not {cap!r}")
+        return None if global_mem is None else int(cap)
+    cap = float(cap)
+    if not np.isfinite(cap) or cap <= 0:
+        raise ValueError(f"{name} must be None, {rule}; not {cap!r}")
+    if global_mem is None:
+        return None
+    return int(cap * global_mem) if cap <= 1 else int(cap)
 
 
 def _check_variant(variant):

@@ -121,7 +121,7 @@ class DeviceRankingMixin:
         from .host import host_rank
         self._require_fitted()
         N, cand, rows = self._all_inputs(N, user_items, filter_already_liked_items, filter_items,
-                                         items)
+                                         items, batch_size)
         from .conventions import ids_dtype
         X, Y = self.user_factors_, self.item_factors_
         n_users, n_items = X.shape[0], Y.shape[0]

@@ -26,6 +26,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import reference
+from ..data.validation import check_ratings, check_sparse_structure, check_strengths
 from .conventions import LIKED_SCORE, confidence_rows, ids_dtype  # noqa: F401
 from .host import _top_n, host_rank  # noqa: F401  (the host ranking, re-exported)
 from .ranking import DeviceRankingMixin
@@ -58,23 +59,32 @@ def _check_N(N):
     return int(N)
 
 
-def _as_csr(M, name):
-    """A canonical CSR from a scipy.sparse matrix or a :class:`clmf.datasets.Ratings`."""
+def _as_csr(M, name, ratings=False):
+    """A canonical CSR from a scipy.sparse matrix or a :class:`clmf.datasets.Ratings`.
+
+    With ``ratings`` the values are ratings a solve reads (fold-in, ``recalculate_*``): they are
+    checked as ``fit`` checks its ``X`` (:func:`clmf.data.validation.check_ratings`: NaN/inf,
+    values beyond float32, duplicate entries and malformed matrices refused with the same error
+    types); else only the pattern matters (the items to filter) and duplicates are merged."""
     if hasattr(M, "to_csr") and hasattr(M, "user_ids"):
         M = M.to_csr()
     if not sp.issparse(M):
         raise TypeError(f"{name} must be a scipy.sparse matrix (CSR) of ratings, "
                         f"not {type(M).__name__}")
-    M = sp.csr_matrix(M)
     if M.ndim != 2:
         raise ValueError(f"{name} must be 2-D")
+    if ratings and M.shape[0] and M.shape[1]:
+        return check_ratings(M, what=name, allow_empty=True)
+    check_sparse_structure(M, name)        # SciPy's own operations crash on a malformed CSR
+    M = sp.csr_matrix(M)
     M.sum_duplicates()
     return M
 
 
-def _rows_for(ids, M, name, n_cols):
-    """The rows of ``M`` for ``ids``: row-aligned if ``M`` has one row per id, else ``M[ids]``."""
-    M = _as_csr(M, name)
+def _rows_for(ids, M, name, n_cols, ratings=False):
+    """The rows of ``M`` for ``ids``: row-aligned if ``M`` has one row per id, else ``M[ids]``
+    (``ratings``: values checked as ``fit`` checks them, see :func:`_as_csr`)."""
+    M = _as_csr(M, name, ratings)
     if M.shape[1] != n_cols:     # a matrix of another data set (or of ids mapped differently)
         raise ValueError(f"{name} has {M.shape[1]} columns but the model has {n_cols} "
                          f"{'items' if name == 'user_items' else 'users'}: pass a matrix with "
@@ -196,12 +206,11 @@ class RecommenderMixin(DeviceRankingMixin):
         the engine's ``[x | b]`` rows): unknowns ``[x_u, b_u]``, features ``[y_i, 1]``, targets
         ``r_ui − μ − b_i``, and the bias regularised like the factors (λ·n_u, or λ).
         """
-        data = rows.data
-        if data.size and not np.all(np.isfinite(data)):
-            raise ValueError("ratings contain NaN/inf")
+        implicit = getattr(self, "feedback", "explicit") == "implicit"
+        if implicit:
+            check_strengths(rows, "user_items" if side == "user" else "item_users")
         other = np.asarray(self.item_factors_ if side == "user" else self.user_factors_,
                            np.float64)
-        implicit = getattr(self, "feedback", "explicit") == "implicit"
         weighted = getattr(self, "weighted_regularization", None)
         if weighted is None:
             weighted = not implicit
@@ -298,7 +307,7 @@ class RecommenderMixin(DeviceRankingMixin):
             raise ValueError("recalculate_user=True needs user_items")
         rows = None
         if user_items is not None and (filter_already_liked_items or recalculate_user):
-            rows = _rows_for(ids, user_items, "user_items", n_items)
+            rows = _rows_for(ids, user_items, "user_items", n_items, ratings=recalculate_user)
         if recalculate_user:
             Xu, bu_new = self._solve_rows(rows, "user")
         else:
@@ -325,9 +334,14 @@ class RecommenderMixin(DeviceRankingMixin):
             return pos_out[0][keep], sc_out[0][keep]
         return pos_out, sc_out
 
-    def _all_inputs(self, N, user_items, filter_already_liked_items, filter_items, items):
-        """(N, candidates, seen rows of every user) of a ``recommend_all`` call, checked."""
+    def _all_inputs(self, N, user_items, filter_already_liked_items, filter_items, items,
+                    batch_size=None):
+        """(N, candidates, seen rows of every user) of a ``recommend_all`` call, checked (its
+        ``batch_size`` too: None or a positive integer)."""
         N = _check_N(N)
+        if batch_size is not None and (not isinstance(batch_size, numbers.Integral)
+                                       or isinstance(batch_size, bool) or batch_size < 1):
+            raise ValueError(f"batch_size must be None or an integer ≥ 1, not {batch_size!r}")
         n_users, n_items = self.user_factors_.shape[0], self.item_factors_.shape[0]
         rows = None
         if user_items is not None and filter_already_liked_items:
@@ -473,7 +487,8 @@ class RecommenderMixin(DeviceRankingMixin):
         """
         self._require_fitted()
         ids, scalar = _as_index_array(userid, "userid")
-        rows = _rows_for(ids, user_items, "user_items", self.item_factors_.shape[0])
+        rows = _rows_for(ids, user_items, "user_items", self.item_factors_.shape[0],
+                         ratings=True)
         return self._recalculated(*self._solve_rows(rows, "user"), scalar, return_biases)
 
     def recalculate_item(self, itemid, item_users, *, return_biases=False):
@@ -504,7 +519,8 @@ class RecommenderMixin(DeviceRankingMixin):
         """
         self._require_fitted()
         ids, scalar = _as_index_array(itemid, "itemid")
-        rows = _rows_for(ids, item_users, "item_users", self.user_factors_.shape[0])
+        rows = _rows_for(ids, item_users, "item_users", self.user_factors_.shape[0],
+                         ratings=True)
         return self._recalculated(*self._solve_rows(rows, "item"), scalar, return_biases)
 
     @staticmethod
@@ -522,7 +538,7 @@ class RecommenderMixin(DeviceRankingMixin):
             raise ValueError(f"{side} ids must be unique")
         other = self.item_factors_ if side == "user" else self.user_factors_
         name = "user_items" if side == "user" else "item_users"
-        rows = _rows_for(ids, M, name, other.shape[0])
+        rows = _rows_for(ids, M, name, other.shape[0], ratings=True)
         F, b = self._solve_rows(rows, side)
         counts = np.diff(rows.indptr)
         fac_attr, cnt_attr, map_attr = f"{side}_factors_", f"{side}_counts_", f"{side}_ids_"

@@ -10,8 +10,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import reference
-from ..data.scan import count_columns, value_range, value_sum
-from ..data.validation import check_index_pairs, check_params, check_ratings
+from ..data.scan import count_columns, value_sum
+from ..data.validation import check_index_pairs, check_params, check_ratings, check_strengths
 from ..engine.config import KernelConfig
 from ..engine.core import host_factor_rows
 from ..errors import SingularSystemError
@@ -88,9 +88,12 @@ class ALS(RecommenderMixin):
     storage : None, "float32" or "float16" — storage of the factors on the device (compute stays
         float32); None keeps the variant's own (float32 unless a variant string sets
         ``storage=float16``).
-    max_device_memory : None, int (bytes) or float ≤ 1 (fraction of each device's memory) — a cap
-        on the device memory the fit plans with; ratings that do not fit are streamed from host
-        memory (see "Multi-device and out-of-core" in docs/guide/devices.md).
+    max_device_memory : None, int or float — a cap on the device memory the fit plans with; an
+        integer is bytes (``1`` is one byte, ``8 << 30`` 8 GiB), a float in (0, 1] a fraction of
+        each device's memory (``1.0`` all of it; a float above 1 counts bytes); ratings that do
+        not fit are streamed from host memory (see "Multi-device and out-of-core" in
+        docs/guide/devices.md).
+        Checked by :func:`clmf.data.validation.check_memory_cap`.
 
     Attributes
     ----------
@@ -305,9 +308,8 @@ class ALS(RecommenderMixin):
         R = check_ratings(X)
         t_valid = time.perf_counter()
         implicit = self.feedback == "implicit"
-        if implicit and R.nnz and value_range(R.data)[0] < 0:
-            raise ValueError(f"implicit feedback needs non-negative strengths; X has "
-                             f"{int((R.data < 0).sum())} negative value(s)")
+        if implicit:
+            check_strengths(R)
         user_ids, item_ids = _id_maps_of(X)
         m, n = R.shape
         f = int(self.factors)
@@ -565,15 +567,22 @@ def _id_maps_of(X):
     return None, None
 
 
-def _range_error(engine, R, f, storage, regularization):
-    """A :class:`RatingRangeError` when a failed or non-finite fit is explained by the ratings'
-    magnitude — float overflow of the normal equations (or of float16 factors), or a
-    regularization below float32 precision — else None (the original error stands)."""
-    from ..data.validation import overflow_limit, precision_limit
-    from ..errors import RatingRangeError
+def _csr_range(R):
+    """``(largest ratings per user/item, largest |rating|)`` of a CSR, for :func:`_range_error`."""
     counts = max(int(np.diff(R.indptr).max(initial=0)),
                  int(count_columns(R.indices, R.shape[1]).max(initial=0)), 1)
-    rmax = float(np.abs(R.data).max(initial=0.0))
+    return counts, float(np.abs(R.data).max(initial=0.0))
+
+
+def _range_error(engine, counts, rmax, f, storage, regularization):
+    """A :class:`RatingRangeError` when a failed or non-finite fit is explained by the ratings'
+    magnitude — float overflow of the normal equations (or of float16 factors), or a
+    regularization below float32 precision — else None (the original error stands). ``counts``
+    is the largest number of ratings of a user or item, ``rmax`` the largest |rating|; every
+    backend (one device, several, Dask) diagnoses with this one rule."""
+    from ..data.validation import overflow_limit, precision_limit
+    from ..errors import RatingRangeError
+    counts, rmax = max(int(counts), 1), float(rmax)
     big = 0.0
     try:
         for M in (engine.get_factors("users"), engine.get_factors("items")):
@@ -689,7 +698,8 @@ class _DeviceSteps(loop.FitSteps):
 
     def non_finite_error(self):
         """A :class:`RatingRangeError` when the ratings' magnitude explains the failure."""
-        return _range_error(self.engine, self.R, self.f, self.storage, self.regularization)
+        return _range_error(self.engine, *_csr_range(self.R), self.f, self.storage,
+                            self.regularization)
 
 
 def _train_squared_error(engine, R, rows):

@@ -215,6 +215,9 @@ def _check_consistent(model, X, Y, uids, iids, has_maps):
                            ("item_biases_", getattr(model, "item_biases_", None), n)):
             if a is not None and np.shape(a) != (k,):
                 problems.append(f"{name} has shape {np.shape(a)}, the factors have {k} rows")
+        if getattr(model, "factors", X.shape[1]) != X.shape[1]:     # load() refuses it too
+            problems.append(f"factors={model.factors!r}, but the factor matrices are "
+                            f"{X.shape[1]} wide")
     if not (np.isfinite(X).all() and np.isfinite(Y).all()):
         problems.append("the factors hold NaN/inf")
     gm = getattr(model, "global_mean_", None)
@@ -308,7 +311,13 @@ def save(model, path):
         mode = stat.S_IMODE(os.stat(path).st_mode)
     except OSError:
         mode = 0o666 & ~_current_umask()
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.{os.getpid()}.", suffix=".tmp", dir=directory)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{base}.{os.getpid()}.", suffix=".tmp", dir=directory)
+    except OSError as e:                  # name the directory, not the temporary file
+        why = ("no such directory" if not os.path.isdir(directory)
+               else e.strerror or type(e).__name__)
+        raise type(e)(e.errno, f"cannot write {base} into its directory ({why})",
+                      directory) from None
     try:
         os.chmod(tmp, mode)               # before any data: a 0600 model is never world-readable
         with os.fdopen(fd, "wb") as fh:
@@ -417,6 +426,11 @@ def load(path):
             raise FileNotFoundError(errno.ENOENT, "no such clmf model file", path)
         if os.path.isdir(path):
             raise ValueError(f"{path}: is a directory, not a clmf model file")
+    head = _head(source)
+    if not head.startswith((b"PK\x03\x04", b"PK\x05\x06", b"\x93NUMPY")):
+        # np.load would take anything else for a pickle (and suggest allow_pickle=True)
+        raise ValueError(f"{path}: not a clmf model file (not an .npz archive: it starts with "
+                         f"{head[:16]!r})")
     try:
         archive = np.load(source, allow_pickle=False)
     except Exception as e:  # noqa: BLE001 - any failure to parse means "not an npz we can read"
@@ -447,6 +461,18 @@ def load(path):
              model.user_factors_.shape[0], model.item_factors_.shape[0],
              model.user_factors_.shape[1], meta.get("clmf_version"), path)
     return model
+
+
+def _head(source, n=64):
+    """The first ``n`` bytes of a path or a readable file object (put back to its position)."""
+    if _is_file(source, "read"):
+        pos = source.tell()
+        try:
+            return bytes(source.read(n) or b"")
+        finally:
+            source.seek(pos)
+    with open(source, "rb") as fh:
+        return fh.read(n)
 
 
 class _NotAModel(ValueError):
@@ -516,6 +542,22 @@ def _read_members(archive, path):
     return data, meta, version
 
 
+def _id_map_problem(ids, what):
+    """What is wrong with a saved raw-id map (index → raw id), or None: ids must be integers,
+    finite floats or text, and distinct (a repeated raw id could not be looked up)."""
+    if ids.dtype.kind not in "iufU":
+        return f"{what} has dtype {ids.dtype}, not integers, floats or text"
+    if ids.dtype.kind == "f" and not np.isfinite(ids).all():
+        return f"{what} holds {int((~np.isfinite(ids)).sum())} NaN/inf id(s)"
+    if ids.size:
+        s = np.sort(ids)
+        dup = s[1:] == s[:-1]
+        if dup.any():
+            return (f"{what} holds {int(dup.sum())} repeated id(s) (first "
+                    f"{s[1:][dup][0].item()!r}): each index needs its own raw id")
+    return None
+
+
 def _as_dict(v, what):
     if v is None:
         return {}
@@ -530,16 +572,24 @@ def _build_model(data, meta, ALS):
     X, Y = data["user_factors"], data["item_factors"]
     uc, ic = data["user_counts"], data["item_counts"]
     problems = []
+    i64 = np.iinfo(np.int64).max
     if uc.shape != (X.shape[0],) or ic.shape != (Y.shape[0],):
         problems.append(f"count shapes {uc.shape}, {ic.shape} do not match the factors")
     elif uc.dtype.kind not in "iu" or ic.dtype.kind not in "iu" or (uc.size and uc.min() < 0) \
             or (ic.size and ic.min() < 0):
         problems.append("counts are not non-negative integers")
+    elif (uc.size and int(uc.max()) > i64) or (ic.size and int(ic.max()) > i64):
+        problems.append("counts exceed the int64 range (they would wrap negative)")
+    # checked as the model will hold them: float32 (a float64 1e300 is inf there)
+    with np.errstate(over="ignore", invalid="ignore"):
+        X, Y = X.astype(np.float32), Y.astype(np.float32)
     if not (np.isfinite(X).all() and np.isfinite(Y).all()):
-        problems.append("the factors hold NaN/inf")
+        problems.append("the factors hold NaN/inf (as float32)")
     gm = data["global_mean"]
-    if gm.shape != () or gm.dtype.kind not in "fiu" or not np.isfinite(gm):
-        problems.append(f"global_mean is not a finite number (shape {gm.shape}, dtype {gm.dtype})")
+    if gm.shape != () or gm.dtype.kind not in "fiu" or not np.isfinite(gm) or \
+            abs(float(gm[()])) > float(np.finfo(np.float32).max):
+        problems.append(f"global_mean is not a finite float32 number (shape {gm.shape}, dtype "
+                        f"{gm.dtype})")
     has_maps = meta.get("has_id_maps", False)
     if type(has_maps) is not bool:
         problems.append(f"meta has_id_maps is {has_maps!r}")
@@ -548,23 +598,32 @@ def _build_model(data, meta, ALS):
             problems.append("id maps announced but missing")
         elif data["user_ids"].shape != (X.shape[0],) or data["item_ids"].shape != (Y.shape[0],):
             problems.append("id map lengths do not match the factors")
+        else:
+            problems += [p for p in (_id_map_problem(data["user_ids"], "user_ids"),
+                                     _id_map_problem(data["item_ids"], "item_ids")) if p]
     biases = None
     if "user_biases" in data and "item_biases" in data:
         ub, ib = np.asarray(data["user_biases"]), np.asarray(data["item_biases"])
         if ub.shape != (X.shape[0],) or ib.shape != (Y.shape[0],):
             problems.append("bias lengths do not match the factors")
-        elif ub.dtype.kind != "f" or ib.dtype.kind != "f" or not (np.isfinite(ub).all()
-                                                                  and np.isfinite(ib).all()):
-            problems.append("biases are not finite floats")
+        elif ub.dtype.kind != "f" or ib.dtype.kind != "f":
+            problems.append("biases are not floats")
         else:
-            biases = (ub.astype(np.float32), ib.astype(np.float32))
+            with np.errstate(over="ignore", invalid="ignore"):
+                biases = (ub.astype(np.float32), ib.astype(np.float32))
+            if not (np.isfinite(biases[0]).all() and np.isfinite(biases[1]).all()):
+                problems.append("biases are not finite (as float32)")
     if problems:
         raise ValueError("; ".join(problems))
-    model = ALS(**_restore_params(_as_dict(meta.get("params"), "params"), ALS))
+    params = _restore_params(_as_dict(meta.get("params"), "params"), ALS)
+    model = ALS(**{"factors": X.shape[1], **params})
     try:
         check_params(model)
     except (TypeError, ValueError) as e:
         raise ValueError(f"saved parameters: {e}") from None
+    if model.factors != X.shape[1]:
+        raise ValueError(f"saved parameters: factors={model.factors}, but the factor matrices "
+                         f"are {X.shape[1]} wide")
     history = meta.get("history", [])
     if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
         raise ValueError("meta history is not a list of objects")

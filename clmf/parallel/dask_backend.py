@@ -107,6 +107,7 @@ class DistRatings:
     item_counts: np.ndarray = None
     total: float = 0.0       # sum of the ratings
     minimum: float = np.inf
+    maximum: float = -np.inf
     nnz: int = 0
 
     def release(self):
@@ -154,12 +155,18 @@ def _partitions(client, X, columns, n_parts):
                     f"or clmf.datasets.Ratings, not {type(X).__name__}")
 
 
-def _sorted_index(ids):
-    """A pandas Index of the distinct raw ids, sorted when they are orderable."""
+def _sorted_index(ids, what="ids"):
+    """A pandas Index of the distinct raw ids, sorted; missing ids (None, NaN) and text mixed
+    with numbers are refused as :meth:`clmf.datasets.Ratings.from_triples` refuses them
+    (:func:`clmf.data._ids.check_raw_ids`: one rule for both paths)."""
     import pandas as pd
+
+    from ..data._ids import check_raw_ids
+    ids = np.asarray(ids)
+    check_raw_ids(ids, what)
     try:
         ids = np.sort(ids)
-    except TypeError:          # mixed types: first-seen order
+    except TypeError:          # other unorderable objects: first-seen order
         pass
     return pd.Index(ids)
 
@@ -185,7 +192,8 @@ def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=No
                 while len(uniq) > 8:        # a tree of unions on the workers
                     uniq = [client.submit(T.union_ids, *uniq[k:k + 8])
                             for k in range(0, len(uniq), 8)]
-                ids.append(_sorted_index(client.submit(T.union_ids, *uniq).result()))
+                ids.append(_sorted_index(client.submit(T.union_ids, *uniq).result(),
+                                         f"column {col!r}"))
             uidx, iidx = ids
         else:
             import pandas as pd
@@ -201,12 +209,12 @@ def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=No
         while len(tallies) > 8:
             tallies = [client.submit(T.sum_tallies, *tallies[k:k + 8])
                        for k in range(0, len(tallies), 8)]
-        uc, ic, s, lo, bad = client.submit(T.sum_tallies, *tallies).result()
+        uc, ic, s, lo, bad, hi = client.submit(T.sum_tallies, *tallies).result()
         if bad:
             raise ValueError(f"the ratings contain {bad} NaN/inf value(s)")
         out.user_counts, out.item_counts = uc, ic
         out.nnz = int(uc.sum())
-        out.total, out.minimum = s - shift * out.nnz, lo - shift
+        out.total, out.minimum, out.maximum = s - shift * out.nnz, lo - shift, hi - shift
         if out.nnz == 0:
             raise ValueError("the ratings are empty")
     return out

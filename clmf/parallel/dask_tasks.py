@@ -102,7 +102,8 @@ def encode(df, columns, user_index, item_index, shift=0.0):
 
 
 def tally(codes, m, n):
-    """Per-row counts of both sides, the ratings' sum, minimum and any non-finite count."""
+    """Per-row counts of both sides, the ratings' sum, minimum, any non-finite count and
+    maximum."""
     u, i, r = codes
     ok = (u >= 0) & (i >= 0)
     if (u[ok] >= m).any() or (i[ok] >= n).any():
@@ -110,12 +111,12 @@ def tally(codes, m, n):
     return (np.bincount(u[ok], minlength=m).astype(np.int64),
             np.bincount(i[ok], minlength=n).astype(np.int64),
             float(r.astype(np.float64).sum()), float(r.min()) if r.size else np.inf,
-            int((~np.isfinite(r)).sum()))
+            int((~np.isfinite(r)).sum()), float(r.max()) if r.size else -np.inf)
 
 
 def sum_tallies(*parts):
     """The sum of :func:`tally` results."""
-    uc, ic, s, lo, bad = parts[0]
+    uc, ic, s, lo, bad, hi = parts[0]
     uc, ic = uc.copy(), ic.copy()
     for p in parts[1:]:
         uc += p[0]
@@ -123,7 +124,8 @@ def sum_tallies(*parts):
         s += p[2]
         lo = min(lo, p[3])
         bad += p[4]
-    return uc, ic, s, lo, bad
+        hi = max(hi, p[5])
+    return uc, ic, s, lo, bad, hi
 
 
 def split(codes, bounds_u, bounds_i):

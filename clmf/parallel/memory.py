@@ -28,15 +28,13 @@ _USABLE = 0.9                   # of global memory, leaving the runtime its shar
 
 
 def device_budget(global_mem, max_alloc, max_device_memory=None):
-    """``(budget, max_alloc)`` in bytes: 90 % of global memory, or the user's cap (bytes, or a
-    fraction of global memory when ≤ 1)."""
+    """``(budget, max_alloc)`` in bytes: 90 % of global memory, or the user's cap (read by
+    :func:`clmf.data.validation.check_memory_cap`: an int is bytes, a float in (0, 1] a
+    fraction of global memory)."""
+    from ..data.validation import check_memory_cap
     budget = int(_USABLE * global_mem)
     if max_device_memory is not None:
-        cap = float(max_device_memory)
-        if cap <= 0:
-            raise ValueError(f"max_device_memory must be > 0, not {max_device_memory!r}")
-        cap = int(cap * global_mem) if cap <= 1 else int(cap)
-        budget = min(budget, cap)
+        budget = min(budget, check_memory_cap(max_device_memory, global_mem))
     return budget, int(min(max_alloc, budget))
 
 
