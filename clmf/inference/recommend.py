@@ -88,6 +88,18 @@ def _rows_for(ids, M, name, n_cols):
     return M
 
 
+def _require_liked_rows(user_items, filter_already_liked_items, what="recommend",
+                        arg="user_items"):
+    """Refuse ``filter_already_liked_items=True`` without ``user_items``, as implicit does (the
+    model keeps no training matrix: without it nothing could be filtered, and seen items would
+    come back silently)."""
+    if user_items is None and filter_already_liked_items:
+        raise ValueError(
+            f"{what}: filter_already_liked_items=True needs {arg} (the users' known ratings, "
+            f"e.g. the training data); the model keeps no training matrix. Pass {arg}, or "
+            "filter_already_liked_items=False to rank every item")
+
+
 def _candidates(n, items, filter_items, name="items"):
     """Sorted candidate ids (``None`` meaning all ``n``), with ``filter_items`` removed."""
     cand = None
@@ -238,11 +250,13 @@ class RecommenderMixin(DeviceRankingMixin):
             The users' known ratings (stored entries count as "already liked"): one row per
             requested user, or the whole training matrix indexed by ``userid`` (when its row
             count equals ``len(userid)`` it is taken as row-aligned). Needed to filter seen
-            items and for ``recalculate_user``; with ``None`` nothing is filtered.
+            items and for ``recalculate_user``: ``None`` with ``filter_already_liked_items=True``
+            raises ``ValueError``, as implicit does (the model keeps no training matrix).
         N : int, default 10
             Number of items to return.
         filter_already_liked_items : bool, default True
-            Leave out the items stored in the user's row of ``user_items``.
+            Leave out the items stored in the user's row of ``user_items``; False ranks every
+            item (then ``user_items`` may be None).
         filter_items : array_like of int, optional
             Item indices never to return.
         recalculate_user : bool, default False
@@ -306,6 +320,7 @@ class RecommenderMixin(DeviceRankingMixin):
         if not filter_already_liked_items:
             rows = None
         cand = _candidates(n_items, items, filter_items)
+        _require_liked_rows(user_items, filter_already_liked_items)
         bi = getattr(self, "item_biases_", None)
         if bi is not None:
             # biased MF: score = μ + b_u + b_i + x·y — rank on [x, 1]·[y, b_i], then add μ + b_u
@@ -328,6 +343,7 @@ class RecommenderMixin(DeviceRankingMixin):
     def _all_inputs(self, N, user_items, filter_already_liked_items, filter_items, items):
         """(N, candidates, seen rows of every user) of a ``recommend_all`` call, checked."""
         N = _check_N(N)
+        _require_liked_rows(user_items, filter_already_liked_items, "recommend_all")
         n_users, n_items = self.user_factors_.shape[0], self.item_factors_.shape[0]
         rows = None
         if user_items is not None and filter_already_liked_items:
@@ -707,6 +723,7 @@ class RecommenderMixin(DeviceRankingMixin):
         if np.ndim(raw_user) != 0:
             raise TypeError("recommend_raw takes one raw user id; for a batch map them with "
                             "user_index() and call recommend()")
+        _require_liked_rows(train, filter_already_liked_items, "recommend_raw", "train")
         u = self.user_index(raw_user)
         item_map = self._id_map("item")
         rows = None

@@ -405,7 +405,7 @@ def load(path):
     Examples
     --------
     >>> model = clmf.load("model.npz")                              # doctest: +SKIP
-    >>> model.recommend(0, N=5)                                     # doctest: +SKIP
+    >>> model.recommend(0, train, N=5)                              # doctest: +SKIP
     """
     ALS = estimator_class()
     source = path
