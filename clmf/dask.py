@@ -21,7 +21,7 @@ import numpy as np
 
 from .model import loop
 from .model.estimator import ALS as _ALS
-from .model.estimator import _check_unregularized, _side_stats
+from .model.estimator import _check_unregularized, _params_repr, _side_stats
 from .parallel.dask_backend import WorkerLostError, get_client
 
 log = logging.getLogger(__name__)
@@ -56,14 +56,9 @@ class ALS(_ALS):
         return _ALS._get_param_names() + ["client", "workers"]
 
     def __repr__(self):
-        """``ALS(...)`` with the parameters that differ from :class:`clmf.ALS`'s defaults."""
-        import inspect
-        default = {k: p.default for k, p in inspect.signature(_ALS.__init__).parameters.items()}
-        default.update(client=None, workers=None)
-        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items()
-                         if not (isinstance(v, (int, float, str, bool, type(None), type))
-                                 and v == default.get(k)))
-        return f"clmf.dask.ALS({args})"
+        """``clmf.dask.ALS(...)`` with the parameters that differ from their defaults."""
+        return _params_repr("clmf.dask.ALS", self.get_params(),
+                            {**self._repr_defaults(), "client": None, "workers": None})
 
     def __getstate__(self):
         """Picklable state: no client."""
@@ -209,7 +204,7 @@ class ALS(_ALS):
             engine.set_factors("users", X0, init_b[0])
             engine.set_factors("items", Y0, init_b[1])
             steps = _DaskSteps(engine, v_rest, float(self.regularization), self._weighted,
-                               train=bool(show_progress or callback is not None) and not implicit,
+                               train=not implicit,      # history_ as clmf.ALS's, shown or not
                                checkpoint=checkpoint, every=checkpoint_every,
                                iterations=int(self.iterations))
             res = loop.run(steps, int(self.iterations), start=start, history=history,

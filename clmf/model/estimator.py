@@ -103,7 +103,9 @@ class ALS(RecommenderMixin):
     device_ : str — the device the fit ran on (a list of str with several devices)
     device_configs_ : list of dict — per device: ``{"device": str, "users": Choice, "items":
         Choice}`` (each device its own tuning lookup)
-    history_ : list of dict — per-iteration seconds and metrics
+    history_ : list of dict — per iteration: ``seconds`` (the iteration alone) and its metrics:
+        ``train_rmse`` (explicit feedback, with or without a progress bar), ``validation_rmse``
+        (explicit) or ``validation_precision@10`` (implicit) with ``validation=``
     timings_ : dict — wall seconds of the fit's parts: ``validation`` (the input checked and
         converted), ``preparation`` (from validation to the backend: ``counts`` of ratings per
         user/item, ``checks`` of the other arguments, ``tuning`` (device selection and tuning
@@ -167,11 +169,15 @@ class ALS(RecommenderMixin):
         return self
 
     def __repr__(self):
-        default = {k: p.default for k, p in inspect.signature(type(self).__init__).parameters.items()}
-        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items()
-                         if not (isinstance(v, (int, float, str, bool, type(None)))
-                                 and v == default.get(k)))
-        return f"{type(self).__name__}({args})"
+        """``ALS(...)`` with the parameters that differ from their defaults (a dtype by name:
+        ``dtype='float16'``)."""
+        return _params_repr(type(self).__name__, self.get_params(), self._repr_defaults())
+
+    @classmethod
+    def _repr_defaults(cls):
+        """The parameters' defaults that :meth:`__repr__` leaves out."""
+        return {k: p.default for k, p in inspect.signature(ALS.__init__).parameters.items()
+                if k != "self"}
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -339,13 +345,15 @@ class ALS(RecommenderMixin):
         choices = self._resolve_configs(info, stats)
         configs = (choices["users"].config, choices["items"].config)
         t_tuning = time.perf_counter()
-        want_train = bool(show_progress or callback is not None)
+        # the training RMSE of every iteration (explicit feedback), shown or not: what history_
+        # records does not depend on the display (one pass over the ratings on the device)
+        want_train = not implicit
         # the memory plan, from shapes alone, before any large allocation: the host's here; the
         # devices' in the backend (one device's engine, or the multi-device/streamed planner,
         # which streams what does not fit), both before any buffer exists
         plan = plan_fit(m, n, R.nnz, f, configs, info, implicit=implicit, biased=bool(self.biases),
                         validation_nnz=0 if V is None else V.nnz,
-                        train_metrics=want_train and not implicit,
+                        train_metrics=want_train,
                         early_stopping=early_stopping_rounds is not None)
         plan.check_host()
         t_plan = time.perf_counter()
@@ -392,7 +400,7 @@ class ALS(RecommenderMixin):
             del X0, Y0
             engine.finish()
             steps = _DeviceSteps(self, engine, R, V, v_unknown_se, v_total, configs[0].storage,
-                                 train=want_train and not implicit)
+                                 train=want_train)
             t_start = time.perf_counter()
             timings = {"validation": t_valid - t_fit, "preparation": t_prep - t_valid,
                        "counts": t_counts - t_valid, "checks": t_checks - t_counts,
@@ -553,6 +561,28 @@ class ALS(RecommenderMixin):
 
 
 register_estimator(ALS)
+
+
+def _params_repr(name, params, defaults):
+    """``name(k=v, ...)`` of the ``params`` that differ from ``defaults`` (plain values compared;
+    a numpy dtype or scalar type shown by name, e.g. ``dtype='float32'``)."""
+    args = []
+    for k, v in params.items():
+        d = defaults.get(k)
+        if isinstance(d, (np.dtype, type)) or isinstance(v, (np.dtype, type)):
+            try:
+                dt = np.dtype(v)
+            except TypeError:
+                dt = None
+            if dt is not None:
+                if isinstance(d, (np.dtype, type)) and dt == np.dtype(d):
+                    continue
+                args.append(f"{k}={dt.name!r}")
+                continue
+        if not (isinstance(v, (int, float, str, bool, type(None))) and k in defaults
+                and v == d):
+            args.append(f"{k}={v!r}")
+    return f"{name}({', '.join(args)})"
 
 
 def _id_maps_of(X):
