@@ -71,7 +71,7 @@ class ALS(_ALS):
         return {k: getattr(self, k) for k in _ALS._get_param_names()}
 
     # ----- fitting -------------------------------------------------------------------------
-    def fit(self, X, *, columns=("user", "item", "rating"), show_progress=True, callback=None,
+    def fit(self, X, y=None, *, columns=None, show_progress=True, callback=None,
             init=None, validation=None, early_stopping_rounds=None, checkpoint=None,
             checkpoint_every=1, resume=None, modes=None, on_worker_lost="raise"):
         """Fit on the cluster.
@@ -80,7 +80,9 @@ class ALS(_ALS):
         ----------
         X : a dask or pandas DataFrame of ``columns`` (raw ids of any type), a parquet path, a
             scipy.sparse matrix or :class:`clmf.datasets.Ratings` (scattered to the workers).
-        columns : the user, item and rating column names.
+        y : ignored (scikit-learn's signature).
+        columns : the user, item and rating column names (default ``("user", "item",
+            "rating")``; the rules of :mod:`clmf.data.frames`, as :meth:`clmf.ALS.fit`).
         show_progress, callback, init, early_stopping_rounds : as :meth:`clmf.ALS.fit`.
         validation : held-out ratings in the same form (raw ids; ids unseen in training are
             predicted as the global mean, as :meth:`clmf.ALS.predict` does); explicit feedback.
@@ -103,7 +105,8 @@ class ALS(_ALS):
             raise ValueError("on_worker_lost must be 'raise' or 'resume'")
         if on_worker_lost == "resume" and checkpoint is None:
             raise ValueError("on_worker_lost='resume' needs checkpoint=PATH")
-        kw = dict(columns=columns, show_progress=show_progress, callback=callback, init=init,
+        from .data.frames import rating_columns
+        kw = dict(columns=rating_columns(columns), show_progress=show_progress, callback=callback, init=init,
                   validation=validation, early_stopping_rounds=early_stopping_rounds,
                   checkpoint=checkpoint, checkpoint_every=checkpoint_every, modes=modes)
         for attempt in range(4):
@@ -242,22 +245,21 @@ class ALS(_ALS):
                 "user_index": pd.Index(uids) if uids is not None else None,
                 "item_index": pd.Index(iids) if iids is not None else None}
 
-    def rmse(self, X_test, columns=("user", "item", "rating")):
-        """RMSE on held-out ratings: a pandas or dask DataFrame of raw ids (``columns``; ids not
-        seen in training are predicted as :meth:`predict` does), else as :meth:`clmf.ALS.rmse`.
-        A dask DataFrame is scored on the workers."""
+    def rmse(self, X_test, columns=None):
+        """RMSE on held-out ratings: a dask DataFrame of raw ids (``columns``; ids not seen in
+        training are predicted as :meth:`predict` does) scored on the workers, anything else
+        (a pandas DataFrame or Arrow table of raw ids included) as :meth:`clmf.ALS.rmse`."""
+        from .data.frames import check_columns, is_dask_frame, rating_columns
         from .parallel import dask_tasks as T
-        if hasattr(X_test, "to_delayed") and hasattr(X_test, "npartitions"):
-            client = get_client(self.client)
-            st = client.scatter([self._state()], broadcast=True, hash=False)[0]
-            parts = client.compute(X_test[list(columns)].to_delayed())
-            res = client.gather(client.map(T.partition_sse, parts, columns=tuple(columns),
-                                           state=st, pure=False))
-            se, cnt = sum(r[0] for r in res), sum(r[1] for r in res)
-        elif hasattr(X_test, "iloc") and hasattr(X_test, "columns"):
-            se, cnt = T.partition_sse(X_test, tuple(columns), self._state())
-        else:
-            return super().rmse(X_test)
+        if not is_dask_frame(X_test):
+            return super().rmse(X_test, columns)
+        columns = check_columns(X_test, rating_columns(columns), "X_test")
+        client = get_client(self.client)
+        st = client.scatter([self._state()], broadcast=True, hash=False)[0]
+        parts = client.compute(X_test[list(columns)].to_delayed())
+        res = client.gather(client.map(T.partition_sse, parts, columns=columns, state=st,
+                                       pure=False))
+        se, cnt = sum(r[0] for r in res), sum(r[1] for r in res)
         if cnt == 0:
             raise ValueError("X_test is empty")
         return float(np.sqrt(se / cnt))

@@ -1,4 +1,6 @@
 """Inference on the host: recommend, similar items/users, fold-in, raw ids — against brute force."""
+import importlib.util
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -465,8 +467,10 @@ def test_raw_ids():
                            filter_already_liked_items=False)[0].size == 2
     with pytest.raises(ValueError, match="needs train"):
         m.recommend_raw("bob", N=2)
-    with pytest.raises(TypeError, match="one raw user"):
-        m.recommend_raw(["bob", "ann"])
+    if importlib.util.find_spec("pandas"):        # a batch of raw users: one table
+        batch = m.recommend_raw(["bob", "ann"], r, N=4)
+        assert batch[batch.user == "bob"].item.tolist() == ids.tolist()
+        assert batch["rank"].tolist() == [1, 2] + [1, 2]     # ann and bob have 2 unseen items
     # growing a model with id maps needs raw ids
     row = sp.csr_matrix(([4.0], ([0], [1])), shape=(1, 4))
     with pytest.raises(ValueError, match="raw_ids"):

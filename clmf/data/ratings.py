@@ -16,7 +16,9 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from . import frames
 from ._ids import factorize
+from .frames import RATING_COLUMNS
 from .scan import has_duplicate_pairs
 from .validation import check_float32_range
 
@@ -624,20 +626,23 @@ class Ratings:
     def from_pandas(
         cls,
         df: Any,
-        user: str = "user",
-        item: str = "item",
-        rating: str = "rating",
+        user: str = RATING_COLUMNS[0],
+        item: str = RATING_COLUMNS[1],
+        rating: str = RATING_COLUMNS[2],
         timestamp: str | None = None,
         **kw: Any,
     ) -> "Ratings":
-        """Build from a :class:`pandas.DataFrame` (or any mapping of columns).
+        """Build from a table of raw-id ratings: a :class:`pandas.DataFrame`, a
+        :class:`pyarrow.Table` / ``RecordBatch``, or a mapping of columns (the column rules of
+        :mod:`clmf.data.frames`, shared with :meth:`clmf.ALS.fit`).
 
         Parameters
         ----------
-        df : pandas.DataFrame or mapping
+        df : pandas.DataFrame, pyarrow.Table or mapping
             Holds the columns.
         user, item, rating : str
-            Column names of raw user ids, raw item ids and ratings.
+            Column names of raw user ids, raw item ids and ratings (default ``"user"``,
+            ``"item"``, ``"rating"``).
         timestamp : str, optional
             Column of timestamps (integers or datetimes).
         **kw
@@ -649,24 +654,19 @@ class Ratings:
 
         Raises
         ------
-        KeyError
-            If a named column is missing (the message lists the available columns).
+        clmf.errors.MissingColumnError
+            If a named column is missing (a ``KeyError``; the message lists the columns found).
+        ValueError
+            On missing values (NaN/None) in a column, and as :meth:`from_triples`.
 
         Examples
         --------
         >>> Ratings.from_pandas({"user": [1, 2], "item": [5, 5], "rating": [3.0, 4.0]}).shape
         (2, 1)
         """
-        cols = list(getattr(df, "columns", None) if hasattr(df, "columns") else df.keys())
-
-        def col(name: str) -> np.ndarray:
-            if name not in cols:
-                raise KeyError(f"column {name!r} not found; available columns: {cols}")
-            c = df[name]
-            return c.to_numpy() if hasattr(c, "to_numpy") else np.asarray(c)
-
-        ts = col(timestamp) if timestamp is not None else None
-        return cls.from_triples(col(user), col(item), col(rating), ts, **kw)
+        ts = frames.column(df, timestamp) if timestamp is not None else None
+        return cls.from_triples(frames.column(df, user), frames.column(df, item),
+                                frames.column(df, rating), ts, **kw)
 
     @classmethod
     def from_sparse(cls, X: Any) -> "Ratings":
@@ -737,7 +737,8 @@ def _handle_duplicates(u, i, r, ts, n_items, policy):
         n_pairs = int(np.count_nonzero(dup_sorted & ~np.r_[False, dup_sorted[:-1]]))
         raise ValueError(
             f"{n_dup} duplicate rating(s) of {n_pairs} (user, item) pair(s); pass "
-            "duplicates='mean', 'last' or 'sum' to aggregate them"
+            "duplicates='mean', 'last' or 'sum' to aggregate them (to Ratings.from_triples, "
+            "Ratings.from_pandas or the loaders)"
         )
     logger.info("aggregating %d duplicate rating(s) with duplicates=%r", n_dup, policy)
     order = np.argsort(keys, kind="stable")

@@ -95,8 +95,9 @@ def check_ratings(X, shape=None, *, allow_empty=False, what="X"):
             f"{what} is a dense array: pass a scipy.sparse matrix (stored entries are ratings, "
             "absent ones unknown), e.g. scipy.sparse.csr_matrix(X) if zeros mean 'unknown', or a "
             "(user_idx, item_idx, ratings) tuple")
-    if hasattr(X, "columns") and hasattr(X, "iloc"):
-        raise TypeError(f"{what} is a DataFrame: convert it with "
+    if hasattr(X, "columns") and (hasattr(X, "iloc") or hasattr(X, "column_names")):
+        raise TypeError(f"{what} is a table (DataFrame): clmf.ALS's fit, predict, rmse and score "
+                        "take tables of raw ids directly; here convert it with "
                         "clmf.datasets.Ratings.from_pandas(df, user=..., item=..., rating=...)")
     if isinstance(X, tuple):
         if len(X) != 3:

@@ -26,6 +26,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import reference
+from ..data import frames
+from ..data.validation import _check_ids as check_ids
 from .conventions import LIKED_SCORE, confidence_rows, ids_dtype  # noqa: F401
 from .host import _top_n, host_rank  # noqa: F401  (the host ranking, re-exported)
 from .ranking import DeviceRankingMixin
@@ -37,15 +39,18 @@ __all__ = ["RecommenderMixin"]
 
 
 # ----- helpers ---------------------------------------------------------------------------------
-def _as_index_array(x, name):
-    """``(1-D int64 array, was_scalar)`` from a scalar or array of 0-based indices."""
+def _as_index_array(x, name, raw_hint=False):
+    """``(1-D int64 array, was_scalar)`` from a scalar or array of 0-based indices
+    (``raw_hint``: a refusal of raw ids points to :meth:`RecommenderMixin.recommend_raw`)."""
     arr = np.asarray(x)
     scalar = arr.ndim == 0
     arr = np.atleast_1d(arr)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be a scalar or a 1-D array, got shape {arr.shape}")
     if arr.dtype.kind == "b" or (arr.dtype.kind not in "iu" and arr.size):
-        raise TypeError(f"{name} must be integer indices, not dtype {arr.dtype}")
+        hint = ("; for raw ids call recommend_raw(raw_users, train)"
+                if raw_hint and arr.dtype.kind in "OSU" else "")
+        raise TypeError(f"{name} must be integer indices, not dtype {arr.dtype}{hint}")
     arr = arr.astype(np.int64)
     if arr.size and arr.min() < 0:
         raise ValueError(f"{name} contains a negative index ({int(arr.min())}); ids are 0-based")
@@ -164,6 +169,20 @@ def _map_lookup(id_map, raw, missing, what):
         more = f" (and {len(unknown) - 10} more)" if len(unknown) > 10 else ""
         raise KeyError(f"{len(unknown)} unknown {what} id(s): {shown}{more}")
     return int(out[0]) if scalar else out
+
+
+def _codes_in(id_map, n, raw, side):
+    """Model indices of raw ids of ``side`` through ``id_map`` (index → raw id), -1 for ids not
+    in it; without an id map (a model fitted on a matrix) the ids are the 0-based indices
+    themselves (-1 from ``n`` on)."""
+    if id_map is not None:
+        return np.atleast_1d(_map_lookup(np.asarray(id_map), raw, "ignore", side))
+    q = np.atleast_1d(np.asarray(raw))
+    if q.dtype.kind not in "iuf":
+        raise ValueError(f"this model has no raw {side} ids (it was fitted on a matrix, not on "
+                         f"raw ids): its {side} ids are 0-based indices, not {q.dtype} values")
+    q = check_ids(f"{side} ids", q)
+    return np.where(q < n, q, -1)
 
 
 def _grow(a, n, fill=0):
@@ -298,8 +317,9 @@ class RecommenderMixin(DeviceRankingMixin):
         (array([1, 0], dtype=int32), array([ 1.0000000e+00, -3.4028235e+38], dtype=float32))
         """
         self._require_fitted()
-        ids, scalar = _as_index_array(userid, "userid")
+        ids, scalar = _as_index_array(userid, "userid", raw_hint=True)
         N = _check_N(N)
+        user_items = self._known_pairs(user_items, "user_items")
         Y = self.item_factors_
         n_items = Y.shape[0]
         if not recalculate_user:
@@ -343,6 +363,7 @@ class RecommenderMixin(DeviceRankingMixin):
     def _all_inputs(self, N, user_items, filter_already_liked_items, filter_items, items):
         """(N, candidates, seen rows of every user) of a ``recommend_all`` call, checked."""
         N = _check_N(N)
+        user_items = self._known_pairs(user_items, "user_items")
         _require_liked_rows(user_items, filter_already_liked_items, "recommend_all")
         n_users, n_items = self.user_factors_.shape[0], self.item_factors_.shape[0]
         rows = None
@@ -651,6 +672,50 @@ class RecommenderMixin(DeviceRankingMixin):
                              "on clmf.datasets.Ratings); use 0-based indices")
         return np.asarray(id_map)
 
+    def _raw_codes(self, side, raw):
+        """Model indices of raw ids of ``side`` (-1: unknown to the model); see
+        :func:`_codes_in`."""
+        n = (self.user_factors_ if side == "user" else self.item_factors_).shape[0]
+        return _codes_in(getattr(self, f"{side}_ids_", None), n, raw, side)
+
+    def _table_codes(self, X, columns=None, ratings=True, what="the ratings"):
+        """``(users, items, ratings)`` of a table of raw ids (:mod:`clmf.data.frames`: pandas,
+        pyarrow) as the model's indices, -1 for ids unknown to it; ``ratings`` False: no rating
+        column is read (None in its place)."""
+        ucol, icol, rcol = frames.rating_columns(columns)
+        frames.check_columns(X, (ucol, icol, rcol) if ratings else (ucol, icol), what)
+        u = self._raw_codes("user", frames.column(X, ucol, what))
+        i = self._raw_codes("item", frames.column(X, icol, what))
+        if not ratings:
+            return u, i, None
+        r = frames.column(X, rcol, what)
+        if r.dtype.kind not in "fiub":
+            raise TypeError(f"column {rcol!r} of {what} must hold numbers, not {r.dtype}")
+        r = r.astype(np.float64)
+        bad = ~np.isfinite(r)
+        if bad.any():
+            raise ValueError(f"column {rcol!r} of {what} has {int(bad.sum())} NaN/inf value(s) "
+                             f"(first at row {int(np.argmax(bad))})")
+        return u, i, r
+
+    def _known_pairs(self, X, what, columns=None):
+        """``X`` itself, or for a table of raw ids the users × items CSR of its pairs known to
+        the model (its ratings where it has a rating column, else 1; ids unknown to the model
+        left out)."""
+        if not frames.is_frame(X):
+            return X
+        rcol = frames.rating_columns(columns)[2]
+        return self._pairs_csr(*self._table_codes(X, columns, rcol in frames.column_names(X),
+                                                  what))
+
+    def _pairs_csr(self, u, i, r=None):
+        """The users × items CSR of the model of index pairs ``(u, i)`` (-1: unknown, left out)
+        with values ``r`` (None: 1)."""
+        keep = (u >= 0) & (i >= 0)
+        vals = np.ones(int(keep.sum()), np.float32) if r is None else r[keep].astype(np.float32)
+        shape = (self.user_factors_.shape[0], self.item_factors_.shape[0])
+        return sp.csr_matrix((vals, (u[keep], i[keep])), shape=shape)
+
     def user_index(self, raw_ids, missing="raise"):
         """0-based indices of raw user ids (models fitted on :class:`clmf.datasets.Ratings`).
 
@@ -694,59 +759,74 @@ class RecommenderMixin(DeviceRankingMixin):
         return _map_lookup(self._id_map("item"), raw_ids, missing, "item")
 
     def recommend_raw(self, raw_user, train=None, N=10, filter_already_liked_items=True,
-                      filter_items=None, items=None):
-        """:meth:`recommend` in raw ids: a raw user id in, the user's own item ids out.
+                      filter_items=None, items=None, *, columns=None):
+        """:meth:`recommend` in raw ids: raw user ids in, the users' own item ids out.
 
         Parameters
         ----------
-        raw_user : scalar
-            The user's raw id (as in the data set the model was fitted on).
-        train : :class:`clmf.datasets.Ratings` or scipy.sparse matrix, optional
-            Known ratings whose items are filtered out. A ``Ratings`` is matched by raw ids
-            (its own id maps may differ from the model's); a sparse matrix must be indexed
-            like the model.
+        raw_user : scalar, or array_like of raw user ids (a list, array, pandas Series)
+            The users' raw ids (as in the data the model was fitted on).
+        train : optional :class:`clmf.datasets.Ratings`, table of raw ids or scipy.sparse matrix
+            Known ratings whose items are filtered out. A ``Ratings`` or a table (pandas
+            DataFrame, pyarrow Table: ``columns``, see :meth:`clmf.ALS.fit`) is matched by raw
+            ids (its own id maps may differ from the model's); a sparse matrix must be indexed
+            like the model. Needed while ``filter_already_liked_items`` (as :meth:`recommend`).
         N : int, default 10
         filter_already_liked_items : bool, default True
         filter_items, items : array_like of raw item ids, optional
             Excluded / allowed items; raw ids unknown to the model are ignored.
+        columns : the user, item (and rating) columns of a ``train`` table.
 
         Returns
         -------
-        (raw_item_ids, scores)
+        (raw_item_ids, scores) for one user
             1-D arrays, best first.
+        pandas.DataFrame for a batch of users
+            Columns ``user, item, score, rank`` (raw ids, rank 1 = best, ``min(N, candidates)``
+            rows a user) — the form of :meth:`clmf.dask.ALS.recommend_all`.
+
+        Raises
+        ------
+        KeyError
+            Naming raw user ids the model does not know.
 
         Examples
         --------
         >>> ids, scores = model.recommend_raw(1, train, N=10)          # doctest: +SKIP
+        >>> model.recommend_raw(["u1", "u2"], train_df, N=3)           # doctest: +SKIP
+          user  item  score  rank
+        0   u1   m42   4.91     1
+        ...
         """
         self._require_fitted()
-        if np.ndim(raw_user) != 0:
-            raise TypeError("recommend_raw takes one raw user id; for a batch map them with "
-                            "user_index() and call recommend()")
         _require_liked_rows(train, filter_already_liked_items, "recommend_raw", "train")
-        u = self.user_index(raw_user)
+        scalar = np.ndim(raw_user) == 0
+        raw = np.asarray(raw_user) if scalar else np.asarray(list(raw_user))
+        u = _map_lookup(self._id_map("user"), raw, "raise", "user")
         item_map = self._id_map("item")
-        rows = None
+        seen = None
         if train is not None and filter_already_liked_items:
-            if hasattr(train, "user_ids") and hasattr(train, "item_ids"):
-                tu = _map_lookup(np.asarray(train.user_ids), raw_user, "ignore", "user")
-                seen = np.zeros(0, np.int64)
-                if tu >= 0:
-                    raw_items = np.asarray(train.item_ids)[np.asarray(train.items)[
-                        np.asarray(train.users) == tu]]
-                    seen = _map_lookup(item_map, raw_items, "ignore", "item")
-                    seen = seen[seen >= 0]
-                rows = sp.csr_matrix((np.ones(seen.size, np.float32),
-                                      (np.zeros(seen.size, np.int64), seen)),
-                                     shape=(1, len(item_map)))
+            if hasattr(train, "user_ids") and hasattr(train, "item_ids"):   # by raw ids
+                seen = self._pairs_csr(self._raw_codes("user", train.user_ids)[train.users],
+                                       self._raw_codes("item", train.item_ids)[train.items],
+                                       train.ratings)
             else:
-                rows = train
+                seen = self._known_pairs(train, "train", columns)
         fi = None if filter_items is None else self._known_items(filter_items)
         it = None if items is None else self._known_items(items)
-        ids, scores = self.recommend(u, rows, N=N,
+        ids, scores = self.recommend(u, seen, N=N,
                                      filter_already_liked_items=filter_already_liked_items,
                                      filter_items=fi, items=it)
-        return item_map[ids], scores
+        if scalar:
+            return item_map[ids], scores
+        from ..data.ratings import _import_pandas
+        pd = _import_pandas("recommend_raw() of several users")
+        keep = ids >= 0
+        return pd.DataFrame({
+            "user": np.repeat(raw, keep.sum(axis=1)),
+            "item": item_map[ids[keep]],
+            "score": scores[keep].astype(np.float32),
+            "rank": np.cumsum(keep, axis=1, dtype=np.int32)[keep]})
 
     def _known_items(self, raw):
         idx = _map_lookup(self._id_map("item"), np.atleast_1d(np.asarray(raw)), "ignore", "item")

@@ -10,13 +10,15 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import reference
+from ..data import frames
 from ..data.scan import count_columns, value_range, value_sum
 from ..data.validation import check_index_pairs, check_params, check_ratings
 from ..engine.config import KernelConfig
 from ..engine.core import host_factor_rows
 from ..errors import SingularSystemError
 from ..inference.conventions import confidence_rows
-from ..inference.recommend import RecommenderMixin
+from ..inference.predict import predict_pairs
+from ..inference.recommend import RecommenderMixin, _codes_in
 from . import loop
 from .persistence import register_estimator
 
@@ -276,26 +278,48 @@ class ALS(RecommenderMixin):
         return bool(self.weighted_regularization)
 
     # ----- fitting -------------------------------------------------------------------------
-    def fit(self, X, y=None, *, show_progress=True, callback=None, init=None, validation=None,
-            early_stopping_rounds=None):
-        """Fit the factors to the explicit ratings ``X``.
+    def fit(self, X, y=None, *, columns=None, show_progress=True, callback=None, init=None,
+            validation=None, early_stopping_rounds=None):
+        """Fit the factors to the ratings ``X``.
 
         Parameters
         ----------
-        X : scipy.sparse matrix/array (users × items; stored entries are ratings), a
-            ``(user_idx, item_idx, ratings)`` tuple of 1-D arrays, or :class:`clmf.datasets.Ratings`.
+        X : the ratings, one of
+            - a scipy.sparse matrix/array (users × items; stored entries are ratings);
+            - a ``(user_idx, item_idx, ratings)`` tuple of 1-D arrays of 0-based indices;
+            - a :class:`clmf.datasets.Ratings`;
+            - a table of raw ids: a pandas DataFrame or a pyarrow Table/RecordBatch with user,
+              item and rating columns (``columns``; ids of any type, e.g. strings). As with
+              :class:`clmf.dask.ALS` the model keeps the id maps (``user_ids_``/``item_ids_``,
+              sorted raw ids), so :meth:`predict`, :meth:`rmse`, :meth:`score`,
+              :meth:`recommend` (``user_items``) and :meth:`recommend_raw` take raw ids and
+              tables too. Duplicate (user, item) rows are an error: aggregate them first (e.g.
+              ``clmf.datasets.Ratings.from_pandas(df, duplicates="mean")``).
         y : ignored (scikit-learn's signature of unsupervised estimators).
+        columns : the ``(user, item, rating)`` column names of a table (default
+            ``("user", "item", "rating")``; :mod:`clmf.data.frames`), of ``X`` and of a
+            ``validation`` table.
         show_progress : bool — a tqdm bar with the per-iteration train (and validation) RMSE.
         callback : ``callback(iteration, elapsed_seconds, metrics_dict)`` after each iteration.
         init : optional ``(X0, Y0)`` start factors of shapes (n_users, f) and (n_items, f).
-        validation : optional held-out ratings (same forms as ``X``, same shape) scored each
-            iteration on the device.
+        validation : optional held-out ratings (same forms as ``X``, same shape; a table of raw
+            ids is matched through ``X``'s id maps, and its ids not in ``X`` are predicted as
+            :meth:`predict` does — the global mean; with ``biases=True`` they are an error,
+            with implicit feedback they are left out) scored each iteration on the device.
         early_stopping_rounds : stop when validation RMSE has not improved for this many
             iterations; the best iteration's factors are kept.
 
         Returns
         -------
         self
+
+        Examples
+        --------
+        >>> import pandas as pd                                   # doctest: +SKIP
+        >>> df = pd.DataFrame({"user": ["ann", "bob", "ann"], "item": ["m1", "m1", "m2"],
+        ...                    "rating": [4.0, 3.0, 5.0]})         # doctest: +SKIP
+        >>> model = clmf.ALS(factors=2).fit(df)                   # doctest: +SKIP
+        >>> model.predict(["bob"], ["m2"])                        # doctest: +SKIP
         """
         from ..engine.device import device_info
         from ..engine.memory import plan_fit
@@ -307,6 +331,8 @@ class ALS(RecommenderMixin):
         # model exactly as it was
         t_fit, c_fit = time.perf_counter(), time.process_time()
         check_params(self)
+        if frames.is_frame(X):
+            X = _table_ratings(X, columns)
         R = check_ratings(X)
         t_valid = time.perf_counter()
         implicit = self.feedback == "implicit"
@@ -321,9 +347,12 @@ class ALS(RecommenderMixin):
         t_counts = time.perf_counter()
         if self.regularization == 0 and not implicit:
             _check_unregularized(user_counts, item_counts, f)
-        V = None
+        V, v_unseen = None, np.zeros(0)
         if validation is not None:
-            V = check_ratings(validation, shape=R.shape, what="validation").tocoo()
+            V, v_unseen = _heldout(validation, columns, user_ids, item_ids, R.shape)
+            if v_unseen.size and self.biases:
+                raise ValueError(f"the validation data has {v_unseen.size} rating(s) of ids not "
+                                 "in the training data; with biases=True drop them first")
         if early_stopping_rounds is not None:
             if V is None:
                 raise ValueError("early_stopping_rounds needs validation data")
@@ -386,8 +415,10 @@ class ALS(RecommenderMixin):
             # ratings of users/items with no training ratings are predicted as global_mean_
             # (as predict() does): their error is constant, computed once on the host
             unk = (user_counts[V.row] == 0) | (item_counts[V.col] == 0)
-            v_unknown_se = float(np.sum((global_mean - V.data[unk].astype(np.float64)) ** 2))
-            v_total = int(V.nnz)
+            # (and those of raw ids not in the training data)
+            v_unknown_se = float(np.sum((global_mean - np.concatenate(
+                [V.data[unk], v_unseen]).astype(np.float64)) ** 2))
+            v_total = int(V.nnz) + int(v_unseen.size)
             V = sp.coo_matrix((V.data[~unk], (V.row[~unk], V.col[~unk])), shape=V.shape)
         try:
             t_wait = time.perf_counter()
@@ -471,27 +502,62 @@ class ALS(RecommenderMixin):
             raise TypeError(f"the file holds a {type(model).__name__}, not a {cls.__name__}")
         return model
 
-    def predict(self, user_idx, item_idx):
-        """Predicted ratings for element-wise pairs of 0-based indices.
+    def predict(self, user_idx, item_idx=None, *, raw_ids=None, columns=None):
+        """Predicted ratings of element-wise (user, item) pairs.
 
-        A user or item with no training ratings predicts ``global_mean_``.
+        Parameters
+        ----------
+        user_idx, item_idx : array_like
+            0-based indices, or raw ids of a model fitted on raw ids (a table, a
+            :class:`clmf.datasets.Ratings`). Ids that are not integers (e.g. strings) are raw
+            ids; integer raw ids need ``raw_ids=True``.
+        item_idx : omitted when ``user_idx`` is a table of raw ids (pandas DataFrame, pyarrow
+            Table) with user and item columns (``columns``, as :meth:`fit`): one prediction a
+            row.
+        raw_ids : None (decide by the ids' type), True (raw ids) or False (indices).
+        columns : the ``(user, item, rating)`` column names of a table.
+
+        Returns
+        -------
+        numpy.ndarray of float32
+
+        Notes
+        -----
+        A user or item with no training ratings, or a raw id the model does not know, predicts
+        ``global_mean_`` (with biases: the mean plus the known side's bias; implicit
+        feedback: 0). Indices out of range raise ``IndexError``.
 
         Examples
         --------
         >>> model.predict([0, 1], [10, 3])   # doctest: +SKIP
         array([3.81, 4.02], dtype=float32)
+        >>> model.predict(["u1"], ["m1"])    # a model fitted on raw ids  # doctest: +SKIP
+        >>> model.predict(test_df)           # one prediction per row    # doctest: +SKIP
         """
         self._check_fitted()
-        u, i = check_index_pairs(user_idx, item_idx, *self.shape_)
-        p = np.einsum("ij,ij->i", self.user_factors_[u], self.item_factors_[i])
-        if getattr(self, "user_biases_", None) is not None:
-            # biased MF: unseen rows have zero factors and bias, so μ + the known side's bias
-            return (p + self.global_mean_ + self.user_biases_[u] + self.item_biases_[i]).astype(np.float32)
-        if self.feedback == "implicit":
-            return p.astype(np.float32)          # preference scores; unseen rows score 0
-        unknown = (self.user_counts_[u] == 0) | (self.item_counts_[i] == 0)
-        p[unknown] = self.global_mean_
-        return p.astype(np.float32)
+        if item_idx is None:
+            if not frames.is_frame(user_idx):
+                raise TypeError("predict takes (user ids, item ids), or one table (DataFrame) "
+                                "of user and item columns")
+            u, i, _ = self._table_codes(user_idx, columns, ratings=False, what="X")
+        elif raw_ids or (raw_ids is None and not (_integral(user_idx) and _integral(item_idx))):
+            u = np.atleast_1d(self._raw_codes("user", np.ravel(np.asarray(user_idx))))
+            i = np.atleast_1d(self._raw_codes("item", np.ravel(np.asarray(item_idx))))
+            if u.shape != i.shape:
+                raise ValueError(f"user and item ids differ in length: {u.size} vs {i.size}")
+        else:
+            u, i = check_index_pairs(user_idx, item_idx, *self.shape_)
+        return self._predict_codes(u, i)
+
+    def _predict_codes(self, u, i):
+        """Predictions of index pairs, -1 for an id unknown to the model
+        (:func:`clmf.inference.predict.predict_pairs`)."""
+        return predict_pairs(self.user_factors_, self.item_factors_, u, i,
+                             global_mean=self.global_mean_, user_counts=self.user_counts_,
+                             item_counts=self.item_counts_,
+                             user_biases=getattr(self, "user_biases_", None),
+                             item_biases=getattr(self, "item_biases_", None),
+                             implicit=self.feedback == "implicit")
 
     def save(self, path):
         """Write the fitted model to ``path`` (``.npz``, no pickle); see
@@ -521,16 +587,22 @@ class ALS(RecommenderMixin):
         self._check_fitted()
         return (self.user_factors_.shape[0], self.item_factors_.shape[0])
 
-    def rmse(self, X_test):
-        """Root-mean-square error on held-out ratings (same forms as ``fit``'s ``X``)."""
+    def rmse(self, X_test, columns=None):
+        """Root-mean-square error on held-out ratings: the forms of :meth:`fit`'s ``X`` (a
+        table of raw ids through the model's id maps, with ``columns``; its ids the model does
+        not know predicted as :meth:`predict` does — the global mean), the model's shape."""
         self._check_fitted()
-        C = check_ratings(X_test, shape=self.shape_, what="X_test", allow_empty=True).tocoo()
-        if C.nnz == 0:
+        if frames.is_frame(X_test):
+            u, i, r = self._table_codes(X_test, columns, what="X_test")
+        else:
+            C = check_ratings(X_test, shape=self.shape_, what="X_test", allow_empty=True).tocoo()
+            u, i, r = C.row, C.col, C.data
+        if len(r) == 0:
             raise ValueError("X_test holds no ratings: the RMSE of an empty test set is undefined")
-        err = self.predict(C.row, C.col).astype(np.float64) - C.data
+        err = self._predict_codes(u, i).astype(np.float64) - r
         return float(np.sqrt(np.mean(err * err)))
 
-    def score(self, X, y=None, *, user_items=None, k=10):
+    def score(self, X, y=None, *, user_items=None, k=10, columns=None):
         """Higher is better (scikit-learn's ``score``): −RMSE on held-out ratings ``X`` for
         explicit feedback; for implicit feedback, precision@``k`` (default 10) of the held-out
         items ``X`` among each user's top-k recommendations, the items of ``user_items`` (the
@@ -538,10 +610,14 @@ class ALS(RecommenderMixin):
 
         Parameters
         ----------
-        X : held-out ratings, same forms as ``fit``'s ``X`` and the model's shape
+        X : held-out ratings, same forms as ``fit``'s ``X`` (a table of raw ids too, with
+            ``columns``; implicit: its ids the model does not know are left out) and the
+            model's shape
         y : ignored (scikit-learn's signature)
-        user_items : optional sparse users × items matrix of items not to recommend (implicit)
+        user_items : optional sparse users × items matrix (or table of raw ids) of items not
+            to recommend (implicit)
         k : cut-off of the implicit score
+        columns : the ``(user, item, rating)`` column names of tables
 
         Examples
         --------
@@ -550,7 +626,12 @@ class ALS(RecommenderMixin):
         """
         self._check_fitted()
         if self.feedback != "implicit":
-            return -self.rmse(X)
+            return -self.rmse(X, columns)
+        if frames.is_frame(X):
+            u, i, r = self._table_codes(X, columns, what="X")
+            known = (u >= 0) & (i >= 0)
+            X = (u[known], i[known], r[known])
+        user_items = self._known_pairs(user_items, "user_items", columns)
         V = check_ratings(X, shape=self.shape_, what="X", allow_empty=True).tocoo()
         if V.nnz == 0:
             raise ValueError("X holds no held-out items: precision@k of an empty test set is "
@@ -561,6 +642,34 @@ class ALS(RecommenderMixin):
 
 
 register_estimator(ALS)
+
+
+def _integral(ids):
+    """Whether ``ids`` (a scalar or array) are integers: 0-based indices, not raw ids."""
+    return np.asarray(ids).dtype.kind in "iu"
+
+
+def _table_ratings(X, columns):
+    """A table of raw-id ratings (:mod:`clmf.data.frames`) as :class:`clmf.datasets.Ratings`."""
+    from ..data.ratings import Ratings
+    return Ratings.from_pandas(X, *frames.rating_columns(columns))
+
+
+def _heldout(data, columns, user_ids, item_ids, shape):
+    """Held-out ratings of a fit as ``(COO matrix of the training shape, ratings of ids not in
+    the training data)``: a table of raw ids matched through the training id maps (``None``:
+    its ids are indices), anything else as ``fit``'s ``X``."""
+    if not frames.is_frame(data):
+        return check_ratings(data, shape=shape, what="validation").tocoo(), np.zeros(0)
+    ucol, icol, rcol = frames.rating_columns(columns)
+    what = "the validation data"
+    u = _codes_in(user_ids, shape[0], frames.column(data, ucol, what), "user")
+    i = _codes_in(item_ids, shape[1], frames.column(data, icol, what), "item")
+    r = frames.column(data, rcol, what)
+    known = (u >= 0) & (i >= 0)
+    V = check_ratings((u[known], i[known], r[known]), shape=shape, what="validation",
+                      allow_empty=True).tocoo()
+    return V, np.asarray(r[~known], np.float64)
 
 
 def _params_repr(name, params, defaults):
