@@ -106,8 +106,9 @@ class ALS(_ALS):
         if on_worker_lost == "resume" and checkpoint is None:
             raise ValueError("on_worker_lost='resume' needs checkpoint=PATH")
         from .data.frames import rating_columns
-        kw = dict(columns=rating_columns(columns), show_progress=show_progress, callback=callback, init=init,
-                  validation=validation, early_stopping_rounds=early_stopping_rounds,
+        kw = dict(columns=rating_columns(columns), show_progress=show_progress,
+                  callback=callback, init=init, validation=validation,
+                  early_stopping_rounds=early_stopping_rounds,
                   checkpoint=checkpoint, checkpoint_every=checkpoint_every, modes=modes)
         for attempt in range(4):
             try:

@@ -416,6 +416,26 @@ class Ratings:
             data["timestamp"] = np.asarray(self.timestamps)
         return pd.DataFrame(data)
 
+    def __getitem__(self, key: Any) -> "Ratings":
+        """The ratings selected by a boolean mask of length ``nnz`` (also as scikit-learn's
+        ``(mask, ...)``): :meth:`subset`, same id maps and shape. This is how scikit-learn's
+        cross-validation hands a fold of :class:`clmf.splits.RatingsKFold` to an estimator.
+
+        Integer positions are refused: scikit-learn's ``cv=<int>`` (``KFold``) counts a
+        ``Ratings``' samples as its users (``shape[0]``) and would pick ratings by them; use
+        :meth:`subset` for positions.
+        """
+        if isinstance(key, tuple) and len(key) == 2 and key[1] is Ellipsis:
+            key = key[0]
+        mask = np.asarray(key)
+        if mask.dtype != bool or mask.shape != (len(self),):
+            raise TypeError(
+                f"a Ratings is indexed by a boolean mask over its {len(self)} ratings (got "
+                f"{mask.dtype} of shape {mask.shape}); scikit-learn's cv=<int> (KFold) splits "
+                "its users, not its ratings: use cv=clmf.splits.RatingsKFold(k), or "
+                "Ratings.subset(positions) for positions")
+        return self.subset(mask)
+
     def subset(self, mask_or_index: Any) -> "Ratings":
         """The ratings selected by a boolean mask or an index array, same id maps and shape.
 

@@ -134,8 +134,11 @@ def check_ratings(X, shape=None, *, allow_empty=False, what="X"):
         if fast is not None:
             return fast
         return _finish(sp.coo_matrix(X), allow_empty, what)
-    raise TypeError(f"{what} must be a scipy.sparse matrix, a (user_idx, item_idx, ratings) tuple "
-                    f"or clmf.datasets.Ratings, not {type(X).__name__}")
+    hint = (" (scikit-learn's cross-validation with cv=<int> turns a tuple into a list of some "
+            "of its arrays: cross-validate clmf.datasets.Ratings.from_triples(users, items, "
+            "ratings) with cv=clmf.splits.RatingsKFold(k))" if isinstance(X, list) else "")
+    raise TypeError(f"{what} must be a scipy.sparse matrix, a (user_idx, item_idx, ratings) tuple, "
+                    f"a table of raw ids or clmf.datasets.Ratings, not {type(X).__name__}{hint}")
 
 
 def _canonical_csr(X):

@@ -595,6 +595,7 @@ class ALS(RecommenderMixin):
         if frames.is_frame(X_test):
             u, i, r = self._table_codes(X_test, columns, what="X_test")
         else:
+            _check_heldout_shape(X_test, self.shape_, "X_test")
             C = check_ratings(X_test, shape=self.shape_, what="X_test", allow_empty=True).tocoo()
             u, i, r = C.row, C.col, C.data
         if len(r) == 0:
@@ -632,6 +633,7 @@ class ALS(RecommenderMixin):
             known = (u >= 0) & (i >= 0)
             X = (u[known], i[known], r[known])
         user_items = self._known_pairs(user_items, "user_items", columns)
+        _check_heldout_shape(X, self.shape_, "X")
         V = check_ratings(X, shape=self.shape_, what="X", allow_empty=True).tocoo()
         if V.nnz == 0:
             raise ValueError("X holds no held-out items: precision@k of an empty test set is "
@@ -647,6 +649,19 @@ register_estimator(ALS)
 def _integral(ids):
     """Whether ``ids`` (a scalar or array) are integers: 0-based indices, not raw ids."""
     return np.asarray(ids).dtype.kind in "iu"
+
+
+def _check_heldout_shape(X, shape, what):
+    """Refuse held-out ratings in a matrix of another shape than the model's, naming the likely
+    cause: scikit-learn's ``cv=<int>`` splitting a matrix by its rows (users)."""
+    if sp.issparse(X) and X.ndim == 2 and tuple(X.shape) != tuple(shape):
+        hint = ""
+        if X.shape[1] == shape[1]:
+            hint = (": held-out ratings are a matrix of the training shape, not other users' "
+                    "rows. scikit-learn's cv=<int> (KFold) splits a matrix by its rows (whole "
+                    "users); cross-validate over ratings with cv=clmf.splits.RatingsKFold(k) on "
+                    "clmf.datasets.Ratings.from_sparse(X)")
+        raise ValueError(f"{what} has shape {X.shape}, expected {tuple(shape)}{hint}")
 
 
 def _table_ratings(X, columns):
