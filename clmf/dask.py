@@ -21,7 +21,8 @@ import numpy as np
 
 from .model import loop
 from .model.estimator import ALS as _ALS
-from .model.estimator import _check_unregularized, _params_repr, _side_stats
+from .model.estimator import _check_unregularized, _side_stats
+from .model.inputs import _params_repr
 from .parallel.dask_backend import WorkerLostError, get_client
 
 log = logging.getLogger(__name__)
