@@ -195,12 +195,15 @@ class RecommenderMixin(RawIdsMixin, DeviceRankingMixin):
         ----------
         userid : int or array_like of int
             0-based user index, or an array of them for a batched call.
-        user_items : scipy.sparse matrix or :class:`clmf.datasets.Ratings`, optional
+        user_items : scipy.sparse matrix, :class:`clmf.datasets.Ratings` or table, optional
             The users' known ratings (stored entries count as "already liked"): one row per
             requested user, or the whole training matrix indexed by ``userid`` (when its row
-            count equals ``len(userid)`` it is taken as row-aligned). Needed to filter seen
+            count equals ``len(userid)`` it is taken as row-aligned); or a table of raw ids
+            (pandas DataFrame, pyarrow Table with user, item and rating columns named as in
+            :meth:`clmf.ALS.fit`), matched through the model's id maps. Needed to filter seen
             items and for ``recalculate_user``: ``None`` with ``filter_already_liked_items=True``
-            raises ``ValueError``, as implicit does (the model keeps no training matrix).
+            raises ``ValueError``, as implicit does (the model keeps no training matrix). For
+            raw user ids in and raw item ids out, see :meth:`recommend_raw`.
         N : int, default 10
             Number of items to return.
         filter_already_liked_items : bool, default True
