@@ -23,6 +23,7 @@ from .errors import SingularSystemError
 from .model import loop
 from .model.estimator import ALS as _ALS
 from .model.estimator import _check_unregularized, _range_error, _side_stats
+from .model.inputs import _params_repr
 from .parallel.dask_backend import WorkerLostError, get_client
 
 log = logging.getLogger(__name__)
@@ -57,14 +58,9 @@ class ALS(_ALS):
         return _ALS._get_param_names() + ["client", "workers"]
 
     def __repr__(self):
-        """``ALS(...)`` with the parameters that differ from :class:`clmf.ALS`'s defaults."""
-        import inspect
-        default = {k: p.default for k, p in inspect.signature(_ALS.__init__).parameters.items()}
-        default.update(client=None, workers=None)
-        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items()
-                         if not (isinstance(v, (int, float, str, bool, type(None), type))
-                                 and v == default.get(k)))
-        return f"clmf.dask.ALS({args})"
+        """``clmf.dask.ALS(...)`` with the parameters that differ from their defaults."""
+        return _params_repr("clmf.dask.ALS", self.get_params(),
+                            {**self._repr_defaults(), "client": None, "workers": None})
 
     def __getstate__(self):
         """Picklable state: no client."""
@@ -77,7 +73,7 @@ class ALS(_ALS):
         return {k: getattr(self, k) for k in _ALS._get_param_names()}
 
     # ----- fitting -------------------------------------------------------------------------
-    def fit(self, X, *, columns=("user", "item", "rating"), show_progress=True, callback=None,
+    def fit(self, X, y=None, *, columns=None, show_progress=True, callback=None,
             init=None, validation=None, early_stopping_rounds=None, checkpoint=None,
             checkpoint_every=1, resume=None, modes=None, on_worker_lost="raise"):
         """Fit on the cluster.
@@ -86,7 +82,9 @@ class ALS(_ALS):
         ----------
         X : a dask or pandas DataFrame of ``columns`` (raw ids of any type), a parquet path, a
             scipy.sparse matrix or :class:`clmf.datasets.Ratings` (scattered to the workers).
-        columns : the user, item and rating column names.
+        y : ignored (scikit-learn's signature).
+        columns : the user, item and rating column names (default ``("user", "item",
+            "rating")``; the rules of :mod:`clmf.data.frames`, as :meth:`clmf.ALS.fit`).
         show_progress, callback, init, early_stopping_rounds : as :meth:`clmf.ALS.fit`.
         validation : held-out ratings in the same form (raw ids; ids unseen in training are
             predicted as the global mean, as :meth:`clmf.ALS.predict` does); explicit feedback.
@@ -109,8 +107,10 @@ class ALS(_ALS):
             raise ValueError("on_worker_lost must be 'raise' or 'resume'")
         if on_worker_lost == "resume" and checkpoint is None:
             raise ValueError("on_worker_lost='resume' needs checkpoint=PATH")
-        kw = dict(columns=columns, show_progress=show_progress, callback=callback, init=init,
-                  validation=validation, early_stopping_rounds=early_stopping_rounds,
+        from .data.frames import rating_columns
+        kw = dict(columns=rating_columns(columns), show_progress=show_progress,
+                  callback=callback, init=init, validation=validation,
+                  early_stopping_rounds=early_stopping_rounds,
                   checkpoint=checkpoint, checkpoint_every=checkpoint_every, modes=modes)
         for attempt in range(4):
             try:
@@ -210,7 +210,7 @@ class ALS(_ALS):
             engine.set_factors("users", X0, init_b[0])
             engine.set_factors("items", Y0, init_b[1])
             steps = _DaskSteps(engine, v_rest, float(self.regularization), self._weighted,
-                               train=bool(show_progress or callback is not None) and not implicit,
+                               train=not implicit,      # history_ as clmf.ALS's, shown or not
                                checkpoint=checkpoint, every=checkpoint_every,
                                iterations=int(self.iterations),
                                ratings_range=(max(int(data.user_counts.max(initial=0)),
@@ -252,22 +252,21 @@ class ALS(_ALS):
                 "user_index": pd.Index(uids) if uids is not None else None,
                 "item_index": pd.Index(iids) if iids is not None else None}
 
-    def rmse(self, X_test, columns=("user", "item", "rating")):
-        """RMSE on held-out ratings: a pandas or dask DataFrame of raw ids (``columns``; ids not
-        seen in training are predicted as :meth:`predict` does), else as :meth:`clmf.ALS.rmse`.
-        A dask DataFrame is scored on the workers."""
+    def rmse(self, X_test, columns=None):
+        """RMSE on held-out ratings: a dask DataFrame of raw ids (``columns``; ids not seen in
+        training are predicted as :meth:`predict` does) scored on the workers, anything else
+        (a pandas DataFrame or Arrow table of raw ids included) as :meth:`clmf.ALS.rmse`."""
+        from .data.frames import check_columns, is_dask_frame, rating_columns
         from .parallel import dask_tasks as T
-        if hasattr(X_test, "to_delayed") and hasattr(X_test, "npartitions"):
-            client = get_client(self.client)
-            st = client.scatter([self._state()], broadcast=True, hash=False)[0]
-            parts = client.compute(X_test[list(columns)].to_delayed())
-            res = client.gather(client.map(T.partition_sse, parts, columns=tuple(columns),
-                                           state=st, pure=False))
-            se, cnt = sum(r[0] for r in res), sum(r[1] for r in res)
-        elif hasattr(X_test, "iloc") and hasattr(X_test, "columns"):
-            se, cnt = T.partition_sse(X_test, tuple(columns), self._state())
-        else:
-            return super().rmse(X_test)
+        if not is_dask_frame(X_test):
+            return super().rmse(X_test, columns)
+        columns = check_columns(X_test, rating_columns(columns), "X_test")
+        client = get_client(self.client)
+        st = client.scatter([self._state()], broadcast=True, hash=False)[0]
+        parts = client.compute(X_test[list(columns)].to_delayed())
+        res = client.gather(client.map(T.partition_sse, parts, columns=columns, state=st,
+                                       pure=False))
+        se, cnt = sum(r[0] for r in res), sum(r[1] for r in res)
         if cnt == 0:
             raise ValueError("X_test is empty")
         return float(np.sqrt(se / cnt))

@@ -11,9 +11,11 @@ Loaders
 -------
 :func:`load_movielens_100k`, :func:`load_movielens_100k_split`, :func:`load_movielens_csv`,
 :func:`load_movielens_dat`, :func:`load_netflix`, :func:`load_triples` and the dispatcher
-:func:`load`. All decode UTF-8 and fall back to latin-1, accept LF and CRLF line endings,
-transparently read gzip-compressed files, keep timestamps where the format has them and
-raise :class:`ValueError` naming the file and the 1-based line number of a malformed line.
+:func:`load`. All read text through one reader, pyarrow's CSV reader (:mod:`clmf.data._csv`:
+fields typed by pyarrow, or lines split by it for ``::`` and whitespace separators), decode
+UTF-8 and fall back to latin-1, accept LF, CRLF and CR line endings, transparently read
+gzip-compressed files, keep timestamps where the format has them and raise
+:class:`ValueError` naming the file and the 1-based line number of a malformed line.
 :func:`load_titles` reads movie titles.
 
 Synthetic data

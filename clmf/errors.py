@@ -43,6 +43,16 @@ class RatingRangeError(ClmfError, ValueError):
     below float32 precision. The message names the range that works."""
 
 
+class MissingColumnError(ClmfError, KeyError, ValueError):
+    """A table of ratings (a DataFrame, an Arrow table, a file's header) lacks a named column;
+    a ``KeyError`` (as pandas' lookup) and a ``ValueError`` (bad input). The message lists the
+    columns found."""
+
+    def __str__(self):
+        """The message as given (a ``KeyError`` would show it quoted)."""
+        return str(self.args[0]) if self.args else ""
+
+
 class SingularSystemError(ClmfError, ValueError):
     """A normal-equation system was not positive definite (e.g. regularization=0 with too few ratings)."""
 

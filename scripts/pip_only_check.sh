@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The pip-only install path, as a new user without root takes it: the README's install block
 # (python3 -m venv venv && . venv/bin/activate; pip install dist/clmf-*.whl "pyopencl[pocl]"),
-# run as written: PoCL from PyPI as a wheel, no system OpenCL packages. The system's OpenCL runtimes are hidden
+# run as written: PoCL from PyPI as a wheel, no system OpenCL packages (the wheel's dependencies,
+# pyarrow among them, come from PyPI as wheels too). The system's OpenCL runtimes are hidden
 # (OCL_ICD_VENDORS points at an empty folder) and every cache starts empty, so the kernels are
 # built by PyPI's PoCL as on a fresh machine; then the README's first example runs.
 # Checks: the wheel adds exactly one top-level package, `clmf`; the only OpenCL device is PyPI's

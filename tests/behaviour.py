@@ -223,9 +223,10 @@ class ModelBehaviour:
             np.testing.assert_allclose(scores[row], bsc, rtol=1e-5, atol=1e-6)
             one = m.recommend(int(u), self.R, N=6)                    # single == batched row
             np.testing.assert_array_equal(one[0], ids[row])
-        # without user_items nothing is filtered
+        # filter_already_liked_items=False: nothing is filtered, user_items may be None
         bid, _ = _brute_top(X, Y, 3, 30)
-        np.testing.assert_array_equal(m.recommend(3, None, N=30)[0], bid)
+        np.testing.assert_array_equal(
+            m.recommend(3, None, N=30, filter_already_liked_items=False)[0], bid)
 
     def test_recommend_refuses_bad_user_items(self, backend, fitted):
         with pytest.raises(ValueError, match="3 columns but the model has 30 items"):

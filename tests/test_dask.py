@@ -166,6 +166,13 @@ def test_string_ids_round_trip_and_recommend_all(client, tmp_path):
     err = lm.predict(u_idx, i_idx).astype(np.float64) - df.stars.iloc[:500].to_numpy()
     expect = np.sqrt(np.mean(np.concatenate([err ** 2, [(lm.global_mean_ - 4.0) ** 2]])))
     assert abs(dm.rmse(test, columns=cols) - expect) < 1e-5
+    assert abs(dm.rmse(dd.from_pandas(test, npartitions=2), columns=cols) - expect) < 1e-5
+    # in process, the same frame: the same id maps, factors and raw-id scoring (issue 34)
+    im = clmf.ALS(iterations=3, device=POCL, **KW).fit(df, columns=cols, show_progress=False)
+    np.testing.assert_array_equal(im.user_ids_, dm.user_ids_)
+    np.testing.assert_array_equal(im.item_ids_, dm.item_ids_)
+    _check_close(dm, im)
+    assert abs(im.rmse(test, columns=cols) - expect) < 1e-5
     # recommend_all on the workers → parquet → the single-host recommend of every user
     out = tmp_path / "recs.parquet"
     dm.recommend_all(N=5).to_parquet(str(out))
@@ -185,6 +192,13 @@ def test_string_ids_round_trip_and_recommend_all(client, tmp_path):
     for k in differ:
         row = flat[k - k % 5:k - k % 5 + 5]
         assert k % 5 == 4 or np.sort(np.abs(row - flat[k]))[1] < 1e-5, (k, row)
+    # in process, batched raw ids in recommend_all's form
+    some = list(dm.user_ids_[:7])
+    mine = im.recommend_raw(some, N=5, filter_already_liked_items=False)
+    theirs = recs[recs.user.isin(some)]
+    assert list(mine.columns) == list(theirs.columns) and len(mine) == len(theirs)
+    np.testing.assert_allclose(mine.score.to_numpy(), theirs.score.to_numpy(), rtol=1e-4,
+                               atol=1e-5)
 
 
 def test_validation_early_stopping_and_callback(client, ml100k):

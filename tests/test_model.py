@@ -209,3 +209,64 @@ def test_scratch_is_bounded_by_batch(cl_device):
         assert eng.memory["scratch_users"] == 16 * 4 * (12 * 12 + 12)   # O(batch·f²), not O(m·f²)
     finally:
         eng.release()
+
+
+# ----- small things a newcomer meets (issue 34, item 9) -----------------------------------------
+def test_repr_names_dtypes():
+    assert repr(clmf.ALS()) == "ALS()"
+    assert repr(clmf.ALS(dtype="float32")) == "ALS()"               # the default, by name too
+    assert repr(clmf.ALS(factors=8, dtype=np.float16)) == "ALS(factors=8, dtype='float16')"
+
+
+def test_history_has_train_rmse_without_a_progress_bar(cl_device):
+    R = random_ratings(30, 20, 0.3, seed=7)
+    m = clmf.ALS(3, iterations=3, device=cl_device, random_state=0).fit(R, show_progress=False)
+    assert [sorted(h) for h in m.history_] == [["seconds", "train_rmse"]] * 3
+    shown = []
+    clmf.ALS(3, iterations=3, device=cl_device, random_state=0).fit(
+        R, show_progress=False, callback=lambda it, t, mt: shown.append(mt["train_rmse"]))
+    assert [h["train_rmse"] for h in m.history_] == pytest.approx(shown, rel=1e-6)
+
+
+class _Steps:
+    """A backend of :func:`clmf.model.loop.run` without a device: fixed factors and metrics."""
+
+    def __init__(self):
+        from clmf.model import loop
+        self._base = loop.FitSteps(self)
+
+    def __getattr__(self, name):
+        return getattr(self._base, name)
+
+    def iterate(self, it):
+        pass
+
+    def metrics(self):
+        return {"train_rmse": 1.0}
+
+    def get_factors(self, side, with_biases=False):
+        return np.ones((2, 2), np.float32), np.zeros(2, np.float32)
+
+
+def test_progress_bar_counts_each_iteration(monkeypatch):
+    """The bar shows k/n after k iterations (it stayed at 0/n while its postfix moved)."""
+    import tqdm.auto
+
+    from clmf.model import loop
+    bars = []
+
+    class Recorded(tqdm.auto.tqdm):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            bars.append(self)
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recorded)
+    seen = []
+    loop.run(_Steps(), 4, show_progress=True,
+             callback=lambda it, t, mt: seen.append((bars[0].n, bars[0].total, bars[0].postfix)))
+    assert [(n, total) for n, total, _ in seen] == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert all("train_rmse=1.0000" in p for _, _, p in seen)
+
+
+def test_package_ships_py_typed():
+    import importlib.resources
+    assert importlib.resources.files("clmf").joinpath("py.typed").is_file()

@@ -1,4 +1,5 @@
 """Saving and loading models: round trip, no pickle, atomic writes, clear errors on bad files."""
+import io
 import json
 import logging
 import os
@@ -154,6 +155,20 @@ def test_load_errors_name_the_file(fitted, tmp_path):
         with pytest.raises(ValueError, match=expected[name]) as e:
             clmf.load(path)
         assert str(path) in str(e.value), name
+
+
+def test_load_of_a_buffer_at_its_end_says_rewind(fitted):
+    """A buffer just written is at its end: the error says to seek(0), not 'EOFError'."""
+    m, _ = fitted
+    buf = io.BytesIO()
+    m.save(buf)
+    with pytest.raises(ValueError, match=r"at its end \(position \d+ of \d+ bytes\).*seek\(0\)"):
+        clmf.load(buf)
+    assert buf.tell() == len(buf.getvalue())          # the position is left as it was
+    with pytest.raises(ValueError, match="empty"):
+        clmf.load(io.BytesIO())
+    buf.seek(0)
+    np.testing.assert_array_equal(clmf.load(buf).user_factors_, m.user_factors_)
 
 
 def rewrite(src, dst, change):

@@ -1,4 +1,6 @@
 """Inference on the host: recommend, similar items/users, fold-in, raw ids — against brute force."""
+import importlib.util
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -100,7 +102,7 @@ def test_ties_broken_by_item_index():
     Y = np.ones((30, 2), np.float32)
     Y[[25, 3]] = 2.0          # two best, tied
     m = make_model(X, Y)
-    ids, scores = m.recommend(0, N=5)
+    ids, scores = m.recommend(0, N=5, filter_already_liked_items=False)
     assert ids.tolist() == [3, 25, 0, 1, 2]
     assert scores.tolist() == [4, 4, 2, 2, 2]
 
@@ -148,9 +150,14 @@ def test_user_items_row_aligned_or_indexed(tie_problem):
     np.testing.assert_array_equal(s1[0], a[0][1])
     c = m.recommend(users, Ratings.from_sparse(R), N=5)   # a Ratings works like its CSR
     np.testing.assert_array_equal(a[0], c[0])
-    # without user_items nothing is filtered
-    nofilter = m.recommend(3, None, N=20)[0]
+    # without user_items nothing can be filtered: an error while filtering, as implicit's
+    for call in (lambda: m.recommend(3, None, N=20), lambda: m.recommend(users, N=20),
+                 lambda: m.recommend_all(20)):
+        with pytest.raises(ValueError, match="filter_already_liked_items=True needs user_items"):
+            call()
+    nofilter = m.recommend(3, None, N=20, filter_already_liked_items=False)[0]
     assert sorted(nofilter.tolist()) == list(range(20))
+    assert m.recommend_all(20, filter_already_liked_items=False)[0].shape == (R.shape[0], 20)
     # a matrix with another number of item columns is refused, as implicit refuses wider ones
     for bad in (sp.csr_matrix(R[:, :10]), sp.csr_matrix((R.shape[0], 3)),
                 sp.hstack([R, R]).tocsr()):
@@ -409,7 +416,7 @@ def test_biased_fold_in_grows_recommends_and_persists(tmp_path):
     np.testing.assert_array_equal(m2.item_biases_, m.item_biases_)
     np.testing.assert_array_equal(m2.user_factors_, m.user_factors_)
     np.testing.assert_array_equal(m2.predict([12, 3, 11], [26, 0, 25]), m.predict([12, 3, 11], [26, 0, 25]))
-    a, b = m.recommend(np.array([12, 3]), N=5), m2.recommend(np.array([12, 3]), N=5)
+    a, b = (x.recommend(np.array([12, 3]), N=5, filter_already_liked_items=False) for x in (m, m2))
     np.testing.assert_array_equal(a[0], b[0])
     np.testing.assert_array_equal(a[1], b[1])
     # an unbiased model's return_biases gives zeros
@@ -456,15 +463,20 @@ def test_raw_ids():
     # a training set with other id maps is matched by raw id
     other = Ratings.from_triples(["bob"], [20], [1.0])
     assert 20 not in m.recommend_raw("bob", other, N=4)[0].tolist()
-    assert m.recommend_raw("bob", None, N=2, items=[20, 40, 999])[0].size == 2
-    with pytest.raises(TypeError, match="one raw user"):
-        m.recommend_raw(["bob", "ann"])
+    assert m.recommend_raw("bob", None, N=2, items=[20, 40, 999],
+                           filter_already_liked_items=False)[0].size == 2
+    with pytest.raises(ValueError, match="needs train"):
+        m.recommend_raw("bob", N=2)
+    if importlib.util.find_spec("pandas"):        # a batch of raw users: one table
+        batch = m.recommend_raw(["bob", "ann"], r, N=4)
+        assert batch[batch.user == "bob"].item.tolist() == ids.tolist()
+        assert batch["rank"].tolist() == [1, 2] + [1, 2]     # ann and bob have 2 unseen items
     # growing a model with id maps needs raw ids
     row = sp.csr_matrix(([4.0], ([0], [1])), shape=(1, 4))
     with pytest.raises(ValueError, match="raw_ids"):
         m.partial_fit_users([3], row)
     m.partial_fit_users([3], row, raw_ids=["dee"])
-    assert m.user_index("dee") == 3 and m.recommend_raw("dee", N=1)[0].size == 1
+    assert m.user_index("dee") == 3 and m.recommend_raw("dee", N=1, filter_already_liked_items=False)[0].size == 1
     with pytest.raises(ValueError, match="new and unique"):
         m.partial_fit_users([4], row, raw_ids=["bob"])
     plain = make_model(X, Y)
@@ -498,7 +510,9 @@ def test_errors():
         m.similar_items(6)
     with pytest.raises(ValueError, match="N must"):
         m.recommend(0, N=-1)
-    assert m.recommend(0, N=0)[0].size == 0
+    assert m.recommend(0, R, N=0)[0].size == 0
+    with pytest.raises(ValueError, match="needs user_items"):      # implicit's rule
+        m.recommend(0)
     bad = sp.csr_matrix(([np.nan], ([0], [1])), shape=(1, 6))
     with pytest.raises(ValueError, match="NaN"):
         m.recalculate_user(0, bad)

@@ -3,6 +3,7 @@ parameter search on a held-out split) and persistence through file objects."""
 from __future__ import annotations
 
 import io
+import warnings
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import scipy.sparse as sp
 from conftest import random_ratings
 
 import clmf
+from clmf.datasets import Ratings
 
 sklearn = pytest.importorskip("sklearn")
 from sklearn.base import clone  # noqa: E402
@@ -129,3 +131,62 @@ def test_implicit_score_in_blocks_of_users(cl_device, monkeypatch):
     whole = m.score(test, user_items=train)
     monkeypatch.setattr(estimator, "_SCORE_BLOCK_BYTES", 4 * 50 * 3)     # 3 users a block
     assert m.score(test, user_items=train) == whole
+
+
+# ----- cross-validation over ratings (issue 34, item 6) ---------------------------------------
+def _search_warnings(record):
+    """The scikit-learn warnings of failed or non-finite scores among ``record``."""
+    return [w for w in record if "Scoring failed" in str(w.message)
+            or "non-finite" in str(w.message) or "fits failed" in str(w.message)]
+
+
+def test_grid_search_over_ratings_with_ratings_kfold(cl_device):
+    """GridSearchCV with RatingsKFold on a Ratings: finite scores, equal to fitting and scoring
+    each fold by hand, and the better λ chosen; no warnings."""
+    from sklearn.model_selection import GridSearchCV
+    r = Ratings.from_sparse(random_ratings(70, 50, density=0.3, seed=4))
+    base = clmf.ALS(factors=4, iterations=3, random_state=0, device=spec(cl_device))
+    cv = clmf.splits.RatingsKFold(3, random_state=0)
+    grid = {"regularization": [0.05, 5.0]}
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        search = GridSearchCV(base, grid, cv=cv).fit(r)
+    assert not _search_warnings(record)
+    scores = search.cv_results_["mean_test_score"]
+    assert np.isfinite(scores).all() and search.best_params_ == {"regularization": 0.05}
+    by_hand = [clone(base).set_params(regularization=0.05).fit(r[tr], show_progress=False)
+               .score(r[te]) for tr, te in cv.split(r)]
+    assert scores[0] == pytest.approx(np.mean(by_hand), rel=1e-12)
+
+
+def test_cross_val_score_on_ratings_and_a_dataframe(cl_device):
+    pd = pytest.importorskip("pandas")
+    from sklearn.model_selection import cross_val_score
+    r = Ratings.from_sparse(random_ratings(60, 40, density=0.3, seed=8))
+    base = clmf.ALS(factors=3, iterations=2, random_state=0, device=spec(cl_device))
+    cv = clmf.splits.RatingsKFold(3, random_state=1)
+    a = cross_val_score(base, r, cv=cv)
+    b = cross_val_score(base, r.to_pandas(), cv=cv)       # rows of raw ids, the same folds
+    assert isinstance(r.to_pandas(), pd.DataFrame) and np.isfinite(a).all()
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_what_cannot_work_is_one_clear_error(cl_device):
+    from sklearn.model_selection import GridSearchCV, cross_val_score
+    R = random_ratings(40, 30, density=0.3, seed=9)
+    C = R.tocoo()
+    base = clmf.ALS(factors=3, iterations=2, random_state=0, device=spec(cl_device))
+    grid = {"regularization": [0.1, 1.0]}
+    # a matrix or a tuple with RatingsKFold: scikit-learn would hand the model rows or arrays
+    for X, fix in ((R, "Ratings.from_sparse"), ((C.row, C.col, C.data), "Ratings.from_triples")):
+        with pytest.raises(TypeError, match=fix):
+            GridSearchCV(base, grid, cv=clmf.splits.RatingsKFold(3)).fit(X)
+        with pytest.raises(TypeError, match=fix):
+            cross_val_score(base, X, cv=clmf.splits.RatingsKFold(3))
+    # a Ratings with cv=<int>: KFold would pick ratings by its users' count
+    with pytest.raises(TypeError, match="RatingsKFold"):
+        GridSearchCV(base, grid, cv=3).fit(Ratings.from_sparse(R))
+    # a matrix with cv=<int>: scikit-learn turns every estimator error into NaN and a warning;
+    # the error, shown with error_score="raise", names the fix
+    with pytest.raises(ValueError, match=r"rows \(whole users\).*RatingsKFold"):
+        GridSearchCV(base, grid, cv=3, error_score="raise").fit(R)

@@ -7,7 +7,7 @@ import pytest
 import scipy.sparse as sp
 
 from clmf.datasets import Ratings, synthetic
-from clmf.splits import leave_k_out, random_holdout, time_split
+from clmf.splits import RatingsKFold, leave_k_out, random_holdout, time_split
 
 
 def keys(r: Ratings) -> np.ndarray:
@@ -170,3 +170,44 @@ class TestTimeSplit:
             time_split(tiny, 1.0)
         with pytest.raises(ValueError, match="cutoff"):
             time_split(tiny, cutoff="yesterday")
+
+
+# ----- RatingsKFold: scikit-learn's cross-validation over ratings -------------------------------
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_ratings_kfold_partitions_every_users_ratings(shuffle):
+    data = synthetic(shape=(60, 40), nnz=900, seed=3)
+    k = 4
+    cv = RatingsKFold(k, shuffle=shuffle, random_state=0)
+    folds = list(cv.split(data))
+    assert len(folds) == cv.get_n_splits() == k
+    hits = np.zeros(len(data), np.int64)
+    per_user = []
+    for train_mask, test_mask in folds:
+        assert train_mask.dtype == bool and np.array_equal(train_mask, ~test_mask)
+        assert_partition(data, data[train_mask], data[test_mask])
+        hits += test_mask
+        per_user.append(np.bincount(data.users[test_mask], minlength=data.shape[0]))
+    assert (hits == 1).all()                              # each rating held out exactly once
+    per_user = np.array(per_user)                         # folds × users: as even as can be
+    assert (per_user.max(axis=0) - per_user.min(axis=0) <= 1).all()
+    again = [t for _, t in RatingsKFold(k, shuffle=shuffle, random_state=0).split(data)]
+    assert all(np.array_equal(a, b) for a, b in zip(again, (t for _, t in folds)))
+
+
+def test_ratings_kfold_on_a_dataframe_and_bad_input():
+    pd = pytest.importorskip("pandas")
+    data = synthetic(shape=(30, 20), nnz=300, seed=4)
+    df = data.to_pandas().rename(columns={"user": "who"})
+    a = [t for _, t in RatingsKFold(3, random_state=2).split(data)]
+    b = [t for _, t in RatingsKFold(3, random_state=2, columns=("who", "item", "rating"))
+         .split(df)]
+    assert isinstance(df, pd.DataFrame)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    with pytest.raises(TypeError, match="Ratings.from_sparse"):
+        next(RatingsKFold(3).split(data.to_csr()))
+    with pytest.raises(ValueError, match="n_splits must be >= 2"):
+        RatingsKFold(1)
+    with pytest.raises(ValueError, match="cannot split 2 rating"):
+        next(RatingsKFold(3).split(data[np.arange(len(data)) < 2]))
+    with pytest.raises(TypeError, match="boolean mask"):
+        data[np.arange(5)]                                # positions: Ratings.subset

@@ -198,15 +198,16 @@ def test_model_cache_follows_fold_in(cl_device):
     R.data = np.ceil(R.data * 5)
     RT = R.T.tocsr()
     m = make_model(X, Y)
+    ALL = {"filter_already_liked_items": False}     # no user_items: rank every item
     with T.inference_options(device=cl_device, min_work=0):
-        before = m.recommend(0, N=5)
+        before = m.recommend(0, N=5, **ALL)
         cached = m._topk_cache["items"][1]
-        assert m.recommend(1, N=5) is not None and m._topk_cache["items"][1] is cached
+        assert m.recommend(1, N=5, **ALL) is not None and m._topk_cache["items"][1] is cached
         m.partial_fit_items(np.arange(30), RT)        # refits every item in place
         assert "_topk_cache" not in m.__dict__
-        after = m.recommend(0, N=5)
+        after = m.recommend(0, N=5, **ALL)
     with T.inference_options(enabled=False):
-        np.testing.assert_array_equal(after[0], m.recommend(0, N=5)[0])
+        np.testing.assert_array_equal(after[0], m.recommend(0, N=5, **ALL)[0])
     assert not np.array_equal(before[1], after[1])
 
 

@@ -1,12 +1,8 @@
-"""The loaders' fast paths: MovieLens ``ratings.csv`` and delimited triples through pyarrow's CSV
-reader (:mod:`._fastcsv`), Parquet through ``pyarrow.parquet``, then ids factorized, ratings cast
-and checked and duplicate pairs looked for over the scan threads (:mod:`._ids`, :mod:`.scan`).
-
-Each returns the :class:`Ratings` the line-by-line parser (or, for Parquet, pandas) would build
-from the same file, or None for anything it does not read exactly as that path does; the caller
-then takes that path, which builds the result or names the problem (same messages: file, line).
-Only the duplicate-pair error is raised here, with the message :meth:`Ratings.from_triples` gives,
-since it depends on nothing but the pairs, which are the same on both paths."""
+"""From parsed columns to :class:`Ratings` at speed (:func:`finish`: ratings cast and checked,
+duplicate pairs looked for over the scan threads, :mod:`._ids`, :mod:`.scan`) for the text
+loaders (:mod:`._csv` reads), and Parquet through ``pyarrow.parquet`` (:func:`parquet`, or None
+for a file it does not read exactly as pandas + :meth:`Ratings.from_triples` would; the caller
+then takes that path)."""
 from __future__ import annotations
 
 import logging
@@ -15,15 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ._fastcsv import _dictionary_column, read_columns, read_raw
+from ._csv import _dictionary_column
 from ._ids import factorize, take
-from ._text import _looks_like_header, _named_columns, _parse_id, _resolve_column, _sniff_sep
 from .ratings import Ratings, _handle_duplicates
 from .scan import _map, _pool, value_range
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["movielens_csv", "triples_csv", "parquet"]
+__all__ = ["finish", "parquet"]
 
 _F32_MAX = float(np.finfo(np.float32).max)
 
@@ -57,124 +52,29 @@ def _timestamps(ts: np.ndarray | None) -> np.ndarray | None | bool:
     return False
 
 
-def finish(path: Path, users, items, r, ts, t0: float, what: str,
-           duplicates: str) -> Ratings | None:
+def finish(path: Path, users, items, r, ts, t0: float, what: str, duplicates: str,
+           name_file: bool = True) -> Ratings:
     """The :class:`Ratings` of factorized ids ``users``/``items`` (``(uniques, int32 codes)``),
-    ratings and timestamps, as :meth:`Ratings.from_triples` builds it; None where that would
-    refuse the ratings or timestamps (the slow path then says why). Duplicate pairs raise its
-    error, prefixed with the file (as the text and Parquet loaders do)."""
+    ratings and timestamps, as :meth:`Ratings.from_triples` builds it (ratings or timestamps it
+    treats otherwise, or would refuse, go through it: the same result or error). Errors are
+    prefixed with the file when ``name_file``, as the text loaders do."""
     (umap, u), (imap, i) = users, items
     r32 = _ratings32(r)
-    ts = _timestamps(ts)
-    if r32 is None or ts is False:
-        return None
+    tsc = _timestamps(ts)
     try:
-        u, i, r32, ts = _handle_duplicates(u, i, r32, ts, len(imap), duplicates)
+        if r32 is None or tsc is False:
+            out = Ratings.from_triples(take(umap, u), take(imap, i), r, ts,
+                                       duplicates=duplicates)
+        else:
+            u, i, r32, tsc = _handle_duplicates(u, i, r32, tsc, len(imap), duplicates)
+            out = Ratings._new(u, i, r32, tsc, umap, imap)
     except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
-    out = Ratings._new(u, i, r32, ts, umap, imap)
+        if name_file:
+            raise type(exc)(f"{path}: {exc}") from None
+        raise
     logger.info("loaded %s (%s): %d ratings, %d users, %d items in %.2f s",
                 path, what, len(out), out.shape[0], out.shape[1], time.perf_counter() - t0)
     return out
-
-
-def _ids_of_texts(column, what: str):
-    """``(uniques, int32 codes)`` of an id column read as ``(distinct texts, index)``: the texts
-    parsed by the line parser's own :func:`._text._parse_id` (so ``01``, ``0x1f``, ``1e5`` are what
-    it makes of them), factorized, and the codes gathered per row."""
-    values, index = column
-    parsed = _parse_id(None, values, what)
-    uniques, codes = factorize(parsed, np.int32)
-    return uniques, take(codes, index)
-
-
-def _movielens_layout(line: str):
-    """``(column of each field, ncols, has_header)`` of a ratings.csv from its first line, as the
-    line parser finds them, or None where it would refuse the file."""
-    fields = line.split(",")
-    if not _looks_like_header(fields, 2):
-        if len(fields) not in (3, 4):
-            return None
-        idx = {"user": 0, "item": 1, "rating": 2, **({"timestamp": 3} if len(fields) == 4 else {})}
-        return idx, len(fields), False
-    header = [f.strip().strip('"') for f in fields]
-    idx = _named_columns(header)
-    if any(k not in idx for k in ("user", "item", "rating")):
-        return None
-    return idx, len(header), True
-
-
-def movielens_csv(path: Path, duplicates: str, t0: float) -> Ratings | None:
-    """A MovieLens ``ratings.csv`` read by pyarrow (integer ids and timestamps, float ratings), or
-    None (then the line parser reads it)."""
-    raw = read_raw(path)
-    line = raw.first_line() if raw is not None else None
-    layout = _movielens_layout(line) if line is not None else None
-    if layout is None:
-        return None
-    idx, ncols, has_header = layout
-    kinds = {idx["user"]: "int", idx["item"]: "int", idx["rating"]: "float"}
-    if "timestamp" in idx:
-        kinds[idx["timestamp"]] = "int"
-    if len(kinds) != len(idx):                 # one column named twice: the careful path
-        return None
-    cols = read_columns(raw, ",", ncols, has_header, kinds)
-    del raw
-    if cols is None:
-        return None
-    ts = cols[idx["timestamp"]] if "timestamp" in idx else None
-    users = factorize(cols[idx["user"]], np.int32)
-    items = factorize(cols[idx["item"]], np.int32)
-    return finish(path, users, items, cols[idx["rating"]], ts, t0, "MovieLens CSV", duplicates)
-
-
-class _Header:
-    """The header fields, where :func:`.triples._resolve_column` looks for them."""
-
-    def __init__(self, header):
-        """Hold ``header`` (a list of names, or None)."""
-        self.header = header
-
-
-def triples_csv(path: Path, sep, columns, header, timestamp_column, duplicates,
-                t0: float) -> Ratings | None:
-    """Delimited (user, item, rating[, timestamp]) triples read by pyarrow: ids as the line parser
-    reads them (integers when all are canonical ASCII integers, else stripped texts), or None
-    (whitespace or multi-character separators, quoted CSV, and whatever :func:`._fastcsv.
-    read_columns` leaves to the line parser)."""
-    raw = read_raw(path)
-    if raw is None:
-        return None
-    if sep is None:
-        sep = _sniff_sep(path, raw.head())
-    if sep is None or len(sep) != 1 or (sep == "," and raw.has(b'"')):
-        return None
-    line = raw.first_line()
-    if line is None:
-        return None
-    fields = line.split(sep)
-    has_header = _looks_like_header(fields, columns[2]) if header == "auto" else bool(header)
-    hdr = _Header([f.strip().strip('"') for f in fields] if has_header else None)
-    try:
-        idx = [_resolve_column(c, hdr, path, w)
-               for c, w in zip(columns, ("user", "item", "rating"))]
-        tcol = (None if timestamp_column is None
-                else _resolve_column(timestamp_column, hdr, path, "timestamp"))
-    except ValueError:
-        return None
-    kinds = {idx[0]: "id", idx[1]: "id", idx[2]: "float"}
-    if tcol is not None:
-        kinds[tcol] = "int"
-    if len(kinds) != 3 + (tcol is not None) or max(kinds) >= len(fields):
-        return None
-    cols = read_columns(raw, sep, len(fields), has_header, kinds)
-    del raw
-    if cols is None:
-        return None
-    users = _ids_of_texts(cols[idx[0]], "user id")
-    items = _ids_of_texts(cols[idx[1]], "item id")
-    ts = cols[tcol] if tcol is not None else None
-    return finish(path, users, items, cols[idx[2]], ts, t0, f"triples, sep={sep!r}", duplicates)
 
 
 def _parquet_names(schema) -> list[str] | None:
@@ -254,7 +154,8 @@ def parquet(path: Path, columns, timestamp_column, duplicates: str, t0: float) -
         ts = cols[3].to_numpy()
     users = _parquet_ids(cols[0], "user")
     items = _parquet_ids(cols[1], "item")
-    if users is None or items is None:
-        return None
-    return finish(path, users, items, cols[2].to_numpy(), ts, t0, "Parquet", duplicates)
+    r = cols[2].to_numpy()
+    if users is None or items is None or _ratings32(r) is None or _timestamps(ts) is False:
+        return None              # pandas + Ratings.from_triples say what they make of it
+    return finish(path, users, items, r, ts, t0, "Parquet", duplicates, name_file=False)
 

@@ -10,34 +10,31 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _fastload
-from ._text import (
-    _empty,
-    _finish,
-    _named_columns,
-    _parse_float,
-    _parse_int,
-    _read_text,
-    _Table,
-    _text_lines,
-)
+from ._csv import Source, first_record, read_columns, split_line
+from ._fastload import finish
+from ._ids import factorize
+from ._text import _looks_like_header, _named_columns
 from .ratings import Ratings, _factorize
 
 logger = logging.getLogger(__name__)
 
 
+def _no_ratings(path: Path) -> ValueError:
+    """The error of a file without ratings."""
+    return ValueError(f"{path}: no ratings found (file is empty or has only a header)")
+
+
 def _read_ml100k(path: Path) -> tuple[np.ndarray, ...]:
-    text = _read_text(path)
-    first = next((ln for ln in _text_lines(text[:4096]) if ln.strip()), "")
-    sep = "\t" if "\t" in first else None
-    table = _Table(path, text, sep, header=False, rating_col=2)
-    _empty(path, table)
-    cols = table.columns(4, 4)
-    u = _parse_int(table, cols[0], "user id")
-    i = _parse_int(table, cols[1], "item id")
-    r = _parse_float(table, cols[2], "rating")
-    ts = _parse_int(table, cols[3], "timestamp")
-    return u, i, r, ts
+    """``(users, items, ratings, timestamps)`` of a 100K file: 4 fields a line, tab-separated
+    (whitespace-separated when its first line has no tab)."""
+    src = Source.open(path)
+    rec = first_record(src)
+    if rec is None:
+        raise _no_ratings(path)
+    sep = "\t" if "\t" in rec[1] else None
+    return tuple(read_columns(src, sep, header_line=0, ncols=4, exact=True, wanted=[
+        (0, "int", "user id"), (1, "int", "item id"), (2, "float", "rating"),
+        (3, "int", "timestamp")]))
 
 
 def load_movielens_100k(path: str | os.PathLike, *, duplicates: str = "error") -> Ratings:
@@ -71,7 +68,8 @@ def load_movielens_100k(path: str | os.PathLike, *, duplicates: str = "error") -
     path = Path(path)
     t0 = time.perf_counter()
     u, i, r, ts = _read_ml100k(path)
-    return _finish(path, None, u, i, r, ts, t0, "MovieLens 100K", duplicates=duplicates)
+    return finish(path, factorize(u, np.int32), factorize(i, np.int32), r, ts, t0,
+                  "MovieLens 100K", duplicates)
 
 
 def load_movielens_100k_split(
@@ -173,35 +171,35 @@ def load_movielens_csv(path: str | os.PathLike, *, duplicates: str = "error") ->
     """
     path = Path(path)
     t0 = time.perf_counter()
-    fast = _fastload.movielens_csv(path, duplicates, t0)
-    if fast is not None:
-        return fast
-    text = _read_text(path)
-    table = _Table(path, text, ",", header="auto", rating_col=2)
-    _empty(path, table)
-    if table.header is not None:
-        idx = _named_columns(table.header)
+    src = Source.open(path)
+    rec = first_record(src)
+    if rec is None:
+        raise _no_ratings(path)
+    lineno, line = rec
+    fields = split_line(line, ",")
+    if _looks_like_header(fields, 2):
+        header = [f.strip().strip('"') for f in fields]
+        idx = _named_columns(header)
         missing = [k for k in ("user", "item", "rating") if k not in idx]
         if missing:
             raise ValueError(
-                f"{path}: line {table.header_lineno}: header "
-                f"{table.header} lacks column(s) for {missing} "
-                "(expected userId,movieId,rating,timestamp)"
-            )
-        ncols = len(table.header)
+                f"{path}: line {lineno}: header {header} lacks column(s) for {missing} "
+                "(expected userId,movieId,rating,timestamp)")
     else:
-        ncols = len(table._split(table.lines[0]))
-        if ncols not in (3, 4):
-            raise ValueError(f"{table.where(0)}: expected 3 or 4 fields, found {ncols}")
-        idx = {"user": 0, "item": 1, "rating": 2}
-        if ncols == 4:
-            idx["timestamp"] = 3
-    cols = table.columns(ncols, ncols)
-    u = _parse_int(table, cols[idx["user"]], "userId")
-    i = _parse_int(table, cols[idx["item"]], "movieId")
-    r = _parse_float(table, cols[idx["rating"]], "rating")
-    ts = _parse_int(table, cols[idx["timestamp"]], "timestamp") if "timestamp" in idx else None
-    return _finish(path, table, u, i, r, ts, t0, "MovieLens CSV", duplicates=duplicates)
+        header = None
+        if len(fields) not in (3, 4):
+            raise ValueError(f"{path}: line {lineno}: expected 3 or 4 fields, found "
+                             f"{len(fields)}")
+        idx = {"user": 0, "item": 1, "rating": 2, **({"timestamp": 3} if len(fields) == 4
+                                                     else {})}
+    names = {"user": ("int", "userId"), "item": ("int", "movieId"),
+             "rating": ("float", "rating"), "timestamp": ("int", "timestamp")}
+    keys = list(idx)
+    cols = dict(zip(keys, read_columns(src, ",", header_line=lineno if header else 0,
+                                       ncols=len(fields), exact=True,
+                                       wanted=[(idx[k], *names[k]) for k in keys])))
+    return finish(path, factorize(cols["user"], np.int32), factorize(cols["item"], np.int32),
+                  cols["rating"], cols.get("timestamp"), t0, "MovieLens CSV", duplicates)
 
 
 def load_movielens_dat(path: str | os.PathLike, *, duplicates: str = "error") -> Ratings:
@@ -232,11 +230,11 @@ def load_movielens_dat(path: str | os.PathLike, *, duplicates: str = "error") ->
     """
     path = Path(path)
     t0 = time.perf_counter()
-    table = _Table(path, _read_text(path), "::", header=False, rating_col=2)
-    _empty(path, table)
-    cols = table.columns(4, 4)
-    u = _parse_int(table, cols[0], "UserID")
-    i = _parse_int(table, cols[1], "MovieID")
-    r = _parse_float(table, cols[2], "Rating")
-    ts = _parse_int(table, cols[3], "Timestamp")
-    return _finish(path, table, u, i, r, ts, t0, "MovieLens .dat", duplicates=duplicates)
+    src = Source.open(path)
+    if first_record(src) is None:
+        raise _no_ratings(path)
+    cols = read_columns(src, "::", header_line=0, ncols=4, exact=True, wanted=[
+        (0, "int", "UserID"), (1, "int", "MovieID"), (2, "float", "Rating"),
+        (3, "int", "Timestamp")])
+    return finish(path, factorize(cols[0], np.int32), factorize(cols[1], np.int32), cols[2],
+                  cols[3], t0, "MovieLens .dat", duplicates)

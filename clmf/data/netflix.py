@@ -9,69 +9,59 @@ from pathlib import Path
 
 import numpy as np
 
-from ._text import (
-    _finish,
-    _first_bad,
-    _parse_float,
-    _parse_int,
-    _read_text,
-    _Table,
-    _text_lines,
-)
+from ._csv import Converter, Source
+from ._fastload import finish
+from ._ids import factorize
 from .ratings import Ratings
 
 logger = logging.getLogger(__name__)
 
 
 def _parse_netflix_file(path: Path) -> tuple[np.ndarray, ...]:
-    lines = _text_lines(_read_text(path))
-    n = len(lines)
-    stripped = [ln.strip() for ln in lines]
-    is_blank = np.fromiter((not s for s in stripped), dtype=bool, count=n)
-    is_hdr = np.fromiter((s.endswith(":") for s in stripped), dtype=bool, count=n)
+    """``(customers, movies, ratings, timestamps)`` of one file: ``movieid:`` lines, each
+    followed by ``customer,rating,YYYY-MM-DD`` lines (read by pyarrow, :mod:`._csv`)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    src = Source.open(path)
+    lines = src.lines()
+    stripped = pc.utf8_trim_whitespace(lines)
+    blank = pc.equal(pc.utf8_length(stripped), 0).to_numpy(zero_copy_only=False)
+    is_hdr = pc.ends_with(stripped, ":").to_numpy(zero_copy_only=False)
     hdr_pos = np.flatnonzero(is_hdr)
-    data_pos = np.flatnonzero(~is_hdr & ~is_blank)
+    data_pos = np.flatnonzero(~is_hdr & ~blank)
     if data_pos.size == 0:
         raise ValueError(f"{path}: no ratings found")
     if hdr_pos.size == 0 or data_pos[0] < hdr_pos[0]:
         k = int(data_pos[0])
-        raise ValueError(
-            f"{path}: line {k + 1}: rating line before any 'movieid:' header: {lines[k][:200]!r}"
-        )
-    movie_ids = np.empty(hdr_pos.size, dtype=np.int64)
-    for j, p in enumerate(hdr_pos):
-        try:
-            movie_ids[j] = int(stripped[p][:-1])
-        except ValueError:
-            raise ValueError(
-                f"{path}: line {p + 1}: movie header {lines[p][:200]!r} is not '<integer>:'"
-            ) from None
-    block = np.cumsum(is_hdr) - 1
-    items = movie_ids[block[data_pos]]
-    data_lines = [stripped[k] for k in data_pos]
-    counts = np.fromiter((s.count(",") for s in data_lines), dtype=np.int64, count=len(data_lines))
-    bad = np.flatnonzero(counts != 2)
+        raise ValueError(f"{path}: line {k + 1}: rating line before any 'movieid:' header: "
+                         f"{lines[k].as_py()[:200]!r}")
+    headers = pc.utf8_slice_codeunits(stripped.take(pa.array(hdr_pos)), 0, -1)
+    try:
+        movie_ids = pc.cast(pc.utf8_trim_whitespace(headers), pa.int64()).to_numpy()
+    except pa.ArrowInvalid:
+        k = Converter._first_refused(headers, lambda c: pc.cast(pc.utf8_trim_whitespace(c),
+                                                                pa.int64()))
+        p = int(hdr_pos[k])
+        raise ValueError(f"{path}: line {p + 1}: movie header {lines[p].as_py()[:200]!r} is not "
+                         "'<integer>:'") from None
+    items = movie_ids[(np.cumsum(is_hdr) - 1)[data_pos]]
+    fields = pc.split_pattern(stripped.take(pa.array(data_pos)), ",")
+    counts = pc.list_value_length(fields).to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(counts != 3)
     if bad.size:
         k = int(data_pos[bad[0]])
-        raise ValueError(
-            f"{path}: line {k + 1}: expected 3 fields 'customer,rating,date', found "
-            f"{int(counts[bad[0]]) + 1}: {lines[k][:200]!r}"
-        )
-    flat = ",".join(data_lines).split(",")
-    linenos_table = _Table.__new__(_Table)
-    linenos_table.path = path
-    linenos_table.linenos = data_pos + 1
-    u = _parse_int(linenos_table, flat[0::3], "customer id")
-    r = _parse_float(linenos_table, flat[1::3], "rating")
-    dates = flat[2::3]
+        raise ValueError(f"{path}: line {k + 1}: expected 3 fields 'customer,rating,date', found "
+                         f"{int(counts[bad[0]])}: {lines[k].as_py()[:200]!r}")
+    conv = Converter(lambda k: f"{path}: line {int(data_pos[k]) + 1}")
+    u = conv.ints(pc.list_element(fields, 0), "customer id")
+    r = conv.floats(pc.list_element(fields, 1), "rating")
+    dates = pc.utf8_trim_whitespace(pc.list_element(fields, 2))
     try:
-        ts = np.array(dates, dtype="datetime64[D]").astype(np.int64) * 86400
-    except ValueError:
-        k = _first_bad(dates, lambda v: np.datetime64(v, "D"))
-        raise ValueError(
-            f"{linenos_table.where(k)}: date {dates[k]!r} is not YYYY-MM-DD"
-        ) from None
-    return u, items, r, ts
+        days = pc.cast(pc.cast(dates, pa.date32()), pa.int32()).to_numpy()
+    except pa.ArrowInvalid:
+        k = Converter._first_refused(dates, lambda c: pc.cast(c, pa.date32()))
+        raise conv._fail(dates, k, "date", "is not YYYY-MM-DD") from None
+    return u, items, r, days.astype(np.int64) * 86400
 
 
 def load_netflix(path_or_dir: str | os.PathLike, *, duplicates: str = "error") -> Ratings:
@@ -116,5 +106,5 @@ def load_netflix(path_or_dir: str | os.PathLike, *, duplicates: str = "error") -
         files = [path]
     parts = [_parse_netflix_file(f) for f in files]
     u, i, r, ts = (np.concatenate([p[k] for p in parts]) for k in range(4))
-    return _finish(path, None, u, i, r, ts, t0, f"Netflix, {len(files)} file(s)",
-                   duplicates=duplicates)
+    return finish(path, factorize(u, np.int32), factorize(i, np.int32), r, ts, t0,
+                  f"Netflix, {len(files)} file(s)", duplicates)

@@ -16,7 +16,9 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from . import frames
 from ._ids import check_raw_ids, factorize
+from .frames import RATING_COLUMNS
 from .scan import has_duplicate_pairs
 from .validation import check_float32_range
 
@@ -416,6 +418,26 @@ class Ratings:
             data["timestamp"] = np.asarray(self.timestamps)
         return pd.DataFrame(data)
 
+    def __getitem__(self, key: Any) -> "Ratings":
+        """The ratings selected by a boolean mask of length ``nnz`` (also as scikit-learn's
+        ``(mask, ...)``): :meth:`subset`, same id maps and shape. This is how scikit-learn's
+        cross-validation hands a fold of :class:`clmf.splits.RatingsKFold` to an estimator.
+
+        Integer positions are refused: scikit-learn's ``cv=<int>`` (``KFold``) counts a
+        ``Ratings``' samples as its users (``shape[0]``) and would pick ratings by them; use
+        :meth:`subset` for positions.
+        """
+        if isinstance(key, tuple) and len(key) == 2 and key[1] is Ellipsis:
+            key = key[0]
+        mask = np.asarray(key)
+        if mask.dtype != bool or mask.shape != (len(self),):
+            raise TypeError(
+                f"a Ratings is indexed by a boolean mask over its {len(self)} ratings (got "
+                f"{mask.dtype} of shape {mask.shape}); scikit-learn's cv=<int> (KFold) splits "
+                "its users, not its ratings: use cv=clmf.splits.RatingsKFold(k), or "
+                "Ratings.subset(positions) for positions")
+        return self.subset(mask)
+
     def subset(self, mask_or_index: Any) -> "Ratings":
         """The ratings selected by a boolean mask or an index array, same id maps and shape.
 
@@ -620,20 +642,23 @@ class Ratings:
     def from_pandas(
         cls,
         df: Any,
-        user: str = "user",
-        item: str = "item",
-        rating: str = "rating",
+        user: str = RATING_COLUMNS[0],
+        item: str = RATING_COLUMNS[1],
+        rating: str = RATING_COLUMNS[2],
         timestamp: str | None = None,
         **kw: Any,
     ) -> "Ratings":
-        """Build from a :class:`pandas.DataFrame` (or any mapping of columns).
+        """Build from a table of raw-id ratings: a :class:`pandas.DataFrame`, a
+        :class:`pyarrow.Table` / ``RecordBatch``, or a mapping of columns (the column rules of
+        :mod:`clmf.data.frames`, shared with :meth:`clmf.ALS.fit`).
 
         Parameters
         ----------
-        df : pandas.DataFrame or mapping
+        df : pandas.DataFrame, pyarrow.Table or mapping
             Holds the columns.
         user, item, rating : str
-            Column names of raw user ids, raw item ids and ratings.
+            Column names of raw user ids, raw item ids and ratings (default ``"user"``,
+            ``"item"``, ``"rating"``).
         timestamp : str, optional
             Column of timestamps (integers or datetimes).
         **kw
@@ -645,28 +670,22 @@ class Ratings:
 
         Raises
         ------
-        KeyError
-            If a named column is missing (the message lists the available columns).
+        clmf.errors.MissingColumnError
+            If a named column is missing (a ``KeyError``; the message lists the columns found).
+        ValueError
+            On missing values (NaN/None) in a column, and as :meth:`from_triples`.
 
         Examples
         --------
         >>> Ratings.from_pandas({"user": [1, 2], "item": [5, 5], "rating": [3.0, 4.0]}).shape
         (2, 1)
         """
-        cols = list(getattr(df, "columns", None) if hasattr(df, "columns") else df.keys())
-
-        def col(name: str) -> np.ndarray:
-            if name not in cols:
-                raise KeyError(f"column {name!r} not found; available columns: {cols}")
-            c = df[name]
-            return c.to_numpy() if hasattr(c, "to_numpy") else np.asarray(c)
-
-        ts = col(timestamp) if timestamp is not None else None
+        ts = frames.column(df, timestamp) if timestamp is not None else None
         # each column checked under its own name (the errors then say which column is wrong)
-        return cls.from_triples(_as_id_array(col(user), f"column {user!r} (user ids)"),
-                                _as_id_array(col(item), f"column {item!r} (item ids)"),
-                                _as_ratings(col(rating), f"column {rating!r} (ratings)"), ts,
-                                **kw)
+        return cls.from_triples(
+            _as_id_array(frames.column(df, user), f"column {user!r} (user ids)"),
+            _as_id_array(frames.column(df, item), f"column {item!r} (item ids)"),
+            _as_ratings(frames.column(df, rating), f"column {rating!r} (ratings)"), ts, **kw)
 
     @classmethod
     def from_sparse(cls, X: Any) -> "Ratings":
@@ -756,7 +775,8 @@ def _handle_duplicates(u, i, r, ts, n_items, policy):
         n_pairs = int(np.count_nonzero(dup_sorted & ~np.r_[False, dup_sorted[:-1]]))
         raise ValueError(
             f"{n_dup} duplicate rating(s) of {n_pairs} (user, item) pair(s); pass "
-            "duplicates='mean', 'last' or 'sum' to aggregate them"
+            "duplicates='mean', 'last' or 'sum' to aggregate them (to Ratings.from_triples, "
+            "Ratings.from_pandas or the loaders)"
         )
     logger.info("aggregating %d duplicate rating(s) with duplicates=%r", n_dup, policy)
     order = np.argsort(keys, kind="stable")

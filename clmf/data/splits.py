@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from .ratings import Ratings
+from .ratings import Ratings, _as_id_array
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["random_holdout", "leave_k_out", "time_split"]
+__all__ = ["random_holdout", "leave_k_out", "time_split", "RatingsKFold"]
 
 
 def _as_ratings(data: Any) -> Ratings:
@@ -275,3 +275,94 @@ def time_split(
     test_mask = np.zeros(nnz, dtype=bool)
     test_mask[order[nnz - n_test:]] = True
     return _split(data, test_mask, f"time_split({f:g})")
+
+
+class RatingsKFold:
+    """K-fold cross-validation over ratings, for scikit-learn's ``GridSearchCV``,
+    ``cross_val_score`` and ``cross_validate``.
+
+    Each of ``n_splits`` folds holds out about 1/k of every user's ratings (stratified by user:
+    a user's ratings are dealt round-robin to the folds, from a random starting fold, in a
+    random order with ``shuffle``), so a user with at least ``n_splits`` ratings is in every
+    training part and the held-out ratings of a fold are scored by a model that knows their
+    users. ``split`` yields boolean masks over the ratings.
+
+    The samples scikit-learn splits must be the ratings: pass a :class:`clmf.datasets.Ratings`
+    (``Ratings.from_sparse(X)`` for a matrix, ``Ratings.from_triples(u, i, r)`` for triples;
+    a ``Ratings`` indexed by a fold's mask keeps the id maps and shape) or a table of raw ids
+    (pandas DataFrame: its rows are ratings; ``columns`` names the user column as
+    :meth:`clmf.ALS.fit` does). A scipy.sparse matrix or a tuple cannot work — scikit-learn
+    selects rows of a matrix (whole users) and elements of a tuple — and is refused with a
+    ``TypeError`` saying what to pass.
+
+    Parameters
+    ----------
+    n_splits : int, default 5
+        Number of folds (≥ 2).
+    shuffle : bool, default True
+        Deal each user's ratings to the folds in a random order (else in input order).
+    random_state : None, int, numpy Generator or SeedSequence
+        Seeds the order and the starting folds (with ``shuffle``, and the starting folds
+        without).
+    columns : the ``(user, item, rating)`` column names of a table (default
+        ``("user", "item", "rating")``).
+
+    Examples
+    --------
+    >>> from sklearn.model_selection import GridSearchCV               # doctest: +SKIP
+    >>> search = GridSearchCV(clmf.ALS(iterations=10), {"regularization": [0.05, 0.1]},
+    ...                       cv=clmf.splits.RatingsKFold(3, random_state=0))  # doctest: +SKIP
+    >>> search.fit(clmf.datasets.Ratings.from_sparse(train))          # doctest: +SKIP
+    >>> search.best_params_                                            # doctest: +SKIP
+    """
+
+    def __init__(self, n_splits=5, *, shuffle=True, random_state=None, columns=None):
+        """Keep the parameters (checked here)."""
+        self.n_splits = _check_int(n_splits, "n_splits", 2)
+        self.shuffle = bool(shuffle)
+        self.random_state = random_state
+        self.columns = columns
+
+    def __repr__(self):
+        """``RatingsKFold(n_splits=..., shuffle=..., random_state=...)``."""
+        return (f"RatingsKFold(n_splits={self.n_splits}, shuffle={self.shuffle}, "
+                f"random_state={self.random_state!r})")
+
+    def get_n_splits(self, X=None, y=None, groups=None):
+        """The number of folds (scikit-learn's splitter protocol)."""
+        return self.n_splits
+
+    def _users(self, X):
+        """The user of every rating of ``X`` (a Ratings or a table), as dense codes."""
+        from . import frames
+        from ._ids import factorize
+        if isinstance(X, Ratings):
+            return np.asarray(X.users), X.shape[0]
+        if frames.is_frame(X):
+            ucol = frames.rating_columns(self.columns)[0]
+            uniques, codes = factorize(_as_id_array(frames.column(X, ucol), "user ids"))
+            return codes, len(uniques)
+        what = ("a scipy.sparse matrix" if sp.issparse(X) else
+                "a tuple" if isinstance(X, tuple) else type(X).__name__)
+        raise TypeError(
+            f"RatingsKFold splits ratings, but scikit-learn hands an estimator rows of {what} "
+            "(a matrix's rows are whole users; a tuple's elements are its arrays), never a "
+            "subset of ratings: pass the ratings as clmf.datasets.Ratings "
+            "(Ratings.from_sparse(X) for a matrix, Ratings.from_triples(users, items, ratings) "
+            "for triples) or as a DataFrame of raw ids, e.g. "
+            "GridSearchCV(clmf.ALS(), grid, cv=RatingsKFold(3)).fit(Ratings.from_sparse(X))")
+
+    def split(self, X, y=None, groups=None):
+        """Yield ``(train_mask, test_mask)`` boolean masks over the ratings of ``X``, one pair
+        a fold (the test masks partition the ratings)."""
+        users, n_users = self._users(X)
+        n = len(users)
+        if n < self.n_splits:
+            raise ValueError(f"cannot split {n} rating(s) into n_splits={self.n_splits} folds")
+        rng = _rng(self.random_state)
+        key = rng.random(n) if self.shuffle else np.arange(n)
+        start = rng.integers(0, self.n_splits, n_users)
+        fold = (_rank_within_user(users, key, n_users) + start[users]) % self.n_splits
+        for k in range(self.n_splits):
+            test = fold == k
+            yield ~test, test

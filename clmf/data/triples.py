@@ -17,19 +17,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import _fastload
-from ._text import (
-    _empty,
-    _finish,
-    _looks_like_header,
-    _parse_float,
-    _parse_id,
-    _parse_time,
-    _read_text,
-    _resolve_column,
-    _sniff_sep,
-    _Table,
-    _text_lines,
-)
+from ._csv import Source, first_record, read_columns, split_line
+from ._text import _looks_like_header, _read_text, _resolve_column, _sniff_sep, _text_lines
 from .movielens import load_movielens_100k, load_movielens_csv, load_movielens_dat
 from .netflix import load_netflix
 from .ratings import Ratings, _import_pandas
@@ -123,72 +112,30 @@ def load_triples(
         if fast is not None:
             return fast
         return _load_parquet(path, columns, timestamp_column, duplicates=duplicates)
-    if sep != "":
-        fast = _fastload.triples_csv(path, sep, columns, header, timestamp_column, duplicates, t0)
-        if fast is not None:
-            return fast
-    text = _read_text(path)
-    if sep is None:
-        sep = _sniff_sep(path, text)
-    elif sep == "":
+    if sep == "":
         raise ValueError("sep must be a non-empty string or None")
-    rating_spec = columns[2]
-    if sep == "," and '"' in text:
-        return _load_quoted_csv(path, text, columns, header, timestamp_column, duplicates, t0)
-    table = _Table(path, text, sep, header=header, rating_col=rating_spec)
-    _empty(path, table)
-    idx = [_resolve_column(c, table, path, w) for c, w in zip(columns, ("user", "item", "rating"))]
+    src = Source.open(path)
+    if sep is None:
+        sep = _sniff_sep(path, src.head())
+    rec = first_record(src)
+    if rec is None:
+        raise ValueError(f"{path}: no ratings found (file is empty or has only a header)")
+    lineno, line = rec
+    fields = split_line(line, sep)
+    has_header = _looks_like_header(fields, columns[2]) if header == "auto" else bool(header)
+    names = [f.strip().strip('"') for f in fields] if has_header else None
+    idx = [_resolve_column(c, names, path, w) for c, w in zip(columns, ("user", "item", "rating"))]
     tcol = None
     if timestamp_column is not None:
-        tcol = _resolve_column(timestamp_column, table, path, "timestamp")
-    need = max(idx + ([tcol] if tcol is not None else [])) + 1
-    cols = table.columns(None, need)
-    u = _parse_id(table, cols[idx[0]], "user id")
-    i = _parse_id(table, cols[idx[1]], "item id")
-    r = _parse_float(table, cols[idx[2]], "rating")
-    ts = _parse_time(table, cols[tcol], "timestamp") if tcol is not None else None
-    return _finish(path, table, u, i, r, ts, t0, f"triples, sep={sep!r}", duplicates=duplicates)
-
-
-def _load_quoted_csv(path, text, columns, header, timestamp_column, duplicates, t0) -> Ratings:
-    """CSV with quoted fields (commas inside ids): the slower csv-module path."""
-    lines = _text_lines(text)
-    rows: list[list[str]] = []
-    linenos: list[int] = []
-    reader = csv.reader(io.StringIO("\n".join(lines)))
-    for row in reader:
-        if row and any(f.strip() for f in row):
-            rows.append(row)
-            linenos.append(reader.line_num)
-    table = _Table.__new__(_Table)
-    table.path, table.sep, table._split_sep = path, ",", ","
-    table.linenos = np.asarray(linenos, dtype=np.int64)
-    table.header = None
-    if rows:
-        has_header = (
-            _looks_like_header(rows[0], columns[2]) if header == "auto" else bool(header)
-        )
-        if has_header:
-            table.header = [f.strip() for f in rows[0]]
-            rows, table.linenos = rows[1:], table.linenos[1:]
-    table.lines = rows
-    _empty(path, table)
-    idx = [_resolve_column(c, table, path, w) for c, w in zip(columns, ("user", "item", "rating"))]
-    tcol = None
-    if timestamp_column is not None:
-        tcol = _resolve_column(timestamp_column, table, path, "timestamp")
-    need = max(idx + ([tcol] if tcol is not None else [])) + 1
-    for k, row in enumerate(rows):
-        if len(row) < need:
-            raise ValueError(
-                f"{table.where(k)}: expected at least {need} fields, found {len(row)}: {row!r}"
-            )
-    col = lambda j: [row[j] for row in rows]  # noqa: E731
-    u = _parse_id(table, col(idx[0]), "user id")
-    i = _parse_id(table, col(idx[1]), "item id")
-    r = _parse_float(table, col(idx[2]), "rating")
-    ts = _parse_time(table, col(tcol), "timestamp") if tcol is not None else None
-    return _finish(path, table, u, i, r, ts, t0, "quoted CSV", duplicates=duplicates)
+        tcol = _resolve_column(timestamp_column, names, path, "timestamp")
+    wanted = [(idx[0], "id", "user id"), (idx[1], "id", "item id"), (idx[2], "float", "rating")]
+    if tcol is not None:
+        wanted.append((tcol, "time", "timestamp"))
+    cols = read_columns(src, sep, header_line=lineno if has_header else 0, ncols=len(fields),
+                        exact=False, wanted=wanted)
+    ts = cols[3] if tcol is not None else None
+    return _fastload.finish(path, cols[0], cols[1], cols[2], ts, t0, f"triples, sep={sep!r}",
+                            duplicates)
 
 
 _ML100K_NAME = re.compile(r"^(u\.data|u[a-b1-5]\.(base|test))$")

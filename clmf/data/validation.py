@@ -97,8 +97,9 @@ def check_ratings(X, shape=None, *, allow_empty=False, what="X"):
             f"{what} is a dense array: pass a scipy.sparse matrix (stored entries are ratings, "
             "absent ones unknown), e.g. scipy.sparse.csr_matrix(X) if zeros mean 'unknown', or a "
             "(user_idx, item_idx, ratings) tuple")
-    if hasattr(X, "columns") and hasattr(X, "iloc"):
-        raise TypeError(f"{what} is a DataFrame: convert it with "
+    if hasattr(X, "columns") and (hasattr(X, "iloc") or hasattr(X, "column_names")):
+        raise TypeError(f"{what} is a table (DataFrame): clmf.ALS's fit, predict, rmse and score "
+                        "take tables of raw ids directly; here convert it with "
                         "clmf.datasets.Ratings.from_pandas(df, user=..., item=..., rating=...)")
     if isinstance(X, tuple):
         if len(X) != 3:
@@ -136,8 +137,11 @@ def check_ratings(X, shape=None, *, allow_empty=False, what="X"):
             return fast
         check_sparse_structure(X, what)
         return _finish(sp.coo_matrix(X), allow_empty, what)
-    raise TypeError(f"{what} must be a scipy.sparse matrix, a (user_idx, item_idx, ratings) tuple "
-                    f"or clmf.datasets.Ratings, not {type(X).__name__}")
+    hint = (" (scikit-learn's cross-validation with cv=<int> turns a tuple into a list of some "
+            "of its arrays: cross-validate clmf.datasets.Ratings.from_triples(users, items, "
+            "ratings) with cv=clmf.splits.RatingsKFold(k))" if isinstance(X, list) else "")
+    raise TypeError(f"{what} must be a scipy.sparse matrix, a (user_idx, item_idx, ratings) tuple, "
+                    f"a table of raw ids or clmf.datasets.Ratings, not {type(X).__name__}{hint}")
 
 
 def _canonical_csr(X):

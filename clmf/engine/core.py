@@ -647,7 +647,8 @@ class Engine:
                                                    biased=self.biased)
         wg = 128
         rows = self.side["users"].rows
-        groups = max(1, -(-rows // wg))
+        nnz = self.side["users"].nnz
+        groups = max(1, -(-nnz // wg))                 # a work-item per rating
         if "train_csr" not in self._metric_bufs:
             self._metric_bufs["train_csr"] = (None, groups, cl.Buffer(
                 self.ctx, cl.mem_flags.READ_WRITE, size=4 * groups))
@@ -655,11 +656,11 @@ class Engine:
         b = self.buf["users"]
         self._metrics_prog.kernels["sq_error_csr"](
             self.queue, (groups * wg,), (wg,), b["indptr"], b["indices"], b["data"],
-            self.factors["users"], self.factors["items"], np.int32(rows),
+            self.factors["users"], self.factors["items"], np.int32(rows), np.int64(nnz),
             np.float32(self.offset), bp)
         part = np.empty(groups, np.float32)
         cl.enqueue_copy(self.queue, part, bp)
-        return float(part.astype(np.float64).sum()), self.side["users"].nnz
+        return float(part.astype(np.float64).sum()), nnz
 
     def _release_buffers(self):
         """Release the ratings' buffers created so far (a set-up that failed)."""

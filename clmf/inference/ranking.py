@@ -76,9 +76,10 @@ class DeviceRankingMixin:
         Parameters
         ----------
         N : int, default 10
-        user_items : scipy.sparse matrix or :class:`clmf.datasets.Ratings`, optional
-            The training matrix (one row per model user): its items are left out when
-            ``filter_already_liked_items``.
+        user_items : scipy.sparse matrix, :class:`clmf.datasets.Ratings` or table, optional
+            The training matrix (one row per model user; a table of raw ids as
+            :meth:`recommend` takes it): its items are left out when
+            ``filter_already_liked_items`` (needed then, as in :meth:`recommend`).
         filter_already_liked_items, filter_items, items
             As :meth:`recommend`.
         batch_size : int, optional

@@ -30,6 +30,7 @@ from ..data.validation import check_ratings, check_sparse_structure, check_stren
 from .conventions import LIKED_SCORE, confidence_rows, ids_dtype  # noqa: F401
 from .host import _top_n, host_rank  # noqa: F401  (the host ranking, re-exported)
 from .ranking import DeviceRankingMixin
+from .raw_ids import RawIdsMixin, _map_lookup, _require_liked_rows
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +39,18 @@ __all__ = ["RecommenderMixin"]
 
 
 # ----- helpers ---------------------------------------------------------------------------------
-def _as_index_array(x, name):
-    """``(1-D int64 array, was_scalar)`` from a scalar or array of 0-based indices."""
+def _as_index_array(x, name, raw_hint=False):
+    """``(1-D int64 array, was_scalar)`` from a scalar or array of 0-based indices
+    (``raw_hint``: a refusal of raw ids points to :meth:`RecommenderMixin.recommend_raw`)."""
     arr = np.asarray(x)
     scalar = arr.ndim == 0
     arr = np.atleast_1d(arr)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be a scalar or a 1-D array, got shape {arr.shape}")
     if arr.dtype.kind == "b" or (arr.dtype.kind not in "iu" and arr.size):
-        raise TypeError(f"{name} must be integer indices, not dtype {arr.dtype}")
+        hint = ("; for raw ids call recommend_raw(raw_users, train)"
+                if raw_hint and arr.dtype.kind in "OSU" else "")
+        raise TypeError(f"{name} must be integer indices, not dtype {arr.dtype}{hint}")
     arr = arr.astype(np.int64)
     if arr.size and arr.min() < 0:
         raise ValueError(f"{name} contains a negative index ({int(arr.min())}); ids are 0-based")
@@ -121,49 +125,6 @@ def _normalized(F):
     return F / np.where(norms > 0, norms, 1).astype(F.dtype)[:, None]
 
 
-def _map_lookup(id_map, raw, missing, what):
-    """Vectorised raw id → index through ``id_map`` (index → raw id)."""
-    if missing not in ("raise", "ignore"):
-        raise ValueError(f"missing must be 'raise' or 'ignore', not {missing!r}")
-    q = np.asarray(raw)
-    scalar = q.ndim == 0
-    q = np.atleast_1d(q).ravel()
-    kind = id_map.dtype.kind
-    if q.dtype.kind in "OSU":
-        if kind in "iuf":    # raw ids typed as text (a command line) for a numeric map
-            conv = []
-            for v in q:
-                v = v.decode() if isinstance(v, bytes) else v
-                try:
-                    conv.append(int(v) if kind in "iu" else float(v))
-                except (TypeError, ValueError):
-                    conv.append(None)
-            ok = np.array([c is not None for c in conv], dtype=bool)
-            vals = np.array([c if c is not None else 0 for c in conv], dtype=id_map.dtype)
-        else:
-            vals = q.astype(str)
-            ok = np.ones(len(q), dtype=bool)
-    else:
-        if kind == "U":
-            vals = q.astype(str)
-        else:
-            vals = q
-        ok = np.ones(len(q), dtype=bool)
-    out = np.full(len(q), -1, dtype=np.int64)
-    if len(id_map) and len(q):
-        sorter = np.argsort(id_map, kind="stable")
-        smap = id_map[sorter]
-        p = np.minimum(np.searchsorted(smap, vals), len(smap) - 1)
-        found = ok & (smap[p] == vals)
-        out[found] = sorter[p[found]]
-    if missing == "raise" and (out < 0).any():
-        unknown = q[out < 0]
-        shown = ", ".join(repr(v.item() if hasattr(v, "item") else v) for v in unknown[:10])
-        more = f" (and {len(unknown) - 10} more)" if len(unknown) > 10 else ""
-        raise KeyError(f"{len(unknown)} unknown {what} id(s): {shown}{more}")
-    return int(out[0]) if scalar else out
-
-
 def _grow(a, n, fill=0):
     if a.shape[0] >= n:
         return a if a.flags.writeable else a.copy()
@@ -171,7 +132,7 @@ def _grow(a, n, fill=0):
     return np.concatenate([a, pad])
 
 
-class RecommenderMixin(DeviceRankingMixin):
+class RecommenderMixin(RawIdsMixin, DeviceRankingMixin):
     """Recommendation methods shared by clmf's models, with implicit's signatures.
 
     All methods work on the host from the learned factors; see the module docstring for the
@@ -243,15 +204,20 @@ class RecommenderMixin(DeviceRankingMixin):
         ----------
         userid : int or array_like of int
             0-based user index, or an array of them for a batched call.
-        user_items : scipy.sparse matrix or :class:`clmf.datasets.Ratings`, optional
+        user_items : scipy.sparse matrix, :class:`clmf.datasets.Ratings` or table, optional
             The users' known ratings (stored entries count as "already liked"): one row per
             requested user, or the whole training matrix indexed by ``userid`` (when its row
-            count equals ``len(userid)`` it is taken as row-aligned). Needed to filter seen
-            items and for ``recalculate_user``; with ``None`` nothing is filtered.
+            count equals ``len(userid)`` it is taken as row-aligned); or a table of raw ids
+            (pandas DataFrame, pyarrow Table with user, item and rating columns named as in
+            :meth:`clmf.ALS.fit`), matched through the model's id maps. Needed to filter seen
+            items and for ``recalculate_user``: ``None`` with ``filter_already_liked_items=True``
+            raises ``ValueError``, as implicit does (the model keeps no training matrix). For
+            raw user ids in and raw item ids out, see :meth:`recommend_raw`.
         N : int, default 10
             Number of items to return.
         filter_already_liked_items : bool, default True
-            Leave out the items stored in the user's row of ``user_items``.
+            Leave out the items stored in the user's row of ``user_items``; False ranks every
+            item (then ``user_items`` may be None).
         filter_items : array_like of int, optional
             Item indices never to return.
         recalculate_user : bool, default False
@@ -293,8 +259,9 @@ class RecommenderMixin(DeviceRankingMixin):
         (array([1, 0], dtype=int32), array([ 1.0000000e+00, -3.4028235e+38], dtype=float32))
         """
         self._require_fitted()
-        ids, scalar = _as_index_array(userid, "userid")
+        ids, scalar = _as_index_array(userid, "userid", raw_hint=True)
         N = _check_N(N)
+        user_items = self._known_pairs(user_items, "user_items")
         Y = self.item_factors_
         n_items = Y.shape[0]
         if not recalculate_user:
@@ -315,6 +282,7 @@ class RecommenderMixin(DeviceRankingMixin):
         if not filter_already_liked_items:
             rows = None
         cand = _candidates(n_items, items, filter_items)
+        _require_liked_rows(user_items, filter_already_liked_items)
         bi = getattr(self, "item_biases_", None)
         if bi is not None:
             # biased MF: score = μ + b_u + b_i + x·y — rank on [x, 1]·[y, b_i], then add μ + b_u
@@ -339,6 +307,8 @@ class RecommenderMixin(DeviceRankingMixin):
         """(N, candidates, seen rows of every user) of a ``recommend_all`` call, checked (its
         ``batch_size`` too: None or a positive integer)."""
         N = _check_N(N)
+        user_items = self._known_pairs(user_items, "user_items")
+        _require_liked_rows(user_items, filter_already_liked_items, "recommend_all")
         if batch_size is not None and (not isinstance(batch_size, numbers.Integral)
                                        or isinstance(batch_size, bool) or batch_size < 1):
             raise ValueError(f"batch_size must be None or an integer ≥ 1, not {batch_size!r}")
@@ -642,111 +612,3 @@ class RecommenderMixin(DeviceRankingMixin):
         ALS(...)
         """
         return self._fold_in("item", itemids, item_users, raw_ids)
-
-    # ----- raw ids ---------------------------------------------------------------------------
-    def _id_map(self, side):
-        id_map = getattr(self, f"{side}_ids_", None)
-        if id_map is None:
-            raise ValueError(f"this model has no raw {side} ids (it was fitted on a matrix, not "
-                             "on clmf.datasets.Ratings); use 0-based indices")
-        return np.asarray(id_map)
-
-    def user_index(self, raw_ids, missing="raise"):
-        """0-based indices of raw user ids (models fitted on :class:`clmf.datasets.Ratings`).
-
-        Parameters
-        ----------
-        raw_ids : scalar or array_like
-            Raw user ids; text is converted for numeric id maps (``"1"`` finds user ``1``).
-        missing : {"raise", "ignore"}
-            Unknown ids raise :class:`KeyError`, or give -1.
-
-        Returns
-        -------
-        int or numpy.ndarray of int64
-
-        Examples
-        --------
-        >>> model.user_index("1")                                       # doctest: +SKIP
-        0
-        """
-        self._require_fitted()
-        return _map_lookup(self._id_map("user"), raw_ids, missing, "user")
-
-    def item_index(self, raw_ids, missing="raise"):
-        """0-based indices of raw item ids; see :meth:`user_index`.
-
-        Parameters
-        ----------
-        raw_ids : scalar or array_like
-        missing : {"raise", "ignore"}
-
-        Returns
-        -------
-        int or numpy.ndarray of int64
-
-        Examples
-        --------
-        >>> model.item_index([1, 50]).tolist()                          # doctest: +SKIP
-        [0, 48]
-        """
-        self._require_fitted()
-        return _map_lookup(self._id_map("item"), raw_ids, missing, "item")
-
-    def recommend_raw(self, raw_user, train=None, N=10, filter_already_liked_items=True,
-                      filter_items=None, items=None):
-        """:meth:`recommend` in raw ids: a raw user id in, the user's own item ids out.
-
-        Parameters
-        ----------
-        raw_user : scalar
-            The user's raw id (as in the data set the model was fitted on).
-        train : :class:`clmf.datasets.Ratings` or scipy.sparse matrix, optional
-            Known ratings whose items are filtered out. A ``Ratings`` is matched by raw ids
-            (its own id maps may differ from the model's); a sparse matrix must be indexed
-            like the model.
-        N : int, default 10
-        filter_already_liked_items : bool, default True
-        filter_items, items : array_like of raw item ids, optional
-            Excluded / allowed items; raw ids unknown to the model are ignored.
-
-        Returns
-        -------
-        (raw_item_ids, scores)
-            1-D arrays, best first.
-
-        Examples
-        --------
-        >>> ids, scores = model.recommend_raw(1, train, N=10)          # doctest: +SKIP
-        """
-        self._require_fitted()
-        if np.ndim(raw_user) != 0:
-            raise TypeError("recommend_raw takes one raw user id; for a batch map them with "
-                            "user_index() and call recommend()")
-        u = self.user_index(raw_user)
-        item_map = self._id_map("item")
-        rows = None
-        if train is not None and filter_already_liked_items:
-            if hasattr(train, "user_ids") and hasattr(train, "item_ids"):
-                tu = _map_lookup(np.asarray(train.user_ids), raw_user, "ignore", "user")
-                seen = np.zeros(0, np.int64)
-                if tu >= 0:
-                    raw_items = np.asarray(train.item_ids)[np.asarray(train.items)[
-                        np.asarray(train.users) == tu]]
-                    seen = _map_lookup(item_map, raw_items, "ignore", "item")
-                    seen = seen[seen >= 0]
-                rows = sp.csr_matrix((np.ones(seen.size, np.float32),
-                                      (np.zeros(seen.size, np.int64), seen)),
-                                     shape=(1, len(item_map)))
-            else:
-                rows = train
-        fi = None if filter_items is None else self._known_items(filter_items)
-        it = None if items is None else self._known_items(items)
-        ids, scores = self.recommend(u, rows, N=N,
-                                     filter_already_liked_items=filter_already_liked_items,
-                                     filter_items=fi, items=it)
-        return item_map[ids], scores
-
-    def _known_items(self, raw):
-        idx = _map_lookup(self._id_map("item"), np.atleast_1d(np.asarray(raw)), "ignore", "item")
-        return idx[idx >= 0]

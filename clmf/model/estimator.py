@@ -10,15 +10,18 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import reference
+from ..data import frames
 from ..data.scan import count_columns, value_sum
 from ..data.validation import check_index_pairs, check_params, check_ratings, check_strengths
 from ..engine.config import KernelConfig
 from ..engine.core import host_factor_rows
 from ..errors import SingularSystemError
 from ..inference.conventions import confidence_rows
+from ..inference.predict import predict_pairs
 from ..inference.recommend import RecommenderMixin
 from ..tuning.fallback import show_progress as probe_progress
 from . import loop
+from .inputs import _check_heldout_shape, _heldout, _integral, _params_repr, _table_ratings
 from .persistence import register_estimator
 
 log = logging.getLogger(__name__)
@@ -107,7 +110,9 @@ class ALS(RecommenderMixin):
     device_ : str — the device the fit ran on (a list of str with several devices)
     device_configs_ : list of dict — per device: ``{"device": str, "users": Choice, "items":
         Choice}`` (each device its own tuning lookup)
-    history_ : list of dict — per-iteration seconds and metrics
+    history_ : list of dict — per iteration: ``seconds`` (the iteration alone) and its metrics:
+        ``train_rmse`` (explicit feedback, with or without a progress bar), ``validation_rmse``
+        (explicit) or ``validation_precision@10`` (implicit) with ``validation=``
     timings_ : dict — wall seconds of the fit's parts: ``validation`` (the input checked and
         converted), ``preparation`` (from validation to the backend: ``counts`` of ratings per
         user/item, ``checks`` of the other arguments, ``tuning`` (device selection and tuning
@@ -171,11 +176,15 @@ class ALS(RecommenderMixin):
         return self
 
     def __repr__(self):
-        default = {k: p.default for k, p in inspect.signature(type(self).__init__).parameters.items()}
-        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items()
-                         if not (isinstance(v, (int, float, str, bool, type(None)))
-                                 and v == default.get(k)))
-        return f"{type(self).__name__}({args})"
+        """``ALS(...)`` with the parameters that differ from their defaults (a dtype by name:
+        ``dtype='float16'``)."""
+        return _params_repr(type(self).__name__, self.get_params(), self._repr_defaults())
+
+    @classmethod
+    def _repr_defaults(cls):
+        """The parameters' defaults that :meth:`__repr__` leaves out."""
+        return {k: p.default for k, p in inspect.signature(ALS.__init__).parameters.items()
+                if k != "self"}
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -274,26 +283,48 @@ class ALS(RecommenderMixin):
         return bool(self.weighted_regularization)
 
     # ----- fitting -------------------------------------------------------------------------
-    def fit(self, X, y=None, *, show_progress=True, callback=None, init=None, validation=None,
-            early_stopping_rounds=None):
-        """Fit the factors to the explicit ratings ``X``.
+    def fit(self, X, y=None, *, columns=None, show_progress=True, callback=None, init=None,
+            validation=None, early_stopping_rounds=None):
+        """Fit the factors to the ratings ``X``.
 
         Parameters
         ----------
-        X : scipy.sparse matrix/array (users × items; stored entries are ratings), a
-            ``(user_idx, item_idx, ratings)`` tuple of 1-D arrays, or :class:`clmf.datasets.Ratings`.
+        X : the ratings, one of
+            - a scipy.sparse matrix/array (users × items; stored entries are ratings);
+            - a ``(user_idx, item_idx, ratings)`` tuple of 1-D arrays of 0-based indices;
+            - a :class:`clmf.datasets.Ratings`;
+            - a table of raw ids: a pandas DataFrame or a pyarrow Table/RecordBatch with user,
+              item and rating columns (``columns``; ids of any type, e.g. strings). As with
+              :class:`clmf.dask.ALS` the model keeps the id maps (``user_ids_``/``item_ids_``,
+              sorted raw ids), so :meth:`predict`, :meth:`rmse`, :meth:`score`,
+              :meth:`recommend` (``user_items``) and :meth:`recommend_raw` take raw ids and
+              tables too. Duplicate (user, item) rows are an error: aggregate them first (e.g.
+              ``clmf.datasets.Ratings.from_pandas(df, duplicates="mean")``).
         y : ignored (scikit-learn's signature of unsupervised estimators).
+        columns : the ``(user, item, rating)`` column names of a table (default
+            ``("user", "item", "rating")``; :mod:`clmf.data.frames`), of ``X`` and of a
+            ``validation`` table.
         show_progress : bool — a tqdm bar with the per-iteration train (and validation) RMSE.
         callback : ``callback(iteration, elapsed_seconds, metrics_dict)`` after each iteration.
         init : optional ``(X0, Y0)`` start factors of shapes (n_users, f) and (n_items, f).
-        validation : optional held-out ratings (same forms as ``X``, same shape) scored each
-            iteration on the device.
+        validation : optional held-out ratings (same forms as ``X``, same shape; a table of raw
+            ids is matched through ``X``'s id maps, and its ids not in ``X`` are predicted as
+            :meth:`predict` does — the global mean; with ``biases=True`` they are an error,
+            with implicit feedback they are left out) scored each iteration on the device.
         early_stopping_rounds : stop when validation RMSE has not improved for this many
             iterations; the best iteration's factors are kept.
 
         Returns
         -------
         self
+
+        Examples
+        --------
+        >>> import pandas as pd                                   # doctest: +SKIP
+        >>> df = pd.DataFrame({"user": ["ann", "bob", "ann"], "item": ["m1", "m1", "m2"],
+        ...                    "rating": [4.0, 3.0, 5.0]})         # doctest: +SKIP
+        >>> model = clmf.ALS(factors=2).fit(df)                   # doctest: +SKIP
+        >>> model.predict(["bob"], ["m2"])                        # doctest: +SKIP
         """
         from ..engine.device import device_info
         from ..engine.memory import plan_fit
@@ -305,6 +336,8 @@ class ALS(RecommenderMixin):
         # model exactly as it was
         t_fit, c_fit = time.perf_counter(), time.process_time()
         check_params(self)
+        if frames.is_frame(X):
+            X = _table_ratings(X, columns)
         R = check_ratings(X)
         t_valid = time.perf_counter()
         implicit = self.feedback == "implicit"
@@ -318,9 +351,12 @@ class ALS(RecommenderMixin):
         t_counts = time.perf_counter()
         if self.regularization == 0 and not implicit:
             _check_unregularized(user_counts, item_counts, f)
-        V = None
+        V, v_unseen = None, np.zeros(0)
         if validation is not None:
-            V = check_ratings(validation, shape=R.shape, what="validation").tocoo()
+            V, v_unseen = _heldout(validation, columns, user_ids, item_ids, R.shape)
+            if v_unseen.size and self.biases:
+                raise ValueError(f"the validation data has {v_unseen.size} rating(s) of ids not "
+                                 "in the training data; with biases=True drop them first")
         if early_stopping_rounds is not None:
             if V is None:
                 raise ValueError("early_stopping_rounds needs validation data")
@@ -343,13 +379,15 @@ class ALS(RecommenderMixin):
             choices = self._resolve_configs(info, stats)
         configs = (choices["users"].config, choices["items"].config)
         t_tuning = time.perf_counter()
-        want_train = bool(show_progress or callback is not None)
+        # the training RMSE of every iteration (explicit feedback), shown or not: what history_
+        # records does not depend on the display (one pass over the ratings on the device)
+        want_train = not implicit
         # the memory plan, from shapes alone, before any large allocation: the host's here; the
         # devices' in the backend (one device's engine, or the multi-device/streamed planner,
         # which streams what does not fit), both before any buffer exists
         plan = plan_fit(m, n, R.nnz, f, configs, info, implicit=implicit, biased=bool(self.biases),
                         validation_nnz=0 if V is None else V.nnz,
-                        train_metrics=want_train and not implicit,
+                        train_metrics=want_train,
                         early_stopping=early_stopping_rounds is not None)
         plan.check_host()
         t_plan = time.perf_counter()
@@ -383,8 +421,10 @@ class ALS(RecommenderMixin):
             # ratings of users/items with no training ratings are predicted as global_mean_
             # (as predict() does): their error is constant, computed once on the host
             unk = (user_counts[V.row] == 0) | (item_counts[V.col] == 0)
-            v_unknown_se = float(np.sum((global_mean - V.data[unk].astype(np.float64)) ** 2))
-            v_total = int(V.nnz)
+            # (and those of raw ids not in the training data)
+            v_unknown_se = float(np.sum((global_mean - np.concatenate(
+                [V.data[unk], v_unseen]).astype(np.float64)) ** 2))
+            v_total = int(V.nnz) + int(v_unseen.size)
             V = sp.coo_matrix((V.data[~unk], (V.row[~unk], V.col[~unk])), shape=V.shape)
         try:
             t_wait = time.perf_counter()
@@ -397,7 +437,7 @@ class ALS(RecommenderMixin):
             del X0, Y0
             engine.finish()
             steps = _DeviceSteps(self, engine, R, V, v_unknown_se, v_total, configs[0].storage,
-                                 train=want_train and not implicit)
+                                 train=want_train)
             t_start = time.perf_counter()
             timings = {"validation": t_valid - t_fit, "preparation": t_prep - t_valid,
                        "counts": t_counts - t_valid, "checks": t_checks - t_counts,
@@ -468,27 +508,62 @@ class ALS(RecommenderMixin):
             raise TypeError(f"the file holds a {type(model).__name__}, not a {cls.__name__}")
         return model
 
-    def predict(self, user_idx, item_idx):
-        """Predicted ratings for element-wise pairs of 0-based indices.
+    def predict(self, user_idx, item_idx=None, *, raw_ids=None, columns=None):
+        """Predicted ratings of element-wise (user, item) pairs.
 
-        A user or item with no training ratings predicts ``global_mean_``.
+        Parameters
+        ----------
+        user_idx, item_idx : array_like
+            0-based indices, or raw ids of a model fitted on raw ids (a table, a
+            :class:`clmf.datasets.Ratings`). Ids that are not integers (e.g. strings) are raw
+            ids; integer raw ids need ``raw_ids=True``.
+        item_idx : omitted when ``user_idx`` is a table of raw ids (pandas DataFrame, pyarrow
+            Table) with user and item columns (``columns``, as :meth:`fit`): one prediction a
+            row.
+        raw_ids : None (decide by the ids' type), True (raw ids) or False (indices).
+        columns : the ``(user, item, rating)`` column names of a table.
+
+        Returns
+        -------
+        numpy.ndarray of float32
+
+        Notes
+        -----
+        A user or item with no training ratings, or a raw id the model does not know, predicts
+        ``global_mean_`` (with biases: the mean plus the known side's bias; implicit
+        feedback: 0). Indices out of range raise ``IndexError``.
 
         Examples
         --------
         >>> model.predict([0, 1], [10, 3])   # doctest: +SKIP
         array([3.81, 4.02], dtype=float32)
+        >>> model.predict(["u1"], ["m1"])    # a model fitted on raw ids  # doctest: +SKIP
+        >>> model.predict(test_df)           # one prediction per row    # doctest: +SKIP
         """
         self._check_fitted()
-        u, i = check_index_pairs(user_idx, item_idx, *self.shape_)
-        p = np.einsum("ij,ij->i", self.user_factors_[u], self.item_factors_[i])
-        if getattr(self, "user_biases_", None) is not None:
-            # biased MF: unseen rows have zero factors and bias, so μ + the known side's bias
-            return (p + self.global_mean_ + self.user_biases_[u] + self.item_biases_[i]).astype(np.float32)
-        if self.feedback == "implicit":
-            return p.astype(np.float32)          # preference scores; unseen rows score 0
-        unknown = (self.user_counts_[u] == 0) | (self.item_counts_[i] == 0)
-        p[unknown] = self.global_mean_
-        return p.astype(np.float32)
+        if item_idx is None:
+            if not frames.is_frame(user_idx):
+                raise TypeError("predict takes (user ids, item ids), or one table (DataFrame) "
+                                "of user and item columns")
+            u, i, _ = self._table_codes(user_idx, columns, ratings=False, what="X")
+        elif raw_ids or (raw_ids is None and not (_integral(user_idx) and _integral(item_idx))):
+            u = np.atleast_1d(self._raw_codes("user", np.ravel(np.asarray(user_idx))))
+            i = np.atleast_1d(self._raw_codes("item", np.ravel(np.asarray(item_idx))))
+            if u.shape != i.shape:
+                raise ValueError(f"user and item ids differ in length: {u.size} vs {i.size}")
+        else:
+            u, i = check_index_pairs(user_idx, item_idx, *self.shape_)
+        return self._predict_codes(u, i)
+
+    def _predict_codes(self, u, i):
+        """Predictions of index pairs, -1 for an id unknown to the model
+        (:func:`clmf.inference.predict.predict_pairs`)."""
+        return predict_pairs(self.user_factors_, self.item_factors_, u, i,
+                             global_mean=self.global_mean_, user_counts=self.user_counts_,
+                             item_counts=self.item_counts_,
+                             user_biases=getattr(self, "user_biases_", None),
+                             item_biases=getattr(self, "item_biases_", None),
+                             implicit=self.feedback == "implicit")
 
     def save(self, path):
         """Write the fitted model to ``path`` (``.npz``, no pickle); see
@@ -518,16 +593,23 @@ class ALS(RecommenderMixin):
         self._check_fitted()
         return (self.user_factors_.shape[0], self.item_factors_.shape[0])
 
-    def rmse(self, X_test):
-        """Root-mean-square error on held-out ratings (same forms as ``fit``'s ``X``)."""
+    def rmse(self, X_test, columns=None):
+        """Root-mean-square error on held-out ratings: the forms of :meth:`fit`'s ``X`` (a
+        table of raw ids through the model's id maps, with ``columns``; its ids the model does
+        not know predicted as :meth:`predict` does — the global mean), the model's shape."""
         self._check_fitted()
-        C = check_ratings(X_test, shape=self.shape_, what="X_test", allow_empty=True).tocoo()
-        if C.nnz == 0:
+        if frames.is_frame(X_test):
+            u, i, r = self._table_codes(X_test, columns, what="X_test")
+        else:
+            _check_heldout_shape(X_test, self.shape_, "X_test")
+            C = check_ratings(X_test, shape=self.shape_, what="X_test", allow_empty=True).tocoo()
+            u, i, r = C.row, C.col, C.data
+        if len(r) == 0:
             raise ValueError("X_test holds no ratings: the RMSE of an empty test set is undefined")
-        err = self.predict(C.row, C.col).astype(np.float64) - C.data
+        err = self._predict_codes(u, i).astype(np.float64) - r
         return float(np.sqrt(np.mean(err * err)))
 
-    def score(self, X, y=None, *, user_items=None, k=10):
+    def score(self, X, y=None, *, user_items=None, k=10, columns=None):
         """Higher is better (scikit-learn's ``score``): −RMSE on held-out ratings ``X`` for
         explicit feedback; for implicit feedback, precision@``k`` (default 10) of the held-out
         items ``X`` among each user's top-k recommendations, the items of ``user_items`` (the
@@ -535,10 +617,14 @@ class ALS(RecommenderMixin):
 
         Parameters
         ----------
-        X : held-out ratings, same forms as ``fit``'s ``X`` and the model's shape
+        X : held-out ratings, same forms as ``fit``'s ``X`` (a table of raw ids too, with
+            ``columns``; implicit: its ids the model does not know are left out) and the
+            model's shape
         y : ignored (scikit-learn's signature)
-        user_items : optional sparse users × items matrix of items not to recommend (implicit)
+        user_items : optional sparse users × items matrix (or table of raw ids) of items not
+            to recommend (implicit)
         k : cut-off of the implicit score
+        columns : the ``(user, item, rating)`` column names of tables
 
         Examples
         --------
@@ -547,7 +633,13 @@ class ALS(RecommenderMixin):
         """
         self._check_fitted()
         if self.feedback != "implicit":
-            return -self.rmse(X)
+            return -self.rmse(X, columns)
+        if frames.is_frame(X):
+            u, i, r = self._table_codes(X, columns, what="X")
+            known = (u >= 0) & (i >= 0)
+            X = (u[known], i[known], r[known])
+        user_items = self._known_pairs(user_items, "user_items", columns)
+        _check_heldout_shape(X, self.shape_, "X")
         V = check_ratings(X, shape=self.shape_, what="X", allow_empty=True).tocoo()
         if V.nnz == 0:
             raise ValueError("X holds no held-out items: precision@k of an empty test set is "

@@ -81,10 +81,12 @@ def run(steps, iterations, *, start=0, history=(), callback=None, early_stopping
     history = list(history)
     best = (np.inf, None, -1)                      # (score, factors, iteration)
     first = None
-    bar = tqdm(range(start, iterations), desc=desc, unit="it", disable=not show_progress,
+    # counted by hand after each iteration's metrics: a bar iterating over the range would show
+    # its count only at its next refresh (0/10 while the postfix moves)
+    bar = tqdm(total=iterations, initial=start, desc=desc, unit="it", disable=not show_progress,
                leave=False)
     try:
-        for it in bar:
+        for it in range(start, iterations):
             t0 = time.perf_counter()
             steps.iterate(it)
             t1 = time.perf_counter()
@@ -92,7 +94,8 @@ def run(steps, iterations, *, start=0, history=(), callback=None, early_stopping
                 first = t1 - origin
             metrics = {"seconds": t1 - t0, **steps.metrics()}
             history.append(metrics)
-            bar.set_postfix({k: f"{v:.4f}" for k, v in metrics.items()})
+            bar.set_postfix({k: f"{v:.4f}" for k, v in metrics.items()}, refresh=False)
+            bar.update(1)
             log.info("iteration %d: %s", it, metrics)
             steps.after_iteration(it, history)
             if callback is not None:

@@ -342,7 +342,19 @@ def _is_file(obj, method):
 
 
 def _name(fileobj):
+    """The file object's name, or ``<BytesIO>``-style for one without."""
     return str(getattr(fileobj, "name", None) or f"<{type(fileobj).__name__}>")
+
+
+def _left_to_read(fileobj):
+    """``(position, size)`` of a seekable file object, or None (not seekable)."""
+    try:
+        pos = fileobj.tell()
+        end = fileobj.seek(0, os.SEEK_END)
+        fileobj.seek(pos)
+    except (AttributeError, OSError, ValueError):
+        return None
+    return int(pos), int(end)
 
 
 # ----- loading ---------------------------------------------------------------------------------
@@ -414,12 +426,19 @@ def load(path):
     Examples
     --------
     >>> model = clmf.load("model.npz")                              # doctest: +SKIP
-    >>> model.recommend(0, N=5)                                     # doctest: +SKIP
+    >>> model.recommend(0, train, N=5)                              # doctest: +SKIP
     """
     ALS = estimator_class()
     source = path
     if _is_file(path, "read"):
         path = _name(source)
+        where = _left_to_read(source)
+        if where is not None and where[0] >= where[1]:
+            pos, end = where
+            hint = (f"the file object is at its end (position {pos} of {end} bytes): rewind it "
+                    "with seek(0) first, e.g. buf.seek(0) after model.save(buf)" if end else
+                    "the file object is empty")
+            raise ValueError(f"{path}: not a clmf model file (nothing left to read: {hint})")
     else:
         path = source = os.fspath(path)
         if not os.path.exists(path):

@@ -121,6 +121,7 @@ def _partitions(client, X, columns, n_parts):
     import pandas as pd
     import scipy.sparse as sp
 
+    from ..data.frames import check_columns, is_dask_frame, is_frame
     from ..data.validation import check_ratings
     ucol, icol, rcol = columns
     if (sp.issparse(X) or hasattr(X, "user_ids") or isinstance(X, (tuple, np.ndarray))
@@ -139,11 +140,10 @@ def _partitions(client, X, columns, n_parts):
     if isinstance(X, str):
         import dask.dataframe as dd
         X = dd.read_parquet(X, columns=list(columns))
-    if isinstance(X, pd.DataFrame) or (hasattr(X, "to_delayed") and hasattr(X, "npartitions")):
-        missing = [c for c in columns if c not in X.columns]
-        if missing:
-            raise ValueError(f"the ratings have no column(s) {missing}; found {list(X.columns)} "
-                             "(pass columns=(user, item, rating))")
+    if is_frame(X) and not isinstance(X, pd.DataFrame):
+        X = X.to_pandas()                          # a pyarrow Table or RecordBatch
+    if isinstance(X, pd.DataFrame) or is_dask_frame(X):
+        check_columns(X, columns)
     if isinstance(X, pd.DataFrame):
         cuts = np.linspace(0, len(X), max(1, n_parts) + 1).astype(np.int64)
         return client.scatter([X.iloc[a:b] for a, b in zip(cuts[:-1], cuts[1:])],

@@ -82,11 +82,8 @@ def encode(df, columns, user_index, item_index, shift=0.0):
     """A partition's ``(users, items, ratings)`` as int32 dense indices (-1: an id not in the
     training maps) and float32 values plus ``shift`` (the kernels' view of implicit
     ``confidence="alpha*r"``); ``*_index`` None: the column holds indices already."""
-    ucol, icol, rcol = columns
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise ValueError(f"the ratings have no column(s) {missing}; found {list(df.columns)} "
-                         "(pass columns=(user, item, rating))")
+    from ..data.frames import check_columns
+    ucol, icol, rcol = check_columns(df, columns)
     out = []
     for col, index in ((ucol, user_index), (icol, item_index)):
         vals = df[col].to_numpy()
@@ -408,22 +405,12 @@ def partition_sse(df, columns, state):
 
 def predict_codes(state, u, i):
     """Predictions for dense indices (-1: an id unknown to the model) as :meth:`clmf.ALS.predict`
-    makes them: an unknown user or item (or one without training ratings) predicts the global
-    mean (with biases: the mean plus the known side's bias; implicit: 0)."""
-    X, Y = state["X"], state["Y"]
-    ku, ki = u >= 0, i >= 0
-    uu, ii = np.where(ku, u, 0), np.where(ki, i, 0)
-    p = np.einsum("ij,ij->i", X[uu], Y[ii]).astype(np.float64)
-    p[~(ku & ki)] = 0.0
-    if state["bu"] is not None:
-        bu = np.where(ku, state["bu"][uu], 0.0)
-        bi = np.where(ki, state["bi"][ii], 0.0)
-        return (p + state["mean"] + bu + bi).astype(np.float32)
-    if state["feedback"] == "implicit":
-        return p.astype(np.float32)
-    unknown = ~(ku & ki) | (state["user_counts"][uu] == 0) | (state["item_counts"][ii] == 0)
-    p[unknown] = state["mean"]
-    return p.astype(np.float32)
+    makes them (:func:`clmf.inference.predict.predict_pairs`)."""
+    from ..inference.predict import predict_pairs
+    return predict_pairs(state["X"], state["Y"], u, i, global_mean=state["mean"],
+                         user_counts=state["user_counts"], item_counts=state["item_counts"],
+                         user_biases=state["bu"], item_biases=state["bi"],
+                         implicit=state["feedback"] == "implicit")
 
 
 def recommend_block(X, r0, state, N):
