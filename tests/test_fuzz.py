@@ -408,7 +408,10 @@ def test_engine_memory_matches_the_plan(cl_device):
                       if hasattr(b, "size")) + sum(b.size for b in eng.factors.values())
         created += eng.status.size
         planned = eng.memory["total"] - eng.memory.get("metrics", 0)
-        assert created <= planned <= created + 64
+        # (the plan allows each side's indices and values their wraps from below, where the
+        # runtime needs aligned host arrays: up to host_align bytes each)
+        from clmf.engine.upload import host_align
+        assert created <= planned <= created + 64 + 4 * host_align(device_info(cl_device))
     finally:
         eng.release()
 
@@ -692,7 +695,8 @@ def test_recommend_all_refuses_bad_batch_sizes(bad):
         m.recommend_all(10, batch_size=bad)
     with pytest.raises(ValueError, match="batch_size"):
         next(m.iter_recommend_all(10, batch_size=bad))
-    assert m.recommend_all(10, batch_size=7)[0].shape == (30, 10)
+    assert m.recommend_all(10, batch_size=7,
+                           filter_already_liked_items=False)[0].shape == (30, 10)
 
 
 @pytest.mark.parametrize("indptr,indices,match", [
@@ -802,8 +806,10 @@ def test_load_of_a_text_file_does_not_suggest_pickles(tmp_path):
             clmf.load(path)
         assert "pickle" not in str(e.value) and str(path) in str(e.value)
         import io
-        with pytest.raises(ValueError, match="not an .npz archive"):
+        # an empty buffer is told apart (nothing left to read: seek(0)?)
+        with pytest.raises(ValueError, match="not an .npz archive|nothing left to read") as e:
             clmf.load(io.BytesIO(text))
+        assert "pickle" not in str(e.value)
 
 
 def test_save_into_a_missing_directory_names_it(saved, tmp_path):

@@ -157,5 +157,5 @@ def parquet(path: Path, columns, timestamp_column, duplicates: str, t0: float) -
     r = cols[2].to_numpy()
     if users is None or items is None or _ratings32(r) is None or _timestamps(ts) is False:
         return None              # pandas + Ratings.from_triples say what they make of it
-    return finish(path, users, items, r, ts, t0, "Parquet", duplicates, name_file=False)
+    return finish(path, users, items, r, ts, t0, "Parquet", duplicates)
 

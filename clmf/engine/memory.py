@@ -248,9 +248,13 @@ def plan_fit(m, n, nnz, f, configs, info, *, implicit=False, biased=False, batch
                       for s, c in zip(("users", "items"), configs)}
     dev = {}
     csr = 0
+    # a runtime that reads host arrays in place only from aligned starts gets the indices and
+    # values wrapped from the boundary below them: up to ``align`` bytes more each
+    from .upload import host_align
+    skew = host_align(info) if info is not None else 0
     for side, cfg in zip(("users", "items"), configs):
         r, other = rows[side], rows["items" if side == "users" else "users"]
-        csr += 8 * (r + 1) + 4 * max(nnz, 1) + 4 * max(nnz, 1)
+        csr += 8 * (r + 1) + 4 * max(nnz, 1) + 4 * max(nnz, 1) + 2 * skew
         item = 2 if cfg.storage == "float16" else 4
         dev[f"factors_{side}"] = max(1, r) * cfg.ldf(width) * item
         b = batch_rows[side]

@@ -307,11 +307,11 @@ class RecommenderMixin(RawIdsMixin, DeviceRankingMixin):
         """(N, candidates, seen rows of every user) of a ``recommend_all`` call, checked (its
         ``batch_size`` too: None or a positive integer)."""
         N = _check_N(N)
-        user_items = self._known_pairs(user_items, "user_items")
-        _require_liked_rows(user_items, filter_already_liked_items, "recommend_all")
         if batch_size is not None and (not isinstance(batch_size, numbers.Integral)
                                        or isinstance(batch_size, bool) or batch_size < 1):
             raise ValueError(f"batch_size must be None or an integer ≥ 1, not {batch_size!r}")
+        user_items = self._known_pairs(user_items, "user_items")
+        _require_liked_rows(user_items, filter_already_liked_items, "recommend_all")
         n_users, n_items = self.user_factors_.shape[0], self.item_factors_.shape[0]
         rows = None
         if user_items is not None and filter_already_liked_items:
