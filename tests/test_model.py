@@ -219,13 +219,25 @@ def test_repr_names_dtypes():
 
 
 def test_history_has_train_rmse_without_a_progress_bar(cl_device):
+    """Quiet fits record the fitted model's training RMSE (the last iteration's: one pass);
+    train_metrics=True records every iteration's, equal to what a callback is shown;
+    train_metrics=False none."""
     R = random_ratings(30, 20, 0.3, seed=7)
     m = clmf.ALS(3, iterations=3, device=cl_device, random_state=0).fit(R, show_progress=False)
-    assert [sorted(h) for h in m.history_] == [["seconds", "train_rmse"]] * 3
+    assert [sorted(h) for h in m.history_] == [["seconds"]] * 2 + [["seconds", "train_rmse"]]
+    every = clmf.ALS(3, iterations=3, device=cl_device, random_state=0).fit(
+        R, show_progress=False, train_metrics=True)
+    assert [sorted(h) for h in every.history_] == [["seconds", "train_rmse"]] * 3
     shown = []
     clmf.ALS(3, iterations=3, device=cl_device, random_state=0).fit(
         R, show_progress=False, callback=lambda it, t, mt: shown.append(mt["train_rmse"]))
-    assert [h["train_rmse"] for h in m.history_] == pytest.approx(shown, rel=1e-6)
+    assert [h["train_rmse"] for h in every.history_] == pytest.approx(shown, rel=1e-6)
+    assert m.history_[-1]["train_rmse"] == pytest.approx(shown[-1], rel=1e-6)
+    none = clmf.ALS(3, iterations=3, device=cl_device, random_state=0).fit(
+        R, show_progress=False, train_metrics=False)
+    assert [sorted(h) for h in none.history_] == [["seconds"]] * 3
+    with pytest.raises(ValueError, match="train_metrics"):
+        clmf.ALS(3, iterations=1, device=cl_device).fit(R, train_metrics="yes")
 
 
 class _Steps:

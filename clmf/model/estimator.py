@@ -111,7 +111,8 @@ class ALS(RecommenderMixin):
     device_configs_ : list of dict — per device: ``{"device": str, "users": Choice, "items":
         Choice}`` (each device its own tuning lookup)
     history_ : list of dict — per iteration: ``seconds`` (the iteration alone) and its metrics:
-        ``train_rmse`` (explicit feedback, with or without a progress bar), ``validation_rmse``
+        ``train_rmse`` (explicit feedback: every iteration, or only the last when nothing shows
+        it: see ``fit``'s ``train_metrics``), ``validation_rmse``
         (explicit) or ``validation_precision@10`` (implicit) with ``validation=``
     timings_ : dict — wall seconds of the fit's parts: ``validation`` (the input checked and
         converted), ``preparation`` (from validation to the backend: ``counts`` of ratings per
@@ -284,7 +285,7 @@ class ALS(RecommenderMixin):
 
     # ----- fitting -------------------------------------------------------------------------
     def fit(self, X, y=None, *, columns=None, show_progress=True, callback=None, init=None,
-            validation=None, early_stopping_rounds=None):
+            validation=None, early_stopping_rounds=None, train_metrics=None):
         """Fit the factors to the ratings ``X``.
 
         Parameters
@@ -306,6 +307,11 @@ class ALS(RecommenderMixin):
             ``validation`` table.
         show_progress : bool — a tqdm bar with the per-iteration train (and validation) RMSE.
         callback : ``callback(iteration, elapsed_seconds, metrics_dict)`` after each iteration.
+        train_metrics : None, True or False — the training RMSE (explicit feedback; one pass over
+            the ratings on the device, 0.3-1× an iteration's time on a CPU): True every
+            iteration; None (default) every iteration when a bar or a callback shows it, else for
+            the last iteration only (``history_[-1]["train_rmse"]``: the fitted model's, at the
+            cost of one pass); False never.
         init : optional ``(X0, Y0)`` start factors of shapes (n_users, f) and (n_items, f).
         validation : optional held-out ratings (same forms as ``X``, same shape; a table of raw
             ids is matched through ``X``'s id maps, and its ids not in ``X`` are predicted as
@@ -379,9 +385,13 @@ class ALS(RecommenderMixin):
             choices = self._resolve_configs(info, stats)
         configs = (choices["users"].config, choices["items"].config)
         t_tuning = time.perf_counter()
-        # the training RMSE of every iteration (explicit feedback), shown or not: what history_
-        # records does not depend on the display (one pass over the ratings on the device)
-        want_train = not implicit
+        # the training RMSE (explicit feedback; one pass over the ratings on the device): every
+        # iteration when shown or asked for, else the last one's only (see train_metrics)
+        if train_metrics not in (None, True, False):
+            raise ValueError(f"train_metrics must be None, True or False, not {train_metrics!r}")
+        want_train = not implicit and train_metrics is not False
+        train_when = ("every" if train_metrics or (train_metrics is None and (
+            show_progress or callback is not None)) else "last")
         # the memory plan, from shapes alone, before any large allocation: the host's here; the
         # devices' in the backend (one device's engine, or the multi-device/streamed planner,
         # which streams what does not fit), both before any buffer exists
@@ -437,7 +447,7 @@ class ALS(RecommenderMixin):
             del X0, Y0
             engine.finish()
             steps = _DeviceSteps(self, engine, R, V, v_unknown_se, v_total, configs[0].storage,
-                                 train=want_train)
+                                 train=want_train and train_when)
             t_start = time.perf_counter()
             timings = {"validation": t_valid - t_fit, "preparation": t_prep - t_valid,
                        "counts": t_counts - t_valid, "checks": t_checks - t_counts,
@@ -762,10 +772,12 @@ class _DeviceSteps(loop.FitSteps):
         self.weighted = model._weighted
         self.implicit = model.feedback == "implicit"
         self.rows = []              # row of each rating, for backends without a CSR metric
+        self.it, self.last = -1, int(model.iterations) - 1
 
     def iterate(self, it):
         """One iteration, waited for; a singular system explained by the ratings' range is a
         :class:`RatingRangeError`."""
+        self.it = it
         try:
             self.engine.iteration(self.regularization, self.weighted)
         except SingularSystemError as e:
@@ -773,10 +785,11 @@ class _DeviceSteps(loop.FitSteps):
         self.engine.finish()
 
     def metrics(self):
-        """Train RMSE (explicit, when wanted) and the validation metric."""
+        """Train RMSE (explicit; every iteration or the last, as ``train`` says) and the
+        validation metric."""
         out = {}
         engine, V = self.engine, self.V
-        if self.train:
+        if self.train == "every" or (self.train == "last" and self.it == self.last):
             se, cnt = _train_squared_error(engine, self.R, self.rows)
             out["train_rmse"] = float(np.sqrt(se / cnt))
         if V is not None and self.implicit:
