@@ -286,7 +286,9 @@ def save(model, path):
     clmf.NotFittedError
         If the model is not fitted (a ``RuntimeError`` too).
     OSError
-        If the directory does not exist or is not writable (nothing is left behind).
+        If the directory does not exist or is not writable (nothing is left behind), or
+        ``path`` is a directory, a named pipe, a device node or another file that is not a
+        regular file (``IsADirectoryError``/``FileExistsError``; it is left as it was).
 
     Examples
     --------
@@ -303,13 +305,17 @@ def save(model, path):
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     base = os.path.basename(path)
-    _clean_stale_temps(directory, base)
     try:                                  # an existing file keeps its permissions
-        mode = stat.S_IMODE(os.stat(path).st_mode)
+        st = os.stat(path)
     except OSError:
         mode = 0o666 & ~_current_umask()
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.{os.getpid()}.", suffix=".tmp", dir=directory)
+    else:
+        _check_replaceable(path, st)
+        mode = stat.S_IMODE(st.st_mode)
+    _clean_stale_temps(directory, base)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{base}.{os.getpid()}.", suffix=".tmp", dir=directory)
         os.chmod(tmp, mode)               # before any data: a 0600 model is never world-readable
         with os.fdopen(fd, "wb") as fh:
             np.savez_compressed(fh, allow_pickle=False, **arrays)
@@ -317,14 +323,33 @@ def save(model, path):
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
         raise
     log.info("saved model (%d users × %d items, f=%d) to %s", arrays["user_factors"].shape[0],
              arrays["item_factors"].shape[0], arrays["user_factors"].shape[1], path)
     return path
+
+
+def _check_replaceable(path, st):
+    """Refuse to save over anything but a regular file (``st``: ``os.stat`` of ``path``): the
+    atomic save would swap a named pipe, a device node (``/dev/null``) or a socket for a regular
+    file, and cannot replace a directory."""
+    if stat.S_ISREG(st.st_mode):
+        return
+    kind = ("a directory" if stat.S_ISDIR(st.st_mode) else
+            "a named pipe (FIFO)" if stat.S_ISFIFO(st.st_mode) else
+            "a character device" if stat.S_ISCHR(st.st_mode) else
+            "a block device" if stat.S_ISBLK(st.st_mode) else
+            "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+    err = IsADirectoryError if stat.S_ISDIR(st.st_mode) else FileExistsError
+    raise err(errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EEXIST,
+              f"cannot save the model to {path}: it is {kind}, which a save would replace with a "
+              "regular file; save to a regular file or a new path (or pass an open file object "
+              "to write into it)")
 
 
 def _is_file(obj, method):
