@@ -28,6 +28,8 @@ import tempfile
 import threading
 import warnings
 
+from .interrupts import deferred_interrupts
+
 log = logging.getLogger(__name__)
 
 __all__ = ["cache_dir", "CacheWarning", "MAX_BYTES", "read_bytes", "read_json", "open_lines",
@@ -189,7 +191,8 @@ def write_atomic(path, data):
             if not stat.S_ISREG(st.st_mode):
                 _refuse(path, _kind(st.st_mode))
                 return False
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with deferred_interrupts():     # Ctrl-C inside mkstemp would leave its file unnamed
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.replace(tmp, path)

@@ -9,10 +9,11 @@ many operations of each kind to start, each interrupted once, at random, in one 
 
 * a timer thread calls ``_thread.interrupt_main()`` (what Ctrl-C does: SIGINT's handler runs in
   the main thread at its next bytecode) after a random delay within the operation's duration;
-* SIGINT's handler is run at a random line of the Python code of clmf and pyopencl that the
-  operation executes, or of clmf's device code alone (engine, parallel, inference), by a trace
-  function: points a timer rarely meets, such as the few lines between enqueuing a half-step's
-  kernels and waiting for them.
+* SIGINT's handler is run on a random entry into a Python function of clmf or pyopencl that
+  the operation makes, or of the device code alone (clmf's engine, parallel and inference, and
+  pyopencl), by a trace
+  function: points a timer rarely meets, such as the launches between enqueuing a half-step's
+  first kernels and waiting for them.
 
 DATA: "synthetic" (default) or the path of MovieLens' ``u.data``. After each round the model
 fitted before it must be intact (the same factor arrays with the same values, or, after a refit
@@ -46,7 +47,7 @@ def ratings(data):
 
 
 def _roots():
-    """Folders whose Python lines the trace counts: clmf's and pyopencl's."""
+    """Folders whose functions the trace counts: clmf's and pyopencl's."""
     import pyopencl
 
     import clmf
@@ -94,23 +95,26 @@ def by_timer(op, delay):
     return _run(body)
 
 
-def by_trace(op, line, roots, focus=()):
-    """Run ``op()`` with SIGINT's handler called at its ``line``-th traced line (None: count
-    only), counting only lines in files under ``focus`` when given; returns (interrupted, lines
-    counted)."""
+def by_trace(op, call, roots, focus=()):
+    """Run ``op()`` with SIGINT's handler called on its ``call``-th entry into a Python function
+    of clmf or pyopencl (None: count only), counting only functions in files under ``focus``
+    when given; returns (interrupted, entries counted).
+
+    A function's entry (its RESUME, also on a generator's resumption) is where CPython checks
+    for a pending signal, as at a loop's backward jump and after a call: raising there is what
+    Ctrl-C does. (An arbitrary line is not: on leaving a ``with`` block the line event comes
+    before ``__exit__`` runs, outside the block's handler, where no signal is ever raised.)"""
     count = [0]
 
-    def local(frame, event, arg):
-        if event == "line" and (not focus or frame.f_code.co_filename.startswith(focus)):
+    def enter(frame, event, arg):
+        name = frame.f_code.co_filename
+        if event == "call" and name.startswith(roots) and (not focus or name.startswith(focus)):
             count[0] += 1
-            if count[0] == line:
+            if count[0] == call:
                 handler = signal.getsignal(signal.SIGINT)
                 if callable(handler):
                     handler(signal.SIGINT, frame)   # Python's raises KeyboardInterrupt here
-        return local
-
-    def enter(frame, event, arg):
-        return local if frame.f_code.co_filename.startswith(roots) else None
+        return None
 
     def body():
         sys.settrace(enter)
@@ -130,9 +134,11 @@ def check_kind(model, R, path, kind, rounds, rng, roots):
     t = time.perf_counter()
     op()
     span = max(time.perf_counter() - t, 0.005)
-    # the device code's lines (where kernels run while the main thread enqueues or waits)
-    focus = tuple(os.path.join(roots[0], d, "") for d in ("engine", "parallel", "inference"))
-    lines = by_trace(op, None, roots)[1]
+    # the device code (where kernels run while the main thread enqueues or waits): clmf's
+    # engine, parallel and inference packages and pyopencl
+    focus = tuple(os.path.join(roots[0], d, "") for d in ("engine", "parallel", "inference")
+                  ) + roots[1:]
+    calls = by_trace(op, None, roots)[1]
     focused = by_trace(op, None, roots, focus)[1]
     users = np.arange(min(300, R.shape[0]))
     ids0, sc0 = model.recommend(users, R[users], N=10)
@@ -146,7 +152,7 @@ def check_kind(model, R, path, kind, rounds, rng, roots):
         if k % 4 == 0:
             hits += by_timer(op, float(rng.uniform(0.0, 1.1 * span)))
         elif k % 4 == 1 or not focused:
-            hits += by_trace(op, int(rng.integers(1, lines + 1)), roots)[0]
+            hits += by_trace(op, int(rng.integers(1, calls + 1)), roots)[0]
         else:
             hits += by_trace(op, int(rng.integers(1, focused + 1)), roots, focus)[0]
         if model.user_factors_ is X:         # not refitted: the factors are as they were
@@ -166,7 +172,7 @@ def check_kind(model, R, path, kind, rounds, rng, roots):
     assert np.array_equal(saved.user_factors_, model.user_factors_), kind
     assert np.array_equal(saved.item_factors_, model.item_factors_), kind
     return {"kind": kind, "rounds": rounds, "interrupted": hits, "span_s": round(span, 4),
-            "traced_lines": lines, "device_code_lines": focused}
+            "traced_calls": calls, "device_code_calls": focused}
 
 
 def main(device, kinds, rounds, seed=0, data="synthetic"):

@@ -386,7 +386,9 @@ def _interrupts(cl_device, tmp_path, rounds, data="synthetic"):
 
 def test_ctrl_c_fit_save_recommend(cl_device, tmp_path):
     """20 interrupts of each of a fit, a save and a recommend at random points (before: a
-    segfault within them on PoCL and Intel): no crash, the model intact."""
+    segfault within them on PoCL, in most runs on Intel): no crash, the model intact. About 8 s
+    a device: a child process (a crash must not kill pytest) that fits once and times each
+    operation first."""
     _interrupts(cl_device, tmp_path, 20)
 
 

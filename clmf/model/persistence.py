@@ -36,6 +36,7 @@ import time
 import numpy as np
 
 from .._version import __version__
+from ..interrupts import deferred_interrupts
 
 log = logging.getLogger(__name__)
 
@@ -315,7 +316,9 @@ def save(model, path):
     _clean_stale_temps(directory, base)
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{base}.{os.getpid()}.", suffix=".tmp", dir=directory)
+        with deferred_interrupts():     # Ctrl-C inside mkstemp would leave its file unnamed
+            fd, tmp = tempfile.mkstemp(prefix=f".{base}.{os.getpid()}.", suffix=".tmp",
+                                       dir=directory)
         os.chmod(tmp, mode)               # before any data: a 0600 model is never world-readable
         with os.fdopen(fd, "wb") as fh:
             np.savez_compressed(fh, allow_pickle=False, **arrays)
