@@ -185,13 +185,13 @@ def main(device, kinds, rounds, seed=0, data="synthetic"):
     R = ratings(data)
     model = clmf.ALS(factors=16, iterations=25, regularization=0.1, device=device,
                      random_state=0).fit(R, show_progress=False)
-    tmp = tempfile.mkdtemp(prefix="clmf-interrupt-")
-    path = os.path.join(tmp, "model.npz")
     roots = _roots()
-    for kind in kinds.split(","):
-        out = check_kind(model, R, path, kind, rounds, rng, roots)
-        out.update(device=device, left_behind=sorted(os.listdir(tmp)))
-        print(json.dumps(out), flush=True)
+    with tempfile.TemporaryDirectory(prefix="clmf-interrupt-") as tmp:
+        path = os.path.join(tmp, "model.npz")
+        for kind in kinds.split(","):
+            out = check_kind(model, R, path, kind, rounds, rng, roots)
+            out.update(device=device, left_behind=sorted(os.listdir(tmp)))
+            print(json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":
