@@ -85,8 +85,8 @@ def rel_err(a, b):
 
 @pytest.fixture(autouse=True, scope="session")
 def _clmf_cache_dir(tmp_path_factory):
-    """clmf's on-disk caches (tuning indexes, compiled templates) in a per-session directory,
-    not the user's."""
+    """clmf's on-disk caches (tuning indexes, probe verdicts) in a per-session directory, not
+    the user's."""
     old = os.environ.get("CLMF_CACHE_DIR")
     os.environ["CLMF_CACHE_DIR"] = str(tmp_path_factory.mktemp("clmf-cache"))
     yield

@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 from clmf import tuning
+from clmf.cache import open_lines
 from clmf.engine.config import KernelConfig
 from clmf.errors import InvalidConfigError
 
@@ -209,9 +210,10 @@ def final_showdown(session, best, incumbent, rounds=3, repeats=3):
 def _replayed(session, pairs):
     """The journal's side-by-side verdict on these two pairs (the last one), or None."""
     path, found = getattr(session, "journal", None), None
-    if path is None or not path.exists():
+    fh = None if path is None else open_lines(path)
+    if fh is None:
         return None
-    with open(path) as fh:
+    with fh:
         for line in fh:
             try:
                 e = json.loads(line)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from clmf.cache import open_lines
 from clmf.tuning.database import base_record
 
 __all__ = ["read", "record_interrupted"]
@@ -19,10 +20,11 @@ __all__ = ["read", "record_interrupted"]
 def read(path, result_from_json):
     """(header, {(key, fidelity): Result}, [((key, fidelity), deaths)]) of a journal; ``deaths``
     counts the times the process died in a measurement never finished (this time included)."""
-    if not path.exists():
+    fh = open_lines(path)            # None: missing, or refused (a link, a pipe, a device)
+    if fh is None:
         return None, {}, []
     header, results, open_, deaths = None, {}, set(), {}
-    with open(path) as fh:
+    with fh:
         for line in fh:
             try:
                 e = json.loads(line)

@@ -50,6 +50,7 @@ import time
 import numpy as np
 
 from clmf import tuning
+from clmf.cache import cache_dir, open_append
 from clmf.engine.config import KernelConfig
 from clmf.errors import InvalidConfigError
 from clmf.tuning.database import Database, base_record
@@ -143,8 +144,8 @@ def _sample_spec(sample):
 
 
 def default_state_dir():
-    import platformdirs
-    return pathlib.Path(platformdirs.user_cache_dir("clmf")) / "tune-state"
+    """Where tuning journals live by default: ``tune-state`` in clmf's cache directory."""
+    return cache_dir() / "tune-state"
 
 
 class Session:
@@ -199,8 +200,8 @@ class Session:
         self.run_id = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
         self.state_dir = pathlib.Path(state_dir) if state_dir else default_state_dir()
         self.journal = self.state_dir / f"{self.run_id}.jsonl"
-        if not resume and self.journal.exists():
-            self.journal.unlink()
+        if not resume:
+            self.journal.unlink(missing_ok=True)      # (a link is removed, never followed)
         self.results = {}            # (config key, fidelity) -> Result
         self.order = []              # evaluation order of keys
         self.spent = 0.0             # budget consumed (sum of measurement times), replayed
@@ -216,8 +217,13 @@ class Session:
 
     # ----- journal ---------------------------------------------------------------------------
     def _jwrite(self, entry):
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.journal, "a") as fh:
+        """Append one event to the journal (synced); a journal refused by :mod:`clmf.cache`
+        (a link, a pipe, a device) is skipped with a warning (the run goes on, without
+        resume)."""
+        fh = open_append(self.journal)
+        if fh is None:
+            return
+        with fh:
             fh.write(json.dumps(entry, sort_keys=True) + "\n")
             fh.flush()
             os.fsync(fh.fileno())

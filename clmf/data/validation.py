@@ -43,8 +43,13 @@ def precision_limit(regularization):
     return float(regularization) / (64.0 * float(np.finfo(np.float32).eps))
 
 
-def check_shape_vs_ratings(shape, nnz, what="X", ids=True):
-    """Refuse a shape vastly larger than its ratings (before anything is sized by it)."""
+_MAP_IDS_HINT = ("Map raw ids to 0-based indices first with clmf.datasets.Ratings.from_triples("
+                 "users, items, ratings), which keeps the id maps")
+
+
+def check_shape_vs_ratings(shape, nnz, what="X", ids=True, hint=_MAP_IDS_HINT):
+    """Refuse a shape vastly larger than its ratings (before anything is sized by it); ``hint``
+    ends the message (what to do instead)."""
     for k, (name, size) in enumerate((("user", shape[0]), ("item", shape[1]))):
         if size > SPARSE_ROWS_FLOOR and size > SPARSE_ROWS_PER_RATING * max(int(nnz), 1):
             how = (f"its largest {name} index is {size - 1}" if ids
@@ -52,9 +57,7 @@ def check_shape_vs_ratings(shape, nnz, what="X", ids=True):
             raise ValueError(
                 f"{what} has {int(nnz)} rating(s) but {how}: a {shape[0]} × {shape[1]} matrix "
                 f"would be sized for {size} {name}s, almost all without ratings (factors and "
-                f"row pointers of {size} rows before any work). Map raw ids to 0-based indices "
-                "first with clmf.datasets.Ratings.from_triples(users, items, ratings), which "
-                "keeps the id maps")
+                f"row pointers of {size} rows before any work). {hint}")
 
 
 def _is_ratings_obj(X):

@@ -23,7 +23,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 
 log = logging.getLogger(__name__)
@@ -62,31 +61,18 @@ def _cache_path():
 
 
 def _read(path):
-    """The cached verdicts (empty when missing or unreadable)."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            d = json.load(fh)
-        return d if isinstance(d, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    """The cached verdicts (empty when missing, torn or refused: see :mod:`clmf.cache`)."""
+    from ..cache import read_json
+    d = read_json(path)
+    return d if isinstance(d, dict) else {}
 
 
 def _write(path, key, verdict):
-    """Add one verdict to the cache (read, update, atomic replace; errors only logged)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        d = _read(path)
-        d[key] = verdict
-        fd, tmp = tempfile.mkstemp(prefix=".capabilities-", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(d, fh, indent=0, sort_keys=True)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError as e:
-        log.debug("cannot write the capability cache %s: %s", path, e)
+    """Add one verdict to the cache (read, update, atomic replace through :mod:`clmf.cache`)."""
+    from ..cache import write_atomic
+    d = _read(path)
+    d[key] = verdict
+    write_atomic(path, json.dumps(d, indent=0, sort_keys=True))
 
 
 def _present(info):

@@ -21,6 +21,7 @@ import scipy.sparse as sp
 
 from ..data.scan import count_columns
 from ..errors import InvalidConfigError, SingularSystemError
+from ..interrupts import deferred_interrupts, drain
 from . import kernels as K
 from . import upload as U
 from .device import device_info, get_context
@@ -313,6 +314,7 @@ class Engine:
         self.device = device
         self.info = device_info(device)
         self.ctx, self.queue = get_context(device)
+        self._released = False                       # see __del__
         self.f = f                                   # latent factors
         self.implicit = implicit_alpha is not None
         self.alpha = float(implicit_alpha or 0.0)
@@ -369,9 +371,10 @@ class Engine:
             t1 = time.perf_counter()
             self.programs, build_s = builds.result()
         except BaseException:
-            builds.cancel()
-            concurrent.futures.wait([builds])
-            self._release_buffers()
+            with deferred_interrupts():      # Ctrl-C here too: the copies and the transpose end
+                builds.cancel()
+                concurrent.futures.wait([builds])
+                self._release_buffers()
             raise
         t2 = time.perf_counter()
         self.vars = {s: K.als_variables(self.configs[s], fs, self.info, self.implicit, self.biased)
@@ -663,21 +666,50 @@ class Engine:
         return float(part.astype(np.float64).sum()), nnz
 
     def _release_buffers(self):
-        """Release the ratings' buffers created so far (a set-up that failed)."""
+        """Release the ratings' buffers created so far (a set-up that failed), once the
+        commands queued on them have ended."""
+        self._drain()
         for d in self.buf.values():
             for bufobj in d.values():
                 if isinstance(bufobj, self.cl.MemoryObjectHolder):
                     bufobj.release()
         self.buf = {}
 
+    def _drain(self):
+        """Wait for the queue (Ctrl-C held back): no kernel or copy still uses a buffer or a
+        host array the engine wraps once this returns; a failed wait is only logged."""
+        try:
+            drain(getattr(self, "queue", None))
+        except Exception as e:  # noqa: BLE001 - freeing must go on after a failed command
+            log.warning("waiting for %s before freeing its buffers failed: %s",
+                        getattr(getattr(self, "info", None), "name", "the device"), e)
+
     def release(self):
-        for d in list(self.buf.values()) + [self.factors]:
-            for bufobj in d.values():
-                if isinstance(bufobj, self.cl.MemoryObjectHolder):
+        """Free the device buffers, once every command queued on them has ended (also after
+        Ctrl-C: the kernels of an interrupted half-step finish first); again, nothing."""
+        if getattr(self, "_released", True):
+            return
+        with deferred_interrupts():
+            self._drain()
+            for d in list(self.buf.values()) + [self.factors]:
+                for bufobj in d.values():
+                    if isinstance(bufobj, self.cl.MemoryObjectHolder):
+                        bufobj.release()
+            for entry in self._metric_bufs.values():
+                for bufobj in entry[2:]:
                     bufobj.release()
-        for entry in self._metric_bufs.values():
-            for bufobj in entry[2:]:
-                bufobj.release()
-        self.status.release()
-        self.buf = {}
-        self._metric_bufs = {}
+            self.status.release()
+            self.buf = {}
+            self._metric_bufs = {}
+            self.factors = {}
+            self._factor_hosts = {}
+            self._released = True
+
+    def __del__(self):
+        """An engine dropped unreleased (an error or Ctrl-C before :meth:`release`) waits for
+        its queue before its buffers and the host arrays they wrap are freed with it."""
+        if not getattr(self, "_released", True):
+            try:
+                self._drain()
+            except Exception:  # noqa: BLE001, S110 - interpreter shutdown: nothing to wait for
+                pass

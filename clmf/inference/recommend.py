@@ -509,11 +509,13 @@ class RecommenderMixin(RawIdsMixin, DeviceRankingMixin):
         other = self.item_factors_ if side == "user" else self.user_factors_
         name = "user_items" if side == "user" else "item_users"
         rows = _rows_for(ids, M, name, other.shape[0], ratings=True)
-        F, b = self._solve_rows(rows, side)
         counts = np.diff(rows.indptr)
         fac_attr, cnt_attr, map_attr = f"{side}_factors_", f"{side}_counts_", f"{side}_ids_"
         old = getattr(self, fac_attr).shape[0]
         new = max(old, int(ids.max()) + 1 if ids.size else 0)
+        if new > old:
+            self._check_growth(side, ids, counts, new)
+        F, b = self._solve_rows(rows, side)
         id_map = getattr(self, map_attr, None)
         if new > old and id_map is not None:
             missing = np.setdiff1d(np.arange(old, new), ids)
@@ -548,6 +550,25 @@ class RecommenderMixin(RawIdsMixin, DeviceRankingMixin):
         self._invalidate_inference()
         log.info("folded in %d %s(s) (%d new)", ids.size, side, new - old)
         return self
+
+    def _check_growth(self, side, ids, counts, new):
+        """Refuse ids that would grow ``side`` to ``new`` rows as ``fit`` refuses such ids:
+        far more rows than the model's ratings, or host arrays beyond the available memory."""
+        from ..data.validation import check_shape_vs_ratings
+        from ..engine.memory import MemoryPlan
+        cnt = np.asarray(getattr(self, f"{side}_counts_"))
+        known = ids[ids < cnt.shape[0]]
+        nnz = int(cnt.sum()) - int(cnt[known].sum()) + int(counts.sum())
+        n_other = (self.item_factors_ if side == "user" else self.user_factors_).shape[0]
+        check_shape_vs_ratings(
+            (new, n_other) if side == "user" else (n_other, new), nnz,
+            what=f"the model with {side} {int(ids.max())} folded in",
+            hint=f"Fold in new {side}s at the next free indices ({cnt.shape[0]}, "
+                 f"{cnt.shape[0] + 1}, ...)")
+        fac = getattr(self, f"{side}_factors_")
+        MemoryPlan(device={}, host={
+            f"{side}_factors_": new * fac.shape[1] * fac.dtype.itemsize,
+            f"{side}_counts_": new * cnt.dtype.itemsize, f"{side}_biases_": 4 * new}).check_host()
 
     def partial_fit_users(self, userids, user_items, *, raw_ids=None):
         """Fold new or changed users into the model without refitting the items.

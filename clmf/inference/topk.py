@@ -32,6 +32,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import DeviceMemoryError, InvalidConfigError
+from ..interrupts import drain
 
 log = logging.getLogger(__name__)
 
@@ -575,6 +576,9 @@ class DeviceTopK:
                 yield b0, *_finish(ix, sc, cand)
                 if bar is not None:
                     bar.update(nb)
+        except BaseException:
+            drain(self.queue)       # Ctrl-C: the batch's kernels end before its buffers go
+            raise
         finally:
             if bar is not None:
                 bar.close()

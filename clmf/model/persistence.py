@@ -36,6 +36,7 @@ import time
 import numpy as np
 
 from .._version import __version__
+from ..interrupts import deferred_interrupts
 
 log = logging.getLogger(__name__)
 
@@ -289,7 +290,9 @@ def save(model, path):
     clmf.NotFittedError
         If the model is not fitted (a ``RuntimeError`` too).
     OSError
-        If the directory does not exist or is not writable (nothing is left behind).
+        If the directory does not exist or is not writable (nothing is left behind), or
+        ``path`` is a directory, a named pipe, a device node or another file that is not a
+        regular file (``IsADirectoryError``/``FileExistsError``; it is left as it was).
 
     Examples
     --------
@@ -306,14 +309,19 @@ def save(model, path):
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     base = os.path.basename(path)
-    _clean_stale_temps(directory, base)
     try:                                  # an existing file keeps its permissions
-        mode = stat.S_IMODE(os.stat(path).st_mode)
+        st = os.stat(path)
     except OSError:
         mode = 0o666 & ~_current_umask()
+    else:
+        _check_replaceable(path, st)
+        mode = stat.S_IMODE(st.st_mode)
+    _clean_stale_temps(directory, base)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{base}.{os.getpid()}.", suffix=".tmp", dir=directory)
-    except OSError as e:                  # name the directory, not the temporary file
+        with deferred_interrupts():     # Ctrl-C inside mkstemp would leave its file unnamed
+            fd, tmp = tempfile.mkstemp(prefix=f".{base}.{os.getpid()}.", suffix=".tmp",
+                                       dir=directory)
+    except OSError as e:                # name the directory, not the temporary file
         why = ("no such directory" if not os.path.isdir(directory)
                else e.strerror or type(e).__name__)
         raise type(e)(e.errno, f"cannot write {base} into its directory ({why})",
@@ -334,6 +342,24 @@ def save(model, path):
     log.info("saved model (%d users × %d items, f=%d) to %s", arrays["user_factors"].shape[0],
              arrays["item_factors"].shape[0], arrays["user_factors"].shape[1], path)
     return path
+
+
+def _check_replaceable(path, st):
+    """Refuse to save over anything but a regular file (``st``: ``os.stat`` of ``path``): the
+    atomic save would swap a named pipe, a device node (``/dev/null``) or a socket for a regular
+    file, and cannot replace a directory."""
+    if stat.S_ISREG(st.st_mode):
+        return
+    kind = ("a directory" if stat.S_ISDIR(st.st_mode) else
+            "a named pipe (FIFO)" if stat.S_ISFIFO(st.st_mode) else
+            "a character device" if stat.S_ISCHR(st.st_mode) else
+            "a block device" if stat.S_ISBLK(st.st_mode) else
+            "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+    err = IsADirectoryError if stat.S_ISDIR(st.st_mode) else FileExistsError
+    raise err(errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EEXIST,
+              f"cannot save the model to {path}: it is {kind}, which a save would replace with a "
+              "regular file; save to a regular file or a new path (or pass an open file object "
+              "to write into it)")
 
 
 def _is_file(obj, method):

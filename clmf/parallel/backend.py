@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from ..engine.core import padded_factors, unpadded_factors
+from ..interrupts import deferred_interrupts
 from .layout import Layout, SideLayout, transpose_csr
 from .memory import plan_device
 from .partition import choose_modes, make_plan
@@ -169,19 +170,21 @@ class MultiEngine:
                        "streamed": [p.streamed for p in self.dplans]}
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=n)
         contexts = _shared_contexts(self.devices)
+        futs = []
         try:
-            futs = [self.pool.submit(DeviceWorker, d, dev, L, self.plan, self.dplans[d], self.f,
-                                     self.ldf, {"users": self.config_pairs[d][0],
-                                                "items": self.config_pairs[d][1]},
-                                     implicit_alpha, biased, offset, contexts[d], profile,
-                                     self.sources[d], pinned)
-                    for d, dev in enumerate(self.devices)]
+            for d, dev in enumerate(self.devices):
+                futs.append(self.pool.submit(
+                    DeviceWorker, d, dev, L, self.plan, self.dplans[d], self.f, self.ldf,
+                    {"users": self.config_pairs[d][0], "items": self.config_pairs[d][1]},
+                    implicit_alpha, biased, offset, contexts[d], profile, self.sources[d],
+                    pinned))
             self.workers = [fu.result() for fu in futs]
         except BaseException:
-            for fu in futs:
-                if fu.done() and fu.exception() is None:
-                    fu.result().release()
-            self.pool.shutdown()
+            with deferred_interrupts():      # every set-up ends, then the built ones are freed
+                self.pool.shutdown(wait=True)
+                for fu in futs:
+                    if not fu.cancelled() and fu.exception() is None:
+                        fu.result().release()
             raise
         self.configs = [{"users": p[0], "items": p[1]} for p in self.config_pairs]
         # the exchange's host arrays: page-locked (in the first device's context) on GPUs when
@@ -361,11 +364,14 @@ class MultiEngine:
         return float(total), int(len(ratings))
 
     def release(self):
-        """Free every device's buffers and stop the threads."""
-        for w in getattr(self, "workers", []):
-            w.release()
-        self.workers = []
-        self.pool.shutdown()
+        """Stop the threads, then free every device's buffers: a half-step cut short by Ctrl-C
+        in this thread may still run on the devices' threads, so they end first (Ctrl-C held
+        back meanwhile), and each worker waits for its queues."""
+        with deferred_interrupts():
+            self.pool.shutdown(wait=True)
+            for w in getattr(self, "workers", []):
+                w.release()
+            self.workers = []
 
 
 def _map_threads(fn, jobs):

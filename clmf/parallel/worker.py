@@ -28,6 +28,7 @@ import numpy as np
 from ..engine import kernels as K
 from ..engine.core import launch_batch, launch_gram, launch_solve
 from ..errors import InvalidConfigError, SingularSystemError
+from ..interrupts import deferred_interrupts, drain
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,7 @@ class DeviceWorker:
         props = cl.command_queue_properties.PROFILING_ENABLE if profile else 0
         self.q = {k: cl.CommandQueue(self.ctx, device, properties=props)
                   for k in ("compute", "stream", "out", "into")}
+        self._released = False      # see __del__
         self.layout = layout
         self.sources = {s: (sources or {}).get(s, layout[s]) for s in SIDES}
         self.plan = plan
@@ -582,9 +584,39 @@ class DeviceWorker:
         for q in self.q.values():
             q.finish()
 
+    def _drain(self):
+        """Wait for every queue (Ctrl-C held back); a failed wait is only logged."""
+        try:
+            drain(*getattr(self, "q", {}).values())
+        except Exception as e:  # noqa: BLE001 - freeing must go on after a failed command
+            log.warning("waiting for device %s before freeing its buffers failed: %s",
+                        getattr(self, "index", "?"), e)
+
+    def __del__(self):
+        """A worker dropped unreleased (an error or Ctrl-C in its set-up or before
+        :meth:`release`) waits for its queues before its buffers are freed with it."""
+        if not getattr(self, "_released", True):
+            try:
+                self._drain()
+            except Exception:  # noqa: BLE001, S110 - interpreter shutdown: nothing to wait for
+                pass
+
     def release(self):
-        """Free the device buffers."""
-        self.finish()
+        """Free the device buffers, once every command queued on them has ended (Ctrl-C held
+        back meanwhile); again, nothing."""
+        if getattr(self, "_released", True):
+            return
+        with deferred_interrupts():
+            self._drain()
+            self._free()
+            self._released = True
+
+    def _free(self):
+        """Release every buffer (the queues are drained; the fill threads end first, they
+        write into the mapped staging arrays)."""
+        if self._fill_pool is not None:
+            self._fill_pool.shutdown()
+            self._fill_pool = None
         for _n, bufs in self._metric_bufs.values():
             for x in bufs:
                 x.release()
@@ -595,9 +627,6 @@ class DeviceWorker:
                 mapping.release(self.q["stream"])     # unmap before freeing
             buf.release()
         self._staging = []
-        if self._fill_pool is not None:
-            self._fill_pool.shutdown()
-            self._fill_pool = None
         for s in list(self.buf):
             b = self.buf[s]
             for key, val in list(b.items()):

@@ -18,8 +18,9 @@ Debian's PoCL). A database must never break a fit, so:
   device and driver (the shipped tunings included) — was built and run here already and is not
   probed. The child builds the configuration and runs one ALS iteration on a tiny problem, so
   a crash of the runtime kills the child, not the caller. Verdicts are cached on disk per
-  (device, driver, clmf version, kernel templates, configuration, f, mode) in
-  ``platformdirs.user_cache_dir("clmf")``, so a probe runs once per machine. ``CLMF_PROBE=off``
+  (device, driver, clmf version, kernel templates, configuration, f, mode) in clmf's cache
+  directory (:func:`clmf.cache.cache_dir`: ``$CLMF_CACHE_DIR``, else the user's cache
+  directory), so a probe runs once per machine. ``CLMF_PROBE=off``
   disables probing, ``CLMF_PROBE=always`` probes every configuration taken from a database or
   the computed default, this device's own tunings too.
   The heuristic and the baseline (clmf's own plain kernels) are checked in process only.
@@ -35,13 +36,13 @@ import json
 import logging
 import math
 import os
-import pathlib
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import warnings
+
+from ..cache import cache_dir, read_json, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -168,9 +169,8 @@ def usable(info, cfg, f, mode, source, record_device=None):
 
 # ----- the probe in a child process ------------------------------------------------------------
 def probe_cache_path():
-    """The on-disk cache of probe verdicts."""
-    import platformdirs
-    return pathlib.Path(platformdirs.user_cache_dir("clmf")) / "config-probes.json"
+    """The on-disk cache of probe verdicts (in clmf's cache directory)."""
+    return cache_dir() / "config-probes.json"
 
 
 def _cache_key(info, cfg, f, mode):
@@ -181,30 +181,17 @@ def _cache_key(info, cfg, f, mode):
 
 
 def _read_cache(path):
-    try:
-        with open(path, encoding="utf-8") as fh:
-            d = json.load(fh)
-        return d if isinstance(d, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    """The cached verdicts ({key: verdict}); empty when the file is missing, torn or refused
+    (see :mod:`clmf.cache`)."""
+    d = read_json(path)
+    return d if isinstance(d, dict) else {}
 
 
 def _write_cache(path, key, verdict):
     """Add one verdict to the cache file (read, update, atomic replace; errors only logged)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        d = _read_cache(path)
-        d[key] = verdict
-        fd, tmp = tempfile.mkstemp(prefix=".probes-", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(d, fh, indent=0, sort_keys=True)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError as e:
-        log.debug("cannot write the probe cache %s: %s", path, e)
+    d = _read_cache(path)
+    d[key] = verdict
+    write_atomic(path, json.dumps(d, indent=0, sort_keys=True))
 
 
 def _device_present(info):

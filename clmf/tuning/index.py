@@ -4,20 +4,21 @@ that rung reads; keyed by the file's path, size and modification time, so that a
 process reads a small file instead of parsing every record of a database that grows with each
 tuning run.
 
-The index lives in ``$CLMF_CACHE_DIR`` (default ``$XDG_CACHE_HOME/clmf`` or ``~/.cache/clmf``);
-a missing, stale or unreadable index is rebuilt from :func:`~clmf.tuning.database.read_database`
-(which also reports a corrupted file), and a cache that cannot be written is only skipped.
+The index lives in ``$CLMF_CACHE_DIR`` (default ``$XDG_CACHE_HOME/clmf`` or ``~/.cache/clmf``)
+and is read and written only through :mod:`clmf.cache` (no links, pipes or devices, bounded
+size, exclusive temporary files); a missing, stale, unreadable or refused index is rebuilt from
+:func:`~clmf.tuning.database.read_database` (which also reports a corrupted file), and a cache
+that cannot be written is only skipped.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
-import os
 import pathlib
 import threading
 
-from ..cache import cache_dir
+from ..cache import MAX_BYTES, cache_dir, read_json, write_atomic
 from .database import read_database
 from .schema import SCHEMA_VERSION
 
@@ -68,12 +69,14 @@ def _stamp(path):
 
 
 def _read_index(index, path, stamp):
-    """The records of one index file, or None when missing or stale."""
+    """The records of one index file, or None when missing, stale or refused (an index is at
+    most about twice its database's size)."""
+    doc = read_json(index, limit=max(MAX_BYTES, 2 * stamp[1] + (1 << 20)))
     try:
-        doc = json.loads(index.read_text())
         if doc.get("path") == str(path.resolve()) and doc.get("stamp") == list(stamp):
-            return doc["records"]
-    except (OSError, ValueError, KeyError, TypeError):
+            recs = doc["records"]
+            return recs if isinstance(recs, list) else None
+    except (AttributeError, OSError, KeyError, TypeError):
         pass
     return None
 
@@ -88,18 +91,15 @@ def _build(path, stamp):
     best = [r for r in recs if r.get("kind") in ("best", "topk")]
     meas = [_slim(r) for r in recs if r.get("kind") == "measurement"]
     b_idx, m_idx, prefix = _paths(path, stamp)
+    written = all([write_atomic(index, json.dumps({"path": str(path.resolve()),
+                                                  "stamp": list(stamp), "records": part}))
+                   for index, part in ((m_idx, meas), (b_idx, best))])
     try:
-        b_idx.parent.mkdir(parents=True, exist_ok=True)
-        for index, part in ((m_idx, meas), (b_idx, best)):
-            tmp = index.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"path": str(path.resolve()), "stamp": list(stamp),
-                                       "records": part}))
-            os.replace(tmp, index)
-        for old in b_idx.parent.glob(prefix + "*.json"):
+        for old in b_idx.parent.glob(prefix + "*.json") if written else ():
             if old not in (b_idx, m_idx):          # earlier versions of the same file
-                old.unlink(missing_ok=True)
+                old.unlink(missing_ok=True)        # (a link is removed, never followed)
     except OSError as e:
-        log.debug("tuning index %s not written: %s", b_idx, e)
+        log.debug("old tuning indexes beside %s not removed: %s", b_idx, e)
     return best, meas
 
 
