@@ -27,6 +27,8 @@ import time
 
 import numpy as np
 
+from .argtypes import positive_float, positive_int
+
 log = logging.getLogger("clmf.cli")
 
 
@@ -51,28 +53,6 @@ class _Parser(argparse.ArgumentParser):
         self.print_usage(sys.stderr)
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         raise _ArgumentError(message, self.prog)
-
-
-def positive_int(text):
-    """argparse type: an integer ≥ 1 (else a usage error naming the option)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer ≥ 1, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer ≥ 1, not {text!r}")
-    return value
-
-
-def positive_float(text):
-    """argparse type: a finite number > 0 (else a usage error naming the option)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, not {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, not {text!r}")
-    return value
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -463,7 +463,7 @@ def configure_parser(p):
     p.add_argument("--data", action="append", default=None, metavar="SPEC",
                    help="data set (repeatable): ml-100k | netflix | yahoomusic-r1 | movielens-20m "
                         "(synthetic, [@SCALE]) | synthetic:USERSxITEMSxRATINGS; default ml-100k")
-    from ..cli import positive_float, positive_int
+    from ..argtypes import positive_float, positive_int
     p.add_argument("--scale", type=positive_float, default=1.0,
                    help="scale of the synthetic presets")
     p.add_argument("--factors", "-f", type=positive_int, nargs="+", default=[10, 50, 100])
