@@ -234,7 +234,7 @@ def test_checks_catch_a_cycle_and_a_forbidden_import(tmp_path):
     assert not any(b.startswith("clmf.bench") for b in bad)
 
 
-@pytest.mark.parametrize("name", ["ALS", "load", "datasets", "metrics", "splits",
+@pytest.mark.parametrize("name", ["ALS", "load", "evaluate", "datasets", "metrics", "splits",
                                   "select_device", "KernelConfig", "errors"])
 def test_public_api_is_listed(name):
     import clmf

@@ -129,6 +129,61 @@ def test_implicit_ranking_metrics_score_a_clmf_model(cl_device):
     assert 0 < got["precision"] <= 1
 
 
+def _split(seed=4, m=120, n=90):
+    """(train, test) CSR: a fifth of the entries of :func:`counts` held out."""
+    R = counts(m, n, density=0.15, seed=seed).tocoo()
+    rng = np.random.default_rng(0)
+    test_mask = rng.random(R.nnz) < 0.2
+    pick = lambda mask: sp.csr_matrix((R.data[mask], (R.row[mask], R.col[mask])),  # noqa: E731
+                                      shape=R.shape)
+    return pick(~test_mask), pick(test_mask)
+
+
+@pytest.mark.parametrize("K", [10, 3])
+@pytest.mark.parametrize("where", ["device", "host"])
+def test_evaluate_equals_ranking_metrics_at_k(cl_device, where, K):
+    """clmf.evaluate gives implicit's precision (÷ min(K, |R|)), MAP, nDCG and AUC of the same
+    model to 1e-6, ranked on the device or on the host, with the strict precision apart; K = 3
+    leaves users with more held-out items than K; an implicit (alpha*r) and a biased model."""
+    from clmf.inference.topk import inference_options
+    train, test = _split()
+    implicit_model = clmf.ALS(factors=8, regularization=0.1, iterations=5, feedback="implicit",
+                              alpha=2.0, confidence="alpha*r", random_state=0, device=cl_device)
+    biased_model = clmf.ALS(factors=6, regularization=0.1, iterations=3, biases=True,
+                            random_state=0, device=cl_device)
+    opts = (dict(device=cl_device, min_work=0) if where == "device" else dict(enabled=False))
+    for model in (implicit_model, biased_model):
+        model.fit(train, show_progress=False)
+        with inference_options(**opts):
+            theirs = ranking_metrics_at_k(model, train, test, K=K, show_progress=False)
+            ours = clmf.evaluate(model, train, test, K=K)
+            strict = model.score(test, user_items=train, k=K) if model is implicit_model else None
+        assert set(ours) == {"precision", "map", "ndcg", "auc", "strict_precision"}
+        for key in ("precision", "map", "ndcg", "auc"):
+            assert ours[key] == pytest.approx(theirs[key], abs=1e-6, rel=0), key
+        users = np.flatnonzero(np.diff(test.indptr))
+        rec, _ = model.recommend(users, train[users], N=K)
+        want = clmf.metrics.precision_at_k(rec, [test[u].indices for u in users], K)
+        assert ours["strict_precision"] == pytest.approx(want, rel=1e-12)
+        assert ours["strict_precision"] < ours["precision"]
+        if strict is not None:
+            assert strict == pytest.approx(ours["strict_precision"], rel=1e-12)
+
+
+def test_evaluate_checks_its_input():
+    train, test = _split()
+    model = clmf.ALS(factors=4, iterations=2, feedback="implicit", random_state=0)
+    with pytest.raises(clmf.NotFittedError):
+        clmf.evaluate(model, train, test)
+    model.fit(train, show_progress=False)
+    with pytest.raises(ValueError, match="shape"):
+        clmf.evaluate(model, train, test[:, :50])
+    with pytest.raises(TypeError, match="scipy.sparse"):
+        clmf.evaluate(model, train, test.toarray())
+    with pytest.raises(ValueError, match="k must be an integer"):
+        clmf.evaluate(model, train, test, K=0)
+
+
 def test_items_semantics_match_implicit():
     """recommend(items=...) as implicit's: liked items kept and ranked last, N capped at the
     number of items, nothing padded."""
