@@ -159,15 +159,18 @@ def test_implicit_validation_ranks_on_the_device_once_set_up(cl_device, monkeypa
 
 
 @pytest.mark.parametrize("where", ["device", "host"])
-def test_validation_reranks_only_users_it_cannot_certify(cl_device, where):
+def test_validation_reranks_only_users_it_cannot_certify(cl_device, where, monkeypatch):
     """The evaluator's strict precision over changing factors equals a full ranking's each
-    time, while ranking fewer users than all once it has lists to certify misses with."""
+    time, while ranking fewer users than all once it has lists to certify misses with, and
+    those among fewer items than all (item norms spread over two orders of magnitude)."""
+    from clmf.inference import evaluation
     from clmf.inference.evaluation import RankingEvaluator
     from clmf.inference.topk import inference_options
+    monkeypatch.setattr(evaluation, "MIN_GROUP", 4)
     rng = np.random.default_rng(5)
     m, n, f = 150, 400, 8
     X = rng.standard_normal((m, f)).astype(np.float32)
-    Y = rng.standard_normal((n, f)).astype(np.float32)
+    Y = (rng.standard_normal((n, f)) * np.exp(rng.uniform(-2.5, 2.5, (n, 1)))).astype(np.float32)
     seen = sp.random(m, n, density=0.05, random_state=1, format="csr")
     test = sp.random(m, n, density=0.01, random_state=2, format="csr")
     test = test - test.multiply(seen.astype(bool))        # held-out items are unseen
@@ -175,16 +178,18 @@ def test_validation_reranks_only_users_it_cannot_certify(cl_device, where):
     device = cl_device if where == "device" else None
     with inference_options(min_work=0):
         ev = RankingEvaluator(test, seen, 10, device=device)
-        ranked = []
+        ranked, share = [], []
         for step in range(5):
             Xs = X + 0.05 * step * rng.standard_normal(X.shape).astype(np.float32)
-            Ys = Y + 0.05 * step * rng.standard_normal(Y.shape).astype(np.float32)
+            Ys = Y + 0.05 * step * Y * rng.standard_normal(Y.shape).astype(np.float32)
             got = ev.strict_precision(Xs, Ys)
             full = RankingEvaluator(test, seen, 10, device=device)
             assert got == full.strict_precision(Xs, Ys)
-            assert full.ranked == ev.users.size
+            assert full.ranked == ev.users.size and full.ranked_work == 1.0
             ranked.append(ev.ranked)
+            share.append(ev.ranked_work / max(ev.ranked / ev.users.size, 1e-9))
     assert ranked[0] == ev.users.size and min(ranked[1:]) < ev.users.size / 2, ranked
+    assert min(share[1:]) < 0.5, share          # the items a ranked user needs: under half
 
 
 def test_biases_improve_movielens_rmse():

@@ -17,6 +17,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["RankingEvaluator", "evaluate"]
 
+MIN_GROUP = 64           # fewest users a validation query ranks among a subset of the items
+
 
 def _csr(M, name, shape=None):
     """A canonical CSR (sorted indices, no duplicates; stored zeros kept) of ``M`` (scipy.sparse
@@ -72,22 +74,28 @@ class RankingEvaluator:
         self._own = topk is None
         self._resident = False           # the seen items uploaded (own DeviceTopK only)
         self._host = device is None and topk is None
+        self._on_device = None           # the factors uploaded, within one strict_precision
         self._lists = None               # the last top-K lists of strict_precision
-        self.ranked = 0
+        self.ranked, self.ranked_work = 0, 0.0
 
     # ----- ranking -----------------------------------------------------------------------------
-    def rank(self, Q, F, rows=None):
+    def rank(self, Q, F, rows=None, candidates=None):
         """Top-``K`` item ids ``(len(rows), K)`` (``-1`` pads) of the test users (``rows``:
         positions in :attr:`users`, default all) for user vectors ``Q`` (all users) and item
-        vectors ``F``."""
+        vectors ``F``, among ``candidates`` (sorted item ids; default all items)."""
+        self._on_device = None
+        return self._rank(Q, F, rows, candidates)
+
+    def _rank(self, Q, F, rows=None, candidates=None):
+        """:meth:`rank`, uploading ``F`` only where it is not the array uploaded last."""
         rows = np.arange(self.users.size) if rows is None else np.asarray(rows, np.int64)
         Qu = np.asarray(Q, np.float32)[self.users[rows]]
         F = np.asarray(F, np.float32)
-        everyone = rows.size == self.users.size
+        everyone = rows.size == self.users.size and candidates is None
         ids = None
         if not self._host and rows.size:
             try:
-                ids = self._device_rank(Qu, F, rows, everyone)
+                ids = self._device_rank(Qu, F, rows, everyone, candidates)
             except Exception as e:               # a device failure never breaks an evaluation
                 log.warning("device ranking failed (%s: %s); ranking on the host",
                             type(e).__name__, e)
@@ -95,15 +103,16 @@ class RankingEvaluator:
         if ids is None:
             from .host import host_rank
             seen = None if self.seen is None else self.seen[rows]
-            ids = host_rank(Qu, F, None, seen, self.K)[0]
+            ids = host_rank(Qu, F, candidates, seen, self.K)[0]
         if ids.shape[1] < self.K:                # fewer items than K: pad as misses
             ids = np.hstack([ids, np.full((ids.shape[0], self.K - ids.shape[1]), -1, ids.dtype)])
         return ids
 
-    def _device_rank(self, Qu, F, rows, everyone):
+    def _device_rank(self, Qu, F, rows, everyone, candidates=None):
         """:meth:`rank` on the device, or None where the host is faster for this much work."""
         from . import topk
-        work = float(rows.size) * F.shape[0] * F.shape[1]
+        C = F.shape[0] if candidates is None else len(candidates)
+        work = float(rows.size) * C * F.shape[1]
         if self.K > topk.MAX_K:
             return None
         if self._dtk is None:
@@ -111,11 +120,13 @@ class RankingEvaluator:
             if known is not None and work < known:
                 return None
             self._dtk = topk.DeviceTopK(F, self.device)
-        elif self._own:
-            self._dtk.set_factors(F)
+            self._on_device = F
         dtk = self._dtk
         if work < dtk.host_threshold():
             return None
+        if self._own and F is not self._on_device:
+            dtk.set_factors(F)
+            self._on_device = F
         if self._own and everyone:
             # the seen items stay on the device, aligned with the resident query rows
             if not self._resident and self.seen is not None:
@@ -124,7 +135,8 @@ class RankingEvaluator:
             dtk.set_queries(Qu)
             return dtk.query_rows(0, rows.size, self.K,
                                   exclude=None if self.seen is None else "resident")[0]
-        return dtk.query(Qu, self.K, exclude=None if self.seen is None else self.seen[rows])[0]
+        return dtk.query(Qu, self.K, candidates,
+                         exclude=None if self.seen is None else self.seen[rows])[0]
 
     # ----- metrics -----------------------------------------------------------------------------
     def metrics(self, Q, F):
@@ -137,34 +149,67 @@ class RankingEvaluator:
         """Mean over the test users of hits / ``K`` (:func:`clmf.metrics.precision_at_k`), the
         value a full ranking gives.
 
-        From the second call on, a user is ranked again only where its last top-``K`` list
-        cannot prove that it has no hit now: when, for every held-out item, ``K`` items of
-        that list (unseen, other than the item) score above it by more than float32 rounding
-        can explain (:meth:`_certified`), the held-out item is outside the new top ``K`` on the
-        host and on the device alike. :attr:`ranked` counts the users ranked by the last call.
+        From the second call on, the users' last top-``K`` lists bound the work, exactly (the
+        margins cover float32 rounding on the host and the device, :meth:`_bounds`):
+
+        * a user is ranked again only where its list cannot prove that it has no hit now: where
+          for some held-out item fewer than ``K`` items of the list (unseen, other than the
+          item) score above it;
+        * such a user is ranked among the items whose norm can reach the lowest score of its
+          list (``‖q‖·‖y‖``), users with similar counts of such items together.
+
+        :attr:`ranked` counts the users ranked by the last call, :attr:`ranked_work` the share
+        of a full ranking's multiply-adds they took.
         """
         from ..metrics import _hits
         if self.users.size == 0:
             return float("nan")
         Q = np.asarray(Q, np.float32)
         F = np.asarray(F, np.float32)
+        self._on_device = None        # F is new here: uploaded once, by its first _rank
+        n = F.shape[0]
+        hits = 0
         if self._lists is None:
-            rows = np.arange(self.users.size)
-            self._lists = self.rank(Q, F)
-            ids = self._lists
-        else:
-            rows = np.flatnonzero(~self._certified(Q, F))
-            ids = self.rank(Q, F, rows)
-            self._lists[rows] = ids
-        self.ranked = int(rows.size)
-        hits = _hits(ids, self.relevant[rows], self.K)[0].sum() if rows.size else 0
+            self._lists = ids = self._rank(Q, F)
+            self.ranked, self.ranked_work = self.users.size, 1.0
+            hits = _hits(ids, self.relevant, self.K)[0].sum()
+            return float(hits / (self.K * self.users.size))
+        ynorm = np.sqrt(np.einsum("ij,ij->i", F, F, dtype=np.float64))
+        certified, need = self._bounds(Q, F, ynorm)
+        rows = np.flatnonzero(~certified)
+        order = np.argsort(-ynorm, kind="stable")             # items by norm, largest first
+        reach = np.searchsorted(-ynorm[order], -need[rows], side="right")
+        work = 0
+        # rows by the number of items (largest norms first) they need, in groups of up to
+        # twice their need (at most log2(n) queries, each at most twice the least work); a group
+        # of fewer than MIN_GROUP users joins the next one (one query less costs more than
+        # ranking them among more items)
+        bucket = np.ceil(np.log2(np.maximum(reach, self.K))).astype(np.int64)
+        kinds = np.unique(bucket)
+        pending = np.zeros(0, np.int64)
+        for j, b in enumerate(kinds):
+            pending = np.concatenate([pending, rows[bucket == b]])
+            if pending.size < MIN_GROUP and j + 1 < kinds.size:
+                continue
+            sub, pending = pending, np.zeros(0, np.int64)
+            p = min(n, 1 << int(b))
+            cand = np.sort(order[:p]) if p < n else None
+            ids = self._rank(Q, F, sub, cand)
+            self._lists[sub] = ids
+            hits += _hits(ids, self.relevant[sub], self.K)[0].sum()
+            work += sub.size * p
+        self.ranked, self.ranked_work = int(rows.size), work / (self.users.size * n)
         return float(hits / (self.K * self.users.size))
 
-    def _certified(self, Q, F):
-        """Per test user: True where every held-out item has ``K`` items of the user's last list
-        (not the item itself) scoring above it by more than ``8·f·u·‖q‖·max‖y‖`` (u the float32
-        unit roundoff; a float32 dot product of length f errs by at most ``f·u·‖q‖·‖y‖``), so
-        that no held-out item can be in the user's top ``K`` of ``Q``, ``F``."""
+    def _bounds(self, Q, F, ynorm):
+        """Per test user, from its last list: ``(certified, need)``. ``certified``: every
+        held-out item has ``K`` items of the list (not the item itself) scoring above it by more
+        than the margin, so none is in the user's top ``K`` now. ``need``: the least item norm
+        (``ynorm``, float64) that can score above the list's lowest score less the margin
+        (``‖q‖·‖y‖`` bounds a score), so the top ``K`` lies among the items of that norm or more
+        (0: all items). The margin ``8·f·u·‖q‖·max‖y‖`` (u the float32 unit roundoff) covers the
+        rounding of a float32 dot product of length f (at most ``f·u·‖q‖·‖y‖``) on the host and
+        the device."""
         L = self._lists
         Qu = Q[self.users]
         rel = self.relevant
@@ -173,13 +218,15 @@ class RankingEvaluator:
         s_item = np.einsum("ij,ij->i", Qu[pair_row], F[item])
         s_list = np.einsum("rf,rkf->rk", Qu, F[np.maximum(L, 0)])
         s_list[L < 0] = -np.inf
-        ymax = float(np.sqrt(np.einsum("ij,ij->i", F, F).max(initial=0.0)))
+        qnorm = np.sqrt(np.einsum("ij,ij->i", Qu, Qu, dtype=np.float64))
         u = np.finfo(np.float32).eps / 2
-        margin = 8 * F.shape[1] * u * np.linalg.norm(Qu, axis=1) * ymax
+        margin = 8 * F.shape[1] * u * qnorm * ynorm.max(initial=0.0)
         above = ((s_list[pair_row] - s_item[:, None] > margin[pair_row, None])
                  & (L[pair_row] != item[:, None])).sum(axis=1)
         doubtful = np.bincount(pair_row[above < self.K], minlength=self.users.size)
-        return doubtful == 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            need = (s_list.min(axis=1) - margin) / qnorm
+        return doubtful == 0, np.where(np.isfinite(need) & (need > 0), need, 0.0)
 
 
 def _model_vectors(model):
