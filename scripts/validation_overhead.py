@@ -48,6 +48,7 @@ def main():
                             data.timestamps, data.user_ids, data.item_ids)
     train, held = splits.leave_k_out(data, k=a.k_out, random_state=a.seed, min_train=a.k_out)
     R, T = train.to_csr(), held.to_csr()
+    load_start = os.getloadavg()          # a shared machine: the load the timings ran under
     rows = []
     for spec in a.device or ["auto"]:
         dev = select_device(spec)
@@ -92,7 +93,9 @@ def main():
                 users=int(R.shape[0]), items=int(R.shape[1]), train_nnz=int(R.nnz),
                 held_out_nnz=int(T.nnz), factors=a.factors, regularization=a.regularization,
                 alpha=a.alpha, iterations=a.iterations, k_out=a.k_out, repeats=a.repeats,
-                strengths="log1p(plays)", command=" ".join(["python"] + sys.argv))
+                strengths="log1p(plays)", command=" ".join(["python"] + sys.argv),
+                load_average_start=load_start, load_average_end=os.getloadavg(),
+                cpus=os.cpu_count())
     if a.out:
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
         with open(a.out + ".json", "w") as fh:
@@ -103,7 +106,9 @@ def main():
                  f"{meta['train_nnz']} train / {meta['held_out_nnz']} held out "
                  f"(leave-{a.k_out}-out), log1p(plays), f={a.factors}, λ={a.regularization}, "
                  f"alpha={a.alpha}, {a.iterations} iterations; medians of {a.repeats} "
-                 "(after a warm-up fit).", "",
+                 f"(after a warm-up fit); {meta['cpus']} CPUs, load average "
+                 f"{meta['load_average_start'][0]:.1f} at the start, "
+                 f"{meta['load_average_end'][0]:.1f} at the end.", "",
                  "| device | driver | fit s | fit + validation s | ratio | score() s | "
                  "evaluate() s |", "|---|---|---|---|---|---|---|"]
         for r in rows:
