@@ -27,6 +27,8 @@ import time
 
 import numpy as np
 
+from . import cli_workflow as workflow
+
 log = logging.getLogger("clmf.cli")
 
 
@@ -34,22 +36,9 @@ class UsageError(ValueError):
     """A bad or missing command-line argument (exit status 2)."""
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
-    """--help shows every default once: argparse's ``(default: ...)``, unless the help text
-    states the default itself or there is none to show (None, an off flag)."""
-
-    def _get_help_string(self, action):
-        """The help text, with argparse's ``(default: ...)`` only where it adds something."""
-        text = action.help or ""
-        if action.default is None or action.default is False or "default" in text.lower():
-            return text
-        return super()._get_help_string(action)
-
-
-# `clmf demo`'s model: the ALS-WR paper's MovieLens setting (f, λ, iterations); the README's
-# command-line section quotes these (tests/test_cli.py checks that it does)
+_Formatter = workflow.HelpFormatter        # --help shows every default once
+# `clmf demo`'s model, the ALS-WR paper's MovieLens one; the README quotes it (tests/test_cli.py)
 DEMO_MODEL = {"factors": 10, "regularization": 0.15, "iterations": 10}
-RANKING_K = 10              # cut-off of the ranking metrics fit and demo print
 
 
 def _als_defaults():
@@ -152,7 +141,7 @@ def cmd_demo(args):
     model = _model_from(args)
 
     def show(it, elapsed, metrics):
-        print(_iteration_line(it, metrics))
+        print(workflow.iteration_line(it, metrics))
 
     t0 = time.perf_counter()
     model.fit(train, validation=test, callback=show, show_progress=False)
@@ -160,38 +149,12 @@ def cmd_demo(args):
     print(f"device: {model.device_}")
     print(f"kernels: users {model.config_['users']}")
     print(f"         items {model.config_['items']}")
-    rmse, ranking = _test_summary(model, train, test)
+    rmse, ranking = workflow.test_summary(model, train, test)
     final = (f"final test RMSE {rmse:.4f}" if ranking is None else
-             f"final test precision@{RANKING_K} {ranking['precision']:.4f}")
+             f"final test precision@{workflow.RANKING_K} {ranking['precision']:.4f}")
     print(f"{final} after {len(model.history_)} iterations "
           f"(f={args.factors}, λ={args.regularization}); {total:.2f} s in all")
     return 0
-
-
-def _iteration_line(it, metrics):
-    """One line per iteration: the metrics the fit recorded (train/test RMSE for explicit
-    feedback, the test's strict precision@10 for implicit feedback) and its seconds."""
-    from .model.estimator import VALIDATION_METRIC
-    labels = {"train_rmse": "train RMSE", "validation_rmse": "test RMSE",
-              VALIDATION_METRIC: "test strict " + VALIDATION_METRIC.split("_", 1)[1]}
-    parts = [f"iteration {it + 1:3d}"]
-    parts += [f"{label} {metrics[key]:.4f}" for key, label in labels.items() if key in metrics]
-    return "  ".join(parts) + f"  {metrics['seconds']:.3f} s"
-
-
-def _test_summary(model, train, test):
-    """``(test RMSE, None)`` for explicit feedback; ``(None, ranking)`` for implicit feedback,
-    ``ranking`` being :func:`clmf.evaluate` at ``RANKING_K`` (training items left out), printed."""
-    if model.feedback != "implicit":
-        return model.rmse(test), None
-    import clmf
-    ranking = clmf.evaluate(model, train, test, K=RANKING_K)
-    k = RANKING_K
-    print(f"test ranking@{k} (training items left out): precision {ranking['precision']:.4f} "
-          f"(hits / min({k}, held-out items), the implicit library's), strict precision "
-          f"{ranking['strict_precision']:.4f} (hits / {k}), MAP {ranking['map']:.4f}, "
-          f"nDCG {ranking['ndcg']:.4f}, AUC {ranking['auc']:.4f}")
-    return None, ranking
 
 
 def cmd_source(args):
@@ -282,18 +245,16 @@ def cmd_fit(args):
         check_params(model)                  # bad model options are usage errors (exit 2)
     except (ValueError, TypeError) as e:
         raise UsageError(str(e)) from None
-    rounds = args.early_stopping_rounds
-    if rounds is not None and rounds < 1:
-        raise UsageError(f"--early-stopping-rounds must be ≥ 1, not {rounds}")
     train, test, what = _fit_data(args)
-    if rounds is not None and test is None:
-        raise UsageError("--early-stopping-rounds needs a test set to watch (--test-fraction > 0 "
-                         "or --split)")
+    rounds = args.early_stopping_rounds
+    if rounds is not None and (rounds < 1 or test is None):
+        raise UsageError("--early-stopping-rounds needs N ≥ 1 and a test set to watch "
+                         "(--test-fraction > 0 or --split)")
     print(f"data: {what}: {train.shape[0]} users × {train.shape[1]} items, {len(train)} train"
           + (f" / {len(test)} test" if test is not None else "") + " ratings")
 
     def show(it, elapsed, metrics):
-        tqdm.write(_iteration_line(it, metrics))
+        tqdm.write(workflow.iteration_line(it, metrics))
 
     t0 = time.perf_counter()
     model.fit(train, validation=test, callback=show, show_progress=not args.no_progress,
@@ -302,20 +263,11 @@ def cmd_fit(args):
     print(f"device: {model.device_}")
     print(f"kernels: users {model.config_['users']}")
     print(f"         items {model.config_['items']}")
-    ran = len(model.history_)
-    summary = f"fitted f={args.factors}, λ={args.regularization}, {ran} iterations in {total:.2f} s"
-    if rounds is not None:
-        summary += (f" (early stopping: the best, iteration {model.best_iteration_ + 1}, kept"
-                    + (f"; stopped before {args.iterations}" if ran < args.iterations else "")
-                    + ")")
-    test_rmse, ranking = _test_summary(model, train, test) if test is not None else (None, None)
-    if test_rmse is not None:
-        summary += f"; test RMSE {test_rmse:.4f}"
-    print(summary)
+    test_rmse, ranking = workflow.fit_summary(model, args, train, test, total)
     if args.output:
         model.save(args.output)
         print(f"model written to {args.output}")
-        holdout = _save_holdout(args, test)
+        holdout = workflow.save_holdout(args.output, vars(args), test)
         if holdout:
             print(f"holdout recorded in {holdout} ('clmf eval {args.output}' evaluates on it)")
     params = model.get_params()
@@ -328,77 +280,6 @@ def cmd_fit(args):
                    "seconds": total, "test_rmse": test_rmse, "test_ranking": ranking,
                    "output": args.output}
     return 0
-
-
-# ----- the fit's holdout, kept beside the model for `clmf eval MODEL` ------------------------------
-HOLDOUT_SUFFIX = ".holdout.json"
-
-
-def _holdout_path(model_path):
-    """Where ``clmf fit --output MODEL`` records its holdout: ``MODEL.holdout.json``."""
-    return str(model_path) + HOLDOUT_SUFFIX
-
-
-def _holdout_fingerprint(test):
-    """A digest of the held-out ratings (indices in the data's id order, and values)."""
-    import hashlib
-    h = hashlib.sha256()
-    for a in (test.users, test.items, test.ratings):
-        h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()
-
-
-def _save_holdout(args, test):
-    """Record how ``clmf fit`` split its data (the data, the split or holdout fraction and seed,
-    and a digest of the held-out ratings) beside the model, written atomically; without a test
-    set, remove a stale record. Returns the record's path, or None."""
-    import os
-    import tempfile
-    path = _holdout_path(args.output)
-    if test is None:
-        if os.path.exists(path):
-            os.remove(path)
-        return None
-    spec = {"format": "clmf-holdout/1",
-            "data": None if args.data is None else os.path.abspath(args.data),
-            "preset": args.preset, "scale": args.scale, "split": args.split,
-            "test_fraction": args.test_fraction, "seed": args.seed,
-            "test_ratings": len(test), "sha256": _holdout_fingerprint(test)}
-    fd, tmp = tempfile.mkstemp(prefix=".holdout-", dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(spec, fh, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
-    return path
-
-
-def _load_holdout(model_path):
-    """``(test, train, description)``: the split ``clmf fit`` recorded beside the model, made
-    again from its data and checked against the recorded digest."""
-    import os
-    path = _holdout_path(model_path)
-    if not os.path.exists(path):
-        raise UsageError(f"no DATA given and {model_path} has no recorded holdout ({path}, "
-                         "written by 'clmf fit --output' with a test set): give the held-out "
-                         "ratings as DATA")
-    try:
-        with open(path) as fh:
-            spec = json.load(fh)
-        fields = {k: spec[k] for k in ("data", "preset", "scale", "split", "test_fraction",
-                                       "seed")}
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not a holdout record of 'clmf fit' ({e})") from None
-    train, test, what = _fit_data(argparse.Namespace(**fields))
-    if test is None or len(test) != spec.get("test_ratings") or \
-            _holdout_fingerprint(test) != spec.get("sha256"):
-        raise ValueError(f"{path}: the data ({what}) no longer gives the holdout the model was "
-                         "fitted with (it changed since the fit); give the held-out ratings as "
-                         "DATA")
-    return test, train, f"the fit's holdout: {what}"
 
 
 def _to_model_index(model, data):
@@ -418,7 +299,10 @@ def _eval_data(args):
     if args.data is None:
         if args.split is not None or args.train is not None:
             raise UsageError("--split and --train need DATA")
-        return _load_holdout(args.model)
+        try:
+            return workflow.load_holdout(args.model, lambda f: _fit_data(argparse.Namespace(**f)))
+        except FileNotFoundError as e:
+            raise UsageError(str(e)) from None
     if args.split is not None:
         d = args.data if os.path.isdir(args.data) else os.path.dirname(args.data) or "."
         train, test = datasets.load_movielens_100k_split(d, split=args.split)
@@ -523,7 +407,7 @@ def cmd_recommend(args):
     train = datasets.load(args.train) if args.train is not None else None
     ids, scores = model.recommend_raw(args.user, train, N=args.n,
                                       filter_already_liked_items=train is not None)
-    titles = _titles_for(args.titles, ids.tolist()) if args.titles else None
+    titles = workflow.titles_for(args.titles, ids.tolist()) if args.titles else None
     print(f"top {len(ids)} for user {args.user}"
           + (" (items already rated in the --train data left out)" if train is not None else ""))
     head = f"{'rank':>4}  {'item':>10}  {'score':>8}"
@@ -540,35 +424,6 @@ def cmd_recommend(args):
     args.result = {"command": "recommend", "model": args.model, "user": args.user,
                    "filtered_by": args.train, "items": rows}
     return 0
-
-
-def _titles_for(path, items):
-    """The titles of ``path`` (:func:`clmf.datasets.load_titles`) for the recommended ``items``,
-    with a warning on stderr where they are missing: None (no title column) when the file holds
-    numbers in place of titles (a ratings file given as ``--titles``)."""
-    from . import datasets
-    titles = datasets.load_titles(path)
-    sample = list(titles.values())[:1000]
-    if 2 * sum(map(_is_number, sample)) >= len(sample):     # empty, or mostly numbers
-        log.warning("--titles %s holds no titles (%s): is it a ratings file? Titles come from "
-                    "movies.csv, u.item, movies.dat or movie_titles.txt; no titles shown", path,
-                    "it is empty" if not sample else "numbers where the titles should be")
-        return None
-    missing = sum(item not in titles for item in items)
-    if missing:
-        log.warning("--titles %s: %d of the %d recommended items have no title there (shown "
-                    "as '?'); is it the titles file of the data the model was fitted on?", path,
-                    missing, len(items))
-    return titles
-
-
-def _is_number(text):
-    """Whether ``text`` reads as a number (a ratings file's column, not a title)."""
-    try:
-        float(text)
-    except (TypeError, ValueError):
-        return False
-    return True
 
 
 def _recommend_all(args):
@@ -822,9 +677,8 @@ def build_parser():
                    help="write the fitted model here (.npz); with a test set, the holdout is "
                         "recorded beside it (MODEL.holdout.json) for 'clmf eval MODEL'")
     s.add_argument("--early-stopping-rounds", type=int, default=None, metavar="N",
-                   help="stop when the test metric (RMSE; implicit feedback: precision@10) has "
-                        "not improved for N iterations and keep the best iteration's factors "
-                        "(needs a test set)")
+                   help="stop when the test RMSE (implicit: precision@10) has not improved for N "
+                        "iterations; keep the best iteration's factors (needs a test set)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_model_args(s)
     s.set_defaults(func=cmd_fit)
@@ -834,9 +688,8 @@ def build_parser():
                             "ratings file")
     s.add_argument("model", metavar="MODEL", help="a model saved by 'clmf fit --output'")
     s.add_argument("data", metavar="DATA", nargs="?", default=None,
-                   help="held-out ratings file (or the ml-100k directory with --split); "
-                        "default: the holdout 'clmf fit --output MODEL' recorded beside MODEL "
-                        "(MODEL.holdout.json), its training items left out")
+                   help="held-out ratings file (or the ml-100k directory with --split); default: "
+                        "the holdout 'clmf fit -o MODEL' recorded in MODEL.holdout.json")
     s.add_argument("--split", default=None, help="evaluate on <split>.test of the DATA directory "
                                                  "(its <split>.base filters seen items)")
     s.add_argument("--train", default=None, help="training ratings: their items are left out of "

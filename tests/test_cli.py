@@ -230,10 +230,10 @@ def test_fit_implicit_prints_ranking_metrics_and_stops_early(small_files, tmp_pa
         assert float(got[key]) == pytest.approx(want[key.lower()], abs=1e-4), key
     best = re.search(r"early stopping: the best, iteration (\d+), kept", out)
     assert best and float(per_it[int(best.group(1)) - 1]) == max(map(float, per_it))
-    for argv, msg in ((["--early-stopping-rounds", "0"], "must be ≥ 1"),
-                      (["--early-stopping-rounds", "2", "--test-fraction", "0"], "needs a test")):
+    for argv in (["--early-stopping-rounds", "0"],
+                 ["--early-stopping-rounds", "2", "--test-fraction", "0"]):
         assert main(["fit", str(data), "-f", "2", "-i", "1", "--no-progress", *argv]) == 2
-        assert msg in capsys.readouterr().err
+        assert "needs N ≥ 1 and a test set" in capsys.readouterr().err
 
 
 def model_csr(model, ratings):

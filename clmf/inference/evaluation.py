@@ -230,15 +230,12 @@ class RankingEvaluator:
 
 
 def _model_vectors(model):
-    """``(Q, F, kind, sources)``: the user and item vectors whose dot products rank the model's
-    items (``[x, 1]·[y, b_i]`` with biases; the user's own bias does not change its ranking)."""
-    X, Y = model.user_factors_, model.item_factors_
-    bi = getattr(model, "item_biases_", None)
-    if bi is None:
-        return X, Y, "items", (Y,)
-    Q = np.hstack([np.asarray(X, np.float32), np.ones((X.shape[0], 1), np.float32)])
-    F = np.hstack([np.asarray(Y, np.float32), np.asarray(bi, np.float32)[:, None]])
-    return Q, F, "items_biased", (Y, bi)
+    """``(Q, F, kind, sources)``: the vectors ranking the model's items
+    (:func:`~clmf.inference.ranking.ranking_vectors`) and the model's upload-cache key of F."""
+    from .ranking import ranking_vectors
+    Y, bi = model.item_factors_, getattr(model, "item_biases_", None)
+    Q, F = ranking_vectors(model.user_factors_, Y, bi)
+    return (Q, F, "items", (Y,)) if bi is None else (Q, F, "items_biased", (Y, bi))
 
 
 def model_evaluator(model, train, test, K=10):
@@ -263,7 +260,7 @@ def evaluate(model, train, test, K=10):
 
     Parameters
     ----------
-    model : a fitted :class:`clmf.ALS` (any model with ``user_factors_`` / ``item_factors_``)
+    model : a fitted :class:`clmf.ALS` (or :class:`clmf.dask.ALS`)
     train : scipy.sparse matrix or Ratings (users × items, the model's indices), or None
         Items not to recommend (the training matrix); None leaves nothing out.
     test : scipy.sparse matrix or Ratings, same shape — the held-out items.

@@ -28,7 +28,7 @@ import scipy.sparse as sp
 from .. import reference
 from .conventions import LIKED_SCORE, confidence_rows, ids_dtype  # noqa: F401
 from .host import _top_n, host_rank  # noqa: F401  (the host ranking, re-exported)
-from .ranking import DeviceRankingMixin
+from .ranking import DeviceRankingMixin, ranking_vectors
 
 log = logging.getLogger(__name__)
 
@@ -309,8 +309,7 @@ class RecommenderMixin(DeviceRankingMixin):
         bi = getattr(self, "item_biases_", None)
         if bi is not None:
             # biased MF: score = μ + b_u + b_i + x·y — rank on [x, 1]·[y, b_i], then add μ + b_u
-            Xq = np.hstack([np.asarray(Xu, np.float32), np.ones((Xu.shape[0], 1), np.float32)])
-            Yq = np.hstack([np.asarray(Y, np.float32), np.asarray(bi, np.float32)[:, None]])
+            Xq, Yq = ranking_vectors(Xu, Y, bi)
             pos_out, sc_out = self._rank(Xq, Yq, cand, rows, N, liked_last=items is not None,
                                           kind="items_biased", sources=(Y, bi))
             bu = (bu_new if recalculate_user
