@@ -22,10 +22,10 @@ from .errors import (
 )
 
 __all__ = [
-    "ALS", "load", "devices", "select_device", "KernelConfig", "reference", "datasets", "metrics",
-    "splits", "errors", "ClmfError", "NoOpenCLError", "SingularSystemError", "DeviceMemoryError",
-    "InvalidConfigError", "NotFittedError", "HostMemoryError", "RatingRangeError",
-    "__version__",
+    "ALS", "load", "evaluate", "devices", "select_device", "KernelConfig", "reference", "datasets",
+    "metrics", "splits", "errors", "ClmfError", "NoOpenCLError", "SingularSystemError",
+    "DeviceMemoryError", "InvalidConfigError", "NotFittedError", "HostMemoryError",
+    "RatingRangeError", "__version__",
 ]
 
 # Submodules reachable as attributes without an explicit import (imported on first access).
@@ -52,6 +52,9 @@ def __getattr__(name):  # lazy imports keep `import clmf` cheap and free of Open
     if name == "load":
         from .model.persistence import load
         return load
+    if name == "evaluate":
+        from .inference.evaluation import evaluate
+        return evaluate
     raise AttributeError(f"module 'clmf' has no attribute {name!r}")
 
 

@@ -28,6 +28,7 @@ import time
 import numpy as np
 
 from .argtypes import positive_float, positive_int
+from . import cli_workflow as workflow
 
 log = logging.getLogger("clmf.cli")
 
@@ -55,8 +56,9 @@ class _Parser(argparse.ArgumentParser):
         raise _ArgumentError(message, self.prog)
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
-    """--help shows every default (argparse's ``(default: ...)``)."""
+_Formatter = workflow.HelpFormatter        # --help shows every default once
+# `clmf demo`'s model, the ALS-WR paper's MovieLens one; the README quotes it (tests/test_cli.py)
+DEMO_MODEL = {"factors": 10, "regularization": 0.15, "iterations": 10}
 
 
 def _als_defaults():
@@ -66,13 +68,13 @@ def _als_defaults():
             if k != "self"}
 
 
-def _add_model_args(p, factors=None, reg=None, iterations=None):
+def _add_model_args(p, factors=None, regularization=None, iterations=None):
     """Model options; defaults are clmf.ALS's unless a command (demo) sets its own."""
     d = _als_defaults()
     p.add_argument("--factors", "-f", type=int, default=factors or d["factors"],
                    help="latent factors f")
     p.add_argument("--regularization", "--lambda", dest="regularization", type=float,
-                   default=d["regularization"] if reg is None else reg,
+                   default=d["regularization"] if regularization is None else regularization,
                    help="λ (weighted by the row's rating count unless --unweighted)")
     p.add_argument("--iterations", "-i", type=int, default=iterations or d["iterations"],
                    help="ALS iterations")
@@ -171,8 +173,7 @@ def cmd_demo(args):
           f"{len(train)} train / {len(test)} test ratings")
 
     def show(it, elapsed, metrics):
-        print(f"iteration {it + 1:3d}  train RMSE {metrics['train_rmse']:.4f}  "
-              f"test RMSE {metrics['validation_rmse']:.4f}  {metrics['seconds'] * 1000:8.1f} ms")
+        print(workflow.iteration_line(it, metrics))
 
     t0 = time.perf_counter()
     model.fit(train, validation=test, callback=show, show_progress=False)
@@ -180,7 +181,10 @@ def cmd_demo(args):
     print(f"device: {model.device_}")
     print(f"kernels: users {model.config_['users']}")
     print(f"         items {model.config_['items']}")
-    print(f"final test RMSE {model.rmse(test):.4f} after {args.iterations} iterations "
+    rmse, ranking = workflow.test_summary(model, train, test)
+    final = (f"final test RMSE {rmse:.4f}" if ranking is None else
+             f"final test precision@{workflow.RANKING_K} {ranking['precision']:.4f}")
+    print(f"{final} after {len(model.history_)} iterations "
           f"(f={args.factors}, λ={args.regularization}); {total:.2f} s in all")
     return 0
 
@@ -280,30 +284,30 @@ def cmd_fit(args):
 
     model = _checked_model(args)             # bad model options are usage errors (exit 2)
     train, test, what = _fit_data(args)
+    rounds = args.early_stopping_rounds
+    if rounds is not None and (rounds < 1 or test is None):
+        raise UsageError("--early-stopping-rounds needs N ≥ 1 and a test set to watch "
+                         "(--test-fraction > 0 or --split)")
     print(f"data: {what}: {train.shape[0]} users × {train.shape[1]} items, {len(train)} train"
           + (f" / {len(test)} test" if test is not None else "") + " ratings")
 
     def show(it, elapsed, metrics):
-        line = f"iteration {it + 1:3d}  train RMSE {metrics.get('train_rmse', float('nan')):.4f}"
-        if "validation_rmse" in metrics:
-            line += f"  test RMSE {metrics['validation_rmse']:.4f}"
-        tqdm.write(line + f"  {metrics['seconds']:.3f} s")
+        tqdm.write(workflow.iteration_line(it, metrics))
 
     t0 = time.perf_counter()
-    model.fit(train, validation=test, callback=show, show_progress=not args.no_progress)
+    model.fit(train, validation=test, callback=show, show_progress=not args.no_progress,
+              early_stopping_rounds=rounds)
     total = time.perf_counter() - t0
     print(f"device: {model.device_}")
     print(f"kernels: users {model.config_['users']}")
     print(f"         items {model.config_['items']}")
-    summary = f"fitted f={args.factors}, λ={args.regularization}, {args.iterations} iterations " \
-              f"in {total:.2f} s"
-    test_rmse = model.rmse(test) if test is not None else None
-    if test is not None:
-        summary += f"; test RMSE {test_rmse:.4f}"
-    print(summary)
+    test_rmse, ranking = workflow.fit_summary(model, args, train, test, total)
     if args.output:
         model.save(args.output)
         print(f"model written to {args.output}")
+        holdout = workflow.save_holdout(args.output, vars(args), test)
+        if holdout:
+            print(f"holdout recorded in {holdout} ('clmf eval {args.output}' evaluates on it)")
     params = model.get_params()
     params["dtype"] = np.dtype(params["dtype"]).name
     args.result = {"command": "fit", "data": what, "users": train.shape[0],
@@ -311,7 +315,8 @@ def cmd_fit(args):
                    "test_ratings": len(test) if test is not None else 0, "params": params,
                    "device": model.device_, "config": _choices_json(model.config_),
                    "history": model.history_, "best_iteration": model.best_iteration_,
-                   "seconds": total, "test_rmse": test_rmse, "output": args.output}
+                   "seconds": total, "test_rmse": test_rmse, "test_ranking": ranking,
+                   "output": args.output}
     return 0
 
 
@@ -324,9 +329,18 @@ def _to_model_index(model, data):
 
 
 def _eval_data(args):
+    """``(test, train or None, description)`` of ``clmf eval``: DATA (with ``--split``, its
+    official split) or, without DATA, the holdout ``clmf fit`` recorded beside the model."""
     import os
 
     from . import datasets
+    if args.data is None:
+        if args.split is not None or args.train is not None:
+            raise UsageError("--split and --train need DATA")
+        try:
+            return workflow.load_holdout(args.model, lambda f: _fit_data(argparse.Namespace(**f)))
+        except FileNotFoundError as e:
+            raise UsageError(str(e)) from None
     if args.split is not None:
         d = args.data if os.path.isdir(args.data) else os.path.dirname(args.data) or "."
         train, test = datasets.load_movielens_100k_split(d, split=args.split)
@@ -431,7 +445,7 @@ def cmd_recommend(args):
     train = datasets.load(args.train) if args.train is not None else None
     ids, scores = model.recommend_raw(args.user, train, N=args.n,
                                       filter_already_liked_items=train is not None)
-    titles = datasets.load_titles(args.titles) if args.titles else None
+    titles = workflow.titles_for(args.titles, ids.tolist()) if args.titles else None
     print(f"top {len(ids)} for user {args.user}"
           + (" (items already rated in the --train data left out)" if train is not None else ""))
     head = f"{'rank':>4}  {'item':>10}  {'score':>8}"
@@ -671,7 +685,7 @@ def build_parser():
                                     "train/test RMSE per iteration")
     s.add_argument("--data", default=None, help="a MovieLens file or directory instead of the "
                                                 "embedded synthetic set")
-    _add_model_args(s, factors=10, reg=0.15)
+    _add_model_args(s, **DEMO_MODEL)
     s.set_defaults(func=cmd_demo)
     s = sub.add_parser("source", help="print the rendered OpenCL source of a configuration")
     s.add_argument("variant", nargs="?", default="batch")
@@ -698,7 +712,12 @@ def build_parser():
                    help="random holdout fraction scored each iteration (0: none)")
     s.add_argument("--split", default=None, help="official MovieLens-100K split of the DATA "
                                                  "directory (ua, ub, u1..u5) instead of a holdout")
-    s.add_argument("--output", "-o", default=None, help="write the fitted model here (.npz)")
+    s.add_argument("--output", "-o", default=None,
+                   help="write the fitted model here (.npz); with a test set, the holdout is "
+                        "recorded beside it (MODEL.holdout.json) for 'clmf eval MODEL'")
+    s.add_argument("--early-stopping-rounds", type=int, default=None, metavar="N",
+                   help="stop when the test RMSE (implicit: precision@10) has not improved for N "
+                        "iterations; keep the best iteration's factors (needs a test set)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_model_args(s)
     s.set_defaults(func=cmd_fit)
@@ -707,8 +726,9 @@ def build_parser():
                        help="RMSE/MAE and precision/recall/MAP/nDCG@k of a saved model on a "
                             "ratings file")
     s.add_argument("model", metavar="MODEL", help="a model saved by 'clmf fit --output'")
-    s.add_argument("data", metavar="DATA", help="held-out ratings file (or the ml-100k directory "
-                                                "with --split)")
+    s.add_argument("data", metavar="DATA", nargs="?", default=None,
+                   help="held-out ratings file (or the ml-100k directory with --split); default: "
+                        "the holdout 'clmf fit -o MODEL' recorded in MODEL.holdout.json")
     s.add_argument("--split", default=None, help="evaluate on <split>.test of the DATA directory "
                                                  "(its <split>.base filters seen items)")
     s.add_argument("--train", default=None, help="training ratings: their items are left out of "

@@ -165,13 +165,14 @@ class ALS(_ALS):
             start, history = ck["iteration"] + 1, list(ck["history"])
         else:
             init_b = (None, None)
-        if init is not None:
+        if init is not None and not isinstance(init, str):
             X0, Y0 = (np.asarray(a, dtype=np.float32) for a in init)
             if X0.shape != (m, f) or Y0.shape != (n, f):
                 raise ValueError(f"init shapes must be {(m, f)} and {(n, f)}, got {X0.shape} "
                                  f"and {Y0.shape}")
         else:
-            X0, Y0 = reference.start_factors(m, n, f, self.random_state)
+            X0, Y0 = reference.start_factors(m, n, f, self.random_state,
+                                             init=init or reference.default_init(self.feedback))
         specs = (list(self.device) if isinstance(self.device, (list, tuple))
                  else [self.device] * len(addrs))
         if len(specs) != len(addrs):

@@ -4,7 +4,9 @@ Rating prediction: :func:`rmse`, :func:`mae`.
 
 Top-N ranking with binary relevance: :func:`precision_at_k`, :func:`recall_at_k`,
 :func:`average_precision_at_k` (alias :func:`map_at_k`), :func:`ndcg_at_k` and the helper
-:func:`evaluate_ranking`.
+:func:`evaluate_ranking`; :func:`ranking_metrics` computes the metrics of the `implicit`
+library's ``ranking_metrics_at_k`` (its precision, MAP, nDCG and AUC) from given lists
+(:func:`clmf.evaluate` ranks a model's items and calls it).
 
 Conventions of the ranking metrics
 ----------------------------------
@@ -27,6 +29,14 @@ hits):
 
 Each metric is the mean over users with at least one relevant item; users without any are
 left out (they have no defined recall). With no such user the result is ``nan``.
+
+Two precisions
+--------------
+:func:`precision_at_k` is the strict precision: hits divided by ``k``, averaged over users. The
+``implicit`` library's ``ranking_metrics_at_k`` reports another ``"precision"``: all users' hits
+divided by the sum over users of ``min(k, |R|)`` — with two held-out items per user and k = 10
+it is five times the strict one. :func:`ranking_metrics` returns both, as ``"precision"``
+(implicit's) and ``"strict_precision"``.
 """
 
 from __future__ import annotations
@@ -51,6 +61,7 @@ __all__ = [
     "map_at_k",
     "ndcg_at_k",
     "evaluate_ranking",
+    "ranking_metrics",
 ]
 
 
@@ -466,3 +477,73 @@ def evaluate_ranking(
             name = f"{m.lower()}@{k}"
             out[name] = _mean_over_users(_METRICS[m.lower()](hits, n_rel, k), n_rel, name)
     return out
+
+
+def ranking_metrics(recommended: Any, relevant: Any, k: int = 10,
+                    n_items: int | None = None) -> dict[str, float]:
+    """The metrics of the ``implicit`` library's ``ranking_metrics_at_k`` from given top-k lists,
+    and the strict precision.
+
+    Over the users with at least one relevant item, with ``h_i`` the hit at rank ``i`` of a
+    user's top-``k`` list (padding ``-1`` is a miss) and ``R`` the user's relevant items:
+
+    * ``"precision"`` — implicit's: ``Σ_users Σ h / Σ_users min(k, |R|)`` (so a user with fewer
+      than ``k`` relevant items can reach 1);
+    * ``"map"`` — mean of ``AP@k = Σ_i h_i · precision@i / min(k, |R|)``;
+    * ``"ndcg"`` — mean nDCG@k with binary gains;
+    * ``"auc"`` — implicit's AUC of the top-``k`` list: each miss in the list counts the hits
+      ranked above it, and the items outside the list count as tied halfway, i.e.
+      ``(Σ_{misses i} hits_before(i) + (hits + |R|)/2 · (n_items − |R| − misses)) /
+      (|R| · (n_items − |R|))``;
+    * ``"strict_precision"`` — mean of ``Σ h / k`` (:func:`precision_at_k`).
+
+    Parameters
+    ----------
+    recommended : 2-D int array or list of int arrays
+        Recommended item indices per user, best first; ``-1`` pads (shorter lists are padded).
+    relevant : list of sets/arrays, scipy.sparse matrix or Ratings
+        Relevant items per user (same user rows as ``recommended``).
+    k : int, default 10
+        Cut-off, >= 1.
+    n_items : int, optional
+        Number of items for the AUC (default: the column count of a sparse ``relevant``, else one
+        more than the largest item index seen).
+
+    Returns
+    -------
+    dict
+        ``{"precision", "map", "ndcg", "auc", "strict_precision"}``; ``nan`` everywhere when no
+        user has a relevant item.
+
+    Examples
+    --------
+    >>> r = ranking_metrics([[1, 2, 3]], [{2, 9}], k=3, n_items=10)
+    >>> r["precision"], r["strict_precision"]          # 1 hit / min(3, 2), 1 hit / 3
+    (0.5, 0.3333333333333333)
+    """
+    k = _check_k(k)
+    rec = _recommended_matrix(recommended, k)
+    rel = _relevant_csr(relevant, rec.shape[0])
+    hits, n_rel = _hits(rec, rel, k)
+    if n_items is None:
+        n_items = rel.shape[1] if sp.issparse(relevant) or isinstance(relevant, Ratings) else \
+            max(rel.shape[1], int(rec.max(initial=-1)) + 1)
+    users = n_rel > 0
+    names = ("precision", "map", "ndcg", "auc", "strict_precision")
+    if not users.any():
+        logger.warning("ranking metrics@%d: no user has a relevant item; returning nan", k)
+        return dict.fromkeys(names, float("nan"))
+    h, nr = hits[users], n_rel[users]
+    n_hits = h.sum(axis=1)
+    npos = nr.astype(np.float64)
+    nneg = float(n_items) - npos
+    misses = k - n_hits
+    hits_above = np.cumsum(h, axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        auc = (((~h) * hits_above).sum(axis=1) + (n_hits + npos) / 2.0 * (nneg - misses)) \
+            / (npos * nneg)
+    return {"precision": float(n_hits.sum() / np.minimum(nr, k).sum()),
+            "map": float(np.mean(_ap(h, nr, k))),
+            "ndcg": float(np.mean(_ndcg(h, nr, k))),
+            "auc": float(np.mean(auc)),
+            "strict_precision": float(np.mean(_precision(h, nr, k)))}

@@ -1,5 +1,6 @@
 """The command line's workflow: fit → model.npz → recommend / eval, end to end."""
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -49,8 +50,9 @@ def test_fit_recommend_eval_end_to_end(small_files, tmp_path, capsys):
     assert "30 users × 25 items, 240 train / 60 test ratings" in out
     its = re.findall(r"iteration\s+(\d+)\s+train RMSE ([\d.]+)\s+test RMSE ([\d.]+)\s+([\d.]+) s", out)
     assert [int(i) for i, *_ in its] == [1, 2, 3]
-    assert "device:" in out and "kernels: users" in out and "test RMSE" in out.splitlines()[-2]
-    assert model_path.exists()
+    assert "device:" in out and "kernels: users" in out
+    assert re.search(r"^fitted f=4, .*3 iterations .*; test RMSE [\d.]+$", out, re.M)
+    assert model_path.exists() and os.path.exists(f"{model_path}.holdout.json")
 
     rc = main(["recommend", str(model_path), "--user", "7", "-n", "5", "--titles", str(titles),
                "--train", str(data)])
@@ -180,3 +182,130 @@ def test_acceptance_ml_latest_small_cli_equals_python_api(tmp_path, capsys):
     np.testing.assert_allclose(cli_scores, scores, atol=5e-5, rtol=0)   # printed to 4 decimals
     seen = set(data.item_ids[data.items[data.users == data.user_index(1)]].tolist())
     assert not seen & set(cli_ids)
+
+
+def test_demo_runs_what_the_readme_says(small_files, capsys):
+    """`clmf demo`'s model (one place: cli.DEMO_MODEL) is what the README's command-line section
+    quotes, and the demo runs that many iterations."""
+    from clmf.cli import DEMO_MODEL, build_parser
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    line = next(ln for ln in readme.splitlines() if ln.startswith("clmf demo "))
+    quoted = dict(re.findall(r"--(factors|regularization|iterations) ([\d.]+)", line))
+    assert {k: float(v) for k, v in quoted.items()} == {k: float(v) for k, v in DEMO_MODEL.items()}
+    prose = re.search(r"`clmf demo` keeps the paper's\s+f = (\d+), λ = ([\d.]+), (\d+)\s+iterations",
+                      readme)
+    assert prose and tuple(map(float, prose.groups())) == (
+        DEMO_MODEL["factors"], DEMO_MODEL["regularization"], DEMO_MODEL["iterations"])
+    args = build_parser().parse_args(["demo"])
+    assert {k: getattr(args, k) for k in DEMO_MODEL} == DEMO_MODEL
+    data, _ = small_files
+    assert main(["demo", "--data", str(data), "--factors", "3"]) == 0
+    out = capsys.readouterr().out
+    its = re.findall(r"^iteration\s+(\d+)\s+train RMSE [\d.]+\s+test RMSE [\d.]+", out, re.M)
+    assert len(its) == DEMO_MODEL["iterations"]
+    assert f"after {DEMO_MODEL['iterations']} iterations" in out
+
+
+def test_fit_implicit_prints_ranking_metrics_and_stops_early(small_files, tmp_path, capsys):
+    """Implicit feedback: per iteration the recorded test precision@10 (no train/test RMSE, no
+    nan), at the end clmf.evaluate's metrics; --early-stopping-rounds keeps the best iteration."""
+    data, _ = small_files
+    model_path = tmp_path / "imp.npz"
+    rc = main(["fit", str(data), "--feedback", "implicit", "-f", "4", "-i", "8",
+               "--test-fraction", "0.3", "--seed", "2", "--early-stopping-rounds", "1",
+               "--no-progress", "-o", str(model_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "RMSE" not in out and "nan" not in out
+    per_it = re.findall(r"^iteration\s+\d+\s+test strict precision@10 ([\d.]+)\s+[\d.]+ s$",
+                        out, re.M)
+    assert 1 <= len(per_it) <= 8
+    model = clmf.load(model_path)
+    train, test = splits.random_holdout(datasets.load(data), test_fraction=0.3, random_state=2)
+    want = clmf.evaluate(model, model_csr(model, train), model_csr(model, test), K=10)
+    got = dict(re.findall(r"(precision|strict precision|MAP|nDCG|AUC) ([\d.]+)", out))
+    assert float(got["precision"]) == pytest.approx(want["precision"], abs=1e-4)
+    assert float(got["strict precision"]) == pytest.approx(want["strict_precision"], abs=1e-4)
+    for key in ("MAP", "nDCG", "AUC"):
+        assert float(got[key]) == pytest.approx(want[key.lower()], abs=1e-4), key
+    best = re.search(r"early stopping: the best, iteration (\d+), kept", out)
+    assert best and float(per_it[int(best.group(1)) - 1]) == max(map(float, per_it))
+    for argv in (["--early-stopping-rounds", "0"],
+                 ["--early-stopping-rounds", "2", "--test-fraction", "0"]):
+        assert main(["fit", str(data), "-f", "2", "-i", "1", "--no-progress", *argv]) == 2
+        assert "needs N ≥ 1 and a test set" in capsys.readouterr().err
+
+
+def model_csr(model, ratings):
+    """``ratings`` (raw ids) as a CSR in the model's indices."""
+    import scipy.sparse as sp
+    u = model.user_index(ratings.user_ids[ratings.users])
+    i = model.item_index(ratings.item_ids[ratings.items])
+    return sp.csr_matrix((ratings.ratings, (u, i)), shape=model.shape_)
+
+
+def test_eval_uses_the_holdout_the_fit_recorded(small_files, tmp_path, capsys):
+    """`clmf eval MODEL` scores the fit's own holdout (training items left out) after checking
+    that the data still gives it; no holdout recorded (or a stale one removed): a usage error."""
+    data, _ = small_files
+    model_path = tmp_path / "m.npz"
+    assert main(["fit", str(data), "-f", "4", "-i", "2", "--test-fraction", "0.25", "--seed", "3",
+                 "--no-progress", "-o", str(model_path)]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(model_path)]) == 0
+    out = capsys.readouterr().out
+    assert "the fit's holdout" in out and "0.25 random holdout (seed 3)" in out
+    vals = dict(re.findall(r"^(\S+)\s+([\d.]+|nan)$", out, re.M))
+    model = clmf.load(model_path)
+    train, test = splits.random_holdout(datasets.load(data), test_fraction=0.25, random_state=3)
+    assert float(vals["RMSE"]) == pytest.approx(model.rmse(model_csr(model, test)), abs=1e-4)
+    assert "no --train" not in out                # the fit's training items are left out
+    # the data changed since the fit: refused
+    data.write_text(data.read_text() + "31,101,3,9999\n")
+    assert main(["eval", str(model_path)]) == 1
+    assert "no longer gives the holdout" in capsys.readouterr().err
+    # a fit without a test set records nothing and removes the stale record
+    assert main(["fit", str(data), "-f", "2", "-i", "1", "--test-fraction", "0", "--no-progress",
+                 "-o", str(model_path)]) == 0
+    assert not os.path.exists(f"{model_path}.holdout.json")
+    assert main(["eval", str(model_path)]) == 2
+    assert "no recorded holdout" in capsys.readouterr().err
+
+
+def test_help_shows_each_default_once():
+    """No option's help says its default twice, nor "(default: None)"."""
+    import argparse
+
+    from clmf.cli import build_parser
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, p in sub.choices.items():
+        text = " ".join(p.format_help().split())
+        assert "(default: None)" not in text, name
+        for action in p._actions:
+            h = (p._get_formatter()._get_help_string(action) or "").replace("%(default)s", "")
+            assert h.lower().count("default") <= 1 or "(default:" not in h, (name, h)
+
+
+def test_titles_without_titles_warn(small_files, tmp_path, capsys, caplog):
+    """--titles given a ratings file: a warning naming the problem, no made-up titles; a titles
+    file lacking some recommended items: a warning counting them."""
+    data, titles = small_files
+    model_path = tmp_path / "m.npz"
+    assert main(["fit", str(data), "-f", "3", "-i", "1", "--no-progress", "-o",
+                 str(model_path)]) == 0
+    capsys.readouterr()
+    assert main(["recommend", str(model_path), "--user", "2", "-n", "3", "--titles",
+                 str(data)]) == 0
+    out = capsys.readouterr().out
+    assert "is it a ratings file?" in caplog.text and "title" not in out.splitlines()[1]
+    ids, _, names = parse_recommendations(out)
+    assert len(ids) == 3 and names == [None] * 3
+    caplog.clear()
+    short = tmp_path / "few.csv"
+    short.write_text("movieId,title\n" + "".join(f"{i},Film {i}\n" for i in ids[:1]))
+    assert main(["recommend", str(model_path), "--user", "2", "-n", "3", "--titles",
+                 str(short)]) == 0
+    _, _, names = parse_recommendations(capsys.readouterr().out)
+    assert names == [f"Film {ids[0]}", "?", "?"]
+    assert "2 of the 3 recommended items have no title" in caplog.text

@@ -2,6 +2,7 @@
 device, and on real data against the explicit baseline (biases) and the `implicit` library."""
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from conftest import random_ratings, rel_err, shared_data
 
 import clmf
@@ -119,6 +120,76 @@ def test_implicit_early_stopping_on_precision(cl_device):
           callback=lambda it, el, mt: seen.append(mt["validation_precision@10"]))
     best = int(np.argmax(seen))
     assert m.best_iteration_ == best and len(seen) <= best + 3
+
+
+def test_implicit_validation_ranks_on_the_device_once_set_up(cl_device, monkeypatch):
+    """Validation precision@10 comes from the device top-k (the host ranking is never called),
+    with one DeviceTopK and one upload of the seen items per fit, and equals ``score``."""
+    from clmf import datasets, splits
+    from clmf.inference import host, topk
+    data = datasets.synthetic("movielens-100k", scale=0.1, seed=3)
+    train, val = splits.leave_k_out(data, k=2, random_state=0, min_train=2)
+    made, excl = [], []
+    real_init, real_excl = topk.DeviceTopK.__init__, topk.DeviceTopK.set_exclude
+
+    def init(self, *a, **kw):
+        made.append(1)
+        real_init(self, *a, **kw)
+
+    def set_exclude(self, *a, **kw):
+        excl.append(1)
+        return real_excl(self, *a, **kw)
+
+    def no_host(*a, **kw):
+        raise AssertionError("validation ranked on the host")
+
+    monkeypatch.setattr(topk.DeviceTopK, "__init__", init)
+    monkeypatch.setattr(topk.DeviceTopK, "set_exclude", set_exclude)
+    monkeypatch.setattr(host, "host_rank", no_host)
+    seen = []
+    with topk.inference_options(device=cl_device, min_work=0):
+        m = clmf.ALS(12, 0.01, 4, feedback="implicit", alpha=5.0, device=cl_device,
+                     random_state=0).fit(train, validation=val, show_progress=False,
+                                         callback=lambda it, el, mt: seen.append(mt))
+        assert len(made) == 1 and len(excl) == 1
+        score = m.score(val, user_items=train)
+    assert len(seen) == 4 and all("validation_precision@10" in mt for mt in seen)
+    assert seen[-1]["validation_precision@10"] == pytest.approx(score, rel=1e-12)
+    assert m.history_[-1]["validation_precision@10"] == seen[-1]["validation_precision@10"]
+
+
+@pytest.mark.parametrize("where", ["device", "host"])
+def test_validation_reranks_only_users_it_cannot_certify(cl_device, where, monkeypatch):
+    """The evaluator's strict precision over changing factors equals a full ranking's each
+    time, while ranking fewer users than all once it has lists to certify misses with, and
+    those among fewer items than all (item norms spread over two orders of magnitude)."""
+    from clmf.inference import evaluation
+    from clmf.inference.evaluation import RankingEvaluator
+    from clmf.inference.topk import inference_options
+    monkeypatch.setattr(evaluation, "MIN_GROUP", 4)
+    rng = np.random.default_rng(5)
+    m, n, f = 150, 400, 8
+    X = rng.standard_normal((m, f)).astype(np.float32)
+    Y = (rng.standard_normal((n, f)) * np.exp(rng.uniform(-2.5, 2.5, (n, 1)))).astype(np.float32)
+    seen = sp.random(m, n, density=0.05, random_state=1, format="csr")
+    test = sp.random(m, n, density=0.01, random_state=2, format="csr")
+    test = test - test.multiply(seen.astype(bool))        # held-out items are unseen
+    test.eliminate_zeros()
+    device = cl_device if where == "device" else None
+    with inference_options(min_work=0):
+        ev = RankingEvaluator(test, seen, 10, device=device)
+        ranked, share = [], []
+        for step in range(5):
+            Xs = X + 0.05 * step * rng.standard_normal(X.shape).astype(np.float32)
+            Ys = Y + 0.05 * step * Y * rng.standard_normal(Y.shape).astype(np.float32)
+            got = ev.strict_precision(Xs, Ys)
+            full = RankingEvaluator(test, seen, 10, device=device)
+            assert got == full.strict_precision(Xs, Ys)
+            assert full.ranked == ev.users.size and full.ranked_work == 1.0
+            ranked.append(ev.ranked)
+            share.append(ev.ranked_work / max(ev.ranked / ev.users.size, 1e-9))
+    assert ranked[0] == ev.users.size and min(ranked[1:]) < ev.users.size / 2, ranked
+    assert min(share[1:]) < 0.5, share          # the items a ranked user needs: under half
 
 
 def test_biases_improve_movielens_rmse():

@@ -159,3 +159,37 @@ class TestRanking:
         res = metrics.evaluate_ranking(rec, rel, ks=k)
         assert res == pytest.approx({"precision@10": np.mean(p), "recall@10": np.mean(r),
                                      "map@10": np.mean(ap), "ndcg@10": np.mean(nd)})
+
+
+class TestImplicitMetrics:
+    """:func:`metrics.ranking_metrics`: the `implicit` library's definitions, written out on the
+    module's hand case (10 items)."""
+
+    def test_hand_case_k4(self):
+        res = metrics.ranking_metrics(REC, REL, k=4, n_items=10)
+        # implicit's precision: hits summed over users / Σ min(k, |R|) = (2 + 1) / (3 + 1)
+        assert res["precision"] == pytest.approx(3 / 4)
+        assert res["strict_precision"] == pytest.approx(P4)           # (2/4 + 1/4) / 2
+        assert res["map"] == pytest.approx(AP4)
+        assert res["ndcg"] == pytest.approx(NDCG4)
+        # AUC, user 0: list 1 2 3 4 → miss (0 hits above), hit, miss (1 above), hit: 1;
+        # |R| = 3, 7 negatives, 2 misses in the list: (1 + (2 + 3)/2 · (7 − 2)) / (3 · 7)
+        # user 1: list 5 -1 -1 -1 → hit, then three misses with 1 hit above: 3;
+        # |R| = 1, 9 negatives: (3 + (1 + 1)/2 · (9 − 3)) / 9
+        auc0 = (1 + 2.5 * 5) / 21
+        auc1 = (3 + 1.0 * 6) / 9
+        assert res["auc"] == pytest.approx((auc0 + auc1) / 2)
+
+    def test_precisions_differ_by_the_denominator(self):
+        # two relevant items per user, k = 10: implicit's precision is 5× the strict one
+        rec = np.arange(20).reshape(2, 10)
+        res = metrics.ranking_metrics(rec, [{0, 50}, {10, 11}], k=10, n_items=60)
+        assert res["precision"] == pytest.approx(3 / 4)
+        assert res["strict_precision"] == pytest.approx(3 / 20)
+        assert res["strict_precision"] == pytest.approx(metrics.precision_at_k(rec, [{0, 50},
+                                                                               {10, 11}], 10))
+
+    def test_no_relevant_user_is_nan(self):
+        res = metrics.ranking_metrics(REC, [set(), set(), set()], k=2, n_items=12)
+        assert set(res) == {"precision", "map", "ndcg", "auc", "strict_precision"}
+        assert all(math.isnan(v) for v in res.values())

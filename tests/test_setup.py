@@ -475,7 +475,7 @@ def test_fit_with_adopted_start_factors_equals_copies(cl_device, mode, monkeypat
     monkeypatch.setattr(core, "ADOPT_FACTORS", False)
     copied = fit()
     monkeypatch.setattr(core, "ADOPT_FACTORS", True)
-    X0, Y0 = ref.start_factors(*R.shape, 8, 0)
+    X0, Y0 = ref.start_factors(*R.shape, 8, 0, init=ref.default_init(kw.get("feedback")))
     given = fit(init=(X0, Y0))
     for other in (copied, given):
         np.testing.assert_array_equal(adopted.user_factors_, other.user_factors_)

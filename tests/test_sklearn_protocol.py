@@ -121,16 +121,21 @@ def test_save_and_load_through_file_objects(cl_device, tmp_path):
 
 
 def test_implicit_score_in_blocks_of_users(cl_device, monkeypatch):
-    """The host's precision@k ranks users a block at a time (memory): any block size gives the
-    same score."""
-    from clmf.model import estimator
+    """The implicit score ranks on the device, or on the host a block of users at a time
+    (memory): any block size, and the device, give the same score."""
+    from clmf.inference import host
+    from clmf.inference.topk import inference_options
     R = random_ratings(80, 50, density=0.2, seed=2)
     train, test = split(R, seed=3)
     m = clmf.ALS(factors=6, regularization=0.1, iterations=2, feedback="implicit", alpha=2.0,
                  random_state=0, device=cl_device).fit(train, show_progress=False)
-    whole = m.score(test, user_items=train)
-    monkeypatch.setattr(estimator, "_SCORE_BLOCK_BYTES", 4 * 50 * 3)     # 3 users a block
-    assert m.score(test, user_items=train) == whole
+    with inference_options(device=cl_device, min_work=0):
+        on_device = m.score(test, user_items=train)
+    with inference_options(enabled=False):
+        whole = m.score(test, user_items=train)
+        monkeypatch.setattr(host, "_CHUNK_BYTES", 4 * 50 * 3)            # 3 users a block
+        assert m.score(test, user_items=train) == whole
+    assert whole == on_device
 
 
 # ----- cross-validation over ratings (issue 34, item 6) ---------------------------------------

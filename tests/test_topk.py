@@ -111,6 +111,27 @@ def test_topk_batches_splits_and_resident(cl_device):
     np.testing.assert_array_equal(ids, bid[7:])
 
 
+@pytest.mark.parametrize("which", [0, 1, 2, 3])
+def test_set_factors_rewrites_the_resident_items(cl_device, which):
+    """New factors written into the uploaded buffer (every item layout) rank as a fresh upload;
+    a candidate gather of the old factors is not reused; another shape is refused."""
+    Q, Y, R = int_problem(29, 170, 11, seed=9)
+    Y2 = np.roll(Y, 3, axis=1) - 1
+    cand = np.arange(0, 170, 3)
+    dtk = T.DeviceTopK(Y, cl_device, config=configs_for(cl_device)[which])
+    dtk.query(Q, 9, candidates=cand)
+    dtk.set_queries(Q).set_exclude(R)
+    buf = dtk.factors_buf
+    dtk.set_factors(Y2)
+    assert dtk.factors_buf is buf
+    np.testing.assert_array_equal(dtk.query(Q, 9, exclude=R)[0], brute(Q, Y2, 9, None, R)[0])
+    np.testing.assert_array_equal(dtk.query(Q, 9, candidates=cand)[0], brute(Q, Y2, 9, cand)[0])
+    np.testing.assert_array_equal(dtk.query_rows(0, 29, 9, exclude="resident")[0],
+                                  brute(Q, Y2, 9, None, R)[0])
+    with pytest.raises(ValueError, match="shape"):
+        dtk.set_factors(Y2[:-1])
+
+
 def test_topk_continuous_scores_agree_with_host(cl_device):
     rng = np.random.default_rng(2)
     Q = rng.standard_normal((50, 37)).astype(np.float32)

@@ -13,7 +13,18 @@ import scipy.sparse as sp
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DeviceRankingMixin"]
+__all__ = ["DeviceRankingMixin", "ranking_vectors"]
+
+
+def ranking_vectors(X, Y, item_biases=None):
+    """``(Q, F)`` whose dot products rank the items for the users ``X``: the factors, or with
+    biases ``[x, 1]·[y, b_i]`` (μ and the user's bias, the same for all of a user's items, are
+    added to the scores afterwards)."""
+    if item_biases is None:
+        return X, Y
+    Q = np.hstack([np.asarray(X, np.float32), np.ones((X.shape[0], 1), np.float32)])
+    F = np.hstack([np.asarray(Y, np.float32), np.asarray(item_biases, np.float32)[:, None]])
+    return Q, F
 
 
 def _topk():
@@ -128,14 +139,13 @@ class DeviceRankingMixin:
         n_users, n_items = X.shape[0], Y.shape[0]
         liked_last = items is not None and rows is not None      # as recommend(items=...)
         bi = getattr(self, "item_biases_", None)
+        Xq, Yq = ranking_vectors(X, Y, bi)
         if bi is not None:
-            Xq = np.hstack([np.asarray(X, np.float32), np.ones((n_users, 1), np.float32)])
-            Yq = np.hstack([np.asarray(Y, np.float32), np.asarray(bi, np.float32)[:, None]])
             kind, sources = "items_biased", (Y, bi)
             add = (np.float32(self.global_mean_)
                    + np.asarray(self.user_biases_, np.float32))[:, None]
         else:
-            Xq, Yq, kind, sources, add = X, Y, "items", (Y,), None
+            kind, sources, add = "items", (Y,), None
         C = n_items if cand is None else len(cand)
         dtk = self._device_topk(kind, Yq, sources, float(n_users) * C * Yq.shape[1])
         use_dev = (dtk is not None and min(N, C) <= _topk().MAX_K

@@ -29,7 +29,7 @@ from .. import reference
 from ..data.validation import check_ratings, check_sparse_structure, check_strengths
 from .conventions import LIKED_SCORE, confidence_rows, ids_dtype  # noqa: F401
 from .host import _top_n, host_rank  # noqa: F401  (the host ranking, re-exported)
-from .ranking import DeviceRankingMixin
+from .ranking import DeviceRankingMixin, ranking_vectors
 from .raw_ids import RawIdsMixin, _map_lookup, _require_liked_rows
 
 log = logging.getLogger(__name__)
@@ -286,8 +286,7 @@ class RecommenderMixin(RawIdsMixin, DeviceRankingMixin):
         bi = getattr(self, "item_biases_", None)
         if bi is not None:
             # biased MF: score = μ + b_u + b_i + x·y — rank on [x, 1]·[y, b_i], then add μ + b_u
-            Xq = np.hstack([np.asarray(Xu, np.float32), np.ones((Xu.shape[0], 1), np.float32)])
-            Yq = np.hstack([np.asarray(Y, np.float32), np.asarray(bi, np.float32)[:, None]])
+            Xq, Yq = ranking_vectors(Xu, Y, bi)
             pos_out, sc_out = self._rank(Xq, Yq, cand, rows, N, liked_last=items is not None,
                                           kind="items_biased", sources=(Y, bi))
             bu = (bu_new if recalculate_user

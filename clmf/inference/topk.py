@@ -356,20 +356,25 @@ class DeviceTopK:
             a = np.zeros(1, a.dtype)
         return cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
 
-    def _items_buffer(self, F):
-        """The items on the device: rows padded to ldf, or transposed (yt) with the item axis
-        padded to a multiple of the tile; returns (buffer, leading dimension)."""
+    def _items_host(self, F):
+        """The items as the device holds them: rows padded to ldf, or transposed (yt) with the
+        item axis padded to a multiple of the tile; returns (host array, leading dimension)."""
         if not self.config.yt:
-            return self._upload(self._pad(F)), self.ldf
+            return self._pad(F), self.ldf
         tn = self.config.tn
         ldy = max(1, -(-F.shape[0] // tn)) * tn
         if self.config.yt == 2:           # panels: (tiles, ldf, tn), each contiguous
             P = np.zeros((ldy, self.ldf), np.float32)
             P[:F.shape[0], :F.shape[1]] = F
-            return self._upload(P.reshape(ldy // tn, tn, self.ldf).transpose(0, 2, 1)), tn
+            return np.ascontiguousarray(P.reshape(ldy // tn, tn, self.ldf).transpose(0, 2, 1)), tn
         Yt = np.zeros((self.ldf, ldy), np.float32)
         Yt[:F.shape[1], :F.shape[0]] = F.T
-        return self._upload(Yt), ldy
+        return Yt, ldy
+
+    def _items_buffer(self, F):
+        """The items uploaded in the layout of :meth:`_items_host`: (buffer, leading dimension)."""
+        host, ldy = self._items_host(F)
+        return self._upload(host), ldy
 
     def _items_for(self, cand):
         """(buffer, ldy, candidate buffer or None) for a query over ``cand``: the transposed
@@ -383,6 +388,21 @@ class DeviceTopK:
             buf, ldy = self._items_buffer(self._F[cand])
             g = self._gathered = (cand.copy(), buf, ldy)
         return g[1], g[2], None
+
+    def set_factors(self, factors):
+        """Replace the ranked vectors with ``factors`` of the same shape, written into the
+        buffer already on the device (a fit's validation: new factors every iteration)."""
+        F = np.asarray(factors, np.float32)
+        if F.shape != (self.n, self.f):
+            raise ValueError(f"factors must keep the shape {(self.n, self.f)}, got {F.shape}")
+        if not np.all(np.isfinite(F)):
+            raise ValueError("factors contain NaN/inf")
+        host, _ = self._items_host(F)
+        if self.n:
+            self.cl.enqueue_copy(self.queue, self.factors_buf, host, is_blocking=True)
+        self._F = F
+        self._gathered = None
+        return self
 
     def set_queries(self, Q):
         """Upload query vectors once (e.g. all user factors) for :meth:`query_rows`."""

@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""What validation costs a fit: ``fit(train, validation=held)`` against ``fit(train)`` on Last.fm
+implicit feedback (HetRec 2011, strengths log1p(plays), leave-2-out), and ``score`` /
+``clmf.evaluate`` on the fitted model, per OpenCL device.
+
+Each device: one warm-up fit (kernel builds, top-k calibration), then ``--repeats`` pairs of fits
+(without / with validation, alternating); the medians and their ratio are recorded. Writes
+``<out>.json`` and ``<out>.md`` with device, driver, date and commit.
+
+    python benchmarks/validation_overhead.py --device pocl --device intel \\
+        --out results/bench/validation-overhead/lastfm-f64
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def main():
+    """Measure the fits and evaluations on each device given; print and write the results."""
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="../shared/data/hetrec2011-lastfm-2k/user_artists.dat")
+    p.add_argument("--factors", type=int, default=64)
+    p.add_argument("--regularization", type=float, default=0.05)
+    p.add_argument("--alpha", type=float, default=2.0)
+    p.add_argument("--iterations", type=int, default=15)
+    p.add_argument("--k-out", type=int, default=2, help="held-out items per user (leave-k-out)")
+    p.add_argument("--device", action="append", help="device spec (repeatable; default auto)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="path prefix for .md and .json")
+    a = p.parse_args()
+
+    import clmf
+    from clmf import datasets, splits
+    from clmf.engine.device import device_info, select_device
+    from clmf.provenance import commit
+
+    data = datasets.load(a.data)
+    data = datasets.Ratings(data.users, data.items, np.log1p(data.ratings).astype(np.float32),
+                            data.timestamps, data.user_ids, data.item_ids)
+    train, held = splits.leave_k_out(data, k=a.k_out, random_state=a.seed, min_train=a.k_out)
+    R, T = train.to_csr(), held.to_csr()
+    load_start = os.getloadavg()          # a shared machine: the load the timings ran under
+    rows = []
+    for spec in a.device or ["auto"]:
+        dev = select_device(spec)
+        info = device_info(dev)
+
+        def model():
+            return clmf.ALS(a.factors, a.regularization, a.iterations, feedback="implicit",
+                            alpha=a.alpha, device=dev, random_state=a.seed)
+
+        model().fit(R, validation=T, show_progress=False)        # warm-up: builds, calibration
+        plain, valid = [], []
+        for _ in range(a.repeats):
+            t = time.perf_counter()
+            model().fit(R, show_progress=False)
+            plain.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            m = model().fit(R, validation=T, show_progress=False)
+            valid.append(time.perf_counter() - t)
+        its = sum(h["seconds"] for h in m.history_)
+        score_s, eval_s = [], []
+        for _ in range(a.repeats):
+            t = time.perf_counter()
+            s = m.score(T, user_items=R)
+            score_s.append(time.perf_counter() - t)
+            if hasattr(clmf, "evaluate"):
+                t = time.perf_counter()
+                ev = clmf.evaluate(m, R, T, K=10)
+                eval_s.append(time.perf_counter() - t)
+        row = dict(device=f"{info.platform} | {info.name}", driver=info.driver,
+                   fit_s=statistics.median(plain), fit_validation_s=statistics.median(valid),
+                   fit_s_all=plain, fit_validation_s_all=valid,
+                   validated_iterations_s=its,
+                   score_s=statistics.median(score_s), score=float(s),
+                   evaluate_s=statistics.median(eval_s) if eval_s else None,
+                   evaluate=ev if eval_s else None,
+                   validation_precision_at_10=m.history_[-1].get("validation_precision@10"))
+        row["ratio"] = row["fit_validation_s"] / row["fit_s"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                commit=commit(), host=platform.node(), data=os.path.basename(a.data),
+                users=int(R.shape[0]), items=int(R.shape[1]), train_nnz=int(R.nnz),
+                held_out_nnz=int(T.nnz), factors=a.factors, regularization=a.regularization,
+                alpha=a.alpha, iterations=a.iterations, k_out=a.k_out, repeats=a.repeats,
+                strengths="log1p(plays)", command=" ".join(["python"] + sys.argv),
+                load_average_start=load_start, load_average_end=os.getloadavg(),
+                cpus=os.cpu_count())
+    if a.out:
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+        with open(a.out + ".json", "w") as fh:
+            json.dump(dict(meta=meta, rows=rows), fh, indent=1)
+        lines = ["# Validation's cost: Last.fm implicit fits with and without `validation=`", "",
+                 f"`{meta['command']}` — {meta['date']}, commit {meta['commit'][:12]}, host "
+                 f"{meta['host']}; {meta['users']} users × {meta['items']} artists, "
+                 f"{meta['train_nnz']} train / {meta['held_out_nnz']} held out "
+                 f"(leave-{a.k_out}-out), log1p(plays), f={a.factors}, λ={a.regularization}, "
+                 f"alpha={a.alpha}, {a.iterations} iterations; medians of {a.repeats} "
+                 f"(after a warm-up fit); {meta['cpus']} CPUs, load average "
+                 f"{meta['load_average_start'][0]:.1f} at the start, "
+                 f"{meta['load_average_end'][0]:.1f} at the end.", "",
+                 "| device | driver | fit s | fit + validation s | ratio | score() s | "
+                 "evaluate() s |", "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            ev = f"{r['evaluate_s']:.3f}" if r["evaluate_s"] is not None else "—"
+            lines.append(f"| {r['device']} | {r['driver']} | {r['fit_s']:.3f} | "
+                         f"{r['fit_validation_s']:.3f} | {r['ratio']:.2f}× | {r['score_s']:.3f} "
+                         f"| {ev} |")
+        with open(a.out + ".md", "w") as fh:
+            fh.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
