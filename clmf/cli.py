@@ -27,8 +27,8 @@ import time
 
 import numpy as np
 
-from .argtypes import positive_float, positive_int
 from . import cli_workflow as workflow
+from .argtypes import positive_float, positive_int
 
 log = logging.getLogger("clmf.cli")
 
