@@ -1,4 +1,5 @@
-"""The :class:`Ratings` container and its id-map helpers.
+"""The :class:`Ratings` container and its id-map helpers (raw ids as an id map and the raw id →
+index lookup are in :mod:`._ids`).
 
 Everything that enters :mod:`clmf` as rating data passes through :class:`Ratings`: it holds
 0-based ``int32`` user and item indices, ``float32`` ratings, optional ``int64`` timestamps
@@ -17,7 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import frames
-from ._ids import check_raw_ids, factorize
+from ._ids import _as_id_array, _lookup, _sorter_of, factorize
 from .frames import RATING_COLUMNS
 from .scan import has_duplicate_pairs
 from .validation import check_float32_range
@@ -31,89 +32,9 @@ _DUPLICATE_POLICIES = ("error", "mean", "last", "sum")
 # --------------------------------------------------------------------------------------
 # helpers for ids
 # --------------------------------------------------------------------------------------
-def _as_id_array(raw: Any, what: str) -> np.ndarray:
-    """Convert raw ids to a 1-D numpy array usable as an id map (ints, floats or str)."""
-    arr = np.asarray(raw)
-    if arr.ndim != 1:
-        raise ValueError(f"{what} must be one-dimensional, got shape {arr.shape}")
-    check_raw_ids(arr, what)          # no missing ids, no text mixed with numbers
-    if arr.dtype.kind == "O":
-        # python objects: all text (strings) or all numbers (check_raw_ids)
-        if len(arr) == 0 or isinstance(arr[0], (str, bytes)):
-            arr = arr.astype(str)
-        else:
-            if isinstance(arr[0], (list, tuple, dict, set, np.ndarray)):
-                raise ValueError(f"{what}: ids must be integers or strings, not "
-                                 f"{type(arr[0]).__name__}s (first {arr[0]!r}); a list column "
-                                 "is not an id column")
-            try:
-                arr = np.asarray(arr.tolist())
-            except (TypeError, ValueError) as exc:  # pragma: no cover - exotic objects
-                raise ValueError(f"{what}: ids must be integers or strings") from exc
-            if arr.ndim != 1:
-                raise ValueError(f"{what}: ids must be integers or strings, not sequences")
-            if arr.dtype.kind == "O":
-                arr = arr.astype(str)
-    if arr.dtype.kind == "S":
-        arr = arr.astype(str)
-    if arr.dtype.kind == "b":
-        arr = arr.astype(np.int64)
-    if arr.dtype.kind == "f":
-        check_raw_ids(arr, what)      # (object arrays of numbers come out as floats)
-    if arr.dtype.kind not in "iufU":
-        raise ValueError(f"{what}: unsupported id dtype {arr.dtype}")
-    return arr
-
-
 def _factorize(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Map raw ids to contiguous indices sorted by raw id (:func:`._ids.factorize`)."""
     return factorize(raw)
-
-
-def _compatible(map_kind: str, query_kind: str) -> bool:
-    numeric = "iuf"
-    if map_kind in numeric and query_kind in numeric:
-        return True
-    return map_kind == query_kind == "U"
-
-
-def _lookup(
-    id_map: np.ndarray,
-    sorter: np.ndarray | None,
-    raw: Any,
-    missing: str,
-    what: str,
-) -> Any:
-    """Vectorised raw id -> index lookup in ``id_map`` (sorted through ``sorter``)."""
-    if missing not in ("raise", "ignore"):
-        raise ValueError(f"missing must be 'raise' or 'ignore', got {missing!r}")
-    q = np.asarray(raw)
-    scalar = q.ndim == 0
-    q = np.atleast_1d(q).reshape(-1)
-    if q.dtype.kind == "O":
-        try:
-            q = _as_id_array(q, what)
-        except ValueError:
-            q = q.astype(str)
-    if q.dtype.kind == "S":
-        q = q.astype(str)
-    out = np.full(len(q), -1, dtype=np.int64)
-    if len(q) and len(id_map) and _compatible(id_map.dtype.kind, q.dtype.kind):
-        sorted_map = id_map if sorter is None else id_map[sorter]
-        pos = np.searchsorted(sorted_map, q)
-        pos_c = np.minimum(pos, len(sorted_map) - 1)
-        found = sorted_map[pos_c] == q
-        idx = pos_c if sorter is None else sorter[pos_c]
-        out[found] = idx[found]
-    bad = out < 0
-    if missing == "raise" and bad.any():
-        unknown = np.unique(q[bad])
-        shown = ", ".join(repr(x.item() if hasattr(x, "item") else x) for x in unknown[:10])
-        more = f" (and {len(unknown) - 10} more)" if len(unknown) > 10 else ""
-        raise KeyError(f"{len(unknown)} unknown {what} id(s): {shown}{more}")
-    if scalar:
-        return int(out[0])
-    return out
 
 
 def _readonly(arr: np.ndarray) -> np.ndarray:
@@ -745,12 +666,6 @@ def _as_ratings(r: np.ndarray, what: str) -> np.ndarray:
         raise ValueError(f"{what} must be numeric, got dtype {r.dtype}") from exc
     _check_finite(r32, what)
     return r32
-
-
-def _sorter_of(ids: np.ndarray) -> np.ndarray | None:
-    if len(ids) > 1 and not np.all(ids[1:] > ids[:-1]):
-        return np.argsort(ids, kind="stable")
-    return None
 
 
 def _check_finite(values: np.ndarray, what: str) -> None:

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from .ratings import Ratings, _as_id_array
+from ._ids import _as_id_array
+from .ratings import Ratings
 
 logger = logging.getLogger(__name__)
 
