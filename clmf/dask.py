@@ -21,8 +21,8 @@ import numpy as np
 
 from .errors import SingularSystemError
 from .model import loop
+from .model.checks import _check_unregularized, _range_error, _side_stats
 from .model.estimator import ALS as _ALS
-from .model.estimator import _check_unregularized, _range_error, _side_stats
 from .model.inputs import _params_repr
 from .parallel.dask_backend import WorkerLostError, get_client
 
@@ -353,7 +353,7 @@ class _DaskSteps(loop.FitSteps):
 
     def non_finite_error(self):
         """A :class:`clmf.RatingRangeError` when the ratings' magnitude explains the failure
-        (the in-process fit's diagnosis, :func:`clmf.model.estimator._range_error`)."""
+        (the in-process fit's diagnosis, :func:`clmf.model.checks._range_error`)."""
         if self.ratings_range is None:
             return None
         return _range_error(self.engine, *self.ratings_range, int(self.engine.f), self.storage,

@@ -129,7 +129,8 @@ def run_clmf(device, problem, f, lam, iterations, seed, variant="auto"):
     from ..engine.core import Engine
     from ..engine.device import device_info
     from ..errors import ClmfError
-    from ..model.estimator import ALS, _side_stats
+    from ..model.checks import _side_stats
+    from ..model.estimator import ALS
     from ..reference import start_factors
     run = ClmfRun()
     eng = None

@@ -17,7 +17,8 @@ __all__ = ["configs_for", "timed_fit", "scaling_rows", "render_scaling"]
 def configs_for(devices, layout, f, solver="auto", regularization=0.05):
     """Each device's tuned configuration pair (the estimator's own lookup)."""
     from ..engine.device import device_info
-    from ..model.estimator import ALS, _side_stats
+    from ..model.checks import _side_stats
+    from ..model.estimator import ALS
     m, n = layout.shape
     stats = {"users": _side_stats(layout.users.counts(), n),
              "items": _side_stats(layout.items.counts(), m)}
