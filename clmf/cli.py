@@ -29,12 +29,9 @@ import numpy as np
 
 from . import cli_workflow as workflow
 from .argtypes import positive_float, positive_int
+from .cli_workflow import UsageError
 
 log = logging.getLogger("clmf.cli")
-
-
-class UsageError(ValueError):
-    """A bad or missing command-line argument (exit status 2)."""
 
 
 class _ArgumentError(SystemExit):
@@ -320,14 +317,6 @@ def cmd_fit(args):
     return 0
 
 
-def _to_model_index(model, data):
-    """(users, items, ratings, dropped) of ``data`` in the model's indices (unknown ids dropped)."""
-    u = model.user_index(np.asarray(data.user_ids)[np.asarray(data.users)], missing="ignore")
-    i = model.item_index(np.asarray(data.item_ids)[np.asarray(data.items)], missing="ignore")
-    ok = (u >= 0) & (i >= 0)
-    return u[ok], i[ok], np.asarray(data.ratings)[ok], int((~ok).sum())
-
-
 def _eval_data(args):
     """``(test, train or None, description)`` of ``clmf eval``: DATA (with ``--split``, its
     official split) or, without DATA, the holdout ``clmf fit`` recorded beside the model."""
@@ -378,7 +367,7 @@ def cmd_eval(args):
     from . import metrics
     model = clmf.load(args.model)
     test, train, what = _eval_data(args)
-    u, i, r, dropped = _to_model_index(model, test)
+    u, i, r, dropped = workflow.to_model_index(model, test)
     if u.size == 0:
         raise ValueError(f"{what}: none of its users/items are known to the model")
     print(f"data: {what}: {len(test)} ratings" +
@@ -396,7 +385,7 @@ def cmd_eval(args):
     relevant = sp.csr_matrix((rel_data, (rows, i)), shape=(users.size, n_items))
     seen = None
     if train is not None:
-        tu, ti, tr, _ = _to_model_index(model, train)
+        tu, ti, tr, _ = workflow.to_model_index(model, train)
         seen = sp.csr_matrix((np.ones(tu.size, np.float32), (tu, ti)),
                              shape=(model.user_factors_.shape[0], n_items))
         seen = seen[users]
@@ -438,7 +427,7 @@ def cmd_recommend(args):
     if args.all == (args.user is not None):
         raise UsageError("give either --user RAW_ID or --all (with --out FILE)")
     if args.all:
-        return _recommend_all(args)
+        return workflow.recommend_all(args)
     if args.out is not None:
         raise UsageError("--out writes the recommendations of --all")
     model = clmf.load(args.model)
@@ -461,100 +450,6 @@ def cmd_recommend(args):
         print(line)
     args.result = {"command": "recommend", "model": args.model, "user": args.user,
                    "filtered_by": args.train, "items": rows}
-    return 0
-
-
-def _recommend_all(args):
-    """``clmf recommend MODEL --all --out FILE``: every user's top-N streamed to a .parquet or
-    .csv file (columns user, rank, item, score; raw ids when the model has them), batch by
-    batch with a progress bar; written to a temporary file that replaces FILE at the end, so
-    an error leaves nothing half-written."""
-    import os
-    import tempfile
-
-    import scipy.sparse as sp
-
-    import clmf
-
-    from . import datasets
-    if args.out is None:
-        raise UsageError("--all needs --out FILE.parquet or FILE.csv")
-    out = str(args.out)
-    fmt = "parquet" if out.endswith(".parquet") else "csv" if out.endswith(".csv") else None
-    if fmt is None:
-        raise UsageError(f"--out {out}: the file name must end in .parquet or .csv")
-    if fmt == "parquet":
-        try:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-        except ImportError as e:
-            raise UsageError("writing .parquet needs pyarrow (pip install pyarrow), or use .csv") \
-                from e
-    model = clmf.load(args.model)
-    n_users, n_items = model.user_factors_.shape[0], model.item_factors_.shape[0]
-    seen = None
-    if args.train is not None:
-        tu, ti, _r, _ = _to_model_index(model, datasets.load(args.train))
-        seen = sp.csr_matrix((np.ones(tu.size, np.float32), (tu, ti)), shape=(n_users, n_items))
-    umap = getattr(model, "user_ids_", None)
-    imap = getattr(model, "item_ids_", None)
-    d = os.path.dirname(os.path.abspath(out))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(out) + ".", suffix=".tmp", dir=d)
-    os.close(fd)
-    writer = fh = None
-    rows = 0
-    try:
-        for users, ids, scores in model.iter_recommend_all(
-                args.n, seen, filter_already_liked_items=seen is not None,
-                batch_size=args.batch_size, show_progress=True):
-            keep = ids >= 0
-            u = np.repeat(users, keep.sum(axis=1))
-            rank = (np.cumsum(keep, axis=1))[keep]
-            it, sc = ids[keep], scores[keep]
-            u_out = umap[u] if umap is not None else u
-            i_out = imap[it] if imap is not None else it
-            rows += u.size
-            if fmt == "parquet":
-                table = pa.table({"user": u_out, "rank": rank.astype(np.int32), "item": i_out,
-                                  "score": sc.astype(np.float32)})
-                if writer is None:
-                    writer = pq.ParquetWriter(tmp, table.schema)
-                writer.write_table(table)
-            else:
-                if fh is None:
-                    fh = open(tmp, "w", encoding="utf-8", newline="")
-                    fh.write("user,rank,item,score\n")
-                fh.write("".join(f"{a},{b},{c},{s:.6g}\n" for a, b, c, s in
-                                 zip(u_out.tolist(), rank.tolist(), i_out.tolist(), sc.tolist())))
-        if fmt == "parquet":
-            if writer is None:                   # no users: an empty table with the schema
-                pq.write_table(pa.table({"user": np.zeros(0, np.int64),
-                                         "rank": np.zeros(0, np.int32),
-                                         "item": np.zeros(0, np.int64),
-                                         "score": np.zeros(0, np.float32)}), tmp)
-            else:
-                writer.close()
-                writer = None
-        else:
-            if fh is None:
-                fh = open(tmp, "w", encoding="utf-8", newline="")
-                fh.write("user,rank,item,score\n")
-            fh.close()
-            fh = None
-        os.replace(tmp, out)
-    except BaseException:
-        if writer is not None:
-            writer.close()
-        if fh is not None:
-            fh.close()
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    print(f"wrote {rows} recommendations for {n_users} users to {out}"
-          + (" (items of --train left out)" if seen is not None else ""))
-    args.result = {"command": "recommend", "model": args.model, "all": True, "out": out,
-                   "format": fmt, "users": int(n_users), "rows": int(rows),
-                   "filtered_by": args.train}
     return 0
 
 
