@@ -185,10 +185,10 @@ def test_acceptance_ml_latest_small_cli_equals_python_api(tmp_path, capsys):
 
 
 def test_demo_runs_what_the_readme_says(small_files, capsys):
-    """`clmf demo`'s model (one place: cli.DEMO_MODEL) is what the README's command-line section
+    """`clmf demo`'s model (one place: cli.DEMO_MODEL) is what the user guide's command-line page
     quotes, and the demo runs that many iterations."""
     from clmf.cli import DEMO_MODEL, build_parser
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "guide" / "cli.md").read_text()
     line = next(ln for ln in readme.splitlines() if ln.startswith("clmf demo "))
     quoted = dict(re.findall(r"--(factors|regularization|iterations) ([\d.]+)", line))
     assert {k: float(v) for k, v in quoted.items()} == {k: float(v) for k, v in DEMO_MODEL.items()}
