@@ -4,6 +4,7 @@ from __future__ import annotations
 import concurrent.futures
 import inspect
 import logging
+import re
 import time
 
 import numpy as np
@@ -14,7 +15,7 @@ from ..data.scan import count_columns, value_range, value_sum
 from ..data.validation import check_index_pairs, check_params, check_ratings
 from ..engine.config import KernelConfig
 from ..engine.core import host_factor_rows
-from ..errors import SingularSystemError
+from ..errors import InvalidConfigError, SingularSystemError
 from ..inference.conventions import confidence_rows
 from ..inference.recommend import RecommenderMixin
 from . import loop
@@ -187,6 +188,8 @@ class ALS(RecommenderMixin):
 
     # ----- configuration -------------------------------------------------------------------
     def _resolve_configs(self, info, stats):
+        """``{side: Choice}``: the tuning lookup's choice per side (``variant="auto"``), or the
+        caller's variant as given (:meth:`_given_config`)."""
         from .. import tuning
         f = self.factors
         variant = self.variant
@@ -196,7 +199,6 @@ class ALS(RecommenderMixin):
             # unregularized systems may be singular, which only the Cholesky solve detects (a CG
             # returns some solution of a singular system): a tuned CG gives way
             solver = "cholesky"
-        forced = solver or tuning.MODE_DEFAULT_SOLVER.get(mode)   # given variants: as before
         if isinstance(variant, (tuple, list)):
             if len(variant) != 2:
                 raise ValueError("variant as a pair must be (users_variant, items_variant)")
@@ -206,19 +208,48 @@ class ALS(RecommenderMixin):
         out = {}
         for side, v in zip(("users", "items"), pair):
             if isinstance(v, str) and v == "auto":
-                ch = tuning.choose(info, f, side, stats[side], self.storage or "float32", solver,
-                                   mode=mode)
+                out[side] = tuning.choose(info, f, side, stats[side], self.storage or "float32",
+                                          solver, mode=mode)
             else:
-                cfg = KernelConfig.parse(v)
-                if forced is not None:
-                    cfg = cfg.replace(solver=forced)
-                elif self.solver == "auto" and isinstance(v, str) and "solver=" not in v:
-                    cfg = cfg.replace(solver="fusedcg" if self.feedback == "implicit" else "cholesky")
-                if self.storage is not None and cfg.storage != self.storage:
-                    cfg = cfg.replace(storage=self.storage)
-                ch = tuning.Choice(cfg, "explicit", "variant given by the caller")
-            out[side] = ch
+                out[side] = self._given_config(v, mode)
         return out
+
+    def _given_config(self, v, mode):
+        """The caller's variant ``v`` as a :class:`Choice` (rule ``explicit``), used as given:
+        a solver or storage it names is kept, and one that contradicts the ``solver`` /
+        ``storage`` parameter is refused (:class:`InvalidConfigError`, reason ``"conflict"``),
+        never replaced. What it leaves open is filled in and said in the reason: the ``solver``
+        parameter, else the mode's untuned default (:data:`clmf.tuning.MODE_DEFAULT_SOLVER`:
+        the fused CG for implicit feedback, Cholesky otherwise); the ``storage`` parameter."""
+        from .. import tuning
+        cfg = KernelConfig.parse(v)
+        text = v if isinstance(v, str) else None           # a KernelConfig names every field
+
+        def names(k):           # whether the variant names parameter k
+            return text is None or re.search(rf"[:,]\s*{k}\s*=", text) is not None
+        notes = []
+        given = None if self.solver == "auto" else self.solver
+        if names("solver"):
+            if given is not None and given != cfg.solver:
+                raise InvalidConfigError(
+                    f"variant {str(v)!r} names solver={cfg.solver} but solver={given!r} was "
+                    "given: drop one of them (a given variant is used as is, never changed)",
+                    "conflict")
+        else:
+            s = given or tuning.MODE_DEFAULT_SOLVER.get(mode, KernelConfig.solver)
+            if s != cfg.solver:
+                cfg = cfg.replace(solver=s)
+            notes.append(f"solver={s} (" + ("the solver parameter" if given else
+                                            f"the {mode} default: the variant names none") + ")")
+        if self.storage is not None and cfg.storage != self.storage:
+            if names("storage"):
+                raise InvalidConfigError(
+                    f"variant {str(v)!r} names storage={cfg.storage} but storage="
+                    f"{self.storage!r} was given: drop one of them", "conflict")
+            cfg = cfg.replace(storage=self.storage)
+            notes.append(f"storage={self.storage} (the storage parameter)")
+        return tuning.Choice(cfg, "explicit", "variant given by the caller"
+                      + ("; " + ", ".join(notes) if notes else ""))
 
     def _build_engine(self, devs, R, stats, global_mean, item_counts=None):
         """The fit's backend (one device's :class:`Engine` or a multi-device one) and the
