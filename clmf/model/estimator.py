@@ -48,17 +48,22 @@ class ALS(RecommenderMixin):
     weighted_regularization : bool or None, default None
         λ·n_u·I (ALS-WR, as cuMF) or λ·I; None means True for explicit feedback and False for
         implicit feedback (as the implicit library does).
-    solver : {"auto", "cholesky", "cg"}
+    solver : {"auto", "cholesky", "cg", "fusedcg"}
         "auto" uses the tuned choice for the device (the CG solver where the tuning chose it:
-        3 warm-started steps per half-step, approximate per iteration), else Cholesky; with
-        ``regularization=0`` (explicit feedback) always Cholesky, which reports singular systems.
-        "cholesky" solves every system exactly.
+        3 warm-started steps per half-step, approximate per iteration), else Cholesky (implicit
+        feedback: the fused CG where no tuning answers); with ``regularization=0`` (explicit
+        feedback) always Cholesky, which reports singular systems. "cholesky" solves every
+        system exactly.
     variant : "auto", a variant name (``"batch+reg+local:tx=8,ty=8"``), a
         :class:`clmf.KernelConfig`, or a pair (users side, items side) of those. With "auto",
         a configuration that cannot run on the device (build failure, missing kernel, a kernel
         limit, a probe that crashed) is reported once as a
         :class:`clmf.tuning.fallback.TuningFallbackWarning` and the next rule's is used; a variant
-        given here is used as is and such failures raise :class:`clmf.InvalidConfigError`.
+        given here is used as is, in every mode (a solver or storage it names is kept; one that
+        contradicts ``solver``/``storage`` raises :class:`clmf.InvalidConfigError` with reason
+        ``"conflict"``; what it leaves open comes from those parameters, else the mode's
+        default, and ``config_`` says so), and such failures raise
+        :class:`clmf.InvalidConfigError`.
     device : "auto", "cpu", "gpu", "P:D", a name substring or a ``pyopencl.Device``
         (see :func:`clmf.select_device`; ``CLMF_DEVICE`` is honoured with "auto"); a list of
         those, or ``"gpu:all"`` / ``"cpu:all"``, fits on several devices at once (users and items
@@ -70,8 +75,10 @@ class ALS(RecommenderMixin):
     feedback : {"explicit", "implicit"}
         Explicit ratings, or implicit feedback (Hu, Koren & Volinsky 2008): stored entries are
         counts/strengths r ≥ 0 with confidence ``c = 1 + alpha·r`` and preference 1;
-        ``A_u = YᵀY + Σ (c − 1) y yᵀ + λI``. ``solver="auto"`` means the fused CG there
-        (A applied from the row's entries and YᵀY, never built).
+        ``A_u = YᵀY + Σ (c − 1) y yᵀ + λI``, built by the same S1 kernels as explicit ratings
+        (YᵀY once per half-step) and solved by Cholesky or CG, or applied from the row's entries
+        and YᵀY by the fused CG: ``solver="auto"`` takes the tuned choice (the fused CG where
+        no tuning answers).
     alpha : float, default 1.0 — confidence scale of implicit feedback.
     confidence : {"1+alpha*r", "alpha*r"}, default "1+alpha*r"
         Implicit feedback's confidence of a stored entry r: ``c = 1 + alpha·r`` (Hu, Koren &
