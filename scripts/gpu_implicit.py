@@ -276,27 +276,36 @@ def phase_peers(a, train, held, name, out_rows):
     return True
 
 
+def coverage_order(a):
+    """The coverage cells, most wanted first: implicit feedback before explicit before biased
+    (the issue's goals), and f = 64, 128, 256 (the peers' f), then 16, 32, 100, then the rest."""
+    first = [64, 128, 256, 16, 32, 100]
+    fs = sorted(a.factor_list, key=lambda f: (first.index(f) if f in first else len(first), f))
+    modes = sorted(a.mode_list, key=lambda m: ("implicit", "explicit", "biased").index(m)
+                   if m in ("implicit", "explicit", "biased") else 3)
+    return [(m, f) for m in modes for f in fs]
+
+
 def phase_coverage(a, dev, train, name, db, work, out_rows):
     """``coverage.jsonl``: tune each cell that has no tuning (short budget), then time auto
     and the leave-one-out choice side by side."""
     from clmf.tuner import coverage as C
-    for f in a.factor_list:
-        for mode in a.mode_list:
-            cell = C.Cell(dev, train, name, f, mode, a.alpha)
-            if C.done(out_rows, cell):
-                continue
-            need = (a.tune_budget * 2.5 + 60) if not C.cell_runs(cell) else 60
-            if left(a) < need:
-                return False
-            log(f"coverage {mode} f={f} (tuning first: {not C.cell_runs(cell)})")
-            row = C.measure_cell(cell, "missing", db, a.tune_budget, iterations=a.iterations,
-                                 rounds=1, state_dir=work / "tune-state")
-            C.append_row(pathlib.Path(a.out) / "coverage.jsonl", row)
-            out_rows.append(row)
-            save_db(a, db)
-            log(f"  auto {row.get('auto_s_per_it')} ({row.get('auto_rule')}), loo "
-                f"{row.get('loo_s_per_it')} ({row.get('loo_rule')}), best "
-                f"{row.get('best_s_per_it')}")
+    for mode, f in coverage_order(a):
+        cell = C.Cell(dev, train, name, f, mode, a.alpha)
+        if C.done(out_rows, cell):
+            continue
+        need = (a.tune_budget * 2.5 + 60) if not C.cell_runs(cell) else 60
+        if left(a) < need:
+            return False
+        log(f"coverage {mode} f={f} (tuning first: {not C.cell_runs(cell)})")
+        row = C.measure_cell(cell, "missing", db, a.tune_budget, iterations=a.iterations,
+                             rounds=1, state_dir=work / "tune-state")
+        C.append_row(pathlib.Path(a.out) / "coverage.jsonl", row)
+        out_rows.append(row)
+        save_db(a, db)
+        log(f"  auto {row.get('auto_s_per_it')} ({row.get('auto_rule')}), loo "
+            f"{row.get('loo_s_per_it')} ({row.get('loo_rule')}), best "
+            f"{row.get('best_s_per_it')}")
     return True
 
 
