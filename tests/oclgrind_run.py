@@ -7,6 +7,7 @@ caller's job. This script only fails (non-zero exit) when the fit does not match
 reference, or when it cannot run at all.
 
     python tests/oclgrind_run.py --variant "batch:tx=4,ty=4,solve_wg=16" --f 5 --case empty
+    python tests/oclgrind_run.py --variant "batch+vec4+syrk:bx=4,solver=cg" --f 9 --mode implicit
     python tests/oclgrind_run.py --canary race      # must be reported as a data race
     python tests/oclgrind_run.py --list-cases
 
@@ -113,7 +114,10 @@ def _check_device(dev):
         sys.exit(3)
 
 
-def run_fit(variant, f, case, device, lam=0.1, seed=0):
+MODES = ("explicit", "implicit", "biased")
+
+
+def run_fit(variant, f, case, device, lam=0.1, seed=0, mode="explicit"):
     import clmf
     from clmf import reference as ref
     from clmf.engine.device import select_device
@@ -128,7 +132,9 @@ def run_fit(variant, f, case, device, lam=0.1, seed=0):
     if batch_rows and "batch_rows=" not in variant:
         cfg = cfg.replace(batch_rows=batch_rows)
     X0, Y0 = ref.start_factors(m, n, f, seed)
-    model = clmf.ALS(factors=f, regularization=lam, iterations=1, variant=cfg, device=dev)
+    kw = {"implicit": dict(feedback="implicit", alpha=2.0), "biased": dict(biases=True)}
+    model = clmf.ALS(factors=f, regularization=lam, iterations=1, variant=cfg, device=dev,
+                     **kw.get(mode, {}))
     try:
         model.fit(R, init=(X0, Y0), show_progress=False)
     except clmf.InvalidConfigError as e:
@@ -136,19 +142,32 @@ def run_fit(variant, f, case, device, lam=0.1, seed=0):
             raise
         print(f"{INVALID_MARK} reason={e.reason}: {e}")
         return EXIT_INVALID
-    Xr, Yr = ref.als(R, f, lam, 1, init=(X0, Y0), solver=cfg.solver, cg_steps=cfg.cg_steps)
-    ex, ey = _rel_err(model.user_factors_, Xr), _rel_err(model.item_factors_, Yr)
+    if mode == "biased":
+        # [factors | bias] is one solution vector per row
+        Xr, Yr, bu, bi, _mu = ref.als_biased(R, f, lam, 1, init=(X0, Y0), solver=cfg.solver,
+                                             cg_steps=cfg.cg_steps)
+        Xr, Yr = np.column_stack([Xr, bu]), np.column_stack([Yr, bi])
+        gx = np.column_stack([model.user_factors_, model.user_biases_])
+        gy = np.column_stack([model.item_factors_, model.item_biases_])
+    else:
+        Xr, Yr = ref.als(R, f, lam, 1, init=(X0, Y0), solver=cfg.solver, cg_steps=cfg.cg_steps,
+                         weighted=mode != "implicit",
+                         implicit_alpha=2.0 if mode == "implicit" else None)
+        gx, gy = model.user_factors_, model.item_factors_
+    ex, ey = _rel_err(gx, Xr), _rel_err(gy, Yr)
     # float16 storage: the 1e-2. CG solvers: float32 CG drifts from float64 CG by about
     # eps·cond(A) per step, and Oclgrind builds with -cl-opt-disable (no fma contraction), so the
     # race check allows 5e-4 there; the 1e-4 accuracy bound is asserted on the real devices
     # (tests/test_variants.py, tests/test_feedback.py).
     tol = 1e-2 if cfg.storage == "float16" else (5e-4 if cfg.solver != "cholesky" else TOL)
+    if mode == "biased":         # a half-step's error carried into the other side's targets
+        tol *= 10
     empty_u = np.flatnonzero(np.diff(R.indptr) == 0)
     empty_i = np.flatnonzero(np.bincount(R.indices, minlength=n) == 0)
     zeros = bool(np.all(model.user_factors_[empty_u] == 0) and np.all(model.item_factors_[empty_i] == 0))
     finite = bool(np.all(np.isfinite(model.user_factors_)) and np.all(np.isfinite(model.item_factors_)))
     used = {s: str(c.config) for s, c in model.config_.items()}
-    summary = (f"variant={variant!r} f={f} case={case} shape={R.shape} nnz={R.nnz} "
+    summary = (f"variant={variant!r} f={f} case={case} mode={mode} shape={R.shape} nnz={R.nnz} "
                f"configs={used} clmf={clmf.__file__} rel_err_X={ex:.3g} rel_err_Y={ey:.3g} empty_rows_zero={zeros}")
     if ex <= tol and ey <= tol and zeros and finite:
         print(f"{OK_MARK} {summary}")
@@ -294,6 +313,8 @@ def main(argv=None):
     ap.add_argument("--variant", help="variant string, e.g. 'batch:tx=4,ty=4,solve_wg=16'")
     ap.add_argument("--f", type=int, help="factors")
     ap.add_argument("--case", choices=sorted(CASES), default="empty")
+    ap.add_argument("--mode", choices=MODES, default="explicit",
+                    help="explicit ratings, implicit feedback (alpha 2) or biases")
     ap.add_argument("--canary", choices=CANARIES, help="run a planted-bug kernel instead of a fit")
     ap.add_argument("--device", default="oclgrind",
                     help="clmf device spec (default: the Oclgrind platform by name)")
@@ -312,7 +333,7 @@ def main(argv=None):
         return run_canary(a.canary, a.device)
     if a.variant is None or a.f is None:
         ap.error("--variant and --f are required (or --canary)")
-    return run_fit(a.variant, a.f, a.case, a.device)
+    return run_fit(a.variant, a.f, a.case, a.device, mode=a.mode)
 
 
 if __name__ == "__main__":

@@ -221,13 +221,12 @@ def test_configuration_measured_on_this_device_and_driver_is_not_probed(
     calls = _probe_spy(monkeypatch)
     R = random_ratings(60, 45, density=0.25, seed=3)
     here = tuning.device_record(info)
+    # measured here too, at an f far from the case's (8×: farther than the selection model
+    # looks, and no "best" record for the nearest rung)
+    measured = [dict(r, f=8 * F) for r in _measured(dict(here, driver=driver))]
     if rung == "vendor":
         plant(isolated, dict(here, device="Fake GPU 2", driver="7.0"), R)
-        # measured here too, at another f (so not the "nearest" rung's record)
-        Database(isolated).append([dict(r, f=2 * F) for r in _measured(dict(here,
-                                                                             driver=driver))])
-    else:
-        Database(isolated).append(_measured(dict(here, driver=driver)))
+    Database(isolated).append(measured)
     chosen = _choose_both(info, R)
     assert [c.rule for c in chosen] == [rung, rung]
     assert all(c.config == KernelConfig.parse(PLANTED) for c in chosen)

@@ -237,3 +237,67 @@ def test_lastfm_matches_implicit_library():
         theirs.append(scores(im.user_factors, im.item_factors))
     (p_c, n_c), (p_i, n_i) = np.mean(ours, axis=0), np.mean(theirs, axis=0)
     assert p_c >= 0.98 * p_i and n_c >= 0.98 * n_i, (ours, theirs)
+
+
+# ----- a caller's variant in implicit mode: used as given, or refused with the reason (issue 27) --
+def test_implicit_variant_solver_is_honoured(cl_device):
+    """``solver=cg`` named by the variant runs the CG on the built hermitians (it used to be
+    switched to the fused CG silently); the factors are the reference CG's."""
+    R, init = problem(9)
+    v = "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5,solver=cg"
+    m = clmf.ALS(9, 0.1, 1, device=cl_device, variant=v, feedback="implicit", alpha=2.0).fit(
+        R, init=init, show_progress=False)
+    for side in ("users", "items"):
+        ch = m.config_[side]
+        assert ch.rule == "explicit" and ch.config == clmf.KernelConfig.parse(v), ch
+        assert ch.reason == "variant given by the caller"
+    Xr, Yr = ref.als(R, 9, 0.1, 1, weighted=False, init=init, implicit_alpha=2.0, solver="cg",
+                     cg_steps=3)
+    assert rel_err(m.user_factors_, Xr) <= 10 * TOL and rel_err(m.item_factors_, Yr) <= 10 * TOL
+
+
+def test_implicit_variant_without_solver_says_what_filled_it(cl_device):
+    """A variant that names no solver gets the solver parameter, else the implicit default, and
+    the Choice's reason says which."""
+    R, init = problem(4)
+    m = clmf.ALS(4, 0.1, 1, device=cl_device, variant="batch:tx=4,ty=4", feedback="implicit").fit(
+        R, init=init, show_progress=False)
+    ch = m.config_["users"]
+    assert ch.config.solver == "fusedcg" and "the implicit default" in ch.reason
+    m = clmf.ALS(4, 0.1, 1, device=cl_device, variant="batch:tx=4,ty=4", feedback="implicit",
+                 solver="cholesky").fit(R, init=init, show_progress=False)
+    ch = m.config_["items"]
+    assert ch.config.solver == "cholesky" and "the solver parameter" in ch.reason
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(variant="batch:tx=4,ty=4,solver=cg", solver="cholesky"), "names solver=cg"),
+    (dict(variant=clmf.KernelConfig.parse("batch:tx=4,ty=4,solver=fusedcg"), solver="cg"),
+     "names solver=fusedcg"),
+    (dict(variant="batch:tx=4,ty=4,storage=float16", storage="float32"), "names storage=float16"),
+])
+def test_variant_contradicting_parameters_is_refused(kw, match):
+    """A variant that contradicts solver=/storage= is refused before any device work (the
+    reason says which), never changed."""
+    R, _init = problem(4)
+    with pytest.raises(clmf.InvalidConfigError, match=match) as e:
+        clmf.ALS(4, 0.1, 1, feedback="implicit", **kw).fit(R, show_progress=False)
+    assert e.value.reason == "conflict"
+
+
+def test_implicit_variant_beyond_the_device_is_refused_not_adapted(cl_device):
+    """A given syrk whose work-group exceeds the device's limit at this f is refused with the
+    typed reason; the lookup adapts a tuned one (fewer slices), a given one never."""
+    from clmf.engine.device import device_info
+    info = device_info(cl_device)
+    f = 64
+    nth = 9 * 10 // 2                           # (f + 1) / 8 → 9 micro-tile rows
+    ks = 1
+    while nth * ks <= info.max_work_group_size:
+        ks *= 2
+    R, _init = problem(f)
+    v = f"batch+vec4+syrk:bx=8,ks={ks},nnz_batch=16,solver=cg"
+    with pytest.raises(clmf.InvalidConfigError) as e:
+        clmf.ALS(f, 0.1, 1, device=cl_device, variant=v, feedback="implicit").fit(
+            R, show_progress=False)
+    assert e.value.reason == "work_group_size", e.value

@@ -51,7 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import clmf
-from clmf.engine.config import representative_variants
+from clmf.engine.config import hermitian_variants, representative_variants
 
 pytestmark = pytest.mark.oclgrind
 
@@ -173,8 +173,27 @@ def _params():
     return out
 
 
-def _fit_args(variant, f, case):
-    return f"{variant}-f{f}-{case}", "--variant", variant, "--f", str(f), "--case", case
+def _fit_args(variant, f, case, mode="explicit"):
+    return (f"{variant}-f{f}-{case}-{mode}", "--variant", variant, "--f", str(f), "--case", case,
+            "--mode", mode)
+
+
+# implicit feedback and biases on the hermitian path (issue 27): one S1 variant of each family
+# (solvers alternating) at f = 17, both cases
+MODE_FACTORS = (17,)
+
+
+def _mode_params():
+    out = []
+    for mode in ("implicit", "biased"):
+        for c in hermitian_variants(per_family=True):
+            variant = str(c)
+            for f in MODE_FACTORS:
+                for case in CASES:
+                    vid = re.sub(r"[^A-Za-z0-9_+]+", "-", variant).strip("-")
+                    out.append(pytest.param(variant, f, case, mode,
+                                            id=f"{mode}-{vid}-f{f}-{case}"))
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -185,8 +204,10 @@ def oclgrind_fits(oclgrind, request):
     futures = {}
     for item in request.session.items:
         cs = getattr(item, "callspec", None)
-        if getattr(item, "function", None) is test_variant_clean_under_oclgrind and cs is not None:
-            key = (cs.params["variant"], cs.params["f"], cs.params["case"])
+        if getattr(item, "function", None) in (test_variant_clean_under_oclgrind,
+                                               test_mode_clean_under_oclgrind) and cs is not None:
+            key = (cs.params["variant"], cs.params["f"], cs.params["case"],
+                   cs.params.get("mode", "explicit"))
             if key not in futures:
                 futures[key] = pool.submit(run_helper, oclgrind, *_fit_args(*key))
     yield pool, futures
@@ -195,15 +216,29 @@ def oclgrind_fits(oclgrind, request):
 
 @pytest.mark.parametrize("variant,f,case", _params())
 def test_variant_clean_under_oclgrind(oclgrind, oclgrind_fits, variant, f, case):
+    _check_clean(oclgrind, oclgrind_fits, variant, f, case)
+
+
+@pytest.mark.parametrize("variant,f,case,mode", _mode_params())
+def test_mode_clean_under_oclgrind(oclgrind, oclgrind_fits, variant, f, case, mode):
+    """Implicit feedback (the Gram YᵀY by S1, the weighted sums) and biases on the hermitian
+    path run clean and match the reference of the mode."""
+    _check_clean(oclgrind, oclgrind_fits, variant, f, case, mode)
+
+
+def _check_clean(oclgrind, oclgrind_fits, variant, f, case, mode="explicit"):
+    """One fit under Oclgrind: no diagnostics, the reference matched (else skipped when clmf
+    refuses the variant before building)."""
     pool, futures = oclgrind_fits
-    key = (variant, f, case)
+    key = (variant, f, case, mode)
     if key not in futures:
         futures[key] = pool.submit(run_helper, oclgrind, *_fit_args(*key))
     proc, diags, log = futures[key].result()
     if proc.returncode == _helper.EXIT_INVALID and not diags:
         pytest.skip(f"clmf rejects {variant!r} at f={f} before building: "
                     + proc.stdout.split(_helper.INVALID_MARK, 1)[-1].strip())
-    report = (f"variant {variant!r}, f={f}, case {case!r}: exit status {proc.returncode}, "
+    report = (f"variant {variant!r}, f={f}, case {case!r}, mode {mode}: exit status "
+              f"{proc.returncode}, "
               f"{len(diags)} Oclgrind diagnostic line(s)\n"
               f"--- stdout\n{_excerpt(proc.stdout)}\n--- stderr\n{_excerpt(proc.stderr)}\n"
               f"--- Oclgrind log\n{_excerpt(log)}")

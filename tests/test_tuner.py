@@ -311,9 +311,11 @@ def test_tiny_tuning_in_a_mode_then_auto_uses_it(cl_device, isolated, tmp_path, 
         ch = model.config_[side]
         assert ch.rule == "tuned" and ch.config == best[side], ch
         assert "-mode tuning" not in ch.reason and "default: no" not in ch.reason
-    # an explicit fit does not take the implicit/biased tuning as its own
+    # an explicit fit does not take the implicit/biased tuning as its own: the selection model
+    # predicts from it, weighing the other mode's run less, and says so
     plain = clmf.ALS(4, 0.1, 1, device=cl_device, random_state=0).fit(R, show_progress=False)
-    assert plain.config_["users"].rule == "heuristic"
+    ch = plain.config_["users"]
+    assert ch.rule == "model" and f"f=4 {mode}" in ch.reason, ch
     from clmf.tuner.report import write_run_report
     text = write_run_report(summary, tmp_path / "rep", plot=False).read_text()
     assert mode in text and "## Best" in text
@@ -327,10 +329,14 @@ def test_implicit_fit_falls_back_to_explicit_tunings(cl_device, isolated, tmp_pa
                    progress=False, sample_time=0.01)
     model = clmf.ALS(4, 0.1, 1, device=cl_device, random_state=0, feedback="implicit",
                      alpha=2.0).fit(R, show_progress=False)
+    recs = [json.loads(x) for x in isolated.read_text().splitlines()]
+    best = {r["side"]: KernelConfig.from_dict(r["config"]) for r in recs if r["kind"] == "best"}
     for side in ("users", "items"):
+        # the selection model from the explicit run, its hermitian solver kept (issue 27: the
+        # fused CG is no longer forced on implicit fits)
         ch = model.config_[side]
-        assert ch.rule == "tuned" and ch.config.solver == "fusedcg", ch
-        assert "explicit-mode tuning" in ch.reason and "solver=fusedcg" in ch.reason
+        assert ch.rule == "model" and "f=4 explicit" in ch.reason, ch
+        assert ch.config.solver == best[side].solver == "cholesky" and "fusedcg" not in ch.reason
 
 
 # ----- the sample and its calibration check ----------------------------------------------------
@@ -528,3 +534,34 @@ def test_best_pair_chooses_among_the_showdown_finalists(isolated, tmp_path):
     assert best["configs"] == {"users": b, "items": b}
     s.results = {k: v for k, v in s.results.items() if k[1] != "final"}   # no showdown: all compete
     assert s.best_pair()["configs"] == {"users": a, "items": a}
+
+
+def test_invalid_start_is_pruned_with_a_typed_record_before_any_build(isolated, tmp_path,
+                                                                     monkeypatch):
+    """A configuration from outside the space (a start, the incumbent, an earlier best) that
+    exceeds the device's work-group limit at this f is recorded ``invalid`` with its typed
+    reason and never built or timed (issue 27); the space's own pruned configurations are
+    counted by reason in the summary."""
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    info = device_info(DEVICES[0])
+    R = random_ratings(160, 120, 0.08, seed=5)
+    case = strategies.Case(DEVICES[0], R, 4, "tiny", "float32")
+    too_big = KernelConfig.parse(f"batch:tx={info.max_work_group_size},ty=2")
+    built = []
+    real = strategies.Measurer.evaluate
+    monkeypatch.setattr(strategies.Measurer, "evaluate",
+                        lambda self, cfg, *a, **k: built.append(cfg) or real(self, cfg, *a, **k))
+    space = Space("tiny-idle", 4, [(True, True, 0, False)],      # tx=8 > the tile edge 4
+                  dict(tx=[2, 8], ty=[2], nnz_batch=[8], bx=[4], by=[4], square_tiles=True,
+                       tz=[1], solve_wg=[0], solver=["cholesky"], cg_steps=[3]))
+    summary = strategies.run(case, space, "exhaustive", db=isolated, starts=[too_big],
+                             state_dir=tmp_path / "state", progress=False, sample_time=0.01)
+    assert canonical(too_big) not in built and summary["best"] is not None
+    recs = [json.loads(x) for x in isolated.read_text().splitlines()]
+    key = canonical(too_big).to_dict()
+    bad = [r for r in recs if r["kind"] == "measurement" and r["config"] == key]
+    assert len(bad) == 1 and bad[0]["status"] == "invalid", bad
+    assert bad[0]["reason"] == "work_group_size" and "pruned before building" in bad[0]["message"]
+    assert summary["pruned"].get("work_group_size", 0) >= 1
+    assert summary["pruned"].get("idle_work_items", 0) == 1      # the space's tx=8

@@ -18,7 +18,9 @@ name (``results/tuning/shipped/<slug>.jsonl``, package data ``clmf.tuning.shippe
   ``measurement`` records it can use, stripped to the keys it reads: per group (device type, mode,
   f, run, side) the fastest record of each configuration, kept when it is the group's best or one
   of the ``top`` configurations (by mean relative time) measured in at least half the groups of its
-  (type, mode, f) — computed over all raw files together, as the lookup merges them.
+  (type, mode, f) — computed over all raw files together, as the lookup merges them;
+* for the ``model`` rung (the selection model, :mod:`clmf.tuning.model`), per run and side the
+  fastest record of each of its ``TOP_K`` fastest configurations, with the data set's shape.
 
 The result is deterministic (records in the order of the raw files, keys sorted, no clock); with
 the default ``top`` the lookup chooses the same configuration from the compact files as from the
@@ -42,6 +44,7 @@ import sys
 
 from clmf.tuning.database import read_database
 from clmf.tuning.lookup import _cases, _newest_first
+from clmf.tuning.model import top_records
 from clmf.tuning.schema import SCHEMA_VERSION, SIDES, _norm, record_mode
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,7 @@ TOP = 32                     # ranked configurations kept per (device type, mode
 # the keys of a measurement record the lookup (and its record checks) read
 _MEASUREMENT_KEYS = ("schema_version", "kind", "status", "side", "mode", "device", "f", "storage",
                      "run_id", "config", "seconds", "date", "commit")
+_DATASET_KEYS = ("m", "n", "nnz", "rows", "cols")     # the selection model's shape features
 
 
 def _blob_id(data):
@@ -99,8 +103,21 @@ def _measurement_group(r):
     return key if mode is not None and t > 0 else None
 
 
+def _model_measurements(sources):
+    """{(file index, line index)} of the measurement records the selection model reads: per run
+    and side the fastest record of each of its ``TOP_K`` fastest configurations
+    (:func:`clmf.tuning.model.top_records`)."""
+    keep = set()
+    for i, recs in enumerate(sources):
+        where = {id(r): (i, j) for j, r in enumerate(recs)}
+        for top in top_records(recs).values():
+            keep.update(where[id(r)] for r in top)
+    return keep
+
+
 def _kept_measurements(sources, top):
-    """{(file index, line index)} of the measurement records the default rung needs."""
+    """{(file index, line index)} of the measurement records the default rung and the selection
+    model need."""
     groups = collections.defaultdict(dict)          # group -> config -> (seconds, (file, line))
     for i, recs in enumerate(sources):
         for j, r in enumerate(recs):
@@ -128,7 +145,7 @@ def _kept_measurements(sources, top):
         chosen = {k for _, k in ranked[:top]}
         for cfgs in sel:
             keep.update(where for k, (t, where) in cfgs.items() if k in chosen)
-    return keep
+    return keep | _model_measurements(sources)
 
 
 _TOPK_RAW = ("candidates", "calibration")     # a topk record's raw measurements, not shipped
@@ -141,6 +158,7 @@ def distill(sources, names=None, blobs=None, top=TOP):
     names = names or [f"source{i}" for i in range(len(sources))]
     blobs = blobs or [None] * len(sources)
     meas = _kept_measurements(sources, top)
+    model = _model_measurements(sources)
     out = []
     for i, recs in enumerate(sources):
         runs = _kept_runs(recs)
@@ -149,7 +167,11 @@ def distill(sources, names=None, blobs=None, top=TOP):
             if r.get("kind") == "best" and r.get("run_id") in runs:
                 body.append(r)
             elif (i, j) in meas:
-                body.append({k: r[k] for k in _MEASUREMENT_KEYS if k in r})
+                m = {k: r[k] for k in _MEASUREMENT_KEYS if k in r}
+                if (i, j) in model and isinstance(r.get("dataset"), dict):
+                    m["dataset"] = {k: r["dataset"][k] for k in _DATASET_KEYS
+                                    if k in r["dataset"]}
+                body.append(m)
             elif r.get("kind") == "topk":     # top-k tunings (clmf.inference.topk), compact
                 body.append({k: v for k, v in r.items() if k not in _TOPK_RAW})
         commits = sorted({r["commit"] for r in body if r.get("kind") == "best" and "commit" in r})

@@ -50,7 +50,8 @@ from clmf.errors import InvalidConfigError, SingularSystemError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Sample", "stratified_rows", "make_sample", "full_sample", "Measurer", "Result",
+__all__ = ["Sample", "stratified_rows", "make_sample", "full_sample", "Measurer", "Result", "pruned",
+           "sample_spec",
            "SIDES", "MODES", "verify_tolerance", "calibrate_samples", "check_samples",
            "sample_min_rows"]
 
@@ -231,6 +232,38 @@ class Result:
     @property
     def iteration_seconds(self):
         return sum(self.side_seconds(s) for s in SIDES) if self.ok else float("inf")
+
+
+def sample_spec(sample):
+    """A session's ``sample=``: "auto", "full" or a fraction in (0, 1] (1 → "full")."""
+    if sample is None:
+        return "auto"
+    if isinstance(sample, str) and sample.strip().lower() in ("auto", "full"):
+        return sample.strip().lower()
+    try:
+        x = float(sample)
+    except (TypeError, ValueError):
+        raise ValueError(f"sample must be 'auto', 'full' or a fraction in (0, 1], not {sample!r}") \
+            from None
+    if not 0 < x <= 1:
+        raise ValueError(f"a sample fraction must be in (0, 1], not {x}")
+    return "full" if x == 1 else x
+
+
+def pruned(cfg, mode, kf, info, fidelity="full"):
+    """An ``invalid`` :class:`Result` (the typed reason of :func:`clmf.engine.kernels.validate`:
+    work-group and work-item limits, local memory, register blocks, geometry) when ``cfg``
+    cannot be built at the kernels' f ``kf`` on the device ``info``, else None: a configuration
+    from outside the space (the incumbent, earlier bests, starts) is then never built or timed.
+    (The space's own candidates are pruned harder by :func:`tuner.space.prune`, which also
+    drops shapes that could run but waste work-items.)"""
+    from clmf.engine.kernels import validate
+    try:
+        validate(cfg, kf, info)
+        return None
+    except InvalidConfigError as e:
+        return Result(cfg, "invalid", e.reason, f"pruned before building: {e}", None, {},
+                      fidelity, 0.0)
 
 
 def _result_to_json(r: Result):

@@ -58,7 +58,7 @@ from clmf.tuning.database import Database, base_record
 from . import journal
 from .measure import (CHECK_TIME, MEASURE_VERSION, SAMPLE_TOL, SIDES, Measurer, Result,
                       _result_from_json, _result_to_json, calibrate_samples, check_samples,
-                      full_sample, make_sample, sample_min_rows)
+                      full_sample, make_sample, pruned, sample_min_rows, sample_spec)
 from .space import canonical, device_anchors, prune
 
 log = logging.getLogger(__name__)
@@ -127,22 +127,6 @@ class Case:
         return c
 
 
-def _sample_spec(sample):
-    """"auto", "full" or a fraction in (0, 1] (1 → "full")."""
-    if sample is None:
-        return "auto"
-    if isinstance(sample, str) and sample.strip().lower() in ("auto", "full"):
-        return sample.strip().lower()
-    try:
-        x = float(sample)
-    except (TypeError, ValueError):
-        raise ValueError(f"sample must be 'auto', 'full' or a fraction in (0, 1], not {sample!r}") \
-            from None
-    if not 0 < x <= 1:
-        raise ValueError(f"a sample fraction must be in (0, 1], not {x}")
-    return "full" if x == 1 else x
-
-
 def default_state_dir():
     """Where tuning journals live by default: ``tune-state`` in clmf's cache directory."""
     return cache_dir() / "tune-state"
@@ -186,7 +170,7 @@ class Session:
         self.progress = progress
         self.repeats, self.min_time = repeats, min_time
         self.template_hash = template_hash()
-        self.sample = _sample_spec(sample)
+        self.sample = sample_spec(sample)
         self.sample_tol = float(sample_tol) if sample_tol else 0.0
         self.check_time = float(check_time)
         ident = {"device": case.key, "dataset": case.dataset_class, "f": case.f,
@@ -214,6 +198,8 @@ class Session:
         self.calibration = None
         self._bar = None
         self.resumed = False
+        self.pruned, self.rejected = {}, []   # pruned before any build: anchors (by reason),
+                                              # the space's enumeration (config, reason, message)
 
     # ----- journal ---------------------------------------------------------------------------
     def _jwrite(self, entry):
@@ -384,6 +370,9 @@ class Session:
         low = self.results.get((key, "low"))
         if low is not None and not low.ok:
             return low
+        pruned = self._pruned(cfg, fidelity)
+        if pruned is not None:
+            return pruned
         if (key, fidelity) in self._replay:          # resumed: replay the journal
             res = self._replay.pop((key, fidelity))
             self._record(res, key, fidelity, journal=False)
@@ -402,6 +391,16 @@ class Session:
             self._record(res, key, fidelity)
         self.spent += res.seconds_spent
         self._tick(res)
+        return res
+
+    def _pruned(self, cfg, fidelity):
+        """The recorded ``invalid`` Result of ``cfg`` when it cannot be built at this case
+        (:func:`tuner.measure.pruned`: never built or timed then), else None."""
+        res = pruned(cfg, self.case.mode, self.case.kf, self.case.info, fidelity)
+        if res is not None:
+            log.info("%s: %s", cfg, res.message)
+            self.pruned[res.reason] = self.pruned.get(res.reason, 0) + 1
+            self._record(res, cfg.key(), fidelity)
         return res
 
     def _tick(self, res):
@@ -537,17 +536,15 @@ class Session:
         base = canonical(c.default_solver(tuning.BASELINE.replace(storage=c.storage)), c.mode)
         self.anchors["baseline"] = self.evaluate(base, "full")
         self.anchors["default"] = self.evaluate(self.probe(), "full")
+        if c.mode == "implicit":     # the hermitian path beside the fused CG (issue 27)
+            cg = canonical(self.probe().replace(solver="cg"), c.mode)
+            self.anchors["default_cg"] = self.evaluate(cg, "full")
         for i, cfg in enumerate(earlier_bests(c, (self.run_id,), self.earlier_limit)):
             self.anchors[f"earlier{i + 1}"] = self.evaluate(cfg, "full")
         for i, cfg in enumerate(device_anchors(c, self.space)):
             self.anchors[f"device{i + 1}"] = self.evaluate(cfg, "full")
-        for i, cfg in enumerate(self.starts):
+        for i, cfg in enumerate(self.starts):     # (one that fails pruning: recorded invalid)
             cfg = canonical(cfg.replace(storage=c.storage), c.mode)
-            try:
-                prune(cfg, c.kf, c.info)
-            except InvalidConfigError as e:
-                log.warning("start configuration %s skipped: %s", cfg, e)
-                continue
             self.anchors[f"start{i + 1}"] = self.evaluate(cfg, "full")
         return self.anchors
 
@@ -572,6 +569,8 @@ class Session:
                    "budget": self.budget, "spent_seconds": self.spent, "samples": self.samples_desc,
                    "calibration": self.calibration, **c.mode_fields(),
                    "evaluated": len({k for k, _ in self.results}),
+                   "pruned": {r: sum(1 for x in self.rejected if x[1] == r) + self.pruned.get(r, 0)
+                              for r in {x[1] for x in self.rejected} | set(self.pruned)},
                    "load_average": os.getloadavg(),
                    "statuses": {}, "best": None, "anchors": {}, "results": []}
         for (key, fid), r in self.results.items():
@@ -636,7 +635,7 @@ class Session:
 # ----- strategies ------------------------------------------------------------------------------
 def exhaustive(session: Session):
     """Every configuration of the (enumerable) space at full fidelity."""
-    cands = session.space.enumerate(session.case.info)
+    cands = session.space.enumerate(session.case.info, session.rejected)
     if session._bar is not None:
         session._bar.total = len(cands) + 2
         session._bar.refresh()
@@ -690,7 +689,7 @@ def budgeted(session: Session, exploit=0.2, explore=0.3, finalists=3):
     space, info = session.space, session.case.info
     rng = np.random.default_rng(session.seed)
     session.measure_anchors()
-    pool = space.enumerate(info) if space.enumerable else None
+    pool = space.enumerate(info, session.rejected) if space.enumerable else None
     order = None
     if pool is not None:
         # stratified by variant family (the flags): round-robin over the families in random

@@ -41,7 +41,7 @@ import re
 from ..errors import InvalidConfigError
 
 __all__ = ["KernelConfig", "VARIANT_FLAGS", "SOLVERS", "STORAGES", "SPLIT_NEVER",
-           "representative_variants"]
+           "representative_variants", "hermitian_variants"]
 
 VARIANT_FLAGS = ("reg", "local", "vec", "tile", "gemm", "syrk", "mma")
 SOLVERS = ("cholesky", "cg", "fusedcg")
@@ -550,3 +550,29 @@ def representative_variants(f=None):
         "batch:tx=4,ty=4,split=3,batch_rows=4",
         "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5,split=5,batch_rows=7",
     ]
+
+
+def hermitian_variants(per_family=False):
+    """The configurations of :func:`representative_variants` that build the hermitians (every S1
+    variant except the fused CG's, which applies A from the entries), each with the Cholesky and
+    the CG solver of the built systems (the checks of implicit feedback and biases on the
+    hermitian path); ``per_family``: one per S1 family (flags, long rows split or not), the
+    solvers alternating."""
+    out = []
+    for v in representative_variants():
+        c = KernelConfig.parse(v)
+        if c.solver == "fusedcg" or c.fused_solve:
+            continue
+        for s in ("cholesky", "cg"):
+            x = c.replace(solver=s)
+            if x not in out:
+                out.append(x)
+    if not per_family:
+        return out
+    fam, seen = [], set()
+    for c in out:
+        key = (c.name, bool(c.split))
+        if c.solver == "cholesky" and key not in seen:
+            seen.add(key)
+            fam.append(c.replace(solver=("cholesky", "cg")[len(fam) % 2]))
+    return fam

@@ -4,6 +4,7 @@ from __future__ import annotations
 import concurrent.futures
 import inspect
 import logging
+import re
 import time
 
 import numpy as np
@@ -15,7 +16,7 @@ from ..data.scan import count_columns, value_sum
 from ..data.validation import check_index_pairs, check_params, check_ratings, check_strengths
 from ..engine.config import KernelConfig
 from ..engine.core import host_factor_rows
-from ..errors import SingularSystemError
+from ..errors import InvalidConfigError, SingularSystemError
 from ..inference.conventions import confidence_rows
 from ..inference.predict import predict_pairs
 from ..inference.recommend import RecommenderMixin
@@ -53,17 +54,22 @@ class ALS(RecommenderMixin):
     weighted_regularization : bool or None, default None
         λ·n_u·I (ALS-WR, as cuMF) or λ·I; None means True for explicit feedback and False for
         implicit feedback (as the implicit library does).
-    solver : {"auto", "cholesky", "cg"}
+    solver : {"auto", "cholesky", "cg", "fusedcg"}
         "auto" uses the tuned choice for the device (the CG solver where the tuning chose it:
-        3 warm-started steps per half-step, approximate per iteration), else Cholesky; with
-        ``regularization=0`` (explicit feedback) always Cholesky, which reports singular systems.
-        "cholesky" solves every system exactly.
+        3 warm-started steps per half-step, approximate per iteration), else Cholesky (implicit
+        feedback: the fused CG where no tuning answers); with ``regularization=0`` (explicit
+        feedback) always Cholesky, which reports singular systems. "cholesky" solves every
+        system exactly.
     variant : "auto", a variant name (``"batch+reg+local:tx=8,ty=8"``), a
         :class:`clmf.KernelConfig`, or a pair (users side, items side) of those. With "auto",
         a configuration that cannot run on the device (build failure, missing kernel, a kernel
         limit, a probe that crashed) is reported once as a
         :class:`clmf.tuning.fallback.TuningFallbackWarning` and the next rule's is used; a variant
-        given here is used as is and such failures raise :class:`clmf.InvalidConfigError`.
+        given here is used as is, in every mode (a solver or storage it names is kept; one that
+        contradicts ``solver``/``storage`` raises :class:`clmf.InvalidConfigError` with reason
+        ``"conflict"``; what it leaves open comes from those parameters, else the mode's
+        default, and ``config_`` says so), and such failures raise
+        :class:`clmf.InvalidConfigError`.
     device : "auto", "cpu", "gpu", "P:D", a name substring or a ``pyopencl.Device``
         (see :func:`clmf.select_device`; ``CLMF_DEVICE`` is honoured with "auto"); a list of
         those, or ``"gpu:all"`` / ``"cpu:all"``, fits on several devices at once (users and items
@@ -75,8 +81,10 @@ class ALS(RecommenderMixin):
     feedback : {"explicit", "implicit"}
         Explicit ratings, or implicit feedback (Hu, Koren & Volinsky 2008): stored entries are
         counts/strengths r ≥ 0 with confidence ``c = 1 + alpha·r`` and preference 1;
-        ``A_u = YᵀY + Σ (c − 1) y yᵀ + λI``. ``solver="auto"`` means the fused CG there
-        (A applied from the row's entries and YᵀY, never built).
+        ``A_u = YᵀY + Σ (c − 1) y yᵀ + λI``, built by the same S1 kernels as explicit ratings
+        (YᵀY once per half-step) and solved by Cholesky or CG, or applied from the row's entries
+        and YᵀY by the fused CG: ``solver="auto"`` takes the tuned choice (the fused CG where
+        no tuning answers).
     alpha : float, default 1.0 — confidence scale of implicit feedback.
     confidence : {"1+alpha*r", "alpha*r"}, default "1+alpha*r"
         Implicit feedback's confidence of a stored entry r: ``c = 1 + alpha·r`` (Hu, Koren &
@@ -203,6 +211,8 @@ class ALS(RecommenderMixin):
 
     # ----- configuration -------------------------------------------------------------------
     def _resolve_configs(self, info, stats):
+        """``{side: Choice}``: the tuning lookup's choice per side (``variant="auto"``), or the
+        caller's variant as given (:meth:`_given_config`)."""
         from .. import tuning
         f = self.factors
         variant = self.variant
@@ -212,7 +222,6 @@ class ALS(RecommenderMixin):
             # unregularized systems may be singular, which only the Cholesky solve detects (a CG
             # returns some solution of a singular system): a tuned CG gives way
             solver = "cholesky"
-        forced = solver or tuning.MODE_DEFAULT_SOLVER.get(mode)   # given variants: as before
         if isinstance(variant, (tuple, list)):
             if len(variant) != 2:
                 raise ValueError("variant as a pair must be (users_variant, items_variant)")
@@ -222,19 +231,48 @@ class ALS(RecommenderMixin):
         out = {}
         for side, v in zip(("users", "items"), pair):
             if isinstance(v, str) and v == "auto":
-                ch = tuning.choose(info, f, side, stats[side], self.storage or "float32", solver,
-                                   mode=mode)
+                out[side] = tuning.choose(info, f, side, stats[side], self.storage or "float32",
+                                          solver, mode=mode)
             else:
-                cfg = KernelConfig.parse(v)
-                if forced is not None:
-                    cfg = cfg.replace(solver=forced)
-                elif self.solver == "auto" and isinstance(v, str) and "solver=" not in v:
-                    cfg = cfg.replace(solver="fusedcg" if self.feedback == "implicit" else "cholesky")
-                if self.storage is not None and cfg.storage != self.storage:
-                    cfg = cfg.replace(storage=self.storage)
-                ch = tuning.Choice(cfg, "explicit", "variant given by the caller")
-            out[side] = ch
+                out[side] = self._given_config(v, mode)
         return out
+
+    def _given_config(self, v, mode):
+        """The caller's variant ``v`` as a :class:`Choice` (rule ``explicit``), used as given:
+        a solver or storage it names is kept, and one that contradicts the ``solver`` /
+        ``storage`` parameter is refused (:class:`InvalidConfigError`, reason ``"conflict"``),
+        never replaced. What it leaves open is filled in and said in the reason: the ``solver``
+        parameter, else the mode's untuned default (:data:`clmf.tuning.MODE_DEFAULT_SOLVER`:
+        the fused CG for implicit feedback, Cholesky otherwise); the ``storage`` parameter."""
+        from .. import tuning
+        cfg = KernelConfig.parse(v)
+        text = v if isinstance(v, str) else None           # a KernelConfig names every field
+
+        def names(k):           # whether the variant names parameter k
+            return text is None or re.search(rf"[:,]\s*{k}\s*=", text) is not None
+        notes = []
+        given = None if self.solver == "auto" else self.solver
+        if names("solver"):
+            if given is not None and given != cfg.solver:
+                raise InvalidConfigError(
+                    f"variant {str(v)!r} names solver={cfg.solver} but solver={given!r} was "
+                    "given: drop one of them (a given variant is used as is, never changed)",
+                    "conflict")
+        else:
+            s = given or tuning.MODE_DEFAULT_SOLVER.get(mode, KernelConfig.solver)
+            if s != cfg.solver:
+                cfg = cfg.replace(solver=s)
+            notes.append(f"solver={s} (" + ("the solver parameter" if given else
+                                            f"the {mode} default: the variant names none") + ")")
+        if self.storage is not None and cfg.storage != self.storage:
+            if names("storage"):
+                raise InvalidConfigError(
+                    f"variant {str(v)!r} names storage={cfg.storage} but storage="
+                    f"{self.storage!r} was given: drop one of them", "conflict")
+            cfg = cfg.replace(storage=self.storage)
+            notes.append(f"storage={self.storage} (the storage parameter)")
+        return tuning.Choice(cfg, "explicit", "variant given by the caller"
+                      + ("; " + ", ".join(notes) if notes else ""))
 
     def _build_engine(self, devs, R, stats, global_mean, item_counts=None):
         """The fit's backend (one device's :class:`Engine` or a multi-device one) and the

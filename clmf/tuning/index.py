@@ -30,9 +30,12 @@ _memo: dict = {}
 _lock = threading.Lock()
 
 
-_INDEX_FORMAT = 3              # 2: "topk" records kept beside "best" ones; 3: ok measurements'
-                               # whole device keys (they verify a configuration on that device)
-_MEASUREMENT_KEYS = ("kind", "status", "side", "mode", "f", "run_id", "config", "seconds")
+_INDEX_FORMAT = 4              # 2: "topk" records kept beside "best" ones; 3: ok measurements'
+                               # whole device keys (they verify a configuration on that device);
+                               # 4: their storage, date and data-set shape (the selection model's)
+_MEASUREMENT_KEYS = ("kind", "status", "side", "mode", "f", "run_id", "config", "seconds",
+                     "storage", "date")
+_DATASET_KEYS = ("m", "n", "nnz", "rows", "cols")
 _DEVICE_KEYS = ("platform", "vendor", "type", "device", "driver")
 
 
@@ -40,10 +43,13 @@ def _slim(r):
     """A record as the lookup reads it: "best" records whole, measurements with only the keys
     of the computed default and their device's type, or, for a measurement that ran (status
     ok), its device's whole key (the probe of :mod:`clmf.tuning.fallback` skips configurations
-    that ran on this device and driver)."""
+    that ran on this device and driver) and its data set's shape (the selection model's)."""
     if r.get("kind") == "best":
         return r
     out = {k: r[k] for k in _MEASUREMENT_KEYS if k in r}
+    ds = r.get("dataset")
+    if r.get("status") == "ok" and isinstance(ds, dict):
+        out["dataset"] = {k: ds[k] for k in _DATASET_KEYS if k in ds}
     dev = r.get("device")
     keys = _DEVICE_KEYS if r.get("status") == "ok" else ("type",)
     out["device"] = {k: dev[k] for k in keys if k in dev} if isinstance(dev, dict) else dev

@@ -12,7 +12,12 @@ The fallback chain (``Choice.rule``), first hit wins:
 ``tuned``     the same device (platform, vendor, type, device name), f and storage, and a tuned
               data set of the same class (:func:`class_distance` ≤ :data:`CLASS_TOL`); the
               closest class first, and among equally close ones the newest run;
-``nearest``   the same device, the nearest tuned (f, data-set class, storage);
+``model``     the same device, an unseen (f, mode, data shape): the selection model
+              (:mod:`clmf.tuning.model`) predicts each configuration's time relative to the best
+              from the measurements of the device's tuning runs near the case (f, the sides'
+              shapes, mode) and takes the fastest predicted that fits here;
+``nearest``   the same device, the nearest tuned (f, data-set class, storage) — where the model
+              has no measurements to go by;
 ``vendor``    the same device type and vendor (or platform) — another device of the architecture,
               records of the same platform and driver first;
 ``default``   the computed default: the configuration with the best mean relative time over the
@@ -25,12 +30,21 @@ Modes (``mode=`` of :func:`choose`, the ``mode`` key of a record; a record witho
 ``explicit``): ``explicit`` (ratings), ``implicit`` (confidence-weighted feedback, with the
 Gram YᵀY per half-step) and ``biased`` (explicit with user/item biases: the kernels solve f + 1
 unknowns over rows f + 2 wide). The weight term changes the best variant, so the chain looks for
-tunings of the fit's mode first, then falls back to explicit ones, rung by rung:
-tuned (mode) → nearest (mode) → tuned (explicit) → nearest (explicit) → vendor (mode) → vendor
-(explicit) → default (mode) → default (explicit) → heuristic → baseline. A choice taken from an
-explicit tuning for an implicit/biased fit says so in its reason; for an implicit fit with no
-implicit tuning the solver is the implicit default, the fused CG (:data:`MODE_DEFAULT_SOLVER`),
-unless the caller asked for one.
+tunings of the fit's mode first (the model weighs the other modes' runs less), then falls back to
+explicit ones: tuned (mode) → model → nearest (mode) → tuned (explicit) → nearest (explicit) →
+vendor (mode) → vendor (explicit) → default (mode) → default (explicit) → heuristic → baseline.
+A choice taken from an explicit tuning for an implicit/biased fit says so in its reason and keeps
+the tuning's solver: implicit feedback runs the same S1 and S3 kernels on the hermitian path (its
+Gram YᵀY once per half-step), so an explicit tuning's hermitian choice transfers, and the fused CG
+is chosen where a tuning measured it faster. Only with no tuning at all (heuristic, baseline) is an
+implicit fit's solver the untuned default, the fused CG (:data:`MODE_DEFAULT_SOLVER`), unless the
+caller asked for one.
+
+A tuned configuration is adapted to the case before it is checked (:func:`_adapt`): its storage,
+the default S3 work-group where its own does not fit, and fewer split-K slices (``ks``) for a
+syrk/mma variant whose work-group exceeds the device's or a built kernel's limit at this f (the
+syrk kernel tuned at f = 100 with 2 slices needs 306 work-items at f = 128, more than its
+registers allow on an H100); the reason names what was changed.
 
 Each rung returns the *pair* chosen by one tuning run (users side, items side) and keys it only on
 what both sides know — (m, n, nnz) of the whole data set — so the two independent ``choose`` calls
@@ -227,50 +241,83 @@ def _sources(exclude_paths=(), exclude_runs=()):
     return out
 
 
-def _fits(cfgs, info, f, storage, mode="explicit", check=None):
-    """The pair adapted to this f and storage if it validates on the device (at the kernels' f of
-    the mode) and ``check(config)`` accepts each side (not rejected, probed: see
-    :mod:`clmf.tuning.fallback`), else None."""
+def _fewer_slices(c):
+    """``c`` with half, a quarter, ... of its split-K slices (syrk/mma: a smaller S1 work-group
+    for the same tiles and sums), most slices first."""
+    out, ks = [], c.ks
+    while (c.syrk or c.mma) and ks > 1:
+        ks //= 2
+        out.append(c.replace(ks=ks))
+    return out
+
+
+def _adapt(c, info, kf, storage, check=None):
+    """``c`` adapted to this device and f (the kernels' f), or None: its storage set; where it
+    does not validate, the default S3 work-group; where it does not validate or ``check`` refuses
+    it (a rejection: e.g. a built syrk kernel whose registers allow fewer work-items than its
+    work-group), fewer split-K slices (:func:`_fewer_slices`: the work-group a tuning at a smaller
+    f chose can exceed a kernel's limit at a larger f, and halving the slices keeps the tiles)."""
     from ..engine.kernels import mma_supported, validate
-    kf, width = kernel_factors(f, mode), factor_width(f, mode)
-    f = kf
-    out = {}
-    for side in SIDES:
-        c = cfgs[side]
-        if c.mma and not mma_supported(info):
-            return None           # tensor-core records never apply elsewhere (not even emulated)
-        if c.storage != storage:
-            c = c.replace(storage=storage)
+    if c.mma and not mma_supported(info):
+        return None           # tensor-core records never apply elsewhere (not even emulated)
+    if c.storage != storage:
+        c = c.replace(storage=storage)
+
+    def valid(x):
         try:
-            validate(c, f, info)
+            validate(x, kf, info)
+            return True
         except InvalidConfigError:
-            if not c.solve_wg:
-                return None
-            c = c.replace(solve_wg=0)
-            try:
-                validate(c, f, info)
-            except InvalidConfigError:
-                return None
-        out[side] = c
-    if out["users"].ldf(width) != out["items"].ldf(width):
+            return False
+    first = next((x for x in [c] + ([c.replace(solve_wg=0)] if c.solve_wg else []) if valid(x)),
+                 None)
+    if first is not None and (check is None or check(first)):
+        return first
+    base = first or c
+    for x in _fewer_slices(base) + (_fewer_slices(base.replace(solve_wg=0))
+                                    if first is None and base.solve_wg else []):
+        if valid(x) and (check is None or check(x)):
+            return x
+    return None
+
+
+def _fits(cfgs, info, f, storage, mode="explicit", check=None):
+    """The pair adapted to this f and storage (:func:`_adapt`, at the kernels' f of the mode:
+    each side validates on the device and ``check(config)`` accepts it — not rejected, probed:
+    see :mod:`clmf.tuning.fallback`) with one factor padding, else None."""
+    kf, width = kernel_factors(f, mode), factor_width(f, mode)
+    out = _per_side(lambda side: _adapt(cfgs[side], info, kf, storage, check),
+                    concurrent=check is not None and cfgs["users"] != cfgs["items"])
+    if any(c is None for c in out.values()):
         return None
-    if check is not None and not _all_pass(check, [out[side] for side in SIDES]):
+    if out["users"].ldf(width) != out["items"].ldf(width):
         return None
     return out
 
 
-def _all_pass(check, cfgs):
-    """Whether ``check`` accepts every configuration of ``cfgs``; distinct ones are checked
-    concurrently (each may probe in a child process: two sides' probes overlap instead of
-    adding up on a first fit)."""
-    distinct = list(dict.fromkeys(cfgs))
-    if len(distinct) == 1:
-        return bool(check(distinct[0]))
+def _per_side(fn, concurrent=False):
+    """``{side: fn(side)}``; with ``concurrent`` the sides run in two threads (each may probe a
+    configuration in a child process: the sides' probes overlap instead of adding up on a first
+    fit; the caller's context variables, e.g. the probes' progress switch, go along)."""
+    if not concurrent:
+        return {side: fn(side) for side in SIDES}
     import concurrent.futures
     import contextvars
-    with concurrent.futures.ThreadPoolExecutor(len(distinct)) as ex:
-        futs = [ex.submit(contextvars.copy_context().run, check, c) for c in distinct]
-        return all([fu.result() for fu in futs])
+    with concurrent.futures.ThreadPoolExecutor(len(SIDES)) as ex:
+        futs = {side: ex.submit(contextvars.copy_context().run, fn, side) for side in SIDES}
+        return {side: fu.result() for side, fu in futs.items()}
+
+
+def _adapted_note(orig, pair):
+    """What :func:`_adapt` changed in a record's pair beyond the storage (for the reason)."""
+    notes = []
+    for side in SIDES:
+        o, c = orig[side], pair[side]
+        if c.ks != o.ks:
+            notes.append(f"{side}: ks {o.ks}→{c.ks}")
+        if c.solve_wg != o.solve_wg:
+            notes.append(f"{side}: solve_wg {o.solve_wg}→{c.solve_wg}")
+    return f" (adapted to this f and device: {', '.join(notes)})" if notes else ""
 
 
 def _lookup(info, f, storage, ds, mode="explicit", finalize=None, sources=None):
@@ -321,7 +368,8 @@ def _lookup(info, f, storage, ds, mode="explicit", finalize=None, sources=None):
                                                  _newest_first(c))):
                 pair = _fits(c.configs, info, f, storage, mode, check(c, cm))
                 if pair:
-                    return "tuned", pair, f"tuned on this device for {fmt(c)}{note(cm)}", cm
+                    return ("tuned", pair, f"tuned on this device for {fmt(c)}{note(cm)}"
+                            + _adapted_note(c.configs, pair), cm)
         return None
 
     def nearest(cm):
@@ -334,7 +382,8 @@ def _lookup(info, f, storage, ds, mode="explicit", finalize=None, sources=None):
             for c in sorted(cand, key=key):
                 pair = _fits(c.configs, info, f, storage, mode, check(c, cm))
                 if pair:
-                    return "nearest", pair, f"nearest tuning on this device: {fmt(c)}{note(cm)}", cm
+                    return ("nearest", pair, f"nearest tuning on this device: {fmt(c)}{note(cm)}"
+                            + _adapted_note(c.configs, pair), cm)
         return None
 
     def vendor(cm):
@@ -354,7 +403,7 @@ def _lookup(info, f, storage, ds, mode="explicit", finalize=None, sources=None):
                 pair = _fits(c.configs, info, f, storage, mode, check(c, cm))
                 if pair:
                     return ("vendor", pair, "tuned on a device of the same vendor/architecture: "
-                            f"{fmt(c)}{note(cm)}", cm)
+                            f"{fmt(c)}{note(cm)}" + _adapted_note(c.configs, pair), cm)
         return None
 
     def default(cm):
@@ -370,13 +419,110 @@ def _lookup(info, f, storage, ds, mode="explicit", finalize=None, sources=None):
             return "default", {s: cfg for s in SIDES}, why + note(cm), cm
         return None
 
-    modes = (mode,) if mode == "explicit" else (mode, "explicit")
-    for rung in ((tuned, nearest), (vendor,), (default,)):
-        for cm in modes:
-            for fn in rung:
-                hit = fn(cm)
-                if hit is not None:
-                    return hit
+    def model(cm):
+        # the selection model over this device's tuning runs of every mode (clmf.tuning.model)
+        if cm != mode or ds is None:
+            return None
+        return _predict(info, f, storage, ds, mode, sources, finalize, usable)
+
+    other = () if mode == "explicit" else ("explicit",)
+    steps = [(tuned, mode), (model, mode), (nearest, mode)]
+    steps += [(fn, cm) for cm in other for fn in (tuned, nearest)]
+    steps += [(fn, cm) for fn in (vendor, default) for cm in (mode,) + other]
+    for fn, cm in steps:
+        hit = fn(cm)
+        if hit is not None:
+            return hit
+    return None
+
+
+_groups_memo: dict = {}
+
+
+def _model_groups(sources, dev):
+    """The selection model's groups (:func:`clmf.tuning.model.groups_of`) of ``dev`` in every
+    database of ``sources`` (memoized per measurement lists and excluded runs)."""
+    from . import model as M
+    from .index import measurement_records
+    lists = [measurement_records(p) or [] for _o, p, _r in sources]
+    runs = getattr(sources, "exclude_runs", frozenset())
+    key = (tuple(id(x) for x in lists), runs,
+           tuple(_norm(dev.get(k, "")).lower() for k in ("platform", "vendor", "type", "device")))
+    hit = _groups_memo.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], lists)):
+        return hit[1]
+    out = []
+    for recs in lists:
+        out += M.groups_of(recs, dev, runs)
+    out = M.newest(out)
+    if len(_groups_memo) > 16:
+        _groups_memo.clear()
+    _groups_memo[key] = (lists, out)
+    return out
+
+
+def _predict(info, f, storage, ds, mode, sources, finalize, usable, tries=8):
+    """The ``model`` rung: (rule, pair, reason, mode) of the configurations the selection model
+    (:mod:`clmf.tuning.model`) predicts fastest for this device, f, mode and data shape, each
+    adapted and validated like a record's (:func:`_adapt`), one factor padding for both sides;
+    None when the model has no groups near the case or none of its candidates fits."""
+    from . import fallback
+    from . import model as M
+    dev = device_record(info)
+    groups = _model_groups(sources, dev)
+    if not groups:
+        return None
+    kf, width = kernel_factors(f, mode), factor_width(f, mode)
+    feats = {"users": M.features(ds["m"], ds["n"], ds["nnz"]),
+             "items": M.features(ds["n"], ds["m"], ds["nnz"])}
+    ranked, near = {}, {}
+    for side in SIDES:
+        ranked[side], near[side] = M.rank(groups, f, mode, side, feats[side], storage)
+        if not ranked[side]:
+            return None
+    refused = set()            # configurations the check refused (rejected here, failed probe)
+
+    def not_rejected(cfg):     # (cheap: no probe) a rejected syrk/mma is adapted (fewer slices)
+        return fallback.rejection(info, finalize(cfg, mode), f, mode) is None
+
+    def best_per_ldf(side):
+        # the first (best-ranked) configuration of each leading dimension that validates here
+        out = {}
+        for score, key, c, sup, where in ranked[side]:
+            a = _adapt(c, info, kf, storage, not_rejected)
+            if a is None:
+                continue
+            a = finalize(a, mode)
+            if a.key() in refused:
+                continue
+            ldf = a.ldf(width)
+            if ldf not in out:
+                out[ldf] = (score, a, c, sup, where)
+        return out
+
+    for _ in range(tries):
+        per = {side: best_per_ldf(side) for side in SIDES}
+        common = set(per["users"]) & set(per["items"])
+        if not common:
+            return None
+        ldf = min(common, key=lambda w: (per["users"][w][0] + per["items"][w][0], w))
+        pick = {side: per[side][ldf] for side in SIDES}
+        bad = [p[1] for p in pick.values()
+               if not usable(p[1], "the selection model", p[4])]
+        if bad:
+            refused.update(c.key() for c in bad)
+            continue
+        pair = {side: pick[side][1] for side in SIDES}
+        n = len({g.run_id for _d2, g in near["users"] + near["items"]})
+        why = (f"predicted by the selection model from {n} tuning run(s) on this device "
+               f"(nearest: {M.describe(near['users'], 1)}); predicted "
+               + ", ".join(f"{side} {math.exp(pick[side][0]):.2f}× its neighbours' best"
+                           for side in SIDES))
+        notes = [f"{side}: ks {pick[side][2].ks}→{pair[side].ks}" for side in SIDES
+                 if pick[side][2].ks != pair[side].ks]
+        if notes:
+            why += f" (adapted to this f and device: {', '.join(notes)})"
+        return "model", pair, why, mode
     return None
 
 
@@ -504,12 +650,13 @@ def choose(info, f, side, side_stats=None, storage="float32", solver=None, mode=
     storage : "float32" or "float16"
     solver : None (the tuned choice) or "cholesky"/"cg"/"fusedcg" to force one
     mode : "explicit", "implicit" or "biased" (see :func:`fit_mode`): tunings of this mode are
-        preferred; an implicit fit with no implicit tuning gets :data:`MODE_DEFAULT_SOLVER`
+        preferred; an implicit fit that no tuning answers gets :data:`MODE_DEFAULT_SOLVER`
     sources : the databases to search (:func:`_sources`' list; default: all of them)
 
     Returns
     -------
-    :class:`Choice` — ``rule`` is one of tuned, nearest, vendor, default, heuristic, baseline
+    :class:`Choice` — ``rule`` is one of tuned, model, nearest, vendor, default, heuristic,
+    baseline
     """
     from ..engine.kernels import validate
     if mode not in MODES:
@@ -520,8 +667,6 @@ def choose(info, f, side, side_stats=None, storage="float32", solver=None, mode=
     from . import fallback
 
     def finalize(c, cm):      # the configuration the fit runs for a candidate of record mode cm
-        if solver is None and cm != mode and mode in MODE_DEFAULT_SOLVER:
-            c = c.replace(solver=MODE_DEFAULT_SOLVER[mode])
         return c if solver is None else c.replace(solver=solver)
 
     hit = None
@@ -531,28 +676,28 @@ def choose(info, f, side, side_stats=None, storage="float32", solver=None, mode=
         log.warning("tuning lookup failed (%s: %s); using the untuned default", type(e).__name__, e)
         warnings.warn(f"tuning lookup failed ({type(e).__name__}: {e}); using the untuned default",
                       TuningDatabaseWarning, stacklevel=2)
-    used_mode = None
     if hit is not None:
-        rule, pair, reason, used_mode = hit
+        rule, pair, reason, _used_mode = hit
         choice = Choice(pair[side], rule, reason)
     else:
+        # no tuning at all: the paper's rule, with the mode's untuned solver (MODE_DEFAULT_SOLVER)
+        dflt = MODE_DEFAULT_SOLVER.get(mode) if solver is None else solver
+        note = (f"; solver={dflt} (the {mode} default: no tuning chose one)"
+                if solver is None and dflt else "")
         cfg = heuristic(info, kf, side_stats, storage)
+        cfg = cfg.replace(solver=dflt) if dflt else cfg
         choice = Choice(cfg, "heuristic", f"no tuning record for {info.platform} | {info.name}; "
-                                          "the paper's rule for unseen devices")
+                                          "the paper's rule for unseen devices" + note)
         try:
             validate(cfg, kf, info)
-            why = fallback.rejection(info, finalize(cfg, None), f, mode)
+            why = fallback.rejection(info, cfg, f, mode)
             if why is not None:
                 raise InvalidConfigError(why, "rejected")
         except InvalidConfigError as e:
-            choice = Choice(BASELINE.replace(storage=storage), "baseline",
-                            f"the heuristic's configuration does not fit ({e}); safe baseline")
-    if solver is None and used_mode != mode and mode in MODE_DEFAULT_SOLVER:
-        dflt = MODE_DEFAULT_SOLVER[mode]
-        if dflt != choice.config.solver:
-            choice = Choice(choice.config.replace(solver=dflt), choice.rule,
-                            choice.reason + f"; solver={dflt} (the {mode} default: no {mode} "
-                                            "tuning chose one)")
+            base = BASELINE.replace(storage=storage)
+            choice = Choice(base.replace(solver=dflt) if dflt else base, "baseline",
+                            f"the heuristic's configuration does not fit ({e}); safe baseline"
+                            + note)
     if solver is not None and solver != choice.config.solver:
         choice = Choice(choice.config.replace(solver=solver), choice.rule,
                         choice.reason + f"; solver={solver} requested")

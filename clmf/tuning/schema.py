@@ -19,7 +19,8 @@ ENV_DB = "CLMF_TUNING_DB"
 ENV_NO_SHIPPED = "CLMF_TUNING_NO_SHIPPED"
 SIDES = ("users", "items")
 MODES = ("explicit", "implicit", "biased")
-# the solver a fit of this mode uses when nothing tuned for the mode says otherwise
+# the solver a fit of this mode uses when no tuning answers (the heuristic and baseline rules, and
+# a caller's variant that names no solver); a tuning's own solver is kept, in every mode
 MODE_DEFAULT_SOLVER = {"implicit": "fusedcg"}
 
 

@@ -1,0 +1,269 @@
+"""The selection model: a configuration for an unseen (f, mode, data shape) on a tuned device,
+predicted from the measurements of that device's tuning runs (the ``model`` rung of
+:mod:`clmf.tuning.lookup`).
+
+Every tuning run times many configurations on each side, so each run × side is a *group*: the
+configurations' times relative to the group's fastest (``rel`` ≥ 1). A configuration's merit at
+an unseen case is predicted as a kernel-weighted mean (:func:`weight`) of its log relative time
+over the groups near the case in feature space, where
+
+* the features are ``ln f``, the side's shape (``ln`` rows, columns and ratings per row — what
+  decides S1's work per row, S3's number of systems and how many work-groups fill the device),
+  the tuning mode and the side, with the distance :func:`distance`: f by a factor
+  ``e^F_SCALE`` (≈ 1.4) counts as much as the shape by a factor ``e^SHAPE_SCALE`` (≈ 2) on
+  average; another mode or side adds a fixed amount (implicit feedback's Gram term and weights
+  change more than biases do);
+* a group reports only its :data:`TOP_K` fastest configurations: one outside them is *censored*,
+  counted at the K-th's relative time (at most :data:`CENSOR_CAP`) × ``e^CENSOR`` (it was slower,
+  or never measured there);
+* a prior of relative time ``e^PRIOR`` with weight :data:`PRIOR_WEIGHT` keeps a configuration
+  seen in one far group from beating one that is good in many near ones.
+
+The configuration with the lowest predicted log relative time that validates at the case's f on
+the device wins; both sides share the factor rows' padding, so the pair is the best sum over
+configurations of one leading dimension. Groups farther than :data:`MAX_D2` are ignored; with
+none left the model makes no prediction and the lookup falls through to ``nearest``.
+
+The model reads only the top-K of each group (``tuner.distill`` ships exactly those measurement
+records, so the compact databases predict what the raw ones do).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+
+from ..engine.config import KernelConfig
+from ..errors import InvalidConfigError
+from .schema import SIDES, _norm, record_mode
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TOP_K", "Group", "groups_of", "newest", "distance", "weight", "rank", "features",
+           "MAX_D2", "top_records", "describe"]
+
+TOP_K = 8               # fastest configurations of a group the model reads (and distill keeps)
+CENSOR = math.log(1.25)  # a configuration outside a group's top-K: its K-th's time × 1.25 ...
+CENSOR_CAP = 1.5         # ... the K-th's taken as at most this (a group of few configurations'
+                         # K-th can be the 30× slower baseline: unmeasured is not that slow)
+PRIOR = math.log(2.0)    # prior relative time of any configuration ...
+PRIOR_WEIGHT = 0.05      # ... worth this much of one group at distance 0
+F_SCALE = 0.35           # ln f: a factor 1.42 is one unit of distance
+SHAPE_SCALE = 0.7        # ln rows / columns / ratings per row: a factor 2 (RMS) is one unit
+MODE_D2 = {frozenset(("explicit", "biased")): 0.5}   # another mode (implicit: IMPLICIT_D2)
+IMPLICIT_D2 = 1.0
+SIDE_D2 = 0.25           # the other side's group
+STORAGE_D2 = 1.0         # another storage dtype
+OLDER_D2 = 1.0           # per newer run of the same case (it measured the current kernels)
+MAX_D2 = 6.0             # groups farther than this are ignored (weight < 0.3 %)
+
+
+@dataclasses.dataclass
+class Group:
+    """The fastest configurations of one tuning run's side."""
+    run_id: str
+    side: str
+    f: int
+    mode: str
+    storage: str
+    feats: dict             # rows, cols, nnz of the side
+    rel: dict               # config key -> relative time (≥ 1), the top-K only
+    kth: float              # the K-th's relative time (the censoring level)
+    configs: dict           # config key -> KernelConfig
+    device: dict = None     # the device key of its records (driver included)
+    date: str = ""          # of its fastest record
+    age: int = 0            # newer runs of the same cell (:func:`newest`)
+
+    def cell(self):
+        """What two runs of the same case share: f, mode, storage, side and shape."""
+        return (self.f, self.mode, self.storage, self.side,
+                tuple(sorted(self.feats.items())))
+
+
+def features(rows, cols, nnz):
+    """The shape features of one side: rows, columns and ratings (at least 1 each)."""
+    return {"rows": max(1, int(rows)), "cols": max(1, int(cols)), "nnz": max(1, int(nnz))}
+
+
+def _record_features(r):
+    """The side's shape of a measurement record (its ``dataset``: rows/cols of the side, or
+    m/n oriented by the side), or None."""
+    d = r.get("dataset")
+    if not isinstance(d, dict):
+        return None
+    try:
+        if "rows" in d and "cols" in d:
+            rows, cols = int(d["rows"]), int(d["cols"])
+        else:
+            rows, cols = int(d["m"]), int(d["n"])
+            if r.get("side") == "items":
+                rows, cols = cols, rows
+        return features(rows, cols, int(d["nnz"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def distance(g, f, mode, side, feats, storage="float32"):
+    """Squared distance of group ``g`` from a case (see the module docstring)."""
+    d2 = (math.log(g.f / f) / F_SCALE) ** 2
+    rpr = lambda x: x["nnz"] / x["rows"]                       # noqa: E731 (ratings per row)
+    sh = [math.log(g.feats["rows"] / feats["rows"]), math.log(g.feats["cols"] / feats["cols"]),
+          math.log(rpr(g.feats) / rpr(feats))]
+    d2 += sum(x * x for x in sh) / len(sh) / SHAPE_SCALE ** 2
+    if g.mode != mode:
+        d2 += MODE_D2.get(frozenset((g.mode, mode)), IMPLICIT_D2)
+    if g.side != side:
+        d2 += SIDE_D2
+    if g.storage != storage:
+        d2 += STORAGE_D2
+    return d2 + OLDER_D2 * g.age
+
+
+_cfg_memo: dict = {}
+
+
+def _config(d):
+    """(key, KernelConfig) of a record's configuration (memoized), or None when unusable."""
+    try:
+        k = json.dumps(d, sort_keys=True)
+    except (TypeError, ValueError):
+        return None
+    hit = _cfg_memo.get(k)
+    if hit is None:
+        try:
+            c = KernelConfig.from_dict(d)
+            hit = (c.key(), c)
+        except (InvalidConfigError, TypeError, ValueError):
+            hit = False
+        if len(_cfg_memo) < 65536:
+            _cfg_memo[k] = hit
+    return hit or None
+
+
+def group_key(r):
+    """(run, side) of an ok measurement the model reads, else None (what ``tuner.distill``
+    groups by)."""
+    if r.get("kind") != "measurement" or r.get("status") != "ok" or r.get("side") not in SIDES:
+        return None
+    try:
+        if not float(r["seconds"]) > 0:
+            return None
+        return (str(r["run_id"]), r["side"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def top_records(records, k=TOP_K):
+    """{(run, side): [record, ...]}: per group the fastest record of each configuration, the
+    ``k`` fastest configurations (ties by configuration key), fastest first."""
+    best = {}
+    for r in records:
+        g = group_key(r)
+        if g is None or record_mode(r) is None:
+            continue
+        c = _config(r.get("config"))
+        if c is None:
+            continue
+        t = float(r["seconds"])
+        cur = best.setdefault(g, {})
+        if c[0] not in cur or t < float(cur[c[0]]["seconds"]):
+            cur[c[0]] = r
+    return {g: sorted(v.values(), key=lambda r: (float(r["seconds"]), _config(r["config"])[0]))[:k]
+            for g, v in best.items()}
+
+
+def groups_of(records, device, exclude_runs=()):
+    """The :class:`Group` s of ``device``'s (platform, vendor, type, name) ok measurements in
+    ``records``, leaving out the runs ``exclude_runs``."""
+    want = tuple(_norm(device.get(k, "")).lower() for k in ("platform", "vendor", "type", "device"))
+    mine = []
+    for r in records:
+        d = r.get("device")
+        if (isinstance(d, dict) and r.get("run_id") not in exclude_runs
+                and tuple(_norm(d.get(k, "")).lower()
+                          for k in ("platform", "vendor", "type", "device")) == want):
+            mine.append(r)
+    out = []
+    for (run, side), recs in top_records(mine).items():
+        r0 = recs[0]
+        feats = _record_features(r0)
+        try:
+            f = int(r0["f"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if feats is None or f < 1:
+            continue
+        t0 = float(r0["seconds"])
+        rel, cfgs = {}, {}
+        for r in recs:
+            key, c = _config(r["config"])
+            rel[key] = float(r["seconds"]) / t0
+            cfgs[key] = c
+        out.append(Group(run, side, f, record_mode(r0), r0.get("storage", "float32"), feats, rel,
+                         max(rel.values()), cfgs, r0.get("device"), str(r0.get("date", ""))))
+    return newest(out)
+
+
+def newest(groups):
+    """``groups`` with each one's :attr:`Group.age` set: how many newer runs of its cell
+    (:meth:`Group.cell`) there are. An older run measured older kernels (the ``tuned`` rung
+    prefers the newest run), so it counts less (:data:`OLDER_D2` per newer run), but still
+    informs about the configurations the newer one did not measure."""
+    cells = {}
+    for g in groups:
+        cells.setdefault(g.cell(), []).append(g)
+    for gs in cells.values():
+        gs.sort(key=lambda g: (g.date, g.run_id), reverse=True)
+        for i, g in enumerate(gs):
+            g.age = i
+    return groups
+
+
+def weight(d2):
+    """A group's weight at squared distance ``d2``: ``e^-d2`` (narrow: many far groups must not
+    outvote one near group)."""
+    return math.exp(-d2)
+
+
+def rank(groups, f, mode, side, feats, storage="float32"):
+    """``[(score, key, KernelConfig, support, device)]`` of every configuration in the top-K of
+    a group within :data:`MAX_D2` of the case, lowest predicted log relative time first
+    (``support``: the summed weight of the groups that measured it among their fastest;
+    ``device``: the device key of the nearest group that measured it), and the groups used as
+    ``[(d², group)]`` nearest first."""
+    near = []
+    for g in groups:
+        d2 = distance(g, f, mode, side, feats, storage)
+        if d2 <= MAX_D2:
+            near.append((d2, g))
+    near.sort(key=lambda t: (t[0], t[1].run_id, t[1].side))
+    if not near:
+        return [], []
+    cands = {}
+    for _d2, g in near:
+        for k, c in g.configs.items():
+            cands.setdefault(k, (c, g.device))
+    wsum = sum(weight(d2) for d2, _g in near)
+    out = []
+    for k, (c, where) in cands.items():
+        num, sup = PRIOR_WEIGHT * PRIOR, 0.0
+        for d2, g in near:
+            w = weight(d2)
+            if k in g.rel:
+                num += w * math.log(g.rel[k])
+                sup += w
+            else:
+                num += w * (math.log(min(g.kth, CENSOR_CAP)) + CENSOR)
+        out.append(((num / (wsum + PRIOR_WEIGHT)), k, c, sup, where))
+    out.sort(key=lambda t: (t[0], -t[3], t[1]))
+    return out, near
+
+
+def describe(near, limit=2):
+    """A short text of the nearest groups (for a Choice's reason)."""
+    parts = []
+    for d2, g in near[:limit]:
+        parts.append(f"f={g.f} {g.mode} {g.side} {g.feats['rows']}×{g.feats['cols']} "
+                     f"nnz={g.feats['nnz']} (d²={d2:.2f})")
+    return "; ".join(parts)

@@ -1,0 +1,102 @@
+"""The coverage table and the leave-one-out check of the selection model (issue 27):
+scripts/coverage.py at a small size on one CPU device (tuning its own cells into an isolated
+database), its rows, rules and table; the check's arithmetic; and scripts/gpu_implicit.py's
+phases at a tiny size on a CPU (the GPU command, resumable)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+from conftest import DEVICES, REPO
+
+pytestmark = pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
+
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _device():
+    """The first device's selector (PoCL where present)."""
+    d = DEVICES[0]
+    return f"{d.platform.name.strip()} | {d.name.strip()}"
+
+
+def test_loo_check_counts_cells_within_tolerance():
+    from clmf.tuner import coverage as C
+    cell = {"device": "d", "dataset": "x", "mode": "explicit"}
+    rows = [dict(cell, f=f, **r) for f, r in enumerate(
+        [{"loo_ratio": 1.0}, {"loo_ratio": 1.1}, {"loo_ratio": 1.2}, {"auto_ratio": 1.0}])]
+    c = C.loo_check(rows)
+    assert (c["cells"], c["within"]) == (3, 2) and not c["ok"]
+    assert C.loo_check(rows[:2])["ok"]
+    assert "2 of 3 cells within 15 %" in C.markdown(rows)
+
+
+def test_coverage_script_small(tmp_path, monkeypatch):
+    """Two f × two modes on a small synthetic set: each cell tuned (a 1-second budget, whole
+    half-steps), then auto (rule tuned) and the leave-one-out choice (another rule: the cell's
+    tunings left out) timed; the table and the check are written, and a second run resumes
+    (nothing measured again). ~1 min on the 2-core machine: four tuning runs and their fits."""
+    cov = _script("coverage")
+    out = tmp_path / "cov"
+    monkeypatch.setenv("CLMF_PROBE", "off")
+    argv = [str(out), "--devices", _device(), "--data", "synthetic:300x200x6000",
+            "--factors", "4,8", "--modes", "explicit,implicit", "--budget", "1",
+            "--sample", "full", "--iterations", "3", "--rounds", "1", "--isolated"]
+    assert cov.main(argv) == 0
+    rows = [json.loads(x) for x in (out / "coverage.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all(r["tuned_here"] for r in rows)
+    for r in rows:
+        assert r["auto_rule"] == "tuned" and r["auto_s_per_it"] > 0, r
+        assert r["loo_rule"] != "tuned" and r["loo_s_per_it"] > 0, r
+        assert r["best_s_per_it"] == min(r["auto_s_per_it"], r["loo_s_per_it"])
+        assert r["cell_runs"] and r["auto_ratio"] >= 1.0 and r["loo_ratio"] >= 1.0
+    # with tunings at the other f (and the other mode) the model answers the held-out cells
+    assert {r["loo_rule"] for r in rows} <= {"model", "nearest", "heuristic"}
+    assert any(r["loo_rule"] == "model" for r in rows)
+    md = (out / "coverage.md").read_text()
+    assert "Leave-one-out:" in md and md.count("| synthetic-300x200x6K |") == 4
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["commit"] and meta["drivers"] and "scripts/coverage.py" in meta["command"]
+    before = (out / "coverage.jsonl").read_text()
+    assert cov.main(argv) == 0                      # resumed: every cell already there
+    assert (out / "coverage.jsonl").read_text() == before
+
+
+def test_gpu_implicit_script_tiny_on_a_cpu(tmp_path, monkeypatch):
+    """The GPU command's phases at a tiny size on a CPU device: auto fits of every mode and f
+    (implicit with precision@10), the peers' row (skipped without CUDA), coverage cells tuned
+    and timed, the report; a second run with --resume adds nothing, and a budget already spent
+    leaves the report marked incomplete."""
+    gpu = _script("gpu_implicit")
+    out, again = tmp_path / "out", tmp_path / "again"
+    monkeypatch.setenv("CLMF_PROBE", "off")
+    monkeypatch.setenv("CLMF_TUNING_NO_SHIPPED", "1")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "no-user-db"))
+    common = ["--device", _device(), "--scale", "0.002", "--factors", "4,8",
+              "--modes", "explicit,implicit", "--peer-factors", "8", "--iterations", "3",
+              "--precision-users", "50", "--tune-budget", "1"]
+    assert gpu.main(["--out", str(out), *common]) == 0
+    auto = [json.loads(x) for x in (out / "auto.jsonl").read_text().splitlines()]
+    assert {(r["mode"], r["f"]) for r in auto} == {(m, f) for m in ("explicit", "implicit")
+                                                  for f in (4, 8)}
+    assert all(0 <= r["precision_at_10"] <= 1 for r in auto if r["mode"] == "implicit")
+    peers = [json.loads(x) for x in (out / "peers.jsonl").read_text().splitlines()]
+    assert peers and (peers[0]["status"] == "skipped" or peers[0]["f"] == 8)
+    cov = [json.loads(x) for x in (out / "coverage.jsonl").read_text().splitlines()]
+    assert len(cov) == 4 and all(r["auto_rule"] == "tuned" for r in cov)
+    assert (out / "tuning.jsonl.gz").is_file()
+    rep = (out / "report.md").read_text()
+    assert "implicit ÷ explicit" in rep and "Leave-one-out" in rep and "Incomplete" not in rep
+    # resumed from the first run's files: nothing left to do
+    assert gpu.main(["--out", str(again), "--resume", str(out), *common]) == 0
+    assert (again / "auto.jsonl").read_text() == (out / "auto.jsonl").read_text()
+    assert (again / "coverage.jsonl").read_text() == (out / "coverage.jsonl").read_text()
+    # no time left: nothing measured, the report says to run again
+    assert gpu.main(["--out", str(tmp_path / "none"), "--max-seconds", "0", *common]) == 0
+    assert "Incomplete" in (tmp_path / "none" / "report.md").read_text()
