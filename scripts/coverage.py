@@ -62,6 +62,10 @@ def parse(argv=None):
     p.add_argument("--db", default=None,
                    help="the tuning database runs write to (default OUT/tuning.jsonl); the "
                         "lookup reads it first")
+    p.add_argument("--db-dir", default=None,
+                   help="instead of --db, one database per device: DIR/<device slug>.jsonl "
+                        "(e.g. results/tuning, the raw files the shipped ones are distilled "
+                        "from)")
     p.add_argument("--resume", default=None,
                    help="a directory of an earlier run (its rows and tuning database) to go on "
                         "from")
@@ -108,15 +112,18 @@ def main(argv=None):
     if a.isolated:
         os.environ["CLMF_TUNING_NO_SHIPPED"] = "1"
         os.environ["XDG_DATA_HOME"] = str(out / "no-user-db")     # no per-user database
-    os.environ["CLMF_TUNING_DB"] = str(db)
     logging.basicConfig(level=logging.WARNING)
     import warnings
 
-    from clmf.engine.device import select_device
+    from clmf.engine.device import device_info, select_device
     from clmf.tuner import coverage as C
+    from clmf.tuning import device_record, device_slug
     warnings.simplefilter("ignore")
     t_start = time.perf_counter()
     devices = [select_device(d.strip()) for d in a.devices.split(",") if d.strip()]
+    dbs = {id(d): (pathlib.Path(a.db_dir) / f"{device_slug(device_record(device_info(d)))}.jsonl"
+                   if a.db_dir else db) for d in devices}
+    os.environ["CLMF_TUNING_DB"] = os.pathsep.join(sorted({str(p) for p in dbs.values()}))
     command = "python scripts/coverage.py " + " ".join(sys.argv[1:] if argv is None else argv)
     (out / "meta.json").write_text(json.dumps(meta(devices, command), indent=1) + "\n")
     rows = C.read_rows(rows_path)
@@ -137,7 +144,8 @@ def main(argv=None):
                         stopped = True
                         break
                     log(f"cell {cell.key()}")
-                    row = C.measure_cell(cell, a.tune, db, a.budget, a.iterations, a.rounds,
+                    row = C.measure_cell(cell, a.tune, dbs[id(dev)], a.budget, a.iterations,
+                                         a.rounds,
                                          state_dir=out / "tune-state", space=a.space,
                                          sample=sample)
                     C.append_row(rows_path, row)

@@ -79,6 +79,26 @@ def run_child(site, data, dev, f, mode, iterations, alpha, timeout):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+SEP = " § "          # between the parts of a summary key (device names hold "|")
+
+
+def summarize(doc, devs):
+    """The medians (over rounds) and the choices of each build, device, f and mode."""
+    doc["devices"] = [doc["device_names"].get(d, d) for d in devs]
+    doc["median"], doc["choice"] = {}, {}
+    for b in doc["builds"]:
+        for dev in devs:
+            name = doc["device_names"].get(dev, dev)
+            for f in doc["factors"]:
+                for mode in doc["modes"]:
+                    rs = [x for x in doc["runs"] if x["build"] == b and x["device_spec"] == dev
+                          and x["f"] == f and x["mode"] == mode and "s_per_it" in x]
+                    if rs:
+                        key = SEP.join((b, name, str(f), mode))
+                        doc["median"][key] = statistics.median(x["s_per_it"] for x in rs)
+                        doc["choice"][key] = {"rule": rs[0]["rule"], "config": rs[0]["config"]}
+
+
 def render(doc):
     """The markdown report."""
     L = [f"# Implicit vs explicit s/it with variant=\"auto\" — {doc['date']}", "",
@@ -98,23 +118,26 @@ def render(doc):
         for f in doc["factors"]:
             cells, imp = [], {}
             for b in builds:
-                e = doc["median"].get(f"{b}|{dev}|{f}|explicit")
-                i = doc["median"].get(f"{b}|{dev}|{f}|implicit")
+                e = doc["median"].get(SEP.join((b, dev, str(f), "explicit")))
+                i = doc["median"].get(SEP.join((b, dev, str(f), "implicit")))
                 imp[b] = i
                 cells += [_f(e), _f(i), _f(i / e if e and i else None, 2)]
             if len(builds) == 2:
                 a, c = imp[builds[0]], imp[builds[1]]
                 cells.append(_f(a / c if a and c else None, 2))
-            L.append(f"| {dev} | {f} | " + " | ".join(cells) + " |")
+            L.append(f"| {dev.replace('|', '/')} | {f} | " + " | ".join(cells) + " |")
     L += ["", "## Choices (users / items, rule)", "", "| build | device | f | mode | rule | "
           "configuration |", "|---|---|---|---|---|---|"]
-    for k, r in sorted(doc["choice"].items()):
-        b, dev, f, mode = k.split("|")
+    for k, r in sorted(doc["choice"].items(), key=lambda kv: (kv[0].split(SEP)[1],
+                                                               int(kv[0].split(SEP)[2]),
+                                                               kv[0].split(SEP)[3],
+                                                               kv[0].split(SEP)[0])):
+        b, dev, f, mode = k.split(SEP)
         cfg = r["config"]
         c = cfg["users"] if cfg["users"] == cfg["items"] else f"{cfg['users']} / {cfg['items']}"
         rule = r["rule"]["users"] if r["rule"]["users"] == r["rule"]["items"] else \
             f"{r['rule']['users']}/{r['rule']['items']}"
-        L.append(f"| {b} | {dev} | {f} | {mode} | {rule} | `{c}` |")
+        L.append(f"| {b} | {dev.replace('|', '/')} | {f} | {mode} | {rule} | `{c}` |")
     return "\n".join(L) + "\n"
 
 
@@ -126,7 +149,8 @@ def main(argv=None):
     """Alternate the builds over rounds of (device, f, mode) fits; write the report."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
-    p.add_argument("--build", action="append", default=[], help="NAME=SITE_DIR (repeatable)")
+    p.add_argument("--build", action="append", default=[],
+                   help="NAME=SITE_DIR[@COMMIT] (repeatable; the commit it was built from)")
     p.add_argument("--data", default="synthetic:20000x10000x1000000")
     p.add_argument("--factors", default="32,64,100,128")
     p.add_argument("--modes", default="explicit,implicit")
@@ -135,8 +159,25 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--alpha", type=float, default=2.0)
     p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--render", action="store_true",
+                   help="only summarize OUT/mode_speed.json again (no fits)")
     a = p.parse_args(argv)
-    builds = dict(b.split("=", 1) for b in a.build) or {"current": ""}
+    if a.render:
+        out = pathlib.Path(a.out)
+        doc = json.loads((out / "mode_speed.json").read_text())
+        summarize(doc, a.devices.split(","))
+        (out / "mode_speed.json").write_text(json.dumps(doc, indent=1))
+        (out / "mode_speed.md").write_text(render(doc))
+        print(render(doc))
+        return 0
+    builds, commits = {}, {}
+    for b in a.build:                       # NAME=DIR or NAME=DIR@COMMIT
+        name, _, rest = b.partition("=")
+        site, _, sha = rest.partition("@")
+        builds[name] = site
+        if sha:
+            commits[name] = sha
+    builds = builds or {"current": ""}
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     factors = [int(x) for x in a.factors.split(",")]
@@ -146,13 +187,13 @@ def main(argv=None):
            "command": "python scripts/mode_speed.py " + " ".join(sys.argv[1:] if argv is None
                                                                 else argv),
            "data": a.data, "factors": factors, "modes": modes, "iterations": a.iterations,
-           "rounds": a.rounds, "runs": [], "commits": {}, "device_names": {}}
+           "rounds": a.rounds, "runs": [], "commits": dict(commits), "device_names": {}}
     load0 = os.getloadavg()[0]
     import scipy.sparse as sp
 
     from clmf import tuner
     R, name = tuner.load_data(a.data)          # generated once, read by every child
-    npz = out / "data.npz"
+    npz = out.resolve() / "data.npz"           # (children run elsewhere: an absolute path)
     sp.save_npz(npz, R)
     data = (str(npz), name)
     doc["data"] = f"{name} ({R.shape[0]} × {R.shape[1]}, {R.nnz} ratings)"
@@ -165,27 +206,14 @@ def main(argv=None):
                                         a.timeout)
                         res.update(build=b, device_spec=dev, f=f, mode=mode, round=r)
                         doc["runs"].append(res)
-                        if "commit" in res:
-                            doc["commits"][b] = res["commit"]
+                        if "device" in res:
                             doc["device_names"][dev] = f"{res['device']} ({res['driver']})"
+                            doc["commits"].setdefault(b, res["commit"])
                         log(f"round {r} {dev} f={f} {mode} {b}: {res.get('s_per_it')} "
                             f"{res.get('rule', {}).get('users')} {res.get('error', '')}")
                         (out / "mode_speed.json").write_text(json.dumps(doc, indent=1))
     doc["load"] = [load0, os.getloadavg()[0]]
-    doc["devices"] = [doc["device_names"].get(d, d) for d in devs]
-    doc["median"], doc["choice"] = {}, {}
-    for b in builds:
-        for dev in devs:
-            name = doc["device_names"].get(dev, dev)
-            for f in factors:
-                for mode in modes:
-                    rs = [x for x in doc["runs"] if x["build"] == b and x["device_spec"] == dev
-                          and x["f"] == f and x["mode"] == mode and "s_per_it" in x]
-                    if rs:
-                        doc["median"][f"{b}|{name}|{f}|{mode}"] = statistics.median(
-                            x["s_per_it"] for x in rs)
-                        doc["choice"][f"{b}|{name}|{f}|{mode}"] = {"rule": rs[0]["rule"],
-                                                                   "config": rs[0]["config"]}
+    summarize(doc, devs)
     (out / "mode_speed.json").write_text(json.dumps(doc, indent=1))
     (out / "mode_speed.md").write_text(render(doc))
     npz.unlink()

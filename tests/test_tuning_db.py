@@ -424,3 +424,26 @@ def test_newest_run_of_the_same_case_wins(dbenv):
     write(dbenv["env"], new + old)                   # file order does not decide either
     ch = tuning.choose(info, 10, "users", stats("users", ML))
     assert ch.rule == "tuned" and ch.config == KernelConfig.parse(B) and "new" in ch.reason
+
+
+def test_a_tuned_syrk_is_adapted_to_a_larger_f_not_refused(dbenv, monkeypatch):
+    """The syrk tuned at f = 100 with 2 slices (182 work-items) needs 306 at f = 128, more than a
+    built kernel's register-bound limit of 256 on an H100 (issue 27): once that rejection is
+    known, the lookup halves the split-K slices (153 work-items, the same tiles) and says so,
+    instead of falling through to another rule; a device whose work-group limit itself is too
+    small gets the halved form before any build."""
+    from clmf.tuning import fallback
+    monkeypatch.setattr(fallback, "_rejected", {})          # this test's rejections only
+    info = fake_info()
+    syrk = "batch+vec4+syrk:bx=8,ks=2,solver=cg"
+    write(dbenv["env"], best_records(info, 100, NETFLIX, syrk, syrk, "syrk100"))
+    ch = tuning.choose(info, 128, "users", stats("users", NETFLIX))
+    assert ch.config == KernelConfig.parse(syrk) and ch.rule in ("model", "nearest"), ch
+    fallback.reject(info, ch.config, 128, "explicit", "test", "kernel s1_hermitian allows "
+                    "work-groups of at most 256 on this device, the configuration needs 306")
+    ch = tuning.choose(info, 128, "users", stats("users", NETFLIX))
+    assert ch.config == KernelConfig.parse(syrk, ks=1), ch
+    assert "ks 2→1" in ch.reason
+    small = fake_info(name="Fake GPU 1", max_work_group_size=256, max_work_item_sizes=(256, 256, 64))
+    ch = tuning.choose(small, 128, "users", stats("users", NETFLIX))
+    assert ch.config == KernelConfig.parse(syrk, ks=1) and "ks 2→1" in ch.reason, ch

@@ -12,12 +12,14 @@ over the groups near the case in feature space, where
   the tuning mode and the side, with the distance :func:`distance`: f by a factor
   ``e^F_SCALE`` (≈ 1.4) counts as much as the shape by a factor ``e^SHAPE_SCALE`` (≈ 2) on
   average; another mode or side adds a fixed amount (implicit feedback's Gram term and weights
-  change more than biases do);
-* a group reports only its :data:`TOP_K` fastest configurations: one outside them is *censored*,
-  counted at the K-th's relative time (at most :data:`CENSOR_CAP`) × ``e^CENSOR`` (it was slower,
-  or never measured there);
-* a prior of relative time ``e^PRIOR`` with weight :data:`PRIOR_WEIGHT` keeps a configuration
-  seen in one far group from beating one that is good in many near ones.
+  change more than biases do), and so does a run's age (kernels change between tuning
+  campaigns);
+* a group reports only its :data:`TOP_K` fastest configurations, and a configuration it does
+  not report is *unknown* there, not slow (runs measured different configurations: a budgeted
+  search samples, and kernels added later were never measured by older runs): the mean is over
+  the groups that report it, shrunk towards a prior relative time ``e^PRIOR`` with a weight of
+  :data:`PRIOR_SHARE` of the nearest group's, so a configuration that the nearest groups found
+  among their fastest beats one that only far groups did.
 
 The configuration with the lowest predicted log relative time that validates at the case's f on
 the device wins; both sides share the factor rows' padding, so the pair is the best sum over
@@ -44,11 +46,8 @@ __all__ = ["TOP_K", "Group", "groups_of", "newest", "distance", "weight", "rank"
            "MAX_D2", "top_records", "describe"]
 
 TOP_K = 8               # fastest configurations of a group the model reads (and distill keeps)
-CENSOR = math.log(1.25)  # a configuration outside a group's top-K: its K-th's time × 1.25 ...
-CENSOR_CAP = 1.5         # ... the K-th's taken as at most this (a group of few configurations'
-                         # K-th can be the 30× slower baseline: unmeasured is not that slow)
-PRIOR = math.log(2.0)    # prior relative time of any configuration ...
-PRIOR_WEIGHT = 0.05      # ... worth this much of one group at distance 0
+PRIOR = math.log(1.5)    # prior relative time of any configuration ...
+PRIOR_SHARE = 0.3        # ... worth this share of the nearest group's weight
 F_SCALE = 0.35           # ln f: a factor 1.42 is one unit of distance
 SHAPE_SCALE = 0.7        # ln rows / columns / ratings per row: a factor 2 (RMS) is one unit
 MODE_D2 = {frozenset(("explicit", "biased")): 0.5}   # another mode (implicit: IMPLICIT_D2)
@@ -56,6 +55,8 @@ IMPLICIT_D2 = 1.0
 SIDE_D2 = 0.25           # the other side's group
 STORAGE_D2 = 1.0         # another storage dtype
 OLDER_D2 = 1.0           # per newer run of the same case (it measured the current kernels)
+AGE_D2 = 1.0             # per day a run is older than the device's newest (kernels change
+                         # between tuning campaigns; a run re-measures earlier bests as anchors)
 MAX_D2 = 6.0             # groups farther than this are ignored (weight < 0.3 %)
 
 
@@ -69,11 +70,12 @@ class Group:
     storage: str
     feats: dict             # rows, cols, nnz of the side
     rel: dict               # config key -> relative time (≥ 1), the top-K only
-    kth: float              # the K-th's relative time (the censoring level)
+    kth: float              # the K-th's relative time (the slowest the group reports)
     configs: dict           # config key -> KernelConfig
     device: dict = None     # the device key of its records (driver included)
     date: str = ""          # of its fastest record
     age: int = 0            # newer runs of the same cell (:func:`newest`)
+    days: float = 0.0       # days older than the device's newest group (:func:`newest`)
 
     def cell(self):
         """What two runs of the same case share: f, mode, storage, side and shape."""
@@ -117,7 +119,7 @@ def distance(g, f, mode, side, feats, storage="float32"):
         d2 += SIDE_D2
     if g.storage != storage:
         d2 += STORAGE_D2
-    return d2 + OLDER_D2 * g.age
+    return d2 + OLDER_D2 * g.age + AGE_D2 * g.days
 
 
 _cfg_memo: dict = {}
@@ -206,10 +208,12 @@ def groups_of(records, device, exclude_runs=()):
 
 
 def newest(groups):
-    """``groups`` with each one's :attr:`Group.age` set: how many newer runs of its cell
-    (:meth:`Group.cell`) there are. An older run measured older kernels (the ``tuned`` rung
-    prefers the newest run), so it counts less (:data:`OLDER_D2` per newer run), but still
-    informs about the configurations the newer one did not measure."""
+    """``groups`` with each one's :attr:`Group.age` set — how many newer runs of its cell
+    (:meth:`Group.cell`) there are — and :attr:`Group.days`, how many days it is older than the
+    newest group. An older run measured older kernels (the ``tuned`` rung prefers the newest
+    run; a newer run re-measured the device's earlier bests among its anchors), so it counts
+    less (:data:`OLDER_D2` per newer run of its cell, :data:`AGE_D2` per day), but still informs
+    about the configurations the newer ones did not measure."""
     cells = {}
     for g in groups:
         cells.setdefault(g.cell(), []).append(g)
@@ -217,7 +221,20 @@ def newest(groups):
         gs.sort(key=lambda g: (g.date, g.run_id), reverse=True)
         for i, g in enumerate(gs):
             g.age = i
+    stamps = [_stamp(g.date) for g in groups]
+    known = [t for t in stamps if t is not None]
+    for g, t in zip(groups, stamps):
+        g.days = (max(known) - t) / 86400.0 if t is not None else 0.0
     return groups
+
+
+def _stamp(date):
+    """Seconds since the epoch of an ISO date, or None."""
+    import datetime
+    try:
+        return datetime.datetime.fromisoformat(str(date)).timestamp()
+    except ValueError:
+        return None
 
 
 def weight(d2):
@@ -244,18 +261,16 @@ def rank(groups, f, mode, side, feats, storage="float32"):
     for _d2, g in near:
         for k, c in g.configs.items():
             cands.setdefault(k, (c, g.device))
-    wsum = sum(weight(d2) for d2, _g in near)
+    w0 = PRIOR_SHARE * weight(near[0][0])
     out = []
     for k, (c, where) in cands.items():
-        num, sup = PRIOR_WEIGHT * PRIOR, 0.0
+        num, sup = w0 * PRIOR, 0.0
         for d2, g in near:
-            w = weight(d2)
             if k in g.rel:
+                w = weight(d2)
                 num += w * math.log(g.rel[k])
                 sup += w
-            else:
-                num += w * (math.log(min(g.kth, CENSOR_CAP)) + CENSOR)
-        out.append(((num / (wsum + PRIOR_WEIGHT)), k, c, sup, where))
+        out.append((num / (sup + w0), k, c, sup, where))
     out.sort(key=lambda t: (t[0], -t[3], t[1]))
     return out, near
 
