@@ -156,6 +156,21 @@ def read_json(path, limit=MAX_BYTES):
         return None
 
 
+def read_json_object(path, limit=MAX_BYTES):
+    """The JSON object in ``path`` as a dict: empty when it is missing, refused, torn or not an
+    object (see :func:`read_json`)."""
+    d = read_json(path, limit)
+    return d if isinstance(d, dict) else {}
+
+
+def update_json_object(path, key, value):
+    """Set ``key`` of the JSON object in ``path`` to ``value`` (read, update, atomic replace
+    through :func:`write_atomic`); returns whether it was written."""
+    d = read_json_object(path)
+    d[key] = value
+    return write_atomic(path, json.dumps(d, indent=0, sort_keys=True))
+
+
 def open_lines(path):
     """``path`` opened for reading text line by line (a journal), or None when it is missing,
     unreadable or refused (a link, a pipe, a device)."""

@@ -60,21 +60,6 @@ def _cache_path():
     return cache_dir() / "device-capabilities.json"
 
 
-def _read(path):
-    """The cached verdicts (empty when missing, torn or refused: see :mod:`clmf.cache`)."""
-    from ..cache import read_json
-    d = read_json(path)
-    return d if isinstance(d, dict) else {}
-
-
-def _write(path, key, verdict):
-    """Add one verdict to the cache (read, update, atomic replace through :mod:`clmf.cache`)."""
-    from ..cache import write_atomic
-    d = _read(path)
-    d[key] = verdict
-    write_atomic(path, json.dumps(d, indent=0, sort_keys=True))
-
-
 def _present(info):
     """Whether this process sees an OpenCL device with ``info``'s platform and name."""
     try:
@@ -99,7 +84,8 @@ def wide_vectors_ok(info):
         return True
     key = json.dumps(["wide_vectors", *ident, __version__])
     path = _cache_path()
-    hit = _read(path).get(key)
+    from ..cache import read_json_object, update_json_object
+    hit = read_json_object(path).get(key)
     if isinstance(hit, dict) and isinstance(hit.get("ok"), bool):
         ok = hit["ok"]
     else:
@@ -108,7 +94,7 @@ def wide_vectors_ok(info):
             log.warning("%s | %s (driver %s) cannot compile 16-wide vector arithmetic (%s): "
                         "configurations with 16-lane vectors are not used on it",
                         ident[0], ident[1], ident[2], why)
-        _write(path, key, {"ok": ok, "reason": why})
+        update_json_object(path, key, {"ok": ok, "reason": why})
     with _lock:
         _known[ident] = ok
     return ok

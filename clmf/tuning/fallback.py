@@ -42,7 +42,7 @@ import threading
 import time
 import warnings
 
-from ..cache import cache_dir, read_json, write_atomic
+from ..cache import cache_dir, read_json_object, update_json_object
 
 log = logging.getLogger(__name__)
 
@@ -183,15 +183,12 @@ def _cache_key(info, cfg, f, mode):
 def _read_cache(path):
     """The cached verdicts ({key: verdict}); empty when the file is missing, torn or refused
     (see :mod:`clmf.cache`)."""
-    d = read_json(path)
-    return d if isinstance(d, dict) else {}
+    return read_json_object(path)
 
 
 def _write_cache(path, key, verdict):
     """Add one verdict to the cache file (read, update, atomic replace; errors only logged)."""
-    d = _read_cache(path)
-    d[key] = verdict
-    write_atomic(path, json.dumps(d, indent=0, sort_keys=True))
+    update_json_object(path, key, verdict)
 
 
 def _device_present(info):
