@@ -195,11 +195,17 @@ def test_cpu_implicit_fits_read_implicit_tunings(isolated, platform):
     device from the shipped files — at f = 64 on the Last.fm and a 5M-rating synthetic shape,
     at f = 128 on Last.fm — not explicit-mode tunings with the solver swapped; on PoCL the fused
     CG at f = 64 runs one work-item per system (its barrier-free path), as tuned."""
-    devs = [d for d in _devices().values() if d.platform.startswith(platform)]
-    if not devs:
+    runs = [d for d in _devices().values() if d.platform.startswith(platform)]
+    if not runs:
         pytest.skip(f"no {platform} tuning runs in this checkout")
     isolated(SHIPPED_DIR)
-    info = devs[0]
+    # the device of the platform with the most tuning runs (the distribution's runtime the
+    # issue-16 tunings ran on, not PyPI's PoCL, tuned only on ML-100K and Last.fm shapes)
+    count = {}
+    for d in runs:
+        count[(d.name, d.driver)] = count.get((d.name, d.driver), 0) + 1
+    most = max(count, key=count.get)
+    info = next(d for d in runs if (d.name, d.driver) == most)
     for f, ds in ((64, LASTFM), (64, SYN5M), (128, LASTFM)):
         for side in ("users", "items"):
             c = tuning.choose(info, f, side, _stats(side, ds), mode="implicit")
