@@ -6,11 +6,22 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 
 import pytest
 from conftest import DEVICES, REPO
 
 pytestmark = pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """The scripts' main() sets the process's tuning-database variables (as a command would):
+    restored after each test, so later tests see the shipped tunings again."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def _script(name):
