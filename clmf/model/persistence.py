@@ -317,16 +317,17 @@ def save(model, path):
         _check_replaceable(path, st)
         mode = stat.S_IMODE(st.st_mode)
     _clean_stale_temps(directory, base)
-    try:
-        with deferred_interrupts():     # Ctrl-C inside mkstemp would leave its file unnamed
-            fd, tmp = tempfile.mkstemp(prefix=f".{base}.{os.getpid()}.", suffix=".tmp",
-                                       dir=directory)
-    except OSError as e:                # name the directory, not the temporary file
-        why = ("no such directory" if not os.path.isdir(directory)
-               else e.strerror or type(e).__name__)
-        raise type(e)(e.errno, f"cannot write {base} into its directory ({why})",
-                      directory) from None
-    try:
+    tmp = None
+    try:                                # tmp is named here before a Ctrl-C can leave it behind
+        try:
+            with deferred_interrupts():     # Ctrl-C inside mkstemp would leave its file unnamed
+                fd, tmp = tempfile.mkstemp(prefix=f".{base}.{os.getpid()}.", suffix=".tmp",
+                                           dir=directory)
+        except OSError as e:            # name the directory, not the temporary file
+            why = ("no such directory" if not os.path.isdir(directory)
+                   else e.strerror or type(e).__name__)
+            raise type(e)(e.errno, f"cannot write {base} into its directory ({why})",
+                          directory) from None
         os.chmod(tmp, mode)               # before any data: a 0600 model is never world-readable
         with os.fdopen(fd, "wb") as fh:
             np.savez_compressed(fh, allow_pickle=False, **arrays)
@@ -334,10 +335,11 @@ def save(model, path):
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
         raise
     log.info("saved model (%d users × %d items, f=%d) to %s", arrays["user_factors"].shape[0],
              arrays["item_factors"].shape[0], arrays["user_factors"].shape[1], path)
