@@ -27,8 +27,12 @@ import threading
 
 log = logging.getLogger(__name__)
 
-__all__ = ["wide_vectors_ok", "describe_exit", "CHECK_TIMEOUT"]
+__all__ = ["wide_vectors_ok", "describe_exit", "package_root", "find_device", "device_present",
+           "run_child", "PROBE_ENV", "CHECK_TIMEOUT"]
 
+# "auto" (default), "always" or "off": the probes of clmf.tuning.fallback and, with "off", the
+# checks here too
+PROBE_ENV = "CLMF_PROBE"
 CHECK_TIMEOUT = 30.0           # seconds: a runtime that needs longer for a few lines fails it
 _lock = threading.Lock()
 _known: dict = {}              # (platform, device, driver) -> bool, this process
@@ -54,22 +58,57 @@ def describe_exit(rc):
     return f"the child process exited with status {rc}"
 
 
+def package_root():
+    """The folder that holds the clmf package this module belongs to."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def find_device(platform, name):
+    """The pyopencl device of this platform and device name (stripped), or None (not seen, or
+    no OpenCL at all)."""
+    try:
+        import pyopencl as cl
+        return next((d for p in cl.get_platforms() if p.name.strip() == platform
+                     for d in p.get_devices() if d.name.strip() == name), None)
+    except Exception as e:  # noqa: BLE001 - no OpenCL: no device
+        log.debug("cannot list OpenCL devices: %s", e)
+        return None
+
+
+def device_present(info):
+    """Whether this process sees an OpenCL device with ``info``'s platform and name."""
+    return find_device(info.platform, info.name) is not None
+
+
+def run_child(cmd, job, timeout, what):
+    """Run ``cmd`` (a ``python -m`` child of this clmf) with ``job`` as JSON on its stdin, in the
+    folder that holds this clmf package (so ``-m`` imports this clmf, not a source checkout that
+    happens to be the working directory). Returns ``(started, reason)``: ``started`` False when
+    no child could be started (logged); ``reason`` None when it exited 0, else the exit status or
+    signal and the line that names the cause best (a runtime's ``LLVM ERROR``, a ``clmf ...:``
+    message of the child, else the last line that is not a traceback frame); ``what`` names the
+    work in a timeout's reason."""
+    try:
+        res = subprocess.run(cmd, input=json.dumps(job), capture_output=True, text=True,
+                             timeout=timeout, cwd=package_root())
+    except subprocess.TimeoutExpired:
+        return True, f"{what} did not finish in {timeout:.0f} s"
+    except OSError as e:
+        log.warning("cannot start a child process for %s (%s)", what, e)
+        return False, None
+    if res.returncode == 0:
+        return True, None
+    lines = [ln.strip() for ln in (res.stderr or "").splitlines()
+             if ln.strip() and not ln.startswith((" ", "\t"))]
+    last = next((ln for ln in lines if ln.startswith(("LLVM ERROR", "clmf "))),
+                lines[-1] if lines else "")
+    return True, describe_exit(res.returncode) + (f" ({last[:300]})" if last else "")
+
+
 def _cache_path():
     """The on-disk cache of capability verdicts."""
     from ..cache import cache_dir
     return cache_dir() / "device-capabilities.json"
-
-
-def _present(info):
-    """Whether this process sees an OpenCL device with ``info``'s platform and name."""
-    try:
-        import pyopencl as cl
-        return any(p.name.strip() == info.platform and
-                   any(d.name.strip() == info.name for d in p.get_devices())
-                   for p in cl.get_platforms())
-    except Exception as e:  # noqa: BLE001 - no OpenCL: nothing to check
-        log.debug("cannot list OpenCL devices: %s", e)
-        return False
 
 
 def wide_vectors_ok(info):
@@ -80,7 +119,7 @@ def wide_vectors_ok(info):
     with _lock:
         if ident in _known:
             return _known[ident]
-    if os.environ.get("CLMF_PROBE", "").strip().lower() == "off" or not _present(info):
+    if os.environ.get(PROBE_ENV, "").strip().lower() == "off" or not device_present(info):
         return True
     key = json.dumps(["wide_vectors", *ident, __version__])
     path = _cache_path()
@@ -101,30 +140,18 @@ def wide_vectors_ok(info):
 
 
 def _check_in_child(job):
-    """(ok, reason) of building and running the wide-vector kernel in a child process."""
+    """(ok, reason) of building and running the wide-vector kernel in a child process (ok when
+    no child could be started: assumed fine)."""
     cmd = [sys.executable, "-m", __spec__.name if __spec__ else "clmf.engine.capability"]
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    try:
-        res = subprocess.run(cmd, input=json.dumps(job), capture_output=True, text=True,
-                             timeout=CHECK_TIMEOUT, cwd=root)
-    except subprocess.TimeoutExpired:
-        return False, f"the check did not finish in {CHECK_TIMEOUT:.0f} s"
-    except OSError as e:
-        log.warning("cannot start a capability check (%s); assumed fine", e)
-        return True, None
-    if res.returncode == 0:
-        return True, None
-    lines = [ln.strip() for ln in (res.stderr or "").splitlines() if ln.strip()]
-    last = next((ln for ln in lines if ln.startswith("LLVM ERROR")), lines[-1] if lines else "")
-    return False, describe_exit(res.returncode) + (f" ({last[:200]})" if last else "")
+    started, reason = run_child(cmd, job, CHECK_TIMEOUT, "the check")
+    return (reason is None, reason) if started else (True, None)
 
 
 def _child(job):
     """The check's child: build and run :data:`_WIDE_SRC` on the named device."""
     import numpy as np
     import pyopencl as cl
-    dev = next((d for p in cl.get_platforms() if p.name.strip() == job["platform"]
-                for d in p.get_devices() if d.name.strip() == job["device"]), None)
+    dev = find_device(job["platform"], job["device"])
     if dev is None:
         raise SystemExit(f"clmf capability check: device {job['platform']} | {job['device']} "
                          "not found")

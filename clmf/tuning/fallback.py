@@ -36,13 +36,13 @@ import json
 import logging
 import math
 import os
-import subprocess
 import sys
 import threading
 import time
 import warnings
 
 from ..cache import cache_dir, read_json_object, update_json_object
+from ..engine.capability import PROBE_ENV, device_present, find_device, package_root, run_child
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,6 @@ __all__ = ["TuningFallbackWarning", "reject", "rejection", "usable", "ran_here",
            "probe_cache_path", "probe_timeout", "show_progress", "PROBE_ENV", "PROBE_TIMEOUT",
            "PROBE_TIMEOUT_ENV"]
 
-PROBE_ENV = "CLMF_PROBE"          # "auto" (default), "always" or "off"
 # Seconds a child may take to build and run one configuration on its tiny problem. A working
 # configuration takes 2-5 s on an idle 2-core CPU (PyPI's PoCL: 3.5 s, most of it the build) and
 # 20 s on a loaded one; the failures seen on runtimes that cannot compile a kernel were a crash
@@ -126,7 +125,7 @@ def reject(info, cfg, f, mode, source, reason):
 
 def _caller_level():
     """The ``stacklevel`` of the first frame outside the clmf package (the user's call)."""
-    here = os.path.join(_package_root(), "clmf", "")
+    here = os.path.join(package_root(), "clmf", "")
     frame, level = sys._getframe(1), 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here):
         frame, level = frame.f_back, level + 1
@@ -192,21 +191,8 @@ def _write_cache(path, key, verdict):
 
 
 def _device_present(info):
-    """Whether this process sees an OpenCL device with ``info``'s platform and name."""
-    try:
-        import pyopencl as cl
-        for p in cl.get_platforms():
-            if p.name.strip() == info.platform:
-                if any(d.name.strip() == info.name for d in p.get_devices()):
-                    return True
-    except Exception as e:  # noqa: BLE001 - no OpenCL: nothing to probe
-        log.debug("cannot list OpenCL devices: %s", e)
-    return False
-
-
-def _package_root():
-    """The folder that holds the clmf package this module belongs to."""
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    """Whether this process sees the device (:func:`clmf.engine.capability.device_present`)."""
+    return device_present(info)
 
 
 def _probe_command():
@@ -219,7 +205,6 @@ def probe(info, cfg, f, mode="explicit", timeout=None):
     Returns None when it ran (or when no child could be started: the in-process checks remain),
     else the reason it failed (the child's exit status or signal and the last line it wrote).
     """
-    from ..engine.capability import describe_exit
     key = _cache_key(info, cfg, f, mode)
     with _lock:
         if key in _probed:
@@ -244,30 +229,12 @@ def probe(info, cfg, f, mode="explicit", timeout=None):
     limit = timeout or probe_timeout()
     log.info("probing kernel configuration %s (f=%d, %s) on %s | %s in a child process",
              cfg, f, mode, info.platform, info.name)
-    try:
-        # started in the folder that holds this clmf package, so `-m` imports this clmf (not
-        # a source checkout that happens to be the working directory)
-        with _progress_line(f"clmf: first use of a kernel configuration on {info.name}: "
-                            f"checking it in a child process (once per machine, ≤ {limit:.0f} s)"):
-            res = subprocess.run(_probe_command(), input=json.dumps(job), capture_output=True,
-                                 text=True, timeout=limit, cwd=_package_root())
-    except subprocess.TimeoutExpired:
-        reason = f"the probe did not finish in {limit:.0f} s"
-    except OSError as e:
-        log.warning("cannot start a probe process (%s); %s is used unprobed", e, cfg)
+    with _progress_line(f"clmf: first use of a kernel configuration on {info.name}: "
+                        f"checking it in a child process (once per machine, ≤ {limit:.0f} s)"):
+        started, reason = run_child(_probe_command(), job, limit, "the probe")
+    if not started:
+        log.warning("%s is used unprobed", cfg)
         return None
-    else:
-        if res.returncode == 0:
-            reason = None
-        else:
-            lines = [ln.strip() for ln in (res.stderr or "").splitlines()
-                     if ln.strip() and not ln.startswith((" ", "\t"))]
-            last = lines[-1] if lines else ""
-            for ln in lines:             # a runtime's fatal error names the cause best
-                if ln.startswith(("LLVM ERROR", "clmf probe:")):
-                    last = ln
-                    break
-            reason = describe_exit(res.returncode) + (f" ({last[:300]})" if last else "")
     log.info("probe of %s: %s in %.1f s", cfg, reason or "ok", time.perf_counter() - t0)
     with _lock:
         _probed[key] = reason
@@ -311,22 +278,12 @@ def _progress_line(desc):
 def _child(job):
     """The probe's child: build ``job['config']`` on the named device and run one iteration."""
     import numpy as np
-    import pyopencl as cl
     import scipy.sparse as sp
 
     from ..engine.config import KernelConfig
     from ..engine.core import Engine
     from ..errors import InvalidConfigError
-    dev = None
-    for p in cl.get_platforms():
-        if p.name.strip() != job["platform"]:
-            continue
-        for d in p.get_devices():
-            if d.name.strip() == job["device"]:
-                dev = d
-                break
-        if dev is not None:
-            break
+    dev = find_device(job["platform"], job["device"])
     if dev is None:
         raise SystemExit(f"clmf probe: device {job['platform']} | {job['device']} not found")
     cfg = KernelConfig.from_dict(job["config"])
