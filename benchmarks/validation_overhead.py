@@ -19,8 +19,6 @@ import statistics
 import sys
 import time
 
-import numpy as np
-
 
 def main():
     """Measure the fits and evaluations on each device given; print and write the results."""
@@ -38,15 +36,12 @@ def main():
     p.add_argument("--out", default=None, help="path prefix for .md and .json")
     a = p.parse_args()
 
+    from lastfm_implicit import lastfm_split  # benchmarks/: the same Last.fm split
+
     import clmf
-    from clmf import datasets, splits
     from clmf.engine.device import device_info, select_device
     from clmf.provenance import commit
-
-    data = datasets.load(a.data)
-    data = datasets.Ratings(data.users, data.items, np.log1p(data.ratings).astype(np.float32),
-                            data.timestamps, data.user_ids, data.item_ids)
-    train, held = splits.leave_k_out(data, k=a.k_out, random_state=a.seed, min_train=a.k_out)
+    train, held = lastfm_split(a.data, a.k_out, a.seed)
     R, T = train.to_csr(), held.to_csr()
     load_start = os.getloadavg()          # a shared machine: the load the timings ran under
     rows = []
