@@ -294,7 +294,9 @@ def phase_coverage(a, dev, train, name, db, work, out_rows):
         cell = C.Cell(dev, train, name, f, mode, a.alpha)
         if C.done(out_rows, cell):
             continue
-        need = (a.tune_budget * 2.5 + 60) if not C.cell_runs(cell) else 60
+        # a tuning run spends its budget plus calibration, anchors and the final showdown on
+        # the whole data; then three fits
+        need = (a.tune_budget * 3 + 90) if not C.cell_runs(cell) else 60
         if left(a) < need:
             return False
         log(f"coverage {mode} f={f} (tuning first: {not C.cell_runs(cell)})")
