@@ -146,7 +146,7 @@ def main(argv=None):
                     log(f"cell {cell.key()}")
                     row = C.measure_cell(cell, a.tune, dbs[id(dev)], a.budget, a.iterations,
                                          a.rounds,
-                                         state_dir=out / "tune-state", space=a.space,
+                                         state_dir=None, space=a.space,
                                          sample=sample)
                     C.append_row(rows_path, row)
                     rows.append(row)

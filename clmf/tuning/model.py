@@ -34,7 +34,6 @@ records, so the compact databases predict what the raw ones do).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 
@@ -130,14 +129,17 @@ _cfg_memo: dict = {}
 def _config(d):
     """(key, KernelConfig) of a record's configuration (memoized), or None when unusable."""
     try:
-        k = json.dumps(d, sort_keys=True)
-    except (TypeError, ValueError):
+        # a flat dict of scalars: hashing it is cheap (typed: True and 1 are not equally valid)
+        k = tuple(sorted((x, type(v), v) for x, v in d.items()))
+        hit = _cfg_memo.get(k)
+    except (AttributeError, TypeError):
         return None
-    hit = _cfg_memo.get(k)
     if hit is None:
         try:
             c = KernelConfig.from_dict(d)
-            hit = (c.key(), c)
+            # (the fields' values in order: what KernelConfig.key() tells apart, without its
+            # asdict, which would be most of a first lookup's time)
+            hit = (repr(tuple(c.__dict__.values())), c)
         except (InvalidConfigError, TypeError, ValueError):
             hit = False
         if len(_cfg_memo) < 65536:
@@ -180,13 +182,19 @@ def top_records(records, k=TOP_K):
 def groups_of(records, device, exclude_runs=()):
     """The :class:`Group` s of ``device``'s (platform, vendor, type, name) ok measurements in
     ``records``, leaving out the runs ``exclude_runs``."""
-    want = tuple(_norm(device.get(k, "")).lower() for k in ("platform", "vendor", "type", "device"))
+    keys = ("platform", "vendor", "type", "device")
+    want = tuple(_norm(device.get(k, "")).lower() for k in keys)
+    same = {}                 # the records' raw device strings → whether they are this device
     mine = []
     for r in records:
         d = r.get("device")
-        if (isinstance(d, dict) and r.get("run_id") not in exclude_runs
-                and tuple(_norm(d.get(k, "")).lower()
-                          for k in ("platform", "vendor", "type", "device")) == want):
+        if not isinstance(d, dict) or r.get("run_id") in exclude_runs:
+            continue
+        raw = tuple(d.get(k, "") for k in keys)
+        hit = same.get(raw)
+        if hit is None:
+            hit = same[raw] = tuple(_norm(x).lower() for x in raw) == want
+        if hit:
             mine.append(r)
     out = []
     for (run, side), recs in top_records(mine).items():
