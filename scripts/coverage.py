@@ -19,7 +19,7 @@ Full size (the shipped tunings plus what the run tunes where a cell has none)::
 Resumable: rows already in OUT/coverage.jsonl (or in ``--resume DIR``'s) are kept and their
 cells skipped; ``--max-seconds`` stops before a cell that would start after it. Writes
 OUT/coverage.jsonl (one row per cell, as it comes), OUT/coverage.md and OUT/meta.json (devices,
-drivers, date, commit, command).
+drivers, date, commit, command); the tuning runs' journals go to OUT/tune-state (ignored by git).
 """
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def main(argv=None):
                     log(f"cell {cell.key()}")
                     row = C.measure_cell(cell, a.tune, dbs[id(dev)], a.budget, a.iterations,
                                          a.rounds,
-                                         state_dir=None, space=a.space,
+                                         state_dir=out / "tune-state", space=a.space,
                                          sample=sample)
                     C.append_row(rows_path, row)
                     rows.append(row)
