@@ -153,49 +153,75 @@ def run_implicit(a, devices, threads, rows):
     for spec in a.implicit_data:
         name, R, users, relevant = implicit_data(spec, a.lastfm, a.seed, a.k_out)
         log(f"implicit {name}: {R.shape[0]} × {R.shape[1]}, {R.nnz} ratings")
-        for f in a.factors:
-            base = dict(table="implicit", data=name, users=R.shape[0], items=R.shape[1],
-                        nnz=int(R.nnz), f=f, regularization=a.regularization, alpha=a.alpha,
-                        iterations=a.iterations, threads=threads)
-            model = AlternatingLeastSquares(factors=f, regularization=a.regularization,
-                                            alpha=a.alpha, iterations=a.iterations,
-                                            num_threads=threads, use_cg=True,
-                                            calculate_training_loss=False, random_state=a.seed,
-                                            dtype=np.float32)
-            secs = []
-            t = time.perf_counter()
-            model.fit(R, show_progress=False,
-                      callback=lambda it, el, loss: secs.append(float(el)))
-            whole = time.perf_counter() - t
-            per = np.array(secs)           # implicit reports each iteration's own seconds
-            rows.append(dict(base, system=f"implicit {implicit.__version__} (CG)",
-                             device="host CPU", whole_fit_s=whole,
-                             s_per_it=float(np.median(per[1:] if len(per) > 1 else per)),
-                             precision_at_10=precision(model.user_factors, model.item_factors,
-                                                       R, users, relevant)))
-            log(f"  f={f} implicit: whole {whole:.3f} s, p@10 {rows[-1]['precision_at_10']:.4f}")
-            for dev in devices:
-                from clmf.engine.device import device_info
-                info = device_info(dev)
-                m, whole = clmf_fit(R, dev, factors=f, regularization=a.regularization,
-                                    iterations=a.iterations, feedback="implicit", alpha=a.alpha,
-                                    random_state=a.seed)
-                its = [h["seconds"] for h in m.history_]
-                row = dict(base, system="clmf", device=f"{info.platform} | {info.name}",
-                           driver=info.driver, whole_fit_s=whole, setup_s=m.timings_["setup"],
-                           s_per_it=statistics.median(its[1:] or its),
-                           first_iteration_s=its[0],
-                           precision_at_10=precision(m.user_factors_, m.item_factors_, R, users,
-                                                     relevant),
-                           config={s: str(c.config) for s, c in m.config_.items()},
-                           rule={s: c.rule for s, c in m.config_.items()})
-                if a.stages:
-                    row["stages"] = stages(R, dev, m, f, a.regularization, a.alpha)
-                    row["work"] = implicit_work(R, f, {s: c.config for s, c in m.config_.items()})
-                rows.append(row)
-                log(f"  f={f} clmf {info.platform}: whole {whole:.3f} s, "
-                    f"{row['s_per_it']:.4f} s/it, p@10 {row['precision_at_10']:.4f}, "
-                    f"stages {row.get('stages')}")
+        for rnd in range(a.rounds):
+            for f in a.factors:
+                base = dict(table="implicit", data=name, users=R.shape[0], items=R.shape[1],
+                            nnz=int(R.nnz), f=f, regularization=a.regularization, alpha=a.alpha,
+                            iterations=a.iterations, threads=threads, round=rnd)
+                model = AlternatingLeastSquares(factors=f, regularization=a.regularization,
+                                                alpha=a.alpha, iterations=a.iterations,
+                                                num_threads=threads, use_cg=True,
+                                                calculate_training_loss=False, random_state=a.seed,
+                                                dtype=np.float32)
+                secs = []
+                t = time.perf_counter()
+                model.fit(R, show_progress=False,
+                          callback=lambda it, el, loss: secs.append(float(el)))
+                whole = time.perf_counter() - t
+                per = np.array(secs)           # implicit reports each iteration's own seconds
+                rows.append(dict(base, system=f"implicit {implicit.__version__} (CG)",
+                                 device="host CPU", whole_fit_s=whole,
+                                 s_per_it=float(np.median(per[1:] if len(per) > 1 else per)),
+                                 precision_at_10=precision(model.user_factors, model.item_factors,
+                                                           R, users, relevant)))
+                log(f"  f={f} implicit: whole {whole:.3f} s, "
+                    f"p@10 {rows[-1]['precision_at_10']:.4f}")
+                for dev in devices:
+                    from clmf.engine.device import device_info
+                    info = device_info(dev)
+                    m, whole = clmf_fit(R, dev, factors=f, regularization=a.regularization,
+                                        iterations=a.iterations, feedback="implicit", alpha=a.alpha,
+                                        random_state=a.seed)
+                    its = [h["seconds"] for h in m.history_]
+                    row = dict(base, system="clmf", device=f"{info.platform} | {info.name}",
+                               driver=info.driver, whole_fit_s=whole, setup_s=m.timings_["setup"],
+                               s_per_it=statistics.median(its[1:] or its),
+                               first_iteration_s=its[0],
+                               precision_at_10=precision(m.user_factors_, m.item_factors_, R, users,
+                                                         relevant),
+                               config={s: str(c.config) for s, c in m.config_.items()},
+                               rule={s: c.rule for s, c in m.config_.items()})
+                    if a.stages:
+                        row["stages"] = stages(R, dev, m, f, a.regularization, a.alpha)
+                        row["work"] = implicit_work(R, f, {s: c.config
+                                                           for s, c in m.config_.items()})
+                    rows.append(row)
+                    log(f"  f={f} clmf {info.platform}: whole {whole:.3f} s, "
+                        f"{row['s_per_it']:.4f} s/it, p@10 {row['precision_at_10']:.4f}, "
+                        f"stages {row.get('stages')}")
+
+
+def median_rows(rows):
+    """One row per (data, f, system, device) of the implicit table: the median whole fit, s/it,
+    set-up and first iteration over the rounds (the systems alternated within each round, so
+    they share the machine's load), with every round's whole fit kept."""
+    out, groups = [], {}
+    for r in rows:
+        if r["table"] != "implicit":
+            out.append(r)
+            continue
+        groups.setdefault((r["data"], r["f"], r["system"], r["device"]), []).append(r)
+    for rs in groups.values():
+        m = dict(rs[0])
+        for k in ("whole_fit_s", "s_per_it", "setup_s", "first_iteration_s"):
+            vals = [x[k] for x in rs if x.get(k) is not None]
+            if vals:
+                m[k] = statistics.median(vals)
+        m["rounds"] = len(rs)
+        m["whole_fit_all"] = [x["whole_fit_s"] for x in rs]
+        m.pop("round", None)
+        out.append(m)
+    return out
 
 
 def run_explicit(a, devices, rows):
@@ -282,7 +308,8 @@ def render(doc):
         r0 = imp[0]
         L.append(f"\nλ = {r0['regularization']} (λI), alpha = {r0['alpha']}, "
                  f"{r0['iterations']} iterations, {r0['threads']} threads for `implicit`; "
-                 "above 1 in the last column, clmf is faster.\n")
+                 f"medians over {r0.get('rounds', 1)} round(s), the systems alternated within "
+                 "each; above 1 in the last column, clmf is faster.\n")
         st = [r for r in imp if r.get("stages")]
         if st:
             L += ["### Where clmf's implicit iteration goes (profiled, s per iteration)\n",
@@ -354,6 +381,8 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--devices", nargs="*", default=["portable", "intel"])
     p.add_argument("--stages", action="store_true", help="profile clmf's implicit stages")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="implicit table: fits of every system per round, medians over rounds")
     p.add_argument("--skip", nargs="*", default=[], choices=("implicit", "explicit"))
     a = p.parse_args()
     from clmf.engine.device import device_info, select_device
@@ -370,6 +399,7 @@ def main():
                         "driver": device_info(d).driver} for d in devices], "rows": []}
     if "implicit" not in a.skip:
         run_implicit(a, devices, threads, doc["rows"])
+        doc["rows"] = median_rows(doc["rows"])
         if a.stages:
             doc["peaks"] = device_peaks(devices)
     if "explicit" not in a.skip:

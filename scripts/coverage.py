@@ -19,7 +19,7 @@ Full size (the shipped tunings plus what the run tunes where a cell has none)::
 Resumable: rows already in OUT/coverage.jsonl (or in ``--resume DIR``'s) are kept and their
 cells skipped; ``--max-seconds`` stops before a cell that would start after it. Writes
 OUT/coverage.jsonl (one row per cell, as it comes), OUT/coverage.md and OUT/meta.json (devices,
-drivers, date, commit, command).
+drivers, date, commit, command); the tuning runs' journals go to OUT/tune-state (ignored by git).
 """
 from __future__ import annotations
 

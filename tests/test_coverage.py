@@ -31,6 +31,16 @@ def _script(name):
     return mod
 
 
+def _restore_env(monkeypatch):
+    """The scripts set their databases in os.environ: restored after the test."""
+    for k in ("CLMF_TUNING_DB", "CLMF_TUNING_NO_SHIPPED", "XDG_DATA_HOME"):
+        if k in os.environ:
+            monkeypatch.setenv(k, os.environ[k])
+        else:                  # (recorded as unset: removed again after the test)
+            monkeypatch.setenv(k, "")
+            monkeypatch.delenv(k)
+
+
 def _device():
     """The first device's selector (PoCL where present)."""
     d = DEVICES[0]
@@ -55,6 +65,7 @@ def test_coverage_script_small(tmp_path, monkeypatch):
     (nothing measured again). ~1 min on the 2-core machine: four tuning runs and their fits."""
     cov = _script("coverage")
     out = tmp_path / "cov"
+    _restore_env(monkeypatch)
     monkeypatch.setenv("CLMF_PROBE", "off")
     argv = [str(out), "--devices", _device(), "--data", "synthetic:300x200x6000",
             "--factors", "4,8", "--modes", "explicit,implicit", "--budget", "1",
@@ -86,6 +97,7 @@ def test_gpu_implicit_script_tiny_on_a_cpu(tmp_path, monkeypatch):
     leaves the report marked incomplete."""
     gpu = _script("gpu_implicit")
     out, again = tmp_path / "out", tmp_path / "again"
+    _restore_env(monkeypatch)
     monkeypatch.setenv("CLMF_PROBE", "off")
     monkeypatch.setenv("CLMF_TUNING_NO_SHIPPED", "1")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "no-user-db"))

@@ -153,7 +153,9 @@ def test_distill_is_deterministic_with_provenance(tmp_path):
 def test_shipped_package_data_is_small():
     paths = tuning.shipped_paths()
     assert paths and {p.name for p in paths} == {p.name for p in RAW}
-    assert sum(p.stat().st_size for p in paths) <= 2 << 20
+    # ≤ 3 MiB: since issue 27 the selection model's records (per run and side the 8 fastest
+    # configurations) ride along, 2.4 MB with the CPU coverage runs; a lookup reads their index
+    assert sum(p.stat().st_size for p in paths) <= 3 << 20
 
 
 def test_same_choice_for_every_raw_case(isolated):

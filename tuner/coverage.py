@@ -234,7 +234,7 @@ def markdown(rows, title="Coverage", header=""):
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["device"], r["dataset"], r["mode"], r["f"])):
         lines.append(
-            f"| {r['device']} | {r['mode']} | {r['f']} | {r['dataset']} | "
+            f"| {r['device'].replace('|', '/')} | {r['mode']} | {r['f']} | {r['dataset']} | "
             f"{_fmt(r.get('auto_s_per_it'))} | {r.get('auto_rule', '—')} | "
             f"{_fmt(r.get('best_s_per_it'))} | {_fmt(r.get('auto_ratio'), '.2f')} | "
             f"{_fmt(r.get('loo_s_per_it'))} | {r.get('loo_rule', '—')} | "

@@ -24,15 +24,16 @@ from .schema import SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
 
-__all__ = ["best_records", "measurement_records"]
+__all__ = ["best_records", "measurement_records", "model_records"]
 
 _memo: dict = {}
 _lock = threading.Lock()
 
 
-_INDEX_FORMAT = 4              # 2: "topk" records kept beside "best" ones; 3: ok measurements'
+_INDEX_FORMAT = 5              # 2: "topk" records kept beside "best" ones; 3: ok measurements'
                                # whole device keys (they verify a configuration on that device);
-                               # 4: their storage, date and data-set shape (the selection model's)
+                               # 4: their storage, date and data-set shape (the selection model's);
+                               # 5: the selection model's own index
 _MEASUREMENT_KEYS = ("kind", "status", "side", "mode", "f", "run_id", "config", "seconds",
                      "storage", "date")
 _DATASET_KEYS = ("m", "n", "nnz", "rows", "cols")
@@ -57,13 +58,15 @@ def _slim(r):
 
 
 def _paths(path, stamp):
-    """(best index, measurement index, prefix of every version's files) of a database."""
+    """(best index, measurement index, the selection model's index, prefix of every version's
+    files) of a database."""
     where = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
     version = hashlib.sha256(f"{stamp[0]}|{stamp[1]}|{SCHEMA_VERSION}|{_INDEX_FORMAT}"
                              .encode()).hexdigest()[:16]
     d = cache_dir()
     return (d / f"tuning-index-{where}-{version}.json",
-            d / f"tuning-index-{where}-{version}-m.json", f"tuning-index-{where}-")
+            d / f"tuning-index-{where}-{version}-m.json",
+            d / f"tuning-index-{where}-{version}-g.json", f"tuning-index-{where}-")
 
 
 def _stamp(path):
@@ -96,21 +99,24 @@ def _build(path, stamp):
     # its own kind)
     best = [r for r in recs if r.get("kind") in ("best", "topk")]
     meas = [_slim(r) for r in recs if r.get("kind") == "measurement"]
-    b_idx, m_idx, prefix = _paths(path, stamp)
+    from .model import top_records
+    model = [r for top in top_records(meas).values() for r in top]
+    b_idx, m_idx, g_idx, prefix = _paths(path, stamp)
     written = all([write_atomic(index, json.dumps({"path": str(path.resolve()),
                                                   "stamp": list(stamp), "records": part}))
-                   for index, part in ((m_idx, meas), (b_idx, best))])
+                   for index, part in ((m_idx, meas), (g_idx, model), (b_idx, best))])
     try:
         for old in b_idx.parent.glob(prefix + "*.json") if written else ():
-            if old not in (b_idx, m_idx):          # earlier versions of the same file
+            if old not in (b_idx, m_idx, g_idx):   # earlier versions of the same file
                 old.unlink(missing_ok=True)        # (a link is removed, never followed)
     except OSError as e:
         log.debug("old tuning indexes beside %s not removed: %s", b_idx, e)
-    return best, meas
+    return best, meas, model
 
 
 def _records(path, which):
-    """The ``which`` (0: best, 1: measurements) records of ``path`` (memoized per version)."""
+    """The ``which`` (0: best, 1: measurements, 2: the selection model's) records of ``path``
+    (memoized per version)."""
     path = pathlib.Path(path)
     stamp = _stamp(path)
     if stamp is None:
@@ -141,3 +147,10 @@ def measurement_records(path):
     """The database's measurements reduced to what the computed default reads (see
     :func:`_slim`; read only when a lookup reaches that rung), or None when it is unusable."""
     return _records(path, 1)
+
+
+def model_records(path):
+    """The measurements the selection model reads (:func:`clmf.tuning.model.top_records`: per
+    run and side the fastest record of each of its fastest configurations, slim), or None when
+    the database is unusable: a much smaller index than every measurement's."""
+    return _records(path, 2)

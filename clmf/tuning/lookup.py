@@ -443,8 +443,8 @@ def _model_groups(sources, dev):
     """The selection model's groups (:func:`clmf.tuning.model.groups_of`) of ``dev`` in every
     database of ``sources`` (memoized per measurement lists and excluded runs)."""
     from . import model as M
-    from .index import measurement_records
-    lists = [measurement_records(p) or [] for _o, p, _r in sources]
+    from .index import model_records
+    lists = [model_records(p) or [] for _o, p, _r in sources]
     runs = getattr(sources, "exclude_runs", frozenset())
     key = (tuple(id(x) for x in lists), runs,
            tuple(_norm(dev.get(k, "")).lower() for k in ("platform", "vendor", "type", "device")))
@@ -493,7 +493,7 @@ def _predict(info, f, storage, ds, mode, sources, finalize, usable, tries=8):
             if a is None:
                 continue
             a = finalize(a, mode)
-            if a.key() in refused:
+            if a in refused:
                 continue
             ldf = a.ldf(width)
             if ldf not in out:
@@ -510,7 +510,7 @@ def _predict(info, f, storage, ds, mode, sources, finalize, usable, tries=8):
         bad = [p[1] for p in pick.values()
                if not usable(p[1], "the selection model", p[4])]
         if bad:
-            refused.update(c.key() for c in bad)
+            refused.update(bad)
             continue
         pair = {side: pick[side][1] for side in SIDES}
         n = len({g.run_id for _d2, g in near["users"] + near["items"]})

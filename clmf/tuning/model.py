@@ -14,6 +14,8 @@ over the groups near the case in feature space, where
   average; another mode or side adds a fixed amount (implicit feedback's Gram term and weights
   change more than biases do), and so does a run's age (kernels change between tuning
   campaigns);
+* a fused CG measured without implicit feedback says nothing of its time with it (its S1
+  flags, unused there, build the Gram matrix in implicit feedback): such evidence is left out;
 * a group reports only its :data:`TOP_K` fastest configurations, and a configuration it does
   not report is *unknown* there, not slow (runs measured different configurations: a budgeted
   search samples, and kernels added later were never measured by older runs): the mean is over
@@ -32,7 +34,6 @@ records, so the compact databases predict what the raw ones do).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 
@@ -128,14 +129,17 @@ _cfg_memo: dict = {}
 def _config(d):
     """(key, KernelConfig) of a record's configuration (memoized), or None when unusable."""
     try:
-        k = json.dumps(d, sort_keys=True)
-    except (TypeError, ValueError):
+        # a flat dict of scalars: hashing it is cheap (typed: True and 1 are not equally valid)
+        k = tuple(sorted((x, type(v), v) for x, v in d.items()))
+        hit = _cfg_memo.get(k)
+    except (AttributeError, TypeError):
         return None
-    hit = _cfg_memo.get(k)
     if hit is None:
         try:
             c = KernelConfig.from_dict(d)
-            hit = (c.key(), c)
+            # (the fields' values in order: what KernelConfig.key() tells apart, without its
+            # asdict, which would be most of a first lookup's time)
+            hit = (repr(tuple(c.__dict__.values())), c)
         except (InvalidConfigError, TypeError, ValueError):
             hit = False
         if len(_cfg_memo) < 65536:
@@ -178,13 +182,19 @@ def top_records(records, k=TOP_K):
 def groups_of(records, device, exclude_runs=()):
     """The :class:`Group` s of ``device``'s (platform, vendor, type, name) ok measurements in
     ``records``, leaving out the runs ``exclude_runs``."""
-    want = tuple(_norm(device.get(k, "")).lower() for k in ("platform", "vendor", "type", "device"))
+    keys = ("platform", "vendor", "type", "device")
+    want = tuple(_norm(device.get(k, "")).lower() for k in keys)
+    same = {}                 # the records' raw device strings → whether they are this device
     mine = []
     for r in records:
         d = r.get("device")
-        if (isinstance(d, dict) and r.get("run_id") not in exclude_runs
-                and tuple(_norm(d.get(k, "")).lower()
-                          for k in ("platform", "vendor", "type", "device")) == want):
+        if not isinstance(d, dict) or r.get("run_id") in exclude_runs:
+            continue
+        raw = tuple(d.get(k, "") for k in keys)
+        hit = same.get(raw)
+        if hit is None:
+            hit = same[raw] = tuple(_norm(x).lower() for x in raw) == want
+        if hit:
             mine.append(r)
     out = []
     for (run, side), recs in top_records(mine).items():
@@ -237,6 +247,14 @@ def _stamp(date):
         return None
 
 
+def _gram_unmeasured(c, measured_mode, mode):
+    """Whether a group of ``measured_mode`` says nothing of ``c``'s time in ``mode``: a fused CG
+    measured without implicit feedback ran no S1 at all (its S1 flags are canonical filler
+    there), but in implicit feedback those flags build the Gram YᵀY every half-step (a filler
+    of one work-item per f × f partial is slow at large f)."""
+    return c.solver == "fusedcg" and mode == "implicit" and measured_mode != "implicit"
+
+
 def weight(d2):
     """A group's weight at squared distance ``d2``: ``e^-d2`` (narrow: many far groups must not
     outvote one near group)."""
@@ -266,7 +284,7 @@ def rank(groups, f, mode, side, feats, storage="float32"):
     for k, (c, where) in cands.items():
         num, sup = w0 * PRIOR, 0.0
         for d2, g in near:
-            if k in g.rel:
+            if k in g.rel and not _gram_unmeasured(c, g.mode, mode):
                 w = weight(d2)
                 num += w * math.log(g.rel[k])
                 sup += w

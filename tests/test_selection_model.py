@@ -1,0 +1,99 @@
+"""The selection model (clmf.tuning.model) on planted measurement records: which groups it
+reads, how it weighs them, and the lookup's ``model`` rule (issue 27)."""
+from __future__ import annotations
+
+import pytest
+from test_tuning_db import dbenv, fake_info, stats, write  # noqa: F401  (dbenv: a fixture)
+
+from clmf import tuning
+from clmf.engine.config import KernelConfig
+from clmf.tuning import model as M
+from clmf.tuning.database import base_record
+
+A = "batch+reg:tx=4,ty=4"
+B = "batch+reg+local:nnz_batch=16"
+FUSED = "batch+vec4:tx=1,ty=1,solve_wg=1,solver=fusedcg"
+
+
+def run(info, f, times, run_id, mode="explicit", shape=(2000, 1000, 40000),
+        date="2026-11-26T00:00:00+00:00"):
+    """ok measurements of one run, both sides: ``times`` maps a variant to its seconds."""
+    dev = tuning.device_record(info)
+    m, n, nnz = shape
+    out = []
+    for side in ("users", "items"):
+        rows, cols = (m, n) if side == "users" else (n, m)
+        for v, t in times.items():
+            cfg = KernelConfig.parse(v)
+            out.append(base_record("measurement", status="ok", run_id=run_id, device=dev, f=f,
+                                   storage="float32", side=side, mode=mode, config=cfg.to_dict(),
+                                   variant=str(cfg), seconds=float(t),
+                                   dataset={"m": m, "n": n, "nnz": nnz, "rows": rows,
+                                            "cols": cols}) | {"date": date})
+    return out
+
+
+def groups(records, info):
+    return M.newest(M.groups_of(records, tuning.device_record(info)))
+
+
+def ranked(gs, f, mode="explicit", shape=(2000, 1000, 40000)):
+    r, _near = M.rank(gs, f, mode, "users", M.features(*shape))
+    return [str(c) for _s, _k, c, _sup, _w in r]
+
+
+def test_the_nearest_groups_ranking_wins():
+    info = fake_info()
+    recs = run(info, 64, {A: 1.0, B: 1.6}, "r64") + run(info, 16, {A: 1.5, B: 1.0}, "r16")
+    gs = groups(recs, info)
+    assert ranked(gs, 56)[0] == A and ranked(gs, 20)[0] == B
+    # a configuration the nearest group never measured is unknown there, not slow: B measured
+    # only at f = 16 does not lose at f = 20 for being absent from the f = 64 run
+    gs = groups(run(info, 64, {A: 1.0}, "r64") + run(info, 16, {B: 1.0, A: 1.4}, "r16"), info)
+    assert ranked(gs, 20)[0] == B
+
+
+def test_older_runs_and_other_modes_count_less():
+    info = fake_info()
+    old = run(info, 64, {A: 1.0, B: 1.5}, "old", date="2026-11-20T00:00:00+00:00")
+    new = run(info, 64, {A: 1.5, B: 1.0}, "new", date="2026-11-26T00:00:00+00:00")
+    assert ranked(groups(old + new, info), 64)[0] == B
+    # biased runs inform an explicit fit, weighed less than explicit ones at the same f
+    biased = run(info, 64, {A: 1.0, B: 1.5}, "biased", mode="biased")
+    explicit = run(info, 64, {A: 1.5, B: 1.0}, "explicit")
+    assert ranked(groups(biased + explicit, info), 64)[0] == B
+    assert ranked(groups(biased, info), 64)[0] == A
+
+
+def test_explicit_fused_cg_is_no_evidence_for_implicit_fits():
+    """A fused CG measured without implicit feedback ran no S1; in implicit feedback its S1
+    flags build the Gram matrix, so its explicit time says nothing there."""
+    info = fake_info()
+    recs = run(info, 64, {FUSED: 1.0, A: 1.3}, "explicit")
+    gs = groups(recs, info)
+    assert ranked(gs, 64, "explicit")[0] == FUSED
+    r, _near = M.rank(gs, 64, "implicit", "users", M.features(2000, 1000, 40000))
+    best = {str(c): s for s, _k, c, _sup, _w in r}
+    assert best[A] < best[FUSED]           # the fused CG falls back to the prior
+
+
+def test_far_groups_make_no_prediction():
+    info = fake_info()
+    gs = groups(run(info, 8, {A: 1.0}, "r8", shape=(200, 100, 4000)), info)
+    r, near = M.rank(gs, 256, "explicit", "users", M.features(500000, 20000, 10 ** 8))
+    assert r == [] and near == []
+
+
+@pytest.mark.parametrize("mode", ["explicit", "implicit"])
+def test_lookup_model_rule_with_its_reason(dbenv, mode):  # noqa: F811
+    """An unseen f on a device with tuning runs: the ``model`` rule, its reason naming the
+    nearest run; the same f tuned: ``tuned`` first."""
+    from test_tuning_db import best_records
+    info = fake_info()
+    ds = {"m": 2000, "n": 1000, "nnz": 40000}
+    write(dbenv["env"], run(info, 64, {A: 1.0, B: 1.4}, "r64", mode=mode)
+          + best_records(info, 64, ds, A, A, "r64", mode=mode))
+    ch = tuning.choose(info, 48, "users", stats("users", ds), mode=mode)
+    assert ch.rule == "model" and ch.config == KernelConfig.parse(A), ch
+    assert f"f=64 {mode} users 2000×1000" in ch.reason
+    assert tuning.choose(info, 64, "users", stats("users", ds), mode=mode).rule == "tuned"
