@@ -1,7 +1,7 @@
 """ALS on a Dask cluster: ``clmf.dask.ALS`` (issue 15). Needs ``pip install 'clmf[dask]'``.
 
 The fit is :mod:`clmf.parallel`'s partitioned ALS with Dask as its engine: one
-:class:`~clmf.parallel.worker.DeviceWorker` per Dask worker (one worker per OpenCL device),
+:class:`~clmf.engine.Engine` per Dask worker (one worker per OpenCL device),
 rating blocks resident on their worker's device for the whole fit, factor blocks (or partial
 normal equations) moved between workers as Dask results. Raw ids are mapped to dense indices on
 the workers; the fitted model is a :class:`clmf.ALS` (factors gathered to the client) that keeps

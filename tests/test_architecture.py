@@ -234,6 +234,55 @@ def test_checks_catch_a_cycle_and_a_forbidden_import(tmp_path):
     assert not any(b.startswith("clmf.bench") for b in bad)
 
 
+# the functions that enqueue the ALS kernels (clmf.engine.launch)
+LAUNCHES = ("launch_batch", "launch_split_batch", "launch_solve", "launch_gram")
+
+
+def kernel_launchers(modules):
+    """``{"module.Class" or "module": [launch calls]}``: where the ALS kernels are enqueued
+    (calls of :data:`LAUNCHES`, by name or attribute), by class, else by module."""
+    out = {}
+    for mod, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        in_class = {}
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            for node in ast.walk(cls):
+                in_class.setdefault(id(node), f"{mod}.{cls.name}")
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            fn = node.func
+            name = fn.id if isinstance(fn, ast.Name) else getattr(fn, "attr", None)
+            if name in LAUNCHES:
+                out.setdefault(in_class.get(id(node), mod), []).append(name)
+    return out
+
+
+def test_one_engine_class_does_device_fits():
+    """One device engine: a one-device fit, every device of a multi-device one and the Dask
+    workers run the same class (no second worker class enqueuing the same kernels), and the
+    launches live in the engine package only."""
+    modules, _ = _repo_graph()
+    where = kernel_launchers(modules)
+    classes = sorted(k for k in where if k.rpartition(".")[2][:1].isupper())
+    assert classes == ["clmf.engine.core.Engine"], classes
+    assert all(k.startswith("clmf.engine.") for k in where), sorted(where)
+
+
+def test_the_launcher_check_sees_classes_and_modules(tmp_path):
+    """The check itself tells a second engine class from module functions."""
+    pkg = tmp_path / "clmf"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("class Engine:\n    def f(self):\n        launch_batch(1)\n")
+    (pkg / "b.py").write_text("from . import L\nclass Worker:\n    def g(self):\n"
+                              "        def h():\n            L.launch_solve(2)\n        h()\n"
+                              "def k():\n    launch_gram(3)\n")
+    where = kernel_launchers(source_modules({pkg: "clmf"}))
+    assert where == {"clmf.a.Engine": ["launch_batch"], "clmf.b.Worker": ["launch_solve"],
+                     "clmf.b": ["launch_gram"]}
+
+
 @pytest.mark.parametrize("name", ["ALS", "load", "evaluate", "datasets", "metrics", "splits",
                                   "select_device", "KernelConfig", "errors"])
 def test_public_api_is_listed(name):

@@ -735,7 +735,7 @@ def test_strided_csr_arrays_are_made_contiguous(cl_device):
 # ----- max_device_memory: one rule ------------------------------------------------------------
 def test_max_device_memory_rule():
     from clmf.data.validation import check_memory_cap
-    from clmf.parallel.memory import device_budget
+    from clmf.engine.memory import device_budget
     g = 10 << 30
     assert check_memory_cap(1, g) == 1                     # an int is bytes: 1 is one byte
     assert check_memory_cap(np.int64(4096), g) == 4096

@@ -177,7 +177,8 @@ def test_streamed_fit_matches_resident(cl_device, mode):
     one = clmf.ALS(**kw).fit(R, show_progress=False)
     assert "streamed" not in one.memory_              # the single-device engine, unchanged
     # below the data's size (the engine's metrics buffers are not part of the streamed plan)
-    cap = one.memory_["total"] - one.memory_.get("metrics", 0) - one.memory_["csr"] // 3
+    cap = (one.memory_["total"] - one.memory_.get("metrics", 0)
+           - (one.memory_["ratings_users"] + one.memory_["ratings_items"]) // 3)
     st = clmf.ALS(max_device_memory=cap, **kw).fit(R, show_progress=False)
     assert st.memory_["streamed"][0], st.memory_     # it did stream
     assert st.memory_["total"] <= cap
@@ -202,7 +203,7 @@ def test_streamed_chunks_pinned_or_not(cl_device, pinned, modes):
     """Streaming through page-locked staging arrays (the GPU default) or straight from the
     host arrays gives the resident answer; several chunks per side, two workers, the
     replicated half-step and the reduce mode's partial systems (both go through
-    ``DeviceWorker._batches``)."""
+    ``Engine._batches``)."""
     from clmf.engine.config import KernelConfig
     from clmf.parallel import MultiEngine
     R = random_ratings(300, 160, 0.1, seed=12, empty_rows=(1,))
@@ -227,13 +228,14 @@ def test_streamed_chunks_pinned_or_not(cl_device, pinned, modes):
 
 
 def test_streamed_batches_wait_for_the_buffer_sets_previous_chunk():
-    """``DeviceWorker._batches`` (no device): every row of a side once, batch by batch within
+    """``Engine._batches`` (no device): every row of a side once, batch by batch within
     its chunk; a streamed chunk is uploaded into the buffer sets in turn, each upload waiting
     for the event the caller gave as the last batch's ``done`` of the set's previous chunk,
-    and only a chunk's first batch waits for its upload; resident chunks are not uploaded."""
+    and only a chunk's first batch waits for its upload; a resident side runs its planned
+    launches (split or not) and is not uploaded."""
     from types import SimpleNamespace
 
-    from clmf.parallel.worker import DeviceWorker
+    from clmf.engine import Engine
     chunks = [(0, 5), (5, 9), (9, 9), (9, 16), (16, 20)]
     for resident in (False, True):
         uploads = []
@@ -241,18 +243,21 @@ def test_streamed_batches_wait_for_the_buffer_sets_previous_chunk():
         def upload(side, bset, chunk, wait_for=None):
             uploads.append((bset["name"], chunk, wait_for))
             return f"up{chunk}"
-        sets = [{"name": k, "event": None} for k in range(1 if resident else 2)]
+        sets = [{"name": k, "event": None} for k in range(2)]
         w = SimpleNamespace(
             dplan=SimpleNamespace(sides={"users": SimpleNamespace(
-                chunks=chunks[:1] if resident else chunks, resident=resident, batch_rows=3)}),
-            buf={"users": {"sets": sets}}, _upload_chunk=upload)
+                chunks=chunks[:1] if resident else chunks, resident=resident, batch_rows=3,
+                r0=0)}),
+            buf={"users": {"sets": sets}}, _upload_chunk=upload,
+            launches={"users": [(0, 3, 0, 0), (3, 2, 0, 4)]})
         events, rows = [], []
-        for b in DeviceWorker._batches(w, "users", events):
+        for b in Engine._batches(w, "users", events):
             rows.extend(range(b.r0 + b.row0, b.r0 + b.row0 + b.rows))
             assert b.rows <= 3
             b.done = f"done{b.r0 + b.row0}"
             if resident:
-                assert b.wait is None
+                assert b.wait is None and b.bset is w.buf["users"]
+                assert (b.v0, b.nv) == ((0, 0) if b.row0 == 0 else (0, 4))
             else:
                 assert b.wait == ([f"up{uploads[-1][1]}"] if b.row0 == 0 else None)
         assert rows == list(range(5 if resident else 20))
@@ -272,7 +277,7 @@ def test_plan_that_cannot_fit_raises_before_device_work(cl_device, monkeypatch):
     def no_worker(*a, **k):
         raise AssertionError("a device worker was created")
 
-    monkeypatch.setattr(backend, "DeviceWorker", no_worker)
+    monkeypatch.setattr(backend, "device_engine", no_worker)
     R = random_ratings(200, 120, 0.2, seed=7)
     with pytest.raises(clmf.DeviceMemoryError, match=r"bytes.*max_device_memory"):
         clmf.ALS(64, iterations=1, device=cl_device,     # the factors alone take 82 KB
@@ -384,7 +389,7 @@ def test_worker_on_a_block_past_2_31(cl_device, tmp_path):
     written there); the device owns the 40 real users behind them, whose entries start at that
     offset. Its half-step must read them from there and solve them as the reference does."""
     from clmf.engine.config import KernelConfig
-    from clmf.parallel import DeviceWorker, Exchange
+    from clmf.parallel import Exchange, device_engine
     from clmf.parallel.partition import Plan, SidePlan
     R = random_ratings(40, 30, 0.3, seed=8)
     base = 2**31 + 12_345
@@ -408,7 +413,7 @@ def test_worker_on_a_block_past_2_31(cl_device, tmp_path):
     dplan = plan_device("dev", 1 << 30, 1 << 28, f=6, ldf=cfg.ldf(6), itemsize=4,
                         blocks={"users": (indptr, 3, 43), "items": (items.indptr, 0, 30)},
                         factor_rows={"users": 43, "items": 30})
-    w = DeviceWorker(1, cl_device, L, plan, dplan, 6, cfg.ldf(6), {"users": cfg, "items": cfg})
+    w = device_engine(1, cl_device, L, plan, dplan, 6, cfg.ldf(6), {"users": cfg, "items": cfg})
     try:
         _X0, Y0 = reference.start_factors(40, 30, 6, 0)
         host = np.zeros((30, cfg.ldf(6)), np.float32)

@@ -1,19 +1,27 @@
-"""Device buffers and the S1 → S2 → S3 orchestration over batches of rows.
+"""The one device engine: a device's buffers and the S1 → S2 → S3 orchestration over batches
+of rows, for a one-device fit and for each device of a multi-device one.
 
-An :class:`Engine` owns, for one fit, the CSR of both sides (the users' CSR and the items' CSR,
-i.e. the CSC of the ratings), the factor matrices X and Y, and per-side scratch for a batch of
-hermitians (O(batch · f²), never O(m · f²)). Factors stay on the device across iterations.
+An :class:`Engine` owns, for one fit on one device, the CSR of the rows it solves of both sides
+(the users' CSR and the items' CSR, i.e. the CSC of the ratings) — resident, or streamed from
+host memory in double-buffered chunks when the memory plan says so —, the factor rows it holds,
+and per-side scratch for a batch of hermitians (O(batch · f²), never O(m · f²)). Factors stay on
+the device across iterations. A one-device fit is the case where the device's share
+(:class:`clmf.engine.blocks.Share`) is every row: nothing is exchanged, the ratings are read in
+place (CPU runtimes) or uploaded through pinned staging buffers, the items' CSR is transposed
+on the device. Several devices (:class:`clmf.parallel.MultiEngine`, the Dask backend) each run
+an engine on their share, with an exchange object moving the solved rows (or partial normal
+equations) between them.
 
-Long rows (a Netflix item has up to 233K ratings, 5.7K on average) are cut into pieces summed by
-separate S1 work-groups, so that no work-group runs alone at the end of a launch: see
-:func:`split_rows` and :func:`launch_split_batch`; the threshold is the configuration's ``split``
-(:func:`clmf.engine.memory.plan_split`).
+Long rows (a Netflix item has up to 233K ratings, 5.7K on average) of a resident side are cut
+into pieces summed by separate S1 work-groups, so that no work-group runs alone at the end of a
+launch: see :func:`split_rows` and :func:`launch_split_batch`; the threshold is the
+configuration's ``split`` (:func:`clmf.engine.memory.plan_split`).
 """
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import logging
+import threading
 import time
 
 import numpy as np
@@ -22,50 +30,24 @@ import scipy.sparse as sp
 from ..data.scan import count_columns
 from ..errors import InvalidConfigError, SingularSystemError
 from ..interrupts import deferred_interrupts, drain
+from . import device_metrics as DM
 from . import kernels as K
+from . import reduce as RD
 from . import upload as U
+from .blocks import SIDES, Batch, Publisher, Share, SideData, fill, other_side
 from .device import device_info, get_context
-from .memory import choose_batch_rows, plan_fit, plan_split, split_pays
+from .factors import host_factor_rows, padded_base, padded_factors, unpadded_factors
+from .launch import launch_batch, launch_gram, launch_solve, launch_split_batch, split_rows
+from .memory import SplitPlan, choose_batch_rows, plan_device, plan_fit, plan_split
 from .transpose import device_transpose
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Engine", "SideData", "choose_batch_rows", "plan_fit", "split_rows",
-           "launch_split_batch"]
+__all__ = ["Engine", "SideData", "Share", "padded_factors", "host_factor_rows",
+           "unpadded_factors", "choose_batch_rows", "plan_fit", "split_rows",
+           "launch_batch", "launch_gram", "launch_solve", "launch_split_batch"]
 
-_INT32_MAX = (1 << 31) - 1
-
-
-@dataclasses.dataclass
-class SideData:
-    """CSR of one side (rows to solve) with the other side's factors as columns; ``indices`` and
-    ``data`` are None where they exist only on the device (the items' side, transposed there)."""
-    indptr: np.ndarray   # int64
-    indices: np.ndarray  # int32 or None
-    data: np.ndarray     # float32 or None
-
-    @classmethod
-    def from_csr(cls, R):
-        """The side of a CSR (no copy of arrays already int32 indices / float32 data)."""
-        R = sp.csr_matrix(R)
-        return cls(R.indptr.astype(np.int64, copy=False), R.indices.astype(np.int32, copy=False),
-                   R.data.astype(np.float32, copy=False))
-
-    @property
-    def rows(self):
-        """Rows of this side."""
-        return len(self.indptr) - 1
-
-    @property
-    def nnz(self):
-        """Entries of this side."""
-        return int(self.indptr[-1])
-
-    def nbytes(self):
-        """Bytes of the side on the device (int32 indices and float32 values per entry)."""
-        if self.indices is None:
-            return self.indptr.nbytes + 8 * self.nnz
-        return self.indptr.nbytes + self.indices.nbytes + self.data.nbytes
+_INT_MAX = np.iinfo(np.int32).max
 
 
 # CPU devices with at most this many ratings transpose on the host (scipy's counting sort): there
@@ -87,285 +69,97 @@ def host_transpose(info, nnz):
     return info.type == "CPU" and nnz <= HOST_TRANSPOSE_MAX_NNZ
 
 
-def padded_factors(side, M, rows, f, ldf, np_store, biased, biases=None):
-    """A side's factors (``rows`` × f) as the devices' padded host rows ``(max(1, rows), ldf)``:
-    with biases, column f holds the 1 and column f + 1 the bias."""
-    M = np.asarray(M, dtype=np.float32)
-    if M.shape != (rows, f):
-        raise ValueError(f"{side} factors must have shape {(rows, f)}, not {M.shape}")
-    host = np.zeros((max(1, rows), ldf), dtype=np_store)
-    host[:rows, :f] = M
-    if biased:
-        host[:, f] = 1.0
-        if biases is not None:
-            host[:rows, f + 1] = biases
-    return host
-
-
-def host_factor_rows(rows, f, ldf, biased=False):
-    """float32 host rows ``(max(1, rows), ldf)`` in the devices' padded layout, as
-    :func:`padded_factors` writes them (the padding zero; with biases column f one, the biases
-    zero), starting at a page boundary in NumPy's memory, the factors themselves uninitialised;
-    returns their ``[:rows, :f]`` view, to be filled (the start factors of a fit) and handed to
-    :meth:`Engine.set_factors` with ``adopt``, whose CPU runtimes then wrap the rows in place."""
-    host = U.aligned_empty((max(1, rows), ldf), np.float32, small_pages=False)
-    host[:, f:] = 0
-    host[rows:] = 0
-    if biased:
-        host[:, f] = 1.0
-    return host[:rows, :f]
-
-
-def _padded_base(M, rows, f, ldf):
-    """The padded rows ``(max(1, rows), ldf)`` that ``M`` is the ``[:rows, :f]`` view of
-    (:func:`host_factor_rows`; the padding is trusted to be as that wrote it), or None."""
-    base, n = M.base, max(1, rows) * ldf
-    if (not isinstance(base, np.ndarray) or M.dtype != np.float32 or M.shape != (rows, f)
-            or M.strides != (4 * ldf, 4) or not base.flags.c_contiguous):
-        return None
-    off = M.ctypes.data - base.ctypes.data
-    if off < 0 or off + 4 * n > base.nbytes:
-        return None
-    return np.ndarray((max(1, rows), ldf), np.float32, buffer=base, offset=off)
-
-
-def unpadded_factors(host, rows, f, biased, with_biases=False):
-    """The factors (float32, ``rows`` × f) of padded host rows, and with ``with_biases`` the
-    biases too (column f + 1 where ``biased``, else zeros)."""
-    X = np.ascontiguousarray(host[:rows, :f], dtype=np.float32)
-    if with_biases:
-        b = (host[:rows, f + 1].astype(np.float32) if biased
-             else np.zeros(rows, np.float32))
-        return X, b
-    return X
-
-
-def launch_gram(kern, q, cfg, fs, k, g_indptr, g_indices, g_data, Yother, A, B, G):
-    """Enqueue G = Σ y yᵀ over the other side's rows (``k`` virtual rows of partial Grams summed
-    by ``sum_partials``; implicit feedback)."""
-    s1_local = cfg.s1_local_size(fs)
-    kern["s1_hermitian"](q, (cfg.s1_groups(fs, k) * s1_local,), (s1_local,), g_indptr, g_indices,
-                         Yother, A, np.int32(0), np.int32(k), np.float32(0.0), np.int32(0), g_data,
-                         np.float32(1.0), G, np.int32(0), B, np.int32(0), np.float32(0.0))
-    return kern["sum_partials"](q, (-(-fs * fs // 64) * 64,), (64,), A, np.int32(k), G)
-
-
-def launch_batch(kern, q, cfg, v, fs, indptr, indices, data, Yother, A, B, G, Xout, status, row0,
-                 n, xoff, regularization, weighted, implicit, alpha, offset, wait_for=None,
-                 solve=True, gram=None):
-    """Enqueue S1 → S2 → S3 for rows ``row0 .. row0 + n - 1`` of ``indptr`` (entry offsets
-    relative to ``indices``/``data``), writing factor rows ``xoff + row0 ..`` of ``Xout``;
-    returns the (S1, S2, S3) events (None for a stage the variant fuses or skips).
-
-    ``solve=False`` stops after S2 (partial normal equations in ``A``/``B``: pass
-    ``regularization=0`` and ``gram=False``); ``gram`` (default: ``implicit``) adds ``G``."""
-    s1_local = cfg.s1_local_size(fs)
-    groups = cfg.s1_groups(fs, n)
-    fused = cfg.solver == "fusedcg"
-    add_gram = implicit if gram is None else gram
-    if fused and not solve:
-        raise ValueError("the fused CG solver builds no normal equations to reduce")
-    if cfg.fused_solve and solve:
-        # S1 and the CG in one kernel (mma): the systems stay in local memory
-        e1 = kern["s1s3_mma"](
-            q, (groups * s1_local,), (s1_local,), indptr, indices, Yother, A, np.int32(row0),
-            np.int32(n), np.float32(regularization), np.int32(1 if weighted else 0), data,
-            np.float32(alpha), G, np.int32(1 if add_gram else 0), B, np.int32(1),
-            np.float32(offset), Xout, status, np.int32(xoff), wait_for=wait_for)
-        return e1, None, None
-    e1 = None if fused else kern["s1_hermitian"](
-        q, (groups * s1_local,), (s1_local,), indptr, indices, Yother, A, np.int32(row0),
-        np.int32(n), np.float32(regularization), np.int32(1 if weighted else 0), data,
-        np.float32(alpha), G, np.int32(1 if add_gram else 0), B,
-        np.int32(1 if cfg.fuses_rhs else 0), np.float32(offset), wait_for=wait_for)
-    if e1 is not None:
-        wait_for = None           # the queue is in order: only the first kernel waits
-    # S2 (right-hand sides), unless the S1 variant computed them from its staged panels
-    e2 = None if cfg.fuses_rhs else kern["s2_rhs"](
-        q, (n * v["s2_wg"],), (v["s2_wg"],), indptr, indices, data, Yother, B, np.int32(row0),
-        np.int32(n), np.float32(alpha), np.float32(offset), wait_for=wait_for)
-    if not solve:
-        return e1, e2, None
-    if cfg.dims:
-        # the fused CG's dimensions form: b formed in its first pass (no S2 above)
-        swg = cfg.swg(fs)
-        e3 = kern["s3_fcg"](q, (n * swg,), (swg,), indptr, indices, data, Yother, G,
-                            np.int32(1 if add_gram else 0), Xout, status, np.int32(row0),
-                            np.int32(n), np.float32(regularization),
-                            np.int32(1 if weighted else 0), np.float32(alpha),
-                            np.float32(offset), np.int32(xoff), wait_for=wait_for)
-        return e1, e2, e3
-    if fused:
-        e3 = kern["s3_fused"](q, (n * cfg.swg(fs),), (cfg.swg(fs),), indptr, indices, data, Yother,
-                              G, np.int32(1 if add_gram else 0), B, Xout, status, np.int32(row0),
-                              np.int32(n), np.float32(regularization),
-                              np.int32(1 if weighted else 0), np.float32(alpha), np.int32(xoff),
-                              wait_for=wait_for if e2 is None else None)
-        return e1, e2, e3
-    e3 = launch_solve(kern, q, cfg, fs, indptr, A, B, Xout, status, row0, n, xoff,
-                      regularization, weighted)
-    return e1, e2, e3
-
-
-def split_rows(indptr, threshold, batch_rows, virtual_rows, slots=0):
-    """The pieces of a side's rows and its launches, built once on the host.
-
-    Row r of ``indptr`` (int64 CSR row pointers) is cut into ⌈count / threshold⌉ consecutive
-    pieces of ``threshold`` entries (the last holds the rest; an empty row is one empty piece):
-    ``vindptr`` holds the pieces' row pointers (the same entry offsets: S1 and S2 run on it
-    unchanged) and ``vstart[r]`` the first piece of row r (``vstart[rows]`` = pieces). Launches
-    are consecutive real rows, at most ``batch_rows`` of them and at most ``virtual_rows``
-    pieces; each is ``(row0, n, v0, nv)``: ``nv`` its pieces from ``v0``, 0 when none of its
-    rows is cut or when cutting does not pay on ``slots`` work-group slots
-    (:func:`clmf.engine.memory.split_pays`; 0: it always does) — it then runs the unsplit
-    path."""
-    indptr = np.asarray(indptr, np.int64)
-    rows = len(indptr) - 1
-    t = int(threshold)
-    if t < 1:
-        raise ValueError(f"split threshold must be ≥ 1, not {t}")
-    counts = np.diff(indptr)
-    pieces = np.maximum(1, -(-counts // t))
-    most = int(pieces.max()) if rows else 0
-    if most > virtual_rows:
-        raise ValueError(f"a row of {most} pieces does not fit a scratch of {virtual_rows} pieces")
-    vstart = np.zeros(rows + 1, np.int64)
-    np.cumsum(pieces, out=vstart[1:])
-    total = int(vstart[-1])
-    if total > _INT32_MAX - 1:
-        # the kernels take a launch's first row as a 32-bit int
-        raise ValueError(f"splitting rows at {t} entries makes {total} pieces, beyond the "
-                         f"kernels' 32-bit row numbers: use a larger split")
-    owner = np.repeat(np.arange(rows, dtype=np.int64), pieces)
-    vindptr = np.empty(total + 1, np.int64)
-    vindptr[:-1] = indptr[:-1][owner] + (np.arange(total, dtype=np.int64) - vstart[:-1][owner]) * t
-    vindptr[-1] = indptr[-1]
-    del owner
-    launches = []
-    r = 0
-    while r < rows:
-        # the most rows from r whose pieces fit the scratch (row r's always do)
-        fit = int(np.searchsorted(vstart, vstart[r] + virtual_rows, side="right")) - 1
-        r1 = max(r + 1, min(r + int(batch_rows), fit, rows))
-        nv = int(vstart[r1] - vstart[r])
-        cut = nv > r1 - r and split_pays(counts[r:r1].max(), indptr[r1] - indptr[r], r1 - r,
-                                         slots)
-        launches.append((r, r1 - r, int(vstart[r]), nv if cut else 0))
-        r = r1
-    return vindptr, vstart, launches
-
-
-def launch_split_batch(kern, q, cfg, v, fs, indptr, vindptr, vstart, indices, data, Yother, A,
-                       B, Av, Bp, G, Xout, status, row0, n, v0, nv, xoff, regularization,
-                       weighted, implicit, alpha, offset, wait_for=None):
-    """Enqueue S1 (and S2 unless S1 fuses it) over the pieces ``v0 .. v0 + nv - 1`` of
-    ``vindptr`` into ``Av``/``Bp`` (unregularised, no Gram), the combine of each real row's
-    pieces into ``A``/``B`` (diagonal and Gram added as S1 adds them to an unsplit row), then S3
-    on the real rows ``row0 .. row0 + n - 1``; returns the (S1, S2, combine, S3) events (S2
-    None when fused). Not for the fused CG solver or ``fused_solve``, which build no
-    hermitians."""
-    if cfg.solver == "fusedcg" or cfg.fused_solve:
-        raise ValueError("the fused CG solvers build no hermitians to split")
-    if not (0 <= v0 and v0 + nv <= _INT32_MAX and row0 + n <= _INT32_MAX):
-        raise ValueError(f"pieces {v0} .. {v0 + nv} pass the kernels' 32-bit row numbers")
-    s1_local = cfg.s1_local_size(fs)
-    e1 = kern["s1_hermitian"](
-        q, (cfg.s1_groups(fs, nv) * s1_local,), (s1_local,), vindptr, indices, Yother, Av,
-        np.int32(v0), np.int32(nv), np.float32(0.0), np.int32(0), data, np.float32(alpha), G,
-        np.int32(0), Bp, np.int32(1 if cfg.fuses_rhs else 0), np.float32(offset),
-        wait_for=wait_for)
-    e2 = None if cfg.fuses_rhs else kern["s2_rhs"](
-        q, (nv * v["s2_wg"],), (v["s2_wg"],), vindptr, indices, data, Yother, Bp, np.int32(v0),
-        np.int32(nv), np.float32(alpha), np.float32(offset))
-    wg = v["comb_wg"]
-    ec = kern["s1_combine"](q, (n * wg,), (wg,), indptr, vstart, Av, Bp, A, B, np.int32(row0),
-                            np.int32(n), np.float32(regularization),
-                            np.int32(1 if weighted else 0), G, np.int32(1 if implicit else 0))
-    e3 = launch_solve(kern, q, cfg, fs, indptr, A, B, Xout, status, row0, n, xoff,
-                      regularization, weighted)
-    return e1, e2, ec, e3
-
-
-def launch_solve(kern, q, cfg, fs, indptr, A, B, Xout, status, row0, n, xoff, regularization,
-                 weighted, wait_for=None):
-    """Enqueue S3 alone (Cholesky or CG) on the systems in ``A``/``B``; ``indptr`` gives the
-    rows' counts (an empty row gets zero factors)."""
-    return kern["s3_solve"](q, (n * cfg.swg(fs),), (cfg.swg(fs),), indptr, A, B, Xout, status,
-                            np.int32(row0), np.int32(n), np.float32(regularization),
-                            np.int32(1 if weighted else 0), np.int32(xoff), wait_for=wait_for)
-
-
 class Engine:
-    """All device state of one fit and the half-step orchestration.
+    """All device state of one fit on one device and the half-step orchestration.
 
     Parameters
     ----------
     device : pyopencl.Device
-    R : scipy.sparse.csr_matrix (users × items), canonical (sorted, no duplicates)
+    R : scipy.sparse.csr_matrix (users × items), canonical (sorted, no duplicates), or any object
+        with ``shape``, ``users`` and ``items`` :class:`SideData` (a
+        :class:`clmf.parallel.Layout`)
     f : factors
     configs : (users_config, items_config) KernelConfig pair
     item_counts : optional ratings per item (``np.bincount(R.indices)``, when already known)
+    share : this device's :class:`~clmf.engine.blocks.Share` of a multi-device fit (None: every
+        row, planned here with ``max_device_memory`` and ``force_stream``)
+    context : a context holding ``device`` (default clmf's memoized one)
+    pinned : stream rating chunks through page-locked host buffers filled by host threads
+        (default on GPUs, where DMA from pinned memory is several times faster)
     """
 
     def __init__(self, device, R, f, configs, profile=False, implicit_alpha=None, biased=False,
-                 offset=0.0, item_counts=None):
+                 offset=0.0, item_counts=None, *, share=None, context=None, pinned=None,
+                 max_device_memory=None, force_stream=()):
         import pyopencl as cl
         self.cl = cl
         self.device = device
         self.info = device_info(device)
-        self.ctx, self.queue = get_context(device)
         self._released = False                       # see __del__
-        self.f = f                                   # latent factors
+        if context is None and share is None:
+            self.ctx, self.queue = get_context(device)
+        else:
+            self.ctx = context if context is not None else get_context(device)[0]
+            self.queue = cl.CommandQueue(
+                self.ctx, device, properties=cl.command_queue_properties.PROFILING_ENABLE)
+        # in-order queues: compute (S1 → S2 → S3), stream (rating chunks host → device), out
+        # (solved rows device → host) and into (other devices' rows host → device)
+        self.q = {"compute": self.queue}
+        for k in ("stream", "out", "into"):
+            self.q[k] = cl.CommandQueue(self.ctx, device,
+                                        properties=cl.command_queue_properties.PROFILING_ENABLE)
+        self.f = int(f)                              # latent factors
         self.implicit = implicit_alpha is not None
         self.alpha = float(implicit_alpha or 0.0)
         self.biased = bool(biased)
         if self.implicit and self.biased:
             raise ValueError("biases are for explicit feedback")
         self.offset = float(offset)                  # global mean with biases
-        self.fs = f + 1 if self.biased else f        # unknowns per system
+        self.fs = self.f + 1 if self.biased else self.f   # unknowns per system
         self.configs = {"users": configs[0], "items": configs[1]}
-        width = f + 2 if self.biased else f          # [factors | 1 | bias] with biases
-        if configs[0].storage != configs[1].storage or configs[0].ldf(width) != configs[1].ldf(width):
+        width = self.f + 2 if self.biased else self.f     # [factors | 1 | bias] with biases
+        if configs[0].storage != configs[1].storage or (
+                share is None and configs[0].ldf(width) != configs[1].ldf(width)):
             # the two sides share factor buffers: same storage and leading dimension
             raise ValueError("both sides must use the same storage dtype and vector padding")
-        self.ldf = configs[0].ldf(width)
+        self.ldf = configs[0].ldf(width) if share is None else int(share.ldf)
         self.storage = configs[0].storage
         self.np_store = np.float16 if self.storage == "float16" else np.float32
-        self.shape = R.shape
-        m, n = R.shape
-        rows = {"users": m, "items": n}
-        if item_counts is None:
-            item_counts = count_columns(R.indices, R.shape[1])
-        longest = {"users": int(np.diff(R.indptr).max()) if m else 0,
-                   "items": int(item_counts.max()) if n else 0}
-        # long rows cut into pieces (per side: threshold, rows per launch, pieces' scratch)
-        self.splits = {s: plan_split(self.configs[s], self.fs, rows[s], R.nnz, longest[s],
-                                     self.info) for s in ("users", "items")}
-        self.batch_rows = {s: self.splits[s].batch_rows for s in ("users", "items")}
-        # every device buffer planned from the shapes, and checked, before any is created (and
-        # before the users' CSR is prepared on the host and transposed on the device)
-        plan = plan_fit(m, n, R.nnz, f, (configs[0], configs[1]), self.info,
-                        implicit=self.implicit, biased=self.biased, batch_rows=self.batch_rows,
-                        splits=self.splits)
-        plan.check_device(self.info)
-        self.memory = plan.device_dict()
-        est = self.memory
+        self.itemsize = np.dtype(self.np_store).itemsize
+        self.profile = profile
+        self.pinned = (self.info.type == "GPU") if pinned is None else bool(pinned)
+        self.times = {"compute": 0.0, "exchange": 0.0}
+        self.stage_times = {"s1": 0.0, "s2": 0.0, "s3": 0.0, "combine": 0.0}
+        self._staging = []          # (buffer, mapped arrays) to unmap at release
+        self._metric_bufs = {}      # key -> (n, buffers) of triples kept on the device
+        self._fill_pool = [None]
+        self._factor_hosts = {}     # host arrays the factor buffers wrap
+        self._hold = [np.zeros(1, np.int32), np.zeros(1, np.float32)]
+        self._ok = np.array([_INT_MAX], np.int32)
+        self.buf = {s: {} for s in SIDES}
+        self.factors = {}
+        self.entry_offset = {s: 0 for s in SIDES}    # see _upload_side
         t_host = time.perf_counter()
-        users = SideData.from_csr(R)
-        col_ptr = np.zeros(R.shape[1] + 1, np.int64)
-        np.cumsum(item_counts, out=col_ptr[1:])
-        # the items' CSR (the ratings' CSC) is built on the device from the users' (below)
-        self.side = {"users": users, "items": SideData(col_ptr, None, None)}
-        fs = self.fs
+        if share is None:
+            share = self._whole(R, item_counts, max_device_memory, force_stream)
+        else:
+            self.shape = tuple(R.shape)
+            self.side = dict(share.sources)
+        self.index, self.share, self.dplan = share.index, share, share.plan
+        self.frange = dict(share.frange)
+        self.memory = {**{k: int(v) for k, v in self.dplan.bytes.items()},
+                       "total": self.dplan.total}
+        if self.dplan.streamed:
+            self.memory["streamed"] = [self.dplan.streamed]
+        self.batch_rows = {s: self.dplan.sides[s].batch_rows for s in SIDES}
+        self.splits = {s: self.dplan.sides[s].split or SplitPlan(0, self.batch_rows[s])
+                       for s in SIDES}
         t0 = time.perf_counter()
         # the programs are built (or loaded from the cache) in a thread while the ratings are
         # uploaded and transposed (the OpenCL compilers release the GIL)
         pool = concurrent.futures.ThreadPoolExecutor(1)
         builds = pool.submit(self._build_programs)
         pool.shutdown(wait=False)
-        self.buf = {s: {} for s in ("users", "items")}
-        # where each side's first entry lies in its indices/values buffers (see _upload_side)
-        self.entry_offset = {"users": 0, "items": 0}
         try:
             times = self._upload_ratings()
             t1 = time.perf_counter()
@@ -377,62 +171,201 @@ class Engine:
                 self._release_buffers()
             raise
         t2 = time.perf_counter()
-        self.vars = {s: K.als_variables(self.configs[s], fs, self.info, self.implicit, self.biased)
-                     for s in ("users", "items")}
-        mf = cl.mem_flags
-        # seconds of the engine's set-up: the host's CSR arrays and column pointers, building
-        # (or loading) the programs (in a thread; ``build_wait``: what the set-up waited for them
-        # after the uploads), uploading the users' CSR and transposing it on the device
+        self.vars = {s: K.als_variables(self.configs[s], self.fs, self.info, self.implicit,
+                                        self.biased, ldf=self.ldf) for s in SIDES}
+        # seconds of the set-up: the host's CSR arrays and column pointers, building (or
+        # loading) the programs (in a thread; ``build_wait``: what the set-up waited for them
+        # after the uploads), uploading the ratings and transposing the users' on the device
         self.setup_times = {"engine_host": t0 - t_host, "build": build_s,
                             "build_wait": t2 - t1, **times,
                             "upload_transpose": times["upload"] + times["transpose"]}
         t3 = time.perf_counter()
-        for s in ("users", "items"):
-            self.buf[s].update(
-                A=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * fs * self.batch_rows[s]),
-                B=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * self.batch_rows[s]))
+        self._allocate()
+        self.setup_times["buffers"] = time.perf_counter() - t3
+        log.debug("engine %d on %s: %s", self.index, self.info.name, self.dplan.describe())
+
+    # ----- set-up --------------------------------------------------------------------------
+    def _whole(self, R, item_counts, max_device_memory, force_stream):
+        """The share of a one-device fit (every row of both sides), planned here."""
+        info, fs = self.info, self.fs
+        if hasattr(R, "users") and hasattr(R, "items"):
+            self.side = {"users": R.users, "items": R.items}
+            counts = {s: self.side[s].counts() for s in SIDES}
+        else:
+            m, n = R.shape
+            if item_counts is None:
+                item_counts = count_columns(R.indices, n)
+            col_ptr = np.zeros(n + 1, np.int64)
+            np.cumsum(item_counts, out=col_ptr[1:])
+            # the items' CSR (the ratings' CSC) is built on the device from the users' (or on
+            # the host where that pays: host_transpose)
+            self.side = {"users": SideData.from_csr(R), "items": SideData(col_ptr, None, None)}
+            counts = {"users": np.diff(self.side["users"].indptr), "items": item_counts}
+        self.shape = tuple(R.shape)
+        rows = {s: self.side[s].rows for s in SIDES}
+        nnz = self.side["users"].nnz
+        # long rows cut into pieces (per side: threshold, rows per launch, pieces' scratch)
+        splits = {s: plan_split(self.configs[s], fs, rows[s], nnz,
+                                int(counts[s].max()) if rows[s] else 0, info) for s in SIDES}
+        # every device buffer planned from the shapes, and checked, before any is created (and
+        # before the users' CSR is prepared on the host and transposed on the device)
+        plan = plan_device(info.name, info.global_mem, info.max_alloc, f=fs, ldf=self.ldf,
+                           itemsize=self.itemsize,
+                           blocks={s: (self.side[s].indptr, 0, rows[s]) for s in SIDES},
+                           factor_rows=rows, batch_rows={s: splits[s].batch_rows for s in SIDES},
+                           implicit=self.implicit, splits=splits, skew=U.host_align(info),
+                           max_device_memory=max_device_memory, force_stream=force_stream)
+        whole = {s: (0, rows[s]) for s in SIDES}
+        return Share(0, whole, dict(whole), plan, self.ldf, self.side)
+
+    def _build_programs(self):
+        """The programs of both sides and the seconds they took (an
+        :class:`InvalidConfigError` names the side and the device whose configuration
+        failed)."""
+        t0 = time.perf_counter()
+        programs = {}
+        for s in SIDES:
+            try:
+                programs[s] = K.als_program(self.ctx, self.device, self.configs[s], self.fs,
+                                            self.info, self.implicit, self.biased, ldf=self.ldf)
+            except InvalidConfigError as e:
+                e.side = s                   # which side's configuration failed (fit falls back)
+                e.device_index = self.index  # and on which device of the fit
+                raise
+        return programs, time.perf_counter() - t0
+
+    def _upload_ratings(self):
+        """The resident sides' CSR to the device once (a CPU device reads the host arrays in
+        place, a GPU gets them through pinned staging buffers), the items' CSR of a one-device
+        fit transposed from the users' there (or on the host: :func:`host_transpose`); the
+        buffer sets of streamed sides; returns the seconds of the ``upload`` and the
+        ``transpose``."""
+        res = {s: self.dplan.sides[s].resident for s in SIDES}
+        lazy = self.side["items"].indices is None
+        nnz = self.side["users"].nnz
+        on_device = lazy and res["users"] and res["items"] and not host_transpose(self.info, nnz)
+        t_host = 0.0
+        if lazy and not on_device:
+            t_host = time.perf_counter()
+            u = self.side["users"]
+            C = sp.csr_matrix((u.data, u.indices, u.indptr), shape=self.shape).tocsc()
+            self.side["items"] = SideData(self.side["items"].indptr,
+                                          C.indices.astype(np.int32, copy=False),
+                                          C.data.astype(np.float32, copy=False))
+            t_host = time.perf_counter() - t_host
+        t0 = time.perf_counter()
+        # Intel's CPU runtime reads only aligned host arrays in place: misaligned ones are
+        # wrapped from the boundary below them (the device's row pointers shifted to match) or,
+        # where the indices and values start differently, copied into aligned arrays by the
+        # uploader's threads; either is held with the ratings
+        up = U.Uploader(self.ctx, self.queue, U.zero_copy(self.info),
+                        align=U.host_align(self.info))
+        self._resident_indptr = {}
+        try:
+            for s in SIDES:
+                if not res[s]:
+                    self._stream_sets(s)
+                elif s == "items" and on_device:
+                    self.buf[s]["indptr"] = up.buffer(self.side[s].indptr)
+                    self._resident_indptr[s] = self.side[s].indptr
+                else:
+                    self._upload_side(s, up, *self.side[s].entries(*self.dplan.sides[s].chunks[0]))
+        finally:
+            up.finish()
+            self._hold += up.held
+        log.debug("ratings on %s: %d bytes copied to the device, %d into aligned host copies, %d "
+                  "wrapped from below (entry offsets %s)", self.info.name, up.bytes,
+                  up.aligned_bytes, up.skewed_bytes, self.entry_offset)
+        t1 = time.perf_counter()
+        if on_device:
+            bu, bi = self.buf["users"], self.buf["items"]
+            bi["indices"], bi["data"] = device_transpose(
+                self.ctx, self.queue, self.info, self.side["users"].indptr, bu["indptr"],
+                bu["indices"], bu["data"], self.shape[1], bi["indptr"])
+        return {"upload": t1 - t0, "transpose": time.perf_counter() - t1 + t_host}
+
+    def _upload_side(self, side, up, indptr, indices, data):
+        """A resident side's CSR into its device buffers; its row pointers shifted by the entry
+        offset at which the uploader placed the indices and values
+        (:meth:`Uploader.entry_buffers`), kept in :attr:`entry_offset` for the pieces' row
+        pointers of split rows."""
+        b = self.buf[side]
+        (b["indices"], b["data"]), k = up.entry_buffers((indices, data), self._hold[:2])
+        self.entry_offset[side] = k
+        self._resident_indptr[side] = indptr
+        if k:
+            indptr = indptr + k
+        self._hold.append(indptr)
+        b["indptr"] = up.buffer(indptr)
+
+    def _stream_sets(self, side):
+        """The two buffer sets a streamed side's chunks take turns in (with pinned staging
+        arrays where :attr:`pinned`)."""
+        cl, mf, m = self.cl, self.cl.mem_flags, self.dplan.sides[side]
+        sets = []
+        for _ in range(m.buffers):
+            bset = {"indptr": cl.Buffer(self.ctx, mf.READ_ONLY, size=8 * (m.chunk_rows + 1)),
+                    "indices": cl.Buffer(self.ctx, mf.READ_ONLY, size=4 * m.chunk_nnz),
+                    "data": cl.Buffer(self.ctx, mf.READ_ONLY, size=4 * m.chunk_nnz),
+                    "event": None, "chunk": None}
+            if self.pinned:
+                bset["stage"] = {"indptr": self.pinned_array((m.chunk_rows + 1,), np.int64),
+                                 "indices": self.pinned_array((m.chunk_nnz,), np.int32),
+                                 "data": self.pinned_array((m.chunk_nnz,), np.float32)}
+                bset["staged"] = None
+            sets.append(bset)
+        self.buf[side]["sets"] = sets
+
+    def _allocate(self):
+        """Scratch, the implicit Gram's virtual rows, the long rows' pieces, factors, status."""
+        cl, mf, fs = self.cl, self.cl.mem_flags, self.fs
+        for s in SIDES:
+            b, bs = self.buf[s], self.batch_rows[s]
+            b.update(A=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * fs * bs),
+                     B=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * bs),
+                     G=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * fs))
             if self.implicit:
                 # the other side's rows as K virtual rows: S1 with unit weights gives K partial
                 # Gram matrices, summed into G = (other)ᵀ(other) once per half-step
-                n_other = self.side["items" if s == "users" else "users"].rows
-                k = int(max(1, min(64, self.batch_rows[s], n_other)))
+                lo, hi = self.frange[other_side(s)]
+                n_other = hi - lo
+                k = int(max(1, min(64, bs, n_other)))
                 gptr = np.linspace(0, n_other, k + 1).astype(np.int64)
-                self.buf[s].update(
-                    gram_k=k,
-                    g_indptr=cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=gptr),
-                    g_indices=cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
-                                        hostbuf=np.arange(n_other, dtype=np.int32)),
-                    g_data=cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
-                                     hostbuf=np.ones(n_other, np.float32)))
-            self.buf[s]["G"] = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * fs)
-        self.launches = {}
-        for s in ("users", "items"):
-            self.launches[s] = self._plan_launches(s)
-        itemsize = np.dtype(self.np_store).itemsize
+                b.update(gram_k=k,
+                         g_indptr=cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
+                                            hostbuf=gptr),
+                         g_indices=cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
+                                             hostbuf=np.arange(max(1, n_other), dtype=np.int32)),
+                         g_data=cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
+                                          hostbuf=np.ones(max(1, n_other), np.float32)))
+            if s in self.share.reduced:
+                r0, r1 = self.share.blocks[s]
+                ip = np.asarray((self.share.whole or self.side)[s].indptr[r0:r1 + 1], np.int64)
+                b["counts"] = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
+                                        hostbuf=ip - ip[0])
+        self.launches = {s: self._plan_launches(s) for s in SIDES}
         self.factors = {s: cl.Buffer(self.ctx, mf.READ_WRITE,
-                                     size=max(1, self.side[s].rows) * self.ldf * itemsize)
-                        for s in ("users", "items")}
-        self._factor_hosts = {}                      # host arrays the factor buffers wrap
+                                     size=max(1, hi - lo) * self.ldf * self.itemsize)
+                        for s, (lo, hi) in self.frange.items()}
         self.status = cl.Buffer(self.ctx, mf.READ_WRITE, size=4)
-        self.profile = profile
-        self.stage_times = {"s1": 0.0, "s2": 0.0, "s3": 0.0, "combine": 0.0}
-        self._events = []
-        self._metrics_prog = None
-        self._metric_bufs = {}
-        self.setup_times["buffers"] = time.perf_counter() - t3
-        log.debug("engine on %s: batch rows %s, memory %s", self.info.name, self.batch_rows, est)
 
     def _plan_launches(self, side):
-        """The launches of a side's half-step, ``(row0, n, v0, nv)`` (``nv`` > 0: split), with
-        the pieces' row pointers and scratch on the device when the side is split."""
-        sp_, d, bs = self.splits[side], self.side[side], self.batch_rows[side]
+        """The launches of a resident side's half-step, ``(row0, n, v0, nv)`` (``nv`` > 0:
+        split), with the pieces' row pointers and scratch on the device when the side is split;
+        None for a streamed side (its batches follow its chunks)."""
+        m = self.dplan.sides[side]
+        if not m.resident:
+            return None
+        sp_, bs = self.splits[side], self.batch_rows[side]
+        rows = m.r1 - m.r0
         if not sp_.active:
-            return [(r0, min(bs, d.rows - r0), 0, 0) for r0 in range(0, d.rows, bs)]
+            return [(r0, min(bs, rows - r0), 0, 0) for r0 in range(0, rows, bs)]
         cl, mf, fs = self.cl, self.cl.mem_flags, self.fs
-        vindptr, vstart, launches = split_rows(d.indptr, sp_.threshold, bs, sp_.virtual_rows,
+        indptr = self._resident_indptr[side]
+        vindptr, vstart, launches = split_rows(indptr, sp_.threshold, bs, sp_.virtual_rows,
                                                sp_.slots)
         vindptr += self.entry_offset[side]      # entry offsets into the side's buffers
-        cut = int(np.count_nonzero(np.diff(d.indptr) > sp_.threshold))
+        cut = int(np.count_nonzero(np.diff(indptr) > sp_.threshold))
         log.debug("%s: %d row(s) over %d entries cut into %d pieces in all; %d of %d launches "
                   "split", side, cut, sp_.threshold, len(vindptr) - 1,
                   sum(1 for x in launches if x[3]), len(launches))
@@ -443,88 +376,71 @@ class Engine:
             Bp=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * sp_.virtual_rows))
         return launches
 
-    def _build_programs(self):
-        """The programs of both sides and the seconds they took (an
-        :class:`InvalidConfigError` names the side whose configuration failed)."""
-        t0 = time.perf_counter()
-        programs = {}
-        for s in ("users", "items"):
-            try:
-                programs[s] = K.als_program(self.ctx, self.device, self.configs[s], self.fs,
-                                            self.info, self.implicit, self.biased)
-            except InvalidConfigError as e:
-                e.side = s                   # which side's configuration failed (fit falls back)
-                raise
-        return programs, time.perf_counter() - t0
+    def pinned_array(self, shape, dtype):
+        """A zeroed page-locked host array in this device's context (unmapped and freed by
+        :meth:`release`)."""
+        cl = self.cl
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR,
+                        size=max(1, nbytes))
+        arr, _ev = cl.enqueue_map_buffer(self.q["stream"], buf,
+                                         cl.map_flags.READ | cl.map_flags.WRITE, 0,
+                                         tuple(max(1, x) for x in shape), dtype, is_blocking=True)
+        arr[...] = 0
+        self._staging.append((buf, arr))
+        return arr
 
-    def _upload_ratings(self):
-        """The users' CSR to the device once (a CPU device reads the host arrays in place, a GPU
-        gets them through pinned staging buffers), the items' CSR transposed from it there (or
-        on the host: :func:`host_transpose`); returns the seconds of the ``upload`` and the
-        ``transpose``."""
-        u, col_ptr = self.side["users"], self.side["items"].indptr
-        t0 = time.perf_counter()
-        # Intel's CPU runtime reads only aligned host arrays in place: misaligned ones are
-        # wrapped from the boundary below them (the device's row pointers shifted to match) or,
-        # where the indices and values start differently, copied into aligned arrays by the
-        # uploader's threads; either is held with the ratings
-        up = U.Uploader(self.ctx, self.queue, U.zero_copy(self.info), align=U.host_align(self.info))
-        self._hold = [np.zeros(1, np.int32), np.zeros(1, np.float32)]
-        on_host = host_transpose(self.info, u.nnz)
-        t_host = 0.0
-        try:
-            self._upload_side("users", up, u.indptr, u.indices, u.data)
-            if on_host:
-                t_host = time.perf_counter()
-                C = sp.csr_matrix((u.data, u.indices, u.indptr), shape=self.shape).tocsc()
-                idx = C.indices.astype(np.int32, copy=False)
-                val = C.data.astype(np.float32, copy=False)
-                self._hold += [idx, val]
-                t_host = time.perf_counter() - t_host
-                self._upload_side("items", up, col_ptr, idx, val)
-            else:
-                self.buf["items"]["indptr"] = up.buffer(col_ptr)
-        finally:
-            up.finish()
-            self._hold += up.held
-        log.debug("ratings on %s: %d bytes copied to the device, %d into aligned host copies, %d "
-                  "wrapped from below (entry offsets %s)", self.info.name, up.bytes,
-                  up.aligned_bytes, up.skewed_bytes, self.entry_offset)
-        t1 = time.perf_counter()
-        if not on_host:
-            bu, bi = self.buf["users"], self.buf["items"]
-            bi["indices"], bi["data"] = device_transpose(
-                self.ctx, self.queue, self.info, u.indptr, bu["indptr"], bu["indices"],
-                bu["data"], self.shape[1], bi["indptr"])
-        return {"upload": t1 - t0 - t_host, "transpose": time.perf_counter() - t1 + t_host}
-
-    def _upload_side(self, side, up, indptr, indices, data):
-        """A side's CSR into its device buffers; its row pointers shifted by the entry offset
-        at which the uploader placed the indices and values (:meth:`Uploader.entry_buffers`),
-        kept in :attr:`entry_offset` for the pieces' row pointers of split rows."""
-        b = self.buf[side]
-        (b["indices"], b["data"]), k = up.entry_buffers((indices, data), self._hold[:2])
-        self.entry_offset[side] = k
-        if k:
-            indptr = indptr + k
-            self._hold.append(indptr)
-        b["indptr"] = up.buffer(indptr)
+    def _upload_chunk(self, side, bset, chunk, wait_for=None):
+        """Copy rows ``chunk`` of a streamed ``side`` (rebased row pointers, entries) into a
+        buffer set (through its pinned staging arrays when it has them); the last copy's
+        event."""
+        cl = self.cl
+        ip, idx, val = self.side[side].entries(*chunk)
+        q = self.q["stream"]
+        stage = bset.get("stage")
+        n = len(idx)
+        bset["chunk"] = chunk
+        if stage is not None:
+            if bset["staged"] is not None:
+                bset["staged"].wait()          # the staging arrays' previous copy is done
+            for key, a in (("indptr", ip), ("indices", idx), ("data", val)):
+                fill(self._fill_pool, stage[key], a)
+            ip, idx, val = stage["indptr"][:len(ip)], stage["indices"][:n], stage["data"][:n]
+        else:
+            idx = np.ascontiguousarray(idx, np.int32)
+            val = np.ascontiguousarray(val, np.float32)
+        ev = cl.enqueue_copy(q, bset["indptr"], ip, is_blocking=False, wait_for=wait_for)
+        if n:
+            cl.enqueue_copy(q, bset["indices"], idx, is_blocking=False)
+            ev = cl.enqueue_copy(q, bset["data"], val, is_blocking=False)
+        if stage is not None:
+            bset["staged"] = ev
+        return ev
 
     # ----- factors -------------------------------------------------------------------------
+    def _whole_factor(self, side):
+        """Whether this device holds every row of ``side``'s factor."""
+        return self.frange[side] == (0, self.side_rows(side))
+
+    def side_rows(self, side):
+        """Rows of ``side`` in the whole fit."""
+        return self.shape[0] if side == "users" else self.shape[1]
+
     def set_factors(self, side, M, biases=None, adopt=False):
-        """Upload the factors (and biases) of ``side`` into its device buffer.
+        """Upload the factors (and biases) of ``side`` into its device buffer (the rows held).
 
         ``adopt``: ``M`` is the engine's to keep and overwrite (start factors that no one else
         holds). On a device that reads host memory in place, the factor buffer then wraps the
         rows in the device's layout without a copy where ``M`` is the ``[:rows, :f]`` view of
         such rows (:func:`host_factor_rows`, aligned as the runtime needs); else ``M`` is
         copied."""
-        rows = self.side[side].rows
+        rows = self.side_rows(side)
         M = np.asarray(M, dtype=np.float32)
         if M.shape != (rows, self.f):
             raise ValueError(f"{side} factors must have shape {(rows, self.f)}, not {M.shape}")
-        if adopt and ADOPT_FACTORS and biases is None and self.np_store == np.float32:
-            host = _padded_base(M, rows, self.f, self.ldf)
+        whole = self._whole_factor(side)
+        if adopt and whole and ADOPT_FACTORS and biases is None and self.np_store == np.float32:
+            host = padded_base(M, rows, self.f, self.ldf)
             if host is not None and self._wrappable(host):
                 mf = self.cl.mem_flags
                 buf = self.cl.Buffer(self.ctx, mf.READ_WRITE | mf.USE_HOST_PTR, hostbuf=host)
@@ -537,6 +453,9 @@ class Engine:
         else:
             host = padded_factors(side, M, rows, self.f, self.ldf, self.np_store, self.biased,
                                   biases)
+        if not whole:
+            self.write_rows(side, host, 0, rows, blocking=True)
+            return
         up = U.Uploader(self.ctx, self.queue, U.zero_copy(self.info))
         try:
             up.write(self.factors[side], host)
@@ -551,135 +470,241 @@ class Engine:
                 and host.flags.writeable and (align <= 1 or host.ctypes.data % align == 0))
 
     def get_factors(self, side, with_biases=False):
-        """A side's factors (and biases) copied from its device buffer."""
-        rows = self.side[side].rows
-        host = np.empty((rows, self.ldf), dtype=self.np_store)
+        """A side's factors (and biases) copied from its device buffer (every row held)."""
+        rows = self.side_rows(side)
+        if not self._whole_factor(side):
+            raise ValueError(f"device {self.index} holds {side} rows {self.frange[side]} only")
+        host = np.empty((max(1, rows), self.ldf), dtype=self.np_store)
         self.cl.enqueue_copy(self.queue, host, self.factors[side])
         return unpadded_factors(host, rows, self.f, self.biased, with_biases)
 
-    # ----- one half-step -------------------------------------------------------------------
-    def half_step(self, side, regularization, weighted):
-        """Solve every row of ``side`` given the other side's factors (stays on the device)."""
-        cl = self.cl
-        other = "items" if side == "users" else "users"
-        b, prog, v = self.buf[side], self.programs[side], self.vars[side]
-        cfg = self.configs[side]
-        kern = prog.kernels
-        q = self.queue
-        fs = self.fs
-        cl.enqueue_copy(q, self.status, np.array([np.iinfo(np.int32).max], np.int32))
-        events = []
-        if self.implicit:      # G = (other side)ᵀ(other side), once per half-step
-            if self.profile:           # timed alone (host clock around its two kernels)
-                q.finish()
-                t_gram = time.perf_counter()
-            launch_gram(kern, q, cfg, fs, b["gram_k"], b["g_indptr"], b["g_indices"], b["g_data"],
-                        self.factors[other], b["A"], b["B"], b["G"])
-            if self.profile:
-                q.finish()
-                self.stage_times["gram"] = (self.stage_times.get("gram", 0.0)
-                                            + time.perf_counter() - t_gram)
-        for row0, n, v0, nv in self.launches[side]:
-            if nv:
-                e1, e2, ec, e3 = launch_split_batch(
-                    kern, q, cfg, v, fs, b["indptr"], b["vindptr"], b["vstart"], b["indices"],
-                    b["data"], self.factors[other], b["A"], b["B"], b["Av"], b["Bp"], b["G"],
-                    self.factors[side], self.status, row0, n, v0, nv, 0, regularization,
-                    weighted, self.implicit, self.alpha, self.offset)
-            else:
-                ec = None
-                e1, e2, e3 = launch_batch(
-                    kern, q, cfg, v, fs, b["indptr"], b["indices"], b["data"],
-                    self.factors[other], b["A"], b["B"], b["G"], self.factors[side], self.status,
-                    row0, n, 0, regularization, weighted, self.implicit, self.alpha, self.offset)
-            events.append((e1, e2, e3, ec))
-        st = np.empty(1, np.int32)
-        cl.enqueue_copy(q, st, self.status)   # blocking: also ends the half-step
-        if self.profile:
-            for e1, e2, e3, ec in events:
-                for key, e in (("s1", e1), ("s2", e2), ("s3", e3), ("combine", ec)):
-                    if e is not None:
-                        self.stage_times[key] = (self.stage_times.get(key, 0.0)
-                                                 + (e.profile.end - e.profile.start) * 1e-9)
-        if st[0] != np.iinfo(np.int32).max:
-            raise SingularSystemError(
-                f"the normal equations of {side[:-1]} row {int(st[0])} are not positive definite "
-                f"(regularization={regularization}); increase regularization")
+    def write_rows(self, side, host, r0, r1, blocking=True, queue="into"):
+        """Upload rows ``[r0, r1)`` (global numbering) of the padded host array ``host`` into this
+        device's buffer of ``side``'s factor (the part it holds)."""
+        lo, hi = self.frange[side]
+        a, b = max(r0, lo), min(r1, hi)
+        if a >= b:
+            return None
+        return self.cl.enqueue_copy(self.q[queue], self.factors[side], host[a:b],
+                                    dst_offset=(a - lo) * self.ldf * self.itemsize,
+                                    is_blocking=blocking)
 
+    def read_rows(self, side, host, r0, r1, blocking=True, wait_for=None):
+        """Download rows ``[r0, r1)`` of ``side``'s factor (held here) into ``host[r0:r1]``."""
+        lo, hi = self.frange[side]
+        if not (lo <= r0 <= r1 <= hi):
+            raise ValueError(f"rows {r0}..{r1} of {side} are not held on device {self.index}")
+        if r1 == r0:
+            return None
+        return self.cl.enqueue_copy(self.q["out"], host[r0:r1], self.factors[side],
+                                    src_offset=(r0 - lo) * self.ldf * self.itemsize,
+                                    is_blocking=blocking, wait_for=wait_for)
+
+    # ----- one half-step -------------------------------------------------------------------
     def iteration(self, regularization, weighted):
-        """One ALS iteration: users, then items."""
+        """One ALS iteration of a one-device fit: users, then items."""
         self.half_step("users", regularization, weighted)
         self.half_step("items", regularization, weighted)
 
+    def half_step(self, side, regularization, weighted, exchange=None):
+        """Solve this device's rows of ``side`` given the other side's factors (they stay on
+        the device). With an ``exchange`` whose ``needed`` is set, publish them to
+        ``exchange.host`` batch by batch and upload the other devices' rows as they are
+        published."""
+        try:
+            self._half_step(side, regularization, weighted, exchange)
+        except BaseException as e:
+            if exchange is not None:
+                exchange.fail(e)
+            raise
+
+    def _half_step(self, side, regularization, weighted, exchange):
+        cl = self.cl
+        t0 = time.perf_counter()
+        other = other_side(side)
+        b, v, cfg = self.buf[side], self.vars[side], self.configs[side]
+        kern = self.programs[side].kernels
+        q, fs = self.queue, self.fs
+        lo = self.frange[side][0]
+        if not self._whole_factor(other):
+            raise ValueError(f"the {side} half-step reduces partial normal equations here: "
+                             "use partials() and solve_reduced()")
+        cl.enqueue_copy(q, self.status, self._ok)
+        if self.implicit:      # G = (other side)ᵀ(other side), once per half-step
+            self._gram(side, kern, cfg)
+        publisher = (Publisher(exchange, self.index)
+                     if exchange is not None and exchange.needed else None)
+        events, stream_events, copy_events = [], [], []
+        for batch in self._batches(side, stream_events):
+            bset, r0, row0, n = batch.bset, batch.r0, batch.row0, batch.rows
+            if batch.nv:
+                e1, e2, ec, e3 = launch_split_batch(
+                    kern, q, cfg, v, fs, bset["indptr"], b["vindptr"], b["vstart"],
+                    bset["indices"], bset["data"], self.factors[other], b["A"], b["B"], b["Av"],
+                    b["Bp"], b["G"], self.factors[side], self.status, row0, n, batch.v0,
+                    batch.nv, r0 - lo, regularization, weighted, self.implicit, self.alpha,
+                    self.offset, wait_for=batch.wait)
+            else:
+                ec = None
+                e1, e2, e3 = launch_batch(
+                    kern, q, cfg, v, fs, bset["indptr"], bset["indices"], bset["data"],
+                    self.factors[other], b["A"], b["B"], b["G"], self.factors[side],
+                    self.status, row0, n, r0 - lo, regularization, weighted, self.implicit,
+                    self.alpha, self.offset, wait_for=batch.wait)
+            batch.done = e3 or ec or e2 or e1
+            events.append((e1, e2, e3, ec))
+            if publisher is not None:
+                g0 = r0 + row0
+                ev = self.read_rows(side, exchange.host, g0, g0 + n, blocking=False,
+                                    wait_for=[batch.done])
+                copy_events.append(ev)
+                publisher.put(ev, g0, g0 + n)
+        self._finish_half_step(side, regularization, publisher, exchange, t0, events,
+                               stream_events, copy_events)
+
+    def _gram(self, side, kern, cfg):
+        """Enqueue G = Σ y yᵀ over the fixed side's rows held here (timed alone when
+        profiling: the host clock around its two kernels)."""
+        b, q = self.buf[side], self.queue
+        if self.profile:
+            q.finish()
+            t = time.perf_counter()
+        launch_gram(kern, q, cfg, self.fs, b["gram_k"], b["g_indptr"], b["g_indices"],
+                    b["g_data"], self.factors[other_side(side)], b["A"], b["B"], b["G"])
+        if self.profile:
+            q.finish()
+            self.stage_times["gram"] = (self.stage_times.get("gram", 0.0)
+                                        + time.perf_counter() - t)
+
+    def _batches(self, side, stream_events):
+        """The launches of this device's rows of ``side`` as :class:`Batch`: a resident side's
+        planned launches (:meth:`_plan_launches`), a streamed side's chunk by chunk. A
+        streamed chunk is uploaded into the buffer sets in turn (its events appended to
+        ``stream_events``), only after the commands of the set's previous chunk ran: the
+        caller sets ``batch.done`` to its batch's last event, so the copy of chunk c+1 is
+        enqueued while chunk c's kernels run (double buffer)."""
+        m = self.dplan.sides[side]
+        if m.resident:
+            bset = self.buf[side]
+            for row0, n, v0, nv in self.launches[side]:
+                yield Batch(bset, m.r0, row0, n, None, v0, nv)
+            return
+        sets = self.buf[side]["sets"]
+        bs = m.batch_rows
+        for c, (r0, r1) in enumerate(m.chunks):
+            bset = sets[c % len(sets)]
+            prev = bset["event"]
+            up = self._upload_chunk(side, bset, (r0, r1), wait_for=[prev] if prev else None)
+            wait = [up]
+            stream_events.append(up)
+            last = None
+            for row0 in range(0, r1 - r0, bs):
+                batch = Batch(bset, r0, row0, min(bs, r1 - r0 - row0), wait)
+                yield batch
+                wait = None
+                last = batch.done
+            bset["event"] = last
+
+    def _finish_half_step(self, side, regularization, publisher, exchange, t0, events,
+                          stream_events, copy_events):
+        """Receive the other devices' rows while this device's kernels run, wait for all,
+        account the times and report a singular system."""
+        cl = self.cl
+        st = np.empty(1, np.int32)
+        if publisher is None:
+            cl.enqueue_copy(self.queue, st, self.status)   # blocking: also ends the half-step
+            t_done = t_end = time.perf_counter()
+        else:
+            st_ev = cl.enqueue_copy(self.queue, st, self.status, is_blocking=False)
+            done_at = []
+            watcher = threading.Thread(
+                target=lambda: (st_ev.wait(), done_at.append(time.perf_counter())), daemon=True)
+            watcher.start()
+            publisher.close()
+            self._receive(side, exchange)      # uploads overlap this device's kernels
+            publisher.join()
+            watcher.join()
+            self.q["into"].finish()
+            t_end = time.perf_counter()
+            t_done = done_at[0] if done_at else t_end
+        self.times["compute"] += t_done - t0
+        self.times["exchange"] += max(0.0, t_end - t_done)
+        if self.profile:
+            self._account(events, stream_events, copy_events)
+        if st[0] != _INT_MAX:
+            raise SingularSystemError(
+                f"the normal equations of {side[:-1]} row {int(st[0])} are not positive "
+                f"definite (regularization={regularization}); increase regularization")
+
+    def _account(self, events, stream_events=(), copy_events=()):
+        """Add the profiled events' device seconds: per stage, kernels, copies."""
+        def busy(evs):
+            return sum((e.profile.end - e.profile.start) * 1e-9 for e in evs if e is not None)
+        for e1, e2, e3, ec in events:
+            for key, e in (("s1", e1), ("s2", e2), ("s3", e3), ("combine", ec)):
+                if e is not None:
+                    t = (e.profile.end - e.profile.start) * 1e-9
+                    self.stage_times[key] = self.stage_times.get(key, 0.0) + t
+                    self.times["kernels"] = self.times.get("kernels", 0.0) + t
+        for key, evs in (("stream_copies", stream_events), ("exchange_copies", copy_events)):
+            if evs:
+                self.times[key] = self.times.get(key, 0.0) + busy(evs)
+
+    def _receive(self, side, exchange):
+        """Upload the other devices' rows of ``side`` as they are published."""
+        seen = 0
+        while True:
+            new, seen, done = exchange.take(self.index, seen)
+            for _dev, r0, r1 in new:
+                self.write_rows(side, exchange.host, r0, r1, blocking=False)
+            if done:
+                return
+
+    # ----- the reduce mode (:mod:`clmf.engine.reduce`) -------------------------------------
+    def partials(self, side, host_A, host_B, host_G):
+        """Partial normal equations of every row of ``side`` over this device's block of the
+        fixed side into host arrays (:func:`reduce.partials`)."""
+        RD.partials(self, side, host_A, host_B, host_G)
+
+    def solve_reduced(self, side, host_A, host_B, regularization, weighted, exchange):
+        """Solve this device's rows of ``side`` from the reduced systems and exchange them
+        (:func:`reduce.solve_reduced`)."""
+        try:
+            RD.solve_reduced(self, side, host_A, host_B, regularization, weighted, exchange)
+        except BaseException as e:
+            exchange.fail(e)
+            raise
+
     def finish(self):
         """Wait for every command enqueued so far."""
-        self.queue.finish()
+        for q in self.q.values():
+            q.finish()
 
-    # ----- metrics on the device -----------------------------------------------------------
+    # ----- metrics on the device (:mod:`clmf.engine.device_metrics`) -------------------------
     def squared_error(self, key, users, items, ratings, offset=0.0):
-        """Sum of squared errors of the current factors on triples (uploaded once per ``key``)."""
-        cl = self.cl
-        mf = cl.mem_flags
-        if self._metrics_prog is None:
-            self._metrics_prog = K.metrics_program(self.ctx, self.fs, self.storage, self.ldf,
-                                                   biased=self.biased)
-        wg = 128
-        if key not in self._metric_bufs:
-            n = len(ratings)
-            groups = max(1, -(-n // wg))
-            self._metric_bufs[key] = (
-                n, groups,
-                cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(users, np.int32)),
-                cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(items, np.int32)),
-                cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(ratings, np.float32)),
-                cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * groups))
-        n, groups, bu, bi, br, bp = self._metric_bufs[key]
-        self._metrics_prog.kernels["sq_error"](self.queue, (groups * wg,), (wg,), bu, bi, br,
-                                               self.factors["users"], self.factors["items"],
-                                               np.int64(n), np.float32(offset + self.offset), bp)
-        part = np.empty(groups, np.float32)
-        cl.enqueue_copy(self.queue, part, bp)
-        return float(part.astype(np.float64).sum()), n
+        """``(sum of squared errors, count)`` on triples (:func:`device_metrics.squared_error`)."""
+        return DM.squared_error(self, key, users, items, ratings, offset)
+
+    def cached_squared_error(self, key, n, offset=0.0):
+        """The sum of squared errors on the ``n`` triples kept under ``key``, or None."""
+        return DM.cached_squared_error(self, key, n, offset)
 
     def train_squared_error(self):
-        """Sum of squared errors of the current factors on the training ratings, read from the
-        users' CSR already on the device (nothing uploaded); returns ``(sse, count)``."""
-        cl = self.cl
-        if self._metrics_prog is None:
-            self._metrics_prog = K.metrics_program(self.ctx, self.fs, self.storage, self.ldf,
-                                                   biased=self.biased)
-        wg = 128
-        rows = self.side["users"].rows
-        nnz = self.side["users"].nnz
-        groups = max(1, -(-nnz // wg))                 # a work-item per rating
-        if "train_csr" not in self._metric_bufs:
-            self._metric_bufs["train_csr"] = (None, groups, cl.Buffer(
-                self.ctx, cl.mem_flags.READ_WRITE, size=4 * groups))
-        bp = self._metric_bufs["train_csr"][2]
-        b = self.buf["users"]
-        self._metrics_prog.kernels["sq_error_csr"](
-            self.queue, (groups * wg,), (wg,), b["indptr"], b["indices"], b["data"],
-            self.factors["users"], self.factors["items"], np.int32(rows), np.int64(nnz),
-            np.float32(self.offset), bp)
-        part = np.empty(groups, np.float32)
-        cl.enqueue_copy(self.queue, part, bp)
-        return float(part.astype(np.float64).sum()), nnz
+        """``(sse, count)`` on the training ratings (:func:`device_metrics.train_squared_error`)."""
+        return DM.train_squared_error(self)
 
+    # ----- freeing ---------------------------------------------------------------------------
     def _release_buffers(self):
         """Release the ratings' buffers created so far (a set-up that failed), once the
         commands queued on them have ended."""
         self._drain()
-        for d in self.buf.values():
-            for bufobj in d.values():
-                if isinstance(bufobj, self.cl.MemoryObjectHolder):
-                    bufobj.release()
-        self.buf = {}
+        self._free()
 
     def _drain(self):
-        """Wait for the queue (Ctrl-C held back): no kernel or copy still uses a buffer or a
+        """Wait for every queue (Ctrl-C held back): no kernel or copy still uses a buffer or a
         host array the engine wraps once this returns; a failed wait is only logged."""
         try:
-            drain(getattr(self, "queue", None))
+            drain(*getattr(self, "q", {}).values())
         except Exception as e:  # noqa: BLE001 - freeing must go on after a failed command
             log.warning("waiting for %s before freeing its buffers failed: %s",
                         getattr(getattr(self, "info", None), "name", "the device"), e)
@@ -691,23 +716,39 @@ class Engine:
             return
         with deferred_interrupts():
             self._drain()
-            for d in list(self.buf.values()) + [self.factors]:
-                for bufobj in d.values():
-                    if isinstance(bufobj, self.cl.MemoryObjectHolder):
-                        bufobj.release()
-            for entry in self._metric_bufs.values():
-                for bufobj in entry[2:]:
-                    bufobj.release()
-            self.status.release()
-            self.buf = {}
-            self._metric_bufs = {}
-            self.factors = {}
-            self._factor_hosts = {}
+            self._free()
             self._released = True
+
+    def _free(self):
+        """Release every buffer (the queues are drained; the fill threads end first, they
+        write into the mapped staging arrays)."""
+        holder = self.cl.MemoryObjectHolder
+        if self._fill_pool[0] is not None:
+            self._fill_pool[0].shutdown()
+            self._fill_pool[0] = None
+        for _n, bufs in self._metric_bufs.values():
+            for x in bufs:
+                x.release()
+        for buf, arr in self._staging:
+            mapping = getattr(arr, "base", None)
+            if hasattr(mapping, "release"):
+                mapping.release(self.q["stream"])     # unmap before freeing
+            buf.release()
+        for b in self.buf.values():
+            for bset in [b, *b.get("sets", [])]:
+                for val in bset.values():
+                    if isinstance(val, holder):
+                        val.release()
+        for buf in self.factors.values():
+            buf.release()
+        if isinstance(getattr(self, "status", None), holder):
+            self.status.release()
+        self._metric_bufs, self._staging, self.buf, self.factors = {}, [], {}, {}
+        self._factor_hosts = {}
 
     def __del__(self):
         """An engine dropped unreleased (an error or Ctrl-C before :meth:`release`) waits for
-        its queue before its buffers and the host arrays they wrap are freed with it."""
+        its queues before its buffers and the host arrays they wrap are freed with it."""
         if not getattr(self, "_released", True):
             try:
                 self._drain()

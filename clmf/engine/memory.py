@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 __all__ = ["MemoryPlan", "SplitPlan", "plan_fit", "plan_split", "split_threshold",
            "choose_batch_rows", "available_host_memory", "DEVICE_FRACTION", "HOST_FRACTION",
            "SCRATCH_BUDGET", "MAX_BATCH_ROWS", "SPLIT_FLOOR", "SPLIT_WAVES",
-           "SPLIT_COMBINE_ENTRIES", "split_pays"]
+           "SPLIT_COMBINE_ENTRIES", "split_pays", "side_buffers", "DevicePlan", "SideMemory",
+           "plan_device", "device_budget", "scratch_rows", "chunk_rows", "MAX_CHUNK_ROWS"]
 
 SCRATCH_BUDGET = 512 << 20      # default cap on per-side hermitian scratch
 MAX_BATCH_ROWS = 1 << 16
@@ -219,6 +220,22 @@ def plan_split(config, f, rows, nnz, max_row, info):
     return SplitPlan(t, bs, int(max(bs, most)), int(rows) + int(nnz) // t + 1, slots)
 
 
+
+def side_buffers(side, fs, batch, rows, gram_rows=None, split=None):
+    """Bytes of a solved side's device buffers beside its ratings and factors (the one count
+    both plans use): the batch scratch ``A``/``B``, ``G``, with ``gram_rows`` (implicit: rows
+    of the fixed factor) the Gram's virtual rows' CSR, with an active ``split`` the pieces'
+    partial ``A``/``B``, their row pointers and the ``rows`` + 1 rows' first pieces."""
+    out = {f"scratch_{side}": 4 * fs * fs * batch + 4 * fs * batch,          # A and B
+           f"gram_{side}": 4 * fs * fs}                                      # G
+    if gram_rows is not None:
+        k = int(max(1, min(64, batch, gram_rows)))
+        out[f"implicit_{side}"] = 8 * (k + 1) + 8 * int(gram_rows)          # virtual rows' CSR
+    if split is not None and split.active:
+        out[f"split_{side}"] = (4 * (fs * fs + fs) * split.virtual_rows
+                                + 8 * (split.pieces_bound + 1) + 8 * (int(rows) + 1))
+    return out
+
 def plan_fit(m, n, nnz, f, configs, info, *, implicit=False, biased=False, batch_rows=None,
              validation_nnz=0, train_metrics=True, early_stopping=False, splits=None):
     """The :class:`MemoryPlan` of an ALS fit of an ``m × n`` matrix with ``nnz`` ratings.
@@ -257,17 +274,8 @@ def plan_fit(m, n, nnz, f, configs, info, *, implicit=False, biased=False, batch
         csr += 8 * (r + 1) + 4 * max(nnz, 1) + 4 * max(nnz, 1) + 2 * skew
         item = 2 if cfg.storage == "float16" else 4
         dev[f"factors_{side}"] = max(1, r) * cfg.ldf(width) * item
-        b = batch_rows[side]
-        dev[f"scratch_{side}"] = 4 * fs * fs * b + 4 * fs * b          # A and B
-        dev[f"gram_{side}"] = 4 * fs * fs                              # G
-        if implicit:
-            k = int(max(1, min(64, b, other)))
-            dev[f"implicit_{side}"] = 8 * (k + 1) + 8 * other          # virtual rows' CSR
-        sp_ = splits.get(side)
-        if sp_ is not None and sp_.active:
-            # the pieces' partial A and B, their row pointers and the rows' first pieces (int64)
-            dev[f"split_{side}"] = (4 * (fs * fs + fs) * sp_.virtual_rows
-                                    + 8 * (sp_.pieces_bound + 1) + 8 * (r + 1))
+        dev.update(side_buffers(side, fs, batch_rows[side], r, other if implicit else None,
+                                splits.get(side)))
     dev["csr"] = csr
     metrics = 0
     if train_metrics and not implicit:
@@ -294,3 +302,259 @@ def plan_fit(m, n, nnz, f, configs, info, *, implicit=False, biased=False, batch
         if sp_.active:      # the pieces' row pointers, built once on the host
             host[f"split_{side}"] = 3 * 8 * (sp_.pieces_bound + 1) + 8 * (rows[side] + 1)
     return MemoryPlan(dev, {k: int(v) for k, v in host.items() if v})
+
+
+# ----- one device's plan: what is resident, what is streamed ---------------------------------
+# A side whose rating block does not fit is streamed in chunks of rows, double-buffered (two
+# chunk buffers: the upload of chunk k+1 overlaps the kernels of chunk k); the factor buffers
+# stay resident. Only when even one chunk (the longest row) cannot fit next to the factors and
+# the scratch does :func:`plan_device` raise :class:`DeviceMemoryError`. A one-device fit and
+# every device of a multi-device one are planned here.
+MAX_CHUNK_ROWS = 1 << 20        # rows per streamed chunk (its indptr buffer)
+_ENTRY = 8                      # bytes per rating on the device: int32 index + float32 value
+
+
+def chunk_rows(indptr, r0, r1, max_nnz, max_rows):
+    """Cut rows ``[r0, r1)`` of a CSR ``indptr`` (int64) into chunks of at most ``max_nnz``
+    entries and ``max_rows`` rows (a single row longer than ``max_nnz`` is a chunk of its own);
+    returns a list of ``(row_start, row_end)``."""
+    import numpy as np
+    indptr = np.asarray(indptr)
+    out = []
+    r = int(r0)
+    max_nnz = max(1, int(max_nnz))
+    max_rows = max(1, int(max_rows))
+    while r < r1:
+        limit = int(indptr[r]) + max_nnz
+        e = int(np.searchsorted(indptr[r:r1 + 1], limit, side="right")) - 1 + r
+        e = min(max(e, r + 1), r1, r + max_rows)
+        out.append((r, e))
+        r = e
+    return out
+
+
+def device_budget(global_mem, max_alloc, max_device_memory=None):
+    """``(budget, max_alloc)`` in bytes: :data:`DEVICE_FRACTION` of global memory, or the user's
+    cap (read by :func:`clmf.data.validation.check_memory_cap`: an int is bytes, a float in
+    (0, 1] a fraction of global memory)."""
+    from ..data.validation import check_memory_cap
+    budget = int(DEVICE_FRACTION * global_mem)
+    if max_device_memory is not None:
+        budget = min(budget, check_memory_cap(max_device_memory, global_mem))
+    return budget, int(min(max_alloc, budget))
+
+
+def scratch_rows(f, rows, batch_rows, cap):
+    """Rows per launch given the config's ``batch_rows`` and a byte cap on the scratch."""
+    per_row = 4 * (f * f + f)
+    fit = max(1, int(cap) // per_row)
+    want = batch_rows or MAX_BATCH_ROWS
+    return int(max(1, min(want, fit, max(rows, 1))))
+
+
+@dataclasses.dataclass
+class SideMemory:
+    """One solved side on one device: rows ``[r0, r1)``, chunks of rows, resident or streamed;
+    ``split`` the long rows' pieces of a resident side (None: not split)."""
+    side: str
+    r0: int
+    r1: int
+    nnz: int
+    batch_rows: int
+    resident: bool
+    chunks: list                  # [(row_start, row_end)] global rows
+    chunk_nnz: int                # capacity of a chunk buffer (entries)
+    chunk_rows: int               # capacity of a chunk's indptr (rows)
+    split: SplitPlan | None = None
+
+    @property
+    def buffers(self):
+        """Chunk buffer sets on the device: 1 resident, 2 streamed (double-buffered)."""
+        return 1 if self.resident else 2
+
+    def data_bytes(self):
+        """Bytes of the rating buffers on the device."""
+        return self.buffers * (self.chunk_nnz * _ENTRY + (self.chunk_rows + 1) * 8)
+
+
+@dataclasses.dataclass
+class DevicePlan:
+    """The memory plan of one device (bytes per buffer in ``bytes``)."""
+    device: str
+    budget: int
+    max_alloc: int
+    sides: dict                   # side -> SideMemory
+    bytes: dict
+
+    @property
+    def total(self):
+        """Bytes allocated on the device."""
+        return int(sum(self.bytes.values()))
+
+    @property
+    def streamed(self):
+        """Sides streamed from host memory."""
+        return [s for s, m in self.sides.items() if not m.resident]
+
+    def describe(self):
+        """A one-line summary."""
+        parts = [f"{self.device}: {self.total / 2**20:.0f} of {self.budget / 2**20:.0f} MiB"]
+        for s, m in self.sides.items():
+            how = "resident" if m.resident else f"streamed in {len(m.chunks)} chunks"
+            parts.append(f"{s} rows {m.r0}..{m.r1} ({m.nnz} ratings) {how}")
+        return "; ".join(parts)
+
+
+def _mib(x):
+    """Bytes for a message: exact below 1 MiB, else MiB/GiB."""
+    x = int(x)
+    if x < 1 << 20:
+        return f"{x:,} bytes"
+    if x < 1 << 30:
+        return f"{x / 2**20:,.1f} MiB"
+    return f"{x / 2**30:,.2f} GiB"
+
+
+def plan_device(name, global_mem, max_alloc, *, f, ldf, itemsize, blocks, factor_rows,
+                batch_rows=None, implicit=False, other_rows=None, splits=None, skew=0,
+                max_device_memory=None, force_stream=()):
+    """Plan one device's memory.
+
+    Parameters
+    ----------
+    name : the device's name (messages).
+    global_mem, max_alloc : the device's global memory and largest single allocation (bytes).
+    f : unknowns per system (factors, + 1 with biases); ldf, itemsize : factor row layout.
+    blocks : side -> ``(indptr, r0, r1)``: the solved rows of each side on this device and the
+        int64 indptr they index (global offsets; only ``indptr[r0..r1]`` is read).
+    factor_rows : side -> rows of that side's factor held on the device (whole or a block).
+    batch_rows : side -> the rows per launch (None: fit the scratch cap).
+    implicit : the Gram matrix buffers of implicit feedback.
+    other_rows : side -> rows of the fixed factor read by the Gram (implicit), default the
+        factor rows of the other side.
+    splits : side -> :class:`SplitPlan` of a side whose long rows are cut (counted, and used,
+        while the side is resident; its ``batch_rows`` are the side's).
+    skew : bytes a resident side's indices and values may each be wrapped from below their
+        start (:func:`clmf.engine.upload.host_align`).
+    max_device_memory : the user's cap (bytes, or fraction ≤ 1 of global memory).
+    force_stream : sides to stream even when they fit (tests).
+
+    Raises
+    ------
+    DeviceMemoryError when the factors, the scratch and one chunk of the longest row cannot fit.
+    """
+    budget, alloc = device_budget(global_mem, max_alloc, max_device_memory)
+    full, _ = device_budget(global_mem, max_alloc)
+    # the scratch the uncapped device would use (a cap streams ratings first); smaller scratch
+    # (more launches, no long rows cut) only when even streaming does not fit
+    per_row = 4 * (f * f + f)
+    caps = [min(SCRATCH_BUDGET, max(per_row, full // 8), alloc)]
+    caps += [c for c in (budget // 8, budget // 32, per_row) if c < caps[-1]]
+    splits = {s: p for s, p in (splits or {}).items() if p is not None and p.active}
+    for k, scratch_cap in enumerate(caps):
+        try:
+            return _plan(name, budget, alloc, scratch_cap, f=f, ldf=ldf, itemsize=itemsize,
+                         blocks=blocks, factor_rows=factor_rows, batch_rows=batch_rows,
+                         implicit=implicit, other_rows=other_rows, force_stream=force_stream,
+                         splits=splits if k == 0 else {}, skew=skew)
+        except DeviceMemoryError:
+            if k == len(caps) - 1:
+                raise
+
+
+def _plan(name, budget, alloc, scratch_cap, *, f, ldf, itemsize, blocks, factor_rows,
+          batch_rows, implicit, other_rows, force_stream, splits, skew):
+    """:func:`plan_device` at one scratch size."""
+    import numpy as np
+    batch_rows = batch_rows or {}
+    fixed = {}
+    for s, rows in factor_rows.items():
+        fixed[f"factors_{s}"] = max(1, int(rows)) * ldf * itemsize
+        if fixed[f"factors_{s}"] > alloc:
+            raise DeviceMemoryError(
+                f"the {s} factors need {_mib(fixed[f'factors_{s}'])} in one buffer, more than "
+                f"{name}'s largest allocation ({_mib(alloc)}); use more devices (the reduce mode "
+                "keeps only a block of a huge factor per device), fewer factors or a larger "
+                "max_device_memory")
+    rows_per = {}
+    for s, (indptr, r0, r1) in blocks.items():
+        sp_ = splits.get(s)
+        br = scratch_rows(f, r1 - r0, sp_.batch_rows if sp_ else batch_rows.get(s), scratch_cap)
+        rows_per[s] = br
+        o = (other_rows or {}).get(s)
+        if o is None:
+            o = factor_rows["items" if s == "users" else "users"]
+        fixed.update(side_buffers(s, f, br, r1 - r0, o if implicit else None))
+    fixed["status"] = 16
+    sides = {}
+    lengths = {}
+    for s, (indptr, r0, r1) in blocks.items():
+        ip = np.asarray(indptr[r0:r1 + 1], dtype=np.int64)
+        nnz = int(ip[-1] - ip[0]) if ip.size else 0
+        longest = int(np.max(np.diff(ip))) if ip.size > 1 else 0
+        lengths[s] = (ip, nnz, longest)
+        sides[s] = SideMemory(s, int(r0), int(r1), nnz, rows_per[s], True, [(int(r0), int(r1))],
+                              max(1, nnz), max(1, r1 - r0), splits.get(s))
+
+    # stream the largest sides until the rest fits; each streamed side needs at least two
+    # chunk buffers of its longest row (and cuts no long rows)
+    def resident_bytes(s):
+        r0, r1 = sides[s].r0, sides[s].r1
+        extra = side_buffers(s, f, rows_per[s], r1 - r0, None, splits.get(s)).get(
+            f"split_{s}", 0)
+        return lengths[s][1] * _ENTRY + (r1 - r0 + 1) * 8 + 2 * int(skew) + extra
+
+    def min_stream(s):
+        return 2 * (max(lengths[s][2], 1) * _ENTRY + 2 * 8)
+
+    streamed = [s for s in blocks if s in force_stream]
+    streamed += [s for s in blocks if s not in streamed
+                 and max(lengths[s][1] * 4, (sides[s].r1 - sides[s].r0 + 1) * 8) > alloc]
+    order = sorted(blocks, key=lambda s: -lengths[s][1])
+    while True:
+        need = sum(fixed.values()) + sum(min_stream(s) if s in streamed else resident_bytes(s)
+                                         for s in blocks)
+        if need <= budget:
+            break
+        rest = [s for s in order if s not in streamed]
+        if not rest:
+            longest = {s: lengths[s][2] for s in blocks}
+            raise DeviceMemoryError(
+                f"{name}: the fit needs at least {_mib(need)} on this device, the budget is "
+                f"{_mib(budget)}: factors and scratch {_mib(sum(fixed.values()))}, two chunks "
+                f"of the longest rows ({longest} ratings) streamed; raise max_device_memory "
+                "(or use a device with more memory), fewer factors or more devices",
+                needed=int(need), available=int(budget))
+        streamed.append(rest[0])
+    room = budget - sum(fixed.values()) - sum(resident_bytes(s) for s in blocks
+                                              if s not in streamed)
+    weight = sum(max(lengths[s][1], 1) for s in streamed)
+    spare = room - sum(min_stream(s) for s in streamed)
+    for s in streamed:
+        ip, nnz, longest = lengths[s]
+        r0, r1 = sides[s].r0, sides[s].r1
+        share = min_stream(s) + spare * max(nnz, 1) // max(weight, 1)
+        # two buffer sets, each of entries (8 bytes) and row pointers (8 bytes per row)
+        cap_nnz = min(max(share // 2 // (_ENTRY + 8), longest, 1), alloc // 4)
+        if s in force_stream:
+            cap_nnz = min(cap_nnz, max(longest, 1, -(-nnz // 3)))   # tests: several chunks
+        cap_rows = min(MAX_CHUNK_ROWS, alloc // 8 - 1, max(1, r1 - r0), max(1, cap_nnz))
+        chunks = chunk_rows(ip - ip[0], 0, r1 - r0, cap_nnz, cap_rows)
+        chunks = [(a + r0, b + r0) for a, b in chunks]
+        c_nnz = max(int(ip[b - r0] - ip[a - r0]) for a, b in chunks) if chunks else 1
+        c_rows = max(b - a for a, b in chunks) if chunks else 1
+        sides[s] = SideMemory(s, r0, r1, nnz, rows_per[s], False, chunks, max(1, c_nnz),
+                              max(1, c_rows))
+    data = {f"ratings_{s}": m.data_bytes() + (0 if not m.resident else 2 * int(skew))
+            for s, m in sides.items()}
+    for s, m in sides.items():
+        if m.split is not None:         # the pieces' scratch and row pointers
+            data[f"split_{s}"] = side_buffers(s, f, m.batch_rows, m.r1 - m.r0, None,
+                                              m.split)[f"split_{s}"]
+    plan = DevicePlan(name, budget, alloc, sides, {**fixed, **data})
+    if plan.total > budget:
+        raise DeviceMemoryError(
+            f"{name}: the plan needs {_mib(plan.total)}, the budget is {_mib(budget)} "
+            f"({plan.bytes}); raise max_device_memory, use fewer factors or more devices",
+            needed=plan.total, available=int(budget))
+    return plan

@@ -11,13 +11,15 @@ worker processes and exchanges through Dask instead of host memory):
 ``layout`` — :class:`Layout`: both sides of the ratings as CSR on the host (``users``: the CSR,
     ``items``: the CSC), int64 ``indptr``, int32 ``indices``, float32 ``data``, any array-likes
     (numpy arrays or memory maps); :func:`transpose_csr` (parallel counting sort).
-``memory`` — :func:`plan_device` → :class:`DevicePlan`: per side resident or streamed chunks,
-    bytes per buffer, computed from shapes, configurations and the device's limits before any
-    device work; raises :class:`clmf.DeviceMemoryError` with the bytes needed.
-``worker`` — :class:`DeviceWorker` (one device): built from ``(index, device, layout, plan,
-    device_plan, f, ldf, {"users": cfg, "items": cfg}, implicit_alpha, biased, offset)``; it
-    uploads its blocks (or streams them per half-step), holds the factor rows it needs, and
-    offers
+``memory`` — the one memory planner is :func:`clmf.engine.memory.plan_device` →
+    :class:`DevicePlan` (re-exported here): per side resident or streamed chunks, bytes per
+    buffer, computed from shapes, configurations and the device's limits before any device
+    work; raises :class:`clmf.DeviceMemoryError` with the bytes needed.
+``worker`` — :func:`device_engine`: the one device engine, :class:`clmf.engine.Engine`, on a
+    device's share of the plan (:func:`device_share`: the rows it solves, the factor rows it
+    holds, its memory plan), built from ``(index, device, layout, plan, device_plan, f, ldf,
+    {"users": cfg, "items": cfg}, implicit_alpha, biased, offset)``; it uploads its blocks (or
+    streams them per half-step), holds the factor rows it needs, and offers
 
     - ``write_rows(side, host, r0, r1)`` / ``read_rows(side, host, r0, r1)``: factor rows
       (global numbering) between the device and a padded host array ``(rows, ldf)``;
@@ -33,11 +35,13 @@ worker processes and exchanges through Dask instead of host memory):
       matrix and λ·n_r — :meth:`MultiEngine._reduce`), then ``solve_reduced(side, host_A,
       host_B, regularization, weighted, exchange)`` solves the device's own rows and
       exchanges them like ``half_step``;
-    - ``squared_error(users, items, ratings, offset)``, ``finish()``, ``release()``, ``times``.
-``backend`` — :func:`make_backend` (today's single-device :class:`clmf.engine.Engine` when one
-    device holds the data — unchanged speed — else :class:`MultiEngine`), the object ``ALS.fit``
-    drives: ``set_factors``, ``iteration``, ``finish``, ``squared_error``, ``get_factors``,
-    ``release``, ``memory``, ``time_split()``.
+    - ``squared_error(key, users, items, ratings, offset)``, ``finish()``, ``release()``,
+      ``times``.
+``backend`` — :func:`make_backend` chooses: one device runs one :class:`clmf.engine.Engine` on
+    every row (resident or streamed as its plan says), several a :class:`MultiEngine` (an
+    engine per device, modes by :func:`fit_modes`); the object ``ALS.fit`` drives:
+    ``set_factors``, ``iteration``, ``finish``, ``squared_error``, ``get_factors``,
+    ``release``, ``memory``, ``time_split()`` (several devices).
 ``devices`` — :func:`select_devices`: ``ALS(device=[...])``, ``"gpu:all"``, ``"cpu:all"``.
 ``generate`` — :func:`synthetic_layout`: the Hugewiki / 4×-Netflix shapes built as a
     :class:`Layout` block by block in threads (no whole-set COO).
@@ -45,15 +49,15 @@ worker processes and exchanges through Dask instead of host memory):
     ``benchmarks/scale_runs.py``; not imported by the package: it uses the estimator's tuning
     lookup, and the estimator imports this package).
 
-A Dask backend runs one :class:`DeviceWorker` per device in worker processes (each with the
+A Dask backend runs one :class:`clmf.engine.Engine` per device in worker processes (each with the
 layout blocks its plan assigns — only ``layout[side].entries(r0, r1)`` and ``counts()`` are
 read), and passes an exchange object of its own whose ``publish``/``take`` move the chunks.
 """
-from .backend import MultiEngine, common_ldf, make_backend, partial_layout, plan_fit
+from ..engine.memory import DevicePlan, SideMemory, plan_device
+from .backend import MultiEngine, common_ldf, fit_modes, make_backend, partial_layout, plan_fit
 from .devices import select_devices
 from .generate import synthetic_layout
 from .layout import Layout, SideLayout, transpose_csr
-from .memory import DevicePlan, SideMemory, plan_device
 from .partition import (
                         Plan,
                         SidePlan,
@@ -63,11 +67,11 @@ from .partition import (
                         make_plan,
                         row_weights,
 )
-from .worker import DeviceWorker, Exchange
+from .worker import Exchange, device_engine, device_share
 
 __all__ = ["MultiEngine", "make_backend", "common_ldf", "partial_layout", "plan_fit",
            "synthetic_layout",
            "select_devices", "Layout",
            "SideLayout", "transpose_csr", "DevicePlan", "SideMemory", "plan_device", "Plan",
            "SidePlan", "balanced_blocks", "choose_modes", "chunk_rows", "make_plan",
-           "row_weights", "DeviceWorker", "Exchange"]
+           "row_weights", "Exchange", "device_engine", "device_share", "fit_modes"]

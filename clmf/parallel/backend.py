@@ -1,9 +1,10 @@
-"""Backends of a fit: the single-device :class:`clmf.engine.Engine`, or :class:`MultiEngine`
-(any number of devices, resident or streamed) behind the same small interface:
+"""Backends of a fit: one device's :class:`clmf.engine.Engine` (its rows resident or streamed,
+as its memory plan says), or :class:`MultiEngine` (several devices, each running an engine on its
+share of the partition plan) behind the same small interface:
 ``set_factors(side, M, biases=None, adopt=False)``, ``iteration(regularization, weighted)``,
 ``finish()``, ``squared_error(key, users, items, ratings)``,
 ``get_factors(side, with_biases=False)``,
-``release()``, ``memory`` (dict with a ``total``) and ``configs`` (per device and side).
+``release()``, ``memory`` (dict with a ``total``) and ``configs``.
 """
 from __future__ import annotations
 
@@ -13,18 +14,19 @@ import time
 
 import numpy as np
 
-from ..engine.core import padded_factors, unpadded_factors
+from ..engine.factors import padded_factors, unpadded_factors
+from ..engine.memory import plan_device, plan_split
 from ..interrupts import deferred_interrupts
 from .layout import Layout, SideLayout, transpose_csr
-from .memory import plan_device
 from .partition import choose_modes, make_plan
-from .worker import SIDES, DeviceWorker, Exchange, other_side
+from .worker import SIDES, Exchange, device_engine, other_side
 
 log = logging.getLogger(__name__)
 
 _PIN_LIMIT = 4 << 30          # largest page-locked exchange array
 
-__all__ = ["MultiEngine", "make_backend", "common_ldf", "plan_fit", "partial_layout"]
+__all__ = ["MultiEngine", "make_backend", "common_ldf", "plan_fit", "partial_layout",
+           "fit_modes"]
 
 
 def common_ldf(configs, width):
@@ -33,32 +35,45 @@ def common_ldf(configs, width):
     return max(c.ldf(width) for pair in configs for c in pair)
 
 
-def _single_fits(device, R, f, configs, max_device_memory, biased=False, implicit=False):
-    """Whether the single-device engine's own memory plan fits the budget (and the engine's own
-    check), so that it runs unchanged."""
-    from ..engine.device import device_info
-    from ..engine.memory import plan_fit as engine_plan
-    from ..errors import DeviceMemoryError
-    from .memory import device_budget
-    info = device_info(device)
-    budget, alloc = device_budget(info.global_mem, info.max_alloc, max_device_memory)
-    m, n = R.shape
-    plan = engine_plan(m, n, R.nnz, f, configs, info, implicit=implicit, biased=biased)
-    # (the same plan as the engine's own, metrics buffers included: the engine runs only where
-    # its whole plan fits the budget)
-    try:
-        plan.check_device(info)
-    except DeviceMemoryError:
-        return False
-    big = max(plan.device.values())
-    return plan.device_total <= budget and big <= alloc and R.nnz * 4 <= alloc
+def fit_modes(shape, fs, ldf, n, config_pairs, modes=None):
+    """Per side ``"replicate"`` or ``"reduce"`` for a fit on ``n`` devices: the caller's
+    ``modes`` or the rule's (:func:`choose_modes`); one device, or both sides reduced, replicate.
+    The reduced systems are solved from their summed hermitians, which the fused CG solver never
+    builds: where the rule picked the reduce mode for a side whose configuration on some device
+    is the fused CG, that side replicates instead (the rule weighs bytes moved, the fused CG
+    saves the hermitians); asked for by the caller, it is refused with an
+    :class:`InvalidConfigError` naming the side and the device (``side``, ``device_index``)."""
+    from ..errors import InvalidConfigError
+    given = modes is not None
+    modes = dict(modes) if given else choose_modes(shape, fs, ldf, n)
+    if n == 1 or all(mo == "reduce" for mo in modes.values()):
+        return {s: "replicate" for s in SIDES}
+    for k, s in enumerate(SIDES):
+        fused = [d for d, p in enumerate(config_pairs) if p[k].solver == "fusedcg"]
+        if modes[s] != "reduce" or not fused:
+            continue
+        if not given:
+            log.info("%s: the fused CG solver builds no normal equations to reduce: the fixed "
+                     "factor is replicated", s)
+            modes[s] = "replicate"
+            continue
+        e = InvalidConfigError(
+            f"modes={{{s!r}: 'reduce'}} sums the devices' partial normal equations of the {s}, "
+            f"which the fused CG solver ({config_pairs[fused[0]][k]}) never builds: use "
+            "solver='cg' or 'cholesky' for that side, or the replicate mode", "reduce")
+        e.side, e.device_index = s, fused[0]
+        raise e
+    return modes
 
 
 def make_backend(devices, R, f, configs, *, implicit_alpha=None, biased=False, offset=0.0,
                  max_device_memory=None, profile=False, force_stream=(), modes=None,
                  item_counts=None):
-    """The backend of a fit: today's :class:`clmf.engine.Engine` for one device when the data
-    fit (same speed), else a :class:`MultiEngine`.
+    """The backend of a fit, chosen: one device runs one :class:`clmf.engine.Engine` on every
+    row (its memory plan keeps the ratings resident, or streams the sides that do not fit, and
+    cuts long rows of resident sides); several devices a :class:`MultiEngine` (rows partitioned
+    by work, the fixed factors replicated or reduced by :func:`fit_modes`, one engine per
+    device on its share).
 
     Parameters
     ----------
@@ -67,18 +82,19 @@ def make_backend(devices, R, f, configs, *, implicit_alpha=None, biased=False, o
     f : factors; ``configs``: one ``(users_config, items_config)`` pair per device.
     max_device_memory : bytes, or a fraction (≤ 1) of each device's global memory.
     force_stream : sides to stream even if they fit (tests).
-    modes : optional side → "replicate"/"reduce" (default: :func:`choose_modes`).
-    item_counts : optional ratings per item, when already counted (the single-device engine).
+    modes : optional side → "replicate"/"reduce" (several devices; default: the rule's).
+    item_counts : optional ratings per item, when already counted (one device).
     """
     from ..engine import Engine
     if len(devices) != len(configs):
         raise ValueError("one configuration pair per device")
-    if (len(devices) == 1 and not isinstance(R, Layout) and not force_stream and modes is None
-            and _single_fits(devices[0], R, f, configs[0], max_device_memory, biased=biased,
-                             implicit=implicit_alpha is not None)):
-        return Engine(devices[0], R, f, configs[0], profile=profile,
-                      implicit_alpha=implicit_alpha, biased=biased, offset=offset,
-                      item_counts=item_counts)
+    if len(devices) == 1:
+        eng = Engine(devices[0], R, f, configs[0], profile=profile,
+                     implicit_alpha=implicit_alpha, biased=biased, offset=offset,
+                     item_counts=item_counts, max_device_memory=max_device_memory,
+                     force_stream=force_stream)
+        log.info("backend: one device; memory plan: %s", eng.dplan.describe())
+        return eng
     return MultiEngine(devices, R, f, configs, implicit_alpha=implicit_alpha, biased=biased,
                        offset=offset, max_device_memory=max_device_memory, profile=profile,
                        force_stream=force_stream, modes=modes)
@@ -87,26 +103,36 @@ def make_backend(devices, R, f, configs, *, implicit_alpha=None, biased=False, o
 def plan_fit(infos, layout, plan, fs, ldf, itemsize, config_pairs, implicit=False,
              max_device_memory=None, force_stream=(), sources=None):
     """The memory plan of every device of a fit (a list of
-    :class:`~clmf.parallel.memory.DevicePlan`); raises DeviceMemoryError before device work.
-    ``sources[d][side]``: the partial layout of a reduced side on device ``d``."""
+    :class:`~clmf.engine.memory.DevicePlan`, :func:`plan_device` on each device's share: long
+    rows of the sides it solves from the whole layout cut as on one device); raises
+    DeviceMemoryError before device work. ``sources[d][side]``: the partial layout of a
+    reduced side on device ``d``."""
+    from .. import engine
     n = len(infos)
     out = []
     for d, info in enumerate(infos):
-        blocks = {}
-        for s in SIDES:
+        blocks, splits = {}, {}
+        for k, s in enumerate(SIDES):
             src = (sources or [{}] * n)[d].get(s)
             blocks[s] = ((src.indptr, 0, src.rows) if src is not None
                          else (layout[s].indptr, *plan[s].block(d)))
+            ip, r0, r1 = blocks[s]
+            counts = np.diff(np.asarray(ip[r0:r1 + 1], np.int64))
+            rows, nnz = r1 - r0, int(counts.sum())
+            cut = src is None and rows > 0
+            splits[s] = plan_split(config_pairs[d][k], fs, rows, nnz,
+                                   int(counts.max()) if cut else 0, info)
         frows = {}
         for s in SIDES:
             whole = plan[other_side(s)].mode == "replicate" or n == 1
             a, b_ = (0, layout[s].rows) if whole else plan[s].block(d)
             frows[s] = b_ - a
-        batch = {s: config_pairs[d][k].batch_rows for k, s in enumerate(SIDES)}
         out.append(plan_device(
             f"device {d} ({info.name})", info.global_mem, info.max_alloc, f=fs, ldf=ldf,
-            itemsize=itemsize, blocks=blocks, factor_rows=frows, batch_rows=batch,
-            implicit=implicit, max_device_memory=max_device_memory, force_stream=force_stream))
+            itemsize=itemsize, blocks=blocks, factor_rows=frows,
+            batch_rows={s: splits[s].batch_rows for s in SIDES}, implicit=implicit,
+            splits=splits, skew=engine.upload.host_align(info),
+            max_device_memory=max_device_memory, force_stream=force_stream))
     return out
 
 
@@ -140,16 +166,7 @@ class MultiEngine:
             raise ValueError("biases are for explicit feedback")
         L = self.layout
         m, nn = self.shape
-        if modes is None:
-            modes = choose_modes(self.shape, self.fs, self.ldf, n)
-        if n == 1 or all(mo == "reduce" for mo in modes.values()):
-            modes = {s: "replicate" for s in SIDES}
-        for k, s in enumerate(SIDES):
-            if modes[s] == "reduce":
-                # the reduced systems are solved from A: no fused CG there
-                self.config_pairs = [tuple(c.replace(solver="cg") if j == k and
-                                           c.solver == "fusedcg" else c
-                                           for j, c in enumerate(p)) for p in self.config_pairs]
+        modes = fit_modes(self.shape, self.fs, self.ldf, n, self.config_pairs, modes)
         self.plan = make_plan(L.users.counts(), L.items.counts(), n, self.fs, self.ldf,
                               shares=shares, modes=modes)
         # the reduced sides' partial layouts (host work, before any device work)
@@ -174,7 +191,7 @@ class MultiEngine:
         try:
             for d, dev in enumerate(self.devices):
                 futs.append(self.pool.submit(
-                    DeviceWorker, d, dev, L, self.plan, self.dplans[d], self.f, self.ldf,
+                    device_engine, d, dev, L, self.plan, self.dplans[d], self.f, self.ldf,
                     {"users": self.config_pairs[d][0], "items": self.config_pairs[d][1]},
                     implicit_alpha, biased, offset, contexts[d], profile, self.sources[d],
                     pinned))
@@ -358,7 +375,7 @@ class MultiEngine:
             if hit is not None:      # the triples are still on the device
                 return hit
             sel = order[cuts[d]:cuts[d + 1]]
-            return w.squared_error(users[sel], items[sel], ratings[sel], offset, key=key)
+            return w.squared_error(key, users[sel], items[sel], ratings[sel], offset)[0]
 
         total = sum(self.pool.map(part, range(len(self.workers))))
         return float(total), int(len(ratings))

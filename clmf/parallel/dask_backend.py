@@ -1,6 +1,6 @@
 """The client side of a partitioned fit on a Dask cluster (issue 15): ratings prepared on the
 workers (raw ids mapped to dense indices there), and :class:`DaskEngine`, which places one
-:class:`~clmf.parallel.worker.DeviceWorker` per Dask worker (the blocks the partition plan gives
+:class:`~clmf.engine.Engine` per Dask worker (the blocks the partition plan gives
 it stay resident for the whole fit) and drives the half-steps with Dask tasks pinned to their
 workers. Only factor blocks (replicate mode) or partial normal equations (reduce mode) move, as
 Dask results between workers. Dask is imported lazily: importing :mod:`clmf` never needs it.
@@ -20,7 +20,7 @@ import numpy as np
 
 from ..engine.core import padded_factors, unpadded_factors
 from . import dask_tasks as T
-from .partition import choose_modes, make_plan
+from .partition import make_plan
 from .worker import SIDES, other_side
 
 log = logging.getLogger(__name__)
@@ -227,7 +227,7 @@ class DaskEngine:
                  implicit_alpha=None, biased=False, offset=0.0, max_device_memory=None,
                  modes=None, poll=1.0):
         """Plan the fit, route the ratings to their workers, build the blocks and devices."""
-        from .backend import common_ldf
+        from .backend import common_ldf, fit_modes
         self.client = client
         self.addrs = list(addrs)
         self.n = len(self.addrs)
@@ -246,14 +246,7 @@ class DaskEngine:
             raise ValueError(f"every device must store factors alike, got {sorted(storages)}")
         self.np_store = np.float16 if storages.pop() == "float16" else np.float32
         self.ldf = common_ldf(pairs, width)
-        if modes is None:
-            modes = choose_modes(self.shape, self.fs, self.ldf, self.n)
-        if self.n == 1 or all(mo == "reduce" for mo in modes.values()):
-            modes = {s: "replicate" for s in SIDES}
-        for k, s in enumerate(SIDES):
-            if modes[s] == "reduce":       # the reduced systems are solved from A: no fused CG
-                pairs = [tuple(c.replace(solver="cg") if j == k and c.solver == "fusedcg" else c
-                               for j, c in enumerate(p)) for p in pairs]
+        modes = fit_modes(self.shape, self.fs, self.ldf, self.n, pairs, modes)
         self.config_pairs = pairs
         self.plan = make_plan(data.user_counts, data.item_counts, self.n, self.fs, self.ldf,
                               modes=modes)

@@ -1,6 +1,6 @@
 """What runs inside the Dask workers of a :mod:`clmf.dask` fit (issue 15).
 
-Each worker process holds, per fit id, one :class:`~clmf.parallel.worker.DeviceWorker` on its
+Each worker process holds, per fit id, one :class:`~clmf.engine.Engine` on its
 OpenCL device with its row blocks of both sides resident for the whole fit (in ``_STATE``, a
 process-global dict: a Dask worker runs a fit's tasks one after another). The client sends only
 small tasks; factor blocks move between workers as Dask results. Nothing here imports dask at
@@ -46,7 +46,7 @@ class BlockSide(SideLayout):
 
 class Rows:
     """A host array of rows ``[r0, r0 + len)`` indexed by global row numbers (what
-    :class:`DeviceWorker` reads and writes through ``host[a:b]``)."""
+    :class:`~clmf.engine.Engine` reads and writes through ``host[a:b]``)."""
 
     def __init__(self, array, r0):
         """Wrap ``array`` whose first row is global row ``r0``."""
@@ -215,9 +215,9 @@ def _block(pieces, key, indptr, r0, r1):
 
 def build(fit_id, d, setup, n_user_pieces, *pieces):
     """Build this worker's blocks (users rows by the users plan, items rows by the items plan),
-    its memory plan and its :class:`DeviceWorker`; returns a summary of the memory plan."""
+    its memory plan and its :class:`~clmf.engine.Engine`; returns a summary of the memory plan."""
     from .backend import partial_layout, plan_fit
-    from .worker import DeviceWorker
+    from .worker import device_engine
     plan = setup["plan"]
     n = plan.devices
     m, nn = setup["shape"]
@@ -240,7 +240,7 @@ def build(fit_id, d, setup, n_user_pieces, *pieces):
                      setup["max_device_memory"], (), all_sources)[d]
     dev = worker_device(setup["specs"][d], setup["ranks"][d])
     pair = setup["config_pairs"][d]
-    w = DeviceWorker(d, dev, layout, plan, dplan, setup["f"], setup["ldf"],
+    w = device_engine(d, dev, layout, plan, dplan, setup["f"], setup["ldf"],
                      {"users": pair[0], "items": pair[1]}, setup["implicit_alpha"],
                      setup["biased"], setup["offset"], None, False, sources)
     with _LOCK:
@@ -381,7 +381,7 @@ def squared_error(fit_id, key):
             u, i = (rows, np.asarray(idx)) if by == "users" else (np.asarray(idx), rows)
             st["triples"]["train"] = (u, i, np.asarray(val))
     u, i, r = st["triples"][key]
-    return w.squared_error(u, i, r, 0.0, key=key), len(r)
+    return w.squared_error(key, u, i, r, 0.0)
 
 
 def release(fit_id):

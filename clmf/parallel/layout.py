@@ -10,7 +10,7 @@ import os
 import numpy as np
 import scipy.sparse as sp
 
-from ..engine.core import SideData
+from ..engine.blocks import SideData
 
 __all__ = ["SideLayout", "Layout", "transpose_csr"]
 
@@ -18,18 +18,8 @@ __all__ = ["SideLayout", "Layout", "transpose_csr"]
 @dataclasses.dataclass
 class SideLayout(SideData):
     """CSR of one side held on the host (row r's entries are
-    ``indices/data[indptr[r]:indptr[r+1]]``; the arrays may be memory maps), with the slicing
-    the devices' row blocks need."""
-
-    def counts(self):
-        """Entries per row (int64)."""
-        return np.diff(np.asarray(self.indptr, dtype=np.int64))
-
-    def entries(self, r0, r1):
-        """``(indptr rebased to 0, indices, data)`` of rows ``[r0, r1)`` (views of the entries)."""
-        ip = np.asarray(self.indptr[r0:r1 + 1], dtype=np.int64)
-        e0, e1 = int(ip[0]), int(ip[-1])
-        return ip - e0, self.indices[e0:e1], self.data[e0:e1]
+    ``indices/data[indptr[r]:indptr[r+1]]``; the arrays may be memory maps); the slicing the
+    devices' row blocks need is :class:`SideData`'s (``counts``, ``entries``)."""
 
 
 @dataclasses.dataclass

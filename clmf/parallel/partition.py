@@ -33,6 +33,8 @@ import dataclasses
 
 import numpy as np
 
+from ..engine.memory import chunk_rows
+
 __all__ = ["balanced_blocks", "row_weights", "SidePlan", "Plan", "make_plan", "choose_modes",
            "chunk_rows"]
 
@@ -84,24 +86,6 @@ def balanced_blocks(counts, parts, f=0, shares=None):
     bounds[0], bounds[-1] = 0, rows
     bounds[1:-1] = np.maximum.accumulate(pick) if pick.size else pick
     return bounds
-
-
-def chunk_rows(indptr, r0, r1, max_nnz, max_rows):
-    """Cut rows ``[r0, r1)`` of a CSR ``indptr`` (int64) into chunks of at most ``max_nnz``
-    entries and ``max_rows`` rows (a single row longer than ``max_nnz`` is a chunk of its own);
-    returns a list of ``(row_start, row_end)``."""
-    indptr = np.asarray(indptr)
-    out = []
-    r = int(r0)
-    max_nnz = max(1, int(max_nnz))
-    max_rows = max(1, int(max_rows))
-    while r < r1:
-        limit = int(indptr[r]) + max_nnz
-        e = int(np.searchsorted(indptr[r:r1 + 1], limit, side="right")) - 1 + r
-        e = min(max(e, r + 1), r1, r + max_rows)
-        out.append((r, e))
-        r = e
-    return out
 
 
 def choose_modes(shape, f, ldf, devices, fits_replicated=(True, True)):

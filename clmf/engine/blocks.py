@@ -1,0 +1,158 @@
+"""What the engine needs to know of a device's share of a fit, and the small machinery of its
+half-steps: the batches it launches, the thread that publishes solved rows to an exchange.
+
+A one-device fit is the share that owns every row of both sides (:meth:`Share.whole`); a
+multi-device fit (:mod:`clmf.parallel`) gives each device's :class:`clmf.engine.Engine` the
+share its partition plan assigns. The engine knows nothing of the other devices: an exchange
+object (``needed``, ``host``, ``publish``, ``finish``, ``take``, ``fail``) moves the rows.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import queue as _queue
+import threading
+
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = ["SideData", "Share", "Batch", "Publisher", "SIDES", "other_side", "fill"]
+
+SIDES = ("users", "items")
+
+
+def other_side(side):
+    """The side that is fixed while ``side`` is solved."""
+    return "items" if side == "users" else "users"
+
+
+@dataclasses.dataclass
+class SideData:
+    """CSR of one side (rows to solve) with the other side's factors as columns; ``indices`` and
+    ``data`` are None where they exist only on the device (the items' side, transposed there)."""
+    indptr: np.ndarray   # int64
+    indices: np.ndarray  # int32 or None
+    data: np.ndarray     # float32 or None
+
+    @classmethod
+    def from_csr(cls, R):
+        """The side of a CSR (no copy of arrays already int32 indices / float32 data)."""
+        R = sp.csr_matrix(R)
+        return cls(R.indptr.astype(np.int64, copy=False), R.indices.astype(np.int32, copy=False),
+                   R.data.astype(np.float32, copy=False))
+
+    def counts(self):
+        """Entries per row (int64)."""
+        return np.diff(np.asarray(self.indptr, dtype=np.int64))
+
+    def entries(self, r0, r1):
+        """``(indptr rebased to 0, indices, data)`` of rows ``[r0, r1)`` (views of the entries;
+        the row pointers themselves where they start at 0)."""
+        ip = np.asarray(self.indptr[r0:r1 + 1], dtype=np.int64)
+        e0, e1 = int(ip[0]), int(ip[-1])
+        return (ip if e0 == 0 else ip - e0), self.indices[e0:e1], self.data[e0:e1]
+
+    @property
+    def rows(self):
+        """Rows of this side."""
+        return len(self.indptr) - 1
+
+    @property
+    def nnz(self):
+        """Entries of this side."""
+        return int(self.indptr[-1])
+
+    def nbytes(self):
+        """Bytes of the side on the device (int32 indices and float32 values per entry)."""
+        if self.indices is None:
+            return self.indptr.nbytes + 8 * self.nnz
+        return self.indptr.nbytes + self.indices.nbytes + self.data.nbytes
+
+
+@dataclasses.dataclass
+class Share:
+    """One device's part of a fit: ``index`` its position, ``blocks[side] = (r0, r1)`` the rows
+    it solves, ``frange[side] = (lo, hi)`` the factor rows it holds, ``plan`` its
+    :class:`~clmf.engine.memory.DevicePlan`, ``ldf`` the fit's common row width, ``sources[side]``
+    the host CSR of the rows it computes on (the layout's side, or for a side whose normal
+    equations are reduced every row restricted to this device's block of the fixed side),
+    ``reduced`` the sides whose partial normal equations are summed over the devices and
+    ``whole[side]`` the layout's side (its row counts regularise and solve a reduced side's
+    rows; default ``sources``)."""
+    index: int
+    blocks: dict
+    frange: dict
+    plan: object
+    ldf: int
+    sources: dict
+    reduced: frozenset = frozenset()
+    whole: dict | None = None
+
+
+@dataclasses.dataclass
+class Batch:
+    """One launch of a half-step: its buffer set, the chunk's first row ``r0``, ``row0`` within
+    the chunk, ``rows``, ``wait`` (the upload its first kernel waits for), the pieces ``v0``,
+    ``nv`` of a split launch (``nv`` 0: unsplit); the caller sets ``done``."""
+
+    bset: dict
+    r0: int
+    row0: int
+    rows: int
+    wait: list | None
+    v0: int = 0
+    nv: int = 0
+    done: object = None
+
+
+class Publisher:
+    """A thread that waits for a device's device → host copies in order and publishes each."""
+
+    def __init__(self, exchange, index):
+        self.exchange = exchange
+        self.index = index
+        self.items = _queue.Queue()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def put(self, event, r0, r1):
+        """Publish rows ``[r0, r1)`` once ``event`` completes."""
+        self.items.put((event, r0, r1))
+
+    def close(self):
+        """No more chunks."""
+        self.items.put(None)
+
+    def join(self):
+        """Wait until every chunk was published."""
+        self.thread.join()
+
+    def _run(self):
+        """Wait for each copy in turn and publish its rows; a failure wakes every waiter."""
+        try:
+            while True:
+                item = self.items.get()
+                if item is None:
+                    self.exchange.finish(self.index)
+                    return
+                event, r0, r1 = item
+                if event is not None:
+                    event.wait()
+                self.exchange.publish(self.index, r0, r1)
+        except BaseException as e:        # the waiting workers must not hang
+            self.exchange.fail(e)
+
+
+def fill(pool, dst, src):
+    """``dst[:len(src)] = src`` in up to four host threads of ``pool`` (a one-element list
+    holding the executor, created on first need; NumPy releases the GIL)."""
+    n = len(src)
+    parts = max(1, min(4, n // (1 << 22)))
+    if parts == 1:
+        np.copyto(dst[:n], src, casting="unsafe")
+        return
+    if pool[0] is None:
+        pool[0] = concurrent.futures.ThreadPoolExecutor(4)
+    cuts = np.linspace(0, n, parts + 1).astype(np.int64)
+    list(pool[0].map(lambda k: np.copyto(dst[cuts[k]:cuts[k + 1]], src[cuts[k]:cuts[k + 1]],
+                                         casting="unsafe"), range(parts)))

@@ -1,0 +1,62 @@
+"""Factor rows between the host and the devices' padded layout: rows of ``ldf`` values, with
+biases column f holding the 1 and column f + 1 the bias."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import upload as U
+
+__all__ = ["padded_factors", "host_factor_rows", "padded_base", "unpadded_factors"]
+
+
+def padded_factors(side, M, rows, f, ldf, np_store, biased, biases=None):
+    """A side's factors (``rows`` × f) as the devices' padded host rows ``(max(1, rows), ldf)``:
+    with biases, column f holds the 1 and column f + 1 the bias."""
+    M = np.asarray(M, dtype=np.float32)
+    if M.shape != (rows, f):
+        raise ValueError(f"{side} factors must have shape {(rows, f)}, not {M.shape}")
+    host = np.zeros((max(1, rows), ldf), dtype=np_store)
+    host[:rows, :f] = M
+    if biased:
+        host[:, f] = 1.0
+        if biases is not None:
+            host[:rows, f + 1] = biases
+    return host
+
+
+def host_factor_rows(rows, f, ldf, biased=False):
+    """float32 host rows ``(max(1, rows), ldf)`` in the devices' padded layout, as
+    :func:`padded_factors` writes them (the padding zero; with biases column f one, the biases
+    zero), starting at a page boundary in NumPy's memory, the factors themselves uninitialised;
+    returns their ``[:rows, :f]`` view, to be filled (the start factors of a fit) and handed to
+    :meth:`Engine.set_factors` with ``adopt``, whose CPU runtimes then wrap the rows in place."""
+    host = U.aligned_empty((max(1, rows), ldf), np.float32, small_pages=False)
+    host[:, f:] = 0
+    host[rows:] = 0
+    if biased:
+        host[:, f] = 1.0
+    return host[:rows, :f]
+
+
+def padded_base(M, rows, f, ldf):
+    """The padded rows ``(max(1, rows), ldf)`` that ``M`` is the ``[:rows, :f]`` view of
+    (:func:`host_factor_rows`; the padding is trusted to be as that wrote it), or None."""
+    base, n = M.base, max(1, rows) * ldf
+    if (not isinstance(base, np.ndarray) or M.dtype != np.float32 or M.shape != (rows, f)
+            or M.strides != (4 * ldf, 4) or not base.flags.c_contiguous):
+        return None
+    off = M.ctypes.data - base.ctypes.data
+    if off < 0 or off + 4 * n > base.nbytes:
+        return None
+    return np.ndarray((max(1, rows), ldf), np.float32, buffer=base, offset=off)
+
+
+def unpadded_factors(host, rows, f, biased, with_biases=False):
+    """The factors (float32, ``rows`` × f) of padded host rows, and with ``with_biases`` the
+    biases too (column f + 1 where ``biased``, else zeros)."""
+    X = np.ascontiguousarray(host[:rows, :f], dtype=np.float32)
+    if with_biases:
+        b = (host[:rows, f + 1].astype(np.float32) if biased
+             else np.zeros(rows, np.float32))
+        return X, b
+    return X

@@ -1,0 +1,167 @@
+"""The kernels' launches: S1 → S2 → S3 over a batch of rows, long rows cut into pieces summed by
+separate S1 work-groups (:func:`split_rows`, :func:`launch_split_batch`), the implicit Gram, the
+solve alone; each enqueues on a queue and returns its events (the one engine,
+:class:`clmf.engine.Engine`, runs them)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .memory import split_pays
+
+__all__ = ["launch_gram", "launch_batch", "split_rows", "launch_split_batch", "launch_solve"]
+
+_INT32_MAX = (1 << 31) - 1
+
+def launch_gram(kern, q, cfg, fs, k, g_indptr, g_indices, g_data, Yother, A, B, G):
+    """Enqueue G = Σ y yᵀ over the other side's rows (``k`` virtual rows of partial Grams summed
+    by ``sum_partials``; implicit feedback)."""
+    s1_local = cfg.s1_local_size(fs)
+    kern["s1_hermitian"](q, (cfg.s1_groups(fs, k) * s1_local,), (s1_local,), g_indptr, g_indices,
+                         Yother, A, np.int32(0), np.int32(k), np.float32(0.0), np.int32(0), g_data,
+                         np.float32(1.0), G, np.int32(0), B, np.int32(0), np.float32(0.0))
+    return kern["sum_partials"](q, (-(-fs * fs // 64) * 64,), (64,), A, np.int32(k), G)
+
+
+def launch_batch(kern, q, cfg, v, fs, indptr, indices, data, Yother, A, B, G, Xout, status, row0,
+                 n, xoff, regularization, weighted, implicit, alpha, offset, wait_for=None,
+                 solve=True, gram=None):
+    """Enqueue S1 → S2 → S3 for rows ``row0 .. row0 + n - 1`` of ``indptr`` (entry offsets
+    relative to ``indices``/``data``), writing factor rows ``xoff + row0 ..`` of ``Xout``;
+    returns the (S1, S2, S3) events (None for a stage the variant fuses or skips).
+
+    ``solve=False`` stops after S2 (partial normal equations in ``A``/``B``: pass
+    ``regularization=0`` and ``gram=False``); ``gram`` (default: ``implicit``) adds ``G``."""
+    s1_local = cfg.s1_local_size(fs)
+    groups = cfg.s1_groups(fs, n)
+    fused = cfg.solver == "fusedcg"
+    add_gram = implicit if gram is None else gram
+    if fused and not solve:
+        raise ValueError("the fused CG solver builds no normal equations to reduce")
+    if cfg.fused_solve and solve:
+        # S1 and the CG in one kernel (mma): the systems stay in local memory
+        e1 = kern["s1s3_mma"](
+            q, (groups * s1_local,), (s1_local,), indptr, indices, Yother, A, np.int32(row0),
+            np.int32(n), np.float32(regularization), np.int32(1 if weighted else 0), data,
+            np.float32(alpha), G, np.int32(1 if add_gram else 0), B, np.int32(1),
+            np.float32(offset), Xout, status, np.int32(xoff), wait_for=wait_for)
+        return e1, None, None
+    e1 = None if fused else kern["s1_hermitian"](
+        q, (groups * s1_local,), (s1_local,), indptr, indices, Yother, A, np.int32(row0),
+        np.int32(n), np.float32(regularization), np.int32(1 if weighted else 0), data,
+        np.float32(alpha), G, np.int32(1 if add_gram else 0), B,
+        np.int32(1 if cfg.fuses_rhs else 0), np.float32(offset), wait_for=wait_for)
+    if e1 is not None:
+        wait_for = None           # the queue is in order: only the first kernel waits
+    # S2 (right-hand sides), unless the S1 variant computed them from its staged panels
+    e2 = None if cfg.fuses_rhs else kern["s2_rhs"](
+        q, (n * v["s2_wg"],), (v["s2_wg"],), indptr, indices, data, Yother, B, np.int32(row0),
+        np.int32(n), np.float32(alpha), np.float32(offset), wait_for=wait_for)
+    if not solve:
+        return e1, e2, None
+    if cfg.dims:
+        # the fused CG's dimensions form: b formed in its first pass (no S2 above)
+        swg = cfg.swg(fs)
+        e3 = kern["s3_fcg"](q, (n * swg,), (swg,), indptr, indices, data, Yother, G,
+                            np.int32(1 if add_gram else 0), Xout, status, np.int32(row0),
+                            np.int32(n), np.float32(regularization),
+                            np.int32(1 if weighted else 0), np.float32(alpha),
+                            np.float32(offset), np.int32(xoff), wait_for=wait_for)
+        return e1, e2, e3
+    if fused:
+        e3 = kern["s3_fused"](q, (n * cfg.swg(fs),), (cfg.swg(fs),), indptr, indices, data, Yother,
+                              G, np.int32(1 if add_gram else 0), B, Xout, status, np.int32(row0),
+                              np.int32(n), np.float32(regularization),
+                              np.int32(1 if weighted else 0), np.float32(alpha), np.int32(xoff),
+                              wait_for=wait_for if e2 is None else None)
+        return e1, e2, e3
+    e3 = launch_solve(kern, q, cfg, fs, indptr, A, B, Xout, status, row0, n, xoff,
+                      regularization, weighted)
+    return e1, e2, e3
+
+
+def split_rows(indptr, threshold, batch_rows, virtual_rows, slots=0):
+    """The pieces of a side's rows and its launches, built once on the host.
+
+    Row r of ``indptr`` (int64 CSR row pointers) is cut into ⌈count / threshold⌉ consecutive
+    pieces of ``threshold`` entries (the last holds the rest; an empty row is one empty piece):
+    ``vindptr`` holds the pieces' row pointers (the same entry offsets: S1 and S2 run on it
+    unchanged) and ``vstart[r]`` the first piece of row r (``vstart[rows]`` = pieces). Launches
+    are consecutive real rows, at most ``batch_rows`` of them and at most ``virtual_rows``
+    pieces; each is ``(row0, n, v0, nv)``: ``nv`` its pieces from ``v0``, 0 when none of its
+    rows is cut or when cutting does not pay on ``slots`` work-group slots
+    (:func:`clmf.engine.memory.split_pays`; 0: it always does) — it then runs the unsplit
+    path."""
+    indptr = np.asarray(indptr, np.int64)
+    rows = len(indptr) - 1
+    t = int(threshold)
+    if t < 1:
+        raise ValueError(f"split threshold must be ≥ 1, not {t}")
+    counts = np.diff(indptr)
+    pieces = np.maximum(1, -(-counts // t))
+    most = int(pieces.max()) if rows else 0
+    if most > virtual_rows:
+        raise ValueError(f"a row of {most} pieces does not fit a scratch of {virtual_rows} pieces")
+    vstart = np.zeros(rows + 1, np.int64)
+    np.cumsum(pieces, out=vstart[1:])
+    total = int(vstart[-1])
+    if total > _INT32_MAX - 1:
+        # the kernels take a launch's first row as a 32-bit int
+        raise ValueError(f"splitting rows at {t} entries makes {total} pieces, beyond the "
+                         f"kernels' 32-bit row numbers: use a larger split")
+    owner = np.repeat(np.arange(rows, dtype=np.int64), pieces)
+    vindptr = np.empty(total + 1, np.int64)
+    vindptr[:-1] = indptr[:-1][owner] + (np.arange(total, dtype=np.int64) - vstart[:-1][owner]) * t
+    vindptr[-1] = indptr[-1]
+    del owner
+    launches = []
+    r = 0
+    while r < rows:
+        # the most rows from r whose pieces fit the scratch (row r's always do)
+        fit = int(np.searchsorted(vstart, vstart[r] + virtual_rows, side="right")) - 1
+        r1 = max(r + 1, min(r + int(batch_rows), fit, rows))
+        nv = int(vstart[r1] - vstart[r])
+        cut = nv > r1 - r and split_pays(counts[r:r1].max(), indptr[r1] - indptr[r], r1 - r,
+                                         slots)
+        launches.append((r, r1 - r, int(vstart[r]), nv if cut else 0))
+        r = r1
+    return vindptr, vstart, launches
+
+
+def launch_split_batch(kern, q, cfg, v, fs, indptr, vindptr, vstart, indices, data, Yother, A,
+                       B, Av, Bp, G, Xout, status, row0, n, v0, nv, xoff, regularization,
+                       weighted, implicit, alpha, offset, wait_for=None):
+    """Enqueue S1 (and S2 unless S1 fuses it) over the pieces ``v0 .. v0 + nv - 1`` of
+    ``vindptr`` into ``Av``/``Bp`` (unregularised, no Gram), the combine of each real row's
+    pieces into ``A``/``B`` (diagonal and Gram added as S1 adds them to an unsplit row), then S3
+    on the real rows ``row0 .. row0 + n - 1``; returns the (S1, S2, combine, S3) events (S2
+    None when fused). Not for the fused CG solver or ``fused_solve``, which build no
+    hermitians."""
+    if cfg.solver == "fusedcg" or cfg.fused_solve:
+        raise ValueError("the fused CG solvers build no hermitians to split")
+    if not (0 <= v0 and v0 + nv <= _INT32_MAX and row0 + n <= _INT32_MAX):
+        raise ValueError(f"pieces {v0} .. {v0 + nv} pass the kernels' 32-bit row numbers")
+    s1_local = cfg.s1_local_size(fs)
+    e1 = kern["s1_hermitian"](
+        q, (cfg.s1_groups(fs, nv) * s1_local,), (s1_local,), vindptr, indices, Yother, Av,
+        np.int32(v0), np.int32(nv), np.float32(0.0), np.int32(0), data, np.float32(alpha), G,
+        np.int32(0), Bp, np.int32(1 if cfg.fuses_rhs else 0), np.float32(offset),
+        wait_for=wait_for)
+    e2 = None if cfg.fuses_rhs else kern["s2_rhs"](
+        q, (nv * v["s2_wg"],), (v["s2_wg"],), vindptr, indices, data, Yother, Bp, np.int32(v0),
+        np.int32(nv), np.float32(alpha), np.float32(offset))
+    wg = v["comb_wg"]
+    ec = kern["s1_combine"](q, (n * wg,), (wg,), indptr, vstart, Av, Bp, A, B, np.int32(row0),
+                            np.int32(n), np.float32(regularization),
+                            np.int32(1 if weighted else 0), G, np.int32(1 if implicit else 0))
+    e3 = launch_solve(kern, q, cfg, fs, indptr, A, B, Xout, status, row0, n, xoff,
+                      regularization, weighted)
+    return e1, e2, ec, e3
+
+
+def launch_solve(kern, q, cfg, fs, indptr, A, B, Xout, status, row0, n, xoff, regularization,
+                 weighted, wait_for=None):
+    """Enqueue S3 alone (Cholesky or CG) on the systems in ``A``/``B``; ``indptr`` gives the
+    rows' counts (an empty row gets zero factors)."""
+    return kern["s3_solve"](q, (n * cfg.swg(fs),), (cfg.swg(fs),), indptr, A, B, Xout, status,
+                            np.int32(row0), np.int32(n), np.float32(regularization),
+                            np.int32(1 if weighted else 0), np.int32(xoff), wait_for=wait_for)
