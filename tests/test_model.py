@@ -194,8 +194,12 @@ def test_device_memory_error_before_allocating(cl_device, monkeypatch):
 
     monkeypatch.setattr(engine, "device_info", tiny)
     R = random_ratings(200, 150, 0.3, seed=30)
+    # the factors (51 KB a side) cannot fit a 16 KB allocation
     with pytest.raises(clmf.DeviceMemoryError, match="device memory|largest allocation"):
-        clmf.ALS(16, iterations=1, device=cl_device).fit(R, show_progress=False)
+        clmf.ALS(64, iterations=1, device=cl_device).fit(R, show_progress=False)
+    # the ratings (72 KB) do not fit beside the factors: the one device streams them
+    m = clmf.ALS(16, iterations=1, device=cl_device).fit(R, show_progress=False)
+    assert m.memory_["streamed"] == [["users", "items"]] and m.memory_["total"] <= 64 * 1024
 
 
 def test_scratch_is_bounded_by_batch(cl_device):

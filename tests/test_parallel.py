@@ -494,3 +494,25 @@ def test_scaling_table(cl_device):
     table = render_scaling(rows, "t")
     assert "| devices | f | s/it | speedup | efficiency | exchange share |" in table
     assert table.count("\n| ") >= 3
+
+
+def test_reduce_mode_and_the_fused_cg():
+    """The reduce mode solves the summed hermitians, which the fused CG never builds: where the
+    rule picks it for such a side, that side replicates; a caller's reduce is refused, naming
+    the side and the device (no silent swap of the solver)."""
+    from clmf.engine.config import KernelConfig
+    from clmf.errors import InvalidConfigError
+    from clmf.parallel import fit_modes
+    cg = KernelConfig.parse("batch+reg:solver=cg")
+    fused = KernelConfig.parse("batch+reg:solver=fusedcg")
+    shape = (50, 100_000)            # few users, many items: the rule reduces the users' side
+    rule = {"users": "reduce", "items": "replicate"}
+    assert fit_modes(shape, 8, 8, 2, [(cg, cg)] * 2) == rule
+    assert fit_modes(shape, 8, 8, 2, [(cg, cg), (fused, cg)]) == {
+        "users": "replicate", "items": "replicate"}
+    assert fit_modes(shape, 8, 8, 2, [(cg, fused)] * 2) == rule     # items replicate anyway
+    with pytest.raises(InvalidConfigError, match="fused CG") as e:
+        fit_modes(shape, 8, 8, 2, [(cg, cg), (fused, cg)], rule)
+    assert (e.value.side, e.value.device_index, e.value.reason) == ("users", 1, "reduce")
+    assert fit_modes(shape, 8, 8, 1, [(fused, fused)], rule) == {
+        "users": "replicate", "items": "replicate"}

@@ -490,18 +490,18 @@ def test_host_factor_rows_are_padded_factors(rows, biased):
     """host_factor_rows' view, filled, is the padded layout padded_factors writes, starting at a
     page; the engine finds the rows from the view, not from an unpadded array or another
     layout; start factors drawn into memory of the caller's are the same numbers."""
-    from clmf.engine import core
+    from clmf.engine import core, factors
     from clmf.engine import upload as U
     f, ldf = 5, 8
     X = np.random.default_rng(rows).random((rows, f), dtype=np.float32)
     view = core.host_factor_rows(rows, f, ldf, biased)
     view[...] = X
-    host = core._padded_base(view, rows, f, ldf)
+    host = factors.padded_base(view, rows, f, ldf)
     assert host is not None and host.ctypes.data % 4096 == 0
     np.testing.assert_array_equal(host, core.padded_factors("users", X, rows, f, ldf, np.float32,
                                                             biased))
-    assert core._padded_base(X, rows, f, ldf) is None
-    assert core._padded_base(view, rows, f, ldf + 4) is None
+    assert factors.padded_base(X, rows, f, ldf) is None
+    assert factors.padded_base(view, rows, f, ldf + 4) is None
     from clmf import reference as ref
     A, B = ref.start_factors(rows, 3, f, 0, empty=lambda shape, dtype: U.aligned_empty(shape))
     C, D = ref.start_factors(rows, 3, f, 0)

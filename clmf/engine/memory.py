@@ -417,7 +417,7 @@ def _mib(x):
 
 def plan_device(name, global_mem, max_alloc, *, f, ldf, itemsize, blocks, factor_rows,
                 batch_rows=None, implicit=False, other_rows=None, splits=None, skew=0,
-                max_device_memory=None, force_stream=()):
+                reduced=(), max_device_memory=None, force_stream=()):
     """Plan one device's memory.
 
     Parameters
@@ -436,6 +436,8 @@ def plan_device(name, global_mem, max_alloc, *, f, ldf, itemsize, blocks, factor
         while the side is resident; its ``batch_rows`` are the side's).
     skew : bytes a resident side's indices and values may each be wrapped from below their
         start (:func:`clmf.engine.upload.host_align`).
+    reduced : sides whose partial normal equations are summed over the devices: a second
+        scratch pair (``scratch2_``), so that a batch's copies overlap the next one's kernels.
     max_device_memory : the user's cap (bytes, or fraction ≤ 1 of global memory).
     force_stream : sides to stream even when they fit (tests).
 
@@ -456,14 +458,14 @@ def plan_device(name, global_mem, max_alloc, *, f, ldf, itemsize, blocks, factor
             return _plan(name, budget, alloc, scratch_cap, f=f, ldf=ldf, itemsize=itemsize,
                          blocks=blocks, factor_rows=factor_rows, batch_rows=batch_rows,
                          implicit=implicit, other_rows=other_rows, force_stream=force_stream,
-                         splits=splits if k == 0 else {}, skew=skew)
+                         splits=splits if k == 0 else {}, skew=skew, reduced=reduced)
         except DeviceMemoryError:
             if k == len(caps) - 1:
                 raise
 
 
 def _plan(name, budget, alloc, scratch_cap, *, f, ldf, itemsize, blocks, factor_rows,
-          batch_rows, implicit, other_rows, force_stream, splits, skew):
+          batch_rows, implicit, other_rows, force_stream, splits, skew, reduced=()):
     """:func:`plan_device` at one scratch size."""
     import numpy as np
     batch_rows = batch_rows or {}
@@ -485,6 +487,8 @@ def _plan(name, budget, alloc, scratch_cap, *, f, ldf, itemsize, blocks, factor_
         if o is None:
             o = factor_rows["items" if s == "users" else "users"]
         fixed.update(side_buffers(s, f, br, r1 - r0, o if implicit else None))
+        if s in reduced:
+            fixed[f"scratch2_{s}"] = fixed[f"scratch_{s}"]
     fixed["status"] = 16
     sides = {}
     lengths = {}
@@ -520,7 +524,7 @@ def _plan(name, budget, alloc, scratch_cap, *, f, ldf, itemsize, blocks, factor_
         if not rest:
             longest = {s: lengths[s][2] for s in blocks}
             raise DeviceMemoryError(
-                f"{name}: the fit needs at least {_mib(need)} on this device, the budget is "
+                f"{name}: the fit needs at least {_mib(need)} of device memory, the budget is "
                 f"{_mib(budget)}: factors and scratch {_mib(sum(fixed.values()))}, two chunks "
                 f"of the longest rows ({longest} ratings) streamed; raise max_device_memory "
                 "(or use a device with more memory), fewer factors or more devices",
@@ -554,7 +558,8 @@ def _plan(name, budget, alloc, scratch_cap, *, f, ldf, itemsize, blocks, factor_
     plan = DevicePlan(name, budget, alloc, sides, {**fixed, **data})
     if plan.total > budget:
         raise DeviceMemoryError(
-            f"{name}: the plan needs {_mib(plan.total)}, the budget is {_mib(budget)} "
+            f"{name}: the plan needs {_mib(plan.total)} of device memory, the budget is "
+            f"{_mib(budget)} "
             f"({plan.bytes}); raise max_device_memory, use fewer factors or more devices",
             needed=plan.total, available=int(budget))
     return plan

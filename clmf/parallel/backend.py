@@ -132,6 +132,7 @@ def plan_fit(infos, layout, plan, fs, ldf, itemsize, config_pairs, implicit=Fals
             itemsize=itemsize, blocks=blocks, factor_rows=frows,
             batch_rows={s: splits[s].batch_rows for s in SIDES}, implicit=implicit,
             splits=splits, skew=engine.upload.host_align(info),
+            reduced=[s for s in SIDES if (sources or [{}] * n)[d].get(s) is not None],
             max_device_memory=max_device_memory, force_stream=force_stream))
     return out
 
@@ -220,6 +221,9 @@ class MultiEngine:
                       "reduce": 0.0}
         self._metric_cache = {}
         self._partials = {}
+        for s in SIDES:      # the reduce mode's host arrays at set-up, not in the first iteration
+            if self.plan[s].mode == "reduce" and n > 1:
+                self._partial_arrays(s)
 
     # ----- factors -------------------------------------------------------------------------
     def _padded(self, side, M, biases):
@@ -273,8 +277,10 @@ class MultiEngine:
                     return self.workers[d].pinned_array(shape, np.float32)
                 return np.zeros(shape, np.float32)
 
-            self._partials[side] = ([host(d, (rows, fs, fs)) for d in range(n)],
-                                    [host(d, (rows, fs)) for d in range(n)],
+            # each device's in its thread (pinning and first touch take seconds at scale)
+            pairs = list(self.pool.map(lambda d: (host(d, (rows, fs, fs)), host(d, (rows, fs))),
+                                       range(n)))
+            self._partials[side] = ([p[0] for p in pairs], [p[1] for p in pairs],
                                     [np.zeros((fs, fs), np.float32) for _ in range(n)])
         return self._partials[side]
 
