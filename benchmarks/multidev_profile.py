@@ -83,6 +83,8 @@ def main(argv=None):
     ap.add_argument("--f", type=int, default=32)
     ap.add_argument("--iterations", type=int, default=6, help="including the warm-up")
     ap.add_argument("--regularization", type=float, default=0.05)
+    ap.add_argument("--solver", default="auto", help="the solver of the tuned configurations "
+                    "(cg or cholesky for the reduce mode, which the fused CG cannot run)")
     ap.add_argument("--modes", help="users=replicate,items=reduce (default: the rule's)")
     ap.add_argument("--multi", action="store_true", help="the multi-device backend for one "
                     "device too")
@@ -100,7 +102,8 @@ def main(argv=None):
     devices = devices_of(args.devices)
     name, data = load(args)
     layout = data if isinstance(data, Layout) else Layout.from_csr(data)
-    cfgs = configs_for(devices, layout, args.f, regularization=args.regularization)
+    cfgs = configs_for(devices, layout, args.f, solver=args.solver,
+                       regularization=args.regularization)
     modes = dict(kv.split("=") for kv in args.modes.split(",")) if args.modes else None
     kw = {"exchange_dtype": args.exchange_dtype} if args.exchange_dtype else {}
     t0 = time.perf_counter()

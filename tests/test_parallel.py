@@ -516,3 +516,31 @@ def test_reduce_mode_and_the_fused_cg():
     assert (e.value.side, e.value.device_index, e.value.reason) == ("users", 1, "reduce")
     assert fit_modes(shape, 8, 8, 1, [(fused, fused)], rule) == {
         "users": "replicate", "items": "replicate"}
+
+
+@pytest.mark.parametrize("modes", [("replicate", "reduce"), ("reduce", "replicate")])
+def test_reduce_mode_in_many_batches_matches_engine(cl_device, modes):
+    """Batches of 16 rows take the reduce mode's two scratch pairs in turn (the partials copied
+    out, the reduced systems uploaded, while the next batch runs): two devices give the one-device
+    answer."""
+    from clmf.engine.config import KernelConfig
+    from clmf.parallel import MultiEngine, make_backend
+    R = random_ratings(150, 120, 0.12, seed=21, empty_rows=(5,))
+    cfg = KernelConfig.parse("batch+reg:solver=cholesky,batch_rows=16")
+    X0, Y0 = reference.start_factors(*R.shape, 6, 0)
+    out = []
+    for devs in ([cl_device], [cl_device] * 2):
+        e = (make_backend(devs, R, 6, [(cfg, cfg)]) if len(devs) == 1 else
+             MultiEngine(devs, R, 6, [(cfg, cfg)] * 2, modes=dict(zip(("users", "items"), modes))))
+        try:
+            if len(devs) > 1:
+                s = "users" if modes[0] == "reduce" else "items"
+                assert all(w.batch_rows[s] == 16 and "A2" in w.buf[s] for w in e.workers)
+            e.set_factors("users", X0)
+            e.set_factors("items", Y0)
+            for _ in range(2):
+                e.iteration(0.1, True)
+            out.append((e.get_factors("users"), e.get_factors("items")))
+        finally:
+            e.release()
+    assert rel_err(out[1][0], out[0][0]) <= 1e-4 and rel_err(out[1][1], out[0][1]) <= 1e-4
