@@ -36,8 +36,8 @@ from . import reduce as RD
 from . import upload as U
 from .blocks import SIDES, Batch, Publisher, Share, SideData, fill, other_side
 from .device import device_info, get_context
-from .factors import host_factor_rows, padded_base, padded_factors, unpadded_factors
-from .launch import launch_batch, launch_gram, launch_solve, launch_split_batch, split_rows
+from .factors import half_rows, host_factor_rows, padded_base, padded_factors, unpadded_factors
+from .launch import launch_batch, launch_gram, launch_solve, launch_split_batch, split_rows, warm
 from .memory import SplitPlan, choose_batch_rows, plan_device, plan_fit, plan_split
 from .transpose import device_transpose
 
@@ -137,6 +137,7 @@ class Engine:
         self._metric_bufs = {}      # key -> (n, buffers) of triples kept on the device
         self._fill_pool = [None]
         self._factor_hosts = {}     # host arrays the factor buffers wrap
+        self._half_stage = {}       # queue -> staging buffer of a float16 exchange
         self._hold = [np.zeros(1, np.int32), np.zeros(1, np.float32)]
         self._ok = np.array([_INT_MAX], np.int32)
         self.buf = {s: {} for s in SIDES}
@@ -236,43 +237,10 @@ class Engine:
                 e.device_index = self.index  # and on which device of the fit
                 raise
         if WARM_LAUNCHES:
-            self._warm(programs)
+            warm(self, programs)
+            if not self.implicit:       # the training RMSE's program (explicit fits use it)
+                K.metrics_program(self.ctx, self.fs, self.storage, self.ldf, biased=self.biased)
         return programs, time.perf_counter() - t0
-
-    def _warm(self, programs):
-        """Launch each side's kernels once on a one-row problem of their own (a runtime may
-        compile or load a kernel at its first launch: PoCL builds a work-group function per
-        local size there), on the idle ``out`` queue while the ratings upload, so that the
-        first iteration does not pay for it."""
-        cl, mf, fs = self.cl, self.cl.mem_flags, self.fs
-        q = self.q["out"]
-
-        def const(a):
-            return cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
-
-        def zeros(nbytes):
-            return const(np.zeros(max(1, nbytes) // 4 + 16, np.float32))
-        ip, one = const(np.array([0, 1], np.int64)), const(np.array([0, 1], np.int64))
-        idx, val = const(np.zeros(1, np.int32)), const(np.ones(1, np.float32))
-        row = 2 * self.ldf * self.itemsize
-        Y, X = zeros(row), zeros(row)
-        A, B, G, st = zeros(4 * fs * fs), zeros(4 * fs), zeros(4 * fs * fs), zeros(4)
-        for s in SIDES:
-            kern, cfg = programs[s].kernels, self.configs[s]
-            v = K.als_variables(cfg, fs, self.info, self.implicit, self.biased, ldf=self.ldf)
-            if self.implicit:
-                launch_gram(kern, q, cfg, fs, 1, ip, idx, val, Y, A, B, G)
-            launch_batch(kern, q, cfg, v, fs, ip, idx, val, Y, A, B, G, X, st, 0, 1, 0, 1.0,
-                         True, self.implicit, self.alpha, self.offset)
-            if self.splits[s].active:
-                launch_split_batch(kern, q, cfg, v, fs, ip, ip, one, idx, val, Y, A, B, A, B, G,
-                                   X, st, 0, 1, 0, 1, 0, 1.0, True, self.implicit, self.alpha,
-                                   self.offset)
-            if s in self.share.reduced:
-                launch_solve(kern, q, cfg, fs, ip, A, B, X, st, 0, 1, 0, 1.0, True)
-        q.finish()
-        for b in (ip, one, idx, val, Y, X, A, B, G, st):
-            b.release()
 
     def _upload_ratings(self):
         """The resident sides' CSR to the device once (a CPU device reads the host arrays in
@@ -391,6 +359,14 @@ class Engine:
                                      size=max(1, hi - lo) * self.ldf * self.itemsize)
                         for s, (lo, hi) in self.frange.items()}
         self.status = cl.Buffer(self.ctx, mf.READ_WRITE, size=4)
+        if WARM_LAUNCHES:
+            # a runtime may allocate a buffer's memory at its first use: at set-up, not in the
+            # first iteration
+            word = np.zeros(1, np.float32)
+            for b in self.buf.values():
+                for key in ("A", "B", "A2", "B2", "Av", "Bp", "G"):
+                    if key in b:
+                        cl.enqueue_fill_buffer(self.queue, b[key], word, 0, 4)
 
     def _plan_launches(self, side):
         """The launches of a resident side's half-step, ``(row0, n, v0, nv)`` (``nv`` > 0:
@@ -528,6 +504,8 @@ class Engine:
         a, b = max(r0, lo), min(r1, hi)
         if a >= b:
             return None
+        if getattr(host, "dtype", self.np_store) != self.np_store:   # a float16 exchange
+            return half_rows(self, queue, side, host, a, b, blocking)
         return self.cl.enqueue_copy(self.q[queue], self.factors[side], host[a:b],
                                     dst_offset=(a - lo) * self.ldf * self.itemsize,
                                     is_blocking=blocking)
@@ -539,6 +517,8 @@ class Engine:
             raise ValueError(f"rows {r0}..{r1} of {side} are not held on device {self.index}")
         if r1 == r0:
             return None
+        if getattr(host, "dtype", self.np_store) != self.np_store:
+            return half_rows(self, "out", side, host, r0, r1, blocking, wait_for)
         return self.cl.enqueue_copy(self.q["out"], host[r0:r1], self.factors[side],
                                     src_offset=(r0 - lo) * self.ldf * self.itemsize,
                                     is_blocking=blocking, wait_for=wait_for)
@@ -782,11 +762,12 @@ class Engine:
                 for val in bset.values():
                     if isinstance(val, holder):
                         val.release()
-        for buf in self.factors.values():
+        for buf in [*self.factors.values(), *self._half_stage.values()]:
             buf.release()
         if isinstance(getattr(self, "status", None), holder):
             self.status.release()
         self._metric_bufs, self._staging, self.buf, self.factors = {}, [], {}, {}
+        self._half_stage = {}
         self._factor_hosts = {}
 
     def __del__(self):

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import kernels as K
 from . import upload as U
 
-__all__ = ["padded_factors", "host_factor_rows", "padded_base", "unpadded_factors"]
+__all__ = ["padded_factors", "host_factor_rows", "padded_base", "unpadded_factors",
+           "half_rows"]
 
 
 def padded_factors(side, M, rows, f, ldf, np_store, biased, biases=None):
@@ -60,3 +62,30 @@ def unpadded_factors(host, rows, f, biased, with_biases=False):
              else np.zeros(rows, np.float32))
         return X, b
     return X
+
+
+def half_rows(eng, queue, side, host, a, b, blocking, wait_for=None):
+    """Rows ``[a, b)`` of ``side``'s factor on the engine ``eng`` from (``out`` queue) or to
+    (any other queue) the float16 host array ``host``, through a half staging buffer and a
+    conversion kernel on the device: half the bytes of a float32 exchange cross the bus."""
+    cl, q = eng.cl, eng.q[queue]
+    n = (b - a) * eng.ldf
+    stage = eng._half_stage.get(queue)
+    if stage is None or stage.size < 2 * n:
+        if stage is not None:
+            q.finish()                    # its last copy and kernel have ended
+            stage.release()
+        most = max(n, eng.ldf * max(eng.batch_rows.values()))
+        stage = eng._half_stage[queue] = cl.Buffer(eng.ctx, cl.mem_flags.READ_WRITE,
+                                                    size=2 * most)
+    kern = K.convert_program(eng.ctx).kernels
+    off, gs = np.int64((a - eng.frange[side][0]) * eng.ldf), (-(-n // 64) * 64,)
+    if queue == "out":
+        kern["pack_half"](q, gs, (64,), eng.factors[side], off, stage, np.int64(n),
+                          wait_for=wait_for)
+        return cl.enqueue_copy(q, host[a:b], stage, is_blocking=blocking)
+    cl.enqueue_copy(q, stage, host[a:b], is_blocking=False)
+    ev = kern["unpack_half"](q, gs, (64,), stage, eng.factors[side], off, np.int64(n))
+    if blocking:
+        ev.wait()
+    return ev

@@ -175,6 +175,11 @@ def render_als(config: KernelConfig, f: int, device_info=None, implicit=False, b
     return render("als.cl.j2", **als_variables(config, f, device_info, implicit, biased, ldf))
 
 
+def convert_program(context):
+    """The program converting factor rows between float32 and half (a float16 exchange)."""
+    return build(context, render("convert.cl.j2"))
+
+
 def render_metrics(f, storage="float32", ldf=None, wg=128, biased=False):
     return render("metrics.cl.j2", f=f, ldf=ldf or f, storage=storage, wg=wg, implicit=False,
                   biased=biased, config_str=f"metrics wg={wg}")

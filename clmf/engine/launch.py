@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .kernels import als_variables
 from .memory import split_pays
 
-__all__ = ["launch_gram", "launch_batch", "split_rows", "launch_split_batch", "launch_solve"]
+__all__ = ["launch_gram", "launch_batch", "split_rows", "launch_split_batch", "launch_solve",
+           "warm"]
 
 _INT32_MAX = (1 << 31) - 1
 
@@ -165,3 +167,39 @@ def launch_solve(kern, q, cfg, fs, indptr, A, B, Xout, status, row0, n, xoff, re
     return kern["s3_solve"](q, (n * cfg.swg(fs),), (cfg.swg(fs),), indptr, A, B, Xout, status,
                             np.int32(row0), np.int32(n), np.float32(regularization),
                             np.int32(1 if weighted else 0), np.int32(xoff), wait_for=wait_for)
+
+
+def warm(eng, programs):
+    """Launch each side's kernels of ``eng`` (a :class:`clmf.engine.Engine`) once on a one-row
+    problem of their own (a runtime may compile or load a kernel at its first launch: PoCL
+    builds a work-group function per local size there), on its idle ``out`` queue while the
+    ratings upload, so that the first iteration does not pay for it."""
+    cl, mf, fs = eng.cl, eng.cl.mem_flags, eng.fs
+    q = eng.q["out"]
+
+    def const(a):
+        return cl.Buffer(eng.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
+
+    def zeros(nbytes):
+        return const(np.zeros(max(1, nbytes) // 4 + 16, np.float32))
+    ip, one = const(np.array([0, 1], np.int64)), const(np.array([0, 1], np.int64))
+    idx, val = const(np.zeros(1, np.int32)), const(np.ones(1, np.float32))
+    row = 2 * eng.ldf * eng.itemsize
+    Y, X = zeros(row), zeros(row)
+    A, B, G, st = zeros(4 * fs * fs), zeros(4 * fs), zeros(4 * fs * fs), zeros(4)
+    for s in ("users", "items"):
+        kern, cfg = programs[s].kernels, eng.configs[s]
+        v = als_variables(cfg, fs, eng.info, eng.implicit, eng.biased, ldf=eng.ldf)
+        if eng.implicit:
+            launch_gram(kern, q, cfg, fs, 1, ip, idx, val, Y, A, B, G)
+        launch_batch(kern, q, cfg, v, fs, ip, idx, val, Y, A, B, G, X, st, 0, 1, 0, 1.0,
+                     True, eng.implicit, eng.alpha, eng.offset)
+        if eng.splits[s].active:
+            launch_split_batch(kern, q, cfg, v, fs, ip, ip, one, idx, val, Y, A, B, A, B, G,
+                               X, st, 0, 1, 0, 1, 0, 1.0, True, eng.implicit, eng.alpha,
+                               eng.offset)
+        if s in eng.share.reduced:
+            launch_solve(kern, q, cfg, fs, ip, A, B, X, st, 0, 1, 0, 1.0, True)
+    q.finish()
+    for b in (ip, one, idx, val, Y, X, A, B, G, st):
+        b.release()
