@@ -225,6 +225,11 @@ class MultiEngine:
             self.host[s] = (self.workers[0].pinned_array(shape, dt)
                             if pin and exchanged and nbytes <= _PIN_LIMIT
                             else np.zeros(shape, dt))
+        if any(h.dtype != self.np_store for h in self.host.values()):
+            # the float16 exchange's conversion program, built at set-up (not in the first
+            # iteration)
+            from ..engine.kernels import convert_program
+            list(self.pool.map(lambda w: convert_program(w.ctx), self.workers))
         self.times = {"compute": 0.0, "exchange": 0.0, "iterations": 0, "wall": 0.0,
                       "reduce": 0.0}
         self._metric_cache = {}
