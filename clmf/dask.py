@@ -41,8 +41,10 @@ class ALS(_ALS):
     The fitted object is a :class:`clmf.ALS` in every respect (``save``/``clmf.load`` give a
     plain one), with ``user_ids_`` / ``item_ids_`` the raw ids of the rows (sorted), and
     ``workers_`` (the fit's worker addresses), ``device_`` (their devices), ``plan_`` (the
-    :class:`clmf.parallel.Plan`), ``time_to_first_iteration_`` (seconds from ``fit`` to the end
-    of the first iteration) and ``fit_times_`` (the set-up's phases).
+    :class:`clmf.parallel.Plan`), ``transport_`` (how solved blocks moved between the workers:
+    "shared memory" on one host, else "dask comms"; ``CLMF_DASK_SHARED_MEMORY=0`` in the
+    workers' environment keeps the comms), ``time_to_first_iteration_`` (seconds from ``fit`` to
+    the end of the first iteration) and ``fit_times_`` (the set-up's phases).
     """
 
     def __init__(self, factors=64, regularization=0.1, iterations=15, *, client=None,
@@ -234,6 +236,7 @@ class ALS(_ALS):
                "device_": [p[0] for p in probes],
                "device_configs_": [{"device": p[0], **p[2]} for p in probes],
                "workers_": list(addrs), "plan_": engine.plan, "memory_": memory,
+               "transport_": engine.transport,
                "time_to_first_iteration_": res.first_iteration_s, **self._learned(res)}
         self.__dict__.update(new)          # one step: nothing half-assigned
         self._invalidate_inference()       # the factors uploaded for inference are stale
