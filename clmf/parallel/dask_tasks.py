@@ -202,7 +202,10 @@ def _block(pieces, key, indptr, r0, r1):
     i = np.concatenate([p[1] for p in pieces]) if pieces else np.zeros(0, np.int32)
     r = np.concatenate([p[2] for p in pieces]) if pieces else np.zeros(0, np.float32)
     rows, cols = (u, i) if key == "users" else (i, u)
-    order = np.lexsort((cols, rows))
+    # one int64 key, stable sort: about twice lexsort's speed, and near O(n) on the presorted
+    # rows of user-ordered files
+    width = int(cols.max()) + 1 if len(cols) else 1
+    order = np.argsort(rows.astype(np.int64) * width + cols, kind="stable")
     rows, cols, r = rows[order], cols[order], r[order]
     dup = (rows[1:] == rows[:-1]) & (cols[1:] == cols[:-1])
     if dup.any():
