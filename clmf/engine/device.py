@@ -75,8 +75,9 @@ class DeviceInfo:
     compute_capability: tuple = (0, 0)   # NVIDIA (major, minor); (0, 0) elsewhere
 
     def __str__(self):
-        return (f"[{self.index}] {label(self.platform, self.name)} ({self.type}, {self.compute_units} CUs, "
-                f"{self.global_mem / 2**30:.1f} GiB, local {self.local_mem // 1024} KiB, "
+        return (f"[{self.index}] {label(self.platform, self.name)} ({self.type}, "
+                f"{self.compute_units} CUs, {self.global_mem / 2**30:.1f} GiB, "
+                f"local {self.local_mem // 1024} KiB, "
                 f"wg ≤ {self.max_work_group_size}, float vec {self.preferred_vector_width_float}, "
                 f"{self.opencl_c_version}, driver {self.driver})")
 
