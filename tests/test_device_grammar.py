@@ -174,3 +174,25 @@ def test_command_line_device_lists():
     assert spec_from_text("0:0,0:1") == ["0:0", "0:1"]
     assert spec_from_text("gpu:all") == "gpu:all"
     assert spec_from_text("Intel,") == ["Intel"]
+
+
+def test_this_hosts_devices_found_by_their_label_and_ranked_on_by_a_multi_device_model():
+    import clmf
+    from clmf.engine.device import device_present, find_device, select_device, select_devices
+    from clmf.inference.ranking import DeviceRankingMixin
+    try:
+        infos = clmf.devices()
+    except NoOpenCLError:
+        pytest.skip("no OpenCL device")
+    for d in infos:
+        dev = find_device(d.platform, d.name)
+        assert device_label(dev) == device_label(d) and device_present(d)
+        assert device_label(select_device(device_label(d))) == device_label(d)   # selects again
+    assert find_device(POCL, "no such device") is None
+
+    class Model(DeviceRankingMixin):
+        device = [infos[-1].index, infos[0].index] if len(infos) > 1 else infos[0].index
+    # a model fitted on several devices ranks on its first (it ranked on the host: the one-device
+    # grammar refused its list)
+    want = select_devices(Model.device)[0]
+    assert Model()._inference_device().int_ptr == want.int_ptr
