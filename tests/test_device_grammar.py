@@ -14,6 +14,7 @@ from clmf.engine.device import (
                                  parse_spec,
                                  pick_device,
                                  pick_worker,
+                                 platform_short,
                                  spec_from_text,
 )
 from clmf.errors import NoOpenCLError
@@ -196,3 +197,11 @@ def test_this_hosts_devices_found_by_their_label_and_ranked_on_by_a_multi_device
     # grammar refused its list)
     want = select_devices(Model.device)[0]
     assert Model()._inference_device().int_ptr == want.int_ptr
+
+
+def test_platform_short_names_read_the_platform_not_the_device():
+    assert [platform_short(e[1]) for e in INTEL_HOST_GPU] == ["pocl", "intel", "intel"]
+    assert [platform_short(e[1]) for e in AMD_HOST] == ["amd", "amd", "pocl", "intel"]
+    assert platform_short("NVIDIA CUDA") == "nvidia"
+    assert platform_short("Apple") == "apple" and platform_short("(R)") == "r"
+    assert platform_short("***") == "ocl"

@@ -198,10 +198,8 @@ def commit():
 
 def device_slug(info):
     """``pocl-amd-epyc``, ``intel-amd-epyc``, ``nvidia-h100-80gb-hbm3``, ..."""
-    plat = info.platform.lower()
-    short = ("pocl" if "portable" in plat else "intel" if "intel" in plat else
-             "nvidia" if "nvidia" in plat else "amd" if ("amd" in plat or "rocm" in plat) else
-             re.sub(r"[^a-z0-9]+", "", plat)[:10] or "ocl")
+    from ..engine.device import platform_short
+    short = platform_short(info.platform)
     name = info.name.strip()
     name = re.sub(r"^pthread-[^-]+(-[^-]*avx[^-]*)?-", "", name, flags=re.I)   # PoCL's prefix
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")

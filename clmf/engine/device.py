@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["DeviceInfo", "devices", "select_device", "pick_device", "get_context", "device_info",
            "device_key", "select_devices", "spec_from_text", "first_device", "worker_device",
-           "pick_worker", "find_device", "device_present", "device_label", "label", "parse_spec",
+           "pick_worker", "find_device", "device_present", "device_label", "label", "platform_short",
+           "parse_spec",
            "auto_spec", "missing_platforms", "DEVICE_ENV", "PYOPENCL_ENV",
            "REQUIRE_PLATFORMS_ENV", "TYPES"]
 
@@ -183,6 +184,16 @@ def device_label(device):
         return label(device["platform"], device["device"])
     platform = device.platform
     return label(platform if isinstance(platform, str) else platform.name, device.name)
+
+
+def platform_short(platform):
+    """A platform's short name for file names and test ids (``"pocl"``, ``"intel"``,
+    ``"nvidia"``, ``"amd"``, else its first letters and digits), from the platform's name only:
+    never the device's (PoCL's holds the CPU's, "pthread-skylake-avx512-Intel(R) Xeon(R) ...")."""
+    plat = platform.lower()
+    return ("pocl" if "portable" in plat else "intel" if "intel" in plat else
+            "nvidia" if "nvidia" in plat else "amd" if ("amd" in plat or "rocm" in plat) else
+            re.sub(r"[^a-z0-9]+", "", plat)[:10] or "ocl")
 
 
 def parse_spec(spec):
