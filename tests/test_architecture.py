@@ -210,13 +210,13 @@ DEVICE_HOME = "clmf.engine.device"
 DEVICE_ENV_NAMES = ("CLMF_DEVICE", "PYOPENCL_CTX", "CLMF_REQUIRE_PLATFORMS")
 
 
-def _names_platform(node):
-    """Whether an expression reads a platform (``x.platform``, ``x.platform.name``,
-    ``x["platform"]``)."""
+def _reads(node, names):
+    """Whether an expression reads one of ``names`` (``x.platform``, ``x["platform"]``,
+    ``platform``)."""
     for sub in ast.walk(node):
-        if isinstance(sub, ast.Attribute) and sub.attr == "platform":
-            return True
-        if isinstance(sub, ast.Constant) and sub.value == "platform":
+        if (isinstance(sub, ast.Attribute) and sub.attr in names
+                or isinstance(sub, ast.Constant) and sub.value in names
+                or isinstance(sub, ast.Name) and sub.id in names):
             return True
     return False
 
@@ -234,9 +234,10 @@ def device_rule_sites(modules):
             what = None
             if isinstance(node, ast.JoinedStr):
                 v = node.values
-                if any(isinstance(a, ast.FormattedValue) and _names_platform(a.value)
+                if any(isinstance(a, ast.FormattedValue) and _reads(a.value, ("platform",))
                        and isinstance(b, ast.Constant) and b.value.startswith(" | ")
-                       and isinstance(c, ast.FormattedValue) for a, b, c in zip(v, v[1:], v[2:])):
+                       and isinstance(c, ast.FormattedValue) and _reads(c.value, ("name", "device"))
+                       for a, b, c in zip(v, v[1:], v[2:])):
                     what = "label"
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 if "%s | %s" in node.value:
@@ -281,6 +282,7 @@ def test_device_rule_check_finds_copies(tmp_path):
         "e.py": 'import logging\nlogging.info("%s | %s", 1, 2)\n',
         "f.py": 'def f(cl):\n    return cl.get_platforms()\n',
         "g.py": 'def f(r):\n    return f"| {r[\'dataset\']} | {r[\'mode\']} |"\n',
+        "h.py": 'def f(s, r):\n    return f"{s[\'device\'][\'platform\']} | {r[\'dataset\']}"\n',
     }
     for name, text in files.items():
         (pkg / name).write_text(text)
