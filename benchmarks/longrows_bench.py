@@ -127,7 +127,7 @@ def main():
 
     import clmf
     from clmf.engine.config import SPLIT_NEVER
-    from clmf.engine.device import device_info, select_device
+    from clmf.engine.device import device_info, device_label, select_device
     from clmf.model.estimator import _side_stats
     from clmf.provenance import commit
 
@@ -168,7 +168,7 @@ def main():
                 rec.update(f=f, variant=variant, split_never=SPLIT_NEVER, data=meta["spec"],
                            shape=meta["shape"], nnz=meta["nnz"],
                            longest={"users": int(uc.max()), "items": int(ic.max())},
-                           device=f"{info.platform} | {info.name}", driver=info.driver,
+                           device=device_label(info), driver=info.driver,
                            compute_units=info.compute_units, commit=commit(),
                            date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                            command=" ".join([pathlib.Path(sys.argv[0]).name] + sys.argv[1:]),

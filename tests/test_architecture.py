@@ -204,6 +204,93 @@ def test_core_does_not_import_tuner_bench_or_heavy_stacks():
     assert not bad, "module-level imports the library core must not make: " + "; ".join(bad)
 
 
+# the one home of the device rules (issue 32): the grammar, ":all", the worker rank rule, the
+# environment variables that pick devices, the "platform | device" label
+DEVICE_HOME = "clmf.engine.device"
+DEVICE_ENV_NAMES = ("CLMF_DEVICE", "PYOPENCL_CTX", "CLMF_REQUIRE_PLATFORMS")
+
+
+def _reads(node, names):
+    """Whether an expression reads one of ``names`` (``x.platform``, ``x["platform"]``,
+    ``platform``)."""
+    for sub in ast.walk(node):
+        if (isinstance(sub, ast.Attribute) and sub.attr in names
+                or isinstance(sub, ast.Constant) and sub.value in names
+                or isinstance(sub, ast.Name) and sub.id in names):
+            return True
+    return False
+
+
+def device_rule_sites(modules):
+    """["module:line what"]: device rules written outside :data:`DEVICE_HOME` — a "platform |
+    device" label built by hand (an f-string joining a platform to the next value by " | ", or a
+    "%s | %s" format), an environment variable of :data:`DEVICE_ENV_NAMES` named, ":all" parsed
+    or built, the device types listed as spec words, or OpenCL's platforms listed."""
+    out = []
+    for mod, path in sorted(modules.items()):
+        if mod == DEVICE_HOME:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            what = None
+            if isinstance(node, ast.JoinedStr):
+                v = node.values
+                if any(isinstance(a, ast.FormattedValue) and _reads(a.value, ("platform",))
+                       and isinstance(b, ast.Constant) and b.value.startswith(" | ")
+                       and isinstance(c, ast.FormattedValue) and _reads(c.value, ("name", "device"))
+                       for a, b, c in zip(v, v[1:], v[2:])):
+                    what = "label"
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if "%s | %s" in node.value:
+                    what = "label"
+                elif node.value in DEVICE_ENV_NAMES:
+                    what = node.value
+                elif node.value == ":all":
+                    what = ":all"
+            elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                words = {e.value.lower() for e in node.elts
+                         if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+                if {"gpu", "cpu"} <= words:
+                    what = "device types"
+            elif isinstance(node, ast.Attribute) and node.attr == "get_platforms":
+                what = "get_platforms"
+            if what:
+                out.append(f"{mod}:{node.lineno} {what}")
+    return sorted(set(out))
+
+
+def test_device_rules_have_one_home():
+    modules, _ = _repo_graph()
+    assert DEVICE_HOME in modules
+    bad = device_rule_sites(modules)
+    assert not bad, f"device rules outside {DEVICE_HOME}: " + "; ".join(bad)
+
+
+def test_device_rule_check_finds_copies(tmp_path):
+    """The checker finds the copies this repository had (a label per module, ":all" parsed, the
+    rank rule's type words and CLMF_DEVICE, a child's own platform walk) and nothing in the home."""
+    pkg = tmp_path / "clmf"
+    (pkg / "engine").mkdir(parents=True)
+    files = {
+        "__init__.py": "",
+        "engine/__init__.py": "",
+        "engine/device.py": 'E = "CLMF_DEVICE"\ndef label(p, d):\n    return f"{p} | {d}"\n',
+        "a.py": 'def f(d):\n    return f"{d.platform.name.strip()} | {d.name.strip()}"\n',
+        "b.py": 'def f(j):\n    raise SystemExit(f"device {j[\'platform\']} | {j[\'device\']}")\n',
+        "c.py": 'import os\ndef f(s):\n    return s.endswith(":all") or os.environ["CLMF_DEVICE"]'
+                '\n',
+        "d.py": 'def f(s):\n    return s in ("auto", "gpu", "cpu")\n',
+        "e.py": 'import logging\nlogging.info("%s | %s", 1, 2)\n',
+        "f.py": 'def f(cl):\n    return cl.get_platforms()\n',
+        "g.py": 'def f(r):\n    return f"| {r[\'dataset\']} | {r[\'mode\']} |"\n',
+        "h.py": 'def f(s, r):\n    return f"{s[\'device\'][\'platform\']} | {r[\'dataset\']}"\n',
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    found = device_rule_sites(source_modules({pkg: "clmf"}))
+    assert found == ["clmf.a:2 label", "clmf.b:2 label", "clmf.c:3 :all", "clmf.c:3 CLMF_DEVICE",
+                     "clmf.d:2 device types", "clmf.e:2 label", "clmf.f:2 get_platforms"]
+
+
 def test_checks_catch_a_cycle_and_a_forbidden_import(tmp_path):
     """The checkers themselves find what they look for (a cycle through a function-local relative
     import, and a core module reaching torch and the benchmark at module level)."""

@@ -69,8 +69,8 @@ class Cell:
 
     def key(self):
         """What identifies the cell in a results file."""
-        i = self.info
-        return {"device": f"{i.platform} | {i.name}", "mode": self.mode, "f": int(self.f),
+        from clmf.engine.device import device_label
+        return {"device": device_label(self.info), "mode": self.mode, "f": int(self.f),
                 "dataset": self.dataset, "storage": self.storage}
 
 

@@ -16,6 +16,7 @@ from ..data.scan import count_columns, value_sum
 from ..data.validation import check_index_pairs, check_params, check_ratings, check_strengths
 from ..engine.config import KernelConfig
 from ..engine.core import host_factor_rows
+from ..engine.device import device_label
 from ..errors import InvalidConfigError, SingularSystemError
 from ..inference.conventions import confidence_rows
 from ..inference.predict import predict_pairs
@@ -203,10 +204,10 @@ class ALS(RecommenderMixin):
         state.pop("_topk_cache", None)  # the inference uploads, likewise
         dev = state.get("device")
         if isinstance(dev, (list, tuple)):            # pyopencl.Devices → their names
-            state["device"] = [d if isinstance(d, (str, type(None))) else
-                               f"{d.platform.name.strip()} | {d.name.strip()}" for d in dev]
+            state["device"] = [d if isinstance(d, (str, type(None))) else device_label(d)
+                               for d in dev]
         elif not isinstance(dev, (str, type(None))):  # a pyopencl.Device → its name, which
-            state["device"] = f"{dev.platform.name.strip()} | {dev.name.strip()}"  # selects it again
+            state["device"] = device_label(dev)         # selects it again
         return state
 
     # ----- configuration -------------------------------------------------------------------
@@ -380,10 +381,8 @@ class ALS(RecommenderMixin):
         >>> model = clmf.ALS(factors=2).fit(df)                   # doctest: +SKIP
         >>> model.predict(["bob"], ["m2"])                        # doctest: +SKIP
         """
-        from ..engine.device import device_info
+        from ..engine.device import device_info, select_devices
         from ..engine.memory import plan_fit
-        from ..parallel import select_devices
-        from ..parallel.devices import device_label
 
         # all-or-nothing: the new state is built in locals and assigned in one step at the end,
         # so a fit that fails or is interrupted (KeyboardInterrupt included) leaves a fitted

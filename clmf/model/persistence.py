@@ -79,9 +79,10 @@ def estimator_class(fmt=FORMAT):
 def _device_str(dev):
     if dev is None or isinstance(dev, str):
         return dev
+    from ..engine.device import device_label
     try:                              # a pyopencl.Device: its "platform | name" selects it again
-        return f"{dev.platform.name.strip()} | {dev.name.strip()}"
-    except AttributeError:
+        return device_label(dev)
+    except (AttributeError, KeyError):
         return str(dev)
 
 

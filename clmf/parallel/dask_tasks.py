@@ -12,11 +12,11 @@ module level (only :func:`get_worker` inside a task); the client side is
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 import numpy as np
 
+from ..engine.device import worker_device
 from . import shared_blocks as shm
 from .layout import Layout, SideLayout
 from .worker import SIDES, Exchange, other_side
@@ -167,28 +167,10 @@ def pick(seq, k):
     return seq[k]
 
 
-# ----- the device of a worker ---------------------------------------------------------------
-def worker_device(spec, rank):
-    """This worker's OpenCL device: ``CLMF_DEVICE`` in its environment when ``spec`` is "auto",
-    else ``spec`` itself when it names one device, else (``"gpu"``, ``"cpu"``, ``"auto"``) the
-    ``rank``-th device of that type on this host (rank: the worker's position among the fit's
-    workers on the host)."""
-    from ..engine.device import _type_name, select_device
-    from .devices import select_devices
-    if spec == "auto" and os.environ.get("CLMF_DEVICE"):
-        return select_device("auto")
-    if isinstance(spec, str) and spec.strip().lower() in ("auto", "gpu", "cpu", "accelerator"):
-        kind = _type_name(select_device(spec)).lower()
-        devs = select_devices(f"{kind}:all")
-        return devs[rank % len(devs)]
-    return select_device(spec)
-
-
 def probe(spec, rank, params, stats):
     """``(label, DeviceInfo, {side: Choice})`` of this worker's device for a fit of ``params``."""
-    from ..engine.device import device_info
+    from ..engine.device import device_info, device_label
     from ..model.estimator import ALS
-    from .devices import device_label
     dev = worker_device(spec, rank)
     info = device_info(dev)
     choices = ALS(**params)._resolve_configs(info, stats)

@@ -157,11 +157,9 @@ def cmd_scaling(args, load, argv=None):
     import json
     import pathlib
 
-    from ..engine.device import device_info
+    from ..engine.device import device_info, device_label, select_devices, spec_from_text
     from ..provenance import commit
-    from .devices import select_devices
-    spec = args.scaling
-    devices = select_devices([s for s in spec.split(",") if s] if "," in spec else spec)
+    devices = select_devices(spec_from_text(args.scaling))
     infos = [device_info(d) for d in devices]
     when = datetime.datetime.now(datetime.timezone.utc)
     out = pathlib.Path(args.out or pathlib.Path("results") / "bench" / "scaling")
@@ -170,7 +168,7 @@ def cmd_scaling(args, load, argv=None):
     rows = []
     parts = [f"# clmf scaling {when.isoformat(timespec='seconds')}", "",
              f"commit {commit()}; command `clmf bench {' '.join(argv or [])}`", "",
-             "devices: " + "; ".join(f"{i.platform} | {i.name} (driver {i.driver})"
+             "devices: " + "; ".join(f"{device_label(i)} (driver {i.driver})"
                                      for i in infos), ""]
     for data_spec in args.data or ["ml-100k"]:
         R = load(data_spec)

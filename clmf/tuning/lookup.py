@@ -72,6 +72,7 @@ import math
 import warnings
 
 from ..engine.config import KernelConfig
+from ..engine.device import device_label
 from ..errors import InvalidConfigError
 from .database import database_paths
 from .schema import (
@@ -336,7 +337,7 @@ def _lookup(info, f, storage, ds, mode="explicit", finalize=None, sources=None):
 
     def fmt(c):
         d = c.dataset
-        return (f"{c.device['platform']} | {c.device['device']}, f={c.f}, {c.storage}, "
+        return (f"{device_label(c.device)}, f={c.f}, {c.storage}, "
                 f"data set {d['m']}×{d['n']} nnz={d['nnz']} ({c.origin} database, run {c.run_id})")
 
     verified = []              # [{(configuration key, mode)} that ran here], built on demand
@@ -686,7 +687,7 @@ def choose(info, f, side, side_stats=None, storage="float32", solver=None, mode=
                 if solver is None and dflt else "")
         cfg = heuristic(info, kf, side_stats, storage)
         cfg = cfg.replace(solver=dflt) if dflt else cfg
-        choice = Choice(cfg, "heuristic", f"no tuning record for {info.platform} | {info.name}; "
+        choice = Choice(cfg, "heuristic", f"no tuning record for {device_label(info)}; "
                                           "the paper's rule for unseen devices" + note)
         try:
             validate(cfg, kf, info)
