@@ -25,6 +25,7 @@ from .model.checks import _check_unregularized, _range_error, _side_stats
 from .model.estimator import ALS as _ALS
 from .model.inputs import _params_repr
 from .parallel.dask_backend import WorkerLostError, get_client
+from .tuning.spec import confidence_shift
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +136,8 @@ class ALS(_ALS):
         addrs, ranks = fit_workers(client, self.workers)
         implicit = self.feedback == "implicit"
         t_start = time.perf_counter()
-        shift = (-1.0 / float(self.alpha) if implicit and
-                 getattr(self, "confidence", "1+alpha*r") == "alpha*r" else 0.0)
+        shift = confidence_shift(self.feedback, getattr(self, "confidence", "1+alpha*r"),
+                                 self.alpha)
         data = prepare(client, X, columns, shift=shift)     # the kernels' view (confidence)
         fit_times = {"prepare_s": time.perf_counter() - t_start}
         m, n = data.shape

@@ -75,7 +75,8 @@ class TopKConfig:
 
     def ldf(self, f):
         """Padded factor width: a multiple of tk."""
-        return max(self.tk, -(-f // self.tk) * self.tk)
+        from ..tuning.spec import leading_dim
+        return max(self.tk, leading_dim(f, self.tk))
 
     def local_bytes(self, f, kp):
         """Local memory of the scan kernel for f factors and lists of kp."""

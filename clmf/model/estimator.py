@@ -21,6 +21,7 @@ from ..inference.conventions import confidence_rows
 from ..inference.predict import predict_pairs
 from ..inference.recommend import RecommenderMixin
 from ..tuning.fallback import show_progress as probe_progress
+from ..tuning.spec import FitSpec, kernel_alpha, weighted_rule
 from . import loop
 from .checks import _check_unregularized, _csr_range, _range_error, _side_stats
 from .inputs import _check_heldout_shape, _heldout, _integral, _params_repr, _table_ratings
@@ -310,7 +311,7 @@ class ALS(RecommenderMixin):
 
     def _kernel_alpha(self):
         """The alpha the kernels weight implicit entries with (None: explicit feedback)."""
-        return float(self.alpha) if self.feedback == "implicit" else None
+        return kernel_alpha(self.feedback, self.alpha)
 
     def _kernel_ratings(self, R):
         """``R`` as the kernels read it: the kernels weight an implicit entry by 1 + alpha·r, so
@@ -319,9 +320,8 @@ class ALS(RecommenderMixin):
 
     @property
     def _weighted(self):
-        if self.weighted_regularization is None:
-            return self.feedback != "implicit"
-        return bool(self.weighted_regularization)
+        """Whether λ is weighted by the rows' counts (:func:`clmf.tuning.spec.weighted_rule`)."""
+        return weighted_rule(self.weighted_regularization, self.feedback)
 
     # ----- fitting -------------------------------------------------------------------------
     def fit(self, X, y=None, *, columns=None, show_progress=True, callback=None, init=None,
@@ -462,8 +462,7 @@ class ALS(RecommenderMixin):
             start_pool = concurrent.futures.ThreadPoolExecutor(1)
             # (into page-aligned host rows in the devices' layout, which a CPU device's factor
             # buffers then wrap in place)
-            from ..tuning import factor_width, fit_mode
-            ldf = configs[0].ldf(factor_width(f, fit_mode(self.feedback, self.biases)))
+            ldf = FitSpec.of(self).ldf(configs)
             start = start_pool.submit(
                 reference.start_factors, m, n, f, self.random_state, init=rule,
                 empty=lambda shape, dtype: host_factor_rows(shape[0], f, ldf, bool(self.biases)))

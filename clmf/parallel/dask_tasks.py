@@ -216,6 +216,7 @@ def _block(pieces, key, indptr, r0, r1):
 def build(fit_id, d, setup, n_user_pieces, *pieces):
     """Build this worker's blocks (users rows by the users plan, items rows by the items plan),
     its memory plan and its :class:`DeviceWorker`; returns a summary of the memory plan."""
+    from ..tuning.spec import unknowns
     from .backend import partial_layout, plan_fit
     from .worker import DeviceWorker
     plan = setup["plan"]
@@ -234,7 +235,7 @@ def build(fit_id, d, setup, n_user_pieces, *pieces):
             sources[s] = partial_layout(layout, s, *plan[other_side(s)].block(d))
     all_sources = [{} for _ in range(n)]
     all_sources[d] = sources
-    fs = setup["f"] + (1 if setup["biased"] else 0)
+    fs = unknowns(setup["f"], setup["biased"])
     dplan = plan_fit(setup["infos"], layout, plan, fs, setup["ldf"], setup["itemsize"],
                      setup["config_pairs"], setup["implicit_alpha"] is not None,
                      setup["max_device_memory"], (), all_sources)[d]

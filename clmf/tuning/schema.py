@@ -9,6 +9,7 @@ import re
 
 from ..engine.config import KernelConfig
 from ..errors import InvalidConfigError
+from .spec import factor_width, fit_mode, kernel_factors  # noqa: F401  (their home: .spec)
 
 log = logging.getLogger(__name__)
 
@@ -24,27 +25,10 @@ MODES = ("explicit", "implicit", "biased")
 MODE_DEFAULT_SOLVER = {"implicit": "fusedcg"}
 
 
-def fit_mode(feedback="explicit", biases=False):
-    """The tuning mode of a fit: ``implicit``, ``biased`` or ``explicit``."""
-    if feedback == "implicit":
-        return "implicit"
-    return "biased" if biases else "explicit"
-
-
 def record_mode(r):
     """The mode of a database record (records written before modes existed are explicit)."""
     m = r.get("mode") or "explicit"
     return m if m in MODES else None
-
-
-def kernel_factors(f, mode="explicit"):
-    """Unknowns per system the kernels are built for: f, or f + 1 with biases."""
-    return f + 1 if mode == "biased" else f
-
-
-def factor_width(f, mode="explicit"):
-    """Width of a factor row on the device: f, or f + 2 ([factors | 1 | bias]) with biases."""
-    return f + 2 if mode == "biased" else f
 
 
 class TuningDatabaseWarning(UserWarning):
