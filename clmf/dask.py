@@ -21,11 +21,11 @@ import numpy as np
 
 from .errors import SingularSystemError
 from .model import loop
-from .model.checks import _check_unregularized, _range_error, _side_stats
+from .model.checks import _check_unregularized, _range_error
 from .model.estimator import ALS as _ALS
 from .model.inputs import _params_repr
 from .parallel.dask_backend import WorkerLostError, get_client
-from .tuning.spec import confidence_shift
+from .tuning.spec import confidence_shift, side_stats
 
 log = logging.getLogger(__name__)
 
@@ -178,8 +178,8 @@ class ALS(_ALS):
                  else [self.device] * len(addrs))
         if len(specs) != len(addrs):
             raise ValueError(f"device lists {len(specs)} devices for {len(addrs)} workers")
-        stats = {"users": _side_stats(data.user_counts, n),
-                 "items": _side_stats(data.item_counts, m)}
+        stats = {"users": side_stats(data.user_counts, n),
+                 "items": side_stats(data.item_counts, m)}
         params = self._base_params()
         probes = wait_alive(client, addrs, [
             client.submit(T.probe, specs[d], ranks[d], params, stats, workers=[a],

@@ -61,11 +61,11 @@ class Cell:
 
     def stats(self):
         """Per side the statistics ``ALS.fit`` passes to the lookup (rows, cols, nnz, ...)."""
-        from clmf.model.estimator import _side_stats
+        from clmf.tuning import side_stats
         R = self.R
         m, n = R.shape
-        return {"users": _side_stats(np.diff(R.indptr), n),
-                "items": _side_stats(np.bincount(R.indices, minlength=n), m)}
+        return {"users": side_stats(np.diff(R.indptr), n),
+                "items": side_stats(np.bincount(R.indices, minlength=n), m)}
 
     def key(self):
         """What identifies the cell in a results file."""

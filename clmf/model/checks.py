@@ -1,7 +1,7 @@
-"""What every fit backend (one device, several, Dask) derives from the ratings' counts and range:
-a side's statistics for the tuning lookup, the refusal of unregularized singular systems before
-any device work, and the diagnosis of a failed or non-finite fit explained by the ratings'
-magnitude (:class:`clmf.errors.RatingRangeError`)."""
+"""What every fit backend (one device, several, Dask) derives from the ratings' counts and range
+(a side's statistics for the tuning lookup are :func:`clmf.tuning.side_stats`): the refusal of
+unregularized singular systems before any device work, and the diagnosis of a failed or
+non-finite fit explained by the ratings' magnitude (:class:`clmf.errors.RatingRangeError`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -72,13 +72,3 @@ def _check_unregularized(user_counts, item_counts, f):
                 f"regularization=0 with {bad.size} {side}(s) having fewer ratings than "
                 f"factors={f} (first: {side} {int(bad[0])} with {int(counts[bad[0]])}): "
                 "their normal equations are singular; use regularization > 0")
-
-
-def _side_stats(counts, other):
-    """A side's statistics for the tuning lookup (:func:`clmf.tuning.choose`): its rows, the
-    other side's count, its ratings, the mean ratings of a rated row and the most of a row."""
-    counts = np.asarray(counts)
-    nz = counts[counts > 0]
-    return {"rows": int(counts.size), "cols": int(other), "nnz": int(counts.sum()),
-            "mean": float(nz.mean()) if nz.size else 0.0,
-            "max": int(counts.max()) if counts.size else 0}

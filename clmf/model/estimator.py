@@ -4,7 +4,6 @@ from __future__ import annotations
 import concurrent.futures
 import inspect
 import logging
-import re
 import time
 
 import numpy as np
@@ -14,16 +13,15 @@ from .. import reference
 from ..data import frames
 from ..data.scan import count_columns, value_sum
 from ..data.validation import check_index_pairs, check_params, check_ratings, check_strengths
-from ..engine.config import KernelConfig
 from ..engine.core import host_factor_rows
 from ..errors import InvalidConfigError, SingularSystemError
-from ..inference.conventions import confidence_rows
 from ..inference.predict import predict_pairs
 from ..inference.recommend import RecommenderMixin
 from ..tuning.fallback import show_progress as probe_progress
-from ..tuning.spec import FitSpec, kernel_alpha, weighted_rule
+from ..tuning.resolver import resolve
+from ..tuning.spec import FitSpec, side_stats, weighted_rule
 from . import loop
-from .checks import _check_unregularized, _csr_range, _range_error, _side_stats
+from .checks import _check_unregularized, _csr_range, _range_error
 from .inputs import _check_heldout_shape, _heldout, _integral, _params_repr, _table_ratings
 from .persistence import register_estimator
 
@@ -211,92 +209,24 @@ class ALS(RecommenderMixin):
         return state
 
     # ----- configuration -------------------------------------------------------------------
-    def _resolve_configs(self, info, stats):
-        """``{side: Choice}``: the tuning lookup's choice per side (``variant="auto"``), or the
-        caller's variant as given (:meth:`_given_config`)."""
-        from .. import tuning
-        f = self.factors
-        variant = self.variant
-        solver = None if self.solver == "auto" else self.solver
-        mode = tuning.fit_mode(self.feedback, self.biases)        # tunings of the fit's mode first
-        if solver is None and self.regularization == 0 and mode != "implicit":
-            # unregularized systems may be singular, which only the Cholesky solve detects (a CG
-            # returns some solution of a singular system): a tuned CG gives way
-            solver = "cholesky"
-        if isinstance(variant, (tuple, list)):
-            if len(variant) != 2:
-                raise ValueError("variant as a pair must be (users_variant, items_variant)")
-            pair = tuple(variant)
-        else:
-            pair = (variant, variant)
-        out = {}
-        for side, v in zip(("users", "items"), pair):
-            if isinstance(v, str) and v == "auto":
-                out[side] = tuning.choose(info, f, side, stats[side], self.storage or "float32",
-                                          solver, mode=mode)
-            else:
-                out[side] = self._given_config(v, mode)
-        return out
-
-    def _given_config(self, v, mode):
-        """The caller's variant ``v`` as a :class:`Choice` (rule ``explicit``), used as given:
-        a solver or storage it names is kept, and one that contradicts the ``solver`` /
-        ``storage`` parameter is refused (:class:`InvalidConfigError`, reason ``"conflict"``),
-        never replaced. What it leaves open is filled in and said in the reason: the ``solver``
-        parameter, else the mode's untuned default (:data:`clmf.tuning.MODE_DEFAULT_SOLVER`:
-        the fused CG for implicit feedback, Cholesky otherwise); the ``storage`` parameter."""
-        from .. import tuning
-        cfg = KernelConfig.parse(v)
-        text = v if isinstance(v, str) else None           # a KernelConfig names every field
-
-        def names(k):           # whether the variant names parameter k
-            return text is None or re.search(rf"[:,]\s*{k}\s*=", text) is not None
-        notes = []
-        given = None if self.solver == "auto" else self.solver
-        if names("solver"):
-            if given is not None and given != cfg.solver:
-                raise InvalidConfigError(
-                    f"variant {str(v)!r} names solver={cfg.solver} but solver={given!r} was "
-                    "given: drop one of them (a given variant is used as is, never changed)",
-                    "conflict")
-        else:
-            s = given or tuning.MODE_DEFAULT_SOLVER.get(mode, KernelConfig.solver)
-            if s != cfg.solver:
-                cfg = cfg.replace(solver=s)
-            notes.append(f"solver={s} (" + ("the solver parameter" if given else
-                                            f"the {mode} default: the variant names none") + ")")
-        if self.storage is not None and cfg.storage != self.storage:
-            if names("storage"):
-                raise InvalidConfigError(
-                    f"variant {str(v)!r} names storage={cfg.storage} but storage="
-                    f"{self.storage!r} was given: drop one of them", "conflict")
-            cfg = cfg.replace(storage=self.storage)
-            notes.append(f"storage={self.storage} (the storage parameter)")
-        return tuning.Choice(cfg, "explicit", "variant given by the caller"
-                      + ("; " + ", ".join(notes) if notes else ""))
-
-    def _build_engine(self, devs, R, stats, global_mean, item_counts=None):
+    def _build_engine(self, devs, infos, per_device, R, spec, stats, global_mean,
+                      item_counts=None):
         """The fit's backend (one device's :class:`Engine` or a multi-device one) and the
-        configurations per device: a chosen configuration that fails to build, lacks a kernel or
-        exceeds a kernel's limits is rejected (one warning, see :mod:`clmf.tuning.fallback`) and
-        that device's choice falls through to the next rule; a configuration given by the caller
-        raises :class:`clmf.InvalidConfigError`."""
-        from .. import tuning
-        from ..engine.device import device_info
-        from ..errors import InvalidConfigError
+        configurations per device (``per_device``: :func:`clmf.tuning.resolve`'s per device,
+        looked up once): a chosen configuration that fails to build, lacks a kernel or exceeds
+        a kernel's limits is rejected (one warning, see :mod:`clmf.tuning.fallback`) and the
+        choices are looked up again, falling through to the next rule; a configuration given by
+        the caller raises :class:`clmf.InvalidConfigError`."""
         from ..parallel import make_backend
         from ..tuning import fallback
-        mode = tuning.fit_mode(self.feedback, self.biases)
-        f = int(self.factors)
-        infos = [device_info(d) for d in devs]
+        mode, f = spec.mode, spec.f
         while True:
-            per_device = [self._resolve_configs(info, stats) for info in infos]
             try:
                 engine = make_backend(devs, R, f, [(c["users"].config, c["items"].config)
                                                    for c in per_device],
-                                      implicit_alpha=self._kernel_alpha(),
-                                      biased=bool(self.biases),
-                                      offset=global_mean if self.biases else 0.0,
+                                      implicit_alpha=spec.kernel_alpha,
+                                      biased=spec.biased,
+                                      offset=global_mean if spec.biased else 0.0,
                                       max_device_memory=self.max_device_memory,
                                       item_counts=item_counts)
                 return engine, per_device
@@ -308,15 +238,8 @@ class ALS(RecommenderMixin):
                     raise                    # the caller's own variant, or nothing left to try
                 fallback.reject(infos[k], ch.config, f, mode,
                                 f"the {ch.rule} rule ({ch.reason})", e)
-
-    def _kernel_alpha(self):
-        """The alpha the kernels weight implicit entries with (None: explicit feedback)."""
-        return kernel_alpha(self.feedback, self.alpha)
-
-    def _kernel_ratings(self, R):
-        """``R`` as the kernels read it: the kernels weight an implicit entry by 1 + alpha·r, so
-        ``confidence="alpha*r"`` passes r − 1/alpha (1 + alpha·(r − 1/alpha) = alpha·r)."""
-        return confidence_rows(R, self)
+                # (every device again: the rejection holds for each device of that kind)
+                per_device = [resolve(spec, info, stats) for info in infos]
 
     @property
     def _weighted(self):
@@ -431,11 +354,15 @@ class ALS(RecommenderMixin):
                 raise ValueError("init factors contain NaN/inf")
 
         t_checks = time.perf_counter()
-        stats = {"users": _side_stats(user_counts, n), "items": _side_stats(item_counts, m)}
+        stats = {"users": side_stats(user_counts, n), "items": side_stats(item_counts, m)}
         devs = select_devices(self.device)
-        info = device_info(devs[0])
+        infos = [device_info(d) for d in devs]
+        info = infos[0]
+        spec = FitSpec.of(self)
         with probe_progress(show_progress):
-            choices = self._resolve_configs(info, stats)
+            # looked up once per device (the backend's build falls through on a rejection)
+            per_device = [resolve(spec, i, stats) for i in infos]
+        choices = per_device[0]
         configs = (choices["users"].config, choices["items"].config)
         t_tuning = time.perf_counter()
         # the training RMSE (explicit feedback; one pass over the ratings on the device): every
@@ -462,7 +389,7 @@ class ALS(RecommenderMixin):
             start_pool = concurrent.futures.ThreadPoolExecutor(1)
             # (into page-aligned host rows in the devices' layout, which a CPU device's factor
             # buffers then wrap in place)
-            ldf = FitSpec.of(self).ldf(configs)
+            ldf = spec.ldf(configs)
             start = start_pool.submit(
                 reference.start_factors, m, n, f, self.random_state, init=rule,
                 empty=lambda shape, dtype: host_factor_rows(shape[0], f, ldf, bool(self.biases)))
@@ -470,7 +397,8 @@ class ALS(RecommenderMixin):
         global_mean = value_sum(R.data) / R.nnz if R.nnz else float("nan")
         t_prep = time.perf_counter()
         with probe_progress(show_progress):
-            engine, per_device = self._build_engine(devs, self._kernel_ratings(R), stats,
+            engine, per_device = self._build_engine(devs, infos, per_device,
+                                                    spec.kernel_ratings(R), spec, stats,
                                                     global_mean, item_counts=item_counts)
         choices = per_device[0]
         configs = (choices["users"].config, choices["items"].config)

@@ -184,12 +184,11 @@ def worker_device(spec, rank):
 def probe(spec, rank, params, stats):
     """``(label, DeviceInfo, {side: Choice})`` of this worker's device for a fit of ``params``."""
     from ..engine.device import device_info
-    from ..model.estimator import ALS
+    from ..tuning import FitSpec, resolve
     from .devices import device_label
     dev = worker_device(spec, rank)
     info = device_info(dev)
-    choices = ALS(**params)._resolve_configs(info, stats)
-    return device_label(dev), info, choices
+    return device_label(dev), info, resolve(FitSpec.of(params), info, stats)
 
 
 # ----- a fit's blocks and device worker (the owning worker) -----------------------------------

@@ -19,6 +19,7 @@ from .database import (
 )
 from .fallback import TuningFallbackWarning
 from .lookup import choose, class_distance, dataset_class, heuristic, incumbent
+from .resolver import resolve
 from .schema import (
                        BASELINE,
                        CLASS_TOL,
@@ -42,4 +43,4 @@ __all__ = ["Choice", "choose", "incumbent", "heuristic", "BASELINE", "SCHEMA_VER
            "TuningDatabaseWarning", "dataset_class", "class_distance", "device_record",
            "device_slug", "database_paths", "user_db_path", "shipped_paths", "read_database",
            "Database", "base_record", "now", "clmf_commit", "ENV_DB", "ENV_NO_SHIPPED", "SIDES",
-           "TuningFallbackWarning", "FitSpec", "side_stats"]
+           "TuningFallbackWarning", "FitSpec", "side_stats", "resolve"]
