@@ -337,14 +337,13 @@ def test_fit_facts_live_in_tuning_spec():
     assert not bad, "facts of a fit computed outside clmf.tuning.spec:\n" + "\n".join(bad)
 
 
-@pytest.mark.xfail(strict=True, reason="until the trainer leaves the estimator (issue 32)")
+@pytest.mark.xfail(strict=True, reason="until private names used across subpackages are public")
 def test_no_private_names_across_subpackages():
     modules, _ = _repo_graph()
     bad = private_imports(modules, {"tuner": "clmf.tuner", "cl_kernels": "clmf.cl_kernels"})
     assert not bad, "private names imported from another subpackage:\n" + "\n".join(bad)
 
 
-@pytest.mark.xfail(strict=True, reason="until the trainer leaves the estimator (issue 32)")
 def test_no_arrow_from_parallel_or_inference_up_to_model():
     _, graph = _repo_graph()
     bad = upward_arrows(graph)

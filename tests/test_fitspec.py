@@ -99,3 +99,51 @@ def test_tuning_looked_up_once_per_device(cl_device, monkeypatch):
     R = random_ratings(30, 20, 0.3, seed=2)
     clmf.ALS(4, iterations=1, device=cl_device, random_state=0).fit(R, show_progress=False)
     assert sorted(calls) == ["items", "users"]
+
+
+# ----- the trainer apart from the estimator; one parameter protocol -------------------------------
+def test_dask_estimator_names_every_parameter_and_clones():
+    """clmf.dask.ALS takes explicit keywords (scikit-learn's BaseEstimator rule), with clmf.ALS's
+    defaults, and sklearn.base.clone copies it."""
+    import inspect
+    sklearn_base = pytest.importorskip("sklearn.base")
+    cdask = pytest.importorskip("clmf.dask")
+    sig = inspect.signature(cdask.ALS.__init__).parameters
+    assert not [p for p in sig.values() if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+    base = inspect.signature(clmf.ALS.__init__).parameters
+    assert {k: p.default for k, p in sig.items() if k in base} == \
+        {k: p.default for k, p in base.items()}
+    assert list(sig)[-2:] == ["client", "workers"]
+    m = cdask.ALS(factors=5, iterations=2, biases=True, workers=["tcp://a:1"], random_state=3)
+    c = sklearn_base.clone(m)
+    assert type(c) is cdask.ALS and c is not m and c.get_params() == m.get_params()
+    assert repr(c) == ("clmf.dask.ALS(factors=5, iterations=2, random_state=3, biases=True, "
+                       "workers=['tcp://a:1'])")
+    assert repr(clmf.ALS(factors=5, biases=True)) == "ALS(factors=5, biases=True)"
+    with pytest.raises(ValueError, match="invalid parameter"):
+        c.set_params(nope=1)
+
+
+def test_estimators_share_one_parameter_protocol():
+    from clmf.model.params import ParamsMixin
+    cdask = pytest.importorskip("clmf.dask")
+    for cls in (clmf.ALS, cdask.ALS):
+        for name in ("get_params", "set_params", "__repr__", "_get_param_names"):
+            assert getattr(cls, name) is getattr(ParamsMixin, name) or \
+                getattr(cls, name).__func__ is getattr(ParamsMixin, name).__func__, (cls, name)
+
+
+def test_trainer_returns_the_fitted_state_without_touching_the_estimator(cl_device):
+    """The trainer reads the estimator's parameters once and returns the fitted attributes; the
+    estimator assigns them (ALS.fit is the trainer's result assigned in one step)."""
+    from clmf.model.trainer import DeviceTrainer
+    R = random_ratings(30, 20, 0.3, seed=4)
+    est = clmf.ALS(4, iterations=2, device=cl_device, random_state=0)
+    before = dict(est.__dict__)
+    new = DeviceTrainer(est).fit(R, show_progress=False, t_fit=0.0, c_fit=0.0)
+    assert est.__dict__ == before
+    assert {"user_factors_", "item_factors_", "history_", "config_", "timings_"} <= set(new)
+    fitted = clmf.ALS(4, iterations=2, device=cl_device, random_state=0).fit(
+        R, show_progress=False)
+    assert np.array_equal(new["user_factors_"], fitted.user_factors_)
+    assert [h.keys() for h in new["history_"]] == [h.keys() for h in fitted.history_]

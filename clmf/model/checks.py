@@ -9,17 +9,17 @@ import numpy as np
 from ..data.scan import count_columns
 from ..errors import SingularSystemError
 
-__all__ = []
+__all__ = ["range_error"]
 
 
 def _csr_range(R):
-    """``(largest ratings per user/item, largest |rating|)`` of a CSR, for :func:`_range_error`."""
+    """``(largest ratings per user/item, largest |rating|)`` of a CSR, for :func:`range_error`."""
     counts = max(int(np.diff(R.indptr).max(initial=0)),
                  int(count_columns(R.indices, R.shape[1]).max(initial=0)), 1)
     return counts, float(np.abs(R.data).max(initial=0.0))
 
 
-def _range_error(engine, counts, rmax, f, storage, regularization):
+def range_error(engine, counts, rmax, f, storage, regularization):
     """A :class:`RatingRangeError` when a failed or non-finite fit is explained by the ratings'
     magnitude — float overflow of the normal equations (or of float16 factors), or a
     regularization below float32 precision — else None (the original error stands). ``counts``

@@ -181,14 +181,15 @@ def worker_device(spec, rank):
     return select_device(spec)
 
 
-def probe(spec, rank, params, stats):
-    """``(label, DeviceInfo, {side: Choice})`` of this worker's device for a fit of ``params``."""
+def probe(spec, rank, fit, stats):
+    """``(label, DeviceInfo, {side: Choice})`` of this worker's device (``spec``, ``rank``: as
+    :func:`worker_device`) for a fit of ``fit`` (a :class:`clmf.tuning.FitSpec`)."""
     from ..engine.device import device_info
-    from ..tuning import FitSpec, resolve
+    from ..tuning import resolve
     from .devices import device_label
     dev = worker_device(spec, rank)
     info = device_info(dev)
-    return device_label(dev), info, resolve(FitSpec.of(params), info, stats)
+    return device_label(dev), info, resolve(fit, info, stats)
 
 
 # ----- a fit's blocks and device worker (the owning worker) -----------------------------------
@@ -411,30 +412,3 @@ def predict_codes(state, u, i):
                          user_counts=state["user_counts"], item_counts=state["item_counts"],
                          user_biases=state["bu"], item_biases=state["bi"],
                          implicit=state["feedback"] == "implicit")
-
-
-def recommend_block(X, r0, state, N):
-    """Top-``N`` rows ``(user, item, score, rank)`` of users ``r0 ..`` whose factors are ``X``,
-    by the single-host :meth:`clmf.ALS.recommend` (no seen-item filter), raw ids restored."""
-    import pandas as pd
-
-    from ..model.estimator import ALS
-    m = ALS(factors=X.shape[1], feedback=state["feedback"])
-    m.user_factors_ = X
-    m.item_factors_ = state["Y"]
-    m.global_mean_ = state["mean"]
-    m.user_biases_ = state["bu"][r0:r0 + len(X)] if state["bu"] is not None else None
-    m.item_biases_ = state["bi"]
-    m.user_counts_ = state["user_counts"][r0:r0 + len(X)]
-    m.item_counts_ = state["item_counts"]
-    ids, scores = m.recommend(np.arange(len(X)), N=N, filter_already_liked_items=False)
-    k = ids.shape[1]
-    users = np.repeat(np.arange(r0, r0 + len(X)), k)
-    items = ids.reshape(-1)
-    keep = items >= 0
-    uids, iids = state["user_ids"], state["item_ids"]
-    return pd.DataFrame({
-        "user": (uids[users[keep]] if uids is not None else users[keep]),
-        "item": (iids[items[keep]] if iids is not None else items[keep]),
-        "score": scores.reshape(-1)[keep].astype(np.float32),
-        "rank": np.tile(np.arange(1, k + 1, dtype=np.int32), len(X))[keep]})
