@@ -337,7 +337,6 @@ def test_fit_facts_live_in_tuning_spec():
     assert not bad, "facts of a fit computed outside clmf.tuning.spec:\n" + "\n".join(bad)
 
 
-@pytest.mark.xfail(strict=True, reason="until private names used across subpackages are public")
 def test_no_private_names_across_subpackages():
     modules, _ = _repo_graph()
     bad = private_imports(modules, {"tuner": "clmf.tuner", "cl_kernels": "clmf.cl_kernels"})

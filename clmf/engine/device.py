@@ -70,7 +70,8 @@ def _cl():
     return cl
 
 
-def _all_devices():
+def all_devices():
+    """``("P:D", platform, device)`` of every OpenCL device (:class:`NoOpenCLError` if none)."""
     cl = _cl()
     try:
         platforms = cl.get_platforms()
@@ -89,7 +90,8 @@ def _all_devices():
     return out
 
 
-def _type_name(d):
+def type_name(d):
+    """A device's type: ``GPU``, ``CPU``, ``ACCELERATOR`` or ``OTHER``."""
     cl = _cl()
     t = d.type
     for name in ("GPU", "CPU", "ACCELERATOR"):
@@ -104,7 +106,7 @@ def device_info(device, index="?"):
     p = device.platform
     return DeviceInfo(
         index=index, platform=p.name.strip(), platform_version=p.version.strip(),
-        vendor=device.vendor.strip(), name=device.name.strip(), type=_type_name(device),
+        vendor=device.vendor.strip(), name=device.name.strip(), type=type_name(device),
         driver=device.driver_version.strip(), opencl_c_version=device.opencl_c_version.strip(),
         compute_units=int(device.max_compute_units), global_mem=int(device.global_mem_size),
         max_alloc=int(device.max_mem_alloc_size), local_mem=int(device.local_mem_size),
@@ -142,7 +144,7 @@ def devices():
     >>> for d in clmf.devices():  # doctest: +SKIP
     ...     print(d)
     """
-    return [device_info(d, idx) for idx, _p, d in _all_devices()]
+    return [device_info(d, idx) for idx, _p, d in all_devices()]
 
 
 _TYPE_ORDER = {"GPU": 0, "ACCELERATOR": 1, "CPU": 2, "OTHER": 3}
@@ -181,8 +183,8 @@ def select_device(spec="auto"):
             spec, origin = os.environ["PYOPENCL_CTX"], "PYOPENCL_CTX="
             if ":" not in spec and spec.isdigit():
                 spec = spec + ":0"
-    found = _all_devices()
-    entries = [(i, p.name.strip(), d.name.strip(), _type_name(d)) for i, p, d in found]
+    found = all_devices()
+    entries = [(i, p.name.strip(), d.name.strip(), type_name(d)) for i, p, d in found]
     return found[pick_device(spec, entries, origin)][2]
 
 

@@ -238,8 +238,8 @@ class ALS(ParamsMixin, RecommenderMixin):
     def _check_fitted(self):
         """Raise :class:`clmf.NotFittedError` (scikit-learn's, when installed) if not fitted."""
         if not self.__sklearn_is_fitted__():
-            from ..errors import _not_fitted_error
-            raise _not_fitted_error()(f"this {type(self).__name__} is not fitted yet; call "
+            from ..errors import not_fitted_error
+            raise not_fitted_error()(f"this {type(self).__name__} is not fitted yet; call "
                                       "fit() first")
 
     def __sklearn_is_fitted__(self):

@@ -170,12 +170,12 @@ def worker_device(spec, rank):
     else ``spec`` itself when it names one device, else (``"gpu"``, ``"cpu"``, ``"auto"``) the
     ``rank``-th device of that type on this host (rank: the worker's position among the fit's
     workers on the host)."""
-    from ..engine.device import _type_name, select_device
+    from ..engine.device import select_device, type_name
     from .devices import select_devices
     if spec == "auto" and os.environ.get("CLMF_DEVICE"):
         return select_device("auto")
     if isinstance(spec, str) and spec.strip().lower() in ("auto", "gpu", "cpu", "accelerator"):
-        kind = _type_name(select_device(spec)).lower()
+        kind = type_name(select_device(spec)).lower()
         devs = select_devices(f"{kind}:all")
         return devs[rank % len(devs)]
     return select_device(spec)

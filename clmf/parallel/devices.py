@@ -13,7 +13,7 @@ def select_devices(spec):
     """
     import pyopencl as cl
 
-    from ..engine.device import _all_devices, _type_name, select_device
+    from ..engine.device import all_devices, select_device, type_name
     from ..errors import NoOpenCLError
     if isinstance(spec, (list, tuple)):
         if not spec:
@@ -26,7 +26,7 @@ def select_devices(spec):
         if kind not in ("GPU", "CPU", "ACCELERATOR"):
             raise ValueError(f"unknown device type in {spec!r}; use gpu:all, cpu:all or "
                              "accelerator:all")
-        out = [d for _i, _p, d in _all_devices() if _type_name(d) == kind]
+        out = [d for _i, _p, d in all_devices() if type_name(d) == kind]
         if not out:
             raise NoOpenCLError(f"no OpenCL device of type {kind} for device={spec!r}")
     else:

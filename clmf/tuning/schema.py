@@ -47,15 +47,16 @@ class Choice:
 
 
 # ----- keys shared with the tuner ----------------------------------------------------------------
-def _norm(s):
+def norm_text(s):
+    """``s`` as text with its white space collapsed (device names as recorded)."""
     return re.sub(r"\s+", " ", str(s).strip())
 
 
 def device_record(info):
     """The normalised device key of a :class:`clmf.engine.device.DeviceInfo` (driver recorded, not
     matched)."""
-    return {"platform": _norm(info.platform), "vendor": _norm(info.vendor), "type": info.type,
-            "device": _norm(info.name), "driver": _norm(info.driver)}
+    return {"platform": norm_text(info.platform), "vendor": norm_text(info.vendor),
+            "type": info.type, "device": norm_text(info.name), "driver": norm_text(info.driver)}
 
 
 def device_slug(key):
@@ -64,8 +65,10 @@ def device_slug(key):
     return re.sub(r"[^a-z0-9]+", "-", s).strip("-")
 
 
-def _same_device(a, b):
-    return all(_norm(a.get(k, "")).lower() == _norm(b.get(k, "")).lower()
+def same_device(a, b):
+    """Whether two device keys name the same device (platform, vendor, type and name; the driver
+    is not matched)."""
+    return all(norm_text(a.get(k, "")).lower() == norm_text(b.get(k, "")).lower()
                for k in ("platform", "vendor", "type", "device"))
 
 
