@@ -128,8 +128,8 @@ def main():
     import clmf
     from clmf.engine.config import SPLIT_NEVER
     from clmf.engine.device import device_info, device_label, select_device
-    from clmf.model.estimator import _side_stats
     from clmf.provenance import commit
+    from clmf.tuning import FitSpec, resolve, side_stats
 
     out = pathlib.Path(a.outdir)
     make_data(a.data, out / "data")
@@ -140,16 +140,16 @@ def main():
     uc, ic = np.diff(R.indptr), np.bincount(R.indices, minlength=R.shape[1])
     log(f"{meta['spec']}: {R.shape[0]} × {R.shape[1]}, {R.nnz} ratings; longest user "
         f"{int(uc.max())}, longest item {int(ic.max())} (mean {R.nnz / max(1, R.shape[1]):.0f})")
-    stats = {"users": _side_stats(uc, R.shape[1]), "items": _side_stats(ic, R.shape[0])}
+    stats = {"users": side_stats(uc, R.shape[1]), "items": side_stats(ic, R.shape[0])}
     dev = select_device(a.device)
     info = device_info(dev)
     splits = a.splits if a.splits is not None else [SPLIT_NEVER, 0]
     recs = []
     for f in a.factors:
         for variant in a.variant or ["auto"]:
-            model = clmf.ALS(factors=f, regularization=a.regularization, variant=variant,
-                             device=dev)
-            ch = model._resolve_configs(info, stats)
+            spec = FitSpec.of({"factors": f, "regularization": a.regularization,
+                               "variant": variant})
+            ch = resolve(spec, info, stats)
             cfgs = (ch["users"].config, ch["items"].config)
             ref_y = None
             for split in splits:

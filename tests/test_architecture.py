@@ -327,3 +327,145 @@ def test_public_api_is_listed(name):
     import clmf
     assert name in dir(clmf) and name in clmf.__all__
     assert getattr(clmf, name) is not None
+
+
+# ----- one home for each fact of a fit (issue 32) -------------------------------------------------
+# code (comments and strings left out) that computes a fact whose home is clmf.tuning.spec: the
+# unknowns or row width of a biased fit, a leading dimension (a width rounded up to a vector width
+# or tile), the common leading dimension of several configurations, the weighted-λ default and
+# implicit feedback's confidence shift
+FACT_RULES = {
+    "unknowns or row width (f + 1 / f + 2 with biases)":
+        r"\bf\W*\s*\+\s*[12]\s+if\b|\+\s*\(\s*1\s+if\b[^)]*bias",
+    "a leading dimension (a width rounded up to a multiple)":
+        r"-\(-\s*(?:self\.)?(?:f|fs|width)\s*//\s*([A-Za-z_][\w.]*)\)\s*\*\s*\1\b",
+    "the common leading dimension of several configurations": r"max\([^()]*\.ldf\(",
+    "the weighted-λ default": r"weighted_regularization\w*\s+is\s+None",
+    "the confidence shift of alpha*r": r"/\s*float\([^()]*alpha",
+}
+FACTS_HOME = "clmf.tuning"
+
+
+def _code_only(text):
+    """The source ``text`` with comments and docstrings blanked (so prose that describes a rule
+    does not count as computing it); one line per source line."""
+    import io
+    import tokenize
+    out = text.splitlines()
+    for node in ast.walk(ast.parse(text)):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            for r in range(body[0].lineno, body[0].end_lineno + 1):
+                out[r - 1] = ""
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT:
+            r, c = tok.start
+            out[r - 1] = out[r - 1][:c]
+    return out
+
+
+def fact_violations(modules, home=FACTS_HOME):
+    """["module:line: what"]: code outside ``home`` computing a fact of :data:`FACT_RULES`."""
+    import re
+    bad = []
+    for mod, path in sorted(modules.items()):
+        if _under(mod, (home,)):
+            continue
+        for no, line in enumerate(_code_only(path.read_text(encoding="utf-8")), 1):
+            for what, rx in FACT_RULES.items():
+                if re.search(rx, line):
+                    bad.append(f"{mod}:{no}: {what}: {line.strip()}")
+    return bad
+
+
+def _subpackage(mod):
+    """``clmf.x`` of a module ``clmf.x.y`` (the root package ``clmf`` for itself)."""
+    return ".".join(mod.split(".")[:2])
+
+
+def private_imports(modules, aliases=None):
+    """["module:line imports _name from other"]: private names imported from another subpackage."""
+    aliases = aliases or {}
+    bad = []
+    for mod, path in sorted(modules.items()):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                stem = ".".join(base + ([node.module] if node.module else []))
+            else:
+                stem = node.module or ""
+            target = _resolve(stem, modules, aliases)
+            if target is None or _subpackage(target) == _subpackage(mod):
+                continue
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    bad.append(f"{mod}:{node.lineno} imports {a.name} from {target}")
+    return bad
+
+
+def upward_arrows(graph, lower=("clmf.parallel", "clmf.inference"), upper=("clmf.model",)):
+    """["module:line -> target"]: imports (module-level or local) from ``lower`` up to ``upper``."""
+    return [f"{mod}:{line} -> {target}" for mod, edges in sorted(graph.items())
+            if _under(mod, lower) for target, internal, _, line in edges
+            if internal and _under(target, upper)]
+
+
+def test_fit_facts_live_in_tuning_spec():
+    """No module outside clmf.tuning computes a factor width, a leading dimension, the
+    weighted-λ default or the confidence shift: they import them from clmf.tuning.spec."""
+    modules, _ = _repo_graph()
+    bad = fact_violations(modules)
+    assert not bad, "facts of a fit computed outside clmf.tuning.spec:\n" + "\n".join(bad)
+
+
+def test_no_private_names_across_subpackages():
+    modules, _ = _repo_graph()
+    bad = private_imports(modules, {"tuner": "clmf.tuner", "cl_kernels": "clmf.cl_kernels"})
+    assert not bad, "private names imported from another subpackage:\n" + "\n".join(bad)
+
+
+def test_no_arrow_from_parallel_or_inference_up_to_model():
+    _, graph = _repo_graph()
+    bad = upward_arrows(graph)
+    assert not bad, "imports from clmf.parallel/clmf.inference up to clmf.model:\n" + "\n".join(bad)
+
+
+def test_fact_and_import_checks_find_what_they_look_for(tmp_path):
+    """The three checks above catch planted violations (and leave comments, docstrings, the
+    home itself and same-subpackage private imports alone)."""
+    pkg = tmp_path / "clmf"
+    for d in ("tuning", "engine", "parallel", "model"):
+        (pkg / d).mkdir(parents=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    files = {
+        "tuning/spec.py": "def row_width(f, biased):\n    return f + 2 if biased else f\n",
+        "engine/core.py": ('"""rows are f + 2 if biased"""\n# f + 1 if biased\n'
+                           "width = f + 2 if biased else f\n"
+                           "def ldf(f, w):\n    return -(-f // w) * w\n"
+                           "from ._own import _helper\n"),
+        "engine/_own.py": "def _helper():\n    pass\n",
+        "parallel/worker.py": ("fs = f + (1 if biased else 0)\n"
+                               "from ..engine._own import _helper\n"
+                               "def g():\n    from ..model import est\n"),
+        "model/est.py": ("lam = x if weighted_regularization is None else y\n"
+                         "shift = -1.0 / float(self.alpha)\n"
+                         "ld = max(c.ldf(w) for c in cs)\n"),
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    modules = source_modules({pkg: "clmf"})
+    facts = fact_violations(modules)
+    assert {v.split(":")[0] for v in facts} == {"clmf.engine.core", "clmf.parallel.worker",
+                                                 "clmf.model.est"}
+    assert [v.split(":")[1] for v in facts if v.startswith("clmf.engine.core")] == ["3", "5"]
+    assert len([v for v in facts if v.startswith("clmf.model.est")]) == 3
+    assert private_imports(modules) == [
+        "clmf.parallel.worker:2 imports _helper from clmf.engine._own"]
+    assert upward_arrows(import_graph(modules)) == ["clmf.parallel.worker:4 -> clmf.model.est"]

@@ -129,9 +129,8 @@ def run_clmf(device, problem, f, lam, iterations, seed, variant="auto"):
     from ..engine.core import Engine
     from ..engine.device import device_info
     from ..errors import ClmfError
-    from ..model.checks import _side_stats
-    from ..model.estimator import ALS
     from ..reference import start_factors
+    from ..tuning import FitSpec, resolve, side_stats
     run = ClmfRun()
     eng = None
     try:
@@ -140,10 +139,9 @@ def run_clmf(device, problem, f, lam, iterations, seed, variant="auto"):
         R = check_ratings(problem.train)
         m, n = R.shape
         uc, ic = problem.counts()
-        stats = {"users": _side_stats(uc, n), "items": _side_stats(ic, m)}
-        model = ALS(factors=f, regularization=lam, iterations=iterations, variant=variant,
-                    device=device)
-        choices = model._resolve_configs(info, stats)
+        stats = {"users": side_stats(uc, n), "items": side_stats(ic, m)}
+        spec = FitSpec.of({"factors": f, "regularization": lam, "variant": variant})
+        choices = resolve(spec, info, stats)
         cu, ci = choices["users"], choices["items"]
         run.variant = str(cu.config) if str(cu.config) == str(ci.config) else \
             f"users {cu.config} / items {ci.config}"

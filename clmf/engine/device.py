@@ -91,7 +91,8 @@ def _cl():
     return cl
 
 
-def _all_devices():
+def all_devices():
+    """``("P:D", platform, device)`` of every OpenCL device (:class:`NoOpenCLError` if none)."""
     cl = _cl()
     try:
         platforms = cl.get_platforms()
@@ -110,8 +111,8 @@ def _all_devices():
     return out
 
 
-def _type_name(d):
-    """``"GPU"``, ``"CPU"``, ``"ACCELERATOR"`` or ``"OTHER"``: the type of a pyopencl device."""
+def type_name(d):
+    """A device's type: ``GPU``, ``CPU``, ``ACCELERATOR`` or ``OTHER``."""
     cl = _cl()
     t = d.type
     for name in ("GPU", "CPU", "ACCELERATOR"):
@@ -126,7 +127,7 @@ def device_info(device, index="?"):
     p = device.platform
     return DeviceInfo(
         index=index, platform=p.name.strip(), platform_version=p.version.strip(),
-        vendor=device.vendor.strip(), name=device.name.strip(), type=_type_name(device),
+        vendor=device.vendor.strip(), name=device.name.strip(), type=type_name(device),
         driver=device.driver_version.strip(), opencl_c_version=device.opencl_c_version.strip(),
         compute_units=int(device.max_compute_units), global_mem=int(device.global_mem_size),
         max_alloc=int(device.max_mem_alloc_size), local_mem=int(device.local_mem_size),
@@ -164,7 +165,7 @@ def devices():
     >>> for d in clmf.devices():  # doctest: +SKIP
     ...     print(d)
     """
-    return [device_info(d, idx) for idx, _p, d in _all_devices()]
+    return [device_info(d, idx) for idx, _p, d in all_devices()]
 
 
 _TYPE_ORDER = {t: k for k, t in enumerate((*TYPES, "OTHER"))}
@@ -253,14 +254,14 @@ def select_device(spec="auto"):
     origin = "device="
     if spec == "auto":
         spec, origin = auto_spec()
-    found = _all_devices()
+    found = all_devices()
     return found[pick_device(spec, _entries(found), origin)][2]
 
 
 def _entries(found):
-    """``(index "P:D", platform name, device name, type)`` of each device of :func:`_all_devices`
+    """``(index "P:D", platform name, device name, type)`` of each device of :func:`all_devices`
     (what :func:`pick_device` reads)."""
-    return [(i, p.name.strip(), d.name.strip(), _type_name(d)) for i, p, d in found]
+    return [(i, p.name.strip(), d.name.strip(), type_name(d)) for i, p, d in found]
 
 
 def pick_device(spec, entries, origin="device="):
@@ -313,7 +314,7 @@ def select_devices(spec):
         if kind not in TYPES:
             raise ValueError(f"unknown device type in {spec!r}; use gpu:all, cpu:all or "
                              "accelerator:all")
-        out = [d for _i, _p, d in _all_devices() if _type_name(d) == kind]
+        out = [d for _i, _p, d in all_devices() if type_name(d) == kind]
         if not out:
             raise NoOpenCLError(f"no OpenCL device of type {kind} for device={spec!r}")
     else:
@@ -348,7 +349,7 @@ def worker_device(spec, rank):
         return select_device("auto")
     if isinstance(spec, str) and parse_spec(spec)[0] in ("auto", "type"):
         spec, origin = auto_spec() if spec == "auto" else (spec, "device=")
-        found = _all_devices()
+        found = all_devices()
         return found[pick_worker(spec, rank, _entries(found), origin)][2]
     return select_device(spec)
 
@@ -366,7 +367,7 @@ def find_device(platform, name):
     """The pyopencl device of this platform and device name (exact, stripped), or None (not seen,
     or no OpenCL at all): how a child process finds its parent's device."""
     try:
-        return next((d for _i, p, d in _all_devices()
+        return next((d for _i, p, d in all_devices()
                      if p.name.strip() == platform and d.name.strip() == name), None)
     except Exception as e:  # noqa: BLE001 - no OpenCL: no device
         log.debug("cannot list OpenCL devices: %s", e)

@@ -227,7 +227,7 @@ class DaskEngine:
                  implicit_alpha=None, biased=False, offset=0.0, max_device_memory=None,
                  modes=None, poll=1.0):
         """Plan the fit, route the ratings to their workers, build the blocks and devices."""
-        from .backend import common_ldf
+        from ..tuning.spec import common_ldf, row_width, unknowns
         self.client = client
         self.addrs = list(addrs)
         self.n = len(self.addrs)
@@ -236,8 +236,8 @@ class DaskEngine:
         self.f = int(f)
         self.biased = bool(biased)
         self.implicit = implicit_alpha is not None
-        self.fs = self.f + 1 if self.biased else self.f
-        width = self.f + 2 if self.biased else self.f
+        self.fs = unknowns(self.f, self.biased)
+        width = row_width(self.f, self.biased)
         self.poll = float(poll)
         self.phase = "set-up"
         pairs = [tuple(p) for p in config_pairs]

@@ -167,14 +167,14 @@ def pick(seq, k):
     return seq[k]
 
 
-def probe(spec, rank, params, stats):
-    """``(label, DeviceInfo, {side: Choice})`` of this worker's device for a fit of ``params``."""
+def probe(spec, rank, fit, stats):
+    """``(label, DeviceInfo, {side: Choice})`` of this worker's device (``spec``, ``rank``: as
+    :func:`worker_device`) for a fit of ``fit`` (a :class:`clmf.tuning.FitSpec`)."""
     from ..engine.device import device_info, device_label
-    from ..model.estimator import ALS
+    from ..tuning import resolve
     dev = worker_device(spec, rank)
     info = device_info(dev)
-    choices = ALS(**params)._resolve_configs(info, stats)
-    return device_label(dev), info, choices
+    return device_label(dev), info, resolve(fit, info, stats)
 
 
 # ----- a fit's blocks and device worker (the owning worker) -----------------------------------
@@ -204,6 +204,7 @@ def _block(pieces, key, indptr, r0, r1):
 def build(fit_id, d, setup, n_user_pieces, *pieces):
     """Build this worker's blocks (users rows by the users plan, items rows by the items plan),
     its memory plan and its :class:`DeviceWorker`; returns a summary of the memory plan."""
+    from ..tuning.spec import unknowns
     from .backend import partial_layout, plan_fit
     from .worker import DeviceWorker
     plan = setup["plan"]
@@ -222,7 +223,7 @@ def build(fit_id, d, setup, n_user_pieces, *pieces):
             sources[s] = partial_layout(layout, s, *plan[other_side(s)].block(d))
     all_sources = [{} for _ in range(n)]
     all_sources[d] = sources
-    fs = setup["f"] + (1 if setup["biased"] else 0)
+    fs = unknowns(setup["f"], setup["biased"])
     dplan = plan_fit(setup["infos"], layout, plan, fs, setup["ldf"], setup["itemsize"],
                      setup["config_pairs"], setup["implicit_alpha"] is not None,
                      setup["max_device_memory"], (), all_sources)[d]
@@ -461,30 +462,3 @@ def predict_codes(state, u, i):
                          user_counts=state["user_counts"], item_counts=state["item_counts"],
                          user_biases=state["bu"], item_biases=state["bi"],
                          implicit=state["feedback"] == "implicit")
-
-
-def recommend_block(X, r0, state, N):
-    """Top-``N`` rows ``(user, item, score, rank)`` of users ``r0 ..`` whose factors are ``X``,
-    by the single-host :meth:`clmf.ALS.recommend` (no seen-item filter), raw ids restored."""
-    import pandas as pd
-
-    from ..model.estimator import ALS
-    m = ALS(factors=X.shape[1], feedback=state["feedback"])
-    m.user_factors_ = X
-    m.item_factors_ = state["Y"]
-    m.global_mean_ = state["mean"]
-    m.user_biases_ = state["bu"][r0:r0 + len(X)] if state["bu"] is not None else None
-    m.item_biases_ = state["bi"]
-    m.user_counts_ = state["user_counts"][r0:r0 + len(X)]
-    m.item_counts_ = state["item_counts"]
-    ids, scores = m.recommend(np.arange(len(X)), N=N, filter_already_liked_items=False)
-    k = ids.shape[1]
-    users = np.repeat(np.arange(r0, r0 + len(X)), k)
-    items = ids.reshape(-1)
-    keep = items >= 0
-    uids, iids = state["user_ids"], state["item_ids"]
-    return pd.DataFrame({
-        "user": (uids[users[keep]] if uids is not None else users[keep]),
-        "item": (iids[items[keep]] if iids is not None else items[keep]),
-        "score": scores.reshape(-1)[keep].astype(np.float32),
-        "rank": np.tile(np.arange(1, k + 1, dtype=np.int32), len(X))[keep]})

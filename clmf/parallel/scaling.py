@@ -15,17 +15,16 @@ __all__ = ["configs_for", "timed_fit", "scaling_rows", "render_scaling"]
 
 
 def configs_for(devices, layout, f, solver="auto", regularization=0.05):
-    """Each device's tuned configuration pair (the estimator's own lookup)."""
-    from ..engine.device import device_info
-    from ..model.checks import _side_stats
-    from ..model.estimator import ALS
+    """Each device's tuned configuration pair (the estimator's own lookup,
+    :func:`clmf.tuning.resolve`)."""
+    from ..tuning import FitSpec, resolve, side_stats
     m, n = layout.shape
-    stats = {"users": _side_stats(layout.users.counts(), n),
-             "items": _side_stats(layout.items.counts(), m)}
-    est = ALS(factors=f, regularization=regularization, solver=solver)
+    stats = {"users": side_stats(layout.users.counts(), n),
+             "items": side_stats(layout.items.counts(), m)}
+    spec = FitSpec.of({"factors": f, "regularization": regularization, "solver": solver})
     out = []
     for d in devices:
-        ch = est._resolve_configs(device_info(d), stats)
+        ch = resolve(spec, d, stats)
         out.append((ch["users"].config, ch["items"].config))
     return out
 
