@@ -30,6 +30,7 @@ import scipy.sparse as sp
 from ..data.scan import count_columns
 from ..errors import InvalidConfigError, SingularSystemError
 from ..interrupts import deferred_interrupts, drain
+from ..tuning.spec import row_width, unknowns
 from . import device_metrics as DM
 from . import kernels as K
 from . import reduce as RD
@@ -118,9 +119,9 @@ class Engine:
         if self.implicit and self.biased:
             raise ValueError("biases are for explicit feedback")
         self.offset = float(offset)                  # global mean with biases
-        self.fs = self.f + 1 if self.biased else self.f   # unknowns per system
+        self.fs = unknowns(self.f, self.biased)      # unknowns per system
         self.configs = {"users": configs[0], "items": configs[1]}
-        width = self.f + 2 if self.biased else self.f     # [factors | 1 | bias] with biases
+        width = row_width(self.f, self.biased)       # [factors | 1 | bias] with biases
         if configs[0].storage != configs[1].storage or (
                 share is None and configs[0].ldf(width) != configs[1].ldf(width)):
             # the two sides share factor buffers: same storage and leading dimension

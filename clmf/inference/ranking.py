@@ -219,8 +219,8 @@ class DeviceRankingMixin:
             return None
         spec = t.options()["device"] or getattr(self, "device", "auto")
         try:
-            from ..engine.device import select_device
-            return select_device(spec)
+            from ..engine.device import first_device
+            return first_device(spec)
         except Exception as e:                          # no OpenCL here: host inference
             log.debug("no inference device (%s); host path", e)
             return None

@@ -42,7 +42,8 @@ worker processes and exchanges through Dask instead of host memory):
     engine per device, modes by :func:`fit_modes`); the object ``ALS.fit`` drives:
     ``set_factors``, ``iteration``, ``finish``, ``squared_error``, ``get_factors``,
     ``release``, ``memory``, ``time_split()`` (several devices).
-``devices`` — :func:`select_devices`: ``ALS(device=[...])``, ``"gpu:all"``, ``"cpu:all"``.
+:func:`select_devices` (from :mod:`clmf.engine.device`): ``ALS(device=[...])``, ``"gpu:all"``,
+    ``"cpu:all"``.
 ``generate`` — :func:`synthetic_layout`: the Hugewiki / 4×-Netflix shapes built as a
     :class:`Layout` block by block in threads (no whole-set COO).
 ``scaling`` — ``timed_fit``, ``scaling_rows``, ``render_scaling`` (``clmf bench --scaling`` and
@@ -53,9 +54,9 @@ A Dask backend runs one :class:`clmf.engine.Engine` per device in worker process
 layout blocks its plan assigns — only ``layout[side].entries(r0, r1)`` and ``counts()`` are
 read), and passes an exchange object of its own whose ``publish``/``take`` move the chunks.
 """
+from ..engine.device import select_devices
 from ..engine.memory import DevicePlan, SideMemory, plan_device
 from .backend import MultiEngine, common_ldf, fit_modes, make_backend, partial_layout, plan_fit
-from .devices import select_devices
 from .generate import synthetic_layout
 from .layout import Layout, SideLayout, transpose_csr
 from .partition import (

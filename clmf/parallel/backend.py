@@ -17,6 +17,7 @@ import numpy as np
 from ..engine.factors import padded_factors, unpadded_factors
 from ..engine.memory import plan_device, plan_split
 from ..interrupts import deferred_interrupts
+from ..tuning.spec import common_ldf, row_width, unknowns
 from .layout import Layout, SideLayout, transpose_csr
 from .partition import choose_modes, make_plan
 from .worker import SIDES, Exchange, device_engine, other_side
@@ -27,12 +28,6 @@ _PIN_LIMIT = 4 << 30          # largest page-locked exchange array
 
 __all__ = ["MultiEngine", "make_backend", "common_ldf", "plan_fit", "partial_layout",
            "fit_modes"]
-
-
-def common_ldf(configs, width):
-    """One leading dimension for every device's factor rows: the largest of their own (vector
-    widths are powers of two, so it is a multiple of each)."""
-    return max(c.ldf(width) for pair in configs for c in pair)
 
 
 def fit_modes(shape, fs, ldf, n, config_pairs, modes=None):
@@ -155,8 +150,8 @@ class MultiEngine:
         self.biased = bool(biased)
         self.implicit = implicit_alpha is not None
         self.offset = float(offset)
-        self.fs = self.f + 1 if self.biased else self.f
-        width = self.f + 2 if self.biased else self.f
+        self.fs = unknowns(self.f, self.biased)
+        width = row_width(self.f, self.biased)
         self.devices = list(devices)
         n = len(self.devices)
         self.infos = [device_info(d) for d in self.devices]
