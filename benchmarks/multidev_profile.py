@@ -3,6 +3,8 @@
 
     python benchmarks/multidev_profile.py --devices "0:0;0:1" --data ml-100k --out OUTDIR
     python benchmarks/multidev_profile.py --devices gpu:all --preset netflix --f 100 --out OUTDIR
+    python benchmarks/multidev_profile.py --devices 4 --preset hugewiki --fraction 0.25 --f 100 \
+        --modes users=replicate,items=reduce --solver cg --out OUTDIR
 
 Builds the backend of a fit the way :func:`clmf.parallel.make_backend` does (``--multi``: the
 multi-device backend even for one device), runs ``--iterations`` iterations (the first is the
@@ -107,11 +109,11 @@ def main(argv=None):
     modes = dict(kv.split("=") for kv in args.modes.split(",")) if args.modes else None
     kw = {"exchange_dtype": args.exchange_dtype} if args.exchange_dtype else {}
     t0 = time.perf_counter()
-    if args.multi or modes or isinstance(data, Layout):
+    if args.multi or modes:
         eng = MultiEngine(devices, layout, args.f, cfgs, profile=True, modes=modes, **kw)
     else:
-        R = data if sp.issparse(data) else None
-        eng = make_backend(devices, R, args.f, cfgs, profile=True, **kw)
+        eng = make_backend(devices, data if sp.issparse(data) else layout, args.f, cfgs,
+                           profile=True, **kw)
     setup_s = time.perf_counter() - t0
     rows = []
     try:
