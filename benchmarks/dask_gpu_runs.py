@@ -111,6 +111,8 @@ def main(argv=None):
     ap.add_argument("--budget", type=float, default=120.0, help="seconds for the timed "
                     "in-process iterations")
     ap.add_argument("--skip-inprocess", action="store_true")
+    ap.add_argument("--data-dir", default=None, help="folder for the parquet files (default "
+                    "OUTDIR/data)")
     ap.add_argument("--transport", default="both", choices=["shm", "comms", "both"],
                     help="how the Dask workers pass blocks (both: shared memory, then comms)")
     ap.add_argument("--devices", default="gpu", choices=["gpu", "cpu"],
@@ -135,7 +137,7 @@ def main(argv=None):
     layout = synthetic_layout(args.preset, args.fraction, seed=0)
     rec["shape"], rec["nnz"] = list(layout.shape), int(layout.nnz)
     say(f"{label}: {layout.shape[0]} x {layout.shape[1]}, {layout.nnz} ratings")
-    pdir = out / "data" / label
+    pdir = (pathlib.Path(args.data_dir) if args.data_dir else out / "data") / label
     if not pdir.exists():
         files = write_parquet(layout, pdir)
         say(f"{label}: {files} parquet files in {pdir}")

@@ -42,10 +42,10 @@ case "$phase" in
     ;;
   dask)
     timeout 330 python3 benchmarks/dask_gpu_runs.py "$OUT/dask" --preset netflix --transport both \
-        --iterations 4 --budget 20
+        --iterations 4 --budget 20 --data-dir .data/parquet
     echo "dask netflix: exit $?"
     timeout 240 python3 benchmarks/dask_gpu_runs.py "$OUT/dask" --preset netflix-4x --transport shm \
-        --iterations 3 --budget 20
+        --iterations 3 --budget 20 --data-dir .data/parquet
     echo "dask netflix-4x: exit $?"
     ;;
   recommend)
