@@ -336,6 +336,8 @@ class DeviceTopK:
         self.factors_buf, self.ldy = self._items_buffer(F)
         self._gathered = None              # (candidates, buffer, ldy) of the last gather (yt)
         self._queries = None               # resident query rows (recommend_all)
+        self._excl = None                  # resident exclusion (set_exclude)
+        self._free_slots = []              # result buffers of finished queries, for reuse
         self._lock = threading.Lock()
         log.debug("DeviceTopK on %s: %d × %d (ldf %d), %s (%s)", self.info.name, self.n, self.f,
                   self.ldf, self.config, self.config_origin)
@@ -417,27 +419,52 @@ class DeviceTopK:
         query row i), for ``query_rows(..., exclude="resident")`` over ``candidates``."""
         cand = None if candidates is None else np.asarray(candidates, np.int64)
         excl = _to_positions(sp.csr_matrix(exclude), cand, self.n)
-        need = 8 * (excl.shape[0] + 1) + 4 * excl.nnz
+        return self.set_exclude_arrays(excl.indptr, excl.indices, cand)
+
+    def set_exclude_arrays(self, indptr, indices, candidates=None):
+        """Upload an exclusion already in the kernel's form: row pointers (any integer dtype,
+        starting anywhere: they are rebased to 0) and the candidate positions of each row,
+        sorted within the row (:func:`seen_positions`); the rows align with the resident
+        queries as in :meth:`set_exclude`."""
+        indptr = np.asarray(indptr)
+        p0, p1 = int(indptr[0]), int(indptr[-1])
+        nnz = p1 - p0
+        need = 8 * indptr.size + 4 * nnz
         if need > self.info.max_alloc:
             raise DeviceMemoryError(f"the exclusion CSR needs {need} B, the device's largest "
                                     f"allocation is {self.info.max_alloc} B")
-        self._excl = (self._upload(excl.indptr.astype(np.int64)),
-                      self._upload(excl.indices.astype(np.int32)), excl.shape[0], cand,
-                      excl.nnz)
+        ptr = indptr.astype(np.int64)
+        if p0:
+            ptr -= p0
+        idx = np.asarray(indices)[p0:p1]
+        if idx.dtype != np.int32:
+            idx = idx.astype(np.int32)
+        cand = None if candidates is None else np.asarray(candidates, np.int64)
+        self._excl = None                  # the old one's memory goes first
+        self._excl = (self._upload(ptr), self._upload(idx), indptr.size - 1, cand, nnz)
         return self
 
+    def resident_bytes(self):
+        """Device bytes held between queries: the factors, resident queries and exclusion."""
+        q = 0 if self._queries is None else max(1, self._queries[1]) * self.ldf * 4
+        e = 0 if self._excl is None else 8 * (self._excl[2] + 1) + 4 * self._excl[4]
+        return max(1, self.n) * self.ldf * 4 + q + e
+
     # ----- planning -----------------------------------------------------------------------------
-    def plan(self, nq, kp, splits, avg_excl=0.0, queries_on_device=False):
-        """Rows per launch so that the launch's buffers fit ``memory_fraction`` of the device."""
-        per_row = 8 * kp * (splits + 1) + 8 + 4 * avg_excl * 1.25
+    def plan(self, nq, kp, splits, avg_excl=0.0, queries_on_device=False, in_flight=1):
+        """Rows per launch so that the buffers of ``in_flight`` launches fit
+        ``memory_fraction`` of the device (besides the factors, resident queries and
+        exclusion)."""
+        per_row = in_flight * (8 * kp * (splits + 1) + 8 + 4 * avg_excl * 1.25)
         if not queries_on_device:
-            per_row += 4 * self.ldf
-        budget = self.memory_fraction * self.info.global_mem - self.n * self.ldf * 4
+            per_row += in_flight * 4 * self.ldf
+        budget = self.memory_fraction * self.info.global_mem - self.resident_bytes()
         budget = min(budget, self.info.max_alloc)
         rows = int(budget // per_row)
         if rows < 1:
             raise DeviceMemoryError(f"a top-k launch needs {per_row:.0f} B per query beyond the "
-                                    f"{self.n * self.ldf * 4} B of factors; the device offers "
+                                    f"{self.resident_bytes()} B of factors (and resident "
+                                    "queries and seen items); the device offers "
                                     f"{self.memory_fraction * self.info.global_mem:.0f} B")
         return max(1, min(nq, rows))
 
@@ -487,9 +514,14 @@ class DeviceTopK:
         return min(int(N), C)
 
     def iter_query(self, Q, N, candidates=None, exclude=None, rows=None, batch_rows=None,
-                   show_progress=False):
+                   show_progress=False, exclude_row0=None):
         """Yield ``(row0, ids, scores)`` batch by batch (the memory plan's batches, or
-        ``batch_rows``); arguments as :meth:`query`, or ``rows=(r0, r1)`` of resident queries."""
+        ``batch_rows``); arguments as :meth:`query`, or ``rows=(r0, r1)`` of resident queries
+        (``exclude="resident"``: the resident exclusion's row ``exclude_row0``, default
+        ``r0``, belongs to query row ``r0``).
+
+        Two batches are in flight: the next batch's kernels run while the host turns the
+        previous one's lists (copied into page-locked host memory) into the results."""
         cl = self.cl
         if rows is not None:
             r0, r1 = int(rows[0]), int(rows[1])
@@ -511,15 +543,17 @@ class DeviceTopK:
             raise ValueError("N must be ≥ 0")
         excl = None
         resident = isinstance(exclude, str) and exclude == "resident"
+        e0 = 0
         if resident:
             if rows is None or getattr(self, "_excl", None) is None:
                 raise ValueError('exclude="resident" needs set_exclude() and resident queries')
             rc = self._excl[3]
             if (rc is None) != (cand is None) or (rc is not None and not np.array_equal(rc, cand)):
                 raise ValueError("the resident exclusion was uploaded for other candidates")
-            if self._excl[2] < rows[1]:
+            e0 = r0 if exclude_row0 is None else int(exclude_row0)
+            if e0 < 0 or self._excl[2] < e0 + nq:
                 raise ValueError(f"the resident exclusion has {self._excl[2]} rows, "
-                                 f"the queries need {rows[1]}")
+                                 f"the queries need {e0 + nq}")
         elif exclude is not None:
             excl = sp.csr_matrix(exclude)
             if excl.shape[0] != nq:
@@ -537,71 +571,134 @@ class DeviceTopK:
         S, jper = self._splits(nq if batch_rows is None else min(nq, batch_rows), C, cfg)
         avg = excl.nnz / max(1, nq) if excl is not None else 0.0
         B = batch_rows or self.plan(nq, k, S, 0.0 if resident else avg,
-                                    queries_on_device=rows is not None)
+                                    queries_on_device=rows is not None, in_flight=2)
         B = max(1, min(B, nq))
         if B < nq:          # whole work-groups per batch
             B = max(cfg.tm, B // cfg.tm * cfg.tm)
-        mf = cl.mem_flags
         self.kernel_seconds = 0.0          # device time of this query's kernels (profiled)
         ybuf, ldy, cand_buf = self._items_for(cand)
-        part_s = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * B * S * k)
-        part_i = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * B * S * k)
-        if S > 1:
-            fin_s = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * B * k)
-            fin_i = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * B * k)
+        nslots = 1 if B >= nq else 2
+        slots = [self._slot(B, S, k) for _ in range(nslots)]
         bar = None
         if show_progress:
             from tqdm.auto import tqdm
             bar = tqdm(total=nq, desc="top-k", unit="query")
+        pending = []                       # (b0, nb, slot, events, copy event) in flight
+
+        def launch(b0, slot):
+            """Enqueue batch ``b0``'s kernels and the copies of its lists into ``slot``."""
+            b1 = min(nq, b0 + B)
+            nb = b1 - b0
+            keep = []                      # per-batch uploads live until the batch is done
+            if rows is not None:
+                qbuf, qrow0 = self._queries[0], r0 + b0
+            else:
+                qbuf, qrow0 = self._upload(self._pad(Q[b0:b1])), 0
+                keep.append(qbuf)
+            if resident:
+                ex_ptr, ex_idx = self._excl[0], self._excl[1]
+                has_excl, erow0 = 1, e0 + b0
+            elif excl is not None:
+                sub = excl[b0:b1]
+                ex_ptr = self._upload(sub.indptr.astype(np.int64))
+                ex_idx = self._upload(sub.indices.astype(np.int32))
+                keep += [ex_ptr, ex_idx]
+                has_excl, erow0 = 1, 0
+            else:
+                ex_ptr = ex_idx = None
+                has_excl, erow0 = 0, 0
+            groups = -(-nb // cfg.tm)
+            events = [scan(self.queue, (cfg.wx * S, cfg.wy * groups), (cfg.wx, cfg.wy), qbuf,
+                           np.int32(qrow0), np.int32(nb), ybuf, cand_buf,
+                           np.int32(cand_buf is not None), np.int32(C), ex_ptr, ex_idx,
+                           np.int32(has_excl), np.int32(erow0), np.int32(jper), np.int32(S),
+                           np.int64(ldy), slot["part_s"], slot["part_i"])]
+            if S > 1:
+                events.append(merge(
+                    self.queue, (-(-nb // 64) * 64,), (64,), slot["part_s"], slot["part_i"],
+                    np.int32(nb), np.int32(S), slot["fin_s"], slot["fin_i"]))
+                src_s, src_i = slot["fin_s"], slot["fin_i"]
+            else:
+                src_s, src_i = slot["part_s"], slot["part_i"]
+            hs, hi = slot["host_s"][:nb * k], slot["host_i"][:nb * k]
+            cl.enqueue_copy(self.queue, hs, src_s, is_blocking=False)
+            done = cl.enqueue_copy(self.queue, hi, src_i, is_blocking=False)
+            pending.append((b0, nb, slot, events, done, keep))
+
+        def finish():
+            """Wait for the oldest batch in flight and turn its lists into results."""
+            b0, nb, slot, events, done, _keep = pending.pop(0)
+            done.wait()
+            self.kernel_seconds += sum((e.profile.end - e.profile.start) * 1e-9
+                                       for e in events)
+            ix = slot["host_i"][:nb * k].reshape(nb, k)
+            sc = slot["host_s"][:nb * k].reshape(nb, k)
+            return b0, nb, slot, _finish(ix, sc, cand)
+
         try:
-            for b0 in range(0, nq, B):
-                b1 = min(nq, b0 + B)
-                nb = b1 - b0
-                if rows is not None:
-                    qbuf, qrow0 = self._queries[0], r0 + b0
-                else:
-                    qbuf, qrow0 = self._upload(self._pad(Q[b0:b1])), 0
-                if resident:       # rows aligned with the resident queries
-                    ex_ptr, ex_idx = self._excl[0], self._excl[1]
-                    has_excl, erow0 = 1, qrow0
-                elif excl is not None:
-                    sub = excl[b0:b1]
-                    ex_ptr = self._upload(sub.indptr.astype(np.int64))
-                    ex_idx = self._upload(sub.indices.astype(np.int32))
-                    has_excl, erow0 = 1, 0
-                else:
-                    ex_ptr = ex_idx = None
-                    has_excl, erow0 = 0, 0
-                groups = -(-nb // cfg.tm)
-                events = []
-                ev = scan(self.queue, (cfg.wx * S, cfg.wy * groups), (cfg.wx, cfg.wy), qbuf,
-                     np.int32(qrow0), np.int32(nb), ybuf, cand_buf,
-                     np.int32(cand_buf is not None), np.int32(C), ex_ptr, ex_idx,
-                     np.int32(has_excl), np.int32(erow0), np.int32(jper), np.int32(S),
-                     np.int64(ldy), part_s, part_i)
-                events.append(ev)
-                if S > 1:
-                    events.append(merge(
-                        self.queue, (-(-nb // 64) * 64,), (64,), part_s, part_i, np.int32(nb),
-                        np.int32(S), fin_s, fin_i))
-                    src_s, src_i = fin_s, fin_i
-                else:
-                    src_s, src_i = part_s, part_i
-                sc = np.empty((nb, k), np.float32)
-                ix = np.empty((nb, k), np.int32)
-                cl.enqueue_copy(self.queue, sc, src_s, is_blocking=False)
-                cl.enqueue_copy(self.queue, ix, src_i, is_blocking=True)
-                self.kernel_seconds += sum((e.profile.end - e.profile.start) * 1e-9
-                                           for e in events)
-                yield b0, *_finish(ix, sc, cand)
+            starts = list(range(0, nq, B))
+            for i, b0 in enumerate(starts):
+                launch(b0, slots[i % nslots])
+                if len(pending) == nslots:
+                    bb0, nb, _slot, (ids, sc) = finish()
+                    yield bb0, ids, sc
+                    if bar is not None:
+                        bar.update(nb)
+            while pending:
+                bb0, nb, _slot, (ids, sc) = finish()
+                yield bb0, ids, sc
                 if bar is not None:
                     bar.update(nb)
         except BaseException:
             drain(self.queue)       # Ctrl-C: the batch's kernels end before its buffers go
             raise
         finally:
+            if pending:             # the consumer stopped early: the copies end before reuse
+                drain(self.queue)
+                pending.clear()
+            with self._lock:
+                self._free_slots.extend(slots)
             if bar is not None:
                 bar.close()
+
+    def _slot(self, B, S, k):
+        """Device lists for ``B`` queries in ``S`` splits of ``k`` and page-locked host arrays
+        for the final lists (reused across queries: allocating pinned memory is slow)."""
+        cl = self.cl
+        mf = cl.mem_flags
+        free = self._free_slots
+        with self._lock:
+            for i, s in enumerate(free):
+                if (s["B"] >= B and s["S"] >= S and s["k"] == k
+                        and s["B"] * s["S"] <= 4 * B * S):
+                    return free.pop(i)
+            while len(free) > 4:           # keep a few; the oldest go
+                free.pop(0)
+        slot = {"B": B, "S": S, "k": k,
+                "part_s": cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * B * S * k),
+                "part_i": cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * B * S * k)}
+        if S > 1:
+            slot["fin_s"] = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * B * k)
+            slot["fin_i"] = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * B * k)
+        slot["host_s"], slot["_ms"] = self._pinned(B * k, np.float32)
+        slot["host_i"], slot["_mi"] = self._pinned(B * k, np.int32)
+        return slot
+
+    def _pinned(self, count, dtype):
+        """``(array, buffer)``: a page-locked host array of ``count`` items (a mapped
+        ``ALLOC_HOST_PTR`` buffer; device copies into it run at the bus's speed), or a plain
+        NumPy array where the runtime refuses the mapping."""
+        cl = self.cl
+        try:
+            buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR,
+                            size=max(1, count) * np.dtype(dtype).itemsize)
+            arr, _ev = cl.enqueue_map_buffer(self.queue, buf,
+                                             cl.map_flags.READ | cl.map_flags.WRITE, 0,
+                                             (max(1, count),), dtype, is_blocking=True)
+            return arr, buf
+        except cl.Error as e:              # no pinned memory here: pageable is correct too
+            log.debug("no page-locked result buffer (%s)", e)
+            return np.empty(max(1, count), dtype), None
 
     # ----- host threshold -----------------------------------------------------------------------
     def host_threshold(self):

@@ -1,0 +1,115 @@
+"""The public recommend calls against the ranker's own time, per CPU OpenCL device (issue 29).
+
+For every OpenCL CPU device (PoCL, Intel): random factors (``tuner.topk.synthetic_problem``)
+for USERS users × ITEMS items at f, a popularity-skewed seen-items CSR; then, warm (medians of
+REPS calls after one warm-up):
+
+* the ranker's own time: :class:`clmf.inference.topk.DeviceTopK` with the user factors and the
+  seen CSR already on the device (``query_rows(0, m, N, exclude="resident")``);
+* ``model.recommend(np.arange(m), R, N)`` and ``model.recommend_all(N, user_items=R)`` of a model
+  holding the same factors; their ratio to the ranker's time, and the ids checked equal.
+
+Only the public API and ``DeviceTopK`` are used, so the same script measures an older checkout
+(``PYTHONPATH=/path/to/old/checkout``) for a before/after table in one run::
+
+    python benchmarks/recommend_overhead.py --users 100000 --items 2000 --f 64 --out OUT.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import pathlib
+import statistics
+import sys
+import time
+
+import numpy as np
+
+log = logging.getLogger("recommend_overhead")
+
+
+def _median(fn, reps):
+    """(median seconds, last result) of ``reps`` calls of ``fn``."""
+    ts, out = [], None
+    for _ in range(reps):
+        t = time.perf_counter()
+        out = fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts), out
+
+
+def make_model(X, Y, device):
+    """A clmf ALS holding the given factors (no fit)."""
+    import clmf
+    m = clmf.ALS(factors=X.shape[1], device=device)
+    m.user_factors_, m.item_factors_ = X, Y
+    m.user_counts_ = np.ones(X.shape[0], np.int64)
+    m.item_counts_ = np.ones(Y.shape[0], np.int64)
+    m.global_mean_ = 0.0
+    m.user_ids_ = m.item_ids_ = None
+    return m
+
+
+def cpu_devices():
+    """The OpenCL CPU devices (Oclgrind left out)."""
+    import pyopencl as cl
+    return [d for p in cl.get_platforms() if "oclgrind" not in p.name.lower()
+            for d in p.get_devices() if d.type & cl.device_type.CPU]
+
+
+def run(a):
+    """One row per device: ranker, recommend, recommend_all (seconds) and their ratios."""
+    import clmf
+    from clmf.inference import topk as T
+    from clmf.tuner.topk import synthetic_problem
+    X, Y, R = synthetic_problem(a.users, a.items, a.f, a.seen, seed=0)
+    users = np.arange(a.users)
+    rows = []
+    for d in cpu_devices():
+        name = f"{d.platform.name.strip()} | {d.name.strip()}"
+        with T.inference_options(device=d, min_work=0):
+            dtk = T.DeviceTopK(Y, d).set_queries(X).set_exclude(R)
+            dtk.query_rows(0, a.users, a.N, exclude="resident")
+            t_rank, (ids0, _) = _median(
+                lambda: dtk.query_rows(0, a.users, a.N, exclude="resident"), a.reps)
+            dtk = None                   # its device memory goes before the model's
+            m = make_model(X, Y, d)
+            t_first = time.perf_counter()
+            m.recommend(users, R, N=a.N)
+            t_first = time.perf_counter() - t_first
+            t_rec, (ids1, _) = _median(lambda: m.recommend(users, R, N=a.N), a.reps)
+            m.recommend_all(a.N, user_items=R)
+            t_all, (ids2, _) = _median(lambda: m.recommend_all(a.N, user_items=R), a.reps)
+        row = {"device": name, "clmf": clmf.__file__, "ranker_s": t_rank,
+               "recommend_first_s": t_first, "recommend_s": t_rec, "recommend_all_s": t_all,
+               "recommend_ratio": t_rec / t_rank, "recommend_all_ratio": t_all / t_rank,
+               "same_ids": bool(np.array_equal(ids0, ids1) and np.array_equal(ids0, ids2))}
+        log.info("%s", row)
+        rows.append(row)
+    return {"users": a.users, "items": a.items, "f": a.f, "N": a.N, "seen_nnz": int(R.nnz),
+            "reps": a.reps, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "rows": rows}
+
+
+def main(argv=None):
+    """Parse the arguments, run, print (and write) the JSON."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--users", type=int, default=100_000)
+    p.add_argument("--items", type=int, default=2000)
+    p.add_argument("--f", type=int, default=64)
+    p.add_argument("--N", type=int, default=10)
+    p.add_argument("--seen", type=int, default=50)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--out", type=pathlib.Path)
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    res = run(a)
+    text = json.dumps(res, indent=1)
+    print(text)
+    if a.out:
+        a.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
