@@ -470,6 +470,7 @@ class ALS(RecommenderMixin):
             start_pool.shutdown(wait=False)
         global_mean = value_sum(R.data) / R.nnz if R.nnz else float("nan")
         t_prep = time.perf_counter()
+        self._invalidate_inference()       # a refit's devices get the memory of the last one's
         with probe_progress(show_progress):
             engine, per_device = self._build_engine(devs, self._kernel_ratings(R), stats,
                                                     global_mean, item_counts=item_counts)
@@ -529,6 +530,7 @@ class ALS(RecommenderMixin):
         }
         self.__dict__.update(new)          # one step: nothing half-assigned
         self._invalidate_inference()       # the factors uploaded for inference are stale
+        self._keep_on_device()             # ... and the new ones go up in the ranker's layout
         return self
 
     def _learned(self, res):
