@@ -30,8 +30,8 @@ from ..data.validation import check_ratings, check_sparse_structure, check_stren
 from .conventions import LIKED_SCORE, confidence_rows, ids_dtype  # noqa: F401
 from .host import _top_n, host_rank  # noqa: F401  (the host ranking, re-exported)
 from .ranking import DeviceRankingMixin, ranking_vectors
-from .resident import contiguous_range
 from .raw_ids import RawIdsMixin, _map_lookup, _require_liked_rows
+from .resident import contiguous_range
 
 log = logging.getLogger(__name__)
 
