@@ -75,6 +75,12 @@ def _device_rank(dtk, Q, cand, rows, N, self_ids=None, liked_last=False):
     return ids, sc
 
 
+# work (multiply-adds) from which an untuned device ranks without measuring the host threshold
+# first: a device that loses to NumPy at 10^10 multiply-adds (e.g. 5,600 users × 17,770 items
+# at f = 100) would lose at every size the calibration measures
+_MEASURE_BELOW = 1e10
+
+
 class _Fallback(Exception):
     """The device path failed (logged, the model now ranks on the host): rank on the host."""
 
@@ -132,14 +138,22 @@ class DeviceRankingMixin:
         >>> ids.shape                                                   # doctest: +SKIP
         (943, 10)
         """
-        parts = list(self.iter_recommend_all(N, user_items, filter_already_liked_items,
-                                             filter_items, items, batch_size, show_progress))
-        if not parts:
+        ids = scores = None
+        m = self.user_factors_.shape[0] if hasattr(self, "user_factors_") else 0
+        for users, i_, s_ in self.iter_recommend_all(N, user_items, filter_already_liked_items,
+                                                     filter_items, items, batch_size,
+                                                     show_progress):
+            if ids is None:
+                if i_.shape[0] == m:            # one batch: its arrays are the result
+                    return i_, s_
+                ids = np.empty((m, i_.shape[1]), i_.dtype)
+                scores = np.empty((m, s_.shape[1]), s_.dtype)
+            ids[users[0]:users[0] + i_.shape[0]] = i_
+            scores[users[0]:users[0] + s_.shape[0]] = s_
+        if ids is None:
             k = min(int(N), self.item_factors_.shape[0])
             return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
-        if len(parts) == 1:
-            return parts[0][1], parts[0][2]
-        return np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
+        return ids, scores
 
     def iter_recommend_all(self, N=10, user_items=None, filter_already_liked_items=True,
                            filter_items=None, items=None, batch_size=None, show_progress=False):
@@ -293,7 +307,11 @@ class DeviceRankingMixin:
         if known is not None and work < known:
             return None
         res = self._resident(devs)
-        if res is None or work < res.first.host_threshold():
+        if res is None:
+            return None
+        # the host wins only small calls: the threshold is measured (a few device and host
+        # rankings of up to 64 queries) only for work where it could matter
+        if (known is None and work < _MEASURE_BELOW) and work < res.first.host_threshold():
             return None
         return res
 
@@ -350,11 +368,13 @@ class DeviceRankingMixin:
         res = self._resident_for(work, k)
         if res is None:
             return None
+        from .conventions import ids_dtype
         row0 = r0 if M is not None and M.shape[0] == r1 - r0 else 0
-        ids = np.empty((r1 - r0, k), np.int64)
+        ids = np.empty((r1 - r0, k), ids_dtype(np.zeros(0, np.int64), n_items).dtype)
         sc = np.empty((r1 - r0, k), np.float32)
         try:
-            for u0, i_, s_ in self._iter_resident(res, r0, r1, N, cand, M, row0, None):
+            # batches of 65,536 users: the host finishes one while the device ranks the next
+            for u0, i_, s_ in self._iter_resident(res, r0, r1, N, cand, M, row0, 65536):
                 ids[u0 - r0:u0 - r0 + i_.shape[0]] = i_
                 sc[u0 - r0:u0 - r0 + i_.shape[0]] = s_
         except _Fallback:
@@ -373,6 +393,29 @@ class DeviceRankingMixin:
         >>> model.clear_device_cache()                                  # doctest: +SKIP
         """
         self._invalidate_inference()
+
+    def _warm_inference(self, width, N=10):
+        """Build the top-k program of the model's GPUs for ranking vectors of ``width`` and
+        lists of ``N`` in a background thread (the fit runs meanwhile, so the first
+        ``recommend`` after it finds the program built); CPU devices build on first use."""
+        import threading
+
+        from ..engine.device import device_info
+        try:
+            gpus = [d for d in self._inference_devices() if device_info(d).type == "GPU"]
+        except Exception as e:                  # inference must never break a fit
+            log.debug("no top-k warm-up (%s)", e)
+            return
+        if not gpus:
+            return
+
+        def build():
+            for d in gpus:
+                try:
+                    _topk().prebuild(d, width, N)
+                except Exception as e:          # the first call builds (and reports) it
+                    log.debug("top-k warm-up build failed on %s: %s", d.name, e)
+        threading.Thread(target=build, name="clmf-topk-build", daemon=True).start()
 
     def _keep_on_device(self):
         """Upload the fitted factors to the model's devices in the ranker's layout now (after

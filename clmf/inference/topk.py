@@ -37,7 +37,7 @@ from ..interrupts import drain
 log = logging.getLogger(__name__)
 
 __all__ = ["TopKConfig", "DeviceTopK", "topk", "validate", "render_topk", "inference_options",
-           "default_config", "lookup_config", "MAX_K"]
+           "default_config", "lookup_config", "prebuild", "MAX_K"]
 
 MAX_K = 1024                  # longer lists go to the host (local memory per query)
 _EMPTY = np.iinfo(np.int32).max
@@ -196,6 +196,17 @@ def _program(ctx, device, cfg, ldf, kp):
         raise InvalidConfigError(f"topk_scan allows work-groups of at most {lim} here, the "
                                  f"configuration needs {cfg.wx * cfg.wy}", "kernel_work_group_size")
     return prog
+
+
+def prebuild(device, f, k=10):
+    """Build (memoized per context) the top-k program a :class:`DeviceTopK` of ``f`` factors
+    on ``device`` runs for lists of ``k``, without uploading anything."""
+    from ..engine.device import device_info, get_context, select_device
+    device = select_device(device)
+    info = device_info(device)
+    cfg = lookup_config(info, f)[0]
+    ctx, _queue = get_context(device)
+    return _program(ctx, device, _shrink_to_fit(cfg, f, k, info), cfg.ldf(f), k)
 
 
 # ----- tuned configurations ----------------------------------------------------------------------

@@ -434,6 +434,7 @@ class ALS(RecommenderMixin):
         stats = {"users": _side_stats(user_counts, n), "items": _side_stats(item_counts, m)}
         devs = select_devices(self.device)
         info = device_info(devs[0])
+        self._warm_inference(int(self.factors) + bool(self.biases))   # built while fitting
         with probe_progress(show_progress):
             choices = self._resolve_configs(info, stats)
         configs = (choices["users"].config, choices["items"].config)
