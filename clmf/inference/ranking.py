@@ -1,5 +1,6 @@
-"""Ranking through the device top-k: the per-model upload cache, the host/device choice and
-``recommend_all`` (mixed into :class:`clmf.inference.recommend.RecommenderMixin`).
+"""Ranking through the device top-k: the per-model upload cache (the factors and seen items kept
+on the model's devices, :mod:`.resident`), the host/device choice and ``recommend_all`` (mixed
+into :class:`clmf.inference.recommend.RecommenderMixin`).
 
 The host ranking is :mod:`.host`; the argument checks stay with :mod:`.recommend` (reached
 through ``self``), so this module never imports it.
@@ -122,7 +123,8 @@ class DeviceRankingMixin:
             As :meth:`recommend`.
         batch_size : int, optional
             Users per batch (default: the device's memory plan, at most 65,536; 4,096 on the
-            host).
+            host). ``user_items`` as a SciPy CSR is prepared and uploaded once and reused by
+            later calls with the same matrix (:mod:`clmf.inference.resident`).
         show_progress : bool, default False
             A tqdm bar over the users.
 
@@ -159,8 +161,10 @@ class DeviceRankingMixin:
                            filter_items=None, items=None, batch_size=None, show_progress=False):
         """:meth:`recommend_all` batch by batch: yields ``(user_indices, ids, scores)``.
 
-        The device path uploads the user factors once (resident queries) and streams the
-        seen-item rows per batch; the host path ranks ``batch_size`` users at a time.
+        The device path ranks from the factors and the seen items kept on the model's devices
+        (every device of a multi-device model; ``user_items`` prepared and uploaded once, see
+        :mod:`clmf.inference.resident` for when a later matrix counts as the same); the host
+        path ranks ``batch_size`` users at a time.
 
         Examples
         --------

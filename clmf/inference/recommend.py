@@ -213,7 +213,10 @@ class RecommenderMixin(RawIdsMixin, DeviceRankingMixin):
             :meth:`clmf.ALS.fit`), matched through the model's id maps. Needed to filter seen
             items and for ``recalculate_user``: ``None`` with ``filter_already_liked_items=True``
             raises ``ValueError``, as implicit does (the model keeps no training matrix). For
-            raw user ids in and raw item ids out, see :meth:`recommend_raw`.
+            raw user ids in and raw item ids out, see :meth:`recommend_raw`. For a range of
+            users (``np.arange(m)``, ``np.arange(a, b)``) a SciPy CSR is prepared and uploaded
+            to the model's devices once and reused while it stays the same matrix (see
+            :mod:`clmf.inference.resident`).
         N : int, default 10
             Number of items to return.
         filter_already_liked_items : bool, default True
