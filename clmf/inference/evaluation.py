@@ -251,6 +251,13 @@ def model_evaluator(model, train, test, K=10):
     return RankingEvaluator(T, S, K, topk=dtk), Q, F
 
 
+def strict_precision(model, train, test, K=10):
+    """The strict precision@``K`` of a fitted model on held-out items (hits / ``K`` averaged
+    over the users with held-out items, ``train``'s items left out): :meth:`clmf.ALS.score`."""
+    ev, Q, F = model_evaluator(model, train, test, K)
+    return ev.strict_precision(Q, F)
+
+
 def evaluate(model, train, test, K=10):
     """Ranking metrics of a fitted model on held-out items, as the ``implicit`` library's
     ``ranking_metrics_at_k(model, train, test, K)`` computes them, ranked on the model's device.

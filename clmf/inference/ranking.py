@@ -399,12 +399,14 @@ class DeviceRankingMixin:
         self._invalidate_inference()
 
     def _warm_inference(self, width, N=10):
-        """Build the top-k program of the model's GPUs for ranking vectors of ``width`` and
-        lists of ``N`` in a background thread (the fit runs meanwhile, so the first
-        ``recommend`` after it finds the program built); CPU devices build on first use."""
+        """Before a fit: free the device memory held for ranking (the fit plans with it), and
+        build the top-k program of the model's GPUs for ranking vectors of ``width`` and lists
+        of ``N`` in a background thread (the fit runs meanwhile, so the first ``recommend``
+        after it finds the program built); CPU devices build on first use."""
         import threading
 
         from ..engine.device import device_info
+        self._invalidate_inference()
         try:
             gpus = [d for d in self._inference_devices() if device_info(d).type == "GPU"]
         except Exception as e:                  # inference must never break a fit
@@ -422,8 +424,10 @@ class DeviceRankingMixin:
         threading.Thread(target=build, name="clmf-topk-build", daemon=True).start()
 
     def _keep_on_device(self):
-        """Upload the fitted factors to the model's devices in the ranker's layout now (after
-        ``fit``), so the first ranking call only uploads the seen items; never fails a fit."""
+        """After a fit: drop what was uploaded for the old factors and upload the new ones to
+        the model's devices in the ranker's layout, so the first ranking call only uploads the
+        seen items; never fails a fit."""
+        self._invalidate_inference()
         try:
             self._resident()
         except Exception as e:                  # inference must never break a fit

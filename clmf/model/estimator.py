@@ -434,7 +434,7 @@ class ALS(RecommenderMixin):
         stats = {"users": _side_stats(user_counts, n), "items": _side_stats(item_counts, m)}
         devs = select_devices(self.device)
         info = device_info(devs[0])
-        self._warm_inference(int(self.factors) + bool(self.biases))   # built while fitting
+        self._warm_inference(int(self.factors) + bool(self.biases))   # frees, builds ranker
         with probe_progress(show_progress):
             choices = self._resolve_configs(info, stats)
         configs = (choices["users"].config, choices["items"].config)
@@ -471,7 +471,6 @@ class ALS(RecommenderMixin):
             start_pool.shutdown(wait=False)
         global_mean = value_sum(R.data) / R.nnz if R.nnz else float("nan")
         t_prep = time.perf_counter()
-        self._invalidate_inference()       # a refit's devices get the memory of the last one's
         with probe_progress(show_progress):
             engine, per_device = self._build_engine(devs, self._kernel_ratings(R), stats,
                                                     global_mean, item_counts=item_counts)
@@ -530,8 +529,7 @@ class ALS(RecommenderMixin):
             "memory_": memory, "timings_": timings, **self._learned(res),
         }
         self.__dict__.update(new)          # one step: nothing half-assigned
-        self._invalidate_inference()       # the factors uploaded for inference are stale
-        self._keep_on_device()             # ... and the new ones go up in the ranker's layout
+        self._keep_on_device()             # the new factors replace the old on the device
         return self
 
     def _learned(self, res):
@@ -718,9 +716,8 @@ class ALS(RecommenderMixin):
                              "undefined")
         seen = (None if user_items is None else
                 check_ratings(user_items, shape=self.shape_, what="user_items", allow_empty=True))
-        from ..inference.evaluation import model_evaluator
-        ev, Q, F = model_evaluator(self, seen, V, k)
-        return ev.strict_precision(Q, F)
+        from ..inference.evaluation import strict_precision
+        return strict_precision(self, seen, V, k)
 
 
 register_estimator(ALS)
