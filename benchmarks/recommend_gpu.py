@@ -107,6 +107,8 @@ def ranker_time(model, m, N, reps, resident_seen):
     if len(res.parts) != 1:
         return {"note": f"{len(res.parts)} devices: the public call is the measurement"}
     dtk = res.first
+    if resident_seen and dtk._excl is None:
+        return {"note": "the public calls ranked on the host (work below the host threshold)"}
     excl = "resident" if resident_seen else None
     dtk.query_rows(0, m, N, exclude=excl)
     walls, kernels = [], []
