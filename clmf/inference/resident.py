@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import threading
 
 import numpy as np
 import scipy.sparse as sp
@@ -127,10 +126,6 @@ class SeenItems:
         """Whether users ``r0..r1`` have rows here."""
         return self.row0 <= r0 and r1 <= self.row0 + self.rows
 
-    def nbytes(self):
-        """Bytes of the prepared arrays (and the fingerprint)."""
-        return self.indptr.nbytes * 2 + self.indices.nbytes + self.sums.nbytes
-
 
 def seen_positions(M, candidates, n):
     """``(indptr int64, indices int32)`` of the CSR ``M`` with columns as candidate positions
@@ -172,7 +167,6 @@ class ResidentRanker:
             dtk.set_queries(Xq[r0:r1])
             self.parts.append({"dtk": dtk, "rows": (r0, r1), "seen": None})
         self.seen = None                   # the SeenItems last prepared
-        self._lock = threading.Lock()
         log.debug("resident ranker: %d users × %d items (f %d) on %d device(s)", self.m,
                   self.n, self.f, len(self.parts))
 
@@ -187,10 +181,7 @@ class ResidentRanker:
         s = self.seen
         if s is not None and s.same(M, row0, candidates):
             return s, True
-        self.seen = None                   # the old arrays go before the new are built
-        for p in self.parts:
-            p["seen"] = None
-            p["dtk"]._excl = None
+        self.forget_seen()                 # the old arrays go before the new are built
         s = self.seen = SeenItems(M, self.n, row0, candidates)
         return s, False
 
@@ -217,11 +208,8 @@ class ResidentRanker:
         """Yield ``(user0, ids, scores)`` for users ``r0..r1`` in order: top-``N`` of their
         resident vectors against the candidates, ``seen`` (a :class:`SeenItems` covering the
         users) left out. Several devices rank their users at once (a thread each)."""
-        jobs = []
-        for p in self.parts:
-            a, b = max(r0, p["rows"][0]), min(r1, p["rows"][1])
-            if b > a or (not jobs and r1 == r0 and p is self.parts[-1]):
-                jobs.append((p, a, b))
+        jobs = [(p, max(r0, p["rows"][0]), min(r1, p["rows"][1])) for p in self.parts]
+        jobs = [j for j in jobs if j[2] > j[1]]
         if not jobs:
             return
 
@@ -245,8 +233,3 @@ class ResidentRanker:
             futs = [pool.submit(lambda j=j: list(stream(*j))) for j in jobs]
             for fut in futs:
                 yield from fut.result()
-
-    def release(self):
-        """Drop every device buffer (the factors, resident users and seen items)."""
-        self.seen = None
-        self.parts = []
