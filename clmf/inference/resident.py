@@ -96,17 +96,22 @@ class SeenItems:
     def __init__(self, M, n_items, row0=0, candidates=None):
         """Check ``M`` (a CSR of ``n_items`` columns) and prepare its rows for the kernel."""
         from ..data.validation import check_sparse_structure
-        check_sparse_structure(M, "user_items")
         if M.shape[1] != n_items:
             raise ValueError(f"user_items has {M.shape[1]} columns but the model has {n_items} "
                              "items: pass a matrix with one column per model id")
         self.key = _cheap_key(M)
-        self.indptr_copy = np.array(M.indptr, copy=True)
-        self.sums = _chunk_sums(M.indices)
         self.row0 = int(row0)
         self.rows = int(M.shape[0])
         self.candidates = None if candidates is None else np.asarray(candidates, np.int64)
-        self.indptr, self.indices = seen_positions(M, self.candidates, n_items)
+        # three passes over the entries, in threads (NumPy and SciPy release the GIL): the
+        # structure check, the fingerprint's sums, the kernel's form
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            check = pool.submit(check_sparse_structure, M, "user_items")
+            sums = pool.submit(_chunk_sums, M.indices)
+            check.result()                     # a malformed matrix is refused first
+            self.indptr_copy = np.array(M.indptr, copy=True)
+            self.indptr, self.indices = seen_positions(M, self.candidates, n_items)
+            self.sums = sums.result()
 
     def same(self, M, row0, candidates):
         """The fingerprint's cheap part and the call's row offset and candidates match."""
