@@ -100,7 +100,8 @@ def cpu_devices():
 
 def dev_name(d):
     """``platform | device`` of a pyopencl device."""
-    return f"{d.platform.name.strip()} | {d.name.strip()}"
+    from clmf.engine.device import device_label
+    return device_label(d)
 
 
 def bench_recommend_cpu(a, res):

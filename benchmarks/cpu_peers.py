@@ -137,10 +137,11 @@ def implicit_work(R, f, configs):
 def device_peaks(devices):
     """Measured fp32 FMA GFLOP/s and copy GB/s of each device (clmf.bench.peaks, quick)."""
     from clmf.bench.peaks import measure_peaks
+    from clmf.engine.device import device_label
     out = {}
     for dev in devices:
         pk = measure_peaks(dev, quick=True)
-        out[f"{pk['platform']} | {pk['device']}"] = pk
+        out[device_label(pk)] = pk
         log(f"peaks {pk['platform']}: {pk['peak_gflops']:.1f} GFLOP/s, "
             f"{pk['peak_gbps']:.1f} GB/s")
     return out
@@ -177,13 +178,13 @@ def run_implicit(a, devices, threads, rows):
                 log(f"  f={f} implicit: whole {whole:.3f} s, "
                     f"p@10 {rows[-1]['precision_at_10']:.4f}")
                 for dev in devices:
-                    from clmf.engine.device import device_info
+                    from clmf.engine.device import device_info, device_label
                     info = device_info(dev)
                     m, whole = clmf_fit(R, dev, factors=f, regularization=a.regularization,
                                         iterations=a.iterations, feedback="implicit", alpha=a.alpha,
                                         random_state=a.seed)
                     its = [h["seconds"] for h in m.history_]
-                    row = dict(base, system="clmf", device=f"{info.platform} | {info.name}",
+                    row = dict(base, system="clmf", device=device_label(info),
                                driver=info.driver, whole_fit_s=whole, setup_s=m.timings_["setup"],
                                s_per_it=statistics.median(its[1:] or its),
                                first_iteration_s=its[0],
@@ -228,7 +229,7 @@ def run_explicit(a, devices, rows):
     """Table 3 rows: whole explicit fits (plain, biased) of clmf and LensKit."""
     from clmf.bench.peers import run_peer
     from clmf.bench.runner import load_problem
-    from clmf.engine.device import device_info
+    from clmf.engine.device import device_info, device_label
     try:
         import lenskit  # noqa: F401
         have_lenskit = True
@@ -264,7 +265,7 @@ def run_explicit(a, devices, rows):
                                         random_state=a.seed)
                     its = [h["seconds"] for h in m.history_]
                     rows.append(dict(base, mode=kind, system="clmf",
-                                     device=f"{info.platform} | {info.name}", driver=info.driver,
+                                     device=device_label(info), driver=info.driver,
                                      status="ok", whole_fit_s=whole, setup_s=m.timings_["setup"],
                                      s_per_it=statistics.median(its[1:] or its),
                                      first_iteration_s=its[0], test_rmse=m.rmse(problem.test),
@@ -385,7 +386,7 @@ def main():
                    help="implicit table: fits of every system per round, medians over rounds")
     p.add_argument("--skip", nargs="*", default=[], choices=("implicit", "explicit"))
     a = p.parse_args()
-    from clmf.engine.device import device_info, select_device
+    from clmf.engine.device import device_info, device_label, select_device
     from clmf.provenance import commit
     devices = [select_device(d) for d in a.devices]
     threads = max(device_info(d).compute_units for d in devices)
@@ -395,7 +396,7 @@ def main():
     doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "commit": commit(), "host": platform.node(), "cpu_count": os.cpu_count(),
            "command": "python benchmarks/cpu_peers.py " + " ".join(sys.argv[1:]),
-           "devices": [{"device": f"{device_info(d).platform} | {device_info(d).name}",
+           "devices": [{"device": device_label(device_info(d)),
                         "driver": device_info(d).driver} for d in devices], "rows": []}
     if "implicit" not in a.skip:
         run_implicit(a, devices, threads, doc["rows"])

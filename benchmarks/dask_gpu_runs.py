@@ -54,6 +54,51 @@ def write_parquet(layout, directory, rows_per_file=8 << 20):
     return len(cuts) - 1
 
 
+def dask_fit(args, pdir, workers, transport, label):
+    """``clmf.dask.ALS`` on a LocalCluster of one single-threaded worker process per device,
+    blocks through shared memory (``transport`` "shm") or Dask's comms ("comms": the workers
+    get ``CLMF_DASK_SHARED_MEMORY=0``); returns its record."""
+    import dask.dataframe as dd
+    from distributed import Client, LocalCluster
+
+    import clmf.dask
+    old = os.environ.get("CLMF_DASK_SHARED_MEMORY")
+    os.environ["CLMF_DASK_SHARED_MEMORY"] = "0" if transport == "comms" else "1"
+    try:
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                               memory_limit=0, dashboard_address=None)
+    finally:
+        if old is None:
+            os.environ.pop("CLMF_DASK_SHARED_MEMORY")
+        else:
+            os.environ["CLMF_DASK_SHARED_MEMORY"] = old
+    client = Client(cluster)
+    try:
+        def cb(it, t, metrics):
+            """Log each iteration."""
+            say(f"{label}: iteration {it}: {metrics}")
+
+        t = time.time()
+        model = clmf.dask.ALS(client=client, factors=args.factors,
+                              regularization=args.regularization, iterations=args.iterations + 1,
+                              device=args.devices, random_state=0).fit(
+            dd.read_parquet(str(pdir)), show_progress=False, callback=cb)
+        secs = [h["seconds"] for h in model.history_]
+        rec = {"workers": workers, "fit_s": time.time() - t, "transport": model.transport_,
+               "time_to_first_iteration_s": model.time_to_first_iteration_,
+               "set_up": model.fit_times_,
+               "iter_s": secs, "s_per_it": float(np.median(secs[1:] or secs)),
+               "devices": model.device_, "train_rmse": model.history_[-1]["train_rmse"],
+               "modes": {s: model.plan_[s].mode for s in ("users", "items")},
+               "memory": model.memory_}
+        say(f"{label}: {rec['s_per_it']:.4f} s/it through {model.transport_}, first "
+            f"iteration after {model.time_to_first_iteration_:.1f} s")
+        return rec
+    finally:
+        client.close()
+        cluster.close()
+
+
 def main(argv=None):
     """Run one preset; see the module docstring."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -66,14 +111,14 @@ def main(argv=None):
     ap.add_argument("--budget", type=float, default=120.0, help="seconds for the timed "
                     "in-process iterations")
     ap.add_argument("--skip-inprocess", action="store_true")
+    ap.add_argument("--transport", default="both", choices=["shm", "comms", "both"],
+                    help="how the Dask workers pass blocks (both: shared memory, then comms)")
     ap.add_argument("--devices", default="gpu", choices=["gpu", "cpu"],
                     help="device type, one worker per device (cpu: a smoke test)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     for name in ("distributed", "tornado"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    import clmf
-    import clmf.dask
     from clmf.engine.device import device_info
     from clmf.parallel import select_devices, synthetic_layout
     from clmf.parallel.scaling import timed_fit
@@ -102,51 +147,30 @@ def main(argv=None):
                                               "s_per_it", "split", "plan", "train_rmse_sample")
                             if k in r}
     del layout
-    import dask.dataframe as dd
-    from distributed import Client, LocalCluster
-    cluster = LocalCluster(n_workers=len(gpus), threads_per_worker=1, processes=True,
-                           memory_limit=0, dashboard_address=None)
-    client = Client(cluster)
-    try:
-        seen = []
-
-        def cb(it, t, metrics):
-            """Log each iteration."""
-            seen.append(t)
-            say(f"{label} dask: iteration {it}: {metrics}")
-
-        t = time.time()
-        model = clmf.dask.ALS(client=client, factors=args.factors,
-                              regularization=args.regularization, iterations=args.iterations + 1,
-                              device=args.devices, random_state=0).fit(
-            dd.read_parquet(str(pdir)), show_progress=False, callback=cb)
-        secs = [h["seconds"] for h in model.history_]
-        rec["dask"] = {"workers": len(gpus), "fit_s": time.time() - t,
-                       "time_to_first_iteration_s": model.time_to_first_iteration_,
-                       "set_up": model.fit_times_,
-                       "iter_s": secs, "s_per_it": float(np.median(secs[1:] or secs)),
-                       "devices": model.device_, "train_rmse": model.history_[-1]["train_rmse"],
-                       "modes": {s: model.plan_[s].mode for s in ("users", "items")},
-                       "memory": model.memory_}
-        say(f"{label} dask: {rec['dask']['s_per_it']:.4f} s/it, first iteration after "
-            f"{model.time_to_first_iteration_:.1f} s")
-    finally:
-        client.close()
-        cluster.close()
+    transports = ["shm", "comms"] if args.transport == "both" else [args.transport]
+    for tr in transports:
+        key = "dask" if tr == transports[0] else f"dask_{tr}"
+        rec[key] = dask_fit(args, pdir, len(gpus), tr, f"{label} dask ({tr})")
     if "inprocess" in rec:
         rec["dask_over_inprocess"] = rec["dask"]["s_per_it"] / rec["inprocess"]["s_per_it"]
+        if "dask_comms" in rec:
+            rec["dask_comms_over_inprocess"] = (rec["dask_comms"]["s_per_it"]
+                                                / rec["inprocess"]["s_per_it"])
     (out / f"dask-{label}.json").write_text(json.dumps(rec, indent=1, default=str))
     summary = out / "summary.md"
     if not summary.exists():
-        summary.write_text("| set | ratings | f | GPUs | in-process s/it | dask s/it | dask / "
-                           "in-process | dask time to 1st it (s) |\n|---|---|---|---|---|---|---|"
-                           "---|\n")
+        summary.write_text("| set | ratings | f | GPUs | in-process s/it | dask transport | "
+                           "dask s/it | dask / in-process | dask time to 1st it (s) |\n"
+                           "|---|---|---|---|---|---|---|---|---|\n")
     ip = rec.get("inprocess", {}).get("s_per_it")
     with summary.open("a") as fh:
-        fh.write(f"| {label} | {rec['nnz']:,} | {args.factors} | {len(gpus)} | "
-                 f"{ip if ip is None else f'{ip:.4f}'} | {rec['dask']['s_per_it']:.4f} | "
-                 f"{rec.get('dask_over_inprocess', float('nan')):.3f} | "
-                 f"{rec['dask']['time_to_first_iteration_s']:.1f} |\n")
+        for key in [k for k in ("dask", "dask_comms") if k in rec]:
+            d = rec[key]
+            ratio = d["s_per_it"] / ip if ip else float("nan")
+            fh.write(f"| {label} | {rec['nnz']:,} | {args.factors} | {len(gpus)} | "
+                     f"{ip if ip is None else f'{ip:.4f}'} | {d['transport']} | "
+                     f"{d['s_per_it']:.4f} | {ratio:.3f} | "
+                     f"{d['time_to_first_iteration_s']:.1f} |\n")
     say(f"{label}: written to {out}")
 
 

@@ -61,7 +61,7 @@ def main():
 
     import clmf
     from clmf import metrics
-    from clmf.engine.device import device_info, select_device
+    from clmf.engine.device import device_info, device_label, select_device
 
     train, test = lastfm_split(a.data, a.k_out, a.seed)
     R = train.to_csr()
@@ -87,7 +87,7 @@ def main():
     m = clmf.ALS(a.factors, a.regularization, a.iterations, feedback="implicit", alpha=a.alpha,
                  device=dev, random_state=a.seed).fit(R, show_progress=False)
     score("clmf", m.user_factors_, m.item_factors_, time.perf_counter() - t,
-          dict(device=f"{info.platform} | {info.name}", driver=info.driver,
+          dict(device=device_label(info), driver=info.driver,
                config=str(m.config_["users"].config)))
     try:
         import implicit

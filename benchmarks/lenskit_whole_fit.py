@@ -76,7 +76,7 @@ def child(job):
     import pyopencl  # noqa: F401
 
     import clmf
-    from clmf.engine.device import device_info, select_device
+    from clmf.engine.device import device_info, device_label, select_device
     info = device_info(select_device(job["device"]))
     t = time.perf_counter()
     m = clmf.ALS(factors=f, regularization=lam, iterations=its, biases=biased, random_state=seed,
@@ -85,7 +85,7 @@ def child(job):
     sec = [h["seconds"] for h in m.history_]
     out.update(status="ok", whole_s=whole, test_rmse=float(m.rmse(problem.test)),
                s_per_it=statistics.median(sec[1:]), first_iteration_s=sec[0],
-               device_name=f"{info.platform} | {info.name}", driver=info.driver,
+               device_name=device_label(info), driver=info.driver,
                timings={k: float(v) for k, v in m.timings_.items()
                         if isinstance(v, (int, float))},
                config={s: {"config": str(c.config), "rule": c.rule, "reason": c.reason}
@@ -193,7 +193,7 @@ def main():
     if a.child:
         print(json.dumps(child(json.loads(a.child)), default=str))
         return
-    from clmf.engine.device import device_info, select_device
+    from clmf.engine.device import device_info, device_label, select_device
     env = dict(os.environ, LK_NUM_THREADS=THREADS, LK_NUM_BACKEND_THREADS=THREADS,
                OMP_NUM_THREADS=THREADS, MKL_NUM_THREADS=THREADS, OPENBLAS_NUM_THREADS=THREADS)
     vers = {}
@@ -209,7 +209,7 @@ def main():
     doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "commit": rev, "host": platform.node(), "cpu_count": os.cpu_count(),
            "command": "python benchmarks/lenskit_whole_fit.py " + " ".join(sys.argv[1:]),
-           "devices": [{"device": f"{i.platform} | {i.name}", "driver": i.driver} for i in devs],
+           "devices": [{"device": device_label(i), "driver": i.driver} for i in devs],
            "lam": a.lam, "iterations": a.iterations, "seed": a.seed, "reps": a.reps, **vers,
            "load": [os.getloadavg()], "runs": []}
     runs = doc["runs"]

@@ -127,9 +127,9 @@ def main():
 
     import clmf
     from clmf.engine.config import SPLIT_NEVER
-    from clmf.engine.device import device_info, select_device
-    from clmf.model.estimator import _side_stats
+    from clmf.engine.device import device_info, device_label, select_device
     from clmf.provenance import commit
+    from clmf.tuning import FitSpec, resolve, side_stats
 
     out = pathlib.Path(a.outdir)
     make_data(a.data, out / "data")
@@ -140,16 +140,16 @@ def main():
     uc, ic = np.diff(R.indptr), np.bincount(R.indices, minlength=R.shape[1])
     log(f"{meta['spec']}: {R.shape[0]} × {R.shape[1]}, {R.nnz} ratings; longest user "
         f"{int(uc.max())}, longest item {int(ic.max())} (mean {R.nnz / max(1, R.shape[1]):.0f})")
-    stats = {"users": _side_stats(uc, R.shape[1]), "items": _side_stats(ic, R.shape[0])}
+    stats = {"users": side_stats(uc, R.shape[1]), "items": side_stats(ic, R.shape[0])}
     dev = select_device(a.device)
     info = device_info(dev)
     splits = a.splits if a.splits is not None else [SPLIT_NEVER, 0]
     recs = []
     for f in a.factors:
         for variant in a.variant or ["auto"]:
-            model = clmf.ALS(factors=f, regularization=a.regularization, variant=variant,
-                             device=dev)
-            ch = model._resolve_configs(info, stats)
+            spec = FitSpec.of({"factors": f, "regularization": a.regularization,
+                               "variant": variant})
+            ch = resolve(spec, info, stats)
             cfgs = (ch["users"].config, ch["items"].config)
             ref_y = None
             for split in splits:
@@ -168,7 +168,7 @@ def main():
                 rec.update(f=f, variant=variant, split_never=SPLIT_NEVER, data=meta["spec"],
                            shape=meta["shape"], nnz=meta["nnz"],
                            longest={"users": int(uc.max()), "items": int(ic.max())},
-                           device=f"{info.platform} | {info.name}", driver=info.driver,
+                           device=device_label(info), driver=info.driver,
                            compute_units=info.compute_units, commit=commit(),
                            date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                            command=" ".join([pathlib.Path(sys.argv[0]).name] + sys.argv[1:]),

@@ -29,7 +29,7 @@ def commit():
 def run(args):
     import clmf
     from clmf import datasets, reference
-    from clmf.engine.device import select_device
+    from clmf.engine.device import select_device, select_devices, spec_from_text
     train, test = datasets.load_movielens_100k_split(args.data)
     R = train.to_csr()
     f, lam, iters = args.factors, args.regularization, args.iterations
@@ -38,10 +38,14 @@ def run(args):
     ref_rmse = reference.rmse(Xr, Yr, test.to_csr())
     X1, Y1 = reference.als(R, f, lam, 1, init=(X0, Y0))
     os.makedirs(args.out, exist_ok=True)
+    # the device grammar (a platform's name selects it, never a device-name substring: PoCL's
+    # device is named after the CPU)
+    wanted = ({w.int_ptr for w in select_devices(spec_from_text(args.device))}
+              if args.device else None)
     for d in clmf.devices():
-        if args.device and args.device.lower() not in f"{d.platform} | {d.name}".lower():
-            continue
         dev = select_device(d.index)
+        if wanted is not None and dev.int_ptr not in wanted:
+            continue
         one = clmf.ALS(f, lam, 1, device=dev).fit(R, init=(X0, Y0), show_progress=False)
         m = clmf.ALS(f, lam, iters, device=dev).fit(R, init=(X0, Y0), show_progress=False)
         secs = [h["seconds"] for h in m.history_]
@@ -97,7 +101,8 @@ def main():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="../shared/data/ml-100k")
     p.add_argument("--out", default="results/runs")
-    p.add_argument("--device", default=None, help="substring filter")
+    p.add_argument("--device", default=None,
+                   help="the devices to run on (device=, or a comma list; default: all)")
     p.add_argument("--factors", type=int, default=10)
     p.add_argument("--regularization", type=float, default=0.15)
     p.add_argument("--iterations", type=int, default=10)

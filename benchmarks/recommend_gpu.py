@@ -289,7 +289,7 @@ def main(argv=None):
     a.reps = max(3, a.reps)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     import clmf
-    from clmf.parallel.devices import device_label, select_devices
+    from clmf.engine.device import device_label, select_devices
     if a.small:
         if a.million_users == 1_000_000:
             a.million_users = 20_000

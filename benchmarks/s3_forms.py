@@ -67,7 +67,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     from clmf.engine.config import KernelConfig
     from clmf.engine.core import Engine
-    from clmf.engine.device import device_info, select_device
+    from clmf.engine.device import device_info, device_label, select_device
     from clmf.reference import start_factors
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -76,7 +76,7 @@ def main(argv=None):
     implicit, biased = a.mode == "implicit", a.mode == "biased"
     dev = select_device(a.device)
     info = device_info(dev)
-    log(f"{name}: {R.shape} {R.nnz} ratings on {info.platform} | {info.name}")
+    log(f"{name}: {R.shape} {R.nnz} ratings on {device_label(info)}")
     X0, Y0 = start_factors(*R.shape, a.factors, a.seed)
     engines = []
     for text in a.config:
@@ -113,7 +113,7 @@ def main(argv=None):
         row["wall_ratio"] = base["wall_s"] / row["wall_s"]
         row["s3_ratio"] = base["s3"] / row["s3"] if row["s3"] else None
     meta = dict(data=name, shape=list(R.shape), nnz=int(R.nnz), f=a.factors,
-                device=f"{info.platform} | {info.name}", driver=info.driver,
+                device=device_label(info), driver=info.driver,
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 commit=os.environ.get("CLMF_COMMIT", "unknown"),
                 command="python -P benchmarks/s3_forms.py " + " ".join(

@@ -171,10 +171,9 @@ def main():
     os.makedirs(a.outdir, exist_ok=True)
     import logging
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    from clmf.parallel import select_devices
+    from clmf.engine.device import select_devices, spec_from_text
     from clmf.parallel.generate import synthetic_layout
-    devices = select_devices([s for s in a.devices.split(",") if s]
-                             if "," in a.devices else a.devices)
+    devices = select_devices(spec_from_text(a.devices))
     say(f"devices: {[d.name for d in devices]}")
     meta = provenance(devices)
     md = os.path.join(a.outdir, "summary.md")

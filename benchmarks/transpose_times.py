@@ -30,7 +30,7 @@ def child(spec, nnz, repeats):
 
     from clmf import datasets
     from clmf.data.scan import count_columns
-    from clmf.engine.device import device_info, select_device
+    from clmf.engine.device import device_info, device_label, select_device
     from clmf.engine.transpose import device_transpose
 
     R = datasets.synthetic("movielens-10m", scale=nnz / 10_000_054, seed=0).to_csr()
@@ -59,7 +59,7 @@ def child(spec, nnz, repeats):
         dev_t.append(time.perf_counter() - t0)
         for b in outs:
             b.release()
-    return {"device": f"{info.platform} | {info.name}", "driver": info.driver, "nnz": R.nnz,
+    return {"device": device_label(info), "driver": info.driver, "nnz": R.nnz,
             "host_s": float(np.median(host)), "device_first_s": dev_t[0],
             "device_s": float(np.median(dev_t[1:]))}
 

@@ -71,6 +71,7 @@ def run(args):
 
 def markdown(rows, args, started):
     """The table: before (incumbent) and after (tuned) per device, data set and mode."""
+    from clmf.engine.device import device_label
     from clmf.provenance import commit
     from clmf.tuning.database import now
     la = os.getloadavg()
@@ -91,7 +92,7 @@ def markdown(rows, args, started):
     devs = []
     for r in rows:
         d = r["summary"]["device"]
-        lab = f"{d['platform']} | {d['device']}, driver {d['driver']}"
+        lab = f"{device_label(d)}, driver {d['driver']}"
         if lab not in devs:
             devs.append(lab)
     L += ["Devices: " + "; ".join(devs), ""]

@@ -39,7 +39,7 @@ def main():
     from lastfm_implicit import lastfm_split  # benchmarks/: the same Last.fm split
 
     import clmf
-    from clmf.engine.device import device_info, select_device
+    from clmf.engine.device import device_info, device_label, select_device
     from clmf.provenance import commit
     train, held = lastfm_split(a.data, a.k_out, a.seed)
     R, T = train.to_csr(), held.to_csr()
@@ -72,7 +72,7 @@ def main():
                 t = time.perf_counter()
                 ev = clmf.evaluate(m, R, T, K=10)
                 eval_s.append(time.perf_counter() - t)
-        row = dict(device=f"{info.platform} | {info.name}", driver=info.driver,
+        row = dict(device=device_label(info), driver=info.driver,
                    fit_s=statistics.median(plain), fit_validation_s=statistics.median(valid),
                    fit_s_all=plain, fit_validation_s_all=valid,
                    validated_iterations_s=its,

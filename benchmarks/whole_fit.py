@@ -65,7 +65,7 @@ def child(a):
 
     import clmf
     from clmf.engine import core, upload
-    from clmf.engine.device import device_info, select_device
+    from clmf.engine.device import device_info, device_label, select_device
     import_s = time.perf_counter() - t_imp
     upload.PINNED = a.upload == "pinned"
     align = a.host_align[a.process % len(a.host_align)] if a.host_align else upload.HOST_ALIGN
@@ -96,7 +96,7 @@ def child(a):
             "nnz": meta["nnz"], "factors": a.factors, "iterations": a.iterations,
             "feedback": a.feedback, "biases": a.biases, "regularization": a.regularization,
             "upload": a.upload, "host_align": align, "adopt": adopt,
-            "device": f"{info.platform} | {info.name}", "driver": info.driver,
+            "device": device_label(info), "driver": info.driver,
             "import_s": import_s if fit == 0 else 0.0, "select_device_s": dev_s,
             "whole_fit_s": whole, "setup_s": t["setup"],
             "setup_ns_per_rating": t["setup"] / meta["nnz"] * 1e9,

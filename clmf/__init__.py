@@ -47,8 +47,8 @@ def __getattr__(name):  # lazy imports keep `import clmf` cheap and free of Open
         import importlib
         return importlib.import_module(f".{name}", __name__)
     if name == "NotFittedError":
-        from .errors import _not_fitted_error
-        return _not_fitted_error()
+        from .errors import not_fitted_error
+        return not_fitted_error()
     if name == "load":
         from .model.persistence import load
         return load

@@ -46,7 +46,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def iteration_line(it, metrics):
     """One line per iteration: the metrics the fit recorded (train/test RMSE for explicit
     feedback, the test's strict precision@10 for implicit feedback) and its seconds."""
-    from .model.estimator import VALIDATION_METRIC
+    from .model.trainer import VALIDATION_METRIC
     labels = {"train_rmse": "train RMSE", "validation_rmse": "test RMSE",
               VALIDATION_METRIC: "test strict " + VALIDATION_METRIC.split("_", 1)[1]}
     parts = [f"iteration {it + 1:3d}"]

@@ -21,10 +21,11 @@ import numpy as np
 
 from .errors import SingularSystemError
 from .model import loop
-from .model.checks import _check_unregularized, _range_error, _side_stats
+from .model.checks import range_error
 from .model.estimator import ALS as _ALS
-from .model.inputs import _params_repr
+from .model.trainer import Trainer, check_stopping
 from .parallel.dask_backend import WorkerLostError, get_client
+from .tuning.spec import side_stats
 
 log = logging.getLogger(__name__)
 
@@ -41,36 +42,34 @@ class ALS(_ALS):
     The fitted object is a :class:`clmf.ALS` in every respect (``save``/``clmf.load`` give a
     plain one), with ``user_ids_`` / ``item_ids_`` the raw ids of the rows (sorted), and
     ``workers_`` (the fit's worker addresses), ``device_`` (their devices), ``plan_`` (the
-    :class:`clmf.parallel.Plan`), ``time_to_first_iteration_`` (seconds from ``fit`` to the end
-    of the first iteration) and ``fit_times_`` (the set-up's phases).
+    :class:`clmf.parallel.Plan`), ``transport_`` (how solved blocks moved between the workers:
+    "shared memory" on one host, else "dask comms"; ``CLMF_DASK_SHARED_MEMORY=0`` in the
+    workers' environment keeps the comms), ``time_to_first_iteration_`` (seconds from ``fit`` to
+    the end of the first iteration) and ``fit_times_`` (the set-up's phases).
     """
 
-    def __init__(self, factors=64, regularization=0.1, iterations=15, *, client=None,
-                 workers=None, **params):
-        """Keep the parameters (scikit-learn protocol)."""
-        super().__init__(factors, regularization, iterations, **params)
+    _repr_name = "clmf.dask.ALS"
+
+    def __init__(self, factors=64, regularization=0.1, iterations=15, *,
+                 weighted_regularization=None, solver="auto", variant="auto", device="auto",
+                 dtype=np.float32, random_state=None, storage=None, feedback="explicit",
+                 alpha=1.0, confidence="1+alpha*r", biases=False, max_device_memory=None,
+                 client=None, workers=None):
+        """Keep the parameters (scikit-learn protocol: every one named, defaults as
+        :class:`clmf.ALS`'s)."""
+        super().__init__(factors, regularization, iterations,
+                         weighted_regularization=weighted_regularization, solver=solver,
+                         variant=variant, device=device, dtype=dtype, random_state=random_state,
+                         storage=storage, feedback=feedback, alpha=alpha, confidence=confidence,
+                         biases=biases, max_device_memory=max_device_memory)
         self.client = client
         self.workers = workers
-
-    @classmethod
-    def _get_param_names(cls):
-        """The constructor's parameters: clmf.ALS's, client and workers."""
-        return _ALS._get_param_names() + ["client", "workers"]
-
-    def __repr__(self):
-        """``clmf.dask.ALS(...)`` with the parameters that differ from their defaults."""
-        return _params_repr("clmf.dask.ALS", self.get_params(),
-                            {**self._repr_defaults(), "client": None, "workers": None})
 
     def __getstate__(self):
         """Picklable state: no client."""
         state = super().__getstate__()
         state["client"] = None
         return state
-
-    def _base_params(self):
-        """The :class:`clmf.ALS` parameters of this estimator."""
-        return {k: getattr(self, k) for k in _ALS._get_param_names()}
 
     # ----- fitting -------------------------------------------------------------------------
     def fit(self, X, y=None, *, columns=None, show_progress=True, callback=None,
@@ -126,115 +125,10 @@ class ALS(_ALS):
     def _fit_once(self, X, *, columns, show_progress, callback, init, validation,
                   early_stopping_rounds, checkpoint, checkpoint_every, resume, modes):
         """One attempt of :meth:`fit`."""
-        from . import reference
-        from .data.validation import check_params
-        from .parallel import dask_tasks as T
-        from .parallel.dask_backend import DaskEngine, fit_workers, prepare, wait_alive
-        check_params(self)
-        client = get_client(self.client)
-        addrs, ranks = fit_workers(client, self.workers)
-        implicit = self.feedback == "implicit"
-        t_start = time.perf_counter()
-        shift = (-1.0 / float(self.alpha) if implicit and
-                 getattr(self, "confidence", "1+alpha*r") == "alpha*r" else 0.0)
-        data = prepare(client, X, columns, shift=shift)     # the kernels' view (confidence)
-        fit_times = {"prepare_s": time.perf_counter() - t_start}
-        m, n = data.shape
-        f = int(self.factors)
-        if implicit and data.minimum < 0:
-            raise ValueError("implicit feedback needs non-negative strengths; X has negative "
-                             "values")
-        if self.regularization == 0 and not implicit:
-            _check_unregularized(data.user_counts, data.item_counts, f)
-        if early_stopping_rounds is not None:
-            if validation is None:
-                raise ValueError("early_stopping_rounds needs validation data")
-            if int(early_stopping_rounds) < 1:
-                raise ValueError("early_stopping_rounds must be ≥ 1")
-        if validation is not None and implicit:
-            raise ValueError("clmf.dask scores validation data of explicit feedback only "
-                             "(implicit: evaluate the fitted model with clmf.metrics)")
-        start, history = 0, []
-        if resume is not None:
-            ck = load_checkpoint(resume)
-            if ck["shape"] != (m, n) or ck["factors"] != f:
-                raise ValueError(f"checkpoint {resume} is of a {ck['shape']} fit with "
-                                 f"factors={ck['factors']}, not {(m, n)} with factors={f}")
-            init = (ck["X"], ck["Y"])
-            init_b = (ck["bu"], ck["bi"])
-            start, history = ck["iteration"] + 1, list(ck["history"])
-        else:
-            init_b = (None, None)
-        if init is not None and not isinstance(init, str):
-            X0, Y0 = (np.asarray(a, dtype=np.float32) for a in init)
-            if X0.shape != (m, f) or Y0.shape != (n, f):
-                raise ValueError(f"init shapes must be {(m, f)} and {(n, f)}, got {X0.shape} "
-                                 f"and {Y0.shape}")
-        else:
-            X0, Y0 = reference.start_factors(m, n, f, self.random_state,
-                                             init=init or reference.default_init(self.feedback))
-        specs = (list(self.device) if isinstance(self.device, (list, tuple))
-                 else [self.device] * len(addrs))
-        if len(specs) != len(addrs):
-            raise ValueError(f"device lists {len(specs)} devices for {len(addrs)} workers")
-        stats = {"users": _side_stats(data.user_counts, n),
-                 "items": _side_stats(data.item_counts, m)}
-        params = self._base_params()
-        probes = wait_alive(client, addrs, [
-            client.submit(T.probe, specs[d], ranks[d], params, stats, workers=[a],
-                          allow_other_workers=False, pure=False)
-            for d, a in enumerate(addrs)], "the fit", "the device probe")
-        # all-or-nothing, as clmf.ALS.fit: the new state is built in locals and assigned in one
-        # step at the end, so a fit that fails midway leaves a fitted model exactly as it was
-        global_mean = float(data.total / data.nnz)
-        try:
-            engine = DaskEngine(client, addrs, ranks, specs, data, f, [p[1] for p in probes],
-                                [(p[2]["users"].config, p[2]["items"].config) for p in probes],
-                                implicit_alpha=float(self.alpha) if implicit else None,
-                                biased=bool(self.biases),
-                                offset=global_mean if self.biases else 0.0,
-                                max_device_memory=self.max_device_memory, modes=modes)
-        finally:
-            data.release()
-        fit_times["probe_and_build_s"] = (time.perf_counter() - t_start
-                                          - fit_times["prepare_s"])
-        try:
-            v_rest = None
-            if validation is not None:
-                vd = prepare(client, validation, columns, maps=(data.user_ids, data.item_ids))
-                v_rest = engine.set_heldout("validation", vd, global_mean,
-                                            to_mean=not self.biases)
-                vd.release()
-                if v_rest[2] and self.biases:
-                    raise ValueError(f"the validation data has {v_rest[2]} rating(s) of ids not "
-                                     "in the training data; with biases=True drop them first")
-            engine.set_factors("users", X0, init_b[0])
-            engine.set_factors("items", Y0, init_b[1])
-            steps = _DaskSteps(engine, v_rest, float(self.regularization), self._weighted,
-                               train=not implicit,      # history_ as clmf.ALS's, shown or not
-                               checkpoint=checkpoint, every=checkpoint_every,
-                               iterations=int(self.iterations),
-                               ratings_range=(max(int(data.user_counts.max(initial=0)),
-                                                  int(data.item_counts.max(initial=0))),
-                                              max(abs(data.minimum), abs(data.maximum))),
-                               storage=np.dtype(engine.np_store).name)
-            res = loop.run(steps, int(self.iterations), start=start, history=history,
-                           callback=callback, early_stopping_rounds=early_stopping_rounds,
-                           monitor="validation_rmse", show_progress=show_progress,
-                           desc="ALS (dask)", origin=t_start)
-            memory = dict(engine.memory)
-        except WorkerLostError as e:
-            raise WorkerLostError(f"{e}. The fit cannot go on without that worker's blocks. "
-                                  + _resume_hint(checkpoint)) from e
-        finally:
-            engine.release()
-        new = {"fit_times_": fit_times, "global_mean_": global_mean,
-               "user_counts_": data.user_counts, "item_counts_": data.item_counts,
-               "user_ids_": data.user_ids, "item_ids_": data.item_ids, "config_": probes[0][2],
-               "device_": [p[0] for p in probes],
-               "device_configs_": [{"device": p[0], **p[2]} for p in probes],
-               "workers_": list(addrs), "plan_": engine.plan, "memory_": memory,
-               "time_to_first_iteration_": res.first_iteration_s, **self._learned(res)}
+        new = _DaskTrainer(self).fit(
+            X, columns=columns, show_progress=show_progress, callback=callback, init=init,
+            validation=validation, early_stopping_rounds=early_stopping_rounds,
+            checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume, modes=modes)
         self.__dict__.update(new)          # one step: nothing half-assigned
         self._invalidate_inference()       # the factors uploaded for inference are stale
         return self
@@ -280,7 +174,6 @@ class ALS(_ALS):
         import dask.dataframe as dd
         import pandas as pd
 
-        from .parallel import dask_tasks as T
         client = get_client(self.client)
         self._check_fitted()
         m = self.user_factors_.shape[0]
@@ -293,7 +186,7 @@ class ALS(_ALS):
         sf = client.scatter([st], broadcast=True, hash=False)[0]
         starts = list(range(0, m, step))
         blocks = client.scatter([self.user_factors_[a:a + step] for a in starts], hash=False)
-        futs = [client.submit(T.recommend_block, b, a, sf, int(N), pure=False)
+        futs = [client.submit(recommend_block, b, a, sf, int(N), pure=False)
                 for b, a in zip(blocks, starts)]
         uids, iids = st["user_ids"], st["item_ids"]
         meta = pd.DataFrame({
@@ -301,6 +194,136 @@ class ALS(_ALS):
             "item": pd.Series([], dtype=(iids.dtype if iids is not None else np.int64)),
             "score": pd.Series([], dtype=np.float32), "rank": pd.Series([], dtype=np.int32)})
         return dd.from_delayed(futs, meta=meta, verify_meta=False)
+
+
+class _DaskTrainer(Trainer):
+    """:class:`clmf.model.trainer.Trainer` over the Dask backend
+    (:class:`~clmf.parallel.dask_backend.DaskEngine`): the ratings prepared on the workers, each
+    worker's device probed and its tuning looked up there, checkpoints after iterations."""
+
+    desc = "ALS (dask)"
+
+    def fit(self, X, *, columns, show_progress, callback, init, validation,
+            early_stopping_rounds, checkpoint, checkpoint_every, resume, modes):
+        """The fitted attributes of one attempt of :meth:`ALS.fit`."""
+        from . import reference
+        from .parallel import dask_tasks as T
+        from .parallel.dask_backend import DaskEngine, fit_workers, prepare, wait_alive
+        spec, est = self.spec, self.est
+        client = get_client(est.client)
+        addrs, ranks = fit_workers(client, est.workers)
+        implicit = spec.implicit
+        t_start = time.perf_counter()
+        data = prepare(client, X, columns, shift=spec.shift)     # the kernels' view (confidence)
+        fit_times = {"prepare_s": time.perf_counter() - t_start}
+        m, n = data.shape
+        f = spec.f
+        if implicit and data.minimum < 0:
+            raise ValueError("implicit feedback needs non-negative strengths; X has negative "
+                             "values")
+        self.check_unregularized(data.user_counts, data.item_counts)
+        check_stopping(early_stopping_rounds, validation is not None)
+        if validation is not None and implicit:
+            raise ValueError("clmf.dask scores validation data of explicit feedback only "
+                             "(implicit: evaluate the fitted model with clmf.metrics)")
+        start, history = 0, []
+        if resume is not None:
+            ck = load_checkpoint(resume)
+            if ck["shape"] != (m, n) or ck["factors"] != f:
+                raise ValueError(f"checkpoint {resume} is of a {ck['shape']} fit with "
+                                 f"factors={ck['factors']}, not {(m, n)} with factors={f}")
+            init = (ck["X"], ck["Y"])
+            init_b = (ck["bu"], ck["bi"])
+            start, history = ck["iteration"] + 1, list(ck["history"])
+        else:
+            init_b = (None, None)
+        rule, X0, Y0 = self.start(init, m, n)
+        if rule is not None:
+            X0, Y0 = reference.start_factors(m, n, f, est.random_state, init=rule)
+        specs = (list(est.device) if isinstance(est.device, (list, tuple))
+                 else [est.device] * len(addrs))
+        if len(specs) != len(addrs):
+            raise ValueError(f"device lists {len(specs)} devices for {len(addrs)} workers")
+        stats = {"users": side_stats(data.user_counts, n),
+                 "items": side_stats(data.item_counts, m)}
+        probes = wait_alive(client, addrs, [
+            client.submit(T.probe, specs[d], ranks[d], spec, stats, workers=[a],
+                          allow_other_workers=False, pure=False)
+            for d, a in enumerate(addrs)], "the fit", "the device probe")
+        global_mean = float(data.total / data.nnz)
+        try:
+            engine = DaskEngine(client, addrs, ranks, specs, data, f, [p[1] for p in probes],
+                                [(p[2]["users"].config, p[2]["items"].config) for p in probes],
+                                implicit_alpha=spec.kernel_alpha, biased=spec.biased,
+                                offset=global_mean if spec.biased else 0.0,
+                                max_device_memory=est.max_device_memory, modes=modes)
+        finally:
+            data.release()
+        fit_times["probe_and_build_s"] = (time.perf_counter() - t_start
+                                          - fit_times["prepare_s"])
+        try:
+            v_rest = None
+            if validation is not None:
+                vd = prepare(client, validation, columns, maps=(data.user_ids, data.item_ids))
+                v_rest = engine.set_heldout("validation", vd, global_mean,
+                                            to_mean=not spec.biased)
+                vd.release()
+                if v_rest[2] and spec.biased:
+                    raise ValueError(f"the validation data has {v_rest[2]} rating(s) of ids not "
+                                     "in the training data; with biases=True drop them first")
+            engine.set_factors("users", X0, init_b[0])
+            engine.set_factors("items", Y0, init_b[1])
+            steps = _DaskSteps(engine, v_rest, spec.regularization, spec.weighted,
+                               train=not implicit,      # history_ as clmf.ALS's, shown or not
+                               checkpoint=checkpoint, every=checkpoint_every,
+                               iterations=self.iterations,
+                               ratings_range=(max(int(data.user_counts.max(initial=0)),
+                                                  int(data.item_counts.max(initial=0))),
+                                              max(abs(data.minimum), abs(data.maximum))),
+                               storage=np.dtype(engine.np_store).name)
+            res = self.run(steps, start=start, history=history, callback=callback,
+                           early_stopping_rounds=early_stopping_rounds,
+                           show_progress=show_progress, origin=t_start)
+            memory = dict(engine.memory)
+        except WorkerLostError as e:
+            raise WorkerLostError(f"{e}. The fit cannot go on without that worker's blocks. "
+                                  + _resume_hint(checkpoint)) from e
+        finally:
+            engine.release()
+        return {"fit_times_": fit_times, "global_mean_": global_mean,
+                "user_counts_": data.user_counts, "item_counts_": data.item_counts,
+                "user_ids_": data.user_ids, "item_ids_": data.item_ids, "config_": probes[0][2],
+                "device_": [p[0] for p in probes],
+                "device_configs_": [{"device": p[0], **p[2]} for p in probes],
+                "workers_": list(addrs), "plan_": engine.plan, "memory_": memory,
+                "transport_": engine.transport,
+                "time_to_first_iteration_": res.first_iteration_s, **self.learned(res)}
+
+
+def recommend_block(X, r0, state, N):
+    """Top-``N`` rows ``(user, item, score, rank)`` of users ``r0 ..`` whose factors are ``X``,
+    by the single-host :meth:`clmf.ALS.recommend` (no seen-item filter), raw ids restored (a
+    task run on a worker)."""
+    import pandas as pd
+    m = _ALS(factors=X.shape[1], feedback=state["feedback"])
+    m.user_factors_ = X
+    m.item_factors_ = state["Y"]
+    m.global_mean_ = state["mean"]
+    m.user_biases_ = state["bu"][r0:r0 + len(X)] if state["bu"] is not None else None
+    m.item_biases_ = state["bi"]
+    m.user_counts_ = state["user_counts"][r0:r0 + len(X)]
+    m.item_counts_ = state["item_counts"]
+    ids, scores = m.recommend(np.arange(len(X)), N=N, filter_already_liked_items=False)
+    k = ids.shape[1]
+    users = np.repeat(np.arange(r0, r0 + len(X)), k)
+    items = ids.reshape(-1)
+    keep = items >= 0
+    uids, iids = state["user_ids"], state["item_ids"]
+    return pd.DataFrame({
+        "user": (uids[users[keep]] if uids is not None else users[keep]),
+        "item": (iids[items[keep]] if iids is not None else items[keep]),
+        "score": scores.reshape(-1)[keep].astype(np.float32),
+        "rank": np.tile(np.arange(1, k + 1, dtype=np.int32), len(X))[keep]})
 
 
 def _exists(path):
@@ -353,11 +376,11 @@ class _DaskSteps(loop.FitSteps):
 
     def non_finite_error(self):
         """A :class:`clmf.RatingRangeError` when the ratings' magnitude explains the failure
-        (the in-process fit's diagnosis, :func:`clmf.model.checks._range_error`)."""
+        (the in-process fit's diagnosis, :func:`clmf.model.checks.range_error`)."""
         if self.ratings_range is None:
             return None
-        return _range_error(self.engine, *self.ratings_range, int(self.engine.f), self.storage,
-                            self.regularization)
+        return range_error(self.engine, *self.ratings_range, int(self.engine.f), self.storage,
+                           self.regularization)
 
     def metrics(self):
         """Train RMSE (when wanted) and validation RMSE (the unseen ids' error included)."""

@@ -60,7 +60,7 @@ class SingularSystemError(ClmfError, ValueError):
 _not_fitted = None
 
 
-def _not_fitted_error():
+def not_fitted_error():
     """The NotFittedError class, made on first use: a subclass of scikit-learn's
     ``sklearn.exceptions.NotFittedError`` when scikit-learn is installed (so scikit-learn's
     tooling catches it), else of ``ValueError`` and ``AttributeError`` as scikit-learn's is;
@@ -83,5 +83,5 @@ def _not_fitted_error():
 
 def __getattr__(name):  # clmf.errors.NotFittedError, created on first access
     if name == "NotFittedError":
-        return _not_fitted_error()
+        return not_fitted_error()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -146,7 +146,8 @@ def mae(y_true: Any, y_pred: Any) -> float:
 # --------------------------------------------------------------------------------------
 # ranking
 # --------------------------------------------------------------------------------------
-def _check_k(k: Any) -> int:
+def check_k(k: Any) -> int:
+    """``k`` as an int ≥ 1 (a cut-off), else ValueError."""
     if isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral) or int(k) < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
     return int(k)
@@ -224,7 +225,7 @@ def _relevant_csr(relevant: Any, n_users: int | None) -> sp.csr_matrix:
     )
 
 
-def _hits(recommended: Any, relevant: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+def count_hits(recommended: Any, relevant: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Hit matrix (n_users, k) bool and the number of relevant items per user."""
     rec = _recommended_matrix(recommended, k)
     rel = _relevant_csr(relevant, rec.shape[0])
@@ -318,8 +319,8 @@ def precision_at_k(recommended: Any, relevant: Any, k: int) -> float:
     >>> precision_at_k([[1, 2, 3]], [{2, 9}], k=3)
     0.3333333333333333
     """
-    k = _check_k(k)
-    hits, n_rel = _hits(recommended, relevant, k)
+    k = check_k(k)
+    hits, n_rel = count_hits(recommended, relevant, k)
     return _mean_over_users(_precision(hits, n_rel, k), n_rel, f"precision@{k}")
 
 
@@ -348,8 +349,8 @@ def recall_at_k(recommended: Any, relevant: Any, k: int) -> float:
     >>> recall_at_k([[1, 2, 3]], [{2, 9}], k=3)
     0.5
     """
-    k = _check_k(k)
-    hits, n_rel = _hits(recommended, relevant, k)
+    k = check_k(k)
+    hits, n_rel = count_hits(recommended, relevant, k)
     return _mean_over_users(_recall(hits, n_rel, k), n_rel, f"recall@{k}")
 
 
@@ -377,8 +378,8 @@ def average_precision_at_k(recommended: Any, relevant: Any, k: int) -> float:
     >>> average_precision_at_k([[1, 2, 3]], [{2, 9}], k=3)  # (1/2) / min(3, 2)
     0.25
     """
-    k = _check_k(k)
-    hits, n_rel = _hits(recommended, relevant, k)
+    k = check_k(k)
+    hits, n_rel = count_hits(recommended, relevant, k)
     return _mean_over_users(_ap(hits, n_rel, k), n_rel, f"map@{k}")
 
 
@@ -409,8 +410,8 @@ def ndcg_at_k(recommended: Any, relevant: Any, k: int) -> float:
     >>> round(ndcg_at_k([[1, 2, 3]], [{2, 9}], k=3), 6)  # (1/log2(3)) / (1 + 1/log2(3))
     0.386853
     """
-    k = _check_k(k)
-    hits, n_rel = _hits(recommended, relevant, k)
+    k = check_k(k)
+    hits, n_rel = count_hits(recommended, relevant, k)
     return _mean_over_users(_ndcg(hits, n_rel, k), n_rel, f"ndcg@{k}")
 
 
@@ -457,7 +458,7 @@ def evaluate_ranking(
     ks = [ks] if isinstance(ks, numbers.Integral) else list(ks)
     if not ks:
         raise ValueError("ks is empty")
-    ks = [_check_k(k) for k in ks]
+    ks = [check_k(k) for k in ks]
     metrics = [metrics] if isinstance(metrics, str) else list(metrics)
     unknown = [m for m in metrics if m.lower() not in _METRICS]
     if unknown or not metrics:
@@ -470,7 +471,7 @@ def evaluate_ranking(
         test = sp.csr_matrix(test, copy=True)
         test.data = (test.data >= relevance_threshold).astype(np.float32)
     kmax = max(ks)
-    hits, n_rel = _hits(recommended, test, kmax)
+    hits, n_rel = count_hits(recommended, test, kmax)
     out: dict[str, float] = {}
     for k in ks:
         for m in metrics:
@@ -521,10 +522,10 @@ def ranking_metrics(recommended: Any, relevant: Any, k: int = 10,
     >>> r["precision"], r["strict_precision"]          # 1 hit / min(3, 2), 1 hit / 3
     (0.5, 0.3333333333333333)
     """
-    k = _check_k(k)
+    k = check_k(k)
     rec = _recommended_matrix(recommended, k)
     rel = _relevant_csr(relevant, rec.shape[0])
-    hits, n_rel = _hits(rec, rel, k)
+    hits, n_rel = count_hits(rec, rel, k)
     if n_items is None:
         n_items = rel.shape[1] if sp.issparse(relevant) or isinstance(relevant, Ratings) else \
             max(rel.shape[1], int(rec.max(initial=-1)) + 1)

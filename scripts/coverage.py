@@ -89,10 +89,10 @@ def load(spec, seed=0):
 
 def meta(devices, command):
     """Where and when: devices and drivers, date, clmf commit, the command."""
-    from clmf.engine.device import device_info
+    from clmf.engine.device import device_info, device_label
     from clmf.tuning.database import clmf_commit, now
     infos = [device_info(d) for d in devices]
-    return {"devices": [f"{i.platform} | {i.name}" for i in infos],
+    return {"devices": [device_label(i) for i in infos],
             "drivers": [i.driver for i in infos], "date": now(), "commit": clmf_commit(),
             "command": command, "load_average": os.getloadavg()}
 

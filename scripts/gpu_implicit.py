@@ -203,6 +203,7 @@ def fit_clmf(a, dev, train, f, mode, variant="auto"):
 
 def phase_auto(a, dev, info, train, held, name, out_rows):
     """``auto.jsonl``: variant="auto" fits of every mode and f not yet measured."""
+    from clmf.engine.device import device_label
     from clmf.tuner.coverage import append_row
     done = {(r["mode"], r["f"]) for r in out_rows}
     for f in a.factor_list:
@@ -213,7 +214,7 @@ def phase_auto(a, dev, info, train, held, name, out_rows):
                 return False
             m, whole = fit_clmf(a, dev, train, f, mode)
             secs = [h["seconds"] for h in m.history_]
-            row = {"mode": mode, "f": f, "data": name, "device": f"{info.platform} | {info.name}",
+            row = {"mode": mode, "f": f, "data": name, "device": device_label(info),
                    "driver": info.driver, "s_per_it": statistics.median(secs[1:]),
                    "first_s": secs[0], "whole_s": whole, "setup_s": m.timings_["setup"],
                    "iterations": a.iterations,
@@ -367,7 +368,7 @@ def main(argv=None):
     ensure_clmf()
     import warnings
     warnings.simplefilter("ignore")
-    from clmf.engine.device import device_info, select_device
+    from clmf.engine.device import device_info, device_label, select_device
     from clmf.tuning.database import clmf_commit, now
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -384,7 +385,7 @@ def main(argv=None):
     auto, peers, cov = rows_of(a, "auto.jsonl"), rows_of(a, "peers.jsonl"), \
         rows_of(a, "coverage.jsonl")
     train, held, name = load(a)
-    meta = {"device": f"{info.platform} | {info.name}", "driver": info.driver, "date": now(),
+    meta = {"device": device_label(info), "driver": info.driver, "date": now(),
             "commit": clmf_commit(), "data": f"{name} ({train.shape[0]} × {train.shape[1]}, "
                                                f"{train.nnz} training ratings)",
             "command": "python3 scripts/gpu_implicit.py " + " ".join(

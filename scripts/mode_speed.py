@@ -30,7 +30,7 @@ import json, sys, time, warnings
 warnings.simplefilter("ignore")
 import numpy as np
 import clmf
-from clmf.engine.device import device_info, select_device
+from clmf.engine.device import device_info, device_label, select_device
 from clmf.provenance import commit
 spec, dev, f, mode, iterations, alpha, name = sys.argv[1:8]
 import scipy.sparse as sp
@@ -47,7 +47,7 @@ print(json.dumps({"s_per_it": float(np.median(secs[1:])), "first_s": secs[0],
                   "whole_s": time.perf_counter() - t, "setup_s": m.timings_["setup"],
                   "rule": {s: c.rule for s, c in m.config_.items()},
                   "config": {s: str(c.config) for s, c in m.config_.items()},
-                  "device": f"{info.platform} | {info.name}", "driver": info.driver,
+                  "device": device_label(info), "driver": info.driver,
                   "commit": commit(), "clmf": clmf.__file__, "data": name,
                   "shape": [int(R.shape[0]), int(R.shape[1]), int(R.nnz)]}))
 """

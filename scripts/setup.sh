@@ -288,8 +288,11 @@ if not platforms:
              "(ls /etc/OpenCL/vendors), that .icd/ lists it, and try: "
              "OCL_ICD_VENDORS=$PWD/.icd clinfo -l")
 names = [p.name for p in platforms]
-required = [r.strip() for r in os.environ.get("CLMF_REQUIRE_PLATFORMS", "").split(",") if r.strip()]
-missing = [r for r in required if not any(r in n for n in names)]
+try:   # the rule (platform names only, never device names) has its home in clmf
+    from clmf.engine.device import missing_platforms
+except ImportError as exc:
+    sys.exit(f"[setup] ERROR: clmf is not installed in .venv ({exc}); run scripts/setup.sh first")
+missing = missing_platforms(names)
 if missing:
     sys.exit(f"[setup] ERROR: required OpenCL platform(s) missing: {missing}; found {names}")
 if not any("Intel" in n for n in names):

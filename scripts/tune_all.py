@@ -40,7 +40,7 @@ def main():
     a = p.parse_args()
 
     from clmf import tuner
-    from clmf.engine.device import device_info, select_device
+    from clmf.engine.device import device_info, device_label, select_device
     from clmf.tuner.report import summary_markdown
     from clmf.tuning import device_record, device_slug
     dev = select_device(a.device)
@@ -56,7 +56,7 @@ def main():
     t_all = time.perf_counter()
     if a.compare and os.path.exists(a.ml100k):
         cmd = [sys.executable, str(pathlib.Path(__file__).with_name("tune_compare.py")),
-               "--device", f"{info.platform} | {info.name}", "--data", a.ml100k, "-f",
+               "--device", device_label(info), "--data", a.ml100k, "-f",
                str(factors[0]), "--db", str(db), "--out", str(out / "reports")]
         print(" ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)

@@ -173,7 +173,7 @@ def main():
     if a.one:
         return one(a)
 
-    from clmf.engine.device import device_info, select_device
+    from clmf.engine.device import device_info, device_label, select_device
     from clmf.tuning import device_record, device_slug
     from clmf.tuning.database import Database, clmf_commit, now
     info = device_info(select_device(a.device))
@@ -230,7 +230,7 @@ def main():
     base = f"compare_{slug}_{ex['dataset']}_f{a.factors}"
     (out / f"{base}.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
     d = res["device"]
-    L = [f"# Budgeted vs exhaustive: {d['platform']} | {d['device']} — {ex['dataset']}, "
+    L = [f"# Budgeted vs exhaustive: {device_label(d)} — {ex['dataset']}, "
          f"f = {a.factors}",
          "",
          f"Bounded space: **{ex['space_size']} configurations** (after pruning; plus the baseline "

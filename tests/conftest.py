@@ -38,10 +38,9 @@ DEVICES = _list_devices()
 
 
 def device_id(d):
-    plat = d.platform.name.lower()
-    short = "pocl" if "portable" in plat else "intel" if "intel" in plat else \
-        "nvidia" if "nvidia" in plat else re.sub(r"\W+", "", plat)[:8]
-    return f"{short}-{re.sub(r'[^A-Za-z0-9]+', '_', d.name.strip())[:24]}"
+    """A device's test id: its platform's short name and its name."""
+    from clmf.engine.device import platform_short
+    return f"{platform_short(d.platform.name)}-{re.sub(r'[^A-Za-z0-9]+', '_', d.name.strip())[:24]}"
 
 
 def pytest_generate_tests(metafunc):

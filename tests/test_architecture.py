@@ -204,6 +204,93 @@ def test_core_does_not_import_tuner_bench_or_heavy_stacks():
     assert not bad, "module-level imports the library core must not make: " + "; ".join(bad)
 
 
+# the one home of the device rules (issue 32): the grammar, ":all", the worker rank rule, the
+# environment variables that pick devices, the "platform | device" label
+DEVICE_HOME = "clmf.engine.device"
+DEVICE_ENV_NAMES = ("CLMF_DEVICE", "PYOPENCL_CTX", "CLMF_REQUIRE_PLATFORMS")
+
+
+def _reads(node, names):
+    """Whether an expression reads one of ``names`` (``x.platform``, ``x["platform"]``,
+    ``platform``)."""
+    for sub in ast.walk(node):
+        if (isinstance(sub, ast.Attribute) and sub.attr in names
+                or isinstance(sub, ast.Constant) and sub.value in names
+                or isinstance(sub, ast.Name) and sub.id in names):
+            return True
+    return False
+
+
+def device_rule_sites(modules):
+    """["module:line what"]: device rules written outside :data:`DEVICE_HOME` — a "platform |
+    device" label built by hand (an f-string joining a platform to the next value by " | ", or a
+    "%s | %s" format), an environment variable of :data:`DEVICE_ENV_NAMES` named, ":all" parsed
+    or built, the device types listed as spec words, or OpenCL's platforms listed."""
+    out = []
+    for mod, path in sorted(modules.items()):
+        if mod == DEVICE_HOME:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            what = None
+            if isinstance(node, ast.JoinedStr):
+                v = node.values
+                if any(isinstance(a, ast.FormattedValue) and _reads(a.value, ("platform",))
+                       and isinstance(b, ast.Constant) and b.value.startswith(" | ")
+                       and isinstance(c, ast.FormattedValue) and _reads(c.value, ("name", "device"))
+                       for a, b, c in zip(v, v[1:], v[2:])):
+                    what = "label"
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if "%s | %s" in node.value:
+                    what = "label"
+                elif node.value in DEVICE_ENV_NAMES:
+                    what = node.value
+                elif node.value == ":all":
+                    what = ":all"
+            elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                words = {e.value.lower() for e in node.elts
+                         if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+                if {"gpu", "cpu"} <= words:
+                    what = "device types"
+            elif isinstance(node, ast.Attribute) and node.attr == "get_platforms":
+                what = "get_platforms"
+            if what:
+                out.append(f"{mod}:{node.lineno} {what}")
+    return sorted(set(out))
+
+
+def test_device_rules_have_one_home():
+    modules, _ = _repo_graph()
+    assert DEVICE_HOME in modules
+    bad = device_rule_sites(modules)
+    assert not bad, f"device rules outside {DEVICE_HOME}: " + "; ".join(bad)
+
+
+def test_device_rule_check_finds_copies(tmp_path):
+    """The checker finds the copies this repository had (a label per module, ":all" parsed, the
+    rank rule's type words and CLMF_DEVICE, a child's own platform walk) and nothing in the home."""
+    pkg = tmp_path / "clmf"
+    (pkg / "engine").mkdir(parents=True)
+    files = {
+        "__init__.py": "",
+        "engine/__init__.py": "",
+        "engine/device.py": 'E = "CLMF_DEVICE"\ndef label(p, d):\n    return f"{p} | {d}"\n',
+        "a.py": 'def f(d):\n    return f"{d.platform.name.strip()} | {d.name.strip()}"\n',
+        "b.py": 'def f(j):\n    raise SystemExit(f"device {j[\'platform\']} | {j[\'device\']}")\n',
+        "c.py": 'import os\ndef f(s):\n    return s.endswith(":all") or os.environ["CLMF_DEVICE"]'
+                '\n',
+        "d.py": 'def f(s):\n    return s in ("auto", "gpu", "cpu")\n',
+        "e.py": 'import logging\nlogging.info("%s | %s", 1, 2)\n',
+        "f.py": 'def f(cl):\n    return cl.get_platforms()\n',
+        "g.py": 'def f(r):\n    return f"| {r[\'dataset\']} | {r[\'mode\']} |"\n',
+        "h.py": 'def f(s, r):\n    return f"{s[\'device\'][\'platform\']} | {r[\'dataset\']}"\n',
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    found = device_rule_sites(source_modules({pkg: "clmf"}))
+    assert found == ["clmf.a:2 label", "clmf.b:2 label", "clmf.c:3 :all", "clmf.c:3 CLMF_DEVICE",
+                     "clmf.d:2 device types", "clmf.e:2 label", "clmf.f:2 get_platforms"]
+
+
 def test_checks_catch_a_cycle_and_a_forbidden_import(tmp_path):
     """The checkers themselves find what they look for (a cycle through a function-local relative
     import, and a core module reaching torch and the benchmark at module level)."""
@@ -240,3 +327,145 @@ def test_public_api_is_listed(name):
     import clmf
     assert name in dir(clmf) and name in clmf.__all__
     assert getattr(clmf, name) is not None
+
+
+# ----- one home for each fact of a fit (issue 32) -------------------------------------------------
+# code (comments and strings left out) that computes a fact whose home is clmf.tuning.spec: the
+# unknowns or row width of a biased fit, a leading dimension (a width rounded up to a vector width
+# or tile), the common leading dimension of several configurations, the weighted-λ default and
+# implicit feedback's confidence shift
+FACT_RULES = {
+    "unknowns or row width (f + 1 / f + 2 with biases)":
+        r"\bf\W*\s*\+\s*[12]\s+if\b|\+\s*\(\s*1\s+if\b[^)]*bias",
+    "a leading dimension (a width rounded up to a multiple)":
+        r"-\(-\s*(?:self\.)?(?:f|fs|width)\s*//\s*([A-Za-z_][\w.]*)\)\s*\*\s*\1\b",
+    "the common leading dimension of several configurations": r"max\([^()]*\.ldf\(",
+    "the weighted-λ default": r"weighted_regularization\w*\s+is\s+None",
+    "the confidence shift of alpha*r": r"/\s*float\([^()]*alpha",
+}
+FACTS_HOME = "clmf.tuning"
+
+
+def _code_only(text):
+    """The source ``text`` with comments and docstrings blanked (so prose that describes a rule
+    does not count as computing it); one line per source line."""
+    import io
+    import tokenize
+    out = text.splitlines()
+    for node in ast.walk(ast.parse(text)):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            for r in range(body[0].lineno, body[0].end_lineno + 1):
+                out[r - 1] = ""
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT:
+            r, c = tok.start
+            out[r - 1] = out[r - 1][:c]
+    return out
+
+
+def fact_violations(modules, home=FACTS_HOME):
+    """["module:line: what"]: code outside ``home`` computing a fact of :data:`FACT_RULES`."""
+    import re
+    bad = []
+    for mod, path in sorted(modules.items()):
+        if _under(mod, (home,)):
+            continue
+        for no, line in enumerate(_code_only(path.read_text(encoding="utf-8")), 1):
+            for what, rx in FACT_RULES.items():
+                if re.search(rx, line):
+                    bad.append(f"{mod}:{no}: {what}: {line.strip()}")
+    return bad
+
+
+def _subpackage(mod):
+    """``clmf.x`` of a module ``clmf.x.y`` (the root package ``clmf`` for itself)."""
+    return ".".join(mod.split(".")[:2])
+
+
+def private_imports(modules, aliases=None):
+    """["module:line imports _name from other"]: private names imported from another subpackage."""
+    aliases = aliases or {}
+    bad = []
+    for mod, path in sorted(modules.items()):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                stem = ".".join(base + ([node.module] if node.module else []))
+            else:
+                stem = node.module or ""
+            target = _resolve(stem, modules, aliases)
+            if target is None or _subpackage(target) == _subpackage(mod):
+                continue
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    bad.append(f"{mod}:{node.lineno} imports {a.name} from {target}")
+    return bad
+
+
+def upward_arrows(graph, lower=("clmf.parallel", "clmf.inference"), upper=("clmf.model",)):
+    """["module:line -> target"]: imports (module-level or local) from ``lower`` up to ``upper``."""
+    return [f"{mod}:{line} -> {target}" for mod, edges in sorted(graph.items())
+            if _under(mod, lower) for target, internal, _, line in edges
+            if internal and _under(target, upper)]
+
+
+def test_fit_facts_live_in_tuning_spec():
+    """No module outside clmf.tuning computes a factor width, a leading dimension, the
+    weighted-λ default or the confidence shift: they import them from clmf.tuning.spec."""
+    modules, _ = _repo_graph()
+    bad = fact_violations(modules)
+    assert not bad, "facts of a fit computed outside clmf.tuning.spec:\n" + "\n".join(bad)
+
+
+def test_no_private_names_across_subpackages():
+    modules, _ = _repo_graph()
+    bad = private_imports(modules, {"tuner": "clmf.tuner", "cl_kernels": "clmf.cl_kernels"})
+    assert not bad, "private names imported from another subpackage:\n" + "\n".join(bad)
+
+
+def test_no_arrow_from_parallel_or_inference_up_to_model():
+    _, graph = _repo_graph()
+    bad = upward_arrows(graph)
+    assert not bad, "imports from clmf.parallel/clmf.inference up to clmf.model:\n" + "\n".join(bad)
+
+
+def test_fact_and_import_checks_find_what_they_look_for(tmp_path):
+    """The three checks above catch planted violations (and leave comments, docstrings, the
+    home itself and same-subpackage private imports alone)."""
+    pkg = tmp_path / "clmf"
+    for d in ("tuning", "engine", "parallel", "model"):
+        (pkg / d).mkdir(parents=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    files = {
+        "tuning/spec.py": "def row_width(f, biased):\n    return f + 2 if biased else f\n",
+        "engine/core.py": ('"""rows are f + 2 if biased"""\n# f + 1 if biased\n'
+                           "width = f + 2 if biased else f\n"
+                           "def ldf(f, w):\n    return -(-f // w) * w\n"
+                           "from ._own import _helper\n"),
+        "engine/_own.py": "def _helper():\n    pass\n",
+        "parallel/worker.py": ("fs = f + (1 if biased else 0)\n"
+                               "from ..engine._own import _helper\n"
+                               "def g():\n    from ..model import est\n"),
+        "model/est.py": ("lam = x if weighted_regularization is None else y\n"
+                         "shift = -1.0 / float(self.alpha)\n"
+                         "ld = max(c.ldf(w) for c in cs)\n"),
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    modules = source_modules({pkg: "clmf"})
+    facts = fact_violations(modules)
+    assert {v.split(":")[0] for v in facts} == {"clmf.engine.core", "clmf.parallel.worker",
+                                                 "clmf.model.est"}
+    assert [v.split(":")[1] for v in facts if v.startswith("clmf.engine.core")] == ["3", "5"]
+    assert len([v for v in facts if v.startswith("clmf.model.est")]) == 3
+    assert private_imports(modules) == [
+        "clmf.parallel.worker:2 imports _helper from clmf.engine._own"]
+    assert upward_arrows(import_graph(modules)) == ["clmf.parallel.worker:4 -> clmf.model.est"]

@@ -79,6 +79,7 @@ def test_ml100k_parquet_two_pocl_workers(client, ml100k):
     np.testing.assert_array_equal(dm.user_ids_, np.sort(raw.user.unique()))
     _check_close(dm, _one_device(R, iterations=1))
     assert len(dm.workers_) == 2 and len(dm.device_) == 2
+    assert dm.transport_ == "shared memory"        # two worker processes of this host
     # RMSE after several iterations within 0.1 % of the one-device fit, scored from raw ids
     dm5 = clmf.dask.ALS(client=client, iterations=5, device=POCL, **KW).fit(
         path, show_progress=False)
@@ -131,6 +132,7 @@ def test_modes_and_variants_match_one_device(client, mode):
         R, show_progress=False, modes=modes)
     if modes:
         assert {s: dm.plan_[s].mode for s in modes} == modes
+    assert dm.transport_ == "shared memory"        # blocks and partial systems through it
     lm = clmf.ALS(device=POCL, iterations=2, **kw).fit(R, show_progress=False)
     # 3 CG steps stop mid-convergence, where summation-order differences (partial hermitians
     # reduced across workers; the one-device fit's tuned solve_wg=1 CG of the implicit-mode
@@ -337,3 +339,19 @@ def test_workers_of_a_host_take_its_devices_in_turn():
     a, b = worker_device("cpu", 0), worker_device("cpu", 1)
     assert a.int_ptr != b.int_ptr
     assert worker_device("cpu", 2).int_ptr == a.int_ptr
+
+
+def test_blocks_through_the_comms_match_shared_memory(ml100k, monkeypatch):
+    """Workers whose shared memory is off (``CLMF_DASK_SHARED_MEMORY=0``, as on hosts that
+    cannot see each other's segments) pass blocks through Dask's comms, with the same model."""
+    path, R, _raw = ml100k
+    monkeypatch.setenv("CLMF_DASK_SHARED_MEMORY", "0")     # inherited by the new workers
+    cluster, c = _cluster()
+    try:
+        dm = clmf.dask.ALS(client=c, iterations=2, device=POCL, **KW).fit(
+            path, show_progress=False, modes={"users": "reduce", "items": "replicate"})
+    finally:
+        c.close()
+        cluster.close()
+    assert dm.transport_ == "dask comms"
+    _check_close(dm, _one_device(R, iterations=2))

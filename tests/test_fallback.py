@@ -175,9 +175,9 @@ def _probe_spy(monkeypatch):
 
 def _choose_both(info, R):
     """The lookup's choice of both sides of a fit of R on ``info`` (no warning allowed)."""
-    from clmf.model.estimator import _side_stats
-    stats = {"users": _side_stats(np.diff(R.indptr), R.shape[1]),
-             "items": _side_stats(np.bincount(R.indices, minlength=R.shape[1]), R.shape[0])}
+    stats = {"users": tuning.side_stats(np.diff(R.indptr), R.shape[1]),
+             "items": tuning.side_stats(np.bincount(R.indices, minlength=R.shape[1]),
+                                        R.shape[0])}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         return [tuning.choose(info, F, side, stats[side], "float32", None)

@@ -303,13 +303,13 @@ def test_mode_round_trip_and_old_records_are_explicit(dbenv):
     assert [tuning.record_mode(r) for r in recs] == ["explicit"] * 2 + ["implicit"] * 2 + \
         ["biased"] * 2
     assert recs[2]["alpha"] == 2.0
-    cases = {c.run_id: c for c in tuning.lookup._cases(recs, "env")}
+    cases = {c.run_id: c for c in tuning.lookup.record_cases(recs, "env")}
     assert {k: c.mode for k, c in cases.items()} == {"old": "explicit", "imp": "implicit",
                                                      "bia": "biased"}
     assert cases["imp"].configs["items"] == KernelConfig.parse(D)
     # a mode this clmf does not know is skipped, the rest of the file still answers
     write(dbenv["env"], best_records(info, 10, ML, E, E, "fut", mode="tensor"))
-    assert "fut" not in {c.run_id for c in tuning.lookup._cases(tuning.read_database(dbenv["env"]), "e")}
+    assert "fut" not in {c.run_id for c in tuning.lookup.record_cases(tuning.read_database(dbenv["env"]), "e")}
     assert tuning.choose(info, 10, "users", stats("users", ML)).rule == "tuned"
 
 

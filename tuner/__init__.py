@@ -99,7 +99,7 @@ def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, spac
     list of run summaries (dicts; see :meth:`tuner.strategies.Session.finish`)
     """
     from clmf import tuning
-    from clmf.engine.device import select_device
+    from clmf.engine.device import device_label, select_device
 
     from . import strategies
     from .measure import CHECK_TIME, SAMPLE_TOL
@@ -110,8 +110,8 @@ def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, spac
     for f in factors:
         case = strategies.Case(dev, R, int(f), dataset, storage, mode, alpha)
         sp = make_space(space, case.kf, case.info, storage, solvers, mode)
-        log.info("tuning %s | %s, %s, f=%d, %s: %s over the %s space", case.info.platform,
-                 case.info.name, dataset, f, mode, strategy, space)
+        log.info("tuning %s, %s, f=%d, %s: %s over the %s space", device_label(case.info),
+                 dataset, f, mode, strategy, space)
         summary = strategies.run(case, sp, strategy, db=db, budget=budget, seed=seed,
                                  state_dir=state_dir, sample_time=sample_time, progress=progress,
                                  resume=resume, sample=sample,

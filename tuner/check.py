@@ -86,11 +86,12 @@ def check(R, factors, device="auto", mode="explicit", alpha=1.0, regularization=
 
 
 def markdown(info, rows, title, command):
+    from clmf.engine.device import device_label
     from clmf.provenance import commit
     from clmf.tuning.database import now
     la = os.getloadavg()
     L = [f"# {title}", "",
-         f"- device: {info.platform} | {info.name} ({info.type}), driver {info.driver}",
+         f"- device: {device_label(info)} ({info.type}), driver {info.driver}",
          f"- written {now()}, clmf commit {commit()}; host load average at the end "
          f"{la[0]:.1f} / {la[1]:.1f} / {la[2]:.1f}",
          f"- command: `{command}`",
@@ -110,6 +111,7 @@ def markdown(info, rows, title, command):
 
 
 def main(argv=None):
+    from clmf.engine.device import device_label
     p = argparse.ArgumentParser(prog="python -m tuner.check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("data", nargs="?", default=None)
@@ -140,7 +142,7 @@ def main(argv=None):
         with open(a.output, "w") as fh:
             fh.write(text)
         with open(os.path.splitext(a.output)[0] + ".json", "w") as fh:
-            json.dump({"dataset": name, "device": f"{info.platform} | {info.name}",
+            json.dump({"dataset": name, "device": device_label(info),
                        "driver": info.driver, "rows": rows}, fh, indent=1)
     print(text, end="")
     print(f"({time.perf_counter() - t0:.0f} s)")

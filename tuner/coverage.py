@@ -61,16 +61,16 @@ class Cell:
 
     def stats(self):
         """Per side the statistics ``ALS.fit`` passes to the lookup (rows, cols, nnz, ...)."""
-        from clmf.model.estimator import _side_stats
+        from clmf.tuning import side_stats
         R = self.R
         m, n = R.shape
-        return {"users": _side_stats(np.diff(R.indptr), n),
-                "items": _side_stats(np.bincount(R.indices, minlength=n), m)}
+        return {"users": side_stats(np.diff(R.indptr), n),
+                "items": side_stats(np.bincount(R.indices, minlength=n), m)}
 
     def key(self):
         """What identifies the cell in a results file."""
-        i = self.info
-        return {"device": f"{i.platform} | {i.name}", "mode": self.mode, "f": int(self.f),
+        from clmf.engine.device import device_label
+        return {"device": device_label(self.info), "mode": self.mode, "f": int(self.f),
                 "dataset": self.dataset, "storage": self.storage}
 
 
@@ -87,15 +87,15 @@ def cell_runs(cell, sources=None):
     :data:`clmf.tuning.CLASS_TOL`)."""
     from clmf import tuning
     from clmf.tuning import lookup
-    from clmf.tuning.schema import _same_device
+    from clmf.tuning.schema import same_device
     dev = tuning.device_record(cell.info)
     R = cell.R
     ds = {"m": R.shape[0], "n": R.shape[1], "nnz": int(R.nnz)}
     out = set()
-    for origin, _p, recs in (lookup._sources() if sources is None else sources):
-        for c in lookup._cases(recs, origin):
+    for origin, _p, recs in (lookup.record_sources() if sources is None else sources):
+        for c in lookup.record_cases(recs, origin):
             if (c.mode == cell.mode and c.f == cell.f and c.storage == cell.storage
-                    and _same_device(c.device, dev)
+                    and same_device(c.device, dev)
                     and tuning.class_distance(c.dataset, ds) <= tuning.CLASS_TOL):
                 out.add(c.run_id)
     return sorted(out)

@@ -43,9 +43,9 @@ import pathlib
 import sys
 
 from clmf.tuning.database import read_database
-from clmf.tuning.lookup import _cases, _newest_first
+from clmf.tuning.lookup import newest_first, record_cases
 from clmf.tuning.model import top_records
-from clmf.tuning.schema import SCHEMA_VERSION, SIDES, _norm, record_mode
+from clmf.tuning.schema import SCHEMA_VERSION, SIDES, norm_text, record_mode
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def _blob_id(data):
 
 
 def _device_key(d):
-    return tuple(_norm(d.get(k, "")).lower() for k in ("platform", "vendor", "type", "device"))
+    return tuple(norm_text(d.get(k, "")).lower() for k in ("platform", "vendor", "type", "device"))
 
 
 def _case_key(c):
@@ -77,12 +77,12 @@ def _kept_runs(records):
     older run whose pair differs from every newer one's (chosen when the newer pairs do not
     validate on the device asking, e.g. at another f)."""
     by_case = {}
-    for c in _cases(records, "raw"):
+    for c in record_cases(records, "raw"):
         by_case.setdefault(_case_key(c), []).append(c)
     keep = set()
     for cases in by_case.values():
         seen = []
-        for c in sorted(cases, key=_newest_first):
+        for c in sorted(cases, key=newest_first):
             pair = (c.configs["users"], c.configs["items"])
             if pair not in seen:
                 seen.append(pair)

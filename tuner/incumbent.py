@@ -62,8 +62,8 @@ def earlier_bests(case, exclude_runs=(), limit=6):
     dev = case.key
 
     def same(d):
-        return all(tuning.schema._norm(d.get(k, "")).lower()
-                   == tuning.schema._norm(dev.get(k, "")).lower()
+        return all(tuning.schema.norm_text(d.get(k, "")).lower()
+                   == tuning.schema.norm_text(dev.get(k, "")).lower()
                    for k in ("platform", "vendor", "type", "device"))
 
     runs = {}

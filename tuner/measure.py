@@ -47,6 +47,7 @@ import scipy.sparse as sp
 from clmf import reference
 from clmf.engine.config import KernelConfig
 from clmf.errors import InvalidConfigError, SingularSystemError
+from clmf.tuning.spec import kernel_factors, weighted_rule
 
 log = logging.getLogger(__name__)
 
@@ -312,8 +313,8 @@ class Measurer:
         self.max_time = float(max_time)
         self.mode = mode
         self.alpha = float(alpha)
-        self.kf = self.f + 1 if mode == "biased" else self.f       # unknowns per system
-        self.weighted = mode != "implicit"                          # as ALS(weighted_regularization=None)
+        self.kf = kernel_factors(self.f, mode)                     # unknowns per system
+        self.weighted = weighted_rule(None, "implicit" if mode == "implicit" else "explicit")
         self.offset = float(self.R.data.astype(np.float64).mean()) if (
             mode == "biased" and self.R.nnz) else 0.0
         self._init = {}

@@ -71,6 +71,7 @@ def _cfg_str(d):
 
 def plot_space(summary, path):
     """Figure-13-style plot of the run's measured times; returns the path or None."""
+    from clmf.engine.device import device_label
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -124,7 +125,7 @@ def plot_space(summary, path):
                 ax.set_ylabel("ty", fontsize=8)
     d = summary["device"]
     ml = _mode_label(summary)
-    fig.suptitle(f"{d['platform']} | {d['device']} — {summary['dataset']}, f={summary['f']}"
+    fig.suptitle(f"{device_label(d)} — {summary['dataset']}, f={summary['f']}"
                  + (f", {ml}" if ml else "") + "\n"
                  "half-step time relative to the side's best (min over the other parameters)",
                  fontsize=9)
@@ -137,6 +138,7 @@ def plot_space(summary, path):
 
 def write_run_report(summary, out_dir, plot=True):
     """Write ``<out_dir>/<run>.md`` (and ``.png``); returns the markdown path."""
+    from clmf.engine.device import device_label
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     base = run_basename(summary)
@@ -144,7 +146,7 @@ def write_run_report(summary, out_dir, plot=True):
     png = out / f"{base}.png"
     d, info, ds = summary["device"], summary.get("device_info", {}), summary["dataset_class"]
     ml = _mode_label(summary)
-    L = [f"# Tuning: {d['platform']} | {d['device']} — {summary['dataset']}, f = {summary['f']}, "
+    L = [f"# Tuning: {device_label(d)} — {summary['dataset']}, f = {summary['f']}, "
          f"{summary['storage']}" + (f", {ml}" if ml else ""), ""]
     if ml:
         L.append(f"- mode: {ml} — candidates validated against the NumPy reference of this mode "
@@ -152,7 +154,7 @@ def write_run_report(summary, out_dir, plot=True):
                                       "`gram`, timed at the whole data's size, never scaled)"
                                       if summary.get("mode") == "implicit" else
                                       " (f + 1 unknowns per system: factors and the row's bias)"))
-    L.append(f"- device: {d['platform']} | {d['device']} ({d['type']}, vendor {d['vendor']}, "
+    L.append(f"- device: {device_label(d)} ({d['type']}, vendor {d['vendor']}, "
              f"{info.get('compute_units', '?')} compute units, local memory "
              f"{info.get('local_mem', 0) // 1024} KiB, work-group ≤ {info.get('max_work_group_size', '?')}), "
              f"driver {d['driver']}")

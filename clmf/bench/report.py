@@ -70,7 +70,8 @@ GPU_TARGETS = {10: 0.02, 50: 0.06, 100: 0.12}
 
 def render_markdown(rows, meta, infos, peaks, argv=None, elapsed=None, load=None):
     L = []
-    devs = "; ".join(f"{i.platform} | {i.name} (driver {i.driver})" for i in infos)
+    from ..engine.device import device_label
+    devs = "; ".join(f"{device_label(i)} (driver {i.driver})" for i in infos)
     L.append(f"# clmf bench — {devs}\n")
     L.append(f"- date: {meta['date']}  \n- commit: {meta['commit']}  \n- host: {meta['host']}  ")
     if argv is not None:

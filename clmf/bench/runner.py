@@ -129,9 +129,8 @@ def run_clmf(device, problem, f, lam, iterations, seed, variant="auto"):
     from ..engine.core import Engine
     from ..engine.device import device_info
     from ..errors import ClmfError
-    from ..model.checks import _side_stats
-    from ..model.estimator import ALS
     from ..reference import start_factors
+    from ..tuning import FitSpec, resolve, side_stats
     run = ClmfRun()
     eng = None
     try:
@@ -140,10 +139,9 @@ def run_clmf(device, problem, f, lam, iterations, seed, variant="auto"):
         R = check_ratings(problem.train)
         m, n = R.shape
         uc, ic = problem.counts()
-        stats = {"users": _side_stats(uc, n), "items": _side_stats(ic, m)}
-        model = ALS(factors=f, regularization=lam, iterations=iterations, variant=variant,
-                    device=device)
-        choices = model._resolve_configs(info, stats)
+        stats = {"users": side_stats(uc, n), "items": side_stats(ic, m)}
+        spec = FitSpec.of({"factors": f, "regularization": lam, "variant": variant})
+        choices = resolve(spec, info, stats)
         cu, ci = choices["users"], choices["items"]
         run.variant = str(cu.config) if str(cu.config) == str(ci.config) else \
             f"users {cu.config} / items {ci.config}"
@@ -198,10 +196,8 @@ def commit():
 
 def device_slug(info):
     """``pocl-amd-epyc``, ``intel-amd-epyc``, ``nvidia-h100-80gb-hbm3``, ..."""
-    plat = info.platform.lower()
-    short = ("pocl" if "portable" in plat else "intel" if "intel" in plat else
-             "nvidia" if "nvidia" in plat else "amd" if ("amd" in plat or "rocm" in plat) else
-             re.sub(r"[^a-z0-9]+", "", plat)[:10] or "ocl")
+    from ..engine.device import platform_short
+    short = platform_short(info.platform)
     name = info.name.strip()
     name = re.sub(r"^pthread-[^-]+(-[^-]*avx[^-]*)?-", "", name, flags=re.I)   # PoCL's prefix
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
@@ -309,7 +305,7 @@ def run_bench(datasets=("ml-100k",), factors=(10, 50, 100), devices=("auto",), v
               name=None, plots=True, ml100k=None, peak_repeats=7, quick_peaks=False,
               peer_max_nnz=None, argv=None, progress=print, peak_at_end=True):
     """Run the benchmark; write CSV, markdown and plots; return ``(rows, paths)``."""
-    from ..engine.device import device_info, select_device
+    from ..engine.device import device_info, device_label, select_device
     t_run = time.perf_counter()
     devs = [select_device(d) for d in devices]
     infos = [device_info(d) for d in devs]
@@ -326,7 +322,7 @@ def run_bench(datasets=("ml-100k",), factors=(10, 50, 100), devices=("auto",), v
     # 1. the devices' limits (measured again at the end; the better of the two counts)
     peaks = {}
     for d, info in zip(devs, infos):
-        progress(f"peak: measuring {info.platform} | {info.name} ...")
+        progress(f"peak: measuring {device_label(info)} ...")
         try:
             pk = measure_peaks(d, repeats=peak_repeats, quick=quick_peaks)
             peaks[id(info)] = dict(pk)
@@ -381,7 +377,7 @@ def run_bench(datasets=("ml-100k",), factors=(10, 50, 100), devices=("auto",), v
                                raw_seconds=" ".join(f"{x:.6f}" for x in pr.seconds))
                     pk = host_peak if pr.device.startswith("host CPU") else gpu_peak
                     if pk:
-                        row["platform"] = f"(peak of {pk['platform']} | {pk['device']})"
+                        row["platform"] = f"(peak of {device_label(pk)})"
                     _figures(row, problem, f, secs, False,
                              flop_counted=not pr.system.startswith("implicit"))
                     _fractions(row, pk)
@@ -394,7 +390,7 @@ def run_bench(datasets=("ml-100k",), factors=(10, 50, 100), devices=("auto",), v
             for d, info in zip(devs, infos):
                 pk = peaks.get(id(info))
                 for v in variants:
-                    progress(f"  {problem.name} f={f} clmf on {info.platform} | {info.name}, "
+                    progress(f"  {problem.name} f={f} clmf on {device_label(info)}, "
                              f"variant {v} ...")
                     cr = run_clmf(d, problem, f, regularization, iterations, seed, v)
                     row = dict(dbase, f=f, system="clmf", kind="clmf", platform=info.platform,
@@ -432,7 +428,7 @@ def run_bench(datasets=("ml-100k",), factors=(10, 50, 100), devices=("auto",), v
             pk0 = peaks.get(id(info))
             if not pk0:
                 continue
-            progress(f"peak: measuring {info.platform} | {info.name} again ...")
+            progress(f"peak: measuring {device_label(info)} again ...")
             try:
                 pk = measure_peaks(d, repeats=peak_repeats, quick=quick_peaks)
             except Exception as e:

@@ -329,7 +329,7 @@ class Ratings:
         >>> df.columns.tolist()  # doctest: +SKIP
         ['user', 'item', 'rating']
         """
-        pd = _import_pandas("Ratings.to_pandas()")
+        pd = import_pandas("Ratings.to_pandas()")
         data: dict[str, np.ndarray] = {
             "user": self.user_ids[self.users] if raw_ids else np.asarray(self.users),
             "item": self.item_ids[self.items] if raw_ids else np.asarray(self.items),
@@ -715,7 +715,8 @@ def _handle_duplicates(u, i, r, ts, n_items, policy):
     return (ukeys // nb).astype(np.int32), (ukeys % nb).astype(np.int32), r_out, ts_out
 
 
-def _import_pandas(what: str):
+def import_pandas(what: str):
+    """pandas, or an ImportError saying that ``what`` needs it."""
     try:
         import pandas as pd  # noqa: PLC0415 - optional dependency, imported lazily
     except ImportError as exc:  # pragma: no cover - depends on the environment

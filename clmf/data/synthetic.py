@@ -149,7 +149,7 @@ def _user_counts(rng, nnz: int, m: int, cap: int, exponent: float) -> np.ndarray
     return counts
 
 
-def _alias_table(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def alias_table(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Walker alias table for O(1) sampling from ``p``."""
     n = len(p)
     q = p * n
@@ -373,7 +373,7 @@ def synthetic(
     counts = _user_counts(rng, total, m, user_cap, user_exponent)
     pop = _power_weights(n, item_exponent, rng)
     pop = 0.95 * pop + 0.05 / n
-    q, alias = _alias_table(pop)
+    q, alias = alias_table(pop)
     inv_pop = 1.0 / pop
 
     # chunks of users of about _CHUNK_NNZ ratings (fixed by the data, not by n_jobs)

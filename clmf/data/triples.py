@@ -21,13 +21,13 @@ from ._csv import Source, first_record, read_columns, split_line
 from ._text import _looks_like_header, _read_text, _resolve_column, _sniff_sep, _text_lines
 from .movielens import load_movielens_100k, load_movielens_csv, load_movielens_dat
 from .netflix import load_netflix
-from .ratings import Ratings, _import_pandas
+from .ratings import Ratings, import_pandas
 
 logger = logging.getLogger(__name__)
 
 
 def _load_parquet(path: Path, columns, timestamp_column, **kw) -> Ratings:
-    pd = _import_pandas(f"reading {path}")
+    pd = import_pandas(f"reading {path}")
     try:
         df = pd.read_parquet(path)
     except ImportError as exc:  # pragma: no cover - environment dependent

@@ -64,7 +64,8 @@ def _is_ratings_obj(X):
     return hasattr(X, "to_csr") and hasattr(X, "user_ids") and hasattr(X, "item_ids")
 
 
-def _check_ids(name, a):
+def check_ids(name, a):
+    """``a`` as a 1-D integer index array, refusing fractions, non-finite and negative ids."""
     a = np.asarray(a)
     if a.ndim != 1:
         raise ValueError(f"{name} must be a 1-D array, got shape {a.shape}")
@@ -108,8 +109,8 @@ def check_ratings(X, shape=None, *, allow_empty=False, what="X"):
         if len(X) != 3:
             raise ValueError(f"{what} as a tuple must be (user_idx, item_idx, ratings), "
                              f"got {len(X)} elements")
-        u = _check_ids("user_idx", X[0])
-        i = _check_ids("item_idx", X[1])
+        u = check_ids("user_idx", X[0])
+        i = check_ids("item_idx", X[1])
         r = np.asarray(X[2])
         if r.ndim != 1:
             raise ValueError(f"ratings must be a 1-D array, got shape {r.shape}")
@@ -269,8 +270,8 @@ def _finish(C, allow_empty, what):
 
 def check_index_pairs(user_idx, item_idx, n_users, n_items):
     """Validate element-wise (user, item) index arrays for predict."""
-    u = np.atleast_1d(_check_ids("user_idx", np.asarray(user_idx).ravel()))
-    i = np.atleast_1d(_check_ids("item_idx", np.asarray(item_idx).ravel()))
+    u = np.atleast_1d(check_ids("user_idx", np.asarray(user_idx).ravel()))
+    i = np.atleast_1d(check_ids("item_idx", np.asarray(item_idx).ravel()))
     if u.shape != i.shape:
         raise ValueError(f"user_idx and item_idx lengths differ: {u.size} vs {i.size}")
     if u.size and u.max() >= n_users:

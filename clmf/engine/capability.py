@@ -25,10 +25,12 @@ import subprocess
 import sys
 import threading
 
+from .device import device_label, device_present, find_device
+
 log = logging.getLogger(__name__)
 
-__all__ = ["wide_vectors_ok", "describe_exit", "package_root", "find_device", "device_present",
-           "run_child", "PROBE_ENV", "CHECK_TIMEOUT"]
+__all__ = ["wide_vectors_ok", "describe_exit", "package_root", "run_child", "PROBE_ENV",
+           "CHECK_TIMEOUT"]
 
 # "auto" (default), "always" or "off": the probes of clmf.tuning.fallback and, with "off", the
 # checks here too
@@ -61,23 +63,6 @@ def describe_exit(rc):
 def package_root():
     """The folder that holds the clmf package this module belongs to."""
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def find_device(platform, name):
-    """The pyopencl device of this platform and device name (stripped), or None (not seen, or
-    no OpenCL at all)."""
-    try:
-        import pyopencl as cl
-        return next((d for p in cl.get_platforms() if p.name.strip() == platform
-                     for d in p.get_devices() if d.name.strip() == name), None)
-    except Exception as e:  # noqa: BLE001 - no OpenCL: no device
-        log.debug("cannot list OpenCL devices: %s", e)
-        return None
-
-
-def device_present(info):
-    """Whether this process sees an OpenCL device with ``info``'s platform and name."""
-    return find_device(info.platform, info.name) is not None
 
 
 def run_child(cmd, job, timeout, what):
@@ -130,9 +115,9 @@ def wide_vectors_ok(info):
     else:
         ok, why = _check_in_child({"platform": ident[0], "device": ident[1]})
         if not ok:
-            log.warning("%s | %s (driver %s) cannot compile 16-wide vector arithmetic (%s): "
+            log.warning("%s (driver %s) cannot compile 16-wide vector arithmetic (%s): "
                         "configurations with 16-lane vectors are not used on it",
-                        ident[0], ident[1], ident[2], why)
+                        device_label(info), ident[2], why)
         update_json_object(path, key, {"ok": ok, "reason": why})
     with _lock:
         _known[ident] = ok
@@ -153,7 +138,7 @@ def _child(job):
     import pyopencl as cl
     dev = find_device(job["platform"], job["device"])
     if dev is None:
-        raise SystemExit(f"clmf capability check: device {job['platform']} | {job['device']} "
+        raise SystemExit(f"clmf capability check: device {device_label(job)} "
                          "not found")
     ctx = cl.Context([dev])
     q = cl.CommandQueue(ctx)

@@ -323,8 +323,8 @@ class KernelConfig:
     # ----- geometry -------------------------------------------------------------------------
     def ldf(self, f):
         """Leading dimension of the factor matrices: f rounded up to the vector width."""
-        w = self.vec or 1
-        return -(-f // w) * w
+        from ..tuning.spec import leading_dim
+        return leading_dim(f, self.vec)
 
     def swg(self, f):
         """S3 work-group size at ``f`` factors (resolves ``solve_wg=0``)."""

@@ -22,6 +22,7 @@ import scipy.sparse as sp
 from ..data.scan import count_columns
 from ..errors import InvalidConfigError, SingularSystemError
 from ..interrupts import deferred_interrupts, drain
+from ..tuning.spec import row_width, unknowns
 from . import kernels as K
 from . import upload as U
 from .device import device_info, get_context
@@ -322,9 +323,9 @@ class Engine:
         if self.implicit and self.biased:
             raise ValueError("biases are for explicit feedback")
         self.offset = float(offset)                  # global mean with biases
-        self.fs = f + 1 if self.biased else f        # unknowns per system
+        self.fs = unknowns(f, self.biased)           # unknowns per system
         self.configs = {"users": configs[0], "items": configs[1]}
-        width = f + 2 if self.biased else f          # [factors | 1 | bias] with biases
+        width = row_width(f, self.biased)            # [factors | 1 | bias] with biases
         if configs[0].storage != configs[1].storage or configs[0].ldf(width) != configs[1].ldf(width):
             # the two sides share factor buffers: same storage and leading dimension
             raise ValueError("both sides must use the same storage dtype and vector padding")

@@ -1,9 +1,14 @@
-"""Choosing an OpenCL platform/device, contexts and queues, and the device key.
+"""The one home of the device rules: choosing OpenCL devices, contexts and queues, the device key.
 
 ``device=`` accepts ``"auto"`` (prefers a GPU, then any accelerator, then a CPU), ``"cpu"``,
-``"gpu"``, a case-insensitive substring of ``"platform name | device name"``, ``"P:D"`` indices
-(as ``PYOPENCL_CTX`` uses them), or a :class:`pyopencl.Device`. With ``"auto"`` the environment
-variable ``CLMF_DEVICE`` (same grammar) and then ``PYOPENCL_CTX`` are honoured first.
+``"gpu"``, ``"accelerator"``, a case-insensitive substring of ``"platform name | device name"``,
+``"P:D"`` indices (as ``PYOPENCL_CTX`` uses them), or a :class:`pyopencl.Device`
+(:func:`select_device`, parsed by :func:`parse_spec`); for several devices also ``"gpu:all"``,
+``"cpu:all"``, ``"accelerator:all"`` and lists of any of those (:func:`select_devices`). With
+``"auto"`` the environment variable ``CLMF_DEVICE`` (same grammar) and then ``PYOPENCL_CTX`` are
+honoured first (:func:`auto_spec`). A Dask worker's device follows :func:`worker_device`; the
+``"platform | device"`` label that names a device (and selects it again) is :func:`device_label`;
+``CLMF_REQUIRE_PLATFORMS`` (the set-up's check) is :func:`missing_platforms`.
 """
 from __future__ import annotations
 
@@ -12,13 +17,28 @@ import logging
 import os
 import re
 import threading
+from collections.abc import Mapping
 
 from ..errors import NoOpenCLError
 
 log = logging.getLogger(__name__)
 
 __all__ = ["DeviceInfo", "devices", "select_device", "pick_device", "get_context", "device_info",
-           "device_key"]
+           "device_key", "select_devices", "spec_from_text", "first_device", "worker_device",
+           "pick_worker", "find_device", "device_present", "device_label", "label", "platform_short",
+           "parse_spec",
+           "auto_spec", "missing_platforms", "DEVICE_ENV", "PYOPENCL_ENV",
+           "REQUIRE_PLATFORMS_ENV", "TYPES"]
+
+# the environment variables that pick devices: the device of device="auto" (this grammar), then
+# pyopencl's own choice ("P:D" or "P"); the platforms the set-up's check requires ("A,B": names
+# containing A and B)
+DEVICE_ENV = "CLMF_DEVICE"
+PYOPENCL_ENV = "PYOPENCL_CTX"
+REQUIRE_PLATFORMS_ENV = "CLMF_REQUIRE_PLATFORMS"
+# the device types a spec names ("gpu", "cpu:all", ...), in the order "auto" prefers them
+TYPES = ("GPU", "ACCELERATOR", "CPU")
+_ALL = ":all"
 
 INSTALL_HINT = (
     "No OpenCL platform found. Install an OpenCL runtime, e.g. on Debian/Ubuntu "
@@ -56,8 +76,9 @@ class DeviceInfo:
     compute_capability: tuple = (0, 0)   # NVIDIA (major, minor); (0, 0) elsewhere
 
     def __str__(self):
-        return (f"[{self.index}] {self.platform} | {self.name} ({self.type}, {self.compute_units} CUs, "
-                f"{self.global_mem / 2**30:.1f} GiB, local {self.local_mem // 1024} KiB, "
+        return (f"[{self.index}] {label(self.platform, self.name)} ({self.type}, "
+                f"{self.compute_units} CUs, {self.global_mem / 2**30:.1f} GiB, "
+                f"local {self.local_mem // 1024} KiB, "
                 f"wg ≤ {self.max_work_group_size}, float vec {self.preferred_vector_width_float}, "
                 f"{self.opencl_c_version}, driver {self.driver})")
 
@@ -70,7 +91,8 @@ def _cl():
     return cl
 
 
-def _all_devices():
+def all_devices():
+    """``("P:D", platform, device)`` of every OpenCL device (:class:`NoOpenCLError` if none)."""
     cl = _cl()
     try:
         platforms = cl.get_platforms()
@@ -89,7 +111,8 @@ def _all_devices():
     return out
 
 
-def _type_name(d):
+def type_name(d):
+    """A device's type: ``GPU``, ``CPU``, ``ACCELERATOR`` or ``OTHER``."""
     cl = _cl()
     t = d.type
     for name in ("GPU", "CPU", "ACCELERATOR"):
@@ -104,7 +127,7 @@ def device_info(device, index="?"):
     p = device.platform
     return DeviceInfo(
         index=index, platform=p.name.strip(), platform_version=p.version.strip(),
-        vendor=device.vendor.strip(), name=device.name.strip(), type=_type_name(device),
+        vendor=device.vendor.strip(), name=device.name.strip(), type=type_name(device),
         driver=device.driver_version.strip(), opencl_c_version=device.opencl_c_version.strip(),
         compute_units=int(device.max_compute_units), global_mem=int(device.global_mem_size),
         max_alloc=int(device.max_mem_alloc_size), local_mem=int(device.local_mem_size),
@@ -142,10 +165,66 @@ def devices():
     >>> for d in clmf.devices():  # doctest: +SKIP
     ...     print(d)
     """
-    return [device_info(d, idx) for idx, _p, d in _all_devices()]
+    return [device_info(d, idx) for idx, _p, d in all_devices()]
 
 
-_TYPE_ORDER = {"GPU": 0, "ACCELERATOR": 1, "CPU": 2, "OTHER": 3}
+_TYPE_ORDER = {t: k for k, t in enumerate((*TYPES, "OTHER"))}
+
+
+def label(platform, name):
+    """``"platform | device"`` of a platform name and a device name: the label that names a
+    device in messages, records and ``device_`` and, as a ``device=`` string, selects it again."""
+    return f"{platform.strip()} | {name.strip()}"
+
+
+def device_label(device):
+    """:func:`label` of a :class:`pyopencl.Device`, a :class:`DeviceInfo` (or any object with
+    ``platform`` and ``name``) or a tuning record's device (a mapping with ``"platform"`` and
+    ``"device"`` names)."""
+    if isinstance(device, Mapping):
+        return label(device["platform"], device["device"])
+    platform = device.platform
+    return label(platform if isinstance(platform, str) else platform.name, device.name)
+
+
+def platform_short(platform):
+    """A platform's short name for file names and test ids (``"pocl"``, ``"intel"``,
+    ``"nvidia"``, ``"amd"``, else its first letters and digits), from the platform's name only:
+    never the device's (PoCL's holds the CPU's, "pthread-skylake-avx512-Intel(R) Xeon(R) ...")."""
+    plat = platform.lower()
+    return ("pocl" if "portable" in plat else "intel" if "intel" in plat else
+            "nvidia" if "nvidia" in plat else "amd" if ("amd" in plat or "rocm" in plat) else
+            re.sub(r"[^a-z0-9]+", "", plat)[:10] or "ocl")
+
+
+def parse_spec(spec):
+    """``(kind, value)`` of a device string, no OpenCL calls: ``("auto", None)``,
+    ``("type", "GPU")`` (``"gpu"``, ``"cpu"``, ``"accelerator"``), ``("index", "P:D")``
+    (``"P:D"`` or ``"P"``), ``("all", "GPU")`` (``"gpu:all"``, ...; the type unchecked) or
+    ``("name", spec)`` (a substring of platform, then device names: :func:`pick_device`)."""
+    s = spec.strip()
+    low = s.lower()
+    if low == "auto":
+        return "auto", None
+    if low.upper() in TYPES:
+        return "type", low.upper()
+    if re.fullmatch(r"\d+(:\d+)?", s):
+        return "index", s if ":" in s else s + ":0"
+    if low.endswith(_ALL):
+        return "all", low[:-len(_ALL)].upper()
+    return "name", s
+
+
+def auto_spec():
+    """``(spec, origin)`` that ``device="auto"`` stands for: ``CLMF_DEVICE``, else
+    ``PYOPENCL_CTX`` (``"P"`` meaning ``"P:0"``), else ``"auto"`` itself."""
+    env = os.environ.get(DEVICE_ENV)
+    if env:
+        return env, f"{DEVICE_ENV}="
+    ctx = os.environ.get(PYOPENCL_ENV)
+    if ctx:
+        return (ctx + ":0" if ":" not in ctx and ctx.isdigit() else ctx), f"{PYOPENCL_ENV}="
+    return "auto", "device="
 
 
 def select_device(spec="auto"):
@@ -174,16 +253,15 @@ def select_device(spec="auto"):
         raise TypeError(f"device must be a string or pyopencl.Device, not {type(spec).__name__}")
     origin = "device="
     if spec == "auto":
-        env = os.environ.get("CLMF_DEVICE")
-        if env:
-            spec, origin = env, "CLMF_DEVICE="
-        elif os.environ.get("PYOPENCL_CTX"):
-            spec, origin = os.environ["PYOPENCL_CTX"], "PYOPENCL_CTX="
-            if ":" not in spec and spec.isdigit():
-                spec = spec + ":0"
-    found = _all_devices()
-    entries = [(i, p.name.strip(), d.name.strip(), _type_name(d)) for i, p, d in found]
-    return found[pick_device(spec, entries, origin)][2]
+        spec, origin = auto_spec()
+    found = all_devices()
+    return found[pick_device(spec, _entries(found), origin)][2]
+
+
+def _entries(found):
+    """``(index "P:D", platform name, device name, type)`` of each device of :func:`all_devices`
+    (what :func:`pick_device` reads)."""
+    return [(i, p.name.strip(), d.name.strip(), type_name(d)) for i, p, d in found]
 
 
 def pick_device(spec, entries, origin="device="):
@@ -197,25 +275,120 @@ def pick_device(spec, entries, origin="device="):
     ``"platform | device"`` as a whole. Within a tier the first device in platform order wins.
     Raises :class:`NoOpenCLError` when nothing matches.
     """
-    s = spec.strip()
-    low = s.lower()
-    if low == "auto":
+    kind, value = parse_spec(spec)
+    low = spec.strip().lower()
+    if kind == "auto":
         return min(range(len(entries)), key=lambda k: (_TYPE_ORDER.get(entries[k][3], 3),
                                                        entries[k][0]))
-    if low in ("cpu", "gpu", "accelerator"):
-        tiers = [[k for k, e in enumerate(entries) if e[3] == low.upper()]]
-    elif re.fullmatch(r"\d+(:\d+)?", s):
-        key = s if ":" in s else s + ":0"
-        tiers = [[k for k, e in enumerate(entries) if e[0] == key]]
-    else:
+    if kind == "type":
+        tiers = [[k for k, e in enumerate(entries) if e[3] == value]]
+    elif kind == "index":
+        tiers = [[k for k, e in enumerate(entries) if e[0] == value]]
+    else:                   # a name ("gpu:all" too, which names no one device: no match)
         tiers = [[k for k, e in enumerate(entries) if low in e[1].lower()],
                  [k for k, e in enumerate(entries) if low in e[2].lower()],
-                 [k for k, e in enumerate(entries) if low in f"{e[1]} | {e[2]}".lower()]]
+                 [k for k, e in enumerate(entries) if low in label(e[1], e[2]).lower()]]
     for match in tiers:
         if match:
             return match[0]
-    avail = "; ".join(f"[{i}] {p} | {d}" for i, p, d, _t in entries)
+    avail = "; ".join(f"[{i}] {label(p, d)}" for i, p, d, _t in entries)
     raise NoOpenCLError(f"no OpenCL device matches {origin}{spec!r}; available: {avail}")
+
+
+def select_devices(spec):
+    """Resolve ``ALS(device=...)`` to a list of distinct :class:`pyopencl.Device`.
+
+    ``spec`` is anything :func:`select_device` accepts (one device), ``"gpu:all"``,
+    ``"cpu:all"`` or ``"accelerator:all"`` (every device of that type, in platform order), or a
+    list/tuple of those (any mix). A device named twice is an error.
+    """
+    cl = _cl()
+    if isinstance(spec, (list, tuple)):
+        if not spec:
+            raise ValueError("device list is empty")
+        out = []
+        for s in spec:
+            out.extend(select_devices(s))
+    elif isinstance(spec, str) and parse_spec(spec)[0] == "all":
+        kind = parse_spec(spec)[1]
+        if kind not in TYPES:
+            raise ValueError(f"unknown device type in {spec!r}; use gpu:all, cpu:all or "
+                             "accelerator:all")
+        out = [d for _i, _p, d in all_devices() if type_name(d) == kind]
+        if not out:
+            raise NoOpenCLError(f"no OpenCL device of type {kind} for device={spec!r}")
+    else:
+        out = [select_device(spec)]
+    seen = set()
+    for d in out:
+        key = d.int_ptr if isinstance(d, cl.Device) else id(d)
+        if key in seen:
+            raise ValueError(f"device {device_label(d)!r} is named twice in device={spec!r}")
+        seen.add(key)
+    return out
+
+
+def spec_from_text(text):
+    """The device spec a command line's text stands for: a comma-separated list of specs becomes
+    a list (``"0:0,0:1"``), anything else stays one spec (``"gpu:all"``)."""
+    return [s for s in text.split(",") if s] if "," in text else text
+
+
+def first_device(spec):
+    """The first device of ``spec`` in the grammar of :func:`select_devices` (a model fitted on
+    several devices ranks on all of them: :mod:`clmf.inference.resident`)."""
+    return select_devices(spec)[0]
+
+
+def worker_device(spec, rank):
+    """A Dask worker's OpenCL device: ``CLMF_DEVICE`` in its environment when ``spec`` is "auto",
+    else ``spec`` itself when it names one device, else (``"gpu"``, ``"cpu"``, ``"accelerator"``,
+    ``"auto"``) the ``rank``-th device (modulo their number) of that type on this host (rank: the
+    worker's position among the fit's workers on the host)."""
+    if spec == "auto" and os.environ.get(DEVICE_ENV):
+        return select_device("auto")
+    if isinstance(spec, str) and parse_spec(spec)[0] in ("auto", "type"):
+        spec, origin = auto_spec() if spec == "auto" else (spec, "device=")
+        found = all_devices()
+        return found[pick_worker(spec, rank, _entries(found), origin)][2]
+    return select_device(spec)
+
+
+def pick_worker(spec, rank, entries, origin="device="):
+    """The position in ``entries`` (as :func:`pick_device` takes them) of worker ``rank``'s
+    device for a ``spec`` that names a type or ``"auto"``: the type of the device ``spec``
+    selects, and of the devices of that type the ``rank``-th (modulo their number)."""
+    kind = entries[pick_device(spec, entries, origin)][3]
+    same = [k for k, e in enumerate(entries) if e[3] == kind]
+    return same[rank % len(same)]
+
+
+def find_device(platform, name):
+    """The pyopencl device of this platform and device name (exact, stripped), or None (not seen,
+    or no OpenCL at all): how a child process finds its parent's device."""
+    try:
+        return next((d for _i, p, d in all_devices()
+                     if p.name.strip() == platform and d.name.strip() == name), None)
+    except Exception as e:  # noqa: BLE001 - no OpenCL: no device
+        log.debug("cannot list OpenCL devices: %s", e)
+        return None
+
+
+def device_present(info):
+    """Whether this process sees an OpenCL device with ``info``'s platform and name."""
+    return find_device(info.platform, info.name) is not None
+
+
+def missing_platforms(names, required=None):
+    """The required platforms (``required``, default ``CLMF_REQUIRE_PLATFORMS``: comma-separated)
+    that no platform in ``names`` contains; platform names only, never device names (PoCL's
+    device name holds the CPU's, "Intel(R) Xeon(R) ...")."""
+    if required is None:
+        required = os.environ.get(REQUIRE_PLATFORMS_ENV, "")
+    if isinstance(required, str):
+        required = required.split(",")
+    return [r.strip() for r in required
+            if r.strip() and not any(r.strip() in n for n in names)]
 
 
 def get_context(device):

@@ -19,6 +19,7 @@ import threading
 import jinja2
 
 from ..errors import InvalidConfigError
+from ..tuning.spec import system_row_width
 from .config import KernelConfig
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
     local_budget = device_info.local_mem if device_info is not None else 32 * 1024
     bx, by = config.tile_edges(f)
     v = dict(
-        f=f, ldf=_check_ldf(config, f + 1 if biased else f, ldf), storage=config.storage,
+        f=f, ldf=_check_ldf(config, system_row_width(f, biased), ldf), storage=config.storage,
         config_str=str(config.replace(split=0)), implicit=bool(implicit), biased=bool(biased),
         variant_name=config.name, reg=config.reg, local=config.local, vec=config.vec,
         tile=config.tile, gemm=config.gemm, syrk=config.syrk, mma=config.mma,

@@ -21,6 +21,7 @@ import logging
 import os
 
 from ..errors import DeviceMemoryError, HostMemoryError
+from ..tuning.spec import row_width, unknowns
 from .config import SPLIT_NEVER
 
 log = logging.getLogger(__name__)
@@ -238,8 +239,8 @@ def plan_fit(m, n, nnz, f, configs, info, *, implicit=False, biased=False, batch
     early_stopping : whether the best iteration's factors are kept on the host
     """
     m, n, nnz, f = int(m), int(n), int(nnz), int(f)
-    fs = f + 1 if biased else f                   # unknowns per system
-    width = f + 2 if biased else f                # [factors | 1 | bias] with biases
+    fs = unknowns(f, biased)                      # unknowns per system
+    width = row_width(f, biased)                  # [factors | 1 | bias] with biases
     rows = {"users": m, "items": n}
     splits = splits or {}
     if batch_rows is None:

@@ -3,7 +3,6 @@ items kept by ``recommend(items=...)``, and implicit's confidence c = alpha·r."
 from __future__ import annotations
 
 import numpy as np
-import scipy.sparse as sp
 
 __all__ = ["LIKED_SCORE", "ids_dtype", "confidence_rows"]
 
@@ -21,9 +20,6 @@ def confidence_rows(R, est):
     """``R`` as the kernels and the reference read it for the estimator ``est``: they weight an
     implicit entry by c = 1 + alpha·r, so ``confidence="alpha*r"`` (implicit's c = alpha·r) gets a
     float64 copy holding r − 1/alpha (1 + alpha·(r − 1/alpha) = alpha·r); else ``R`` itself."""
-    if getattr(est, "feedback", "explicit") != "implicit" or \
-            getattr(est, "confidence", "1+alpha*r") != "alpha*r":
-        return R
-    R = sp.csr_matrix(R, dtype=np.float64, copy=True)
-    R.data = R.data - 1.0 / float(est.alpha)
-    return R
+    from ..tuning.spec import kernel_ratings
+    return kernel_ratings(R, getattr(est, "feedback", "explicit"),
+                          getattr(est, "confidence", "1+alpha*r"), getattr(est, "alpha", 1.0))

@@ -61,11 +61,11 @@ class RankingEvaluator:
 
     def __init__(self, test, seen=None, K=10, device=None, topk=None):
         """Prepare the test users, their relevant and seen items."""
-        from ..metrics import _check_k
+        from ..metrics import check_k
         T = _csr(test, "test")
         T.data = np.ones_like(T.data, dtype=np.float32)
         self.shape = T.shape
-        self.K = _check_k(K)
+        self.K = check_k(K)
         self.users = np.flatnonzero(np.diff(T.indptr) > 0)
         self.relevant = T[self.users]
         self.seen = None if seen is None else _csr(seen, "seen", T.shape)[self.users]
@@ -161,7 +161,7 @@ class RankingEvaluator:
         :attr:`ranked` counts the users ranked by the last call, :attr:`ranked_work` the share
         of a full ranking's multiply-adds they took.
         """
-        from ..metrics import _hits
+        from ..metrics import count_hits
         if self.users.size == 0:
             return float("nan")
         Q = np.asarray(Q, np.float32)
@@ -172,7 +172,7 @@ class RankingEvaluator:
         if self._lists is None:
             self._lists = ids = self._rank(Q, F)
             self.ranked, self.ranked_work = self.users.size, 1.0
-            hits = _hits(ids, self.relevant, self.K)[0].sum()
+            hits = count_hits(ids, self.relevant, self.K)[0].sum()
             return float(hits / (self.K * self.users.size))
         ynorm = np.sqrt(np.einsum("ij,ij->i", F, F, dtype=np.float64))
         certified, need = self._bounds(Q, F, ynorm)
@@ -196,7 +196,7 @@ class RankingEvaluator:
             cand = np.sort(order[:p]) if p < n else None
             ids = self._rank(Q, F, sub, cand)
             self._lists[sub] = ids
-            hits += _hits(ids, self.relevant[sub], self.K)[0].sum()
+            hits += count_hits(ids, self.relevant[sub], self.K)[0].sum()
             work += sub.size * p
         self.ranked, self.ranked_work = int(rows.size), work / (self.users.size * n)
         return float(hits / (self.K * self.users.size))
@@ -249,13 +249,6 @@ def model_evaluator(model, train, test, K=10):
     n_test = int(np.count_nonzero(np.diff(T.indptr)))
     dtk = model._device_topk(kind, F, sources, float(n_test) * F.shape[0] * F.shape[1])
     return RankingEvaluator(T, S, K, topk=dtk), Q, F
-
-
-def strict_precision(model, train, test, K=10):
-    """The strict precision@``K`` of a fitted model on held-out items (hits / ``K`` averaged
-    over the users with held-out items, ``train``'s items left out): :meth:`clmf.ALS.score`."""
-    ev, Q, F = model_evaluator(model, train, test, K)
-    return ev.strict_precision(Q, F)
 
 
 def evaluate(model, train, test, K=10):

@@ -265,7 +265,7 @@ class DeviceRankingMixin:
             return []
         spec = t.options()["device"] or getattr(self, "device", "auto")
         try:
-            from ..parallel.devices import select_devices
+            from ..engine.device import select_devices
             return select_devices(spec)
         except Exception as e:                          # no OpenCL here: host inference
             log.debug("no inference device (%s); host path", e)
@@ -398,16 +398,18 @@ class DeviceRankingMixin:
         """
         self._invalidate_inference()
 
-    def _warm_inference(self, width, N=10):
+    def _warm_inference(self, N=10):
         """Before a fit: free the device memory held for ranking (the fit plans with it), and
-        build the top-k program of the model's GPUs for ranking vectors of ``width`` and lists
-        of ``N`` in a background thread (the fit runs meanwhile, so the first ``recommend``
-        after it finds the program built); CPU devices build on first use."""
+        build the top-k program of the model's GPUs for its ranking vectors (``factors``, one
+        more with biases) and lists of ``N`` in a background thread (the fit runs meanwhile,
+        so the first ``recommend`` after it finds the program built); CPU devices build on
+        first use. Never fails (the fit checks the parameters)."""
         import threading
 
         from ..engine.device import device_info
         self._invalidate_inference()
         try:
+            width = int(self.factors) + bool(getattr(self, "biases", False))
             gpus = [d for d in self._inference_devices() if device_info(d).type == "GPU"]
         except Exception as e:                  # inference must never break a fit
             log.debug("no top-k warm-up (%s)", e)

@@ -8,7 +8,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..data import frames
-from ..data.validation import _check_ids as check_ids
+from ..data.validation import check_ids
 
 __all__ = ["RawIdsMixin"]
 
@@ -68,7 +68,7 @@ def _map_lookup(id_map, raw, missing, what):
     return int(out[0]) if scalar else out
 
 
-def _codes_in(id_map, n, raw, side):
+def codes_in(id_map, n, raw, side):
     """Model indices of raw ids of ``side`` through ``id_map`` (index → raw id), -1 for ids not
     in it; without an id map (a model fitted on a matrix) the ids are the 0-based indices
     themselves (-1 from ``n`` on)."""
@@ -99,9 +99,9 @@ class RawIdsMixin:
 
     def _raw_codes(self, side, raw):
         """Model indices of raw ids of ``side`` (-1: unknown to the model); see
-        :func:`_codes_in`."""
+        :func:`codes_in`."""
         n = (self.user_factors_ if side == "user" else self.item_factors_).shape[0]
-        return _codes_in(getattr(self, f"{side}_ids_", None), n, raw, side)
+        return codes_in(getattr(self, f"{side}_ids_", None), n, raw, side)
 
     def _table_codes(self, X, columns=None, ratings=True, what="the ratings"):
         """``(users, items, ratings)`` of a table of raw ids (:mod:`clmf.data.frames`: pandas,
@@ -244,8 +244,8 @@ class RawIdsMixin:
                                      filter_items=fi, items=it)
         if scalar:
             return item_map[ids], scores
-        from ..data.ratings import _import_pandas
-        pd = _import_pandas("recommend_raw() of several users")
+        from ..data.ratings import import_pandas
+        pd = import_pandas("recommend_raw() of several users")
         keep = ids >= 0
         return pd.DataFrame({
             "user": np.repeat(raw, keep.sum(axis=1)),

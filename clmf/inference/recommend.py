@@ -27,6 +27,7 @@ import scipy.sparse as sp
 
 from .. import reference
 from ..data.validation import check_ratings, check_sparse_structure, check_strengths
+from ..tuning.spec import kernel_alpha, weighted_rule
 from .conventions import LIKED_SCORE, confidence_rows, ids_dtype  # noqa: F401
 from .host import _top_n, host_rank  # noqa: F401  (the host ranking, re-exported)
 from .ranking import DeviceRankingMixin, ranking_vectors
@@ -173,13 +174,13 @@ class RecommenderMixin(RawIdsMixin, DeviceRankingMixin):
             check_strengths(rows, "user_items" if side == "user" else "item_users")
         other = np.asarray(self.item_factors_ if side == "user" else self.user_factors_,
                            np.float64)
-        weighted = getattr(self, "weighted_regularization", None)
-        if weighted is None:
-            weighted = not implicit
+        weighted = weighted_rule(getattr(self, "weighted_regularization", None),
+                                 "implicit" if implicit else "explicit")
         lam = float(self.regularization)
         if not self._biased():
             X = reference.half_step(confidence_rows(rows, self), other, lam, bool(weighted),
-                                    implicit_alpha=float(self.alpha) if implicit else None)
+                                    implicit_alpha=kernel_alpha("implicit" if implicit else "explicit",
+                                                                getattr(self, "alpha", None)))
             return X.astype(np.float32), None
         if implicit:
             raise ValueError("biases are for explicit feedback")

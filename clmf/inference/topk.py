@@ -75,7 +75,8 @@ class TopKConfig:
 
     def ldf(self, f):
         """Padded factor width: a multiple of tk."""
-        return max(self.tk, -(-f // self.tk) * self.tk)
+        from ..tuning.spec import leading_dim
+        return max(self.tk, leading_dim(f, self.tk))
 
     def local_bytes(self, f, kp):
         """Local memory of the scan kernel for f factors and lists of kp."""
@@ -213,18 +214,18 @@ def prebuild(device, f, k=10):
 def lookup_config(info, f):
     """``(config, host_threshold or None, origin)`` for a device: the newest ``topk`` record of
     the same device (nearest f) in the tuning databases, else the device type's default."""
-    from ..tuning.lookup import _sources
-    from ..tuning.schema import _same_device, device_record
+    from ..tuning.lookup import record_sources
+    from ..tuning.schema import device_record, same_device
     best = None
     dev = device_record(info)
     try:
-        sources = _sources()
+        sources = record_sources()
     except Exception as e:                      # a database must never break inference
         log.warning("topk tuning lookup failed (%s); using the default", e)
         sources = []
     for origin, _path, recs in sources:
         for r in recs:
-            if r.get("kind") != "topk" or not _same_device(r.get("device") or {}, dev):
+            if r.get("kind") != "topk" or not same_device(r.get("device") or {}, dev):
                 continue
             try:
                 cfg = TopKConfig.from_dict(r["config"])

@@ -1,7 +1,7 @@
-"""What every fit backend (one device, several, Dask) derives from the ratings' counts and range:
-a side's statistics for the tuning lookup, the refusal of unregularized singular systems before
-any device work, and the diagnosis of a failed or non-finite fit explained by the ratings'
-magnitude (:class:`clmf.errors.RatingRangeError`)."""
+"""What every fit backend (one device, several, Dask) derives from the ratings' counts and range
+(a side's statistics for the tuning lookup are :func:`clmf.tuning.side_stats`): the refusal of
+unregularized singular systems before any device work, and the diagnosis of a failed or
+non-finite fit explained by the ratings' magnitude (:class:`clmf.errors.RatingRangeError`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,17 +9,17 @@ import numpy as np
 from ..data.scan import count_columns
 from ..errors import SingularSystemError
 
-__all__ = []
+__all__ = ["range_error"]
 
 
 def _csr_range(R):
-    """``(largest ratings per user/item, largest |rating|)`` of a CSR, for :func:`_range_error`."""
+    """``(largest ratings per user/item, largest |rating|)`` of a CSR, for :func:`range_error`."""
     counts = max(int(np.diff(R.indptr).max(initial=0)),
                  int(count_columns(R.indices, R.shape[1]).max(initial=0)), 1)
     return counts, float(np.abs(R.data).max(initial=0.0))
 
 
-def _range_error(engine, counts, rmax, f, storage, regularization):
+def range_error(engine, counts, rmax, f, storage, regularization):
     """A :class:`RatingRangeError` when a failed or non-finite fit is explained by the ratings'
     magnitude — float overflow of the normal equations (or of float16 factors), or a
     regularization below float32 precision — else None (the original error stands). ``counts``
@@ -72,13 +72,3 @@ def _check_unregularized(user_counts, item_counts, f):
                 f"regularization=0 with {bad.size} {side}(s) having fewer ratings than "
                 f"factors={f} (first: {side} {int(bad[0])} with {int(counts[bad[0]])}): "
                 "their normal equations are singular; use regularization > 0")
-
-
-def _side_stats(counts, other):
-    """A side's statistics for the tuning lookup (:func:`clmf.tuning.choose`): its rows, the
-    other side's count, its ratings, the mean ratings of a rated row and the most of a row."""
-    counts = np.asarray(counts)
-    nz = counts[counts > 0]
-    return {"rows": int(counts.size), "cols": int(other), "nnz": int(counts.sum()),
-            "mean": float(nz.mean()) if nz.size else 0.0,
-            "max": int(counts.max()) if counts.size else 0}

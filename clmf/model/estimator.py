@@ -1,40 +1,27 @@
 """The ``ALS`` estimator: explicit-feedback alternating least squares on an OpenCL device."""
 from __future__ import annotations
 
-import concurrent.futures
-import inspect
 import logging
-import re
 import time
 
 import numpy as np
-import scipy.sparse as sp
 
-from .. import reference
 from ..data import frames
-from ..data.scan import count_columns, value_sum
-from ..data.validation import check_index_pairs, check_params, check_ratings, check_strengths
-from ..engine.config import KernelConfig
-from ..engine.core import host_factor_rows
-from ..errors import InvalidConfigError, SingularSystemError
-from ..inference.conventions import confidence_rows
+from ..data.validation import check_index_pairs, check_ratings
+from ..engine.device import device_label
 from ..inference.predict import predict_pairs
 from ..inference.recommend import RecommenderMixin
-from ..tuning.fallback import show_progress as probe_progress
-from . import loop
-from .checks import _check_unregularized, _csr_range, _range_error, _side_stats
-from .inputs import _check_heldout_shape, _heldout, _integral, _params_repr, _table_ratings
+from .inputs import _check_heldout_shape, _integral
+from .params import ParamsMixin
 from .persistence import register_estimator
+from .trainer import DeviceTrainer
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ALS"]
 
-VALIDATION_K = 10          # implicit feedback's validation metric: strict precision@10
-VALIDATION_METRIC = f"validation_precision@{VALIDATION_K}"
 
-
-class ALS(RecommenderMixin):
+class ALS(ParamsMixin, RecommenderMixin):
     """Alternating least squares matrix factorization (ALS-WR) on any OpenCL device.
 
     For a user × item matrix of explicit ratings ``R`` it finds user factors ``X`` and item
@@ -166,162 +153,18 @@ class ALS(RecommenderMixin):
         self.biases = biases
         self.max_device_memory = max_device_memory
 
-    # ----- scikit-learn protocol -----------------------------------------------------------
-    @classmethod
-    def _get_param_names(cls):
-        sig = inspect.signature(cls.__init__)
-        return [p.name for p in sig.parameters.values() if p.name != "self"]
-
-    def get_params(self, deep=True):
-        """Parameters of this estimator (scikit-learn protocol)."""
-        return {k: getattr(self, k) for k in self._get_param_names()}
-
-    def set_params(self, **params):
-        """Set parameters (scikit-learn protocol); returns self."""
-        valid = set(self._get_param_names())
-        for k, v in params.items():
-            if k not in valid:
-                raise ValueError(f"invalid parameter {k!r} for {type(self).__name__}; "
-                                 f"valid: {sorted(valid)}")
-            setattr(self, k, v)
-        return self
-
-    def __repr__(self):
-        """``ALS(...)`` with the parameters that differ from their defaults (a dtype by name:
-        ``dtype='float16'``)."""
-        return _params_repr(type(self).__name__, self.get_params(), self._repr_defaults())
-
-    @classmethod
-    def _repr_defaults(cls):
-        """The parameters' defaults that :meth:`__repr__` leaves out."""
-        return {k: p.default for k, p in inspect.signature(ALS.__init__).parameters.items()
-                if k != "self"}
-
+    # ----- scikit-learn protocol: clmf.model.params.ParamsMixin ---------------------------
     def __getstate__(self):
         state = dict(self.__dict__)
         state.pop("_engine", None)      # no OpenCL objects in a pickle; reconnect lazily
         state.pop("_topk_cache", None)  # the inference uploads, likewise
         dev = state.get("device")
         if isinstance(dev, (list, tuple)):            # pyopencl.Devices → their names
-            state["device"] = [d if isinstance(d, (str, type(None))) else
-                               f"{d.platform.name.strip()} | {d.name.strip()}" for d in dev]
+            state["device"] = [d if isinstance(d, (str, type(None))) else device_label(d)
+                               for d in dev]
         elif not isinstance(dev, (str, type(None))):  # a pyopencl.Device → its name, which
-            state["device"] = f"{dev.platform.name.strip()} | {dev.name.strip()}"  # selects it again
+            state["device"] = device_label(dev)         # selects it again
         return state
-
-    # ----- configuration -------------------------------------------------------------------
-    def _resolve_configs(self, info, stats):
-        """``{side: Choice}``: the tuning lookup's choice per side (``variant="auto"``), or the
-        caller's variant as given (:meth:`_given_config`)."""
-        from .. import tuning
-        f = self.factors
-        variant = self.variant
-        solver = None if self.solver == "auto" else self.solver
-        mode = tuning.fit_mode(self.feedback, self.biases)        # tunings of the fit's mode first
-        if solver is None and self.regularization == 0 and mode != "implicit":
-            # unregularized systems may be singular, which only the Cholesky solve detects (a CG
-            # returns some solution of a singular system): a tuned CG gives way
-            solver = "cholesky"
-        if isinstance(variant, (tuple, list)):
-            if len(variant) != 2:
-                raise ValueError("variant as a pair must be (users_variant, items_variant)")
-            pair = tuple(variant)
-        else:
-            pair = (variant, variant)
-        out = {}
-        for side, v in zip(("users", "items"), pair):
-            if isinstance(v, str) and v == "auto":
-                out[side] = tuning.choose(info, f, side, stats[side], self.storage or "float32",
-                                          solver, mode=mode)
-            else:
-                out[side] = self._given_config(v, mode)
-        return out
-
-    def _given_config(self, v, mode):
-        """The caller's variant ``v`` as a :class:`Choice` (rule ``explicit``), used as given:
-        a solver or storage it names is kept, and one that contradicts the ``solver`` /
-        ``storage`` parameter is refused (:class:`InvalidConfigError`, reason ``"conflict"``),
-        never replaced. What it leaves open is filled in and said in the reason: the ``solver``
-        parameter, else the mode's untuned default (:data:`clmf.tuning.MODE_DEFAULT_SOLVER`:
-        the fused CG for implicit feedback, Cholesky otherwise); the ``storage`` parameter."""
-        from .. import tuning
-        cfg = KernelConfig.parse(v)
-        text = v if isinstance(v, str) else None           # a KernelConfig names every field
-
-        def names(k):           # whether the variant names parameter k
-            return text is None or re.search(rf"[:,]\s*{k}\s*=", text) is not None
-        notes = []
-        given = None if self.solver == "auto" else self.solver
-        if names("solver"):
-            if given is not None and given != cfg.solver:
-                raise InvalidConfigError(
-                    f"variant {str(v)!r} names solver={cfg.solver} but solver={given!r} was "
-                    "given: drop one of them (a given variant is used as is, never changed)",
-                    "conflict")
-        else:
-            s = given or tuning.MODE_DEFAULT_SOLVER.get(mode, KernelConfig.solver)
-            if s != cfg.solver:
-                cfg = cfg.replace(solver=s)
-            notes.append(f"solver={s} (" + ("the solver parameter" if given else
-                                            f"the {mode} default: the variant names none") + ")")
-        if self.storage is not None and cfg.storage != self.storage:
-            if names("storage"):
-                raise InvalidConfigError(
-                    f"variant {str(v)!r} names storage={cfg.storage} but storage="
-                    f"{self.storage!r} was given: drop one of them", "conflict")
-            cfg = cfg.replace(storage=self.storage)
-            notes.append(f"storage={self.storage} (the storage parameter)")
-        return tuning.Choice(cfg, "explicit", "variant given by the caller"
-                      + ("; " + ", ".join(notes) if notes else ""))
-
-    def _build_engine(self, devs, R, stats, global_mean, item_counts=None):
-        """The fit's backend (one device's :class:`Engine` or a multi-device one) and the
-        configurations per device: a chosen configuration that fails to build, lacks a kernel or
-        exceeds a kernel's limits is rejected (one warning, see :mod:`clmf.tuning.fallback`) and
-        that device's choice falls through to the next rule; a configuration given by the caller
-        raises :class:`clmf.InvalidConfigError`."""
-        from .. import tuning
-        from ..engine.device import device_info
-        from ..errors import InvalidConfigError
-        from ..parallel import make_backend
-        from ..tuning import fallback
-        mode = tuning.fit_mode(self.feedback, self.biases)
-        f = int(self.factors)
-        infos = [device_info(d) for d in devs]
-        while True:
-            per_device = [self._resolve_configs(info, stats) for info in infos]
-            try:
-                engine = make_backend(devs, R, f, [(c["users"].config, c["items"].config)
-                                                   for c in per_device],
-                                      implicit_alpha=self._kernel_alpha(),
-                                      biased=bool(self.biases),
-                                      offset=global_mean if self.biases else 0.0,
-                                      max_device_memory=self.max_device_memory,
-                                      item_counts=item_counts)
-                return engine, per_device
-            except InvalidConfigError as e:
-                k = int(getattr(e, "device_index", 0) or 0)
-                ch = per_device[k].get(getattr(e, "side", None))
-                if ch is None or ch.rule == "explicit" or \
-                        fallback.rejection(infos[k], ch.config, f, mode) is not None:
-                    raise                    # the caller's own variant, or nothing left to try
-                fallback.reject(infos[k], ch.config, f, mode,
-                                f"the {ch.rule} rule ({ch.reason})", e)
-
-    def _kernel_alpha(self):
-        """The alpha the kernels weight implicit entries with (None: explicit feedback)."""
-        return float(self.alpha) if self.feedback == "implicit" else None
-
-    def _kernel_ratings(self, R):
-        """``R`` as the kernels read it: the kernels weight an implicit entry by 1 + alpha·r, so
-        ``confidence="alpha*r"`` passes r − 1/alpha (1 + alpha·(r − 1/alpha) = alpha·r)."""
-        return confidence_rows(R, self)
-
-    @property
-    def _weighted(self):
-        if self.weighted_regularization is None:
-            return self.feedback != "implicit"
-        return bool(self.weighted_regularization)
 
     # ----- fitting -------------------------------------------------------------------------
     def fit(self, X, y=None, *, columns=None, show_progress=True, callback=None, init=None,
@@ -380,175 +223,25 @@ class ALS(RecommenderMixin):
         >>> model = clmf.ALS(factors=2).fit(df)                   # doctest: +SKIP
         >>> model.predict(["bob"], ["m2"])                        # doctest: +SKIP
         """
-        from ..engine.device import device_info
-        from ..engine.memory import plan_fit
-        from ..parallel import select_devices
-        from ..parallel.devices import device_label
-
-        # all-or-nothing: the new state is built in locals and assigned in one step at the end,
-        # so a fit that fails or is interrupted (KeyboardInterrupt included) leaves a fitted
-        # model exactly as it was
+        # all-or-nothing: the trainer builds the new state and it is assigned in one step, so
+        # a fit that fails or is interrupted (KeyboardInterrupt included) leaves a fitted model
+        # exactly as it was
         t_fit, c_fit = time.perf_counter(), time.process_time()
-        check_params(self)
-        if frames.is_frame(X):
-            X = _table_ratings(X, columns)
-        R = check_ratings(X)
-        t_valid = time.perf_counter()
-        implicit = self.feedback == "implicit"
-        if implicit:
-            check_strengths(R)
-        user_ids, item_ids = _id_maps_of(X)
-        m, n = R.shape
-        f = int(self.factors)
-        user_counts = np.diff(R.indptr)
-        item_counts = count_columns(R.indices, n)
-        t_counts = time.perf_counter()
-        if self.regularization == 0 and not implicit:
-            _check_unregularized(user_counts, item_counts, f)
-        V, v_unseen = None, np.zeros(0)
-        if validation is not None:
-            V, v_unseen = _heldout(validation, columns, user_ids, item_ids, R.shape)
-            if v_unseen.size and self.biases:
-                raise ValueError(f"the validation data has {v_unseen.size} rating(s) of ids not "
-                                 "in the training data; with biases=True drop them first")
-        if early_stopping_rounds is not None:
-            if V is None:
-                raise ValueError("early_stopping_rounds needs validation data")
-            if int(early_stopping_rounds) < 1:
-                raise ValueError("early_stopping_rounds must be ≥ 1")
-        rule = None                         # the start rule, when the start is drawn here
-        if init is None or isinstance(init, str):
-            rule = reference.default_init(self.feedback) if init is None else init
-            reference.start_rule(rule)
-        else:
-            if len(init) != 2:
-                raise ValueError("init must be a pair (X0, Y0) or a start rule "
-                                 f"{sorted(reference.START_RULES)}")
-            X0, Y0 = (np.asarray(a, dtype=np.float32) for a in init)
-            if X0.shape != (m, f) or Y0.shape != (n, f):
-                raise ValueError(f"init shapes must be {(m, f)} and {(n, f)}, got {X0.shape} and {Y0.shape}")
-            if not (np.all(np.isfinite(X0)) and np.all(np.isfinite(Y0))):
-                raise ValueError("init factors contain NaN/inf")
-
-        t_checks = time.perf_counter()
-        stats = {"users": _side_stats(user_counts, n), "items": _side_stats(item_counts, m)}
-        devs = select_devices(self.device)
-        info = device_info(devs[0])
-        self._warm_inference(int(self.factors) + bool(self.biases))   # frees, builds ranker
-        with probe_progress(show_progress):
-            choices = self._resolve_configs(info, stats)
-        configs = (choices["users"].config, choices["items"].config)
-        t_tuning = time.perf_counter()
-        # the training RMSE (explicit feedback; one pass over the ratings on the device): every
-        # iteration when shown or asked for, else the last one's only (see train_metrics)
-        if train_metrics not in (None, True, False):
-            raise ValueError(f"train_metrics must be None, True or False, not {train_metrics!r}")
-        want_train = not implicit and train_metrics is not False
-        train_when = ("every" if train_metrics or (train_metrics is None and (
-            show_progress or callback is not None)) else "last")
-        # the memory plan, from shapes alone, before any large allocation: the host's here; the
-        # devices' in the backend (one device's engine, or the multi-device/streamed planner,
-        # which streams what does not fit), both before any buffer exists
-        plan = plan_fit(m, n, R.nnz, f, configs, info, implicit=implicit, biased=bool(self.biases),
-                        validation_nnz=0 if V is None else V.nnz,
-                        train_metrics=want_train,
-                        early_stopping=early_stopping_rounds is not None)
-        plan.check_host()
-        t_plan = time.perf_counter()
-        start = None
-        if rule is not None:
-            # drawn in a thread while the device is set up (the generator releases the GIL):
-            # (m + n)·f numbers are a large part of the set-up at Netflix scale; the host's plan
-            # above covers them
-            start_pool = concurrent.futures.ThreadPoolExecutor(1)
-            # (into page-aligned host rows in the devices' layout, which a CPU device's factor
-            # buffers then wrap in place)
-            from ..tuning import factor_width, fit_mode
-            ldf = configs[0].ldf(factor_width(f, fit_mode(self.feedback, self.biases)))
-            start = start_pool.submit(
-                reference.start_factors, m, n, f, self.random_state, init=rule,
-                empty=lambda shape, dtype: host_factor_rows(shape[0], f, ldf, bool(self.biases)))
-            start_pool.shutdown(wait=False)
-        global_mean = value_sum(R.data) / R.nnz if R.nnz else float("nan")
-        t_prep = time.perf_counter()
-        with probe_progress(show_progress):
-            engine, per_device = self._build_engine(devs, self._kernel_ratings(R), stats,
-                                                    global_mean, item_counts=item_counts)
-        choices = per_device[0]
-        configs = (choices["users"].config, choices["items"].config)
-        t_engine = time.perf_counter()
-        labels = [device_label(d) for d in devs]
-        v_unknown_se, v_total = 0.0, 0
-        if V is not None and (self.biases or implicit):
-            v_unknown_se, v_total = 0.0, int(V.nnz)      # biases: the kernel predicts them itself
-        elif V is not None:
-            # ratings of users/items with no training ratings are predicted as global_mean_
-            # (as predict() does): their error is constant, computed once on the host
-            unk = (user_counts[V.row] == 0) | (item_counts[V.col] == 0)
-            # (and those of raw ids not in the training data)
-            v_unknown_se = float(np.sum((global_mean - np.concatenate(
-                [V.data[unk], v_unseen]).astype(np.float64)) ** 2))
-            v_total = int(V.nnz) + int(v_unseen.size)
-            V = sp.coo_matrix((V.data[~unk], (V.row[~unk], V.col[~unk])), shape=V.shape)
-        try:
-            t_wait = time.perf_counter()
-            if start is not None:
-                X0, Y0 = start.result()
-            t_start_factors = time.perf_counter()
-            # drawn here, the start factors are the engine's to keep and overwrite
-            engine.set_factors("users", X0, adopt=start is not None)
-            engine.set_factors("items", Y0, adopt=start is not None)
-            del X0, Y0
-            engine.finish()
-            steps = _DeviceSteps(self, engine, R, V, v_unknown_se, v_total, configs[0].storage,
-                                 train=want_train and train_when, device=devs[0])
-            t_start = time.perf_counter()
-            timings = {"validation": t_valid - t_fit, "preparation": t_prep - t_valid,
-                       "counts": t_counts - t_valid, "checks": t_checks - t_counts,
-                       "tuning": t_tuning - t_checks, "plan": t_plan - t_tuning,
-                       "start_factors": t_start_factors - t_wait,
-                       "factors_upload": t_start - t_start_factors,
-                       "engine": t_engine - t_prep, "setup": t_start - t_fit,
-                       # CPU seconds of the process (all threads, OpenCL runtimes' included)
-                       "setup_cpu": time.process_time() - c_fit,
-                       **getattr(engine, "setup_times", {})}
-            res = loop.run(steps, int(self.iterations), callback=callback,
-                           early_stopping_rounds=early_stopping_rounds,
-                           monitor=VALIDATION_METRIC if implicit else "validation_rmse",
-                           higher_is_better=implicit, show_progress=show_progress, desc="ALS",
-                           origin=t_start)
-            memory = dict(engine.memory)
-            timings["fit"] = time.perf_counter() - t_fit
-        finally:
-            engine.release()
-        new = {
-            "user_ids_": user_ids, "item_ids_": item_ids, "global_mean_": global_mean,
-            "user_counts_": user_counts, "item_counts_": item_counts, "config_": choices,
-            "device_": labels[0] if len(devs) == 1 else labels,
-            "device_configs_": [{"device": lab, **c} for lab, c in zip(labels, per_device)],
-            "memory_": memory, "timings_": timings, **self._learned(res),
-        }
+        self._warm_inference()             # frees the ranking buffers, builds the GPU ranker
+        new = DeviceTrainer(self).fit(X, columns=columns, show_progress=show_progress,
+                                      callback=callback, init=init, validation=validation,
+                                      early_stopping_rounds=early_stopping_rounds,
+                                      train_metrics=train_metrics, t_fit=t_fit, c_fit=c_fit)
         self.__dict__.update(new)          # one step: nothing half-assigned
         self._keep_on_device()             # the new factors replace the old on the device
         return self
-
-    def _learned(self, res):
-        """The fitted attributes of a :class:`~clmf.model.loop.FitResult`."""
-        return {"history_": res.history, "best_iteration_": res.best_iteration,
-                "user_factors_": res.user_factors, "item_factors_": res.item_factors,
-                "user_biases_": res.user_biases if self.biases else None,
-                "item_biases_": res.item_biases if self.biases else None}
-
-    def _id_maps_from(self, X):
-        """Set the raw-id maps of ``X`` (a Ratings) or None."""
-        self.user_ids_, self.item_ids_ = _id_maps_of(X)
 
     # ----- inference -----------------------------------------------------------------------
     def _check_fitted(self):
         """Raise :class:`clmf.NotFittedError` (scikit-learn's, when installed) if not fitted."""
         if not self.__sklearn_is_fitted__():
-            from ..errors import _not_fitted_error
-            raise _not_fitted_error()(f"this {type(self).__name__} is not fitted yet; call "
+            from ..errors import not_fitted_error
+            raise not_fitted_error()(f"this {type(self).__name__} is not fitted yet; call "
                                       "fit() first")
 
     def __sklearn_is_fitted__(self):
@@ -716,85 +409,9 @@ class ALS(RecommenderMixin):
                              "undefined")
         seen = (None if user_items is None else
                 check_ratings(user_items, shape=self.shape_, what="user_items", allow_empty=True))
-        from ..inference.evaluation import strict_precision
-        return strict_precision(self, seen, V, k)
+        from ..inference.evaluation import model_evaluator
+        ev, Q, F = model_evaluator(self, seen, V, k)
+        return ev.strict_precision(Q, F)
 
 
 register_estimator(ALS)
-
-
-def _id_maps_of(X):
-    """The (user_ids, item_ids) raw-id maps of a Ratings, or (None, None)."""
-    if hasattr(X, "user_ids") and hasattr(X, "item_ids"):
-        return np.asarray(X.user_ids), np.asarray(X.item_ids)
-    return None, None
-
-
-class _DeviceSteps(loop.FitSteps):
-    """:func:`clmf.model.loop.run`'s view of a fit on one or several devices in this process
-    (:class:`clmf.engine.Engine` or :class:`clmf.parallel.MultiEngine`): metrics on the
-    devices (train RMSE from their CSR, validation RMSE of triples) or, for implicit feedback,
-    validation precision@10 ranked by the device top-k (:class:`RankingEvaluator`, built once)."""
-
-    def __init__(self, model, engine, R, V, v_unknown_se, v_total, storage, train, device=None):
-        """Keep the backend, the training ratings and the validation triples (implicit feedback:
-        a :class:`RankingEvaluator` of them, ranking on ``device``)."""
-        super().__init__(engine)
-        self.R, self.V = R, V
-        self.v_unknown_se, self.v_total = v_unknown_se, v_total
-        self.storage, self.train = storage, train
-        self.f = int(model.factors)
-        self.regularization = float(model.regularization)
-        self.weighted = model._weighted
-        self.implicit = model.feedback == "implicit"
-        self.rows = []              # row of each rating, for backends without a CSR metric
-        self.it, self.last = -1, int(model.iterations) - 1
-        self.evaluator = None
-        if V is not None and self.implicit:
-            from ..inference import topk
-            from ..inference.evaluation import RankingEvaluator
-            self.evaluator = RankingEvaluator(
-                V.tocsr(), R, VALIDATION_K,
-                device=device if topk.device_path_enabled() else None)
-
-    def iterate(self, it):
-        """One iteration, waited for; a singular system explained by the ratings' range is a
-        :class:`RatingRangeError`."""
-        self.it = it
-        try:
-            self.engine.iteration(self.regularization, self.weighted)
-        except SingularSystemError as e:
-            raise self.non_finite_error() or e from None
-        self.engine.finish()
-
-    def metrics(self):
-        """Train RMSE (explicit; every iteration or the last, as ``train`` says) and the
-        validation metric."""
-        out = {}
-        engine, V = self.engine, self.V
-        if self.train == "every" or (self.train == "last" and self.it == self.last):
-            se, cnt = _train_squared_error(engine, self.R, self.rows)
-            out["train_rmse"] = float(np.sqrt(se / cnt))
-        if self.evaluator is not None:
-            out[VALIDATION_METRIC] = self.evaluator.strict_precision(
-                engine.get_factors("users"), engine.get_factors("items"))
-        elif V is not None:
-            se = engine.squared_error("validation", V.row, V.col, V.data)[0] if V.nnz else 0.0
-            out["validation_rmse"] = (float(np.sqrt((se + self.v_unknown_se) / self.v_total))
-                                      if self.v_total else float("nan"))
-        return out
-
-    def non_finite_error(self):
-        """A :class:`RatingRangeError` when the ratings' magnitude explains the failure."""
-        return _range_error(self.engine, *_csr_range(self.R), self.f, self.storage,
-                            self.regularization)
-
-
-def _train_squared_error(engine, R, rows):
-    """``(sse, count)`` on the training ratings: from the CSR already on the device where the
-    backend can, else as triples (the rows expanded once into ``rows``)."""
-    if hasattr(engine, "train_squared_error"):
-        return engine.train_squared_error()
-    if not rows:
-        rows.append(np.repeat(np.arange(R.shape[0], dtype=np.int32), np.diff(R.indptr)))
-    return engine.squared_error("train", rows[0], R.indices, R.data)

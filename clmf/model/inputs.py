@@ -8,7 +8,7 @@ import scipy.sparse as sp
 
 from ..data import frames
 from ..data.validation import check_ratings
-from ..inference.raw_ids import _codes_in
+from ..inference.raw_ids import codes_in
 
 __all__ = []
 
@@ -45,8 +45,8 @@ def _heldout(data, columns, user_ids, item_ids, shape):
         return check_ratings(data, shape=shape, what="validation").tocoo(), np.zeros(0)
     ucol, icol, rcol = frames.rating_columns(columns)
     what = "the validation data"
-    u = _codes_in(user_ids, shape[0], frames.column(data, ucol, what), "user")
-    i = _codes_in(item_ids, shape[1], frames.column(data, icol, what), "item")
+    u = codes_in(user_ids, shape[0], frames.column(data, ucol, what), "user")
+    i = codes_in(item_ids, shape[1], frames.column(data, icol, what), "item")
     r = frames.column(data, rcol, what)
     known = (u >= 0) & (i >= 0)
     V = check_ratings((u[known], i[known], r[known]), shape=shape, what="validation",

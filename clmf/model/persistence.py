@@ -79,9 +79,10 @@ def estimator_class(fmt=FORMAT):
 def _device_str(dev):
     if dev is None or isinstance(dev, str):
         return dev
+    from ..engine.device import device_label
     try:                              # a pyopencl.Device: its "platform | name" selects it again
-        return f"{dev.platform.name.strip()} | {dev.name.strip()}"
-    except AttributeError:
+        return device_label(dev)
+    except (AttributeError, KeyError):
         return str(dev)
 
 
@@ -160,8 +161,8 @@ def _jsonable(obj):
 
 def _arrays_of(model):
     if not hasattr(model, "user_factors_"):
-        from ..errors import _not_fitted_error
-        raise _not_fitted_error()(f"this {type(model).__name__} is not fitted yet; nothing to "
+        from ..errors import not_fitted_error
+        raise not_fitted_error()(f"this {type(model).__name__} is not fitted yet; nothing to "
                                   "save")
     X = np.asarray(model.user_factors_, dtype=np.float32)
     Y = np.asarray(model.item_factors_, dtype=np.float32)

@@ -38,7 +38,8 @@ worker processes and exchanges through Dask instead of host memory):
     device holds the data — unchanged speed — else :class:`MultiEngine`), the object ``ALS.fit``
     drives: ``set_factors``, ``iteration``, ``finish``, ``squared_error``, ``get_factors``,
     ``release``, ``memory``, ``time_split()``.
-``devices`` — :func:`select_devices`: ``ALS(device=[...])``, ``"gpu:all"``, ``"cpu:all"``.
+:func:`select_devices` (from :mod:`clmf.engine.device`): ``ALS(device=[...])``, ``"gpu:all"``,
+    ``"cpu:all"``.
 ``generate`` — :func:`synthetic_layout`: the Hugewiki / 4×-Netflix shapes built as a
     :class:`Layout` block by block in threads (no whole-set COO).
 ``scaling`` — ``timed_fit``, ``scaling_rows``, ``render_scaling`` (``clmf bench --scaling`` and
@@ -49,8 +50,8 @@ A Dask backend runs one :class:`DeviceWorker` per device in worker processes (ea
 layout blocks its plan assigns — only ``layout[side].entries(r0, r1)`` and ``counts()`` are
 read), and passes an exchange object of its own whose ``publish``/``take`` move the chunks.
 """
+from ..engine.device import select_devices
 from .backend import MultiEngine, common_ldf, make_backend, partial_layout, plan_fit
-from .devices import select_devices
 from .generate import synthetic_layout
 from .layout import Layout, SideLayout, transpose_csr
 from .memory import DevicePlan, SideMemory, plan_device

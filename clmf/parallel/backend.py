@@ -15,6 +15,7 @@ import numpy as np
 
 from ..engine.core import padded_factors, unpadded_factors
 from ..interrupts import deferred_interrupts
+from ..tuning.spec import common_ldf, row_width, unknowns
 from .layout import Layout, SideLayout, transpose_csr
 from .memory import plan_device
 from .partition import choose_modes, make_plan
@@ -25,12 +26,6 @@ log = logging.getLogger(__name__)
 _PIN_LIMIT = 4 << 30          # largest page-locked exchange array
 
 __all__ = ["MultiEngine", "make_backend", "common_ldf", "plan_fit", "partial_layout"]
-
-
-def common_ldf(configs, width):
-    """One leading dimension for every device's factor rows: the largest of their own (vector
-    widths are powers of two, so it is a multiple of each)."""
-    return max(c.ldf(width) for pair in configs for c in pair)
 
 
 def _single_fits(device, R, f, configs, max_device_memory, biased=False, implicit=False):
@@ -123,8 +118,8 @@ class MultiEngine:
         self.biased = bool(biased)
         self.implicit = implicit_alpha is not None
         self.offset = float(offset)
-        self.fs = self.f + 1 if self.biased else self.f
-        width = self.f + 2 if self.biased else self.f
+        self.fs = unknowns(self.f, self.biased)
+        width = row_width(self.f, self.biased)
         self.devices = list(devices)
         n = len(self.devices)
         self.infos = [device_info(d) for d in self.devices]

@@ -227,7 +227,7 @@ class DaskEngine:
                  implicit_alpha=None, biased=False, offset=0.0, max_device_memory=None,
                  modes=None, poll=1.0):
         """Plan the fit, route the ratings to their workers, build the blocks and devices."""
-        from .backend import common_ldf
+        from ..tuning.spec import common_ldf, row_width, unknowns
         self.client = client
         self.addrs = list(addrs)
         self.n = len(self.addrs)
@@ -236,8 +236,8 @@ class DaskEngine:
         self.f = int(f)
         self.biased = bool(biased)
         self.implicit = implicit_alpha is not None
-        self.fs = self.f + 1 if self.biased else self.f
-        width = self.f + 2 if self.biased else self.f
+        self.fs = unknowns(self.f, self.biased)
+        width = row_width(self.f, self.biased)
         self.poll = float(poll)
         self.phase = "set-up"
         pairs = [tuple(p) for p in config_pairs]
@@ -275,6 +275,7 @@ class DaskEngine:
                              *[pieces[p][self.n + d] for p in range(len(pieces))])
                     for d in range(self.n)]
             self.memory_plans = self._wait(futs)
+            self.transport = self._transport()
             built = True
         finally:
             if not built:
@@ -282,8 +283,21 @@ class DaskEngine:
         self.memory = {"total": max(p["total"] for p in self.memory_plans),
                        "per_device": self.memory_plans}
         self.times = {"build": time.perf_counter() - t0}
-        log.info("fit %s: blocks built on %d workers in %.2f s (modes %s)", self.fit_id, self.n,
-                 self.times["build"], {s: self.plan[s].mode for s in SIDES})
+        log.info("fit %s: blocks built on %d workers in %.2f s (modes %s, blocks through %s)",
+                 self.fit_id, self.n, self.times["build"],
+                 {s: self.plan[s].mode for s in SIDES}, self.transport)
+
+    def _transport(self):
+        """How solved blocks move: "shared memory" when every worker maps every other worker's
+        probe segment (one host, :mod:`clmf.parallel.shared_blocks`), else "dask comms"."""
+        if self.n < 2:
+            return "none"
+        self.phase = "checking shared memory"
+        probes = self._wait([self._on(d, T.shm_probe, self.fit_id) for d in range(self.n)])
+        on = all(self._wait([self._on(d, T.shm_check, self.fit_id, *probes)
+                             for d in range(self.n)]))
+        self._wait([self._on(d, T.shm_use, self.fit_id, on) for d in range(self.n)])
+        return "shared memory" if on else "dask comms"
 
     # ----- task plumbing -------------------------------------------------------------------
     def _on(self, d, fn, *args):
@@ -393,3 +407,6 @@ class DaskEngine:
             wait(futs, timeout=60)
         except Exception as e:        # noqa: BLE001 - best effort while failing
             log.warning("releasing fit %s: %s", self.fit_id, e)
+        if getattr(self, "transport", None) == "shared memory":
+            from .shared_blocks import unlink_fit
+            unlink_fit(self.fit_id)   # a client on the workers' host: what lost workers left

@@ -37,8 +37,8 @@ _BLOCK_NNZ = 1 << 24        # ratings per generated block (memory per thread ≈
 
 def _alias(p):
     """Walker alias table of ``p`` (the synthetic generator's own, so both draw alike)."""
-    from ..data.synthetic import _alias_table
-    return _alias_table(p)
+    from ..data.synthetic import alias_table
+    return alias_table(p)
 
 
 def synthetic_layout(preset="hugewiki", fraction=1.0, *, seed=0, threads=None, rank=4,

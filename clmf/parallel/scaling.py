@@ -15,17 +15,16 @@ __all__ = ["configs_for", "timed_fit", "scaling_rows", "render_scaling"]
 
 
 def configs_for(devices, layout, f, solver="auto", regularization=0.05):
-    """Each device's tuned configuration pair (the estimator's own lookup)."""
-    from ..engine.device import device_info
-    from ..model.checks import _side_stats
-    from ..model.estimator import ALS
+    """Each device's tuned configuration pair (the estimator's own lookup,
+    :func:`clmf.tuning.resolve`)."""
+    from ..tuning import FitSpec, resolve, side_stats
     m, n = layout.shape
-    stats = {"users": _side_stats(layout.users.counts(), n),
-             "items": _side_stats(layout.items.counts(), m)}
-    est = ALS(factors=f, regularization=regularization, solver=solver)
+    stats = {"users": side_stats(layout.users.counts(), n),
+             "items": side_stats(layout.items.counts(), m)}
+    spec = FitSpec.of({"factors": f, "regularization": regularization, "solver": solver})
     out = []
     for d in devices:
-        ch = est._resolve_configs(device_info(d), stats)
+        ch = resolve(spec, d, stats)
         out.append((ch["users"].config, ch["items"].config))
     return out
 
@@ -157,11 +156,9 @@ def cmd_scaling(args, load, argv=None):
     import json
     import pathlib
 
-    from ..engine.device import device_info
+    from ..engine.device import device_info, device_label, select_devices, spec_from_text
     from ..provenance import commit
-    from .devices import select_devices
-    spec = args.scaling
-    devices = select_devices([s for s in spec.split(",") if s] if "," in spec else spec)
+    devices = select_devices(spec_from_text(args.scaling))
     infos = [device_info(d) for d in devices]
     when = datetime.datetime.now(datetime.timezone.utc)
     out = pathlib.Path(args.out or pathlib.Path("results") / "bench" / "scaling")
@@ -170,7 +167,7 @@ def cmd_scaling(args, load, argv=None):
     rows = []
     parts = [f"# clmf scaling {when.isoformat(timespec='seconds')}", "",
              f"commit {commit()}; command `clmf bench {' '.join(argv or [])}`", "",
-             "devices: " + "; ".join(f"{i.platform} | {i.name} (driver {i.driver})"
+             "devices: " + "; ".join(f"{device_label(i)} (driver {i.driver})"
                                      for i in infos), ""]
     for data_spec in args.data or ["ml-100k"]:
         R = load(data_spec)

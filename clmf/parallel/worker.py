@@ -29,6 +29,7 @@ from ..engine import kernels as K
 from ..engine.core import launch_batch, launch_gram, launch_solve
 from ..errors import InvalidConfigError, SingularSystemError
 from ..interrupts import deferred_interrupts, drain
+from ..tuning.spec import unknowns
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ class DeviceWorker:
         self.alpha = float(implicit_alpha or 0.0)
         self.biased = bool(biased)
         self.offset = float(offset)
-        self.fs = f + 1 if biased else f
+        self.fs = unknowns(f, biased)
         self.ldf = int(ldf)
         self.configs = dict(configs)
         self.storage = self.configs["users"].storage

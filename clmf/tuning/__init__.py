@@ -1,6 +1,8 @@
 """Tuning databases and choosing a kernel configuration for a device, side and data set.
 
-:mod:`.schema` holds the record keys shared with the tuner, :mod:`.database` reads and writes the
+:mod:`.spec` holds the fit specification (:class:`FitSpec`: widths, leading dimension, mode,
+weighted-λ and confidence rules, in one home), :mod:`.schema` the record keys shared with the
+tuner, :mod:`.database` reads and writes the
 JSON Lines databases, :mod:`.lookup` applies the fallback chain (:func:`choose`), :mod:`.fallback`
 rejects (once, with a :class:`TuningFallbackWarning`) and probes configurations that cannot run.
 The search and measurement that produce tunings are :mod:`clmf.tuner`.
@@ -17,6 +19,7 @@ from .database import (
 )
 from .fallback import TuningFallbackWarning
 from .lookup import choose, class_distance, dataset_class, heuristic, incumbent
+from .resolver import resolve
 from .schema import (
                        BASELINE,
                        CLASS_TOL,
@@ -30,11 +33,9 @@ from .schema import (
                        TuningDatabaseWarning,
                        device_record,
                        device_slug,
-                       factor_width,
-                       fit_mode,
-                       kernel_factors,
                        record_mode,
 )
+from .spec import FitSpec, factor_width, fit_mode, kernel_factors, side_stats
 
 __all__ = ["Choice", "choose", "incumbent", "heuristic", "BASELINE", "SCHEMA_VERSION", "CLASS_TOL",
            "MODES",
@@ -42,4 +43,4 @@ __all__ = ["Choice", "choose", "incumbent", "heuristic", "BASELINE", "SCHEMA_VER
            "TuningDatabaseWarning", "dataset_class", "class_distance", "device_record",
            "device_slug", "database_paths", "user_db_path", "shipped_paths", "read_database",
            "Database", "base_record", "now", "clmf_commit", "ENV_DB", "ENV_NO_SHIPPED", "SIDES",
-           "TuningFallbackWarning"]
+           "TuningFallbackWarning", "FitSpec", "side_stats", "resolve"]

@@ -42,7 +42,8 @@ import time
 import warnings
 
 from ..cache import cache_dir, read_json_object, update_json_object
-from ..engine.capability import PROBE_ENV, device_present, find_device, package_root, run_child
+from ..engine.capability import PROBE_ENV, package_root, run_child
+from ..engine.device import device_label, device_present, find_device
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ def reject(info, cfg, f, mode, source, reason):
             return
         _rejected[key] = str(reason)
     msg = (f"kernel configuration {cfg} (f={f}, {mode}) from {source} cannot run on "
-           f"{info.platform} | {info.name} (driver {info.driver}): {reason}; falling back to the "
+           f"{device_label(info)} (driver {info.driver}): {reason}; falling back to the "
            "next tuning rule")
     log.info(msg)
     warnings.warn(msg, TuningFallbackWarning, stacklevel=_caller_level())
@@ -227,8 +228,8 @@ def probe(info, cfg, f, mode="explicit", timeout=None):
            "mode": mode}
     t0 = time.perf_counter()
     limit = timeout or probe_timeout()
-    log.info("probing kernel configuration %s (f=%d, %s) on %s | %s in a child process",
-             cfg, f, mode, info.platform, info.name)
+    log.info("probing kernel configuration %s (f=%d, %s) on %s in a child process",
+             cfg, f, mode, device_label(info))
     with _progress_line(f"clmf: first use of a kernel configuration on {info.name}: "
                         f"checking it in a child process (once per machine, ≤ {limit:.0f} s)"):
         started, reason = run_child(_probe_command(), job, limit, "the probe")
@@ -285,7 +286,7 @@ def _child(job):
     from ..errors import InvalidConfigError
     dev = find_device(job["platform"], job["device"])
     if dev is None:
-        raise SystemExit(f"clmf probe: device {job['platform']} | {job['device']} not found")
+        raise SystemExit(f"clmf probe: device {device_label(job)} not found")
     cfg = KernelConfig.from_dict(job["config"])
     f, mode = int(job["f"]), job["mode"]
     rng = np.random.default_rng(0)

@@ -72,6 +72,7 @@ import math
 import warnings
 
 from ..engine.config import KernelConfig
+from ..engine.device import device_label
 from ..errors import InvalidConfigError
 from .database import database_paths
 from .schema import (
@@ -82,12 +83,12 @@ from .schema import (
     SIDES,
     Choice,
     TuningDatabaseWarning,
-    _norm,
-    _same_device,
     device_record,
     factor_width,
     kernel_factors,
+    norm_text,
     record_mode,
+    same_device,
 )
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ def _class_from_stats(side, stats):
     return {"m": rows, "n": cols, "nnz": nnz}
 
 
-def _newest_first(case):
+def newest_first(case):
     """Sort key among equally close tunings: the newest run first (it measured the current kernels;
     times relative to each run's own baseline are not comparable across runs), then the run's
     own ranking."""
@@ -166,7 +167,7 @@ class _Case:
 _cases_memo: dict = {}
 
 
-def _cases(records, origin):
+def record_cases(records, origin):
     """The runs of one database's records (memoized per records list: read_database returns the
     same list until the file changes, so a lookup does not re-parse every record)."""
     key = (origin, id(records))
@@ -220,7 +221,7 @@ class _Sources(list):
     exclude_runs: frozenset = frozenset()
 
 
-def _sources(exclude_paths=(), exclude_runs=()):
+def record_sources(exclude_paths=(), exclude_runs=()):
     """:class:`_Sources` of every usable database, from the persistent index, leaving out the
     files of ``exclude_paths`` and the records of the runs in ``exclude_runs``."""
     import os
@@ -322,21 +323,21 @@ def _adapted_note(orig, pair):
 
 def _lookup(info, f, storage, ds, mode="explicit", finalize=None, sources=None):
     """(rule, pair, reason, mode of the tuning used) or None from the databases (``sources``:
-    :func:`_sources`' list, default all; see the module docstring for the order of the rungs and
+    :func:`record_sources`' list, default all; see the module docstring for the order of the rungs and
     modes). ``finalize(config, record_mode)`` is the configuration the fit will run for a
     candidate (solver overrides applied): candidates whose final configuration cannot run here
     are skipped (:func:`clmf.tuning.fallback.usable`)."""
     from . import fallback
     dev = device_record(info)
     finalize = finalize or (lambda c, cm: c)
-    sources = _sources() if sources is None else sources
+    sources = record_sources() if sources is None else sources
     if not sources:
         return None
-    per_source = [(origin, p, _cases(recs, origin)) for origin, p, recs in sources]
+    per_source = [(origin, p, record_cases(recs, origin)) for origin, p, recs in sources]
 
     def fmt(c):
         d = c.dataset
-        return (f"{c.device['platform']} | {c.device['device']}, f={c.f}, {c.storage}, "
+        return (f"{device_label(c.device)}, f={c.f}, {c.storage}, "
                 f"data set {d['m']}×{d['n']} nnz={d['nnz']} ({c.origin} database, run {c.run_id})")
 
     verified = []              # [{(configuration key, mode)} that ran here], built on demand
@@ -361,11 +362,11 @@ def _lookup(info, f, storage, ds, mode="explicit", finalize=None, sources=None):
     def tuned(cm):
         # same device, f, storage, same data-set class
         for origin, p, cases in per_source:
-            cand = [c for c in cases if c.mode == cm and _same_device(c.device, dev) and c.f == f
+            cand = [c for c in cases if c.mode == cm and same_device(c.device, dev) and c.f == f
                     and c.storage == storage
                     and (ds is None or class_distance(c.dataset, ds) <= CLASS_TOL)]
             for c in sorted(cand, key=lambda c: (class_distance(c.dataset, ds) if ds else 0,
-                                                 _newest_first(c))):
+                                                 newest_first(c))):
                 pair = _fits(c.configs, info, f, storage, mode, check(c, cm))
                 if pair:
                     return ("tuned", pair, f"tuned on this device for {fmt(c)}{note(cm)}"
@@ -375,10 +376,10 @@ def _lookup(info, f, storage, ds, mode="explicit", finalize=None, sources=None):
     def nearest(cm):
         # same device, nearest f / data-set class / storage
         for origin, p, cases in per_source:
-            cand = [c for c in cases if c.mode == cm and _same_device(c.device, dev)]
+            cand = [c for c in cases if c.mode == cm and same_device(c.device, dev)]
             def key(c):
                 return (abs(math.log(c.f / f)), c.storage != storage,
-                        class_distance(c.dataset, ds) if ds else 0, _newest_first(c))
+                        class_distance(c.dataset, ds) if ds else 0, newest_first(c))
             for c in sorted(cand, key=key):
                 pair = _fits(c.configs, info, f, storage, mode, check(c, cm))
                 if pair:
@@ -390,15 +391,15 @@ def _lookup(info, f, storage, ds, mode="explicit", finalize=None, sources=None):
         # same type and vendor (or platform), another device
         for origin, p, cases in per_source:
             cand = [c for c in cases if c.mode == cm and c.device.get("type") == dev["type"]
-                    and (_norm(c.device.get("vendor", "")).lower() == dev["vendor"].lower()
-                         or _norm(c.device.get("platform", "")).lower() == dev["platform"].lower())]
+                    and (norm_text(c.device.get("vendor", "")).lower() == dev["vendor"].lower()
+                         or norm_text(c.device.get("platform", "")).lower() == dev["platform"].lower())]
             def key(c):
                 # the same platform, then the same driver first: a runtime build compiles what it
                 # was tuned with (PyPI's PoCL aborts on kernels Debian's PoCL builds)
-                return (_norm(c.device.get("platform", "")).lower() != dev["platform"].lower(),
-                        _norm(c.device.get("driver", "")).lower() != dev["driver"].lower(),
+                return (norm_text(c.device.get("platform", "")).lower() != dev["platform"].lower(),
+                        norm_text(c.device.get("driver", "")).lower() != dev["driver"].lower(),
                         abs(math.log(c.f / f)), c.storage != storage,
-                        class_distance(c.dataset, ds) if ds else 0, _newest_first(c))
+                        class_distance(c.dataset, ds) if ds else 0, newest_first(c))
             for c in sorted(cand, key=key):
                 pair = _fits(c.configs, info, f, storage, mode, check(c, cm))
                 if pair:
@@ -447,7 +448,7 @@ def _model_groups(sources, dev):
     lists = [model_records(p) or [] for _o, p, _r in sources]
     runs = getattr(sources, "exclude_runs", frozenset())
     key = (tuple(id(x) for x in lists), runs,
-           tuple(_norm(dev.get(k, "")).lower() for k in ("platform", "vendor", "type", "device")))
+           tuple(norm_text(dev.get(k, "")).lower() for k in ("platform", "vendor", "type", "device")))
     hit = _groups_memo.get(key)
     if hit is not None and all(a is b for a, b in zip(hit[0], lists)):
         return hit[1]
@@ -528,7 +529,7 @@ def _predict(info, f, storage, ds, mode, sources, finalize, usable, tries=8):
 
 def _verified_here(info, sources):
     """``{(configuration key, mode)}`` of every configuration the databases of ``sources``
-    (:func:`_sources`) record as built and run on this device and driver: their best records and
+    (:func:`record_sources`) record as built and run on this device and driver: their best records and
     their measurements of status ok."""
     from . import fallback
     from .index import measurement_records
@@ -651,7 +652,7 @@ def choose(info, f, side, side_stats=None, storage="float32", solver=None, mode=
     solver : None (the tuned choice) or "cholesky"/"cg"/"fusedcg" to force one
     mode : "explicit", "implicit" or "biased" (see :func:`fit_mode`): tunings of this mode are
         preferred; an implicit fit that no tuning answers gets :data:`MODE_DEFAULT_SOLVER`
-    sources : the databases to search (:func:`_sources`' list; default: all of them)
+    sources : the databases to search (:func:`record_sources`' list; default: all of them)
 
     Returns
     -------
@@ -686,7 +687,7 @@ def choose(info, f, side, side_stats=None, storage="float32", solver=None, mode=
                 if solver is None and dflt else "")
         cfg = heuristic(info, kf, side_stats, storage)
         cfg = cfg.replace(solver=dflt) if dflt else cfg
-        choice = Choice(cfg, "heuristic", f"no tuning record for {info.platform} | {info.name}; "
+        choice = Choice(cfg, "heuristic", f"no tuning record for {device_label(info)}; "
                                           "the paper's rule for unseen devices" + note)
         try:
             validate(cfg, kf, info)
@@ -714,6 +715,6 @@ def incumbent(info, f, side_stats, storage="float32", solver=None, mode="explici
     ``cols``, ``nnz`` of that side); the tuner asks this before it searches, to measure what the
     user already had.
     """
-    sources = _sources(exclude_paths, exclude_runs)
+    sources = record_sources(exclude_paths, exclude_runs)
     return {side: choose(info, f, side, (side_stats or {}).get(side), storage, solver, mode,
                          sources=sources) for side in SIDES}

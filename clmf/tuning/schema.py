@@ -9,6 +9,7 @@ import re
 
 from ..engine.config import KernelConfig
 from ..errors import InvalidConfigError
+from .spec import factor_width, fit_mode, kernel_factors  # noqa: F401  (their home: .spec)
 
 log = logging.getLogger(__name__)
 
@@ -24,27 +25,10 @@ MODES = ("explicit", "implicit", "biased")
 MODE_DEFAULT_SOLVER = {"implicit": "fusedcg"}
 
 
-def fit_mode(feedback="explicit", biases=False):
-    """The tuning mode of a fit: ``implicit``, ``biased`` or ``explicit``."""
-    if feedback == "implicit":
-        return "implicit"
-    return "biased" if biases else "explicit"
-
-
 def record_mode(r):
     """The mode of a database record (records written before modes existed are explicit)."""
     m = r.get("mode") or "explicit"
     return m if m in MODES else None
-
-
-def kernel_factors(f, mode="explicit"):
-    """Unknowns per system the kernels are built for: f, or f + 1 with biases."""
-    return f + 1 if mode == "biased" else f
-
-
-def factor_width(f, mode="explicit"):
-    """Width of a factor row on the device: f, or f + 2 ([factors | 1 | bias]) with biases."""
-    return f + 2 if mode == "biased" else f
 
 
 class TuningDatabaseWarning(UserWarning):
@@ -63,15 +47,16 @@ class Choice:
 
 
 # ----- keys shared with the tuner ----------------------------------------------------------------
-def _norm(s):
+def norm_text(s):
+    """``s`` as text with its white space collapsed (device names as recorded)."""
     return re.sub(r"\s+", " ", str(s).strip())
 
 
 def device_record(info):
     """The normalised device key of a :class:`clmf.engine.device.DeviceInfo` (driver recorded, not
     matched)."""
-    return {"platform": _norm(info.platform), "vendor": _norm(info.vendor), "type": info.type,
-            "device": _norm(info.name), "driver": _norm(info.driver)}
+    return {"platform": norm_text(info.platform), "vendor": norm_text(info.vendor),
+            "type": info.type, "device": norm_text(info.name), "driver": norm_text(info.driver)}
 
 
 def device_slug(key):
@@ -80,8 +65,10 @@ def device_slug(key):
     return re.sub(r"[^a-z0-9]+", "-", s).strip("-")
 
 
-def _same_device(a, b):
-    return all(_norm(a.get(k, "")).lower() == _norm(b.get(k, "")).lower()
+def same_device(a, b):
+    """Whether two device keys name the same device (platform, vendor, type and name; the driver
+    is not matched)."""
+    return all(norm_text(a.get(k, "")).lower() == norm_text(b.get(k, "")).lower()
                for k in ("platform", "vendor", "type", "device"))
 
 

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Scale-out runs of issue 28: the in-process fit on the first 1, 2, 4, … GPUs of one host.
+
+    python benchmarks/scaleout.py OUTDIR --preset netflix [--fraction 1] [--gpus 1,2,4]
+        [--factors 100] [--iterations 4] [--budget 40] [--tag new] [--cache DIR]
+
+For each device count: :func:`clmf.parallel.scaling.timed_fit` (build, one warm-up iteration,
+then up to ``--iterations`` timed ones within ``--budget`` seconds): build and warm-up seconds,
+median s/it, the split of an iteration (compute, exchange, the devices' busy times), the memory
+plan and a sampled train RMSE; speedup and efficiency against the same run's one-GPU s/it.
+Rows are appended to ``OUTDIR/scaleout.jsonl`` and ``OUTDIR/summary.md`` as they come (a
+timeout keeps what was measured), with device, driver, date and commit.
+
+``--tag`` names the code under test: run the same command with ``PYTHONPATH`` pointing at
+another build of clmf (e.g. the commit before a change, unpacked from its wheel) and another
+tag to compare two versions side by side on one machine. ``--cache DIR`` keeps the generated
+layout as ``.npy`` files (memory-mapped on the next run: both versions read the same ratings
+without generating them twice).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import time
+import traceback
+
+import numpy as np
+
+T0 = time.time()
+
+
+def say(msg):
+    """Timestamped progress line (flushed: the command may be cut off)."""
+    print(f"[{time.strftime('%H:%M:%S')} +{time.time() - T0:6.1f}s] {msg}", flush=True)
+
+
+def load_layout(preset, fraction, cache):
+    """The preset's layout: from ``cache`` (memory-mapped ``.npy``) when there, else generated
+    (and saved there when ``cache`` is given)."""
+    from clmf.parallel import synthetic_layout
+    from clmf.parallel.layout import Layout, SideLayout
+    d = pathlib.Path(cache) / f"{preset}@{fraction:g}" if cache else None
+    names = [f"{s}-{a}.npy" for s in ("users", "items") for a in ("indptr", "indices", "data")]
+    if d is not None and all((d / n).exists() for n in names) and (d / "shape.json").exists():
+        arr = {n: np.load(d / n, mmap_mode="r") for n in names}
+        shape = tuple(json.loads((d / "shape.json").read_text()))
+        say(f"{preset}@{fraction:g}: layout read from {d}")
+        return Layout(shape, *[SideLayout(arr[f"{s}-indptr.npy"], arr[f"{s}-indices.npy"],
+                                          arr[f"{s}-data.npy"]) for s in ("users", "items")])
+    layout = synthetic_layout(preset, fraction, seed=0, progress=say)
+    if d is not None:
+        d.mkdir(parents=True, exist_ok=True)
+        for s in ("users", "items"):
+            side = layout[s]
+            for a in ("indptr", "indices", "data"):
+                np.save(d / f"{s}-{a}.npy", np.asarray(getattr(side, a)))
+        (d / "shape.json").write_text(json.dumps(list(layout.shape)))
+        say(f"{preset}@{fraction:g}: layout saved in {d}")
+    return layout
+
+
+def main(argv=None):
+    """Run the device counts of one preset; see the module docstring."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("outdir")
+    ap.add_argument("--preset", default="netflix", choices=["netflix", "netflix-4x", "hugewiki"])
+    ap.add_argument("--fraction", type=float, default=1.0)
+    ap.add_argument("--gpus", default="1,2,4", help="device counts, comma-separated")
+    ap.add_argument("--devices", default="gpu", help="device type to take them from (cpu: a "
+                    "smoke test with PoCL devices)")
+    ap.add_argument("--factors", type=int, default=100)
+    ap.add_argument("--iterations", type=int, default=4)
+    ap.add_argument("--budget", type=float, default=40.0, help="seconds of timed iterations "
+                    "per device count")
+    ap.add_argument("--regularization", type=float, default=0.05)
+    ap.add_argument("--tag", default="new", help="name of the code under test")
+    ap.add_argument("--cache", default=None, help="folder for the generated layout")
+    args = ap.parse_args(argv)
+    import clmf
+    from clmf.engine.device import device_info
+    from clmf.parallel import select_devices
+    from clmf.parallel.scaling import timed_fit
+    from clmf.provenance import commit
+    out = pathlib.Path(args.outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    devs = select_devices(f"{args.devices}:all")
+    counts = [int(c) for c in args.gpus.split(",") if int(c) <= len(devs)]
+    info = device_info(devs[0])
+    label = f"{args.preset}@{args.fraction:g}"
+    layout = load_layout(args.preset, args.fraction, args.cache)
+    say(f"{label}: {layout.shape[0]} x {layout.shape[1]}, {layout.nnz} ratings; "
+        f"{len(devs)} devices, counts {counts}; clmf {clmf.__version__} from "
+        f"{os.path.dirname(clmf.__file__)} (tag {args.tag})")
+    summary = out / "summary.md"
+    if not summary.exists():
+        summary.write_text("| tag | set | ratings | f | GPUs | s/it | speedup | efficiency | "
+                           "warm-up s | build s | compute s | exchange s | kernels s | backend |\n"
+                           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    base = None
+    for k in counts:
+        rec = {"tag": args.tag, "set": label, "nnz": int(layout.nnz),
+               "shape": list(layout.shape), "f": args.factors, "devices": k,
+               "device": f"{info.platform} | {info.name}", "driver": info.driver,
+               "commit": commit(), "clmf_path": os.path.dirname(clmf.__file__),
+               "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+               "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
+        try:
+            r = timed_fit(devs[:k], layout, args.factors, iterations=args.iterations,
+                          budget_s=args.budget, regularization=args.regularization, say=say,
+                          label=f"{label} [{args.tag}] {k} device(s)")
+        except Exception as e:        # noqa: BLE001 - record it, go on with the next count
+            rec["error"] = f"{type(e).__name__}: {e}"
+            say(f"{label} {k} device(s): FAILED {rec['error']}")
+            traceback.print_exc()
+            with (out / "scaleout.jsonl").open("a") as fh:
+                fh.write(json.dumps(rec, default=str) + "\n")
+            continue
+        rec.update(r)
+        s = r["s_per_it"]
+        base = base if base is not None else (s if k == 1 else None)
+        rec["speedup"] = base / s if base else None
+        rec["efficiency"] = base / s / k if base else None
+        with (out / "scaleout.jsonl").open("a") as fh:
+            fh.write(json.dumps(rec, default=str) + "\n")
+        sp = r.get("split", {})
+        kern = sp.get("kernels", sum(v for key, v in sp.items()
+                                     if key in ("s1", "s2", "s3", "gram", "combine")))
+        with summary.open("a") as fh:
+            fh.write(f"| {args.tag} | {label} | {layout.nnz:,} | {args.factors} | {k} | {s:.4f} | "
+                     + (f"{rec['speedup']:.2f}× | {rec['efficiency']:.0%} | " if base
+                        else "| | ")
+                     + f"{r.get('warmup_s', float('nan')):.2f} | {r['build_s']:.1f} | "
+                     f"{sp.get('compute', float('nan')):.4f} | "
+                     f"{sp.get('exchange', float('nan')):.4f} | {kern:.4f} | {r['backend']} |\n")
+    say(f"{label} [{args.tag}]: written to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""Factor blocks passed between the Dask workers of one host through shared memory (issue 28).
+
+A Dask result travels through the scheduler's comms: pickled, sent over TCP, unpickled — for a
+Netflix-shaped fit at f = 100 about 150 MB into every worker each half-step. Workers that share a
+host (the common multi-GPU case) do not need that: the owner writes its solved rows into a POSIX
+shared-memory segment it keeps for the whole fit, and the task's result is only a
+:class:`SharedBlock` handle (a name, an offset, a shape and a dtype: a few hundred bytes), which
+the other workers map and upload from directly.
+
+Safety rests on three rules:
+
+- **Proved before use.** :func:`probe_create` / :func:`probe_check` run once per fit: every
+  worker maps every other worker's probe segment and checks its token. A cluster spread over
+  hosts (or containers with separate ``/dev/shm``) fails the check and the fit keeps Dask's
+  comms. ``CLMF_DASK_SHARED_MEMORY=0`` turns the transport off.
+- **Room checked before a segment is made.** A tmpfs that is too small would kill the writer
+  with SIGBUS, so :class:`Segments` asks ``statvfs`` first and returns ``None`` (the caller then
+  returns the array itself, through the comms) when the free space is under twice the request.
+- **Overwritten only after every reader is done.** A worker rewrites its segment of a side in
+  the next solve of that side, which Dask runs only after every worker installed the blocks of
+  the half-step between (each install finishes its uploads before it returns).
+
+Segments are closed and unlinked by their owner at :func:`clmf.parallel.dask_tasks.release`;
+the segments of a worker that died are unlinked by the others' release (every segment's name
+starts with the fit's id: :func:`unlink_fit`) and by the client's when it shares the host.
+Readers never unlink a segment in use (and are not tracked by Python's resource tracker).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import secrets
+import sys
+from multiprocessing import shared_memory
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SharedBlock", "Segments", "Attached", "enabled", "probe_create", "probe_check",
+           "resolve", "unlink_fit"]
+
+SHM_DIR = "/dev/shm"
+ENV = "CLMF_DASK_SHARED_MEMORY"
+
+
+def enabled():
+    """Whether the shared-memory transport may be tried (``CLMF_DASK_SHARED_MEMORY`` not "0",
+    and a POSIX shared-memory directory present)."""
+    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return os.path.isdir(SHM_DIR)
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedBlock:
+    """A handle to an array in a shared-memory segment of a worker on the same host."""
+    name: str
+    offset: int
+    shape: tuple
+    dtype: str
+
+    @property
+    def nbytes(self):
+        """Bytes of the array."""
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+def _free_bytes():
+    """Free bytes of the shared-memory file system (0 when it cannot be asked)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
+def _untrack(seg):
+    """Keep the resource tracker of this (reading) process from unlinking ``seg`` at exit
+    (before Python 3.13 every attach registers the segment as if this process owned it)."""
+    if sys.version_info >= (3, 13):
+        return
+    try:
+        from multiprocessing import resource_tracker
+        resource_tracker.unregister(seg._name, "shared_memory")
+    except Exception as e:        # noqa: BLE001 - only a warning at exit is at stake
+        log.debug("shared memory %s stays tracked: %s", seg.name, e)
+
+
+class Segments:
+    """The segments a worker owns for one fit, one per tag (e.g. "solve-users"), reused while
+    large enough."""
+
+    def __init__(self, prefix):
+        """Segments named ``prefix-tag-random``."""
+        self.prefix = prefix
+        self.owned = {}
+
+    def array(self, tag, shape, dtype):
+        """``(ndarray, SharedBlock)`` backed by this worker's segment ``tag`` (grown if needed),
+        or ``None`` when the shared-memory file system lacks room for it (twice its size free)."""
+        dtype = np.dtype(dtype)
+        nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
+        seg = self.owned.get(tag)
+        if seg is None or seg.size < nbytes:
+            grow = nbytes - (seg.size if seg is not None else 0)
+            if _free_bytes() < 2 * grow:
+                log.info("shared memory: %d bytes asked for %s, %d free in %s; the block goes "
+                         "through Dask's comms", nbytes, tag, _free_bytes(), SHM_DIR)
+                return None
+            self._drop(tag)
+            name = f"{self.prefix}-{tag}-{secrets.token_hex(4)}"
+            seg = shared_memory.SharedMemory(name=name, create=True, size=nbytes)
+            self.owned[tag] = seg
+        arr = np.ndarray(shape, dtype, buffer=seg.buf)
+        return arr, SharedBlock(seg.name, 0, tuple(int(s) for s in shape), dtype.str)
+
+    def _drop(self, tag):
+        """Close and unlink the segment ``tag`` (if any)."""
+        seg = self.owned.pop(tag, None)
+        if seg is not None:
+            try:
+                seg.close()
+            except BufferError:   # a view still exported: the mapping goes with the process
+                pass
+            try:
+                seg.unlink()
+            except FileNotFoundError:
+                pass
+
+    def close(self):
+        """Close and unlink every segment."""
+        for tag in list(self.owned):
+            self._drop(tag)
+
+
+class Attached:
+    """Segments of other workers mapped by this one (each mapped once, untracked)."""
+
+    def __init__(self):
+        """No segment mapped yet."""
+        self.maps = {}
+
+    def array(self, block):
+        """The array a :class:`SharedBlock` names (a view of the mapped segment)."""
+        seg = self.maps.get(block.name)
+        if seg is None or seg.size < block.offset + block.nbytes:
+            seg = shared_memory.SharedMemory(name=block.name, create=False)
+            _untrack(seg)
+            self.maps[block.name] = seg
+        return np.ndarray(block.shape, np.dtype(block.dtype), buffer=seg.buf,
+                          offset=block.offset)
+
+    def close(self):
+        """Unmap every segment (their owners unlink them)."""
+        for seg in self.maps.values():
+            try:
+                seg.close()
+            except BufferError:
+                pass
+        self.maps.clear()
+
+
+def resolve(x, attached):
+    """``x`` with every :class:`SharedBlock` (also inside tuples and lists) replaced by its
+    array."""
+    if isinstance(x, SharedBlock):
+        return attached.array(x)
+    if isinstance(x, tuple):
+        return tuple(resolve(v, attached) for v in x)
+    if isinstance(x, list):
+        return [resolve(v, attached) for v in x]
+    return x
+
+
+def probe_create(segments):
+    """Make this worker's probe segment: ``(SharedBlock, token)`` or None when shared memory
+    cannot be used here."""
+    if not enabled():
+        return None
+    try:
+        got = segments.array("probe", (16,), np.uint8)
+    except OSError as e:
+        log.info("shared memory unavailable (%s): blocks go through Dask's comms", e)
+        return None
+    if got is None:
+        return None
+    arr, block = got
+    token = secrets.token_bytes(16)
+    arr[:] = np.frombuffer(token, np.uint8)
+    return block, token
+
+
+def probe_check(attached, probes):
+    """Whether every probe ``(SharedBlock, token)`` (None: a worker without shared memory) maps
+    here with its token."""
+    for p in probes:
+        if p is None:
+            return False
+        block, token = p
+        try:
+            ok = attached.array(block).tobytes() == token
+        except (OSError, ValueError) as e:
+            log.info("shared memory segment %s of another worker not visible here (%s): "
+                     "blocks go through Dask's comms", block.name, e)
+            return False
+        if not ok:
+            return False
+    return True
+
+
+def unlink_fit(fit_id):
+    """Unlink every segment of fit ``fit_id`` left in this host's shared memory (those of a
+    worker that died with the fit); returns how many."""
+    try:
+        names = [n for n in os.listdir(SHM_DIR) if n.startswith(f"{fit_id}-")]
+    except OSError:
+        return 0
+    gone = 0
+    for n in names:
+        try:
+            os.unlink(os.path.join(SHM_DIR, n))
+            gone += 1
+        except OSError:
+            pass
+    if gone:
+        log.info("fit %s: %d shared-memory segment(s) of a lost worker unlinked", fit_id, gone)
+    return gone
