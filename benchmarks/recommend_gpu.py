@@ -106,10 +106,12 @@ def ranker_time(model, m, N, reps, resident_seen):
         return {"note": "no resident ranker (host path)"}
     if len(res.parts) != 1:
         return {"note": f"{len(res.parts)} devices: the public call is the measurement"}
-    dtk = res.first
-    if resident_seen and dtk._excl is None:
-        return {"note": "the public calls ranked on the host (work below the host threshold)"}
-    excl = "resident" if resident_seen else None
+    dtk, excl = res.first, None
+    if resident_seen:
+        if res.parts[0]["seen"] is None:
+            return {"note": "the public calls ranked on the host (work below the host "
+                            "threshold)"}
+        excl = res.parts[0]["seen"][1]       # the seen items the public calls uploaded
     dtk.query_rows(0, m, N, exclude=excl)
     walls, kernels = [], []
     for _ in range(reps):

@@ -269,3 +269,22 @@ def test_pickle_clone_and_lost_device(cl_device):
     m.clear_device_cache()
     check(m.recommend_all(10, user_items=R), want)
     assert "resident" not in m.__dict__.get("_topk_cache", {})
+
+
+def test_threads_with_different_seen_items(cl_device):
+    """Two threads ranking with different user_items on one model: each query holds the seen
+    items it was given, whatever the other uploads meanwhile."""
+    import concurrent.futures
+    X, Y, R = problem()
+    R2 = sp.random(700, 300, density=0.2, random_state=9, format="csr", dtype=np.float32)
+    m = make_model(X, Y, cl_device)
+    want = {0: brute(X, Y, R), 1: brute(X, Y, R2)}
+    with T.inference_options(device=cl_device, min_work=0):
+        m.recommend_all(10, user_items=R)
+
+        def call(i):
+            with T.inference_options(device=cl_device, min_work=0):
+                return i, m.recommend_all(10, user_items=(R, R2)[i], batch_size=64)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            for i, got in pool.map(call, [0, 1, 0, 1, 1, 0]):
+                check(got, want[i])

@@ -191,23 +191,25 @@ class ResidentRanker:
         return s, False
 
     def forget_seen(self):
-        """Drop the prepared seen items (host and devices)."""
+        """Drop the prepared seen items (host and devices; a query running in another thread
+        keeps its own until it ends)."""
         self.seen = None
         for p in self.parts:
             p["seen"] = None
-            p["dtk"]._excl = None
 
     def _upload_seen(self, part, seen):
-        """Upload the rows of ``seen`` for the part's users (once per prepared matrix)."""
-        if part["seen"] is seen:
-            return
+        """``(Exclusion, user of its first row)``: the rows of ``seen`` for the part's users on
+        its device, uploaded once per prepared matrix."""
+        got = part["seen"]
+        if got is not None and got[0] is seen:
+            return got[1], got[2]
         r0, r1 = part["rows"]
         a = max(r0, seen.row0) - seen.row0
-        b = min(r1, seen.row0 + seen.rows) - seen.row0
-        if b < a:
-            b = a
-        part["dtk"].set_exclude_arrays(seen.indptr[a:b + 1], seen.indices, seen.candidates)
-        part["seen"], part["seen_row0"] = seen, seen.row0 + a
+        b = max(a, min(r1, seen.row0 + seen.rows) - seen.row0)
+        part["seen"] = None                # the old one's memory goes first
+        ex = part["dtk"].upload_exclude(seen.indptr[a:b + 1], seen.indices, seen.candidates)
+        part["seen"] = (seen, ex, seen.row0 + a)
+        return ex, seen.row0 + a
 
     def iter_rank(self, r0, r1, N, candidates=None, seen=None, batch_rows=None):
         """Yield ``(user0, ids, scores)`` for users ``r0..r1`` in order: top-``N`` of their
@@ -222,9 +224,9 @@ class ResidentRanker:
             """The part's batches for users a..b, as global users."""
             dtk, q0 = p["dtk"], p["rows"][0]
             if seen is not None:
-                self._upload_seen(p, seen)
-                gen = dtk.iter_query(None, N, candidates, "resident", rows=(a - q0, b - q0),
-                                     batch_rows=batch_rows, exclude_row0=a - p["seen_row0"])
+                ex, e_row0 = self._upload_seen(p, seen)
+                gen = dtk.iter_query(None, N, candidates, ex, rows=(a - q0, b - q0),
+                                     batch_rows=batch_rows, exclude_row0=a - e_row0)
             else:
                 gen = dtk.iter_query(None, N, candidates, None, rows=(a - q0, b - q0),
                                      batch_rows=batch_rows)

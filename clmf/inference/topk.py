@@ -37,10 +37,27 @@ from .calibration import _calibrated, calibrate  # noqa: F401  (calibrate re-exp
 log = logging.getLogger(__name__)
 
 __all__ = ["TopKConfig", "DeviceTopK", "topk", "validate", "render_topk", "inference_options",
-           "default_config", "lookup_config", "prebuild", "MAX_K"]
+           "default_config", "lookup_config", "prebuild", "Exclusion", "MAX_K"]
 
 MAX_K = 1024                  # longer lists go to the host (local memory per query)
 _EMPTY = np.iinfo(np.int32).max
+
+
+class Exclusion(tuple):
+    """An exclusion CSR on the device (:meth:`DeviceTopK.upload_exclude`): row pointers and
+    candidate positions (buffers), its rows, candidates and entries. A query that is given one
+    holds it to its end, whatever other threads upload meanwhile."""
+    __slots__ = ()
+
+    def __new__(cls, indptr, indices, rows, candidates, nnz):
+        """The five fields, in this order."""
+        return super().__new__(cls, (indptr, indices, rows, candidates, nnz))
+
+    indptr = property(lambda self: self[0], doc="row pointers (int64 buffer)")
+    indices = property(lambda self: self[1], doc="candidate positions (int32 buffer)")
+    rows = property(lambda self: self[2], doc="number of rows")
+    candidates = property(lambda self: self[3], doc="the candidates (None: all)")
+    nnz = property(lambda self: self[4], doc="number of entries")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -434,10 +451,18 @@ class DeviceTopK:
         return self.set_exclude_arrays(excl.indptr, excl.indices, cand)
 
     def set_exclude_arrays(self, indptr, indices, candidates=None):
+        """As :meth:`upload_exclude`, kept as this object's resident exclusion (for
+        ``exclude="resident"``)."""
+        self._excl = None                  # the old one's memory goes first
+        self._excl = self.upload_exclude(indptr, indices, candidates)
+        return self
+
+    def upload_exclude(self, indptr, indices, candidates=None):
         """Upload an exclusion already in the kernel's form: row pointers (any integer dtype,
         starting anywhere: they are rebased to 0) and the candidate positions of each row,
-        sorted within the row (:func:`seen_positions`); the rows align with the resident
-        queries as in :meth:`set_exclude`."""
+        sorted within the row (:func:`clmf.inference.resident.seen_positions`); the rows align
+        with the resident queries as in :meth:`set_exclude`. Returns the :class:`Exclusion`,
+        which :meth:`iter_query` takes as ``exclude``."""
         indptr = np.asarray(indptr)
         p0, p1 = int(indptr[0]), int(indptr[-1])
         nnz = p1 - p0
@@ -452,14 +477,12 @@ class DeviceTopK:
         if idx.dtype != np.int32:
             idx = idx.astype(np.int32)
         cand = None if candidates is None else np.asarray(candidates, np.int64)
-        self._excl = None                  # the old one's memory goes first
-        self._excl = (self._upload(ptr), self._upload(idx), indptr.size - 1, cand, nnz)
-        return self
+        return Exclusion(self._upload(ptr), self._upload(idx), indptr.size - 1, cand, nnz)
 
     def resident_bytes(self):
         """Device bytes held between queries: the factors, resident queries and exclusion."""
         q = 0 if self._queries is None else max(1, self._queries[1]) * self.ldf * 4
-        e = 0 if self._excl is None else 8 * (self._excl[2] + 1) + 4 * self._excl[4]
+        e = 0 if self._excl is None else 8 * (self._excl.rows + 1) + 4 * self._excl.nnz
         return max(1, self.n) * self.ldf * 4 + q + e
 
     # ----- planning -----------------------------------------------------------------------------
@@ -556,15 +579,20 @@ class DeviceTopK:
         excl = None
         resident = isinstance(exclude, str) and exclude == "resident"
         e0 = 0
+        ex = None                          # the resident exclusion, held for the whole query
+        if isinstance(exclude, Exclusion):
+            resident, ex = True, exclude
+        elif resident:
+            ex = self._excl
         if resident:
-            if rows is None or getattr(self, "_excl", None) is None:
+            if rows is None or ex is None:
                 raise ValueError('exclude="resident" needs set_exclude() and resident queries')
-            rc = self._excl[3]
+            rc = ex.candidates
             if (rc is None) != (cand is None) or (rc is not None and not np.array_equal(rc, cand)):
                 raise ValueError("the resident exclusion was uploaded for other candidates")
             e0 = r0 if exclude_row0 is None else int(exclude_row0)
-            if e0 < 0 or self._excl[2] < e0 + nq:
-                raise ValueError(f"the resident exclusion has {self._excl[2]} rows, "
+            if e0 < 0 or ex.rows < e0 + nq:
+                raise ValueError(f"the resident exclusion has {ex.rows} rows, "
                                  f"the queries need {e0 + nq}")
         elif exclude is not None:
             excl = sp.csr_matrix(exclude)
@@ -608,7 +636,7 @@ class DeviceTopK:
                 qbuf, qrow0 = self._upload(self._pad(Q[b0:b1])), 0
                 keep.append(qbuf)
             if resident:
-                ex_ptr, ex_idx = self._excl[0], self._excl[1]
+                ex_ptr, ex_idx = ex.indptr, ex.indices
                 has_excl, erow0 = 1, e0 + b0
             elif excl is not None:
                 sub = excl[b0:b1]
