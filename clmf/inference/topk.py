@@ -19,6 +19,7 @@ the threshold (the tests force the device path with ``min_work=0``).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -43,21 +44,11 @@ MAX_K = 1024                  # longer lists go to the host (local memory per qu
 _EMPTY = np.iinfo(np.int32).max
 
 
-class Exclusion(tuple):
-    """An exclusion CSR on the device (:meth:`DeviceTopK.upload_exclude`): row pointers and
-    candidate positions (buffers), its rows, candidates and entries. A query that is given one
-    holds it to its end, whatever other threads upload meanwhile."""
+class Exclusion(collections.namedtuple("Exclusion", "indptr indices rows candidates nnz")):
+    """An exclusion CSR on the device (:meth:`DeviceTopK.upload_exclude`): row pointers (int64)
+    and candidate positions (int32) as buffers, its rows, candidates (None: all) and entries. A
+    query that is given one holds it to its end, whatever other threads upload meanwhile."""
     __slots__ = ()
-
-    def __new__(cls, indptr, indices, rows, candidates, nnz):
-        """The five fields, in this order."""
-        return super().__new__(cls, (indptr, indices, rows, candidates, nnz))
-
-    indptr = property(lambda self: self[0], doc="row pointers (int64 buffer)")
-    indices = property(lambda self: self[1], doc="candidate positions (int32 buffer)")
-    rows = property(lambda self: self[2], doc="number of rows")
-    candidates = property(lambda self: self[3], doc="the candidates (None: all)")
-    nnz = property(lambda self: self[4], doc="number of entries")
 
 
 @dataclasses.dataclass(frozen=True)
