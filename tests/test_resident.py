@@ -288,3 +288,18 @@ def test_threads_with_different_seen_items(cl_device):
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             for i, got in pool.map(call, [0, 1, 0, 1, 1, 0]):
                 check(got, want[i])
+
+
+def test_gpu_geometry_pipelined(cl_device):
+    """A GPU-style geometry (staged item tiles, yt=0: the GPUs' path) through the pipelined
+    batches, with an uploaded exclusion handle and with per-batch uploads."""
+    X, Y, R = problem(m=500, n=2000, density=0.02)
+    cfg = T.TopKConfig(wx=8, wy=8, rm=2, rnv=2, v=4, tk=8)
+    dtk = T.DeviceTopK(Y, cl_device, config=cfg).set_queries(X)
+    ex = dtk.upload_exclude(R.indptr, R.indices)
+    want = brute(X, Y, R)
+    parts = list(dtk.iter_query(None, 10, None, ex, rows=(0, 500), batch_rows=128))
+    assert len(parts) == 4
+    check((np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])), want)
+    parts = list(dtk.iter_query(X, 10, None, R, batch_rows=128))
+    check((np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])), want)
