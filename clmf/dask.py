@@ -170,7 +170,9 @@ class ALS(_ALS):
         """Top-``N`` items for every user as a dask DataFrame ``(user, item, score, rank)``
         (raw ids, rank 1 = best), computed on the workers by :meth:`clmf.ALS.recommend`'s
         scoring without the seen-item filter (Spark's ``recommendForAllUsers``); write it with
-        ``to_parquet``. Runs on the host of each worker (the device top-k is not used yet)."""
+        ``to_parquet``. Each task ranks its users on its worker's default device (``CLMF_DEVICE``
+        of the worker's environment, else "auto"; the device top-k where the work passes the
+        host threshold, else NumPy), the items uploaded per task."""
         import dask.dataframe as dd
         import pandas as pd
 

@@ -197,7 +197,7 @@ def test_model_biased_and_cosine_on_device(cl_device):
         dev = m.recommend(np.arange(20), R, N=9)
         dsim = m.similar_items(np.arange(70), N=5)
         dusr = m.similar_users(np.arange(20), N=4, filter_users=[3])
-        assert "items_biased" in m._topk_cache and "items_cosine" in m._topk_cache
+        assert "resident" in m._topk_cache and "items_cosine" in m._topk_cache
     np.testing.assert_array_equal(dev[0], host[0])
     np.testing.assert_array_equal(dev[1], host[1])
     full = 3.0 + bu[:, None] + bi[None, :] + X @ Y.T
@@ -222,8 +222,8 @@ def test_model_cache_follows_fold_in(cl_device):
     ALL = {"filter_already_liked_items": False}     # no user_items: rank every item
     with T.inference_options(device=cl_device, min_work=0):
         before = m.recommend(0, N=5, **ALL)
-        cached = m._topk_cache["items"][1]
-        assert m.recommend(1, N=5, **ALL) is not None and m._topk_cache["items"][1] is cached
+        cached = m._topk_cache["resident"][1]
+        assert m.recommend(1, N=5, **ALL) is not None and m._topk_cache["resident"][1] is cached
         m.partial_fit_items(np.arange(30), RT)        # refits every item in place
         assert "_topk_cache" not in m.__dict__
         after = m.recommend(0, N=5, **ALL)

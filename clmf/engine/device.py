@@ -336,7 +336,7 @@ def spec_from_text(text):
 
 def first_device(spec):
     """The first device of ``spec`` in the grammar of :func:`select_devices` (a model fitted on
-    several devices ranks on its first)."""
+    several devices ranks on all of them: :mod:`clmf.inference.resident`)."""
     return select_devices(spec)[0]
 
 

@@ -13,7 +13,7 @@ LIKED_SCORE = np.finfo(np.float32).min
 def ids_dtype(ids, n):
     """Returned ids as int32 (what implicit returns and its evaluation functions read), int64
     only for more than 2³¹ − 1 rows."""
-    return ids.astype(np.int32) if n < np.iinfo(np.int32).max else ids
+    return ids.astype(np.int32, copy=False) if n < np.iinfo(np.int32).max else ids
 
 
 def confidence_rows(R, est):

@@ -1,5 +1,6 @@
-"""Ranking through the device top-k: the per-model upload cache, the host/device choice and
-``recommend_all`` (mixed into :class:`clmf.inference.recommend.RecommenderMixin`).
+"""Ranking through the device top-k: the per-model upload cache (the factors and seen items kept
+on the model's devices, :mod:`.resident`), the host/device choice and ``recommend_all`` (mixed
+into :class:`clmf.inference.recommend.RecommenderMixin`).
 
 The host ranking is :mod:`.host`; the argument checks stay with :mod:`.recommend` (reached
 through ``self``), so this module never imports it.
@@ -75,6 +76,33 @@ def _device_rank(dtk, Q, cand, rows, N, self_ids=None, liked_last=False):
     return ids, sc
 
 
+# work (multiply-adds) from which an untuned device ranks without measuring the host threshold
+# first: a device that loses to NumPy at 10^10 multiply-adds (e.g. 5,600 users × 17,770 items
+# at f = 100) would lose at every size the calibration measures
+_MEASURE_BELOW = 1e10
+
+
+class _Fallback(Exception):
+    """The device path failed (logged, the model now ranks on the host): rank on the host."""
+
+
+_pool = None
+
+
+def _verifier():
+    """The thread that verifies a reused ``user_items``'s content while the devices rank."""
+    global _pool
+    if _pool is None:
+        import concurrent.futures
+        _pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clmf-seen")
+    return _pool
+
+
+def _is_csr(M):
+    """A SciPy CSR matrix or array (the inputs whose preparation is cached)."""
+    return sp.issparse(M) and M.format == "csr"
+
+
 class DeviceRankingMixin:
     """Ranking on the model's device (:class:`clmf.inference.topk.DeviceTopK`, uploads cached
     per model) with the host fallback; ``recommend_all``. Mixed into
@@ -95,7 +123,8 @@ class DeviceRankingMixin:
             As :meth:`recommend`.
         batch_size : int, optional
             Users per batch (default: the device's memory plan, at most 65,536; 4,096 on the
-            host).
+            host). ``user_items`` as a SciPy CSR is prepared and uploaded once and reused by
+            later calls with the same matrix (:mod:`clmf.inference.resident`).
         show_progress : bool, default False
             A tqdm bar over the users.
 
@@ -111,69 +140,85 @@ class DeviceRankingMixin:
         >>> ids.shape                                                   # doctest: +SKIP
         (943, 10)
         """
-        parts = list(self.iter_recommend_all(N, user_items, filter_already_liked_items,
-                                             filter_items, items, batch_size, show_progress))
-        if not parts:
+        ids = scores = None
+        m = self.user_factors_.shape[0] if hasattr(self, "user_factors_") else 0
+        for users, i_, s_ in self.iter_recommend_all(N, user_items, filter_already_liked_items,
+                                                     filter_items, items, batch_size,
+                                                     show_progress):
+            if ids is None:
+                if i_.shape[0] == m:            # one batch: its arrays are the result
+                    return i_, s_
+                ids = np.empty((m, i_.shape[1]), i_.dtype)
+                scores = np.empty((m, s_.shape[1]), s_.dtype)
+            ids[users[0]:users[0] + i_.shape[0]] = i_
+            scores[users[0]:users[0] + s_.shape[0]] = s_
+        if ids is None:
             k = min(int(N), self.item_factors_.shape[0])
             return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
-        return np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
+        return ids, scores
 
     def iter_recommend_all(self, N=10, user_items=None, filter_already_liked_items=True,
                            filter_items=None, items=None, batch_size=None, show_progress=False):
         """:meth:`recommend_all` batch by batch: yields ``(user_indices, ids, scores)``.
 
-        The device path uploads the user factors once (resident queries) and streams the
-        seen-item rows per batch; the host path ranks ``batch_size`` users at a time.
+        The device path ranks from the factors and the seen items kept on the model's devices
+        (every device of a multi-device model; ``user_items`` prepared and uploaded once, see
+        :mod:`clmf.inference.resident` for when a later matrix counts as the same); the host
+        path ranks ``batch_size`` users at a time.
 
         Examples
         --------
         >>> for users, ids, scores in model.iter_recommend_all(10, train):   # doctest: +SKIP
         ...     write(users, ids, scores)
         """
+        from .conventions import ids_dtype
         from .host import host_rank
         self._require_fitted()
-        N, cand, rows = self._all_inputs(N, user_items, filter_already_liked_items, filter_items,
-                                         items, batch_size)
-        from .conventions import ids_dtype
+        N, cand, raw = self._all_inputs(N, user_items, filter_already_liked_items, filter_items,
+                                        items, batch_size, rows=False)
         X, Y = self.user_factors_, self.item_factors_
         n_users, n_items = X.shape[0], Y.shape[0]
-        liked_last = items is not None and rows is not None      # as recommend(items=...)
+        liked_last = items is not None and raw is not None      # as recommend(items=...)
         bi = getattr(self, "item_biases_", None)
-        Xq, Yq = ranking_vectors(X, Y, bi)
+        add = None
         if bi is not None:
-            kind, sources = "items_biased", (Y, bi)
             add = (np.float32(self.global_mean_)
                    + np.asarray(self.user_biases_, np.float32))[:, None]
-        else:
-            kind, sources, add = "items", (Y,), None
         C = n_items if cand is None else len(cand)
-        dtk = self._device_topk(kind, Yq, sources, float(n_users) * C * Yq.shape[1])
-        use_dev = (dtk is not None and min(N, C) <= _topk().MAX_K
-                   and float(n_users) * C * Yq.shape[1] >= dtk.host_threshold())
+        f = Y.shape[1] + (bi is not None)
+        res = self._resident_for(float(n_users) * C * f, min(N, C))
+        fast = res is not None and (raw is None or (_is_csr(raw) and not liked_last))
+        rows = None
+        if raw is not None and not fast:
+            rows = self._seen_rows(np.arange(n_users), raw)
         bar = None
         if show_progress:
             from tqdm.auto import tqdm
             bar = tqdm(total=n_users, desc="recommend", unit="user")
         try:
-            if use_dev:
-                stamp = (id(X), X.shape, bi is not None)
-                if getattr(dtk, "_queries_stamp", None) != stamp:
-                    dtk.set_queries(Xq)
-                    dtk._queries_stamp = stamp
-                B = min(batch_size or 65536, max(1, n_users))
-                for b0, ids, sc in dtk.iter_query(None, N, cand, rows, rows=(0, n_users),
-                                                  batch_rows=B):
-                    users = np.arange(b0, b0 + ids.shape[0])
-                    if liked_last:
-                        ids, sc = _liked_last(ids, sc, cand, rows[b0:b0 + ids.shape[0]],
-                                              n_items)
-                    ids = ids_dtype(ids, n_items)
-                    if add is not None:
-                        sc = sc + add[users]
-                    if bar is not None:
-                        bar.update(users.size)
-                    yield users, ids, sc
-                return
+            if res is not None:
+                done = 0
+                try:
+                    for u0, ids, sc in self._iter_resident(res, 0, n_users, N, cand,
+                                                           raw if fast else rows, 0,
+                                                           batch_size or 65536):
+                        u1 = u0 + ids.shape[0]
+                        if liked_last:
+                            ids, sc = _liked_last(ids, sc, cand, rows[u0:u1], n_items)
+                        ids = ids_dtype(ids, n_items)
+                        if add is not None:
+                            sc += add[u0:u1]
+                        if bar is not None:
+                            bar.update(u1 - u0)
+                        done = u1
+                        yield np.arange(u0, u1), ids, sc
+                    return
+                except _Fallback as e:
+                    if done:                        # some users went out: not the host's to redo
+                        raise e.__cause__ from None
+            if rows is None and raw is not None:
+                rows = self._seen_rows(np.arange(n_users), raw)
+            Xq, Yq = ranking_vectors(X, Y, bi)
             B = batch_size or 4096
             for b0 in range(0, n_users, B):
                 b1 = min(n_users, b0 + B)
@@ -212,22 +257,188 @@ class DeviceRankingMixin:
         return host_rank(Q, F, cand, rows, N, self_ids, liked_last)
 
     # ----- the device path -------------------------------------------------------------------
-    def _inference_device(self):
-        """The device for inference (an override, else the model's ``device``), or None."""
+    def _inference_devices(self):
+        """The devices for inference (an override, else the model's ``device``: all of a
+        multi-device model's), or an empty list."""
         t = _topk()
         if not t.device_path_enabled() or getattr(self, "_topk_disabled", False):
-            return None
+            return []
         spec = t.options()["device"] or getattr(self, "device", "auto")
         try:
-            from ..engine.device import first_device
-            return first_device(spec)
+            from ..engine.device import select_devices
+            return select_devices(spec)
         except Exception as e:                          # no OpenCL here: host inference
             log.debug("no inference device (%s); host path", e)
+            return []
+
+    def _inference_device(self):
+        """The first device for inference, or None."""
+        devs = self._inference_devices()
+        return devs[0] if devs else None
+
+    def _resident(self, devs=None):
+        """The model's :class:`~clmf.inference.resident.ResidentRanker` on its devices
+        (built, i.e. uploaded, on a miss: the factors or the devices changed), or None."""
+        from .resident import ResidentRanker
+        devs = self._inference_devices() if devs is None else devs
+        if not devs:
             return None
+        X, Y = self.user_factors_, self.item_factors_
+        bi = getattr(self, "item_biases_", None)
+        stamp = (tuple(d.int_ptr for d in devs), id(X), X.shape, id(Y), Y.shape, id(bi))
+        cache = self.__dict__.setdefault("_topk_cache", {})
+        hit = cache.get("resident")
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        cache.pop("resident", None)        # the old buffers go before the new ones
+        try:
+            Xq, Yq = ranking_vectors(X, Y, bi)
+            res = ResidentRanker(Xq, Yq, devs)
+        except Exception as e:
+            self._device_failed(e)
+            return None
+        cache["resident"] = (stamp, res)
+        return res
+
+    def _resident_for(self, work, k):
+        """The resident ranker when ranking ``work`` multiply-adds with lists of ``k`` pays on
+        the devices (the measured or tuned host threshold), else None (rank on the host)."""
+        devs = self._inference_devices()
+        if not devs or k > _topk().MAX_K:
+            return None
+        bi = getattr(self, "item_biases_", None)
+        known = _topk().known_threshold(devs[0], self.item_factors_.shape[1] + (bi is not None))
+        if known is not None and work < known:
+            return None
+        res = self._resident(devs)
+        if res is None:
+            return None
+        # the host wins only small calls: the threshold is measured (a few device and host
+        # rankings of up to 64 queries) only for work where it could matter
+        if (known is None and work < _MEASURE_BELOW) and work < res.first.host_threshold():
+            return None
+        return res
+
+    def _iter_resident(self, res, r0, r1, N, cand, M, row0, batch_rows):
+        """Yield ``(user0, ids, scores)`` of users ``r0..r1`` from the resident ranker, the
+        stored entries of the CSR ``M`` (its first row is user ``row0``; None: nothing) left
+        out: ``M`` is prepared and uploaded once (:class:`~clmf.inference.resident.SeenItems`);
+        a matrix that matches the last one's cheap fingerprint has its content verified in a
+        host thread while the devices rank, and is prepared again (and the users ranked
+        again) if it changed."""
+        seen, verify = None, None
+        if M is not None:
+            seen, reused = res.seen_for(M, row0, cand)
+            if not seen.covers(r0, r1):
+                raise ValueError(f"user_items has {M.shape[0]} rows: pass one row per requested "
+                                 f"id ({r1 - r0}) or a matrix indexed by id (more than {r1 - 1} "
+                                 "rows)")
+            if reused:
+                verify = _verifier().submit(seen.same_content, M)
+        try:
+            gen = res.iter_rank(r0, r1, N, cand, seen, batch_rows)
+            for item in gen:
+                if verify is not None:
+                    ok, verify = verify.result(), None
+                    if not ok:
+                        gen.close()
+                        log.info("user_items changed in place since it was uploaded: "
+                                 "preparing it again")
+                        res.forget_seen()
+                        seen, _ = res.seen_for(M, row0, cand)
+                        yield from res.iter_rank(r0, r1, N, cand, seen, batch_rows)
+                        return
+                yield item
+        except (ValueError, IndexError, TypeError):
+            raise
+        except Exception as e:                  # the caller ranks on the host
+            self._device_failed(e)
+            raise _Fallback(e) from e
+        finally:
+            if verify is not None:
+                verify.cancel()
+
+    def _recommend_range(self, span, M, N, cand):
+        """``(item ids, scores)`` of users ``span = (r0, r1)`` from the resident ranker (``M``:
+        the CSR of seen items, row-aligned with the users or indexed by id; None: nothing
+        left out), biases added; None when the host should rank (small work, no device, a
+        device failure)."""
+        r0, r1 = span
+        n_items = self.item_factors_.shape[0]
+        bi = getattr(self, "item_biases_", None)
+        C = n_items if cand is None else len(cand)
+        k = min(int(N), C)
+        work = float(r1 - r0) * C * (self.item_factors_.shape[1] + (bi is not None))
+        res = self._resident_for(work, k)
+        if res is None:
+            return None
+        from .conventions import ids_dtype
+        row0 = r0 if M is not None and M.shape[0] == r1 - r0 else 0
+        ids = np.empty((r1 - r0, k), ids_dtype(np.zeros(0, np.int64), n_items).dtype)
+        sc = np.empty((r1 - r0, k), np.float32)
+        try:
+            # batches of 65,536 users: the host finishes one while the device ranks the next
+            for u0, i_, s_ in self._iter_resident(res, r0, r1, N, cand, M, row0, 65536):
+                ids[u0 - r0:u0 - r0 + i_.shape[0]] = i_
+                sc[u0 - r0:u0 - r0 + i_.shape[0]] = s_
+        except _Fallback:
+            return None
+        if bi is not None:
+            sc += (np.float32(self.global_mean_)
+                   + np.asarray(self.user_biases_, np.float32)[r0:r1])[:, None]
+        return ids, sc
+
+    def clear_device_cache(self):
+        """Free the device memory this model holds for ranking (its factors and the seen items
+        of the last ``user_items``); the next call uploads them again.
+
+        Examples
+        --------
+        >>> model.clear_device_cache()                                  # doctest: +SKIP
+        """
+        self._invalidate_inference()
+
+    def _warm_inference(self, N=10):
+        """Before a fit: free the device memory held for ranking (the fit plans with it), and
+        build the top-k program of the model's GPUs for its ranking vectors (``factors``, one
+        more with biases) and lists of ``N`` in a background thread (the fit runs meanwhile,
+        so the first ``recommend`` after it finds the program built); CPU devices build on
+        first use. Never fails (the fit checks the parameters)."""
+        import threading
+
+        from ..engine.device import device_info
+        self._invalidate_inference()
+        try:
+            width = int(self.factors) + bool(getattr(self, "biases", False))
+            gpus = [d for d in self._inference_devices() if device_info(d).type == "GPU"]
+        except Exception as e:                  # inference must never break a fit
+            log.debug("no top-k warm-up (%s)", e)
+            return
+        if not gpus:
+            return
+
+        def build():
+            for d in gpus:
+                try:
+                    _topk().prebuild(d, width, N)
+                except Exception as e:          # the first call builds (and reports) it
+                    log.debug("top-k warm-up build failed on %s: %s", d.name, e)
+        threading.Thread(target=build, name="clmf-topk-build", daemon=True).start()
+
+    def _keep_on_device(self):
+        """After a fit: drop what was uploaded for the old factors and upload the new ones to
+        the model's devices in the ranker's layout, so the first ranking call only uploads the
+        seen items; never fails a fit."""
+        self._invalidate_inference()
+        try:
+            self._resident()
+        except Exception as e:                  # inference must never break a fit
+            log.debug("keeping the factors on the device failed (%s); uploaded on first use", e)
 
     def _device_topk(self, kind, F, sources=(), work=None):
         """The cached :class:`DeviceTopK` of ``kind`` (uploading ``F`` on a miss), or None (no
-        device, or ``work`` below a threshold known without uploading: a tuned record's)."""
+        device, or ``work`` below a threshold known without uploading: a tuned record's). The
+        model's items (``"items"``, ``"items_biased"``) are its resident ranker's."""
         dev = self._inference_device()
         if dev is None:
             return None
@@ -235,6 +446,9 @@ class DeviceRankingMixin:
             known = _topk().known_threshold(dev, F.shape[1])
             if known is not None and work < known:
                 return None
+        if kind in ("items", "items_biased"):
+            res = self._resident()
+            return None if res is None else res.first
         stamp = (dev.int_ptr,) + tuple((id(a), getattr(a, "shape", None)) for a in sources)
         cache = self.__dict__.setdefault("_topk_cache", {})
         hit = cache.get(kind)

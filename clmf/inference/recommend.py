@@ -32,6 +32,7 @@ from .conventions import LIKED_SCORE, confidence_rows, ids_dtype  # noqa: F401
 from .host import _top_n, host_rank  # noqa: F401  (the host ranking, re-exported)
 from .ranking import DeviceRankingMixin, ranking_vectors
 from .raw_ids import RawIdsMixin, _map_lookup, _require_liked_rows
+from .resident import contiguous_range
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +214,10 @@ class RecommenderMixin(RawIdsMixin, DeviceRankingMixin):
             :meth:`clmf.ALS.fit`), matched through the model's id maps. Needed to filter seen
             items and for ``recalculate_user``: ``None`` with ``filter_already_liked_items=True``
             raises ``ValueError``, as implicit does (the model keeps no training matrix). For
-            raw user ids in and raw item ids out, see :meth:`recommend_raw`.
+            raw user ids in and raw item ids out, see :meth:`recommend_raw`. For a range of
+            users (``np.arange(m)``, ``np.arange(a, b)``) a SciPy CSR is prepared and uploaded
+            to the model's devices once and reused while it stays the same matrix (see
+            :mod:`clmf.inference.resident`).
         N : int, default 10
             Number of items to return.
         filter_already_liked_items : bool, default True
@@ -273,6 +277,20 @@ class RecommenderMixin(RawIdsMixin, DeviceRankingMixin):
                                  "recalculate_user=True with their user_items)")
         elif user_items is None:
             raise ValueError("recalculate_user=True needs user_items")
+        if not recalculate_user and (items is None or not filter_already_liked_items):
+            # a range of users (np.arange(m) included): resident vectors and seen items
+            _require_liked_rows(user_items, filter_already_liked_items)
+            span = contiguous_range(ids)
+            M = user_items if filter_already_liked_items else None
+            if span is not None and (M is None or sp.issparse(M) and M.format == "csr"):
+                got = self._recommend_range(span, M, N, _candidates(n_items, items,
+                                                                    filter_items))
+                if got is not None:
+                    pos_out = ids_dtype(got[0], n_items)
+                    if scalar:
+                        keep = pos_out[0] >= 0
+                        return pos_out[0][keep], got[1][0][keep]
+                    return pos_out, got[1]
         rows = None
         if user_items is not None and (filter_already_liked_items or recalculate_user):
             rows = _rows_for(ids, user_items, "user_items", n_items, ratings=recalculate_user)
@@ -303,9 +321,10 @@ class RecommenderMixin(RawIdsMixin, DeviceRankingMixin):
         return pos_out, sc_out
 
     def _all_inputs(self, N, user_items, filter_already_liked_items, filter_items, items,
-                    batch_size=None):
+                    batch_size=None, rows=True):
         """(N, candidates, seen rows of every user) of a ``recommend_all`` call, checked (its
-        ``batch_size`` too: None or a positive integer)."""
+        ``batch_size`` too: None or a positive integer); with ``rows=False`` the seen items as
+        given (a table of raw ids already turned into a CSR), or None when not filtering."""
         N = _check_N(N)
         if batch_size is not None and (not isinstance(batch_size, numbers.Integral)
                                        or isinstance(batch_size, bool) or batch_size < 1):
@@ -313,10 +332,17 @@ class RecommenderMixin(RawIdsMixin, DeviceRankingMixin):
         user_items = self._known_pairs(user_items, "user_items")
         _require_liked_rows(user_items, filter_already_liked_items, "recommend_all")
         n_users, n_items = self.user_factors_.shape[0], self.item_factors_.shape[0]
-        rows = None
+        seen = None
         if user_items is not None and filter_already_liked_items:
-            rows = _rows_for(np.arange(n_users), user_items, "user_items", n_items)
-        return N, _candidates(n_items, items, filter_items), rows
+            seen = (self._seen_rows(np.arange(n_users), user_items) if rows else
+                    _as_csr(user_items, "user_items") if not sp.issparse(user_items) else
+                    user_items)
+        return N, _candidates(n_items, items, filter_items), seen
+
+    def _seen_rows(self, ids, user_items):
+        """The canonical CSR rows of ``user_items`` for the users ``ids`` (row-aligned or
+        indexed by id), checked."""
+        return _rows_for(ids, user_items, "user_items", self.item_factors_.shape[0])
 
     # ----- similarity ------------------------------------------------------------------------
     def _similar(self, F, ids, scalar, N, filter_ids, restrict, name, query=None):

@@ -19,6 +19,7 @@ the threshold (the tests force the device path with ``min_work=0``).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -26,21 +27,28 @@ import logging
 import math
 import os
 import threading
-import time
 
 import numpy as np
 import scipy.sparse as sp
 
 from ..errors import DeviceMemoryError, InvalidConfigError
 from ..interrupts import drain
+from .calibration import _calibrated, calibrate  # noqa: F401  (calibrate re-exported)
 
 log = logging.getLogger(__name__)
 
 __all__ = ["TopKConfig", "DeviceTopK", "topk", "validate", "render_topk", "inference_options",
-           "default_config", "lookup_config", "MAX_K"]
+           "default_config", "lookup_config", "prebuild", "Exclusion", "MAX_K"]
 
 MAX_K = 1024                  # longer lists go to the host (local memory per query)
 _EMPTY = np.iinfo(np.int32).max
+
+
+class Exclusion(collections.namedtuple("Exclusion", "indptr indices rows candidates nnz")):
+    """An exclusion CSR on the device (:meth:`DeviceTopK.upload_exclude`): row pointers (int64)
+    and candidate positions (int32) as buffers, its rows, candidates (None: all) and entries. A
+    query that is given one holds it to its end, whatever other threads upload meanwhile."""
+    __slots__ = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +207,17 @@ def _program(ctx, device, cfg, ldf, kp):
     return prog
 
 
+def prebuild(device, f, k=10):
+    """Build (memoized per context) the top-k program a :class:`DeviceTopK` of ``f`` factors
+    on ``device`` runs for lists of ``k``, without uploading anything."""
+    from ..engine.device import device_info, get_context, select_device
+    device = select_device(device)
+    info = device_info(device)
+    cfg = lookup_config(info, f)[0]
+    ctx, _queue = get_context(device)
+    return _program(ctx, device, _shrink_to_fit(cfg, f, k, info), cfg.ldf(f), k)
+
+
 # ----- tuned configurations ----------------------------------------------------------------------
 def lookup_config(info, f):
     """``(config, host_threshold or None, origin)`` for a device: the newest ``topk`` record of
@@ -337,6 +356,8 @@ class DeviceTopK:
         self.factors_buf, self.ldy = self._items_buffer(F)
         self._gathered = None              # (candidates, buffer, ldy) of the last gather (yt)
         self._queries = None               # resident query rows (recommend_all)
+        self._excl = None                  # resident exclusion (set_exclude)
+        self._free_slots = []              # result buffers of finished queries, for reuse
         self._lock = threading.Lock()
         log.debug("DeviceTopK on %s: %d × %d (ldf %d), %s (%s)", self.info.name, self.n, self.f,
                   self.ldf, self.config, self.config_origin)
@@ -418,27 +439,58 @@ class DeviceTopK:
         query row i), for ``query_rows(..., exclude="resident")`` over ``candidates``."""
         cand = None if candidates is None else np.asarray(candidates, np.int64)
         excl = _to_positions(sp.csr_matrix(exclude), cand, self.n)
-        need = 8 * (excl.shape[0] + 1) + 4 * excl.nnz
+        return self.set_exclude_arrays(excl.indptr, excl.indices, cand)
+
+    def set_exclude_arrays(self, indptr, indices, candidates=None):
+        """As :meth:`upload_exclude`, kept as this object's resident exclusion (for
+        ``exclude="resident"``)."""
+        self._excl = None                  # the old one's memory goes first
+        self._excl = self.upload_exclude(indptr, indices, candidates)
+        return self
+
+    def upload_exclude(self, indptr, indices, candidates=None):
+        """Upload an exclusion already in the kernel's form: row pointers (any integer dtype,
+        starting anywhere: they are rebased to 0) and the candidate positions of each row,
+        sorted within the row (:func:`clmf.inference.resident.seen_positions`); the rows align
+        with the resident queries as in :meth:`set_exclude`. Returns the :class:`Exclusion`,
+        which :meth:`iter_query` takes as ``exclude``."""
+        indptr = np.asarray(indptr)
+        p0, p1 = int(indptr[0]), int(indptr[-1])
+        nnz = p1 - p0
+        need = 8 * indptr.size + 4 * nnz
         if need > self.info.max_alloc:
             raise DeviceMemoryError(f"the exclusion CSR needs {need} B, the device's largest "
                                     f"allocation is {self.info.max_alloc} B")
-        self._excl = (self._upload(excl.indptr.astype(np.int64)),
-                      self._upload(excl.indices.astype(np.int32)), excl.shape[0], cand,
-                      excl.nnz)
-        return self
+        ptr = indptr.astype(np.int64)
+        if p0:
+            ptr -= p0
+        idx = np.asarray(indices)[p0:p1]
+        if idx.dtype != np.int32:
+            idx = idx.astype(np.int32)
+        cand = None if candidates is None else np.asarray(candidates, np.int64)
+        return Exclusion(self._upload(ptr), self._upload(idx), indptr.size - 1, cand, nnz)
+
+    def resident_bytes(self):
+        """Device bytes held between queries: the factors, resident queries and exclusion."""
+        q = 0 if self._queries is None else max(1, self._queries[1]) * self.ldf * 4
+        e = 0 if self._excl is None else 8 * (self._excl.rows + 1) + 4 * self._excl.nnz
+        return max(1, self.n) * self.ldf * 4 + q + e
 
     # ----- planning -----------------------------------------------------------------------------
-    def plan(self, nq, kp, splits, avg_excl=0.0, queries_on_device=False):
-        """Rows per launch so that the launch's buffers fit ``memory_fraction`` of the device."""
-        per_row = 8 * kp * (splits + 1) + 8 + 4 * avg_excl * 1.25
+    def plan(self, nq, kp, splits, avg_excl=0.0, queries_on_device=False, in_flight=1):
+        """Rows per launch so that the buffers of ``in_flight`` launches fit
+        ``memory_fraction`` of the device (besides the factors, resident queries and
+        exclusion)."""
+        per_row = in_flight * (8 * kp * (splits + 1) + 8 + 4 * avg_excl * 1.25)
         if not queries_on_device:
-            per_row += 4 * self.ldf
-        budget = self.memory_fraction * self.info.global_mem - self.n * self.ldf * 4
+            per_row += in_flight * 4 * self.ldf
+        budget = self.memory_fraction * self.info.global_mem - self.resident_bytes()
         budget = min(budget, self.info.max_alloc)
         rows = int(budget // per_row)
         if rows < 1:
             raise DeviceMemoryError(f"a top-k launch needs {per_row:.0f} B per query beyond the "
-                                    f"{self.n * self.ldf * 4} B of factors; the device offers "
+                                    f"{self.resident_bytes()} B of factors (and resident "
+                                    "queries and seen items); the device offers "
                                     f"{self.memory_fraction * self.info.global_mem:.0f} B")
         return max(1, min(nq, rows))
 
@@ -488,9 +540,14 @@ class DeviceTopK:
         return min(int(N), C)
 
     def iter_query(self, Q, N, candidates=None, exclude=None, rows=None, batch_rows=None,
-                   show_progress=False):
+                   show_progress=False, exclude_row0=None):
         """Yield ``(row0, ids, scores)`` batch by batch (the memory plan's batches, or
-        ``batch_rows``); arguments as :meth:`query`, or ``rows=(r0, r1)`` of resident queries."""
+        ``batch_rows``); arguments as :meth:`query`, or ``rows=(r0, r1)`` of resident queries
+        (``exclude="resident"``: the resident exclusion's row ``exclude_row0``, default
+        ``r0``, belongs to query row ``r0``).
+
+        Two batches are in flight: the next batch's kernels run while the host turns the
+        previous one's lists (copied into page-locked host memory) into the results."""
         cl = self.cl
         if rows is not None:
             r0, r1 = int(rows[0]), int(rows[1])
@@ -512,15 +569,22 @@ class DeviceTopK:
             raise ValueError("N must be ≥ 0")
         excl = None
         resident = isinstance(exclude, str) and exclude == "resident"
+        e0 = 0
+        ex = None                          # the resident exclusion, held for the whole query
+        if isinstance(exclude, Exclusion):
+            resident, ex = True, exclude
+        elif resident:
+            ex = self._excl
         if resident:
-            if rows is None or getattr(self, "_excl", None) is None:
+            if rows is None or ex is None:
                 raise ValueError('exclude="resident" needs set_exclude() and resident queries')
-            rc = self._excl[3]
+            rc = ex.candidates
             if (rc is None) != (cand is None) or (rc is not None and not np.array_equal(rc, cand)):
                 raise ValueError("the resident exclusion was uploaded for other candidates")
-            if self._excl[2] < rows[1]:
-                raise ValueError(f"the resident exclusion has {self._excl[2]} rows, "
-                                 f"the queries need {rows[1]}")
+            e0 = r0 if exclude_row0 is None else int(exclude_row0)
+            if e0 < 0 or ex.rows < e0 + nq:
+                raise ValueError(f"the resident exclusion has {ex.rows} rows, "
+                                 f"the queries need {e0 + nq}")
         elif exclude is not None:
             excl = sp.csr_matrix(exclude)
             if excl.shape[0] != nq:
@@ -538,71 +602,134 @@ class DeviceTopK:
         S, jper = self._splits(nq if batch_rows is None else min(nq, batch_rows), C, cfg)
         avg = excl.nnz / max(1, nq) if excl is not None else 0.0
         B = batch_rows or self.plan(nq, k, S, 0.0 if resident else avg,
-                                    queries_on_device=rows is not None)
+                                    queries_on_device=rows is not None, in_flight=2)
         B = max(1, min(B, nq))
         if B < nq:          # whole work-groups per batch
             B = max(cfg.tm, B // cfg.tm * cfg.tm)
-        mf = cl.mem_flags
         self.kernel_seconds = 0.0          # device time of this query's kernels (profiled)
         ybuf, ldy, cand_buf = self._items_for(cand)
-        part_s = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * B * S * k)
-        part_i = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * B * S * k)
-        if S > 1:
-            fin_s = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * B * k)
-            fin_i = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * B * k)
+        nslots = 1 if B >= nq else 2
+        slots = [self._slot(B, S, k) for _ in range(nslots)]
         bar = None
         if show_progress:
             from tqdm.auto import tqdm
             bar = tqdm(total=nq, desc="top-k", unit="query")
+        pending = []                       # (b0, nb, slot, events, copy event) in flight
+
+        def launch(b0, slot):
+            """Enqueue batch ``b0``'s kernels and the copies of its lists into ``slot``."""
+            b1 = min(nq, b0 + B)
+            nb = b1 - b0
+            keep = []                      # per-batch uploads live until the batch is done
+            if rows is not None:
+                qbuf, qrow0 = self._queries[0], r0 + b0
+            else:
+                qbuf, qrow0 = self._upload(self._pad(Q[b0:b1])), 0
+                keep.append(qbuf)
+            if resident:
+                ex_ptr, ex_idx = ex.indptr, ex.indices
+                has_excl, erow0 = 1, e0 + b0
+            elif excl is not None:
+                sub = excl[b0:b1]
+                ex_ptr = self._upload(sub.indptr.astype(np.int64))
+                ex_idx = self._upload(sub.indices.astype(np.int32))
+                keep += [ex_ptr, ex_idx]
+                has_excl, erow0 = 1, 0
+            else:
+                ex_ptr = ex_idx = None
+                has_excl, erow0 = 0, 0
+            groups = -(-nb // cfg.tm)
+            events = [scan(self.queue, (cfg.wx * S, cfg.wy * groups), (cfg.wx, cfg.wy), qbuf,
+                           np.int32(qrow0), np.int32(nb), ybuf, cand_buf,
+                           np.int32(cand_buf is not None), np.int32(C), ex_ptr, ex_idx,
+                           np.int32(has_excl), np.int32(erow0), np.int32(jper), np.int32(S),
+                           np.int64(ldy), slot["part_s"], slot["part_i"])]
+            if S > 1:
+                events.append(merge(
+                    self.queue, (-(-nb // 64) * 64,), (64,), slot["part_s"], slot["part_i"],
+                    np.int32(nb), np.int32(S), slot["fin_s"], slot["fin_i"]))
+                src_s, src_i = slot["fin_s"], slot["fin_i"]
+            else:
+                src_s, src_i = slot["part_s"], slot["part_i"]
+            hs, hi = slot["host_s"][:nb * k], slot["host_i"][:nb * k]
+            cl.enqueue_copy(self.queue, hs, src_s, is_blocking=False)
+            done = cl.enqueue_copy(self.queue, hi, src_i, is_blocking=False)
+            pending.append((b0, nb, slot, events, done, keep))
+
+        def finish():
+            """Wait for the oldest batch in flight and turn its lists into results."""
+            b0, nb, slot, events, done, _keep = pending.pop(0)
+            done.wait()
+            self.kernel_seconds += sum((e.profile.end - e.profile.start) * 1e-9
+                                       for e in events)
+            ix = slot["host_i"][:nb * k].reshape(nb, k)
+            sc = slot["host_s"][:nb * k].reshape(nb, k)
+            return b0, nb, slot, _finish(ix, sc, cand)
+
         try:
-            for b0 in range(0, nq, B):
-                b1 = min(nq, b0 + B)
-                nb = b1 - b0
-                if rows is not None:
-                    qbuf, qrow0 = self._queries[0], r0 + b0
-                else:
-                    qbuf, qrow0 = self._upload(self._pad(Q[b0:b1])), 0
-                if resident:       # rows aligned with the resident queries
-                    ex_ptr, ex_idx = self._excl[0], self._excl[1]
-                    has_excl, erow0 = 1, qrow0
-                elif excl is not None:
-                    sub = excl[b0:b1]
-                    ex_ptr = self._upload(sub.indptr.astype(np.int64))
-                    ex_idx = self._upload(sub.indices.astype(np.int32))
-                    has_excl, erow0 = 1, 0
-                else:
-                    ex_ptr = ex_idx = None
-                    has_excl, erow0 = 0, 0
-                groups = -(-nb // cfg.tm)
-                events = []
-                ev = scan(self.queue, (cfg.wx * S, cfg.wy * groups), (cfg.wx, cfg.wy), qbuf,
-                     np.int32(qrow0), np.int32(nb), ybuf, cand_buf,
-                     np.int32(cand_buf is not None), np.int32(C), ex_ptr, ex_idx,
-                     np.int32(has_excl), np.int32(erow0), np.int32(jper), np.int32(S),
-                     np.int64(ldy), part_s, part_i)
-                events.append(ev)
-                if S > 1:
-                    events.append(merge(
-                        self.queue, (-(-nb // 64) * 64,), (64,), part_s, part_i, np.int32(nb),
-                        np.int32(S), fin_s, fin_i))
-                    src_s, src_i = fin_s, fin_i
-                else:
-                    src_s, src_i = part_s, part_i
-                sc = np.empty((nb, k), np.float32)
-                ix = np.empty((nb, k), np.int32)
-                cl.enqueue_copy(self.queue, sc, src_s, is_blocking=False)
-                cl.enqueue_copy(self.queue, ix, src_i, is_blocking=True)
-                self.kernel_seconds += sum((e.profile.end - e.profile.start) * 1e-9
-                                           for e in events)
-                yield b0, *_finish(ix, sc, cand)
+            starts = list(range(0, nq, B))
+            for i, b0 in enumerate(starts):
+                launch(b0, slots[i % nslots])
+                if len(pending) == nslots:
+                    bb0, nb, _slot, (ids, sc) = finish()
+                    yield bb0, ids, sc
+                    if bar is not None:
+                        bar.update(nb)
+            while pending:
+                bb0, nb, _slot, (ids, sc) = finish()
+                yield bb0, ids, sc
                 if bar is not None:
                     bar.update(nb)
         except BaseException:
             drain(self.queue)       # Ctrl-C: the batch's kernels end before its buffers go
             raise
         finally:
+            if pending:             # the consumer stopped early: the copies end before reuse
+                drain(self.queue)
+                pending.clear()
+            with self._lock:
+                self._free_slots.extend(slots)
             if bar is not None:
                 bar.close()
+
+    def _slot(self, B, S, k):
+        """Device lists for ``B`` queries in ``S`` splits of ``k`` and page-locked host arrays
+        for the final lists (reused across queries: allocating pinned memory is slow)."""
+        cl = self.cl
+        mf = cl.mem_flags
+        free = self._free_slots
+        with self._lock:
+            for i, s in enumerate(free):
+                if (s["B"] >= B and s["S"] >= S and s["k"] == k
+                        and s["B"] * s["S"] <= 4 * B * S):
+                    return free.pop(i)
+            while len(free) > 4:           # keep a few; the oldest go
+                free.pop(0)
+        slot = {"B": B, "S": S, "k": k,
+                "part_s": cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * B * S * k),
+                "part_i": cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * B * S * k)}
+        if S > 1:
+            slot["fin_s"] = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * B * k)
+            slot["fin_i"] = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * B * k)
+        slot["host_s"], slot["_ms"] = self._pinned(B * k, np.float32)
+        slot["host_i"], slot["_mi"] = self._pinned(B * k, np.int32)
+        return slot
+
+    def _pinned(self, count, dtype):
+        """``(array, buffer)``: a page-locked host array of ``count`` items (a mapped
+        ``ALLOC_HOST_PTR`` buffer; device copies into it run at the bus's speed), or a plain
+        NumPy array where the runtime refuses the mapping."""
+        cl = self.cl
+        try:
+            buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR,
+                            size=max(1, count) * np.dtype(dtype).itemsize)
+            arr, _ev = cl.enqueue_map_buffer(self.queue, buf,
+                                             cl.map_flags.READ | cl.map_flags.WRITE, 0,
+                                             (max(1, count),), dtype, is_blocking=True)
+            return arr, buf
+        except cl.Error as e:              # no pinned memory here: pageable is correct too
+            log.debug("no page-locked result buffer (%s)", e)
+            return np.empty(max(1, count), dtype), None
 
     # ----- host threshold -----------------------------------------------------------------------
     def host_threshold(self):
@@ -658,82 +785,6 @@ def _concat(parts, nq, k):
     if len(parts) == 1:
         return parts[0][1], parts[0][2]
     return np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
-
-
-# ----- calibration of the host/device threshold ---------------------------------------------------
-_calib_cache: dict = {}
-
-
-def _median_time(fn, reps=3):
-    """Median wall seconds of ``reps`` calls of ``fn``."""
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return float(np.median(ts))
-
-
-def calibrate(dtk: DeviceTopK, sizes=(1, 16, 64), N=10, seed=0):
-    """Measure host and device top-``N`` for a few query counts against ``dtk``'s factors and
-    return the multiply-adds where the device starts to win (inf if it never does here).
-
-    The crossover ``b*`` is interpolated between the last measured size where the host wins and
-    the first where the device does (0 when the device wins at every size; when the host wins
-    everywhere, extrapolated from linear models ``t = a + c·b`` of both, inf if they never
-    cross); the threshold is ``b* · n · f``."""
-    from .host import host_rank
-    rng = np.random.default_rng(seed)
-    th, td = [], []
-    Yh = _host_factors(dtk)
-    for b in sizes:
-        Q = rng.standard_normal((b, dtk.f)).astype(np.float32)
-        dtk.query(Q, N)                                            # build + warm-up
-        td.append(_median_time(lambda: dtk.query(Q, N)))
-        th.append(_median_time(lambda: host_rank(Q, Yh, None, None, N)))
-    b = np.asarray(sizes, np.float64)
-    th_, td_ = np.asarray(th), np.asarray(td)
-    work = float(dtk.n) * dtk.f
-    wins = td_ < th_
-    if wins.all():
-        bstar = 0.0
-    elif wins.any():
-        # the first measured size where the device wins, and the one before it: interpolate
-        # the time difference linearly between them
-        i = int(np.argmax(wins))
-        if i == 0:
-            bstar = 0.0
-        else:
-            d0, d1 = td_[i - 1] - th_[i - 1], td_[i] - th_[i]
-            bstar = b[i - 1] + (b[i] - b[i - 1]) * d0 / (d0 - d1)
-    else:
-        # the host wins everywhere measured: extrapolate the linear models t = a + c·b
-        ch, ah = np.polyfit(b, th_, 1)
-        cd, ad = np.polyfit(b, td_, 1)
-        bstar = math.inf if cd >= ch else max(b[-1], (ad - ah) / (ch - cd))
-    log.info("topk calibration on %s (%d × %d): queries %s, host %s s, device %s s → device "
-             "from %.3g queries", dtk.info.name, dtk.n, dtk.f, list(sizes),
-             [round(t, 5) for t in th], [round(t, 5) for t in td], bstar)
-    return bstar * work, {"sizes": list(sizes), "host_s": th, "device_s": td}
-
-
-def _host_factors(dtk):
-    """The factors of ``dtk`` as the host path gets them."""
-    return dtk._F
-
-
-def _calibrated(dtk):
-    """The measured threshold of ``dtk``, once per device, size class, f and configuration."""
-    key = (dtk.device.int_ptr, dtk.n // 1024, dtk.f, str(dtk.config))
-    hit = _calib_cache.get(key)
-    if hit is None:
-        try:
-            hit = calibrate(dtk)[0]
-        except Exception as e:           # calibration must never break inference
-            log.warning("topk calibration failed (%s); using the host below 1e8 multiply-adds", e)
-            hit = 1e8
-        _calib_cache[key] = hit
-    return hit
 
 
 def topk(factors, queries, N, candidates=None, exclude=None, device="auto", config=None):

@@ -227,12 +227,13 @@ class ALS(ParamsMixin, RecommenderMixin):
         # a fit that fails or is interrupted (KeyboardInterrupt included) leaves a fitted model
         # exactly as it was
         t_fit, c_fit = time.perf_counter(), time.process_time()
+        self._warm_inference()             # frees the ranking buffers, builds the GPU ranker
         new = DeviceTrainer(self).fit(X, columns=columns, show_progress=show_progress,
                                       callback=callback, init=init, validation=validation,
                                       early_stopping_rounds=early_stopping_rounds,
                                       train_metrics=train_metrics, t_fit=t_fit, c_fit=c_fit)
         self.__dict__.update(new)          # one step: nothing half-assigned
-        self._invalidate_inference()       # the factors uploaded for inference are stale
+        self._keep_on_device()             # the new factors replace the old on the device
         return self
 
     # ----- inference -----------------------------------------------------------------------

@@ -1,0 +1,242 @@
+"""A model's ranking state kept on its devices: factors in the ranker's layout and the seen items.
+
+:class:`ResidentRanker` holds, per device of the model, a :class:`~clmf.inference.topk.DeviceTopK`
+with every item's ranking vector (``y``, or ``[y, b_i]`` with biases) and the ranking vectors of a
+contiguous range of users (``x``, or ``[x, 1]``): the users are split over the devices, so
+``recommend_all`` and a batched ``recommend`` of a range of users run on all of them at once.
+The factors are uploaded once per model (when it is fitted, or on first use after ``load``,
+unpickling or a device change) and dropped when the factors change (refit, fold-in).
+
+:class:`SeenItems` is the seen-items matrix (``user_items``) in the kernel's form (sorted
+candidate positions, int64 row pointers), prepared and uploaded once per ``(model, user_items,
+candidates)``. Whether a later call's ``user_items`` is the same is decided by its fingerprint:
+
+* cheap, checked first: the object (``id``), its shape, ``nnz``, the addresses of its ``indptr``
+  and ``indices`` buffers, and ``indptr`` itself (compared in full: O(rows));
+* then the content of ``indices``: sums of its 64-bit words in chunks of 4,096 words (8,192
+  int32 indices), compared in full. This runs in a host thread while the devices already rank
+  (about 25 ms per 10⁸ entries), and a mismatch discards those results and ranks again on a
+  freshly uploaded matrix.
+
+So a different matrix, a matrix that grew or shrank (``R[u, i] = 1`` on a new entry,
+``eliminate_zeros``), any changed row length and any change of an index value are detected.
+Values (``R.data``) do not matter (stored entries count as seen, whatever their value). What
+is not detected: an in-place rewrite of ``R.indices`` that keeps every row's length and the
+sum of every chunk (e.g. two items exchanged between two rows of the same chunk by direct
+writes); after such a write pass a copy, or call ``model.clear_device_cache()``.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+
+import numpy as np
+import scipy.sparse as sp
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ResidentRanker", "SeenItems", "split_rows", "contiguous_range"]
+
+_CHUNK_WORDS = 4096        # 64-bit words per checksum chunk of the seen items' indices
+
+
+def split_rows(m, weights):
+    """Contiguous ``[(r0, r1), ...]`` of ``m`` rows, one per weight, sized in proportion."""
+    w = np.asarray(weights, np.float64)
+    edges = np.round(np.concatenate([[0.0], np.cumsum(w)]) / w.sum() * m).astype(np.int64)
+    edges[-1] = m
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
+
+
+def contiguous_range(ids):
+    """``(r0, r1)`` when the ids are ``r0, r0 + 1, ..., r1 - 1`` (at least one), else None."""
+    if ids.size == 0:
+        return None
+    r0 = int(ids[0])
+    if int(ids[-1]) - r0 != ids.size - 1:
+        return None
+    if ids.size > 1 and not np.all(np.diff(ids) == 1):
+        return None
+    return r0, r0 + ids.size
+
+
+def _address(a):
+    """The data address of a NumPy array."""
+    return a.__array_interface__["data"][0]
+
+
+def _chunk_sums(indices):
+    """Sums of the 64-bit words of ``indices`` in chunks of :data:`_CHUNK_WORDS` (the tail and
+    an odd last int32 summed apart): the content part of the fingerprint."""
+    a = np.ascontiguousarray(indices)
+    raw = a.view(np.uint8)
+    nw = raw.size // 8
+    words = raw[:nw * 8].view(np.uint64)
+    full = nw // _CHUNK_WORDS * _CHUNK_WORDS
+    head = words[:full].reshape(-1, _CHUNK_WORDS).sum(axis=1) if full else np.zeros(0, np.uint64)
+    tail = [int(words[full:].sum()), int(raw[nw * 8:].astype(np.uint64).sum())]
+    return np.concatenate([head, np.asarray(tail, np.uint64)])
+
+
+def _cheap_key(M):
+    """The fingerprint's cheap part: object, shape, nnz, buffer addresses."""
+    return (id(M), M.shape, int(M.nnz), _address(M.indptr), _address(M.indices),
+            M.indptr.dtype.str, M.indices.dtype.str)
+
+
+class SeenItems:
+    """A CSR ``user_items`` in the top-k kernel's form (see the module docstring for the
+    fingerprint that decides whether a later matrix is the same one).
+
+    ``row0`` is the user of the matrix's first row (the matrix is indexed by user id: 0; a
+    row-aligned slice of users ``r0..r1``: ``r0``); ``candidates`` the sorted candidate items
+    (None: all). ``indptr`` (int64) and ``indices`` (int32 candidate positions, sorted in each
+    row) are the arrays the devices get."""
+
+    def __init__(self, M, n_items, row0=0, candidates=None):
+        """Check ``M`` (a CSR of ``n_items`` columns) and prepare its rows for the kernel."""
+        from ..data.validation import check_sparse_structure
+        if M.shape[1] != n_items:
+            raise ValueError(f"user_items has {M.shape[1]} columns but the model has {n_items} "
+                             "items: pass a matrix with one column per model id")
+        self.key = _cheap_key(M)
+        self.row0 = int(row0)
+        self.rows = int(M.shape[0])
+        self.candidates = None if candidates is None else np.asarray(candidates, np.int64)
+        # three passes over the entries, in threads (NumPy and SciPy release the GIL): the
+        # structure check, the fingerprint's sums, the kernel's form
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            check = pool.submit(check_sparse_structure, M, "user_items")
+            sums = pool.submit(_chunk_sums, M.indices)
+            check.result()                     # a malformed matrix is refused first
+            self.indptr_copy = np.array(M.indptr, copy=True)
+            self.indptr, self.indices = seen_positions(M, self.candidates, n_items)
+            self.sums = sums.result()
+
+    def same(self, M, row0, candidates):
+        """The fingerprint's cheap part and the call's row offset and candidates match."""
+        if self.row0 != int(row0) or _cheap_key(M) != self.key:
+            return False
+        c = self.candidates
+        if (c is None) != (candidates is None) or (
+                c is not None and not np.array_equal(c, candidates)):
+            return False
+        return np.array_equal(M.indptr, self.indptr_copy)
+
+    def same_content(self, M):
+        """The chunk sums of ``M.indices`` are the prepared ones (O(nnz), GIL released)."""
+        return np.array_equal(_chunk_sums(M.indices), self.sums)
+
+    def covers(self, r0, r1):
+        """Whether users ``r0..r1`` have rows here."""
+        return self.row0 <= r0 and r1 <= self.row0 + self.rows
+
+
+def seen_positions(M, candidates, n):
+    """``(indptr int64, indices int32)`` of the CSR ``M`` with columns as candidate positions
+    (others dropped), sorted in each row: no copy of ``indices`` when ``M`` already is that
+    (int32, sorted, all candidates)."""
+    if candidates is None:
+        # a fresh wrapper (no copy): SciPy caches has_sorted_indices on the object, which an
+        # in-place change of M.indices would leave stale
+        M = sp.csr_matrix((M.data, M.indices, M.indptr), shape=M.shape, copy=False)
+        indices = M.indices
+        if not M.has_sorted_indices:
+            M = M.copy()
+            M.sort_indices()
+            indices = M.indices
+        if indices.dtype != np.int32:
+            indices = indices.astype(np.int32)
+        return M.indptr.astype(np.int64, copy=False), indices
+    from .topk import _to_positions
+    P = _to_positions(sp.csr_matrix(M), candidates, n)
+    return P.indptr.astype(np.int64, copy=False), P.indices.astype(np.int32, copy=False)
+
+
+class ResidentRanker:
+    """The ranking vectors of a model on its devices (see the module docstring).
+
+    ``Xq`` (users) and ``Yq`` (items) are the ranking vectors; ``devices`` the model's
+    devices; the users are split over them in proportion to their compute units."""
+
+    def __init__(self, Xq, Yq, devices):
+        """Upload the items to every device and each device's range of users."""
+        from ..engine.device import device_info
+        from .topk import DeviceTopK
+        self.m, self.n = Xq.shape[0], Yq.shape[0]
+        self.f = Yq.shape[1]
+        weights = [max(1, device_info(d).compute_units) for d in devices]
+        self.parts = []
+        for d, (r0, r1) in zip(devices, split_rows(self.m, weights)):
+            dtk = DeviceTopK(Yq, d)
+            dtk.set_queries(Xq[r0:r1])
+            self.parts.append({"dtk": dtk, "rows": (r0, r1), "seen": None})
+        self.seen = None                   # the SeenItems last prepared
+        log.debug("resident ranker: %d users × %d items (f %d) on %d device(s)", self.m,
+                  self.n, self.f, len(self.parts))
+
+    @property
+    def first(self):
+        """The first device's :class:`DeviceTopK` (the one small calls use)."""
+        return self.parts[0]["dtk"]
+
+    def seen_for(self, M, row0, candidates):
+        """``(SeenItems, reused)`` for ``M``: the prepared one when its cheap fingerprint
+        matches (``reused``: its content is still to be verified), else a new one."""
+        s = self.seen
+        if s is not None and s.same(M, row0, candidates):
+            return s, True
+        self.forget_seen()                 # the old arrays go before the new are built
+        s = self.seen = SeenItems(M, self.n, row0, candidates)
+        return s, False
+
+    def forget_seen(self):
+        """Drop the prepared seen items (host and devices; a query running in another thread
+        keeps its own until it ends)."""
+        self.seen = None
+        for p in self.parts:
+            p["seen"] = None
+
+    def _upload_seen(self, part, seen):
+        """``(Exclusion, user of its first row)``: the rows of ``seen`` for the part's users on
+        its device, uploaded once per prepared matrix."""
+        got = part["seen"]
+        if got is not None and got[0] is seen:
+            return got[1], got[2]
+        r0, r1 = part["rows"]
+        a = max(r0, seen.row0) - seen.row0
+        b = max(a, min(r1, seen.row0 + seen.rows) - seen.row0)
+        part["seen"] = None                # the old one's memory goes first
+        ex = part["dtk"].upload_exclude(seen.indptr[a:b + 1], seen.indices, seen.candidates)
+        part["seen"] = (seen, ex, seen.row0 + a)
+        return ex, seen.row0 + a
+
+    def iter_rank(self, r0, r1, N, candidates=None, seen=None, batch_rows=None):
+        """Yield ``(user0, ids, scores)`` for users ``r0..r1`` in order: top-``N`` of their
+        resident vectors against the candidates, ``seen`` (a :class:`SeenItems` covering the
+        users) left out. Several devices rank their users at once (a thread each)."""
+        jobs = [(p, max(r0, p["rows"][0]), min(r1, p["rows"][1])) for p in self.parts]
+        jobs = [j for j in jobs if j[2] > j[1]]
+        if not jobs:
+            return
+
+        def stream(p, a, b):
+            """The part's batches for users a..b, as global users."""
+            dtk, q0 = p["dtk"], p["rows"][0]
+            if seen is not None:
+                ex, e_row0 = self._upload_seen(p, seen)
+                gen = dtk.iter_query(None, N, candidates, ex, rows=(a - q0, b - q0),
+                                     batch_rows=batch_rows, exclude_row0=a - e_row0)
+            else:
+                gen = dtk.iter_query(None, N, candidates, None, rows=(a - q0, b - q0),
+                                     batch_rows=batch_rows)
+            for b0, ids, sc in gen:
+                yield a + b0, ids, sc
+
+        if len(jobs) == 1:
+            yield from stream(*jobs[0])
+            return
+        with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+            futs = [pool.submit(lambda j=j: list(stream(*j))) for j in jobs]
+            for fut in futs:
+                yield from fut.result()
