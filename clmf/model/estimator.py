@@ -23,7 +23,14 @@ from ..inference.recommend import RecommenderMixin
 from ..tuning.fallback import show_progress as probe_progress
 from . import loop
 from .checks import _check_unregularized, _csr_range, _range_error, _side_stats
-from .inputs import _check_heldout_shape, _heldout, _integral, _params_repr, _table_ratings
+from .inputs import (
+    _check_heldout_shape,
+    _heldout,
+    _integral,
+    _params_repr,
+    _refuse_row_cv,
+    _table_ratings,
+)
 from .persistence import register_estimator
 
 log = logging.getLogger(__name__)
@@ -390,6 +397,7 @@ class ALS(RecommenderMixin):
         # model exactly as it was
         t_fit, c_fit = time.perf_counter(), time.process_time()
         check_params(self)
+        _refuse_row_cv(X)
         if frames.is_frame(X):
             X = _table_ratings(X, columns)
         R = check_ratings(X)
