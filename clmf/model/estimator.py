@@ -757,13 +757,21 @@ class _DeviceSteps(loop.FitSteps):
         self.implicit = model.feedback == "implicit"
         self.rows = []              # row of each rating, for backends without a CSR metric
         self.it, self.last = -1, int(model.iterations) - 1
-        self.evaluator = None
+        self.evaluator = self.counter = None
         if V is not None and self.implicit:
             from ..inference import topk
-            from ..inference.evaluation import RankingEvaluator
-            self.evaluator = RankingEvaluator(
-                V.tocsr(), R, VALIDATION_K,
-                device=device if topk.device_path_enabled() else None)
+            from ..inference.evaluation import RankingEvaluator, _csr
+            on_device = device is not None and topk.device_path_enabled()
+            T, S = _csr(V, "validation"), _csr(R, "train")
+            self.evaluator = RankingEvaluator(T, S, VALIDATION_K,
+                                              device=device if on_device else None)
+            if on_device:
+                from ..inference.heldout import HeldoutCounter
+                try:
+                    self.counter = HeldoutCounter(T, S, VALIDATION_K, device)
+                except Exception as e:          # never break a fit: rank as before
+                    log.warning("validation counts unavailable on the device (%s: %s); ranking "
+                                "instead", type(e).__name__, e)
 
     def iterate(self, it):
         """One iteration, waited for; a singular system explained by the ratings' range is a
@@ -783,7 +791,14 @@ class _DeviceSteps(loop.FitSteps):
         if self.train == "every" or (self.train == "last" and self.it == self.last):
             se, cnt = _train_squared_error(engine, self.R, self.rows)
             out["train_rmse"] = float(np.sqrt(se / cnt))
-        if self.evaluator is not None:
+        if self.counter is not None:
+            try:
+                out[VALIDATION_METRIC] = self._counted_precision()
+            except Exception as e:              # never break a fit: rank as before
+                log.warning("validation counts failed on the device (%s: %s); ranking instead",
+                            type(e).__name__, e)
+                self.counter = None
+        if self.evaluator is not None and VALIDATION_METRIC not in out:
             out[VALIDATION_METRIC] = self.evaluator.strict_precision(
                 engine.get_factors("users"), engine.get_factors("items"))
         elif V is not None:
@@ -791,6 +806,18 @@ class _DeviceSteps(loop.FitSteps):
             out["validation_rmse"] = (float(np.sqrt((se + self.v_unknown_se) / self.v_total))
                                       if self.v_total else float("nan"))
         return out
+
+    def _counted_precision(self):
+        """Validation precision of the current factors by :class:`HeldoutCounter`, reading a
+        single engine's factor buffers in place (same device), else the downloaded factors."""
+        engine, dev = self.engine, self.counter.device
+        if (getattr(engine, "factors", None) is not None and hasattr(engine, "ldf")
+                and getattr(engine, "device", None) is not None
+                and engine.device.int_ptr == dev.int_ptr):
+            return self.counter.precision(buffers=(
+                engine.factors["users"], engine.factors["items"], self.f, engine.ldf, engine.ldf,
+                engine.storage))
+        return self.counter.precision(engine.get_factors("users"), engine.get_factors("items"))
 
     def non_finite_error(self):
         """A :class:`RatingRangeError` when the ratings' magnitude explains the failure."""
