@@ -117,3 +117,26 @@ def test_fit_validation_counts_equal_evaluate(cl_device, monkeypatch):
         m = clmf.ALS(12, 0.01, its, feedback="implicit", alpha=5.0, device=cl_device,
                      random_state=0).fit(train, show_progress=False)
         assert got == clmf.evaluate(m, train, val, K=10)["strict_precision"]
+
+
+def test_fit_validation_on_the_host_and_after_a_device_failure(cl_device, monkeypatch):
+    """Without the device path (CLMF_INFERENCE=host) or when the counter fails, the host ranks:
+    the same values, and the fit goes on."""
+    from clmf import datasets, splits
+    from clmf.inference import topk
+    data = datasets.synthetic("movielens-100k", scale=0.1, seed=4)
+    train, val = splits.leave_k_out(data, k=2, random_state=0, min_train=2)
+
+    def fit():
+        return clmf.ALS(8, 0.01, 3, feedback="implicit", alpha=5.0, device=cl_device,
+                        random_state=0).fit(train, validation=val, show_progress=False)
+    want = [h["validation_precision@10"] for h in fit().history_]
+    with topk.inference_options(enabled=False):      # the host's hits / (K·users): to rounding
+        assert [h["validation_precision@10"] for h in fit().history_] == pytest.approx(want,
+                                                                                    rel=1e-12)
+
+    def broken(self, *a, **kw):
+        raise RuntimeError("planted")
+    monkeypatch.setattr(heldout.HeldoutCounter, "_counts", broken)
+    assert [h["validation_precision@10"] for h in fit().history_] == pytest.approx(want,
+                                                                                rel=1e-12)

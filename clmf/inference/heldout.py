@@ -23,7 +23,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HeldoutCounter"]
+__all__ = ["HeldoutCounter", "FitValidation"]
 
 _U = float(np.finfo(np.float32).eps) / 2
 
@@ -104,7 +104,7 @@ class HeldoutCounter:
         n1 = max(1, self.n)
         self._buf["out"] = cl.Buffer(self.ctx, mf.WRITE_ONLY, size=4 * max(1, self.npairs))
         self._buf["norms"] = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * n1)
-        for k in ("order", "pos", "reach"):
+        for k in ("order", "reach"):
             self._buf[k] = cl.Buffer(self.ctx, mf.READ_ONLY, size=4 * n1)
         self._sorted = None            # (buffer, f) of the items' copy in norm order
         self._buf["perm"] = cl.Buffer(self.ctx, mf.READ_ONLY, size=4 * max(1, self.nchunks))
@@ -159,11 +159,9 @@ class HeldoutCounter:
         norms = np.empty(n, np.float32)
         cl.enqueue_copy(q, norms, b["norms"])
         order = np.argsort(-norms, kind="stable").astype(np.int32)
-        pos = np.empty(n, np.int32)
-        pos[order] = np.arange(n, dtype=np.int32)
         # the norms with an allowance for their own and the bound's float32 rounding
         reach = (norms[order].astype(np.float64) * (1 + (2 * f + 8) * _U)).astype(np.float32)
-        for k, a in (("order", order), ("pos", pos), ("reach", reach)):
+        for k, a in (("order", order), ("reach", reach)):
             cl.enqueue_copy(q, b[k], a, is_blocking=False)
         if self._sorted is None or self._sorted[1] != f:
             lds = 8 * -(-f // 8)
@@ -172,7 +170,7 @@ class HeldoutCounter:
         prog.kernels["sort_rows"](q, (n,), None, Yb, b["order"], np.int32(n), S)
         cl.enqueue_copy(q, b["perm"], self._perm, is_blocking=False)
         prog.kernels["heldout_count"](
-            q, (-(-self.nchunks // GROUP),), None, Xb, S, b["order"], b["pos"], b["reach"],
+            q, (-(-self.nchunks // GROUP),), None, Xb, Yb, S, b["order"], b["reach"],
             b["perm"], b["chunk_user"], b["chunk_start"], b["pair_item"], b["seen_ptr"],
             b["seen_idx"], np.int32(self.nchunks), np.int32(n), np.int32(self.K), b["out"],
             b["steps"])
@@ -182,3 +180,51 @@ class HeldoutCounter:
         cl.enqueue_copy(q, out, b["out"])
         self._perm = np.argsort(-steps, kind="stable").astype(np.int32)
         return out
+
+
+class FitValidation:
+    """A fit's implicit-feedback validation metric (strict precision@``K`` of held-out items),
+    built once per fit: counted by a :class:`HeldoutCounter` on ``device``, reading a single
+    engine's factor buffers in place (same device) or the downloaded factors (several devices);
+    ranked by a :class:`~clmf.inference.evaluation.RankingEvaluator` on the host where no device
+    counts (none given, ``CLMF_INFERENCE=host``, or a device that fails: never breaks a fit)."""
+
+    def __init__(self, validation, train, K, device=None):
+        """Canonical held-out and seen CSRs of ``validation`` and ``train``; the counter."""
+        from . import topk
+        from .evaluation import _csr
+        self.test, self.seen = _csr(validation, "validation"), _csr(train, "train")
+        self.K = int(K)
+        self.counter, self._ranker = None, None
+        if device is not None and topk.device_path_enabled():
+            try:
+                self.counter = HeldoutCounter(self.test, self.seen, self.K, device)
+            except Exception as e:
+                self._fail(e)
+
+    def _fail(self, e):
+        """Log a device failure; the host ranks from now on."""
+        log.warning("validation counts failed on the device (%s: %s); ranking on the host",
+                    type(e).__name__, e)
+        self.counter = None
+
+    def precision(self, engine, f):
+        """The metric of ``engine``'s current factors (``f`` factors per row)."""
+        if self.counter is not None:
+            try:
+                dev = self.counter.device
+                if (getattr(engine, "factors", None) is not None and hasattr(engine, "ldf")
+                        and getattr(engine, "device", None) is not None
+                        and engine.device.int_ptr == dev.int_ptr):
+                    return self.counter.precision(buffers=(
+                        engine.factors["users"], engine.factors["items"], f, engine.ldf,
+                        engine.ldf, engine.storage))
+                return self.counter.precision(engine.get_factors("users"),
+                                              engine.get_factors("items"))
+            except Exception as e:
+                self._fail(e)
+        if self._ranker is None:
+            from .evaluation import RankingEvaluator
+            self._ranker = RankingEvaluator(self.test, self.seen, self.K)
+        return self._ranker.strict_precision(engine.get_factors("users"),
+                                             engine.get_factors("items"))

@@ -21,16 +21,9 @@ from ..inference.conventions import confidence_rows
 from ..inference.predict import predict_pairs
 from ..inference.recommend import RecommenderMixin
 from ..tuning.fallback import show_progress as probe_progress
-from . import loop
+from . import inputs, loop
 from .checks import _check_unregularized, _csr_range, _range_error, _side_stats
-from .inputs import (
-    _check_heldout_shape,
-    _heldout,
-    _integral,
-    _params_repr,
-    _refuse_row_cv,
-    _table_ratings,
-)
+from .inputs import _check_heldout_shape, _heldout, _integral, _params_repr, _table_ratings
 from .persistence import register_estimator
 
 log = logging.getLogger(__name__)
@@ -371,7 +364,7 @@ class ALS(RecommenderMixin):
             with implicit feedback they are left out) scored each iteration on the device: the
             RMSE (``validation_rmse`` in ``history_``), or for implicit feedback the strict
             precision@10 of the held-out items among each user's top 10, training items left
-            out (``validation_precision@10``; as :meth:`score`), ranked by the device top-k.
+            out (``validation_precision@10``; as :meth:`score`), counted on the device.
         early_stopping_rounds : stop when the validation metric has not improved for this many
             iterations; the best iteration's factors are kept.
 
@@ -397,7 +390,7 @@ class ALS(RecommenderMixin):
         # model exactly as it was
         t_fit, c_fit = time.perf_counter(), time.process_time()
         check_params(self)
-        _refuse_row_cv(X)
+        inputs._refuse_row_cv(X)
         if frames.is_frame(X):
             X = _table_ratings(X, columns)
         R = check_ratings(X)
@@ -742,11 +735,11 @@ class _DeviceSteps(loop.FitSteps):
     """:func:`clmf.model.loop.run`'s view of a fit on one or several devices in this process
     (:class:`clmf.engine.Engine` or :class:`clmf.parallel.MultiEngine`): metrics on the
     devices (train RMSE from their CSR, validation RMSE of triples) or, for implicit feedback,
-    validation precision@10 ranked by the device top-k (:class:`RankingEvaluator`, built once)."""
+    validation precision@10 counted on the device (:class:`FitValidation`, built once)."""
 
     def __init__(self, model, engine, R, V, v_unknown_se, v_total, storage, train, device=None):
         """Keep the backend, the training ratings and the validation triples (implicit feedback:
-        a :class:`RankingEvaluator` of them, ranking on ``device``)."""
+        a :class:`FitValidation` of them, counting on ``device``)."""
         super().__init__(engine)
         self.R, self.V = R, V
         self.v_unknown_se, self.v_total = v_unknown_se, v_total
@@ -757,21 +750,10 @@ class _DeviceSteps(loop.FitSteps):
         self.implicit = model.feedback == "implicit"
         self.rows = []              # row of each rating, for backends without a CSR metric
         self.it, self.last = -1, int(model.iterations) - 1
-        self.evaluator = self.counter = None
+        self.evaluator = None
         if V is not None and self.implicit:
-            from ..inference import topk
-            from ..inference.evaluation import RankingEvaluator, _csr
-            on_device = device is not None and topk.device_path_enabled()
-            T, S = _csr(V, "validation"), _csr(R, "train")
-            self.evaluator = RankingEvaluator(T, S, VALIDATION_K,
-                                              device=device if on_device else None)
-            if on_device:
-                from ..inference.heldout import HeldoutCounter
-                try:
-                    self.counter = HeldoutCounter(T, S, VALIDATION_K, device)
-                except Exception as e:          # never break a fit: rank as before
-                    log.warning("validation counts unavailable on the device (%s: %s); ranking "
-                                "instead", type(e).__name__, e)
+            from ..inference.heldout import FitValidation
+            self.evaluator = FitValidation(V, R, VALIDATION_K, device)
 
     def iterate(self, it):
         """One iteration, waited for; a singular system explained by the ratings' range is a
@@ -791,33 +773,13 @@ class _DeviceSteps(loop.FitSteps):
         if self.train == "every" or (self.train == "last" and self.it == self.last):
             se, cnt = _train_squared_error(engine, self.R, self.rows)
             out["train_rmse"] = float(np.sqrt(se / cnt))
-        if self.counter is not None:
-            try:
-                out[VALIDATION_METRIC] = self._counted_precision()
-            except Exception as e:              # never break a fit: rank as before
-                log.warning("validation counts failed on the device (%s: %s); ranking instead",
-                            type(e).__name__, e)
-                self.counter = None
-        if self.evaluator is not None and VALIDATION_METRIC not in out:
-            out[VALIDATION_METRIC] = self.evaluator.strict_precision(
-                engine.get_factors("users"), engine.get_factors("items"))
+        if self.evaluator is not None:
+            out[VALIDATION_METRIC] = self.evaluator.precision(engine, self.f)
         elif V is not None:
             se = engine.squared_error("validation", V.row, V.col, V.data)[0] if V.nnz else 0.0
             out["validation_rmse"] = (float(np.sqrt((se + self.v_unknown_se) / self.v_total))
                                       if self.v_total else float("nan"))
         return out
-
-    def _counted_precision(self):
-        """Validation precision of the current factors by :class:`HeldoutCounter`, reading a
-        single engine's factor buffers in place (same device), else the downloaded factors."""
-        engine, dev = self.engine, self.counter.device
-        if (getattr(engine, "factors", None) is not None and hasattr(engine, "ldf")
-                and getattr(engine, "device", None) is not None
-                and engine.device.int_ptr == dev.int_ptr):
-            return self.counter.precision(buffers=(
-                engine.factors["users"], engine.factors["items"], self.f, engine.ldf, engine.ldf,
-                engine.storage))
-        return self.counter.precision(engine.get_factors("users"), engine.get_factors("items"))
 
     def non_finite_error(self):
         """A :class:`RatingRangeError` when the ratings' magnitude explains the failure."""
