@@ -191,7 +191,26 @@ def test_what_cannot_work_is_one_clear_error(cl_device):
     # a Ratings with cv=<int>: KFold would pick ratings by its users' count
     with pytest.raises(TypeError, match="RatingsKFold"):
         GridSearchCV(base, grid, cv=3).fit(Ratings.from_sparse(R))
-    # a matrix with cv=<int>: scikit-learn turns every estimator error into NaN and a warning;
-    # the error, shown with error_score="raise", names the fix
-    with pytest.raises(ValueError, match=r"rows \(whole users\).*RatingsKFold"):
+    # a matrix or a tuple with cv=<int>: every fold's fit refuses it, so scikit-learn raises
+    # one ValueError quoting the fix instead of NaN scores and warnings
+    for X in (R, (C.row, C.col, C.data)):
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            with pytest.raises(ValueError, match=r"rows \(whole users.*RatingsKFold"):
+                GridSearchCV(base, grid, cv=3).fit(X)
+            with pytest.raises(ValueError, match=r"rows \(whole users.*RatingsKFold"):
+                cross_val_score(base, X, cv=3)
+        assert not [w for w in record if "non-finite" in str(w.message)
+                    or "Scoring failed" in str(w.message)]
+    with pytest.raises(ValueError, match=r"rows \(whole users.*RatingsKFold"):
         GridSearchCV(base, grid, cv=3, error_score="raise").fit(R)
+
+
+def test_a_users_own_scorer_may_split_a_matrix_by_users(cl_device):
+    """A scoring function of the user's (e.g. folding in held-out users) is not refused: only
+    scikit-learn's own scorers cannot score rows of other users."""
+    from sklearn.model_selection import cross_val_score
+    R = random_ratings(30, 20, density=0.4, seed=3)
+    base = clmf.ALS(factors=2, iterations=1, random_state=0, device=spec(cl_device))
+    scores = cross_val_score(base, R, cv=2, scoring=lambda est, X, y=None: float(X.shape[0]))
+    assert list(scores) == [15.0, 15.0]

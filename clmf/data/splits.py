@@ -294,7 +294,9 @@ class RatingsKFold:
     (pandas DataFrame: its rows are ratings; ``columns`` names the user column as
     :meth:`clmf.ALS.fit` does). A scipy.sparse matrix or a tuple cannot work — scikit-learn
     selects rows of a matrix (whole users) and elements of a tuple — and is refused with a
-    ``TypeError`` saying what to pass.
+    ``TypeError`` saying what to pass. Without this splitter (``cv=3`` on a matrix or a tuple)
+    :meth:`clmf.ALS.fit` refuses every fold, so ``GridSearchCV`` / ``cross_val_score`` raise
+    one ``ValueError`` naming this class instead of NaN scores.
 
     Parameters
     ----------

@@ -11,7 +11,7 @@ from ..data.validation import check_index_pairs, check_ratings
 from ..engine.device import device_label
 from ..inference.predict import predict_pairs
 from ..inference.recommend import RecommenderMixin
-from .inputs import _check_heldout_shape, _integral
+from .inputs import _check_heldout_shape, _integral, _refuse_row_cv
 from .params import ParamsMixin
 from .persistence import register_estimator
 from .trainer import DeviceTrainer
@@ -207,7 +207,7 @@ class ALS(ParamsMixin, RecommenderMixin):
             with implicit feedback they are left out) scored each iteration on the device: the
             RMSE (``validation_rmse`` in ``history_``), or for implicit feedback the strict
             precision@10 of the held-out items among each user's top 10, training items left
-            out (``validation_precision@10``; as :meth:`score`), ranked by the device top-k.
+            out (``validation_precision@10``; as :meth:`score`), counted on the device.
         early_stopping_rounds : stop when the validation metric has not improved for this many
             iterations; the best iteration's factors are kept.
 
@@ -227,6 +227,7 @@ class ALS(ParamsMixin, RecommenderMixin):
         # a fit that fails or is interrupted (KeyboardInterrupt included) leaves a fitted model
         # exactly as it was
         t_fit, c_fit = time.perf_counter(), time.process_time()
+        _refuse_row_cv(X)                  # scikit-learn's row folds: one clear error
         self._warm_inference()             # frees the ranking buffers, builds the GPU ranker
         new = DeviceTrainer(self).fit(X, columns=columns, show_progress=show_progress,
                                       callback=callback, init=init, validation=validation,

@@ -3,6 +3,8 @@ raw ids (:mod:`clmf.data.frames`) as ratings, held-out ratings of a fit or a sco
 indices or raw ids, and the parameters' repr."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -29,6 +31,45 @@ def _check_heldout_shape(X, shape, what):
                     "users); cross-validate over ratings with cv=clmf.splits.RatingsKFold(k) on "
                     "clmf.datasets.Ratings.from_sparse(X)")
         raise ValueError(f"{what} has shape {X.shape}, expected {tuple(shape)}{hint}")
+
+
+_CV_FRAMES = 12      # caller frames searched for scikit-learn's fold runner (a Pipeline between)
+
+
+def _refuse_row_cv(X):
+    """Refuse ``X`` (a scipy.sparse matrix or a tuple of arrays) when scikit-learn's
+    cross-validation (``GridSearchCV``, ``cross_val_score``, ...) is fitting a fold of it.
+
+    scikit-learn splits a matrix by its rows (whole users) and a tuple by its elements, so the
+    held-out part is never ratings of the fitted users, and it turns any error of ``fit`` or
+    ``score`` into a NaN score and a warning; only a ``fit`` that fails in every fold reaches
+    the caller, as one ``ValueError`` quoting this message. The fold runner is recognised as a
+    caller (``sklearn.model_selection``'s ``_fit_and_score``) whose scorer is scikit-learn's own
+    (the estimator's ``score`` or a named metric); a user's scoring function is let through.
+    """
+    if not (sp.issparse(X) or isinstance(X, (tuple, list))):
+        return
+    frame = sys._getframe(1)
+    for _ in range(_CV_FRAMES):
+        frame = frame.f_back
+        if frame is None:
+            return
+        if (frame.f_code.co_name == "_fit_and_score"
+                and str(frame.f_globals.get("__name__", "")).startswith("sklearn.model_selection")):
+            scorer = frame.f_locals.get("scorer")
+            # cross_val_score wraps even one scorer in a _MultimetricScorer of named ones
+            leaves = getattr(scorer, "_scorers", {"score": scorer})
+            if not any(type(s).__module__.startswith("sklearn.") for s in leaves.values()):
+                return
+            what = "a scipy.sparse matrix" if sp.issparse(X) else "a tuple of arrays"
+            raise ValueError(
+                f"clmf cannot be cross-validated on {what} with scikit-learn's own splits: "
+                "cv=<int> (KFold) splits a matrix by its rows (whole users; a tuple by its "
+                "arrays), so no fold holds out ratings of the users it fits. Cross-validate "
+                "over ratings with cv=clmf.splits.RatingsKFold(k) on "
+                "clmf.datasets.Ratings.from_sparse(X) (or Ratings.from_triples(users, items, "
+                "ratings), or a DataFrame of raw ids), e.g. GridSearchCV(clmf.ALS(), grid, "
+                "cv=clmf.splits.RatingsKFold(3)).fit(Ratings.from_sparse(X))")
 
 
 def _table_ratings(X, columns):

@@ -292,12 +292,12 @@ class DeviceSteps(loop.FitSteps):
     """:func:`clmf.model.loop.run`'s view of a fit on one or several devices in this process
     (:class:`clmf.engine.Engine` or :class:`clmf.parallel.MultiEngine`): metrics on the
     devices (train RMSE from their CSR, validation RMSE of triples) or, for implicit feedback,
-    validation precision@10 ranked by the device top-k (:class:`RankingEvaluator`, built once)."""
+    validation precision@10 counted on the device (:class:`FitValidation`, built once)."""
 
     def __init__(self, spec, iterations, engine, R, V, v_unknown_se, v_total, storage, train,
                  device=None):
         """Keep the backend, the training ratings and the validation triples (implicit feedback:
-        a :class:`RankingEvaluator` of them, ranking on ``device``)."""
+        a :class:`FitValidation` of them, counting on ``device``)."""
         super().__init__(engine)
         self.R, self.V = R, V
         self.v_unknown_se, self.v_total = v_unknown_se, v_total
@@ -310,11 +310,8 @@ class DeviceSteps(loop.FitSteps):
         self.it, self.last = -1, int(iterations) - 1
         self.evaluator = None
         if V is not None and self.implicit:
-            from ..inference import topk
-            from ..inference.evaluation import RankingEvaluator
-            self.evaluator = RankingEvaluator(
-                V.tocsr(), R, VALIDATION_K,
-                device=device if topk.device_path_enabled() else None)
+            from ..inference.heldout import FitValidation
+            self.evaluator = FitValidation(V, R, VALIDATION_K, device)
 
     def iterate(self, it):
         """One iteration, waited for; a singular system explained by the ratings' range is a
@@ -335,8 +332,7 @@ class DeviceSteps(loop.FitSteps):
             se, cnt = _train_squared_error(engine, self.R, self.rows)
             out["train_rmse"] = float(np.sqrt(se / cnt))
         if self.evaluator is not None:
-            out[VALIDATION_METRIC] = self.evaluator.strict_precision(
-                engine.get_factors("users"), engine.get_factors("items"))
+            out[VALIDATION_METRIC] = self.evaluator.precision(engine, self.f)
         elif V is not None:
             se = engine.squared_error("validation", V.row, V.col, V.data)[0] if V.nnz else 0.0
             out["validation_rmse"] = (float(np.sqrt((se + self.v_unknown_se) / self.v_total))
