@@ -124,7 +124,7 @@ def test_implicit_early_stopping_on_precision(cl_device):
 
 def test_implicit_validation_ranks_on_the_device_once_set_up(cl_device, monkeypatch):
     """Validation precision@10 is counted on the device (clmf.inference.heldout: neither the
-    host ranking nor a top-k is called during the fit), and equals ``score``."""
+    host ranking nor a top-k is called while the fit iterates), and equals ``score``."""
     from clmf import datasets, splits
     from clmf.inference import host, topk
     data = datasets.synthetic("movielens-100k", scale=0.1, seed=3)
@@ -148,10 +148,13 @@ def test_implicit_validation_ranks_on_the_device_once_set_up(cl_device, monkeypa
     monkeypatch.setattr(host, "host_rank", no_host)
     seen = []
     with topk.inference_options(device=cl_device, min_work=0):
+        # (the fit keeps a ranker for recommend once it is done: none while it iterates)
+        during = []
         m = clmf.ALS(12, 0.01, 4, feedback="implicit", alpha=5.0, device=cl_device,
                      random_state=0).fit(train, validation=val, show_progress=False,
-                                         callback=lambda it, el, mt: seen.append(mt))
-        assert not made and not excl
+                                         callback=lambda it, el, mt: (
+                                             seen.append(mt), during.append(len(made) + len(excl))))
+        assert during == [0, 0, 0, 0]
         score = m.score(val, user_items=train)
     assert len(seen) == 4 and all("validation_precision@10" in mt for mt in seen)
     assert seen[-1]["validation_precision@10"] == pytest.approx(score, rel=1e-12)
