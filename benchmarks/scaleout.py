@@ -62,6 +62,32 @@ def load_layout(preset, fraction, cache):
     return layout
 
 
+def fit_with_fallback(devs, layout, args, label):
+    """:func:`timed_fit` with the lookup's configurations; one that a device's kernel limits
+    refuse is rejected (:func:`clmf.tuning.fallback.reject`, as a fit does) and the lookup asked
+    again (at most 6 times)."""
+    from clmf.engine.device import device_info
+    from clmf.errors import InvalidConfigError
+    from clmf.parallel.scaling import configs_for, timed_fit
+    from clmf.tuning import fallback
+    for _attempt in range(6):
+        cfgs = configs_for(devs, layout, args.factors, regularization=args.regularization)
+        try:
+            return timed_fit(devs, layout, args.factors, iterations=args.iterations,
+                             budget_s=args.budget, regularization=args.regularization, say=say,
+                             label=label, configs=cfgs)
+        except InvalidConfigError as e:
+            k = int(getattr(e, "device_index", 0) or 0)
+            side = getattr(e, "side", None)
+            bad = ([cfgs[k][0 if side == "users" else 1]] if side in ("users", "items")
+                   else list(dict.fromkeys(cfgs[k])))
+            for cfg in bad:
+                fallback.reject(device_info(devs[k]), cfg, args.factors, "explicit",
+                                "the scale-out benchmark's lookup", e)
+            say(f"{label}: {bad} refused on device {k} ({e}); looking up again")
+    raise RuntimeError(f"{label}: no configuration of the lookup runs")
+
+
 def main(argv=None):
     """Run the device counts of one preset; see the module docstring."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -82,7 +108,6 @@ def main(argv=None):
     import clmf
     from clmf.engine.device import device_info
     from clmf.parallel import select_devices
-    from clmf.parallel.scaling import timed_fit
     from clmf.provenance import commit
     out = pathlib.Path(args.outdir)
     out.mkdir(parents=True, exist_ok=True)
@@ -108,9 +133,7 @@ def main(argv=None):
                "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
         try:
-            r = timed_fit(devs[:k], layout, args.factors, iterations=args.iterations,
-                          budget_s=args.budget, regularization=args.regularization, say=say,
-                          label=f"{label} [{args.tag}] {k} device(s)")
+            r = fit_with_fallback(devs[:k], layout, args, f"{label} [{args.tag}] {k} device(s)")
         except Exception as e:        # noqa: BLE001 - record it, go on with the next count
             rec["error"] = f"{type(e).__name__}: {e}"
             say(f"{label} {k} device(s): FAILED {rec['error']}")
