@@ -170,11 +170,32 @@ def pick(seq, k):
 def probe(spec, rank, fit, stats):
     """``(label, DeviceInfo, {side: Choice})`` of this worker's device (``spec``, ``rank``: as
     :func:`worker_device`) for a fit of ``fit`` (a :class:`clmf.tuning.FitSpec`)."""
-    from ..engine.device import device_info, device_label
-    from ..tuning import resolve
+    from ..engine.device import device_info, device_label, get_context
+    from ..engine.kernels import als_program
+    from ..errors import InvalidConfigError
+    from ..tuning import fallback, resolve
     dev = worker_device(spec, rank)
     info = device_info(dev)
-    return device_label(dev), info, resolve(fit, info, stats)
+    for _attempt in range(8):
+        choices = resolve(fit, info, stats)
+        try:
+            # built here (then cached for the worker's engine): a looked-up configuration that
+            # the device's kernel limits refuse is rejected and the lookup asked again, as an
+            # in-process fit does; a caller's own variant is refused
+            ldf = fit.ldf((choices["users"].config, choices["items"].config))
+            for side in ("users", "items"):
+                ch = choices[side]
+                cfg = ch.config
+                als_program(get_context(dev)[0], dev, cfg, fit.unknowns, info,
+                            fit.implicit, fit.biased, ldf=ldf)
+        except InvalidConfigError as e:
+            if ch.rule == "explicit" or fallback.rejection(info, cfg, fit.f, fit.mode):
+                raise
+            fallback.reject(info, cfg, fit.f, fit.mode, f"the {ch.rule} rule ({ch.reason})", e)
+            continue
+        return device_label(dev), info, choices
+    raise InvalidConfigError("no looked-up configuration runs on this worker's device",
+                             "kernel_work_group_size")
 
 
 # ----- a fit's blocks and device worker (the owning worker) -----------------------------------

@@ -29,6 +29,22 @@ def configs_for(devices, layout, f, solver="auto", regularization=0.05):
     return out
 
 
+def _build(devices, data, layout, f, cfgs, single, max_device_memory, modes):
+    """The timed backend: one device's engine (``single`` or one device, nothing forced) or a
+    :class:`MultiEngine`."""
+    import scipy.sparse as sp
+
+    from .backend import MultiEngine, make_backend
+    if single is True or (single is None and len(devices) == 1 and max_device_memory is None
+                          and modes is None):
+        R = (data if not isinstance(data, Layout) else
+             sp.csr_matrix((layout.users.data, layout.users.indices, layout.users.indptr),
+                           shape=layout.shape))
+        return make_backend(devices[:1], R, f, cfgs[:1], profile=True)
+    return MultiEngine(devices, layout, f, cfgs, max_device_memory=max_device_memory,
+                       profile=True, modes=modes)
+
+
 def sample_triples(layout, k=1_000_000, seed=0):
     """``k`` random training ratings as (users, items, ratings) (a cheap RMSE check)."""
     rng = np.random.default_rng(seed)
@@ -47,25 +63,39 @@ def timed_fit(devices, data, f, iterations=5, budget_s=120.0, single=None,
     ``single``: True forces the single-device engine, False the multi-device one, None lets
     :func:`clmf.parallel.make_backend` choose. Returns a dict: backend, build and warm-up
     seconds, per-iteration seconds and their median ``s_per_it``, the split (compute, exchange
-    tail, device busy times), memory plan, configurations and a sampled train RMSE."""
-    import scipy.sparse as sp
-
+    tail, device busy times), memory plan, configurations and a sampled train RMSE. A
+    looked-up configuration that the device's kernel limits refuse is rejected and the lookup
+    asked again, as a fit does (``configs`` given: refused)."""
     from .. import reference
     from ..engine.core import Engine
-    from .backend import MultiEngine, make_backend
+    from ..engine.device import device_info
+    from ..errors import InvalidConfigError
+    from ..tuning import fallback
+    from .backend import MultiEngine
     say = say or (lambda msg: log.info("%s", msg))
     layout = data if isinstance(data, Layout) else Layout.from_csr(data)
     t0 = time.time()
+    given = configs is not None
     cfgs = configs or configs_for(devices, layout, f, regularization=regularization)
-    if single is True or (single is None and len(devices) == 1 and max_device_memory is None
-                          and modes is None):
-        R = (data if not isinstance(data, Layout) else
-             sp.csr_matrix((layout.users.data, layout.users.indices, layout.users.indptr),
-                           shape=layout.shape))
-        eng = make_backend(devices[:1], R, f, cfgs[:1], profile=True)
+    for _attempt in range(8):
+        try:
+            eng = _build(devices, data, layout, f, cfgs, single, max_device_memory, modes)
+            break
+        except InvalidConfigError as e:
+            if given:
+                raise                 # the caller's configurations: refused, not replaced
+            # a looked-up configuration the device's kernel limits refuse: rejected (one
+            # warning, as a fit does) and the lookup asked again
+            k = int(getattr(e, "device_index", 0) or 0)
+            side = getattr(e, "side", None)
+            bad = ([cfgs[k][0 if side == "users" else 1]] if side in ("users", "items")
+                   else list(dict.fromkeys(cfgs[k])))
+            for cfg in bad:
+                fallback.reject(device_info(devices[k]), cfg, f, "explicit",
+                                "the scaling benchmark's lookup", e)
+            cfgs = configs_for(devices, layout, f, regularization=regularization)
     else:
-        eng = MultiEngine(devices, layout, f, cfgs, max_device_memory=max_device_memory,
-                          profile=True, modes=modes)
+        raise RuntimeError("no configuration of the lookup could be built")
     kind = type(eng).__name__
     out = {"backend": kind, "build_s": time.time() - t0,
            "memory": {k: v for k, v in eng.memory.items()
