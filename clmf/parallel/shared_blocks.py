@@ -20,19 +20,20 @@ Safety rests on three rules:
   the next solve of that side, which Dask runs only after every worker installed the blocks of
   the half-step between (each install finishes its uploads before it returns).
 
-Segments are closed and unlinked by their owner at :func:`clmf.parallel.dask_tasks.release`;
-the segments of a worker that died are unlinked by the others' release (every segment's name
-starts with the fit's id: :func:`unlink_fit`) and by the client's when it shares the host.
-Readers never unlink a segment in use (and are not tracked by Python's resource tracker).
+Segments are files of ``/dev/shm`` mapped with :mod:`mmap` (not
+:mod:`multiprocessing.shared_memory`, whose resource tracker, shared by a LocalCluster's worker
+processes, mixes up owners and readers and prints KeyErrors). They are unmapped and unlinked by
+their owner at :func:`clmf.parallel.dask_tasks.release`; the segments of a worker that died are
+unlinked by the others' release (every segment's name starts with the fit's id:
+:func:`unlink_fit`) and by the client's when it shares the host. Readers never unlink.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
+import mmap
 import os
 import secrets
-import sys
-from multiprocessing import shared_memory
 
 import numpy as np
 
@@ -76,16 +77,40 @@ def _free_bytes():
     return st.f_bavail * st.f_frsize
 
 
-def _untrack(seg):
-    """Keep the resource tracker of this (reading) process from unlinking ``seg`` at exit
-    (before Python 3.13 every attach registers the segment as if this process owned it)."""
-    if sys.version_info >= (3, 13):
-        return
-    try:
-        from multiprocessing import resource_tracker
-        resource_tracker.unregister(seg._name, "shared_memory")
-    except Exception as e:        # noqa: BLE001 - only a warning at exit is at stake
-        log.debug("shared memory %s stays tracked: %s", seg.name, e)
+class _Mapped:
+    """One segment file of ``/dev/shm`` mapped in this process."""
+
+    def __init__(self, name, size=None):
+        """Map segment ``name``: made (``size`` bytes, exclusive) or, without ``size``, opened."""
+        path = os.path.join(SHM_DIR, name)
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if size is not None else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if size is not None:
+                os.ftruncate(fd, size)
+            self.size = os.fstat(fd).st_size
+            self.map = mmap.mmap(fd, self.size)
+        except BaseException:
+            os.close(fd)
+            if size is not None:
+                os.unlink(path)
+            raise
+        os.close(fd)
+        self.name, self.path = name, path
+
+    def close(self):
+        """Unmap (views still exported keep the mapping until they go)."""
+        try:
+            self.map.close()
+        except BufferError:
+            pass
+
+    def unlink(self):
+        """Remove the segment's name (the memory goes with the last mapping)."""
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
 
 
 class Segments:
@@ -110,24 +135,17 @@ class Segments:
                          "through Dask's comms", nbytes, tag, _free_bytes(), SHM_DIR)
                 return None
             self._drop(tag)
-            name = f"{self.prefix}-{tag}-{secrets.token_hex(4)}"
-            seg = shared_memory.SharedMemory(name=name, create=True, size=nbytes)
+            seg = _Mapped(f"{self.prefix}-{tag}-{secrets.token_hex(4)}", nbytes)
             self.owned[tag] = seg
-        arr = np.ndarray(shape, dtype, buffer=seg.buf)
+        arr = np.ndarray(shape, dtype, buffer=seg.map)
         return arr, SharedBlock(seg.name, 0, tuple(int(s) for s in shape), dtype.str)
 
     def _drop(self, tag):
         """Close and unlink the segment ``tag`` (if any)."""
         seg = self.owned.pop(tag, None)
         if seg is not None:
-            try:
-                seg.close()
-            except BufferError:   # a view still exported: the mapping goes with the process
-                pass
-            try:
-                seg.unlink()
-            except FileNotFoundError:
-                pass
+            seg.close()
+            seg.unlink()
 
     def close(self):
         """Close and unlink every segment."""
@@ -146,19 +164,20 @@ class Attached:
         """The array a :class:`SharedBlock` names (a view of the mapped segment)."""
         seg = self.maps.get(block.name)
         if seg is None or seg.size < block.offset + block.nbytes:
-            seg = shared_memory.SharedMemory(name=block.name, create=False)
-            _untrack(seg)
+            if os.sep in block.name or block.name.startswith("."):
+                raise ValueError(f"not a segment name: {block.name!r}")
+            seg = _Mapped(block.name)
             self.maps[block.name] = seg
-        return np.ndarray(block.shape, np.dtype(block.dtype), buffer=seg.buf,
+        if seg.size < block.offset + block.nbytes:
+            raise ValueError(f"segment {block.name} holds {seg.size} bytes, the block needs "
+                             f"{block.offset + block.nbytes}")
+        return np.ndarray(block.shape, np.dtype(block.dtype), buffer=seg.map,
                           offset=block.offset)
 
     def close(self):
         """Unmap every segment (their owners unlink them)."""
         for seg in self.maps.values():
-            try:
-                seg.close()
-            except BufferError:
-                pass
+            seg.close()
         self.maps.clear()
 
 
