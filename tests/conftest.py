@@ -69,6 +69,9 @@ FAST_TIER = (
     "tests/test_device_grammar.py",
     "tests/test_metrics.py",
     "tests/test_splits.py",
+    "tests/test_datasets.py",
+    "tests/test_loaders.py",
+    "tests/test_frames.py",
 )
 
 
