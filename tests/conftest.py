@@ -90,6 +90,16 @@ def fast_device():
     return (cpus or DEVICES)[0]
 
 
+@pytest.fixture
+def one_device():
+    """One CPU device (:func:`fast_device`) for checks of host logic that runs alike on every
+    device (the loop, the memory plan, the history): the kernels themselves are checked on every
+    device through ``cl_device``."""
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    return fast_device()
+
+
 def pytest_addoption(parser):
     """``--tier=fast|full`` (default full)."""
     parser.addoption("--tier", choices=("full", "fast"), default="full",
