@@ -22,9 +22,9 @@ SETUP   := bash scripts/setup.sh
 MARKERS     ?= not slow and not perf
 PYTEST_ARGS ?=
 # pytest-xdist worker processes for test and test-fast (0: one process, e.g. for -s or --pdb);
-# tests that share a module's fixture run in one worker (tests/conftest.py)
+# a test file runs whole in one worker, but for the large kernel matrices (tests/conftest.py)
 PYTEST_WORKERS ?= 2
-XDIST = $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadgroup)
+XDIST = $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadscope)
 DEMO_ARGS   ?=
 
 # Environment of every command that runs clmf: the ICD vendors dir with PoCL + Intel, no

@@ -3,6 +3,7 @@
 ``pytest_generate_tests_for_pyopencl`` does."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -116,29 +117,59 @@ def _in_fast_tier(nodeid):
     return None
 
 
-def _shared_fixture_module(item):
-    """The test module of ``item`` when the test uses a module-, class- or session-scoped fixture
-    defined in that module (a fitted model, a Dask cluster, Oclgrind's pool, the README's
-    session), else None."""
+# pytest-xdist (`make test`: -n 2 --dist loadscope): a test file runs whole in one worker, which
+# builds its module's fixtures (a fitted model, a Dask cluster, Oclgrind's pool, the README's
+# session) and compiles the kernels its tests share once; the files below, large matrices of
+# independent kernel checks with no shared fixture, are dealt out test by test and fill the tail.
+# (xdist's --dist loadgroup would say this with marks, but it does not group under pytest 9.2:
+# pytest-dev/pytest-xdist#1386.)
+PER_TEST_FILES = ("tests/test_variants.py", "tests/test_feedback.py")
+
+
+def _scope(nodeid):
+    """The xdist work unit of a test: its file, or itself in a PER_TEST_FILES file."""
+    path = nodeid.split("::", 1)[0]
+    return nodeid if path in PER_TEST_FILES else path
+
+
+if importlib.util.find_spec("xdist") is not None:
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_xdist_make_scheduler(config, log):
+        """``--dist loadscope`` with :func:`_scope` as the unit (largest units first)."""
+        if config.getvalue("dist") != "loadscope":
+            return None
+        from xdist.scheduler import LoadScopeScheduling
+
+        class FileScheduling(LoadScopeScheduling):
+            """Whole files, except PER_TEST_FILES test by test."""
+
+            def _split_scope(self, nodeid):
+                return _scope(nodeid)
+
+        return FileScheduling(config, log)
+
+
+def _shared_fixture(item):
+    """The name of a module-, class- or session-scoped fixture that ``item`` uses from its own
+    test module, else None."""
     info = getattr(item, "_fixtureinfo", None)
     for name in getattr(info, "names_closure", ()):
         for fd in info.name2fixturedefs.get(name, ()):
             if fd.scope != "function" and ".py" in fd.baseid:
-                return fd.baseid.split("::", 1)[0]
+                return name
     return None
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``make test``'s ``-n 2 --dist loadgroup``): the tests of a module
-    that share one of its module- or session-scoped fixtures run in one worker, which builds
-    the fixture once. Under ``--tier=fast``: keep the FAST_TIER tests, and fail on an entry that
-    names nothing in a file that was collected."""
-    if config.pluginmanager.hasplugin("xdist"):
-        for it in items:
-            group = _shared_fixture_module(it)
-            if group:
-                it.add_marker(pytest.mark.xdist_group(group))
+    """A PER_TEST_FILES test must not share a module's fixture (each worker would build it).
+    Under ``--tier=fast``: keep the FAST_TIER tests, and fail on an entry that names nothing
+    in a file that was collected."""
+    for it in items:
+        if it.nodeid.split("::", 1)[0] in PER_TEST_FILES and _shared_fixture(it):
+            raise pytest.UsageError(f"{it.nodeid} uses the shared fixture {_shared_fixture(it)!r}"
+                                    f": tests/conftest.py PER_TEST_FILES deals its file's tests "
+                                    f"out one by one")
     if config.getoption("--tier") != "fast":
         return
     used, files = set(), {it.nodeid.split("::", 1)[0] for it in items}
