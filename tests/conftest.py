@@ -3,7 +3,6 @@
 ``pytest_generate_tests_for_pyopencl`` does."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -132,21 +131,20 @@ def _scope(nodeid):
     return nodeid if path in PER_TEST_FILES else path
 
 
-if importlib.util.find_spec("xdist") is not None:
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_xdist_make_scheduler(config, log):
-        """``--dist loadscope`` with :func:`_scope` as the unit (largest units first)."""
-        if config.getvalue("dist") != "loadscope":
-            return None
-        from xdist.scheduler import LoadScopeScheduling
+@pytest.hookimpl(tryfirst=True, optionalhook=True)    # optional: xdist may be absent or off
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope`` with :func:`_scope` as the unit (largest units first)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
 
-        class FileScheduling(LoadScopeScheduling):
-            """Whole files, except PER_TEST_FILES test by test."""
+    class FileScheduling(LoadScopeScheduling):
+        """Whole files, except PER_TEST_FILES test by test."""
 
-            def _split_scope(self, nodeid):
-                return _scope(nodeid)
+        def _split_scope(self, nodeid):
+            return _scope(nodeid)
 
-        return FileScheduling(config, log)
+    return FileScheduling(config, log)
 
 
 def _shared_fixture(item):

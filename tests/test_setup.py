@@ -404,13 +404,14 @@ def test_tuning_index_follows_the_database(tmp_path, monkeypatch):
     index._memo.clear()
     assert index.best_records(db) == first                       # read back from the index
     assert index.measurement_records(db) == m
-    assert len(list((tmp_path / "cache").glob("tuning-index-*.json"))) == 2
+    # one version's three indexes: best records, measurements, the selection model's records
+    assert len(list((tmp_path / "cache").glob("tuning-index-*.json"))) == 3
     rec2 = dict(rec, run_id="r2")
     db.write_text(json.dumps(rec2) + "\n")
     os.utime(db, ns=(1, 1))                                       # another version of the file
     assert index.best_records(db) == [rec2]
     assert index.measurement_records(db) == []
-    assert len(list((tmp_path / "cache").glob("tuning-index-*.json"))) == 2   # old ones pruned
+    assert len(list((tmp_path / "cache").glob("tuning-index-*.json"))) == 3   # old ones pruned
     db.write_text("not json\n")
     os.utime(db, ns=(2, 2))
     with pytest.warns(Warning, match="skipped"):                  # a bad line is skipped alone
