@@ -1,7 +1,8 @@
 # clmf — set-up and everyday targets.  `make help` lists them.
 #
 #   make demo        set up everything, then run `clmf demo`
-#   make test        set up everything, then run the test suite (not slow, not perf)
+#   make test        set up everything, then run the full test tier (not slow, not perf; CI)
+#   make test-fast   the inner-loop tier (<= 4 min on 2 cores): tests/conftest.py FAST_TIER
 #
 # Set-up (scripts/setup.sh) installs the OpenCL system packages, creates .venv, installs the
 # Python dependencies (redone only when pyproject.toml or setup.sh change), and on every
@@ -20,6 +21,10 @@ SETUP   := bash scripts/setup.sh
 # pytest selection; override e.g. `make test PYTEST_ARGS="-x -k cholesky"` or MARKERS="slow"
 MARKERS     ?= not slow and not perf
 PYTEST_ARGS ?=
+# pytest-xdist worker processes for test and test-fast (0: one process, e.g. for -s or --pdb);
+# a test file runs whole in one worker, but for the large kernel matrices (tests/conftest.py)
+PYTEST_WORKERS ?= 2
+XDIST = $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadscope)
 DEMO_ARGS   ?=
 
 # Environment of every command that runs clmf: the ICD vendors dir with PoCL + Intel, no
@@ -27,12 +32,13 @@ DEMO_ARGS   ?=
 RUN_ENV := env -u PYTHONPATH OCL_ICD_VENDORS=$(ICD_DIR)
 TEST_ENV := $(RUN_ENV) CLMF_TEST_INSTALLED=1
 
-.PHONY: help setup install demo test test-all test-oclgrind test-pip docs platforms \
+.PHONY: help setup install demo test test-fast test-all test-oclgrind test-pip docs platforms \
         register-intel unregister-intel clean distclean
 
 help:
 	@echo "make demo             set up, then run .venv/bin/clmf demo (DEMO_ARGS=...)"
 	@echo "make test             set up, then ruff check and pytest -m '$(MARKERS)' (PYTEST_ARGS=...)"
+	@echo "make test-fast        the same on the fast tier (tests/conftest.py FAST_TIER, one CPU device)"
 	@echo "make test-all         all tests, slow and perf included"
 	@echo "make test-oclgrind    the race/out-of-bounds tests under Oclgrind"
 	@echo "make test-pip         the pip-only path: fresh venv, wheel + PyPI's pyopencl[pocl], README example"
@@ -66,9 +72,18 @@ define run_pytest
 	exit $$rc
 endef
 
+LINT := $(VENV)/bin/ruff check clmf tuner cl_kernels tests scripts benchmarks docs
+
+# the full tier (CI): every test not marked slow or perf, on every OpenCL device
 test: install
-	$(VENV)/bin/ruff check clmf tuner cl_kernels tests scripts benchmarks docs
-	$(call run_pytest,-m "$(MARKERS)")
+	$(LINT)
+	$(call run_pytest,-m "$(MARKERS)" $(XDIST))
+
+# the fast tier: reference agreement, the public calls, the behaviour suite on one CPU device
+# (CLMF_TEST_DEVICE=intel picks another); the list is FAST_TIER in tests/conftest.py
+test-fast: install
+	$(LINT)
+	$(call run_pytest,-m "$(MARKERS)" --tier=fast $(XDIST))
 
 test-all: install
 	$(call run_pytest,)

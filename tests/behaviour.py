@@ -304,9 +304,9 @@ class ModelBehaviour:
     # ----- errors ------------------------------------------------------------------------------
     def test_not_fitted(self, backend):
         m = backend.make(factors=self.F)
-        with pytest.raises(NOT_FITTED, match="not fitted"):
+        with pytest.raises(clmf.NotFittedError, match="not fitted"):
             m.predict([0], [0])
-        with pytest.raises(NOT_FITTED, match="not fitted"):
+        with pytest.raises(clmf.NotFittedError, match="not fitted"):
             m.recommend(0)
 
     @pytest.mark.parametrize("X, exc, msg", [

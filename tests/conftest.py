@@ -3,9 +3,12 @@
 ``pytest_generate_tests_for_pyopencl`` does."""
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
+import resource
+import time
 
 import numpy as np
 import pytest
@@ -43,13 +46,153 @@ def device_id(d):
     return f"{platform_short(d.platform.name)}-{re.sub(r'[^A-Za-z0-9]+', '_', d.name.strip())[:24]}"
 
 
+# ----- test tiers ---------------------------------------------------------------------------------
+# `make test` (the full tier, CI): every test not marked slow or perf, on every OpenCL device.
+# `make test-fast` (`pytest --tier=fast`, the inner loop, <= 4 min on 2 cores): the tests below
+# only, on one CPU device (FAST_DEVICE). An entry is a file or a test (a node id without its
+# parameters); an entry that names nothing in a collected file is an error, so a renamed test
+# cannot silently leave the tier.
+FAST_TIER = (
+    # agreement with the NumPy reference (the reference itself, then the kernels against it)
+    "tests/test_reference.py",
+    "tests/test_kernels_vs_reference.py",
+    # the model's behaviour, every public estimator call (fit, predict, rmse, recommend,
+    # similar, fold-in, save/load, pickling, errors), on one CPU device
+    "tests/test_behaviour_device.py",
+    # the rest of the public surface: the names clmf exports, the estimator's own contract,
+    # scikit-learn's protocol, persistence, devices, evaluation, splits, the loaders' front door
+    "tests/test_architecture.py::test_public_api_is_listed",
+    "tests/test_model.py",
+    "tests/test_sklearn_protocol.py",
+    "tests/test_persistence.py",
+    "tests/test_device_grammar.py",
+    "tests/test_metrics.py",
+    "tests/test_splits.py",
+    "tests/test_datasets.py",
+    "tests/test_loaders.py",
+    "tests/test_frames.py",
+)
+
+
+def fast_device():
+    """The tier's one CPU device: ``$CLMF_TEST_DEVICE`` (a part of a device id, e.g. ``intel``),
+    else the first CPU device listed (else the first device)."""
+    want = os.environ.get("CLMF_TEST_DEVICE", "").lower()
+    if want:
+        hits = [d for d in DEVICES if want in device_id(d).lower()]
+        if not hits:
+            raise pytest.UsageError(f"CLMF_TEST_DEVICE={want!r} matches none of "
+                                    f"{[device_id(d) for d in DEVICES]}")
+        return hits[0]
+    import pyopencl as cl
+    cpus = [d for d in DEVICES if d.type & cl.device_type.CPU]
+    return (cpus or DEVICES)[0]
+
+
+@pytest.fixture
+def one_device():
+    """One CPU device (:func:`fast_device`) for checks of host logic that runs alike on every
+    device (the loop, the memory plan, the history): the kernels themselves are checked on every
+    device through ``cl_device``."""
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    return fast_device()
+
+
+def pytest_addoption(parser):
+    """``--tier=fast|full`` (default full)."""
+    parser.addoption("--tier", choices=("full", "fast"), default="full",
+                     help="fast: the inner-loop tier (tests/conftest.py FAST_TIER) on one CPU "
+                          "device; full (default): every test on every OpenCL device")
+
+
+def _in_fast_tier(nodeid):
+    """The FAST_TIER entry that selects ``nodeid`` (parameters ignored), or None."""
+    base = nodeid.split("[", 1)[0]
+    for entry in FAST_TIER:
+        if base == entry or base.startswith(entry + "::"):
+            return entry
+    return None
+
+
+# pytest-xdist (`make test`: -n 2 --dist loadscope): a test file runs whole in one worker, which
+# builds its module's fixtures (a fitted model, a Dask cluster, Oclgrind's pool, the README's
+# session) and compiles the kernels its tests share once; the files below, large matrices of
+# independent kernel checks with no shared fixture, are dealt out test by test and fill the tail.
+# (xdist's --dist loadgroup would say this with marks, but it does not group under pytest 9.2:
+# pytest-dev/pytest-xdist#1386.)
+PER_TEST_FILES = ("tests/test_variants.py", "tests/test_feedback.py")
+
+
+def _scope(nodeid):
+    """The xdist work unit of a test: its file, or itself in a PER_TEST_FILES file."""
+    path = nodeid.split("::", 1)[0]
+    return nodeid if path in PER_TEST_FILES else path
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)    # optional: xdist may be absent or off
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope`` with :func:`_scope` as the unit (largest units first)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        """Whole files, except PER_TEST_FILES test by test."""
+
+        def _split_scope(self, nodeid):
+            return _scope(nodeid)
+
+    return FileScheduling(config, log)
+
+
+def _shared_fixture(item):
+    """The name of a module-, class- or session-scoped fixture that ``item`` uses from its own
+    test module, else None."""
+    info = getattr(item, "_fixtureinfo", None)
+    for name in getattr(info, "names_closure", ()):
+        for fd in info.name2fixturedefs.get(name, ()):
+            if fd.scope != "function" and ".py" in fd.baseid:
+                return name
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """A PER_TEST_FILES test must not share a module's fixture (each worker would build it).
+    Under ``--tier=fast``: keep the FAST_TIER tests, and fail on an entry that names nothing
+    in a file that was collected."""
+    for it in items:
+        if it.nodeid.split("::", 1)[0] in PER_TEST_FILES and _shared_fixture(it):
+            raise pytest.UsageError(f"{it.nodeid} uses the shared fixture {_shared_fixture(it)!r}"
+                                    f": tests/conftest.py PER_TEST_FILES deals its file's tests "
+                                    f"out one by one")
+    if config.getoption("--tier") != "fast":
+        return
+    used, files = set(), {it.nodeid.split("::", 1)[0] for it in items}
+    keep, drop = [], []
+    for it in items:
+        entry = _in_fast_tier(it.nodeid)
+        (keep if entry else drop).append(it)
+        used.add(entry)
+    stale = [e for e in FAST_TIER if e.split("::", 1)[0] in files and e not in used]
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py FAST_TIER names tests that do not exist: "
+                                f"{stale}")
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    items[:] = keep
+
+
 def pytest_generate_tests(metafunc):
+    """``cl_device``: every OpenCL device (the fast tier: one CPU device)."""
     if "cl_device" in metafunc.fixturenames:
         if not DEVICES:
             metafunc.parametrize("cl_device", [pytest.param(None, marks=pytest.mark.skip(
                 reason="no OpenCL device"))], ids=["no-device"])
         else:
-            metafunc.parametrize("cl_device", DEVICES, ids=[device_id(d) for d in DEVICES])
+            devs = [fast_device()] if metafunc.config.getoption("--tier") == "fast" else DEVICES
+            metafunc.parametrize("cl_device", devs, ids=[device_id(d) for d in devs])
 
 
 def shared_data(relpath):
@@ -93,3 +236,27 @@ def _clmf_cache_dir(tmp_path_factory):
         os.environ.pop("CLMF_CACHE_DIR", None)
     else:
         os.environ["CLMF_CACHE_DIR"] = old
+
+
+# ----- per-test timing (results/ci-time): CLMF_TEST_TIMES=PATH appends one JSON line per test ----
+_TIMES = os.environ.get("CLMF_TEST_TIMES")
+
+
+def _cpu_seconds():
+    """CPU seconds of this process and its waited-for children (user + system)."""
+    me, kids = (resource.getrusage(resource.RUSAGE_SELF),
+                resource.getrusage(resource.RUSAGE_CHILDREN))
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+if _TIMES:
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        """Wall and CPU seconds of one test, its fixtures' set-up and tear-down included."""
+        t0, c0 = time.perf_counter(), _cpu_seconds()
+        yield
+        rec = {"test": item.nodeid, "wall": round(time.perf_counter() - t0, 3),
+               "cpu": round(_cpu_seconds() - c0, 3),
+               "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
+        with open(_TIMES, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(rec) + "\n")

@@ -404,7 +404,7 @@ def test_tuning_index_follows_the_database(tmp_path, monkeypatch):
     index._memo.clear()
     assert index.best_records(db) == first                       # read back from the index
     assert index.measurement_records(db) == m
-    # best, measurements and the selection model's records: three files per version
+    # one version's three indexes: best records, measurements, the selection model's records
     assert len(list((tmp_path / "cache").glob("tuning-index-*.json"))) == 3
     rec2 = dict(rec, run_id="r2")
     db.write_text(json.dumps(rec2) + "\n")
