@@ -181,7 +181,10 @@ def warm(eng, programs):
         return cl.Buffer(eng.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
 
     def zeros(nbytes):
-        return const(np.zeros(max(1, nbytes) // 4 + 16, np.float32))
+        # written by the kernels (systems, right sides, factors, status): read-write (a
+        # read-only buffer written is undefined behaviour; Oclgrind reports and aborts)
+        return cl.Buffer(eng.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR,
+                         hostbuf=np.zeros(max(1, nbytes) // 4 + 16, np.float32))
     ip, one = const(np.array([0, 1], np.int64)), const(np.array([0, 1], np.int64))
     idx, val = const(np.zeros(1, np.int32)), const(np.ones(1, np.float32))
     row = 2 * eng.ldf * eng.itemsize
