@@ -36,7 +36,7 @@ from . import kernels as K
 from . import reduce as RD
 from . import upload as U
 from .blocks import SIDES, Batch, Publisher, Share, SideData, fill, other_side
-from .device import device_info, get_context
+from .device import device_info, get_context, thread_safe
 from .factors import half_rows, host_factor_rows, padded_base, padded_factors, unpadded_factors
 from .launch import launch_batch, launch_gram, launch_solve, launch_split_batch, split_rows, warm
 from .memory import SplitPlan, choose_batch_rows, plan_device, plan_fit, plan_split
@@ -237,7 +237,7 @@ class Engine:
                 e.side = s                   # which side's configuration failed (fit falls back)
                 e.device_index = self.index  # and on which device of the fit
                 raise
-        if WARM_LAUNCHES:
+        if WARM_LAUNCHES and thread_safe(self.device):
             warm(self, programs)
             if not self.implicit:       # the training RMSE's program (explicit fits use it)
                 K.metrics_program(self.ctx, self.fs, self.storage, self.ldf, biased=self.biased)

@@ -187,6 +187,13 @@ def device_label(device):
     return label(platform if isinstance(platform, str) else platform.name, device.name)
 
 
+def thread_safe(device):
+    """Whether ``device``'s runtime takes OpenCL calls from two threads at once (OpenCL 1.1+
+    requires it; Oclgrind crashes on it, so background builds and warm-up launches are skipped
+    there). By the platform's name only."""
+    return "oclgrind" not in device.platform.name.lower()
+
+
 def platform_short(platform):
     """A platform's short name for file names and test ids (``"pocl"``, ``"intel"``,
     ``"nvidia"``, ``"amd"``, else its first letters and digits), from the platform's name only:

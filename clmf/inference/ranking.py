@@ -406,11 +406,12 @@ class DeviceRankingMixin:
         first use. Never fails (the fit checks the parameters)."""
         import threading
 
-        from ..engine.device import device_info
+        from ..engine.device import device_info, thread_safe
         self._invalidate_inference()
         try:
             width = int(self.factors) + bool(getattr(self, "biases", False))
-            gpus = [d for d in self._inference_devices() if device_info(d).type == "GPU"]
+            gpus = [d for d in self._inference_devices()
+                    if device_info(d).type == "GPU" and thread_safe(d)]
         except Exception as e:                  # inference must never break a fit
             log.debug("no top-k warm-up (%s)", e)
             return
