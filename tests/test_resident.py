@@ -3,6 +3,7 @@ identical to NumPy brute force on every OpenCL device, the seen-items cache and 
 invalidation, multi-device models, catalogs larger than a tile, pickling and refits."""
 import copy
 import pickle
+import threading
 
 import numpy as np
 import pytest
@@ -135,6 +136,91 @@ def test_fit_keeps_the_factors_on_the_device(cl_device):
     with T.inference_options(device=cl_device, min_work=0):
         check_close(m.recommend_all(5, user_items=R),
                     brute(m.user_factors_, m.item_factors_, R, 5))
+
+
+def counted_preparations(monkeypatch):
+    """A list that records each preparation of a seen-items matrix (its CSR)."""
+    calls = []
+    real = resident.seen_positions
+
+    def counting(M, candidates, n):
+        calls.append(M)
+        return real(M, candidates, n)
+    monkeypatch.setattr(resident, "seen_positions", counting)
+    return calls
+
+
+def fitted(R, device, **kw):
+    """A small explicit ALS fitted on ``R`` (no bar)."""
+    return clmf.ALS(factors=4, iterations=2, device=device, random_state=0, **kw).fit(
+        R, show_progress=False)
+
+
+def test_fit_prepares_the_training_seen_items(cl_device, monkeypatch):
+    _, _, R = problem(m=300, n=150)
+    R.data = np.ceil(R.data * 5)
+    calls = counted_preparations(monkeypatch)
+    with T.inference_options(device=cl_device, min_work=0):
+        m = fitted(R, cl_device)
+        assert len(calls) == 1                               # during the fit
+        assert not any(t.name == "clmf-seen-items" for t in threading.enumerate())
+        res = m._topk_cache["resident"][1]
+        seen = res.seen
+        assert seen is not None and all(p["seen"][0] is seen for p in res.parts)
+        want = brute(m.user_factors_, m.item_factors_, R, 5)
+        check_close(m.recommend_all(5, user_items=R), want)
+        check_close(m.recommend(np.arange(300), R, N=5), want)
+        assert len(calls) == 1 and res.seen is seen          # nothing prepared again
+        # a different matrix (same content) is prepared on use
+        check_close(m.recommend_all(5, user_items=R.copy()), want)
+        assert len(calls) == 2
+
+        # the fitted matrix changed in place after the fit: detected on the first call
+        m = fitted(R, cl_device)
+        assert len(calls) == 3
+        top = brute(m.user_factors_, m.item_factors_, R, 5)[0]
+        lo, hi = R.indptr[5], R.indptr[6]
+        assert hi > lo
+        R.indices[lo] = top[5, 0]
+        R.indices[lo:hi].sort()
+        got = m.recommend_all(5, user_items=R)
+        check_close(got, brute(m.user_factors_, m.item_factors_, R, 5))
+        assert top[5, 0] not in got[0][5]
+        assert len(calls) == 4
+
+
+def test_fit_skips_seen_items_that_do_not_upload(cl_device, monkeypatch):
+    _, _, R = problem(m=300, n=150)
+    R.data = np.ceil(R.data * 5)
+
+    def refuse(self, *a, **kw):
+        raise clmf.errors.DeviceMemoryError("too large")
+    with T.inference_options(device=cl_device, min_work=0):
+        with monkeypatch.context() as mp:
+            mp.setattr(T.DeviceTopK, "upload_exclude", refuse)
+            m = fitted(R, cl_device)
+        res = m._topk_cache["resident"][1]
+        assert res.seen is None and all(p["seen"] is None for p in res.parts)
+        assert not getattr(m, "_topk_disabled", False)       # the device path is kept
+        check_close(m.recommend_all(5, user_items=R),
+                    brute(m.user_factors_, m.item_factors_, R, 5))
+        assert res.seen is not None
+
+
+def test_interrupted_fit_leaves_no_preparation(cl_device):
+    _, _, R = problem(m=300, n=150)
+    R.data = np.ceil(R.data * 5)
+    with T.inference_options(device=cl_device, min_work=0):
+        m = fitted(R, cl_device)
+        X0 = m.user_factors_
+
+        def stop(*_):
+            raise KeyboardInterrupt
+        with pytest.raises(KeyboardInterrupt):
+            m.fit(R[::-1], show_progress=False, callback=stop)
+        assert not any(t.name == "clmf-seen-items" for t in threading.enumerate())
+        assert m.user_factors_ is X0                         # the fitted model as it was
+        check_close(m.recommend_all(5, user_items=R), brute(X0, m.item_factors_, R, 5))
 
 
 def test_seen_items_prepared_once_and_invalidated(cl_device):

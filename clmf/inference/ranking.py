@@ -426,15 +426,45 @@ class DeviceRankingMixin:
                     log.debug("top-k warm-up build failed on %s: %s", d.name, e)
         threading.Thread(target=build, name="clmf-topk-build", daemon=True).start()
 
-    def _keep_on_device(self):
+    def _prepare_seen(self, X):
+        """Before a fit of the SciPy CSR ``X``: a :class:`~clmf.inference.resident.PreparedSeen`
+        of it (started by the fit when it iterates) for :meth:`_keep_on_device`, or None (not
+        a CSR, no inference device, or ranking all users would go to the host by a known
+        threshold). Never fails."""
+        if not _is_csr(X):
+            return None
+        try:
+            devs = self._inference_devices()
+            if not devs:
+                return None
+            f = int(self.factors) + bool(getattr(self, "biases", False))
+            known = _topk().known_threshold(devs[0], f)
+            if known is not None and float(X.shape[0]) * X.shape[1] * f < known:
+                return None
+        except Exception as e:                  # inference must never break a fit
+            log.debug("no seen-items preparation (%s)", e)
+            return None
+        from .resident import PreparedSeen
+        return PreparedSeen(X)
+
+    def _keep_on_device(self, seen=None):
         """After a fit: drop what was uploaded for the old factors and upload the new ones to
-        the model's devices in the ranker's layout, so the first ranking call only uploads the
-        seen items; never fails a fit."""
+        the model's devices in the ranker's layout; with ``seen`` (the training CSR's
+        :class:`~clmf.inference.resident.PreparedSeen`) its seen items too, so a first call
+        with that matrix uploads nothing. Never fails a fit."""
         self._invalidate_inference()
         try:
-            self._resident()
+            res = self._resident()
         except Exception as e:                  # inference must never break a fit
             log.debug("keeping the factors on the device failed (%s); uploaded on first use", e)
+            return
+        s = None if seen is None or res is None else seen.result()
+        if s is None:
+            return
+        try:
+            res.adopt_seen(s)
+        except Exception as e:                  # e.g. beyond an allocation: the call decides
+            log.debug("seen items not uploaded after the fit (%s); prepared on first use", e)
 
     def _device_topk(self, kind, F, sources=(), work=None):
         """The cached :class:`DeviceTopK` of ``kind`` (uploading ``F`` on a miss), or None (no

@@ -24,18 +24,25 @@ Values (``R.data``) do not matter (stored entries count as seen, whatever their 
 is not detected: an in-place rewrite of ``R.indices`` that keeps every row's length and the
 sum of every chunk (e.g. two items exchanged between two rows of the same chunk by direct
 writes); after such a write pass a copy, or call ``model.clear_device_cache()``.
+
+:class:`PreparedSeen` prepares the seen items of a fit's training CSR in a host thread while
+the fit iterates; the ranker built after the fit adopts and uploads them
+(:meth:`ResidentRanker.adopt_seen`), so ``model.fit(R); model.recommend_all(user_items=R)``
+finds ``R`` prepared and uploaded (its cheap fingerprint matches, its content is verified while
+the devices rank, as for any later call).
 """
 from __future__ import annotations
 
 import concurrent.futures
 import logging
+import threading
 
 import numpy as np
 import scipy.sparse as sp
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ResidentRanker", "SeenItems", "split_rows", "contiguous_range"]
+__all__ = ["ResidentRanker", "SeenItems", "PreparedSeen", "split_rows", "contiguous_range"]
 
 _CHUNK_WORDS = 4096        # 64-bit words per checksum chunk of the seen items' indices
 
@@ -100,6 +107,7 @@ class SeenItems:
             raise ValueError(f"user_items has {M.shape[1]} columns but the model has {n_items} "
                              "items: pass a matrix with one column per model id")
         self.key = _cheap_key(M)
+        self.n = int(n_items)
         self.row0 = int(row0)
         self.rows = int(M.shape[0])
         self.candidates = None if candidates is None else np.asarray(candidates, np.int64)
@@ -130,6 +138,47 @@ class SeenItems:
     def covers(self, r0, r1):
         """Whether users ``r0..r1`` have rows here."""
         return self.row0 <= r0 and r1 <= self.row0 + self.rows
+
+
+class PreparedSeen:
+    """The :class:`SeenItems` of a CSR (all users from 0, all candidates) prepared in a host
+    thread: :meth:`start` begins, :meth:`result` waits and gives it (None when it failed),
+    :meth:`close` waits and drops everything (no thread is left running)."""
+
+    def __init__(self, M):
+        """Keep the CSR ``M`` to prepare; nothing runs before :meth:`start`."""
+        self._M = M
+        self._thread = None
+        self._seen = None
+
+    def start(self):
+        """Begin the preparation in a thread (once; later calls do nothing)."""
+        if self._thread is None and self._M is not None:
+            self._thread = threading.Thread(target=self._run, name="clmf-seen-items",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self):
+        """The thread: prepare, keeping None on any failure (the caller prepares on use)."""
+        try:
+            self._seen = SeenItems(self._M, self._M.shape[1])
+        except Exception as e:
+            log.debug("preparing the training matrix's seen items failed (%s); prepared on "
+                      "first use", e)
+
+    def result(self):
+        """The prepared :class:`SeenItems` (after waiting for the thread), or None when the
+        preparation failed or never started."""
+        if self._thread is None:
+            return None
+        self._thread.join()
+        return self._seen
+
+    def close(self):
+        """Wait for the thread, then drop the matrix and the result."""
+        if self._thread is not None:
+            self._thread.join()
+        self._M = self._seen = None
 
 
 def seen_positions(M, candidates, n):
@@ -196,6 +245,23 @@ class ResidentRanker:
         self.seen = None
         for p in self.parts:
             p["seen"] = None
+
+    def adopt_seen(self, seen):
+        """Make ``seen`` (a :class:`SeenItems` of every user, all candidates) the prepared seen
+        items and upload it to every device, as a first call would: a later call whose
+        ``user_items`` matches its fingerprint uses it as it is. On a failure (e.g. the
+        devices' allocation limit) nothing is kept and the error is raised."""
+        if (seen.row0, seen.rows, seen.n) != (0, self.m, self.n) or seen.candidates is not None:
+            raise ValueError(f"seen items of rows {seen.row0}..{seen.row0 + seen.rows} and "
+                             f"{seen.n} items for a ranker of {self.m} users × {self.n} items")
+        self.forget_seen()
+        try:
+            for p in self.parts:
+                self._upload_seen(p, seen)
+        except BaseException:
+            self.forget_seen()
+            raise
+        self.seen = seen
 
     def _upload_seen(self, part, seen):
         """``(Exclusion, user of its first row)``: the rows of ``seen`` for the part's users on

@@ -229,12 +229,21 @@ class ALS(ParamsMixin, RecommenderMixin):
         t_fit, c_fit = time.perf_counter(), time.process_time()
         _refuse_row_cv(X)                  # scikit-learn's row folds: one clear error
         self._warm_inference()             # frees the ranking buffers, builds the GPU ranker
-        new = DeviceTrainer(self).fit(X, columns=columns, show_progress=show_progress,
-                                      callback=callback, init=init, validation=validation,
-                                      early_stopping_rounds=early_stopping_rounds,
-                                      train_metrics=train_metrics, t_fit=t_fit, c_fit=c_fit)
-        self.__dict__.update(new)          # one step: nothing half-assigned
-        self._keep_on_device()             # the new factors replace the old on the device
+        # a training CSR's seen items, prepared in a thread while the fit iterates, uploaded
+        # with the factors: recommend_all(user_items=X) right after finds them
+        seen = self._prepare_seen(X)
+        try:
+            new = DeviceTrainer(self).fit(X, columns=columns, show_progress=show_progress,
+                                          callback=callback, init=init, validation=validation,
+                                          early_stopping_rounds=early_stopping_rounds,
+                                          train_metrics=train_metrics, t_fit=t_fit,
+                                          c_fit=c_fit,
+                                          on_iterate=None if seen is None else seen.start)
+            self.__dict__.update(new)      # one step: nothing half-assigned
+            self._keep_on_device(seen)     # the new factors replace the old on the device
+        finally:
+            if seen is not None:
+                seen.close()               # no thread outlives the fit, failed or not
         return self
 
     # ----- inference -----------------------------------------------------------------------

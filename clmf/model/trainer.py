@@ -118,9 +118,10 @@ class DeviceTrainer(Trainer):
 
     def fit(self, X, *, columns=None, show_progress=True, callback=None, init=None,
             validation=None, early_stopping_rounds=None, train_metrics=None, t_fit=None,
-            c_fit=None):
+            c_fit=None, on_iterate=None):
         """The fitted attributes of :meth:`clmf.ALS.fit` (same arguments; ``t_fit``/``c_fit``:
-        the wall and CPU clocks the fit started at, for its timings)."""
+        the wall and CPU clocks the fit started at, for its timings; ``on_iterate()``: called
+        once the set-up is done, when the iterations start)."""
         from ..engine.device import device_info, device_label, select_devices
         from ..engine.memory import plan_fit
         spec, est = self.spec, self.est
@@ -220,6 +221,8 @@ class DeviceTrainer(Trainer):
                        # CPU seconds of the process (all threads, OpenCL runtimes' included)
                        "setup_cpu": time.process_time() - c_fit,
                        **getattr(engine, "setup_times", {})}
+            if on_iterate is not None:
+                on_iterate()               # host work that overlaps the iterations
             res = self.run(steps, callback=callback, early_stopping_rounds=early_stopping_rounds,
                            show_progress=show_progress, origin=t_start)
             memory = dict(engine.memory)
