@@ -360,9 +360,10 @@ class Engine:
                                      size=max(1, hi - lo) * self.ldf * self.itemsize)
                         for s, (lo, hi) in self.frange.items()}
         self.status = cl.Buffer(self.ctx, mf.READ_WRITE, size=4)
-        if WARM_LAUNCHES:
+        if WARM_LAUNCHES and thread_safe(self.device):
             # a runtime may allocate a buffer's memory at its first use: at set-up, not in the
-            # first iteration
+            # first iteration (not on Oclgrind, where it gains nothing and its fill of a first
+            # word leaves the factors reported as uninitialised)
             word = np.zeros(1, np.float32)
             for b in self.buf.values():
                 for key in ("A", "B", "A2", "B2", "Av", "Bp", "G"):

@@ -189,8 +189,8 @@ def device_label(device):
 
 def thread_safe(device):
     """Whether ``device``'s runtime takes OpenCL calls from two threads at once (OpenCL 1.1+
-    requires it; Oclgrind crashes on it, so background builds and warm-up launches are skipped
-    there). By the platform's name only."""
+    requires it; Oclgrind crashes on it, so background builds and the engine's warm-up work are
+    skipped there). By the platform's name only."""
     return "oclgrind" not in device.platform.name.lower()
 
 
