@@ -315,3 +315,20 @@ def test_topk_records_are_found_and_ignored_by_the_als_lookup(cl_device, tmp_pat
     assert dtk.config == cfg and dtk.host_threshold() == 5e6
     after = tuning.choose(info, 10, "users")      # the ALS lookup does not see the record
     assert (after.config, after.rule) == (before.config, before.rule)
+
+
+def test_an_untuned_device_calibrates_its_host_threshold_without_deadlock(cl_device):
+    """host_threshold measures the device under the ranker's lock and the measurement's queries
+    take that lock again (a plain Lock hung the first recommend on PyPI's untuned PoCL)."""
+    import threading
+
+    from clmf.inference import topk
+    Y = np.random.default_rng(0).standard_normal((300, 8)).astype(np.float32)
+    t = topk.DeviceTopK(Y, device=cl_device)
+    t._tuned_threshold = None
+    got = []
+    th = threading.Thread(target=lambda: got.append(t.host_threshold()), daemon=True)
+    th.start()
+    th.join(120)
+    assert not th.is_alive(), "host_threshold deadlocked"
+    assert got and got[0] >= 0

@@ -358,7 +358,7 @@ class DeviceTopK:
         self._queries = None               # resident query rows (recommend_all)
         self._excl = None                  # resident exclusion (set_exclude)
         self._free_slots = []              # result buffers of finished queries, for reuse
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()   # host_threshold calibrates (queries) under it
         log.debug("DeviceTopK on %s: %d × %d (ldf %d), %s (%s)", self.info.name, self.n, self.f,
                   self.ldf, self.config, self.config_origin)
 
