@@ -29,7 +29,6 @@ check the script on a CPU device::
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import logging
@@ -40,22 +39,9 @@ import sys
 import time
 
 import numpy as np
+from bench_topk import _commit, _now, make_model  # benchmarks/: one copy of each
 
 log = logging.getLogger("recommend_gpu")
-
-
-def _now():
-    """UTC now, ISO 8601."""
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def _commit():
-    """The clmf source commit (provenance)."""
-    try:
-        from clmf.provenance import commit
-        return commit()
-    except Exception:
-        return "?"
 
 
 def timed(fn):
@@ -83,18 +69,6 @@ def overlap(a, b):
             tot += np.isin(y, x).mean()
             n += 1
     return tot / max(1, n)
-
-
-def model_from_factors(X, Y, device):
-    """A clmf ALS holding the given factors (no fit)."""
-    import clmf
-    m = clmf.ALS(factors=X.shape[1], device=device)
-    m.user_factors_, m.item_factors_ = X, Y
-    m.user_counts_ = np.ones(X.shape[0], np.int64)
-    m.item_counts_ = np.ones(Y.shape[0], np.int64)
-    m.global_mean_ = 0.0
-    m.user_ids_ = m.item_ids_ = None
-    return m
 
 
 def ranker_time(model, m, N, reps, resident_seen):
@@ -259,7 +233,7 @@ def bench_million(a, rep):
         X *= 0.1
         Y = rng.standard_normal((items, f), dtype=np.float32)
         Y *= 0.1
-        model = model_from_factors(X, Y, a.device)
+        model = make_model(X, Y, a.device)
         row["first_s"], (ids, _) = timed(
             lambda: model.recommend_all(N=a.N, filter_already_liked_items=False))
         rep.write()

@@ -32,6 +32,7 @@ import tempfile
 import time
 
 import numpy as np
+from bench_topk import make_model  # benchmarks/: one copy
 
 log = logging.getLogger("recommend_overhead")
 
@@ -44,18 +45,6 @@ def _median(fn, reps):
         out = fn()
         ts.append(time.perf_counter() - t)
     return statistics.median(ts), out
-
-
-def make_model(X, Y, device):
-    """A clmf ALS holding the given factors (no fit)."""
-    import clmf
-    m = clmf.ALS(factors=X.shape[1], device=device)
-    m.user_factors_, m.item_factors_ = X, Y
-    m.user_counts_ = np.ones(X.shape[0], np.int64)
-    m.item_counts_ = np.ones(Y.shape[0], np.int64)
-    m.global_mean_ = 0.0
-    m.user_ids_ = m.item_ids_ = None
-    return m
 
 
 def cpu_devices():

@@ -9,7 +9,8 @@ from conftest import DEVICES, REPO
 
 
 @pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
-def test_recommend_gpu_small(tmp_path):
+def test_recommend_gpu_small(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))     # its helpers from bench_topk
     spec = importlib.util.spec_from_file_location(
         "recommend_gpu", REPO / "benchmarks" / "recommend_gpu.py")
     mod = importlib.util.module_from_spec(spec)
