@@ -265,11 +265,19 @@ def test_device_rules_have_one_home():
     assert not bad, f"device rules outside {DEVICE_HOME}: " + "; ".join(bad)
 
 
+def _planted(tmp_path, files):
+    """The source modules of a package ``clmf`` planted under ``tmp_path`` (``files``: path
+    inside it → text), for the checkers' own tests."""
+    pkg = tmp_path / "clmf"
+    for name, text in files.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(text)
+    return source_modules({pkg: "clmf"})
+
+
 def test_device_rule_check_finds_copies(tmp_path):
     """The checker finds the copies this repository had (a label per module, ":all" parsed, the
     rank rule's type words and CLMF_DEVICE, a child's own platform walk) and nothing in the home."""
-    pkg = tmp_path / "clmf"
-    (pkg / "engine").mkdir(parents=True)
     files = {
         "__init__.py": "",
         "engine/__init__.py": "",
@@ -284,9 +292,7 @@ def test_device_rule_check_finds_copies(tmp_path):
         "g.py": 'def f(r):\n    return f"| {r[\'dataset\']} | {r[\'mode\']} |"\n',
         "h.py": 'def f(s, r):\n    return f"{s[\'device\'][\'platform\']} | {r[\'dataset\']}"\n',
     }
-    for name, text in files.items():
-        (pkg / name).write_text(text)
-    found = device_rule_sites(source_modules({pkg: "clmf"}))
+    found = device_rule_sites(_planted(tmp_path, files))
     assert found == ["clmf.a:2 label", "clmf.b:2 label", "clmf.c:3 :all", "clmf.c:3 CLMF_DEVICE",
                      "clmf.d:2 device types", "clmf.e:2 label", "clmf.f:2 get_platforms"]
 
@@ -294,8 +300,6 @@ def test_device_rule_check_finds_copies(tmp_path):
 def test_checks_catch_a_cycle_and_a_forbidden_import(tmp_path):
     """The checkers themselves find what they look for (a cycle through a function-local relative
     import, and a core module reaching torch and the benchmark at module level)."""
-    pkg = tmp_path / "clmf"
-    (pkg / "bench").mkdir(parents=True)
     files = {
         "__init__.py": "",
         "a.py": "from . import b\n",
@@ -307,10 +311,7 @@ def test_checks_catch_a_cycle_and_a_forbidden_import(tmp_path):
         "bench/__init__.py": "",
         "bench/runner.py": "import torch\n",
     }
-    for name, text in files.items():
-        (pkg / name).write_text(text)
-    modules = source_modules({pkg: "clmf"})
-    graph = import_graph(modules)
+    graph = import_graph(_planted(tmp_path, files))
     cycles = find_cycles(graph)
     assert len(cycles) == 1 and set(cycles[0]) == {"clmf.a", "clmf.b", "clmf.c"}
     assert cycles[0][0] == cycles[0][-1]
@@ -358,14 +359,12 @@ def test_one_engine_class_does_device_fits():
 
 def test_the_launcher_check_sees_classes_and_modules(tmp_path):
     """The check itself tells a second engine class from module functions."""
-    pkg = tmp_path / "clmf"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("class Engine:\n    def f(self):\n        launch_batch(1)\n")
-    (pkg / "b.py").write_text("from . import L\nclass Worker:\n    def g(self):\n"
-                              "        def h():\n            L.launch_solve(2)\n        h()\n"
-                              "def k():\n    launch_gram(3)\n")
-    where = kernel_launchers(source_modules({pkg: "clmf"}))
+    where = kernel_launchers(_planted(tmp_path, {
+        "__init__.py": "",
+        "a.py": "class Engine:\n    def f(self):\n        launch_batch(1)\n",
+        "b.py": ("from . import L\nclass Worker:\n    def g(self):\n"
+                 "        def h():\n            L.launch_solve(2)\n        h()\n"
+                 "def k():\n    launch_gram(3)\n")}))
     assert where == {"clmf.a.Engine": ["launch_batch"], "clmf.b.Worker": ["launch_solve"],
                      "clmf.b": ["launch_gram"]}
 
@@ -488,12 +487,8 @@ def test_no_arrow_from_parallel_or_inference_up_to_model():
 def test_fact_and_import_checks_find_what_they_look_for(tmp_path):
     """The three checks above catch planted violations (and leave comments, docstrings, the
     home itself and same-subpackage private imports alone)."""
-    pkg = tmp_path / "clmf"
-    for d in ("tuning", "engine", "parallel", "model"):
-        (pkg / d).mkdir(parents=True)
-        (pkg / d / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("")
-    files = {
+    files = {"__init__.py": "", **{f"{d}/__init__.py": "" for d in ("tuning", "engine",
+                                                                       "parallel", "model")},
         "tuning/spec.py": "def row_width(f, biased):\n    return f + 2 if biased else f\n",
         "engine/core.py": ('"""rows are f + 2 if biased"""\n# f + 1 if biased\n'
                            "width = f + 2 if biased else f\n"
@@ -507,9 +502,7 @@ def test_fact_and_import_checks_find_what_they_look_for(tmp_path):
                          "shift = -1.0 / float(self.alpha)\n"
                          "ld = max(c.ldf(w) for c in cs)\n"),
     }
-    for name, text in files.items():
-        (pkg / name).write_text(text)
-    modules = source_modules({pkg: "clmf"})
+    modules = _planted(tmp_path, files)
     facts = fact_violations(modules)
     assert {v.split(":")[0] for v in facts} == {"clmf.engine.core", "clmf.parallel.worker",
                                                  "clmf.model.est"}
