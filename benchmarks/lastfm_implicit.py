@@ -45,18 +45,25 @@ def top_n(X, Y, train_csr, users, k=10):
     return np.take_along_axis(top, order, 1)
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def lastfm_arguments(p):
+    """The options of the Last.fm implicit runs (data, model, split, output) on parser ``p``
+    (also :mod:`validation_overhead`'s)."""
     p.add_argument("--data", default="../shared/data/hetrec2011-lastfm-2k/user_artists.dat")
     p.add_argument("--factors", type=int, default=64)
     p.add_argument("--regularization", type=float, default=0.05)
     p.add_argument("--alpha", type=float, default=2.0)
     p.add_argument("--iterations", type=int, default=15)
     p.add_argument("--k-out", type=int, default=2, help="held-out items per user (leave-k-out)")
-    p.add_argument("--device", default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="path prefix for .md and .json")
+    return p
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    lastfm_arguments(p)
+    p.add_argument("--device", default="auto")
     a = p.parse_args()
 
     import clmf

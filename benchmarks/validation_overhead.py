@@ -22,21 +22,15 @@ import time
 
 def main():
     """Measure the fits and evaluations on each device given; print and write the results."""
+    # benchmarks/: the same Last.fm split and options
+    from lastfm_implicit import lastfm_arguments, lastfm_split
+
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default="../shared/data/hetrec2011-lastfm-2k/user_artists.dat")
-    p.add_argument("--factors", type=int, default=64)
-    p.add_argument("--regularization", type=float, default=0.05)
-    p.add_argument("--alpha", type=float, default=2.0)
-    p.add_argument("--iterations", type=int, default=15)
-    p.add_argument("--k-out", type=int, default=2, help="held-out items per user (leave-k-out)")
+    lastfm_arguments(p)
     p.add_argument("--device", action="append", help="device spec (repeatable; default auto)")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="path prefix for .md and .json")
     a = p.parse_args()
-
-    from lastfm_implicit import lastfm_split  # benchmarks/: the same Last.fm split
 
     import clmf
     from clmf.engine.device import device_info, device_label, select_device
