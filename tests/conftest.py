@@ -218,6 +218,21 @@ def random_ratings(m, n, density=0.2, seed=0, empty_rows=(), empty_cols=()):
     return sp.csr_matrix((vals, (rows, cols)), shape=(m, n))
 
 
+def model_of(X, Y, device="auto", global_mean=0.0, **attrs):
+    """An unfitted-by-fit ALS holding the factors ``X``, ``Y`` (float32), unit counts, no id
+    maps, ``global_mean`` and any other fitted ``attrs``: the inference tests' model."""
+    import clmf
+    m = clmf.ALS(factors=X.shape[1], device=device)
+    m.user_factors_, m.item_factors_ = np.asarray(X, np.float32), np.asarray(Y, np.float32)
+    m.user_counts_ = np.ones(X.shape[0], np.int64)
+    m.item_counts_ = np.ones(Y.shape[0], np.int64)
+    m.global_mean_ = global_mean
+    m.user_ids_ = m.item_ids_ = None
+    for k, v in attrs.items():
+        setattr(m, k, v)
+    return m
+
+
 def rel_err(a, b):
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from conftest import DEVICES
+from conftest import DEVICES, model_of
 
 import clmf
 from clmf.inference import resident
@@ -17,15 +17,7 @@ from clmf.inference import topk as T
 
 def make_model(X, Y, device, **attrs):
     """An ALS holding the given factors (no fit)."""
-    m = clmf.ALS(factors=X.shape[1], device=device)
-    m.user_factors_, m.item_factors_ = X, Y
-    m.user_counts_ = np.ones(X.shape[0], np.int64)
-    m.item_counts_ = np.ones(Y.shape[0], np.int64)
-    m.global_mean_ = 0.5
-    m.user_ids_ = m.item_ids_ = None
-    for k, v in attrs.items():
-        setattr(m, k, v)
-    return m
+    return model_of(X, Y, device, global_mean=0.5, **attrs)
 
 
 def brute(X, Y, seen=None, N=10, cand=None, bu=None, bi=None, mu=0.0, row0=0):

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from conftest import model_of
 
 import clmf
 from clmf.engine.device import device_info
@@ -170,15 +171,7 @@ def test_config_roundtrip_and_validation(cl_device):
 
 
 def make_model(X, Y, **attrs):
-    m = clmf.ALS(factors=X.shape[1])
-    m.user_factors_, m.item_factors_ = np.asarray(X, np.float32), np.asarray(Y, np.float32)
-    m.user_counts_ = np.ones(X.shape[0], np.int64)
-    m.item_counts_ = np.ones(Y.shape[0], np.int64)
-    m.global_mean_ = 3.0
-    m.user_ids_ = m.item_ids_ = None
-    for k, v in attrs.items():
-        setattr(m, k, v)
-    return m
+    return model_of(X, Y, global_mean=3.0, **attrs)
 
 
 def test_model_biased_and_cosine_on_device(cl_device):
