@@ -21,7 +21,9 @@ VARIANTS = ["batch:tx=4,ty=4", "batch+reg+local:tx=4,ty=4,nnz_batch=8",
 # the fused CG's dimensions form (float4 slices, entry groups, more work-items than unknowns at
 # small f; the Gram matrix of implicit feedback by the S1 flags' kernel)
 DIMS_VARIANTS = ["batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=8,nnz_batch=3",
-                 "batch+reg+vec4:solver=fusedcg,fused_dims=1,solve_wg=32,nnz_batch=2,tx=2,ty=2"]
+                 "batch+reg+vec4:solver=fusedcg,fused_dims=1,solve_wg=32,nnz_batch=2,tx=2,ty=2",
+                 # two float4 slices per work-item at f = 17 (PCL_Q = 2), one work-item idle
+                 "batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=4,nnz_batch=2"]
 
 
 def problem(f):
