@@ -466,7 +466,7 @@ def cmd_tune(args):
     incumbent) is measured first and re-timed side by side with the winner at the end; the record
     keeps the faster, and the output says "× vs what you had" first, "× vs the plain batch
     variant" second.
-    The tuner (package ``clmf.tuner``) is imported only here.
+    The tuner (package ``clmf.autotune``) is imported only here.
 
     Examples
     --------
@@ -479,7 +479,7 @@ def cmd_tune(args):
     if args.data is None or args.preset is not None:
         _check_data_args(args)
     try:
-        from clmf import tuner
+        from clmf import autotune
     except ImportError as e:
         raise RuntimeError(f"the tuner is not installed with this clmf ({e})") from None
     try:
@@ -506,12 +506,12 @@ def cmd_tune(args):
             raise UsageError(f"--sample must be 'auto', 'full' or a fraction in (0, 1], not "
                              f"{args.sample!r}")
     mode = "implicit" if args.feedback == "implicit" else "biased" if args.biases else "explicit"
-    R, name = tuner.load_data(args.data, args.preset, args.scale, args.seed, log1p=args.log1p)
+    R, name = autotune.load_data(args.data, args.preset, args.scale, args.seed, log1p=args.log1p)
     print(f"data: {name}: {R.shape[0]} users × {R.shape[1]} items, {R.nnz} ratings"
           + ("" if mode == "explicit" else f"; mode {mode}"
              + (f", alpha {args.alpha:g}" if mode == "implicit" else "")))
     solvers = [s.strip() for s in args.solvers.split(",")] if args.solvers else None
-    summaries = tuner.tune(R, factors=factors, device=args.device, strategy=args.strategy,
+    summaries = autotune.tune(R, factors=factors, device=args.device, strategy=args.strategy,
                            budget=args.budget, space=args.space, db=args.db,
                            report_dir=args.report, dataset=name, storage=args.storage,
                            seed=args.seed, solvers=solvers, sample_time=args.sample_time,

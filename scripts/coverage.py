@@ -2,7 +2,7 @@
 """The coverage table of ``variant="auto"`` and the leave-one-out check of the selection model
 (issue 27): device × mode × f × data shape → auto's s/it, the rule that chose, the cell's
 measured best, the ratio, and the same for the lookup's choice with the cell's own tunings left
-out (see :mod:`clmf.tuner.coverage`).
+out (see :mod:`clmf.autotune.coverage`).
 
 Small, on this CPU (what CI runs, a few minutes; ``--isolated``: only the tunings this run
 makes, in OUT/tuning.jsonl)::
@@ -75,16 +75,16 @@ def parse(argv=None):
 
 
 def load(spec, seed=0):
-    """(users × items CSR, name) of a data-set spec (clmf.tuner.load_data's forms)."""
-    from clmf import tuner
+    """(users × items CSR, name) of a data-set spec (clmf.autotune.load_data's forms)."""
+    from clmf import autotune
     s = spec.strip()
     if "@" in s and not s.startswith("synthetic:"):
         preset, _, sc = s.partition("@")
-        return tuner.load_data(preset=preset, scale=float(sc), seed=seed)
+        return autotune.load_data(preset=preset, scale=float(sc), seed=seed)
     from clmf import datasets
     if s in datasets.list_presets():
-        return tuner.load_data(preset=s, seed=seed)
-    return tuner.load_data(s, seed=seed)
+        return autotune.load_data(preset=s, seed=seed)
+    return autotune.load_data(s, seed=seed)
 
 
 def meta(devices, command):
@@ -115,8 +115,8 @@ def main(argv=None):
     logging.basicConfig(level=logging.WARNING)
     import warnings
 
+    from clmf.autotune import coverage as C
     from clmf.engine.device import device_info, select_device
-    from clmf.tuner import coverage as C
     from clmf.tuning import device_record, device_slug
     warnings.simplefilter("ignore")
     t_start = time.perf_counter()

@@ -39,9 +39,9 @@ def main():
                    help="comma-separated dataset:f cases to run (default all)")
     a = p.parse_args()
 
-    from clmf import tuner
+    from clmf import autotune
+    from clmf.autotune.report import summary_markdown
     from clmf.engine.device import device_info, device_label, select_device
-    from clmf.tuner.report import summary_markdown
     from clmf.tuning import device_record, device_slug
     dev = select_device(a.device)
     info = device_info(dev)
@@ -63,10 +63,10 @@ def main():
         skip.add(f"ml-100k:{factors[0]}")
     sets = []
     if os.path.exists(a.ml100k):
-        sets.append(lambda: tuner.load_data(a.ml100k))
+        sets.append(lambda: autotune.load_data(a.ml100k))
     else:
         print(f"no MovieLens 100K at {a.ml100k}: skipped", flush=True)
-    sets.append(lambda: tuner.load_data(preset="netflix", scale=a.netflix_scale))
+    sets.append(lambda: autotune.load_data(preset="netflix", scale=a.netflix_scale))
     for load in sets:
         t0 = time.perf_counter()
         R, name = load()
@@ -77,7 +77,7 @@ def main():
                 continue
             b = budgets.get(f, list(budgets.values())[-1])
             t0 = time.perf_counter()
-            s = tuner.tune(R, factors=[f], device=dev, strategy="budgeted", budget=b,
+            s = autotune.tune(R, factors=[f], device=dev, strategy="budgeted", budget=b,
                            space=a.space, db=db, report_dir=out / "reports", dataset=name,
                            progress=False, sample_time=a.sample_time, resume=not a.fresh)[0]
             best = s["best"]

@@ -739,8 +739,8 @@ def test_synthetic_from_spec_is_shared_by_bench_and_tuner():
     assert R.shape == (300, 40) and name == "synthetic-300x40x2K"
     assert datasets.synthetic_from_spec("ml-100k") is None
     assert datasets.synthetic_from_spec("synthetic:3x4") is None
-    from clmf import tuner
-    R2, name2 = tuner.load_data("synthetic:300x40x2000", seed=1)
+    from clmf import autotune
+    R2, name2 = autotune.load_data("synthetic:300x40x2000", seed=1)
     assert name2 == name and (R2 != R).nnz == 0
 
 

@@ -213,7 +213,7 @@ def test_torn_tail_is_repaired_and_fit_uses_the_good_records(dbenv):
 
 
 def _tiny_space(f):
-    from clmf.tuner.space import Space
+    from clmf.autotune.space import Space
     return Space("tiny", f, [(False, False, 0, False), (True, True, 0, False)],
                  dict(tx=[2, 4], ty=[2, 4], nnz_batch=[8], bx=[f], by=[f], square_tiles=True,
                       tz=[1], solve_wg=[0], solver=["cholesky"], cg_steps=[3]))
@@ -225,8 +225,8 @@ class _Killed(BaseException):
 
 @pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
 def test_interrupted_measurement_is_retried(dbenv, monkeypatch):
-    from clmf.tuner import strategies
-    from clmf.tuner.measure import Measurer
+    from clmf.autotune import strategies
+    from clmf.autotune.measure import Measurer
     case = strategies.Case(DEVICES[0], random_ratings(120, 90, 0.1, seed=6), 4, "tiny", "float32")
     real = Measurer.evaluate
     calls = []

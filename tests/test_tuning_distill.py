@@ -1,4 +1,4 @@
-"""The compact shipped tuning databases (clmf.tuner.distill): up to date with the raw files of
+"""The compact shipped tuning databases (clmf.autotune.distill): up to date with the raw files of
 results/tuning, deterministic, small, and the lookup chooses from them exactly what it chooses
 from the raw files — every device/f/mode/storage/side case of the raw files, unseen data-set
 shapes, unseen f and unseen devices (the nearest, vendor and computed-default rungs). No OpenCL
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not RAW, reason="no raw tuning databases in this
 
 def _distill():
     try:
-        return importlib.import_module("clmf.tuner.distill")
+        return importlib.import_module("clmf.autotune.distill")
     except ImportError:                      # a source checkout without the installed layout
         return importlib.import_module("tuner.distill")
 
@@ -129,9 +129,10 @@ def _same_choices(isolated, queries):
 def test_shipped_files_are_up_to_date():
     files = _distill().distill_files(RAW)
     shipped = {p.name: p.read_bytes() for p in SHIPPED_DIR.glob("*.jsonl")}
-    assert sorted(files) == sorted(shipped), "run python -m tuner.distill results/tuning/*.jsonl"
+    assert sorted(files) == sorted(shipped), \
+        "run python -m clmf.autotune.distill results/tuning/*.jsonl"
     for name, data in files.items():
-        assert data == shipped[name], f"{name} is stale: run python -m tuner.distill " \
+        assert data == shipped[name], f"{name} is stale: run python -m clmf.autotune.distill " \
                                       "results/tuning/*.jsonl -o results/tuning/shipped"
 
 

@@ -214,8 +214,8 @@ def test_cg_more_steps_approaches_cholesky(cl_device):
 
 
 def test_solve_vec_applies_to_the_one_work_item_fused_cg_only():
+    from clmf.autotune.space import canonical
     from clmf.engine.kernels import render_als
-    from clmf.tuner.space import canonical
     c = KernelConfig.parse("batch:solve_wg=1,solve_vec=8,solver=fusedcg")
     assert c.svec(10) == 8 and "typedef float8 svec" in render_als(c, 10, implicit=True)
     for other in (c.replace(solver="cg"), c.replace(solve_wg=2)):

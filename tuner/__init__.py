@@ -4,9 +4,9 @@ It sits on top of ``clmf`` (the library never imports it; ``clmf tune`` reaches 
 After a tuning run, ``clmf.ALS(variant="auto")`` picks the result up from the database with no
 argument (see :mod:`clmf.tuning` for the search order and the fallback chain).
 
->>> import tuner                                             # doctest: +SKIP
->>> tuner.tune(R, factors=[10], device="cpu", strategy="budgeted", budget=60)   # doctest: +SKIP
->>> tuner.tune(P, factors=[64], device="cpu", mode="implicit", alpha=2.0)       # doctest: +SKIP
+>>> from clmf import autotune                               # doctest: +SKIP
+>>> autotune.tune(R, factors=[10], device="cpu", strategy="budgeted", budget=60)   # doctest: +SKIP
+>>> autotune.tune(P, factors=[64], device="cpu", mode="implicit", alpha=2.0)       # doctest: +SKIP
 """
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, spac
 
     Returns
     -------
-    list of run summaries (dicts; see :meth:`tuner.strategies.Session.finish`)
+    list of run summaries (dicts; see :meth:`clmf.autotune.strategies.Session.finish`)
     """
     from clmf import tuning
     from clmf.engine.device import device_label, select_device

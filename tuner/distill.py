@@ -28,7 +28,7 @@ raw ones (``tests/test_tuning_distill.py`` checks every case of the raw files an
 f and devices), unless none of a computed default's ``top`` ranked configurations validates on the
 device asking.
 
-``python -m clmf.tuner.distill results/tuning/*.jsonl -o results/tuning/shipped`` (``--check``
+``python -m clmf.autotune.distill results/tuning/*.jsonl -o results/tuning/shipped`` (``--check``
 exits 1 when the files there are not what the raw files give).
 """
 from __future__ import annotations
@@ -180,7 +180,7 @@ def distill(sources, names=None, blobs=None, top=TOP):
                 "records_in": len(recs), "records_out": len(body), "top": top,
                 "rule": "best records of the runs with distinct pairs per case (device, f, "
                         "storage, mode, m, n, nnz), newest first; ok measurements the computed "
-                        "default can rank (clmf.tuner.distill)"}
+                        "default can rank (clmf.autotune.distill)"}
         out.append([head] + body)
     return out
 
@@ -220,8 +220,8 @@ def write(paths, out_dir, top=TOP):
 
 
 def main(argv=None):
-    """``python -m clmf.tuner.distill RAW.jsonl... -o DIR [--check]``."""
-    p = argparse.ArgumentParser(prog="python -m clmf.tuner.distill", description=__doc__,
+    """``python -m clmf.autotune.distill RAW.jsonl... -o DIR [--check]``."""
+    p = argparse.ArgumentParser(prog="python -m clmf.autotune.distill", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("raw", nargs="+", help="raw tuning databases (results/tuning/*.jsonl)")
     p.add_argument("-o", "--out", default="results/tuning/shipped", help="output directory")

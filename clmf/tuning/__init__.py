@@ -5,7 +5,7 @@ weighted-λ and confidence rules, in one home), :mod:`.schema` the record keys s
 tuner, :mod:`.database` reads and writes the
 JSON Lines databases, :mod:`.lookup` applies the fallback chain (:func:`choose`), :mod:`.fallback`
 rejects (once, with a :class:`TuningFallbackWarning`) and probes configurations that cannot run.
-The search and measurement that produce tunings are :mod:`clmf.tuner`.
+The search and measurement that produce tunings are :mod:`clmf.autotune`.
 """
 from .database import (
                        Database,

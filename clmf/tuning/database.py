@@ -7,7 +7,7 @@ searched in this order (:func:`database_paths`):
 2. the per-user database, ``platformdirs.user_data_dir("clmf")/tuning.jsonl`` (``clmf tune``
    writes there by default);
 3. the shipped tunings (:func:`shipped_paths`): ``results/tuning/shipped/*.jsonl`` of the source
-   tree (distilled from the raw ``results/tuning/*.jsonl`` by :mod:`clmf.tuner.distill`),
+   tree (distilled from the raw ``results/tuning/*.jsonl`` by :mod:`clmf.autotune.distill`),
    installed as package data ``clmf/tuning/shipped``; ``CLMF_TUNING_NO_SHIPPED=1`` leaves them
    out.
 
@@ -54,7 +54,7 @@ def _jsonl_in(p):
 def shipped_paths():
     """The tuning files shipped with clmf: package data ``clmf/tuning/shipped/*.jsonl`` of an
     installed wheel, else ``results/tuning/shipped/*.jsonl`` of a source checkout (the compact
-    databases :mod:`clmf.tuner.distill` writes from the raw ``results/tuning/*.jsonl``).
+    databases :mod:`clmf.autotune.distill` writes from the raw ``results/tuning/*.jsonl``).
 
     The one place that knows where shipped tunings live.
     """
@@ -166,7 +166,7 @@ def read_database(path, strict=False):
     :func:`clmf.tuning.schema.check_record` is skipped alone, with one warning per file naming
     the file and the lines; the other records serve. ``strict=True`` (the tuner, before it
     appends) raises ``ValueError`` for a file it must not write to — a line that is not JSON or
-    of another schema, anywhere but a torn last line (which :meth:`tuner.database.Database.append`
+    of another schema, anywhere but a torn last line (which :meth:`Database.append`
     repairs) — and otherwise returns the usable records too."""
     path = pathlib.Path(path)
     try:
