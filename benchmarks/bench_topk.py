@@ -158,13 +158,12 @@ def bench_recommend_cpu(a, res):
 def bench_similar_cpu(a, res):
     """similar_items of every ml-latest-small item: implicit, clmf per CPU device, host."""
     import clmf
-    from clmf import datasets
     from clmf.inference.topk import inference_options
     path = REPO.parent / "shared" / "data" / "ml-latest-small" / "ratings.csv"
     if not path.exists():
         res["similar_items"] = {"skipped": f"{path} missing"}
         return
-    data = datasets.load(str(path))
+    data = clmf.data.load(str(path))
     model = clmf.ALS(factors=a.sim_f, iterations=5, random_state=0).fit(data, show_progress=False)
     Y = model.item_factors_
     items = np.arange(Y.shape[0])

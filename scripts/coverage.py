@@ -81,8 +81,8 @@ def load(spec, seed=0):
     if "@" in s and not s.startswith("synthetic:"):
         preset, _, sc = s.partition("@")
         return autotune.load_data(preset=preset, scale=float(sc), seed=seed)
-    from clmf import datasets
-    if s in datasets.list_presets():
+    from clmf import data
+    if s in data.list_presets():
         return autotune.load_data(preset=s, seed=seed)
     return autotune.load_data(s, seed=seed)
 

@@ -147,9 +147,9 @@ def load(a):
     import numpy as np
     import scipy.sparse as sp
 
-    from clmf import datasets
+    import clmf.data
     t = time.perf_counter()
-    data = datasets.synthetic(a.preset, scale=a.scale, seed=a.seed)
+    data = clmf.data.synthetic(a.preset, scale=a.scale, seed=a.seed)
     R = data.to_csr()
     name = a.preset if a.scale == 1 else f"{a.preset}-x{a.scale:g}"
     rng = np.random.default_rng(a.seed)

@@ -369,12 +369,34 @@ def test_the_launcher_check_sees_classes_and_modules(tmp_path):
                      "clmf.b": ["launch_gram"]}
 
 
-@pytest.mark.parametrize("name", ["ALS", "load", "evaluate", "datasets", "metrics", "splits",
-                                  "select_device", "KernelConfig", "errors"])
+@pytest.mark.parametrize("name", ["ALS", "load", "evaluate", "data", "metrics", "select_device",
+                                  "KernelConfig", "errors"])
 def test_public_api_is_listed(name):
     import clmf
     assert name in dir(clmf) and name in clmf.__all__
     assert getattr(clmf, name) is not None
+
+
+# modules renamed by issue 32 (new name): tuner/ installs as clmf.autotune; clmf.data is the one
+# home of the data API and of the splits; the data modules that functions of clmf.data now name
+RENAMED_MODULES = {"clmf.tuner": "clmf.autotune", "clmf.datasets": "clmf.data",
+                   "clmf.splits": "clmf.data.splits", "clmf.data.synthetic": "clmf.data.generator",
+                   "clmf.data.default": "clmf.data.demo"}
+
+
+def test_renamed_modules_are_gone_from_the_installed_package():
+    """No module, file or directory of the old names in the installed clmf, the new ones there."""
+    import importlib.util
+    root = pathlib.Path(importlib.util.find_spec("clmf").submodule_search_locations[0])
+    for old, new in RENAMED_MODULES.items():
+        rel = pathlib.Path(*old.split(".")[1:])
+        assert not (root / rel).exists() and not (root / rel).with_suffix(".py").exists(), old
+        assert importlib.util.find_spec(new) is not None, new
+        try:
+            spec = importlib.util.find_spec(old)
+        except ModuleNotFoundError:
+            spec = None
+        assert spec is None or spec.origin is None, f"{old} is still installed ({spec.origin})"
 
 
 # ----- one home for each fact of a fit (issue 32) -------------------------------------------------

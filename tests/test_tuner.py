@@ -341,9 +341,9 @@ def test_implicit_fit_falls_back_to_explicit_tunings(cl_device, isolated, tmp_pa
 
 # ----- the sample and its calibration check ----------------------------------------------------
 def synthetic_csr(scale=0.004):
-    from clmf import datasets
-    return datasets.synthetic("movielens-100k", scale=1.0, seed=3).to_csr() if scale is None \
-        else datasets.synthetic("netflix", scale=scale, seed=3).to_csr()
+    from clmf import data
+    return data.synthetic("movielens-100k", scale=1.0, seed=3).to_csr() if scale is None \
+        else data.synthetic("netflix", scale=scale, seed=3).to_csr()
 
 
 def test_sample_check_passes_on_a_synthetic_problem(isolated, tmp_path):

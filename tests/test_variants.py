@@ -189,8 +189,8 @@ def test_invalid_configs_rejected_with_reason():
 
 
 def test_float16_storage_rmse_close_to_float32(cl_device):
-    from clmf import datasets
-    train, test = datasets.default()
+    from clmf import data
+    train, test = data.default()
     kw = dict(factors=16, regularization=0.1, iterations=10, device=cl_device, random_state=0)
     r32 = clmf.ALS(**kw).fit(train, show_progress=False).rmse(test)
     m16 = clmf.ALS(storage="float16", **kw).fit(train, show_progress=False)
