@@ -63,7 +63,7 @@ def parse(argv=None):
                    help="the tuning database runs write to (default OUT/tuning.jsonl); the "
                         "lookup reads it first")
     p.add_argument("--db-dir", default=None,
-                   help="instead of --db, one database per device: DIR/<device slug>.jsonl "
+                   help="instead of --db, one database per device: DIR/<device slug>.jsonl.gz "
                         "(e.g. results/tuning, the raw files the shipped ones are distilled "
                         "from)")
     p.add_argument("--resume", default=None,
@@ -121,7 +121,7 @@ def main(argv=None):
     warnings.simplefilter("ignore")
     t_start = time.perf_counter()
     devices = [select_device(d.strip()) for d in a.devices.split(",") if d.strip()]
-    dbs = {id(d): (pathlib.Path(a.db_dir) / f"{device_slug(device_record(device_info(d)))}.jsonl"
+    dbs = {id(d): (pathlib.Path(a.db_dir) / f"{device_slug(device_record(device_info(d)))}.jsonl.gz"
                    if a.db_dir else db) for d in devices}
     os.environ["CLMF_TUNING_DB"] = os.pathsep.join(sorted({str(p) for p in dbs.values()}))
     command = "python scripts/coverage.py " + " ".join(sys.argv[1:] if argv is None else argv)

@@ -6,8 +6,8 @@ Cases: MovieLens 100K (``ua.base``) and a synthetic Netflix-shaped set at ``--ne
 each f of ``--factors``, with the budgeted strategy over the ``--space`` (``--budgets`` seconds
 of measurement per f). Optionally (``--compare``) first the budgeted-vs-exhaustive comparison on
 the bounded space (scripts/tune_compare.py) for MovieLens 100K at the first f. The database is
-``<out>/<device-slug>.jsonl``; reports go to ``<out>/reports/``, with ``summary.md`` over every
-database in ``<out>``.
+``<out>/<device-slug>.jsonl.gz`` (gzip: one member per append, packed into one after each f);
+reports go to ``<out>/reports/``, with ``summary.md`` over every database in ``<out>``.
 
     python scripts/tune_all.py --device Intel --ml100k ../shared/data/ml-100k --out results/tuning
 """
@@ -48,7 +48,7 @@ def main():
     slug = device_slug(device_record(info))
     out = pathlib.Path(a.out)
     (out / "reports").mkdir(parents=True, exist_ok=True)
-    db = out / f"{slug}.jsonl"
+    db = out / f"{slug}.jsonl.gz"
     factors = [int(x) for x in a.factors.split(",")]
     budgets = dict((int(k), float(v)) for k, v in (x.split(":") for x in a.budgets.split(",")))
     skip = set(filter(None, a.skip.split(",")))
@@ -88,7 +88,7 @@ def main():
                   f"×{best['speedup_vs_default'] or 0:.2f} vs default: users "
                   f"{best['configs']['users']} | items {best['configs']['items']}", flush=True)
         del R
-    (out / "reports" / "summary.md").write_text(summary_markdown(sorted(out.glob("*.jsonl"))))
+    (out / "reports" / "summary.md").write_text(summary_markdown(sorted(out.glob("*.jsonl.gz"))))
     print(f"total {time.perf_counter() - t_all:.0f} s; summary {out / 'reports' / 'summary.md'}")
     return 0
 

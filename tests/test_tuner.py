@@ -244,6 +244,35 @@ def test_cli_tune(isolated, tmp_path, capsys):
     assert main(["tune", "--factors", "x"]) == 2
 
 
+def test_tune_into_a_gzip_database_packs_it_and_auto_reads_it(tmp_path, monkeypatch):
+    """``clmf tune --db X.jsonl.gz`` (as results/tuning is kept since issue 32): one gzip member
+    per append while it runs, one member for the whole file when it ends, read by the lookup."""
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    import gzip
+
+    from clmf.autotune import tune
+    db = tmp_path / "db.jsonl.gz"
+    monkeypatch.setenv("CLMF_TUNING_DB", str(db))
+    monkeypatch.setattr(tuning.database, "user_db_path", lambda: tmp_path / "user.jsonl")
+    monkeypatch.setattr(tuning.database, "shipped_paths", lambda: [])
+    appends = []
+    real = tuning.Database.append
+    monkeypatch.setattr(tuning.Database, "append",
+                        lambda self, recs: (real(self, recs), appends.append(self.path)))
+    R = random_ratings(160, 120, 0.08, seed=5)
+    tune(R, factors=[4], device=DEVICES[0], strategy="budgeted", budget=2, db=db,
+         state_dir=tmp_path / "state", progress=False, sample_time=0.01, plot=False)
+    packed = db.read_bytes()
+    records = gzip.decompress(packed)
+    assert len(appends) > 1 and packed == gzip.compress(records, compresslevel=9, mtime=0)
+    best = {r["side"]: KernelConfig.from_dict(r["config"])
+            for r in map(json.loads, records.splitlines()) if r["kind"] == "best"}
+    model = clmf.ALS(4, 0.1, 2, device=DEVICES[0], random_state=0).fit(R, show_progress=False)
+    assert {s: model.config_[s].config for s in best} == best
+    assert all(model.config_[s].rule == "tuned" for s in best)
+
+
 # ----- modes: implicit feedback and biases ------------------------------------------------------
 def mode_space(f, mode):
     """The tiny space with the fused CG too (at the kernels' f: f + 1 with biases)."""

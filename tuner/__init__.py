@@ -119,6 +119,7 @@ def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, spac
                                  check_time=CHECK_TIME if check_time is None else check_time,
                                  starts=starts)
         summary["database"] = str(db)
+        tuning.Database(db).compact()    # a gzip database: the run's members packed into one
         if report_dir:
             from .report import write_run_report
             summary["report"] = str(write_run_report(summary, report_dir, plot=plot))

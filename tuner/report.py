@@ -10,7 +10,7 @@
 * :func:`summary_markdown` — one table over tuning databases: per data set, f and side, the best
   configuration found on each device, to show how differently they fall.
 
-``python -m clmf.autotune.report results/tuning/*.jsonl -o results/tuning/reports/summary.md``
+``python -m clmf.autotune.report results/tuning/*.jsonl.gz -o results/tuning/reports/summary.md``
 """
 from __future__ import annotations
 

@@ -12,8 +12,10 @@ from .database import (
                        base_record,
                        clmf_commit,
                        database_paths,
+                       is_gzip,
                        now,
                        read_database,
+                       records_bytes,
                        shipped_paths,
                        user_db_path,
 )
@@ -42,5 +44,6 @@ __all__ = ["Choice", "choose", "incumbent", "heuristic", "BASELINE", "SCHEMA_VER
            "MODE_DEFAULT_SOLVER", "fit_mode", "record_mode", "kernel_factors", "factor_width",
            "TuningDatabaseWarning", "dataset_class", "class_distance", "device_record",
            "device_slug", "database_paths", "user_db_path", "shipped_paths", "read_database",
+           "records_bytes", "is_gzip",
            "Database", "base_record", "now", "clmf_commit", "ENV_DB", "ENV_NO_SHIPPED", "SIDES",
            "TuningFallbackWarning", "FitSpec", "side_stats", "resolve"]
