@@ -7,15 +7,15 @@ CPU mode (default), on this machine's OpenCL CPU devices (PoCL, Intel):
   * similar_items for every item of ml-latest-small (a model fitted here), clmf device / host
     against implicit's ``similar_items`` on the same factors.
 GPU mode (``--gpu``), on the first OpenCL GPU:
-  * a short search of the top-k geometries (``tuner.topk``; record written to OUTDIR), then all
-    480,189 Netflix-shaped users × 17,770 items at f = 100, seen items filtered, top-10: factors
-    and the seen CSR resident, timed wall-clock and by the kernels' profiling events; the
-    model API's ``recommend_all`` end to end; a PyTorch ``topk`` peer (GEMM per 64K users, a
-    mask, ``topk``) and FAISS GPU exact inner-product search (unfiltered) when importable.
+  * a short search of the top-k geometries (``clmf.autotune.topk``; record written to OUTDIR),
+    then all 480,189 Netflix-shaped users × 17,770 items at f = 100, seen items filtered,
+    top-10: factors and the seen CSR resident, timed wall-clock and by the kernels' profiling
+    events; the model API's ``recommend_all`` end to end; a PyTorch ``topk`` peer (GEMM per 64K
+    users, a mask, ``topk``) and FAISS GPU exact inner-product search (unfiltered) when importable.
 
 Writes ``OUTDIR/bench_topk_{cpu,gpu}.json`` and ``.md``. Factors are random normal (×0.1),
-the seen items popularity-skewed (``tuner.topk.synthetic_problem``); every peer ranks the same
-arrays.
+the seen items popularity-skewed (``clmf.autotune.topk.synthetic_problem``); every peer ranks
+the same arrays.
 
     python benchmarks/bench_topk.py results/bench/topk-cpu
     python benchmarks/bench_topk.py OUTDIR --gpu
@@ -106,8 +106,8 @@ def dev_name(d):
 
 def bench_recommend_cpu(a, res):
     """Top-N for every synthetic user: implicit, clmf per CPU device, clmf host."""
+    from clmf.autotune.topk import synthetic_problem
     from clmf.inference.topk import inference_options
-    from clmf.tuner.topk import synthetic_problem
     X, Y, R = synthetic_problem(a.users, a.items, a.f, a.seen, seed=0)
     users = np.arange(a.users)
     out = res["recommend"] = {"users": a.users, "items": a.items, "f": a.f, "N": a.N,
@@ -158,13 +158,12 @@ def bench_recommend_cpu(a, res):
 def bench_similar_cpu(a, res):
     """similar_items of every ml-latest-small item: implicit, clmf per CPU device, host."""
     import clmf
-    from clmf import datasets
     from clmf.inference.topk import inference_options
     path = REPO.parent / "shared" / "data" / "ml-latest-small" / "ratings.csv"
     if not path.exists():
         res["similar_items"] = {"skipped": f"{path} missing"}
         return
-    data = datasets.load(str(path))
+    data = clmf.data.load(str(path))
     model = clmf.ALS(factors=a.sim_f, iterations=5, random_state=0).fit(data, show_progress=False)
     Y = model.item_factors_
     items = np.arange(Y.shape[0])
@@ -219,11 +218,11 @@ def gpu_device(spec=None):
 
 def bench_gpu(a, res, outdir):
     """The GPU run: a geometry search, the Netflix-shaped problem, its peers."""
+    from clmf.autotune.topk import synthetic_problem, tune_topk
     from clmf.engine.device import device_info
     from clmf.inference import topk as T
     from clmf.inference.host import host_rank
     from clmf.inference.topk import inference_options
-    from clmf.tuner.topk import synthetic_problem, tune_topk
     dev = gpu_device(a.device)
     info = device_info(dev)
     res["device"] = str(info)

@@ -56,13 +56,14 @@ def top_n(X, Y, train_csr, users, k=10, block=2048):
 
 def implicit_data(name, path, seed, k_out):
     """(name, train CSR, test users, their held-out items) of an implicit data set."""
-    from clmf import datasets, splits
+    import clmf.data
+    from clmf.data import splits
     if name == "lastfm":
-        data = datasets.load(path)
-        data = datasets.Ratings(data.users, data.items, np.log1p(data.ratings).astype(np.float32),
+        data = clmf.data.load(path)
+        data = clmf.data.Ratings(data.users, data.items, np.log1p(data.ratings).astype(np.float32),
                                 data.timestamps, data.user_ids, data.item_ids)
     else:
-        data, name = datasets.synthetic_from_spec(name, seed=seed)
+        data, name = clmf.data.synthetic_from_spec(name, seed=seed)
     train, test = splits.leave_k_out(data, k=k_out, random_state=seed, min_train=k_out)
     R, T = train.to_csr(), test.to_csr()
     users = np.flatnonzero(np.diff(T.indptr) > 0)

@@ -28,9 +28,10 @@ def commit():
 def lastfm_split(path, k_out, seed):
     """Last.fm play counts as log1p strengths, split leave-``k_out``-out: ``(train, held)``
     Ratings (the split every Last.fm benchmark here uses)."""
-    from clmf import datasets, splits
-    data = datasets.load(path)
-    data = datasets.Ratings(data.users, data.items, np.log1p(data.ratings).astype(np.float32),
+    import clmf.data
+    from clmf.data import splits
+    data = clmf.data.load(path)
+    data = clmf.data.Ratings(data.users, data.items, np.log1p(data.ratings).astype(np.float32),
                             data.timestamps, data.user_ids, data.item_ids)
     return splits.leave_k_out(data, k=k_out, random_state=seed, min_train=k_out)
 

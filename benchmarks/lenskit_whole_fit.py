@@ -44,13 +44,14 @@ def log(msg):
 
 def load(spec, seed):
     """A clmf.bench Problem: a directory/file of ratings (10 % random holdout) or a bench spec."""
-    from clmf import datasets, splits
+    from clmf import data
     from clmf.bench.peers import Problem
     from clmf.bench.runner import _train_test_csr, load_problem
+    from clmf.data import splits
     p = pathlib.Path(spec)
     if p.exists():
         f = p / "ratings.csv" if p.is_dir() else p
-        tr, te = splits.random_holdout(datasets.load(str(f)), test_fraction=0.1,
+        tr, te = splits.random_holdout(data.load(str(f)), test_fraction=0.1,
                                        random_state=seed)
         return Problem(p.name if p.is_dir() else p.stem, *_train_test_csr(tr, te))
     return load_problem(spec, seed=seed)

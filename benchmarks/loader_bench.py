@@ -98,7 +98,7 @@ def generate(rows, directory, seed=0):
 def cases(clmf, csv, parquet):
     """(name, file, call, name of the fast path in clmf.data._fastload or None, what the old path
     is)."""
-    ds = clmf.datasets
+    ds = clmf.data
     return [
         ("MovieLens CSV", csv, lambda: ds.load_movielens_csv(csv), None, "—"),
         ("triples CSV", csv, lambda: ds.load_triples(csv, timestamp_column=3), None, "—"),

@@ -28,9 +28,9 @@ def commit():
 
 def run(args):
     import clmf
-    from clmf import datasets, reference
+    from clmf import data, reference
     from clmf.engine.device import select_device, select_devices, spec_from_text
-    train, test = datasets.load_movielens_100k_split(args.data)
+    train, test = data.load_movielens_100k_split(args.data)
     R = train.to_csr()
     f, lam, iters = args.factors, args.regularization, args.iterations
     X0, Y0 = reference.start_factors(*R.shape, f, 0)

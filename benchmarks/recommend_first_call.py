@@ -27,7 +27,7 @@ def one_run(dev, users, items, nnz, f):
     import numpy as np
 
     import clmf
-    from clmf.data.synthetic import synthetic
+    from clmf.data import synthetic
     R = synthetic(shape=(users, items), nnz=nnz, seed=0).to_csr()
     model = clmf.ALS(factors=f, iterations=3, device=dev, random_state=0)
     t = time.perf_counter()

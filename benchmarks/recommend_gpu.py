@@ -1,7 +1,7 @@
 """Recommend through the public API on a GPU (issue 29): first and warm calls against the ranker's
 own time and the ``implicit`` library's CUDA ``recommend``, one run (at most about 8 minutes).
 
-1. Netflix-shaped synthetic ratings (``clmf.datasets.synthetic("netflix")``: 480,189 users ×
+1. Netflix-shaped synthetic ratings (``clmf.data.synthetic("netflix")``: 480,189 users ×
    17,770 items, 99 M ratings); for each f (default 64, 100, 128) a brief fit (``--iterations``,
    default 2), then
    * the first ``model.recommend_all(N=10, user_items=R)`` after ``fit`` and the first
@@ -280,9 +280,9 @@ def main(argv=None):
     devs = select_devices(a.device)
     t0 = time.perf_counter()
     if a.small:
-        data, name = clmf.datasets.synthetic("movielens-100k", seed=0), "synthetic movielens-100k"
+        data, name = clmf.data.synthetic("movielens-100k", seed=0), "synthetic movielens-100k"
     else:
-        data, name = clmf.datasets.synthetic("netflix", seed=0), "synthetic netflix"
+        data, name = clmf.data.synthetic("netflix", seed=0), "synthetic netflix"
     R = data.to_csr()
     del data
     meta = {"device": " + ".join(device_label(d) for d in devs),

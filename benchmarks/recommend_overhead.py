@@ -1,6 +1,6 @@
 """The public recommend calls against the ranker's own time, per CPU OpenCL device (issue 29).
 
-For every OpenCL CPU device (PoCL, Intel): random factors (``tuner.topk.synthetic_problem``)
+For every OpenCL CPU device (PoCL, Intel): random factors (``clmf.autotune.topk.synthetic_problem``)
 for USERS users × ITEMS items at f, a popularity-skewed seen-items CSR; then, warm (medians of
 REPS calls after one warm-up):
 
@@ -57,8 +57,8 @@ def cpu_devices():
 def run(a):
     """One row per device: ranker, recommend, recommend_all (seconds) and their ratios."""
     import clmf
+    from clmf.autotune.topk import synthetic_problem
     from clmf.inference import topk as T
-    from clmf.tuner.topk import synthetic_problem
     X, Y, R = synthetic_problem(a.users, a.items, a.f, a.seen, seed=0)
     users = np.arange(a.users)
     rows = []

@@ -36,17 +36,17 @@ def log(msg):
 
 
 def load(spec, seed, mode="implicit"):
-    """The CSR of a data set spec (``synthetic:UxIxN``, or a file/directory clmf.datasets reads),
+    """The CSR of a data set spec (``synthetic:UxIxN``, or a file/directory clmf.data reads),
     with implicit-feedback values in implicit mode (log1p of the counts for a file)."""
-    from clmf import datasets
-    got = datasets.synthetic_from_spec(spec, seed=seed)
+    import clmf.data
+    got = clmf.data.synthetic_from_spec(spec, seed=seed)
     if got is not None:
         data, name = got
     else:
         p = pathlib.Path(spec)
-        data, name = datasets.load(str(p / "ratings.csv" if p.is_dir() else p)), p.stem
+        data, name = clmf.data.load(str(p / "ratings.csv" if p.is_dir() else p)), p.stem
     if got is None and mode == "implicit":
-        data = datasets.Ratings(data.users, data.items, np.log1p(data.ratings).astype(np.float32),
+        data = clmf.data.Ratings(data.users, data.items, np.log1p(data.ratings).astype(np.float32),
                                 data.timestamps, data.user_ids, data.item_ids)
     return data.to_csr(), name
 

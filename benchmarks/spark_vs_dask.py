@@ -4,7 +4,7 @@ rating parquet data, same f, λ and iterations: seconds per iteration and test R
 
     python benchmarks/spark_vs_dask.py OUTDIR [--factors 10 --regularization 0.1 --iterations 10]
 
-The data: :func:`clmf.datasets.synthetic` (20,000 users × 5,000 items, 1M ratings, seed 0),
+The data: :func:`clmf.data.synthetic` (20,000 users × 5,000 items, 1M ratings, seed 0),
 90/10 random split, test rows of users/items unseen in training dropped (Spark's
 ``coldStartStrategy="drop"``; clmf would predict them as the mean), written by this script as
 parquet under OUTDIR/data. Both use weighted-λ regularisation (Spark scales ``regParam`` by each
@@ -41,7 +41,7 @@ def make_data(ddir, seed=0):
     train, test = ddir / "train.parquet", ddir / "test.parquet"
     if not train.exists():
         ddir.mkdir(parents=True, exist_ok=True)
-        data = clmf.datasets.synthetic(shape=(20_000, 5_000), nnz=1_000_000, seed=seed)
+        data = clmf.data.synthetic(shape=(20_000, 5_000), nnz=1_000_000, seed=seed)
         C = data.to_coo()
         df = pd.DataFrame({"user": C.row.astype(np.int32), "item": C.col.astype(np.int32),
                            "rating": C.data.astype(np.float32)})

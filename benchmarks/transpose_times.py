@@ -28,12 +28,12 @@ def child(spec, nnz, repeats):
     import numpy as np
     import pyopencl as cl
 
-    from clmf import datasets
+    from clmf import data
     from clmf.data.scan import count_columns
     from clmf.engine.device import device_info, device_label, select_device
     from clmf.engine.transpose import device_transpose
 
-    R = datasets.synthetic("movielens-10m", scale=nnz / 10_000_054, seed=0).to_csr()
+    R = data.synthetic("movielens-10m", scale=nnz / 10_000_054, seed=0).to_csr()
     R.indices = R.indices.astype(np.int32)
     R.data = R.data.astype(np.float32)
     host = []

@@ -40,20 +40,20 @@ def _ms(x):
 
 def run(args):
     """Run every tuning; returns the rows of the table."""
-    from clmf import tuner
+    from clmf import autotune
+    from clmf.autotune.report import write_run_report
     from clmf.cli import _tune_outcome
-    from clmf.tuner.report import write_run_report
     out = pathlib.Path(args.out)
     (out / "vs_incumbent").mkdir(parents=True, exist_ok=True)
     rows = []
     for dev in args.devices.split(","):
         for data in args.data:
-            R, name = tuner.load_data(data)
+            R, name = autotune.load_data(data)
             for mode in args.modes.split(","):
                 with tempfile.TemporaryDirectory() as home:
                     os.environ["XDG_DATA_HOME"] = home          # a fresh per-user database
                     t0 = time.perf_counter()
-                    s = tuner.tune(R, factors=[args.f], device=dev, budget=args.budget,
+                    s = autotune.tune(R, factors=[args.f], device=dev, budget=args.budget,
                                    dataset=name, mode=mode, alpha=args.alpha, progress=False,
                                    state_dir=pathlib.Path(home) / "state", seed=args.seed)[0]
                     wall = time.perf_counter() - t0

@@ -99,7 +99,7 @@ def main():
     a = p.parse_args()
 
     import clmf
-    from clmf import datasets, reference
+    from clmf import data, reference
     from clmf.engine import Engine
     from clmf.engine.config import KernelConfig
     from clmf.engine.device import device_info, select_device
@@ -109,10 +109,10 @@ def main():
     info = device_info(dev)
     sets = []
     if a.data and os.path.exists(a.data):
-        tr, _ = datasets.load_movielens_100k_split(a.data)
+        tr, _ = data.load_movielens_100k_split(a.data)
         sets.append(("ml-100k", tr.to_csr()))
     t0 = time.perf_counter()
-    syn = datasets.synthetic("netflix", scale=a.scale, seed=0)
+    syn = data.synthetic("netflix", scale=a.scale, seed=0)
     print(f"synthetic netflix x{a.scale}: {syn.shape} {len(syn)} ratings in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
     sets.append((f"netflix-x{a.scale:g}", syn.to_csr()))

@@ -45,9 +45,9 @@ def make_data(spec, out):
         return
     t = time.perf_counter()
     if spec.startswith("synthetic:"):
-        r = clmf.datasets.synthetic_from_spec(spec)[0]
+        r = clmf.data.synthetic_from_spec(spec)[0]
     else:
-        r = clmf.datasets.synthetic(spec)
+        r = clmf.data.synthetic(spec)
     R = r.to_csr()
     for name in ("indptr", "indices", "data"):
         np.save(out / f"{name}.npy", getattr(R, name))

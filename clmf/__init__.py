@@ -3,7 +3,7 @@
 Quick start::
 
     import clmf
-    train, test = clmf.datasets.default()
+    train, test = clmf.data.default()
     model = clmf.ALS(factors=32, regularization=0.05, iterations=10).fit(train)
     print(model.rmse(test))
 """
@@ -22,14 +22,17 @@ from .errors import (
 )
 
 __all__ = [
-    "ALS", "load", "evaluate", "devices", "select_device", "KernelConfig", "reference", "datasets",
-    "metrics", "splits", "errors", "ClmfError", "NoOpenCLError", "SingularSystemError",
+    "ALS", "load", "evaluate", "devices", "select_device", "KernelConfig", "reference", "data",
+    "metrics", "errors", "ClmfError", "NoOpenCLError", "SingularSystemError",
     "DeviceMemoryError", "InvalidConfigError", "NotFittedError", "HostMemoryError",
     "RatingRangeError", "__version__",
 ]
 
 # Submodules reachable as attributes without an explicit import (imported on first access).
-_SUBMODULES = ("datasets", "metrics", "splits", "model", "engine", "tuning", "data", "inference")
+_SUBMODULES = ("data", "metrics", "model", "engine", "tuning", "inference")
+# Former modules, {old name: new module}: still attributes of clmf, with a FutureWarning (the old
+# modules themselves are gone, so ``import clmf.datasets`` fails).
+_RENAMED = {"datasets": "data", "splits": "data.splits"}
 
 
 def __getattr__(name):  # lazy imports keep `import clmf` cheap and free of OpenCL until needed
@@ -46,6 +49,13 @@ def __getattr__(name):  # lazy imports keep `import clmf` cheap and free of Open
     if name in _SUBMODULES:
         import importlib
         return importlib.import_module(f".{name}", __name__)
+    if name in _RENAMED:
+        import importlib
+        import warnings
+        new = f"clmf.{_RENAMED[name]}"
+        warnings.warn(f"clmf.{name} is now {new}: use {new} (clmf.{name} will be removed)",
+                      FutureWarning, stacklevel=2)
+        return importlib.import_module(new)
     if name == "NotFittedError":
         from .errors import not_fitted_error
         return not_fitted_error()

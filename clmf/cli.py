@@ -149,17 +149,18 @@ def cmd_devices(args):
 
 def _load_train_test(path, seed, test_fraction=0.1):
     """(train, test, description) from a path or the embedded default."""
-    from . import datasets, splits
+    from . import data
+    from .data import splits
     if path is None:
-        train, test = datasets.default()
+        train, test = data.default()
         return train, test, "embedded synthetic MovieLens-100K-shaped set (seed 42), 10% held out"
     import os
     if os.path.isdir(path) or os.path.basename(path) in ("ua.base", "ub.base"):
         d = path if os.path.isdir(path) else os.path.dirname(path)
-        train, test = datasets.load_movielens_100k_split(d, split="ua")
+        train, test = data.load_movielens_100k_split(d, split="ua")
         return train, test, f"{d} (official ua.base/ua.test split)"
-    data = datasets.load(path)
-    train, test = splits.random_holdout(data, test_fraction=test_fraction, random_state=seed)
+    ratings = data.load(path)
+    train, test = splits.random_holdout(ratings, test_fraction=test_fraction, random_state=seed)
     return train, test, f"{path} ({int(test_fraction * 100)}% random holdout, seed {seed})"
 
 
@@ -225,8 +226,8 @@ def cmd_bench(args):
 # ----- the workflow: fit → recommend / eval --------------------------------------------------
 def _check_data_args(args):
     """DATA and --preset: exactly one, and a known preset (usage errors)."""
-    from . import datasets
-    presets = sorted(datasets.list_presets())
+    from . import data
+    presets = sorted(data.list_presets())
     if args.preset is not None and args.data is not None:
         raise UsageError("give either DATA or --preset, not both")
     if args.preset is None and args.data is None:
@@ -240,24 +241,25 @@ def _fit_data(args):
     """(train, test or None, description) for ``clmf fit``."""
     import os
 
-    from . import datasets, splits
+    from . import data
+    from .data import splits
     _check_data_args(args)
     if args.preset is not None:
-        data = datasets.synthetic(args.preset, scale=args.scale, seed=args.seed)
+        ratings = data.synthetic(args.preset, scale=args.scale, seed=args.seed)
         what = f"synthetic preset {args.preset!r} (scale {args.scale:g}, seed {args.seed})"
     elif args.split is not None:
         d = args.data if os.path.isdir(args.data) else os.path.dirname(args.data) or "."
-        train, test = datasets.load_movielens_100k_split(d, split=args.split)
+        train, test = data.load_movielens_100k_split(d, split=args.split)
         return train, test, f"{d} (official {args.split}.base/{args.split}.test split)"
     else:
-        data = datasets.load(args.data)
+        ratings = data.load(args.data)
         what = str(args.data)
     f = args.test_fraction
     if not 0 <= f < 1:
         raise UsageError(f"--test-fraction must be in [0, 1), not {f}")
     if f == 0:
-        return data, None, f"{what}, no test set"
-    train, test = splits.random_holdout(data, test_fraction=f, random_state=args.seed)
+        return ratings, None, f"{what}, no test set"
+    train, test = splits.random_holdout(ratings, test_fraction=f, random_state=args.seed)
     return train, test, f"{what}, {f:g} random holdout (seed {args.seed})"
 
 
@@ -322,7 +324,7 @@ def _eval_data(args):
     official split) or, without DATA, the holdout ``clmf fit`` recorded beside the model."""
     import os
 
-    from . import datasets
+    from . import data
     if args.data is None:
         if args.split is not None or args.train is not None:
             raise UsageError("--split and --train need DATA")
@@ -332,12 +334,12 @@ def _eval_data(args):
             raise UsageError(str(e)) from None
     if args.split is not None:
         d = args.data if os.path.isdir(args.data) else os.path.dirname(args.data) or "."
-        train, test = datasets.load_movielens_100k_split(d, split=args.split)
+        train, test = data.load_movielens_100k_split(d, split=args.split)
         if args.train is not None:
-            train = datasets.load(args.train)
+            train = data.load(args.train)
         return test, train, f"{d}/{args.split}.test"
-    test = datasets.load(args.data)
-    train = datasets.load(args.train) if args.train is not None else None
+    test = data.load(args.data)
+    train = data.load(args.train) if args.train is not None else None
     return test, train, str(args.data)
 
 
@@ -423,7 +425,7 @@ def cmd_recommend(args):
     """
     import clmf
 
-    from . import datasets
+    from . import data
     if args.all == (args.user is not None):
         raise UsageError("give either --user RAW_ID or --all (with --out FILE)")
     if args.all:
@@ -431,7 +433,7 @@ def cmd_recommend(args):
     if args.out is not None:
         raise UsageError("--out writes the recommendations of --all")
     model = clmf.load(args.model)
-    train = datasets.load(args.train) if args.train is not None else None
+    train = data.load(args.train) if args.train is not None else None
     ids, scores = model.recommend_raw(args.user, train, N=args.n,
                                       filter_already_liked_items=train is not None)
     titles = workflow.titles_for(args.titles, ids.tolist()) if args.titles else None
@@ -466,7 +468,7 @@ def cmd_tune(args):
     incumbent) is measured first and re-timed side by side with the winner at the end; the record
     keeps the faster, and the output says "× vs what you had" first, "× vs the plain batch
     variant" second.
-    The tuner (package ``clmf.tuner``) is imported only here.
+    The tuner (package ``clmf.autotune``) is imported only here.
 
     Examples
     --------
@@ -479,7 +481,7 @@ def cmd_tune(args):
     if args.data is None or args.preset is not None:
         _check_data_args(args)
     try:
-        from clmf import tuner
+        from clmf import autotune
     except ImportError as e:
         raise RuntimeError(f"the tuner is not installed with this clmf ({e})") from None
     try:
@@ -506,12 +508,12 @@ def cmd_tune(args):
             raise UsageError(f"--sample must be 'auto', 'full' or a fraction in (0, 1], not "
                              f"{args.sample!r}")
     mode = "implicit" if args.feedback == "implicit" else "biased" if args.biases else "explicit"
-    R, name = tuner.load_data(args.data, args.preset, args.scale, args.seed, log1p=args.log1p)
+    R, name = autotune.load_data(args.data, args.preset, args.scale, args.seed, log1p=args.log1p)
     print(f"data: {name}: {R.shape[0]} users × {R.shape[1]} items, {R.nnz} ratings"
           + ("" if mode == "explicit" else f"; mode {mode}"
              + (f", alpha {args.alpha:g}" if mode == "implicit" else "")))
     solvers = [s.strip() for s in args.solvers.split(",")] if args.solvers else None
-    summaries = tuner.tune(R, factors=factors, device=args.device, strategy=args.strategy,
+    summaries = autotune.tune(R, factors=factors, device=args.device, strategy=args.strategy,
                            budget=args.budget, space=args.space, db=args.db,
                            report_dir=args.report, dataset=name, storage=args.storage,
                            seed=args.seed, solvers=solvers, sample_time=args.sample_time,

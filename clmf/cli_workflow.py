@@ -166,7 +166,7 @@ def recommend_all(args):
 
     import clmf
 
-    from . import datasets
+    from . import data
     if args.out is None:
         raise UsageError("--all needs --out FILE.parquet or FILE.csv")
     out = str(args.out)
@@ -184,7 +184,7 @@ def recommend_all(args):
     n_users, n_items = model.user_factors_.shape[0], model.item_factors_.shape[0]
     seen = None
     if args.train is not None:
-        tu, ti, _r, _ = to_model_index(model, datasets.load(args.train))
+        tu, ti, _r, _ = to_model_index(model, data.load(args.train))
         seen = sp.csr_matrix((np.ones(tu.size, np.float32), (tu, ti)), shape=(n_users, n_items))
     umap = getattr(model, "user_ids_", None)
     imap = getattr(model, "item_ids_", None)
@@ -250,11 +250,11 @@ def recommend_all(args):
 
 # ----- recommend --titles -----------------------------------------------------------------------
 def titles_for(path, items):
-    """The titles of ``path`` (:func:`clmf.datasets.load_titles`) for the recommended ``items``,
+    """The titles of ``path`` (:func:`clmf.data.load_titles`) for the recommended ``items``,
     with a warning where they are missing: None (no title column) when the file holds numbers in
     place of titles (a ratings file given as ``--titles``)."""
-    from . import datasets
-    titles = datasets.load_titles(path)
+    from . import data
+    titles = data.load_titles(path)
     sample = list(titles.values())[:1000]
     if 2 * sum(map(_is_number, sample)) >= len(sample):     # empty, or mostly numbers
         log.warning("--titles %s holds no titles (%s): is it a ratings file? Titles come from "

@@ -80,7 +80,7 @@ class ALS(_ALS):
         Parameters
         ----------
         X : a dask or pandas DataFrame of ``columns`` (raw ids of any type), a parquet path, a
-            scipy.sparse matrix or :class:`clmf.datasets.Ratings` (scattered to the workers).
+            scipy.sparse matrix or :class:`clmf.data.Ratings` (scattered to the workers).
         y : ignored (scikit-learn's signature).
         columns : the user, item and rating column names (default ``("user", "item",
             "rating")``; the rules of :mod:`clmf.data.frames`, as :meth:`clmf.ALS.fit`).

@@ -14,7 +14,7 @@ Conventions of the ranking metrics
 for padding) or a list of 1-D integer arrays (shorter lists are padded). ``relevant`` is a
 list of sets/arrays of relevant item indices per user, a scipy.sparse matrix whose row ``u``
 holds user ``u``'s held-out items (stored non-zero entries are relevant), or a
-:class:`~clmf.datasets.Ratings` test set. Both index users the same way, so they must have
+:class:`~clmf.data.Ratings` test set. Both index users the same way, so they must have
 the same number of rows.
 
 For a user with relevant set ``R`` and top-``k`` list with hit indicators ``h_1..h_k``
@@ -430,7 +430,7 @@ def evaluate_ranking(
     recommended : 2-D int array or list of int arrays
         Recommended item indices per user (row ``u`` = user index ``u``), best first.
     test : Ratings, scipy.sparse matrix or list of sets/arrays
-        Held-out items per user; with a :class:`~clmf.datasets.Ratings` or a sparse matrix,
+        Held-out items per user; with a :class:`~clmf.data.Ratings` or a sparse matrix,
         every stored test rating is relevant unless ``relevance_threshold`` is given.
     ks : int or iterable of int, default (10,)
         Cut-offs.

@@ -2,7 +2,7 @@
 """The coverage table of ``variant="auto"`` and the leave-one-out check of the selection model
 (issue 27): device × mode × f × data shape → auto's s/it, the rule that chose, the cell's
 measured best, the ratio, and the same for the lookup's choice with the cell's own tunings left
-out (see :mod:`clmf.tuner.coverage`).
+out (see :mod:`clmf.autotune.coverage`).
 
 Small, on this CPU (what CI runs, a few minutes; ``--isolated``: only the tunings this run
 makes, in OUT/tuning.jsonl)::
@@ -63,7 +63,7 @@ def parse(argv=None):
                    help="the tuning database runs write to (default OUT/tuning.jsonl); the "
                         "lookup reads it first")
     p.add_argument("--db-dir", default=None,
-                   help="instead of --db, one database per device: DIR/<device slug>.jsonl "
+                   help="instead of --db, one database per device: DIR/<device slug>.jsonl.gz "
                         "(e.g. results/tuning, the raw files the shipped ones are distilled "
                         "from)")
     p.add_argument("--resume", default=None,
@@ -75,16 +75,16 @@ def parse(argv=None):
 
 
 def load(spec, seed=0):
-    """(users × items CSR, name) of a data-set spec (clmf.tuner.load_data's forms)."""
-    from clmf import tuner
+    """(users × items CSR, name) of a data-set spec (clmf.autotune.load_data's forms)."""
+    from clmf import autotune
     s = spec.strip()
     if "@" in s and not s.startswith("synthetic:"):
         preset, _, sc = s.partition("@")
-        return tuner.load_data(preset=preset, scale=float(sc), seed=seed)
-    from clmf import datasets
-    if s in datasets.list_presets():
-        return tuner.load_data(preset=s, seed=seed)
-    return tuner.load_data(s, seed=seed)
+        return autotune.load_data(preset=preset, scale=float(sc), seed=seed)
+    from clmf import data
+    if s in data.list_presets():
+        return autotune.load_data(preset=s, seed=seed)
+    return autotune.load_data(s, seed=seed)
 
 
 def meta(devices, command):
@@ -115,13 +115,13 @@ def main(argv=None):
     logging.basicConfig(level=logging.WARNING)
     import warnings
 
+    from clmf.autotune import coverage as C
     from clmf.engine.device import device_info, select_device
-    from clmf.tuner import coverage as C
     from clmf.tuning import device_record, device_slug
     warnings.simplefilter("ignore")
     t_start = time.perf_counter()
     devices = [select_device(d.strip()) for d in a.devices.split(",") if d.strip()]
-    dbs = {id(d): (pathlib.Path(a.db_dir) / f"{device_slug(device_record(device_info(d)))}.jsonl"
+    dbs = {id(d): (pathlib.Path(a.db_dir) / f"{device_slug(device_record(device_info(d)))}.jsonl.gz"
                    if a.db_dir else db) for d in devices}
     os.environ["CLMF_TUNING_DB"] = os.pathsep.join(sorted({str(p) for p in dbs.values()}))
     command = "python scripts/coverage.py " + " ".join(sys.argv[1:] if argv is None else argv)

@@ -28,12 +28,11 @@ CHILD = r"""
 import sys, time
 import numpy as np
 import clmf
-from clmf import datasets
 path, mode, f = sys.argv[1], sys.argv[2], int(sys.argv[3])
-data = datasets.load(path)
+data = clmf.data.load(path)
 if "lastfm" in path or "artists" in path:
-    data = datasets.Ratings(data.users, data.items, np.log1p(data.ratings).astype(np.float32),
-                            data.timestamps, data.user_ids, data.item_ids)
+    data = clmf.data.Ratings(data.users, data.items, np.log1p(data.ratings).astype(np.float32),
+                             data.timestamps, data.user_ids, data.item_ids)
 R = data.to_csr()
 kw = {"explicit": {}, "biased": {"biases": True}, "implicit": {"feedback": "implicit"}}[mode]
 t0 = time.perf_counter()

@@ -14,7 +14,7 @@ ratings; ``--scale`` for less), in priority order, each result appended to ``$OU
 3. ``coverage.jsonl`` — per cell without a tuning of its own, a short budgeted tuning run
    (``--tune-budget`` s), then ``auto`` (now ``tuned``) and the leave-one-out choice (the cell's
    tunings left out: what the selection model predicts) timed side by side
-   (:func:`clmf.tuner.coverage.measure_cell`); ``tuning.jsonl.gz`` holds the tuning records so
+   (:func:`clmf.autotune.coverage.measure_cell`); ``tuning.jsonl.gz`` holds the tuning records so
    far (a later run reads them back with ``--resume``).
 
 Cells already in ``$OUT`` or in ``--resume DIR`` (an earlier run's files copied into the repo)
@@ -57,10 +57,10 @@ def log(msg):
 
 def ensure_clmf():
     """Import clmf with its kernels and tuner: the installed one, else the checkout through a
-    tree of symbolic links (``clmf/cl_kernels`` → ``cl_kernels``, ``clmf/tuner`` → ``tuner``)."""
+    tree of symbolic links (``clmf/cl_kernels`` → ``cl_kernels``, ``clmf/autotune`` → ``tuner``)."""
     try:
+        import clmf.autotune  # noqa: F401
         import clmf.cl_kernels  # noqa: F401
-        import clmf.tuner  # noqa: F401
         return
     except ImportError:
         pass
@@ -73,12 +73,12 @@ def ensure_clmf():
         if e.name != "__pycache__":
             (pkg / e.name).symlink_to(e)
     (pkg / "cl_kernels").symlink_to(REPO / "cl_kernels")
-    (pkg / "tuner").symlink_to(REPO / "tuner")
+    (pkg / "autotune").symlink_to(REPO / "tuner")
     for name in [m for m in sys.modules if m == "clmf" or m.startswith("clmf.")]:
         del sys.modules[name]
     sys.path.insert(0, str(tree))
+    import clmf.autotune  # noqa: F401,F811
     import clmf.cl_kernels  # noqa: F401,F811
-    import clmf.tuner  # noqa: F401,F811
 
 
 def parse(argv=None):
@@ -109,7 +109,7 @@ def parse(argv=None):
 # ----- files --------------------------------------------------------------------------------------
 def rows_of(a, name):
     """The rows of ``name`` in OUT, or copied there from the resume directory."""
-    from clmf.tuner.coverage import read_rows
+    from clmf.autotune.coverage import read_rows
     dst = pathlib.Path(a.out) / name
     if not dst.is_file() and a.resume and (pathlib.Path(a.resume) / name).is_file():
         shutil.copyfile(pathlib.Path(a.resume) / name, dst)
@@ -147,9 +147,9 @@ def load(a):
     import numpy as np
     import scipy.sparse as sp
 
-    from clmf import datasets
+    import clmf.data
     t = time.perf_counter()
-    data = datasets.synthetic(a.preset, scale=a.scale, seed=a.seed)
+    data = clmf.data.synthetic(a.preset, scale=a.scale, seed=a.seed)
     R = data.to_csr()
     name = a.preset if a.scale == 1 else f"{a.preset}-x{a.scale:g}"
     rng = np.random.default_rng(a.seed)
@@ -190,7 +190,7 @@ def precision10(X, Y, train, held):
 def fit_clmf(a, dev, train, f, mode, variant="auto"):
     """A clmf fit: (model, whole-fit seconds)."""
     import clmf
-    from clmf.tuner.coverage import fit_kwargs
+    from clmf.autotune.coverage import fit_kwargs
     kw = fit_kwargs(mode, a.alpha)
     if mode == "implicit":
         kw["confidence"] = "alpha*r"        # the implicit library's model, same alpha
@@ -203,8 +203,8 @@ def fit_clmf(a, dev, train, f, mode, variant="auto"):
 
 def phase_auto(a, dev, info, train, held, name, out_rows):
     """``auto.jsonl``: variant="auto" fits of every mode and f not yet measured."""
+    from clmf.autotune.coverage import append_row
     from clmf.engine.device import device_label
-    from clmf.tuner.coverage import append_row
     done = {(r["mode"], r["f"]) for r in out_rows}
     for f in a.factor_list:
         for mode in a.mode_list:
@@ -234,7 +234,7 @@ def phase_auto(a, dev, info, train, held, name, out_rows):
 def phase_peers(a, train, held, name, out_rows):
     """``peers.jsonl``: the implicit library's CUDA ALS at the peer factors (skipped with a
     row saying why when it has no CUDA)."""
-    from clmf.tuner.coverage import append_row
+    from clmf.autotune.coverage import append_row
     path = pathlib.Path(a.out) / "peers.jsonl"
     try:
         import implicit
@@ -293,7 +293,7 @@ def coverage_order(a):
 def phase_coverage(a, dev, train, name, db, work, out_rows):
     """``coverage.jsonl``: tune each cell that has no tuning (short budget), then time auto
     and the leave-one-out choice side by side."""
-    from clmf.tuner import coverage as C
+    from clmf.autotune import coverage as C
     for mode, f in coverage_order(a):
         cell = C.Cell(dev, train, name, f, mode, a.alpha)
         if C.done(out_rows, cell):
@@ -318,7 +318,7 @@ def phase_coverage(a, dev, train, name, db, work, out_rows):
 def report(a, meta, auto, peers, cov, complete):
     """``report.md``: the mode × f table with implicit ÷ explicit, the peers' ratios, the
     coverage table and its leave-one-out check."""
-    from clmf.tuner import coverage as C
+    from clmf.autotune import coverage as C
     by = {(r["mode"], r["f"]): r for r in auto}
     L = [f"# Implicit feedback at explicit speed on the GPU (issue 27) — {meta['data']}", "",
          f"Device: {meta['device']} (driver {meta['driver']}); {meta['date']}; commit "

@@ -191,8 +191,8 @@ def main(argv=None):
     load0 = os.getloadavg()[0]
     import scipy.sparse as sp
 
-    from clmf import tuner
-    R, name = tuner.load_data(a.data)          # generated once, read by every child
+    from clmf import autotune
+    R, name = autotune.load_data(a.data)          # generated once, read by every child
     npz = out.resolve() / "data.npz"           # (children run elsewhere: an absolute path)
     sp.save_npz(npz, R)
     data = (str(npz), name)

@@ -215,7 +215,7 @@ install_project() {
     (cd / && "$VPY" - "$VENV" <<'EOF'
 import importlib, os, sys
 venv = os.path.realpath(sys.argv[1])
-for name in ("clmf", "clmf.cl_kernels", "clmf.tuner"):
+for name in ("clmf", "clmf.cl_kernels", "clmf.autotune"):
     try:
         mod = importlib.import_module(name)
     except Exception as exc:  # the package may still be under construction

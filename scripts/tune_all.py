@@ -6,8 +6,8 @@ Cases: MovieLens 100K (``ua.base``) and a synthetic Netflix-shaped set at ``--ne
 each f of ``--factors``, with the budgeted strategy over the ``--space`` (``--budgets`` seconds
 of measurement per f). Optionally (``--compare``) first the budgeted-vs-exhaustive comparison on
 the bounded space (scripts/tune_compare.py) for MovieLens 100K at the first f. The database is
-``<out>/<device-slug>.jsonl``; reports go to ``<out>/reports/``, with ``summary.md`` over every
-database in ``<out>``.
+``<out>/<device-slug>.jsonl.gz`` (gzip: one member per append, packed into one after each f);
+reports go to ``<out>/reports/``, with ``summary.md`` over every database in ``<out>``.
 
     python scripts/tune_all.py --device Intel --ml100k ../shared/data/ml-100k --out results/tuning
 """
@@ -39,16 +39,16 @@ def main():
                    help="comma-separated dataset:f cases to run (default all)")
     a = p.parse_args()
 
-    from clmf import tuner
+    from clmf import autotune
+    from clmf.autotune.report import summary_markdown
     from clmf.engine.device import device_info, device_label, select_device
-    from clmf.tuner.report import summary_markdown
     from clmf.tuning import device_record, device_slug
     dev = select_device(a.device)
     info = device_info(dev)
     slug = device_slug(device_record(info))
     out = pathlib.Path(a.out)
     (out / "reports").mkdir(parents=True, exist_ok=True)
-    db = out / f"{slug}.jsonl"
+    db = out / f"{slug}.jsonl.gz"
     factors = [int(x) for x in a.factors.split(",")]
     budgets = dict((int(k), float(v)) for k, v in (x.split(":") for x in a.budgets.split(",")))
     skip = set(filter(None, a.skip.split(",")))
@@ -63,10 +63,10 @@ def main():
         skip.add(f"ml-100k:{factors[0]}")
     sets = []
     if os.path.exists(a.ml100k):
-        sets.append(lambda: tuner.load_data(a.ml100k))
+        sets.append(lambda: autotune.load_data(a.ml100k))
     else:
         print(f"no MovieLens 100K at {a.ml100k}: skipped", flush=True)
-    sets.append(lambda: tuner.load_data(preset="netflix", scale=a.netflix_scale))
+    sets.append(lambda: autotune.load_data(preset="netflix", scale=a.netflix_scale))
     for load in sets:
         t0 = time.perf_counter()
         R, name = load()
@@ -77,7 +77,7 @@ def main():
                 continue
             b = budgets.get(f, list(budgets.values())[-1])
             t0 = time.perf_counter()
-            s = tuner.tune(R, factors=[f], device=dev, strategy="budgeted", budget=b,
+            s = autotune.tune(R, factors=[f], device=dev, strategy="budgeted", budget=b,
                            space=a.space, db=db, report_dir=out / "reports", dataset=name,
                            progress=False, sample_time=a.sample_time, resume=not a.fresh)[0]
             best = s["best"]
@@ -88,7 +88,7 @@ def main():
                   f"×{best['speedup_vs_default'] or 0:.2f} vs default: users "
                   f"{best['configs']['users']} | items {best['configs']['items']}", flush=True)
         del R
-    (out / "reports" / "summary.md").write_text(summary_markdown(sorted(out.glob("*.jsonl"))))
+    (out / "reports" / "summary.md").write_text(summary_markdown(sorted(out.glob("*.jsonl.gz"))))
     print(f"total {time.perf_counter() - t_all:.0f} s; summary {out / 'reports' / 'summary.md'}")
     return 0
 

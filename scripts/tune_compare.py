@@ -26,17 +26,17 @@ import time
 
 def one(a):
     """Run one strategy (in this process) and print its summary as JSON on the last line."""
-    from clmf import tuner
-    R, name = tuner.load_data(a.data, a.preset, a.scale)
+    from clmf import autotune
+    R, name = autotune.load_data(a.data, a.preset, a.scale)
     t0 = time.perf_counter()
-    s = tuner.tune(R, factors=[a.factors], device=a.device, strategy=a.one, budget=a.budget,
+    s = autotune.tune(R, factors=[a.factors], device=a.device, strategy=a.one, budget=a.budget,
                    space="bounded", db=a.db, dataset=name, state_dir=a.state, progress=False,
                    resume=False, report_dir=a.report)
     s = s[0]
     s["wall_seconds"] = time.perf_counter() - t0
     s["space_size"] = None
+    from clmf.autotune.space import make_space
     from clmf.engine.device import device_info, select_device
-    from clmf.tuner.space import make_space
     info = device_info(select_device(a.device))
     s["space_size"] = len(make_space("bounded", a.factors, info).enumerate(info))
     print("JSON:" + json.dumps(s, default=str))
@@ -47,12 +47,12 @@ def head_to_head(a):
     """Time two (users, items) pairs round-robin under the same conditions; print JSON."""
     import numpy as np
 
-    from clmf import tuner, tuning
+    from clmf import autotune, tuning
+    from clmf.autotune.measure import Measurer, calibrate_samples
     from clmf.engine.config import KernelConfig
     from clmf.engine.device import device_info, select_device
-    from clmf.tuner.measure import Measurer, calibrate_samples
     pairs = json.loads(a.pairs)
-    R, _ = tuner.load_data(a.data, a.preset, a.scale)
+    R, _ = autotune.load_data(a.data, a.preset, a.scale)
     dev = select_device(a.device)
     info = device_info(dev)
     samples = calibrate_samples(dev, R, a.factors, tuning.heuristic(info, a.factors))
@@ -206,7 +206,7 @@ def main():
     ratio = bu["spent_seconds"] / ex["spent_seconds"]
     wall_ratio = bu["process_wall_seconds"] / ex["process_wall_seconds"]
     if ex.get("space_size") is None:
-        from clmf.tuner.space import make_space
+        from clmf.autotune.space import make_space
         ex["space_size"] = len(make_space("bounded", a.factors, info).enumerate(info))
     res = {"date": now(), "commit": clmf_commit(), "device": device_record(info),
            "exhaustive_reused": bool(a.reuse_exhaustive),

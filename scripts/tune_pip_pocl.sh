@@ -2,10 +2,10 @@
 # Tunings for PyPI's PoCL (pocl-binary-distribution 3.0, device "pthread-<CPU>", driver 3.0-rc2):
 # the first-fit cases of issue 34 (ML-100K and Last.fm, every mode, f = 16/64/128), budgeted, run
 # in a pip-only venv with the system runtimes hidden, into
-# results/tuning/portable-computing-language-pthread-<cpu>.jsonl; distil afterwards
-# (python -m tuner.distill results/tuning/*.jsonl -o results/tuning/shipped).
+# results/tuning/portable-computing-language-pthread-<cpu>.jsonl.gz; distil afterwards
+# (python -m clmf.autotune.distill results/tuning/*.jsonl.gz -o results/tuning/shipped).
 #
-# usage: scripts/tune_pip_pocl.sh VENV_BIN_DIR OUT.jsonl [DATA_DIR]
+# usage: scripts/tune_pip_pocl.sh VENV_BIN_DIR OUT.jsonl.gz [DATA_DIR]
 #   VENV_BIN_DIR: bin/ of a venv made as scripts/pip_only_check.sh makes it (wheel + pyopencl[pocl])
 #   env BUDGET (seconds of measurement per case, default 30)
 set -euo pipefail

@@ -46,7 +46,7 @@ from conftest import random_ratings, rel_err
 
 import clmf
 from clmf import reference as ref
-from clmf.datasets import Ratings
+from clmf.data import Ratings
 
 __all__ = ["Backend", "ModelBehaviour"]
 

@@ -2,7 +2,7 @@
 core does not pull in the tuner, the benchmark or heavy optional stacks when it is imported.
 
 The sources are parsed with :mod:`ast` (nothing is imported). The repo's ``tuner/`` and
-``cl_kernels/`` are named as installed, ``clmf.tuner`` and ``clmf.cl_kernels``.
+``cl_kernels/`` are named as installed, ``clmf.autotune`` and ``clmf.cl_kernels``.
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 MAX_LINES = 800
 # the parts of clmf that are not the library core (they may import anything, lazily or not)
-NOT_CORE = ("clmf.bench", "clmf.cli", "clmf.cli_workflow", "clmf.__main__", "clmf.tuner")
+NOT_CORE = ("clmf.bench", "clmf.cli", "clmf.cli_workflow", "clmf.__main__", "clmf.autotune")
 # never imported at module level by the library core, directly or through other modules
-FORBIDDEN_INTERNAL = ("clmf.tuner", "clmf.bench")
+FORBIDDEN_INTERNAL = ("clmf.autotune", "clmf.bench")
 FORBIDDEN_EXTERNAL = ("torch", "dask", "pyspark")
 
 
@@ -177,16 +177,16 @@ def forbidden_imports(graph, not_core=NOT_CORE, internal=FORBIDDEN_INTERNAL,
 
 def _repo_graph():
     """The import graph of the repo's clmf/, tuner/ and cl_kernels/ (as installed)."""
-    roots = {REPO / "clmf": "clmf", REPO / "tuner": "clmf.tuner",
+    roots = {REPO / "clmf": "clmf", REPO / "tuner": "clmf.autotune",
              REPO / "cl_kernels": "clmf.cl_kernels"}
     modules = source_modules(roots)
-    aliases = {"tuner": "clmf.tuner", "cl_kernels": "clmf.cl_kernels"}
+    aliases = {"tuner": "clmf.autotune", "cl_kernels": "clmf.cl_kernels"}
     return modules, import_graph(modules, aliases)
 
 
 def test_no_import_cycles():
     modules, graph = _repo_graph()
-    assert "clmf.model.estimator" in modules and "clmf.tuner.strategies" in modules
+    assert "clmf.model.estimator" in modules and "clmf.autotune.strategies" in modules
     cycles = find_cycles(graph)
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
@@ -369,12 +369,34 @@ def test_the_launcher_check_sees_classes_and_modules(tmp_path):
                      "clmf.b": ["launch_gram"]}
 
 
-@pytest.mark.parametrize("name", ["ALS", "load", "evaluate", "datasets", "metrics", "splits",
-                                  "select_device", "KernelConfig", "errors"])
+@pytest.mark.parametrize("name", ["ALS", "load", "evaluate", "data", "metrics", "select_device",
+                                  "KernelConfig", "errors"])
 def test_public_api_is_listed(name):
     import clmf
     assert name in dir(clmf) and name in clmf.__all__
     assert getattr(clmf, name) is not None
+
+
+# modules renamed by issue 32 (new name): tuner/ installs as clmf.autotune; clmf.data is the one
+# home of the data API and of the splits; the data modules that functions of clmf.data now name
+RENAMED_MODULES = {"clmf.tuner": "clmf.autotune", "clmf.datasets": "clmf.data",
+                   "clmf.splits": "clmf.data.splits", "clmf.data.synthetic": "clmf.data.generator",
+                   "clmf.data.default": "clmf.data.demo"}
+
+
+def test_renamed_modules_are_gone_from_the_installed_package():
+    """No module, file or directory of the old names in the installed clmf, the new ones there."""
+    import importlib.util
+    root = pathlib.Path(importlib.util.find_spec("clmf").submodule_search_locations[0])
+    for old, new in RENAMED_MODULES.items():
+        rel = pathlib.Path(*old.split(".")[1:])
+        assert not (root / rel).exists() and not (root / rel).with_suffix(".py").exists(), old
+        assert importlib.util.find_spec(new) is not None, new
+        try:
+            spec = importlib.util.find_spec(old)
+        except ModuleNotFoundError:
+            spec = None
+        assert spec is None or spec.origin is None, f"{old} is still installed ({spec.origin})"
 
 
 # ----- one home for each fact of a fit (issue 32) -------------------------------------------------
@@ -474,7 +496,7 @@ def test_fit_facts_live_in_tuning_spec():
 
 def test_no_private_names_across_subpackages():
     modules, _ = _repo_graph()
-    bad = private_imports(modules, {"tuner": "clmf.tuner", "cl_kernels": "clmf.cl_kernels"})
+    bad = private_imports(modules, {"tuner": "clmf.autotune", "cl_kernels": "clmf.cl_kernels"})
     assert not bad, "private names imported from another subpackage:\n" + "\n".join(bad)
 
 

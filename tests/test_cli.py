@@ -10,8 +10,9 @@ import pytest
 from conftest import shared_data
 
 import clmf
-from clmf import datasets, metrics, splits
+from clmf import metrics
 from clmf.cli import main
+from clmf.data import splits
 
 ROW = re.compile(r"^\s*(\d+)\s+(\S+)\s+(-?[\d.]+|-?inf)(?:\s+(.*))?$")
 
@@ -60,7 +61,7 @@ def test_fit_recommend_eval_end_to_end(small_files, tmp_path, capsys):
     assert rc == 0, out
     ids, scores, names = parse_recommendations(out)
     model = clmf.load(model_path)
-    ratings = datasets.load(data)
+    ratings = clmf.data.load(data)
     api_ids, api_scores = model.recommend_raw(7, ratings, N=5)
     assert ids == api_ids.tolist() and len(ids) == 5
     np.testing.assert_allclose(scores, api_scores, atol=5e-5)
@@ -170,7 +171,7 @@ def test_acceptance_ml_latest_small_cli_equals_python_api(tmp_path, capsys):
     cli_ids, cli_scores, names = parse_recommendations(capsys.readouterr().out)
     assert len(cli_ids) == 10 and all(n and n != "?" for n in names)
 
-    data = datasets.load(ratings_csv)
+    data = clmf.data.load(ratings_csv)
     train, _ = splits.random_holdout(data, test_fraction=0.1, random_state=7)
     model = clmf.ALS(factors=16, iterations=5, random_state=7)      # λ: the library default
     model.fit(train, show_progress=False)
@@ -221,7 +222,7 @@ def test_fit_implicit_prints_ranking_metrics_and_stops_early(small_files, tmp_pa
                         out, re.M)
     assert 1 <= len(per_it) <= 8
     model = clmf.load(model_path)
-    train, test = splits.random_holdout(datasets.load(data), test_fraction=0.3, random_state=2)
+    train, test = splits.random_holdout(clmf.data.load(data), test_fraction=0.3, random_state=2)
     want = clmf.evaluate(model, model_csr(model, train), model_csr(model, test), K=10)
     got = dict(re.findall(r"(precision|strict precision|MAP|nDCG|AUC) ([\d.]+)", out))
     assert float(got["precision"]) == pytest.approx(want["precision"], abs=1e-4)
@@ -257,7 +258,7 @@ def test_eval_uses_the_holdout_the_fit_recorded(small_files, tmp_path, capsys):
     assert "the fit's holdout" in out and "0.25 random holdout (seed 3)" in out
     vals = dict(re.findall(r"^(\S+)\s+([\d.]+|nan)$", out, re.M))
     model = clmf.load(model_path)
-    train, test = splits.random_holdout(datasets.load(data), test_fraction=0.25, random_state=3)
+    train, test = splits.random_holdout(clmf.data.load(data), test_fraction=0.25, random_state=3)
     assert float(vals["RMSE"]) == pytest.approx(model.rmse(model_csr(model, test)), abs=1e-4)
     assert "no --train" not in out                # the fit's training items are left out
     # the data changed since the fit: refused

@@ -72,7 +72,7 @@ def test_json_fit_eval_recommend(small_files, tmp_path):  # noqa: F811
     assert rc == 0, err
     doc = json.loads(out)
     assert [r["rank"] for r in doc["items"]] == [1, 2, 3, 4]
-    ids, scores = m.recommend_raw(7, clmf.datasets.load(data), N=4)
+    ids, scores = m.recommend_raw(7, clmf.data.load(data), N=4)
     assert [r["item"] for r in doc["items"]] == ids.tolist()
     np.testing.assert_allclose([r["score"] for r in doc["items"]], scores, rtol=1e-6)
     assert all(r["title"].startswith("Movie ") for r in doc["items"])

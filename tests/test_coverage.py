@@ -48,7 +48,7 @@ def _device():
 
 
 def test_loo_check_counts_cells_within_tolerance():
-    from clmf.tuner import coverage as C
+    from clmf.autotune import coverage as C
     cell = {"device": "d", "dataset": "x", "mode": "explicit"}
     rows = [dict(cell, f=f, **r) for f, r in enumerate(
         [{"loo_ratio": 1.0}, {"loo_ratio": 1.1}, {"loo_ratio": 1.2}, {"auto_ratio": 1.0}])]

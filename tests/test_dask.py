@@ -102,7 +102,7 @@ def test_ml100k_one_pocl_one_intel_worker(client, ml100k):
 
 
 def test_synthetic_1m_matches_one_device(client):
-    data = clmf.datasets.synthetic(shape=(20_000, 4_000), nnz=1_000_000, seed=5)
+    data = clmf.data.synthetic(shape=(20_000, 4_000), nnz=1_000_000, seed=5)
     R = data.to_csr()
     dm = clmf.dask.ALS(client=client, iterations=1, device=POCL, **KW).fit(
         data, show_progress=False)

@@ -1,4 +1,4 @@
-"""Tests of clmf.datasets: the Ratings container, the loaders and the synthetic generator.
+"""Tests of clmf.data: the Ratings container, the loaders and the synthetic generator.
 
 The unit tests write their own small files into ``tmp_path``. The tests marked "real
 data" read the offline copies in ``../shared/data`` (relative to the repository root):
@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from clmf import datasets
-from clmf.datasets import Ratings
+import clmf
+from clmf import data
+from clmf.data import Ratings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
@@ -241,7 +242,7 @@ U_DATA = ("196\t242\t3\t881250949\n186\t302\t3\t891717742\n22\t377\t1\t878887116
 
 class TestMovieLens100K:
     def test_u_data(self, tmp_path):
-        r = datasets.load_movielens_100k(write(tmp_path / "u.data", U_DATA))
+        r = data.load_movielens_100k(write(tmp_path / "u.data", U_DATA))
         assert len(r) == 4 and r.shape == (3, 3)
         assert r.user_ids.tolist() == [22, 186, 196] and r.item_ids.tolist() == [242, 302, 377]
         assert r.user_ids[r.users].tolist() == [196, 186, 22, 196]
@@ -250,7 +251,7 @@ class TestMovieLens100K:
 
     def test_crlf_and_blank_lines(self, tmp_path):
         p = write(tmp_path / "u.data", U_DATA + "\n\n", newline="\r\n")
-        r = datasets.load_movielens_100k(p)
+        r = data.load_movielens_100k(p)
         assert len(r) == 4 and r.timestamps[0] == 881250949
 
     @pytest.mark.parametrize(
@@ -262,22 +263,22 @@ class TestMovieLens100K:
         text = "1\t1\t5\t1\n\n2\t1\t4\t2\n" + bad_line + "\n3\t3\t3\t3\n"
         p = write(tmp_path / "ua.base", text)
         with pytest.raises(ValueError) as exc:
-            datasets.load_movielens_100k(p)
+            data.load_movielens_100k(p)
         msg = str(exc.value)
         assert str(p) in msg and "line 4" in msg and what in msg  # blank line 2 still counted
 
     def test_duplicates_name_the_file(self, tmp_path):
         p = write(tmp_path / "u.data", "1\t1\t5\t1\n1\t1\t4\t2\n")
         with pytest.raises(ValueError, match=f"{p}.*1 duplicate"):
-            datasets.load_movielens_100k(p)
-        r = datasets.load_movielens_100k(p, duplicates="last")
+            data.load_movielens_100k(p)
+        r = data.load_movielens_100k(p, duplicates="last")
         assert r.ratings.tolist() == [4.0]
 
     def test_split_shares_id_maps(self, tmp_path):
         write(tmp_path / "ua.base", "1\t10\t5\t100\n2\t20\t3\t200\n3\t10\t4\t300\n")
         # test has an item (30) and a user (9) that never occur in train
         write(tmp_path / "ua.test", "9\t10\t2\t400\n1\t30\t1\t500\n")
-        train, test = datasets.load_movielens_100k_split(tmp_path, "ua")
+        train, test = data.load_movielens_100k_split(tmp_path, "ua")
         assert train.user_ids is test.user_ids and train.item_ids is test.item_ids
         assert train.shape == test.shape == (4, 3)
         assert train.user_ids.tolist() == [1, 2, 3, 9] and train.item_ids.tolist() == [10, 20, 30]
@@ -285,15 +286,15 @@ class TestMovieLens100K:
         assert test.item_ids[test.items].tolist() == [10, 30]
         assert train.user_index(1) == test.user_index(1) == 0
         with pytest.raises(ValueError, match="split"):
-            datasets.load_movielens_100k_split(tmp_path, "uc")
+            data.load_movielens_100k_split(tmp_path, "uc")
         with pytest.raises(FileNotFoundError):
-            datasets.load_movielens_100k_split(tmp_path, "u1")
+            data.load_movielens_100k_split(tmp_path, "u1")
 
     def test_split_overlap_is_an_error(self, tmp_path):
         write(tmp_path / "u1.base", "1\t10\t5\t100\n")
         write(tmp_path / "u1.test", "1\t10\t2\t400\n")
         with pytest.raises(ValueError, match="share 1"):
-            datasets.load_movielens_100k_split(tmp_path, "u1")
+            data.load_movielens_100k_split(tmp_path, "u1")
 
     def test_100k_lines_load_fast(self, tmp_path):
         rng = np.random.default_rng(0)
@@ -304,7 +305,7 @@ class TestMovieLens100K:
         lines = "".join(f"{a}\t{b}\t{1 + a % 5}\t{880000000 + b}\n" for a, b in zip(u, i))
         p = write(tmp_path / "u.data", lines)
         t0 = time.perf_counter()
-        r = datasets.load_movielens_100k(p)
+        r = data.load_movielens_100k(p)
         assert time.perf_counter() - t0 < 1.0
         assert len(r) == len(keys)
 
@@ -314,49 +315,49 @@ class TestMovieLensCsvDat:
            "2,1,0.5,964982224\n")
 
     def test_csv_crlf(self, tmp_path):
-        r = datasets.load_movielens_csv(write(tmp_path / "ratings.csv", self.CSV, "\r\n"))
+        r = data.load_movielens_csv(write(tmp_path / "ratings.csv", self.CSV, "\r\n"))
         assert len(r) == 3 and r.shape == (2, 2)
         assert r.ratings.tolist() == [4.0, 4.5, 0.5]
         assert r.timestamps.tolist() == [964982703, 964981247, 964982224]
 
     def test_csv_columns_by_name_and_no_timestamp(self, tmp_path):
         p = write(tmp_path / "r.csv", "rating,movieId,userId\n3.5,10,7\n")
-        r = datasets.load_movielens_csv(p)
+        r = data.load_movielens_csv(p)
         assert r.user_ids.tolist() == [7] and r.item_ids.tolist() == [10]
         assert r.ratings.tolist() == [3.5] and r.timestamps is None
 
     def test_csv_without_header(self, tmp_path):
-        r = datasets.load_movielens_csv(write(tmp_path / "r.csv", "1,2,3.0,4\n"))
+        r = data.load_movielens_csv(write(tmp_path / "r.csv", "1,2,3.0,4\n"))
         assert r.timestamps.tolist() == [4]
 
     def test_csv_bad_header(self, tmp_path):
         p = write(tmp_path / "r.csv", "a,b,c\n1,2,3\n")
         with pytest.raises(ValueError, match=r"line 1.*lacks"):
-            datasets.load_movielens_csv(p)
+            data.load_movielens_csv(p)
 
     def test_csv_malformed(self, tmp_path):
         p = write(tmp_path / "ratings.csv", self.CSV + "3,4\n", "\r\n")
         with pytest.raises(ValueError) as exc:
-            datasets.load_movielens_csv(p)
+            data.load_movielens_csv(p)
         assert str(p) in str(exc.value) and "line 5" in str(exc.value)
         p = write(tmp_path / "ratings.csv", self.CSV + "3,4,five,1\n")
         with pytest.raises(ValueError, match=r"line 5: rating 'five'"):
-            datasets.load_movielens_csv(p)
+            data.load_movielens_csv(p)
 
     def test_csv_header_only(self, tmp_path):
         with pytest.raises(ValueError, match="no ratings"):
-            datasets.load_movielens_csv(write(tmp_path / "ratings.csv", "userId,movieId,rating\n"))
+            data.load_movielens_csv(write(tmp_path / "ratings.csv", "userId,movieId,rating\n"))
 
     def test_dat(self, tmp_path):
         p = write(tmp_path / "ratings.dat", "1::1193::5::978300760\n1::661::3::978302109\n")
-        r = datasets.load_movielens_dat(p)
+        r = data.load_movielens_dat(p)
         assert r.item_ids.tolist() == [661, 1193] and r.ratings.tolist() == [5.0, 3.0]
         assert r.timestamps.tolist() == [978300760, 978302109]
 
     def test_dat_malformed(self, tmp_path):
         p = write(tmp_path / "ratings.dat", "1::1193::5::978300760\n1::661::3\n")
         with pytest.raises(ValueError) as exc:
-            datasets.load_movielens_dat(p)
+            data.load_movielens_dat(p)
         assert str(p) in str(exc.value) and "line 2" in str(exc.value)
 
 
@@ -366,7 +367,7 @@ class TestNetflix:
         d.mkdir()
         write(d / "mv_0000001.txt", "1:\n1488844,3,2005-09-06\n822109,5,2005-05-13\n")
         write(d / "mv_0000002.txt", "2:\n1488844,4,2005-09-07\n", "\r\n")
-        r = datasets.load_netflix(tmp_path)
+        r = data.load_netflix(tmp_path)
         assert len(r) == 3 and r.shape == (2, 2)
         assert r.item_ids[r.items].tolist() == [1, 1, 2]
         assert r.user_ids[r.users].tolist() == [1488844, 822109, 1488844]
@@ -376,7 +377,7 @@ class TestNetflix:
     def test_combined_file(self, tmp_path):
         p = write(tmp_path / "combined_data_1.txt",
                   "1:\n10,3,2005-09-06\n11,4,2004-01-01\n7:\n10,1,2003-03-03\n")
-        r = datasets.load_netflix(p)
+        r = data.load_netflix(p)
         assert r.item_ids[r.items].tolist() == [1, 1, 7]
         assert r.ratings.tolist() == [3, 4, 1]
 
@@ -391,13 +392,13 @@ class TestNetflix:
     def test_malformed(self, tmp_path, text, line, what):
         p = write(tmp_path / "mv_0000001.txt", text)
         with pytest.raises(ValueError) as exc:
-            datasets.load_netflix(p)
+            data.load_netflix(p)
         msg = str(exc.value)
         assert str(p) in msg and f"line {line}" in msg and what in msg
 
     def test_empty_dir(self, tmp_path):
         with pytest.raises(ValueError, match="no mv_"):
-            datasets.load_netflix(tmp_path)
+            data.load_netflix(tmp_path)
 
 
 class TestTriples:
@@ -405,152 +406,152 @@ class TestTriples:
     def test_sniff_separator(self, tmp_path, sep):
         lines = [["u1", "i1", "4"], ["u2", "i1", "2.5"], ["u1", "i2", "1"]]
         p = write(tmp_path / "x.txt", "\n".join(sep.join(f) for f in lines) + "\n")
-        r = datasets.load_triples(p)
+        r = data.load_triples(p)
         assert r.user_ids.tolist() == ["u1", "u2"] and r.ratings.tolist() == [4.0, 2.5, 1.0]
 
     def test_whitespace_runs(self, tmp_path):
-        r = datasets.load_triples(write(tmp_path / "x.txt", "1   2  3\n4 5    6\n"))
+        r = data.load_triples(write(tmp_path / "x.txt", "1   2  3\n4 5    6\n"))
         assert r.user_ids.tolist() == [1, 4] and r.ratings.tolist() == [3.0, 6.0]
 
     def test_header_auto_and_names(self, tmp_path):
         p = write(tmp_path / "user_artists.dat",
                   "userID\tartistID\tweight\n2\t51\t13883\n2\t52\t11690\n3\t51\t7\n", "\r\n")
-        r = datasets.load_triples(p)
+        r = data.load_triples(p)
         assert len(r) == 3 and r.user_ids.tolist() == [2, 3]
-        r2 = datasets.load_triples(p, columns=("artistID", "userID", "weight"))
+        r2 = data.load_triples(p, columns=("artistID", "userID", "weight"))
         assert r2.user_ids.tolist() == [51, 52]
         with pytest.raises(ValueError, match="not in header"):
-            datasets.load_triples(p, columns=("user", "artistID", "weight"))
+            data.load_triples(p, columns=("user", "artistID", "weight"))
         with pytest.raises(ValueError, match="no header"):
-            datasets.load_triples(p, header=False, columns=("userID", "artistID", "weight"))
+            data.load_triples(p, header=False, columns=("userID", "artistID", "weight"))
 
     def test_explicit_header_false_reports_line_1(self, tmp_path):
         p = write(tmp_path / "x.csv", "user,item,rating\n1,2,3\n")
         with pytest.raises(ValueError) as exc:
-            datasets.load_triples(p, header=False)
+            data.load_triples(p, header=False)
         assert str(p) in str(exc.value) and "line 1" in str(exc.value)
 
     def test_columns_and_timestamp_iso(self, tmp_path):
         p = write(tmp_path / "x.csv", "when,score,who,what\n2020-01-01,5,ann,apple\n"
                                       "2020-01-02 12:00:00,3,bob,pear\n")
-        r = datasets.load_triples(p, columns=(2, 3, 1), timestamp_column="when")
+        r = data.load_triples(p, columns=(2, 3, 1), timestamp_column="when")
         assert r.user_ids.tolist() == ["ann", "bob"]
         assert r.timestamps.tolist() == [1577836800, 1577836800 + 86400 + 12 * 3600]
 
     def test_bad_timestamp(self, tmp_path):
         p = write(tmp_path / "x.csv", "1,2,3,100\n1,3,3,soon\n")
         with pytest.raises(ValueError, match=r"line 2: timestamp 'soon'"):
-            datasets.load_triples(p, timestamp_column=3)
+            data.load_triples(p, timestamp_column=3)
 
     def test_too_few_fields(self, tmp_path):
         p = write(tmp_path / "x.tsv", "1\t2\t3\n4\t5\n")
         with pytest.raises(ValueError) as exc:
-            datasets.load_triples(p)
+            data.load_triples(p)
         assert str(p) in str(exc.value) and "line 2" in str(exc.value)
 
     def test_ragged_extra_fields_ok(self, tmp_path):
-        r = datasets.load_triples(write(tmp_path / "x.tsv", "1\t2\t3\textra\n4\t5\t6\n"))
+        r = data.load_triples(write(tmp_path / "x.tsv", "1\t2\t3\textra\n4\t5\t6\n"))
         assert r.ratings.tolist() == [3.0, 6.0]
 
     def test_quoted_csv(self, tmp_path):
         p = write(tmp_path / "x.csv", 'user,item,rating\n"Smith, J",1,4\n"Doe, A",2,3\n')
-        r = datasets.load_triples(p)
+        r = data.load_triples(p)
         assert r.user_ids.tolist() == ["Doe, A", "Smith, J"]
         p = write(tmp_path / "y.csv", 'user,item,rating\n"Smith, J",1,x\n')
         with pytest.raises(ValueError, match="line 2"):
-            datasets.load_triples(p)
+            data.load_triples(p)
 
     def test_latin1_ids(self, tmp_path):
         p = write(tmp_path / "x.tsv", "Jos\xe9\tcaf\xe9\t4\nAnn\tcaf\xe9\t2\n".encode("latin-1"))
-        r = datasets.load_triples(p)
+        r = data.load_triples(p)
         assert r.user_ids.tolist() == ["Ann", "José"] and r.item_ids.tolist() == ["café"]
 
     def test_gzip(self, tmp_path):
         p = tmp_path / "u.data.gz"
         p.write_bytes(gzip.compress(U_DATA.encode()))
-        assert len(datasets.load(p)) == 4
+        assert len(data.load(p)) == 4
 
     def test_argument_validation(self, tmp_path):
         p = write(tmp_path / "x.tsv", "1\t2\t3\n")
         with pytest.raises(ValueError, match="3 columns"):
-            datasets.load_triples(p, columns=(0, 1))
+            data.load_triples(p, columns=(0, 1))
         with pytest.raises(ValueError, match="header"):
-            datasets.load_triples(p, header="yes")
+            data.load_triples(p, header="yes")
 
     def test_parquet(self, tmp_path):
         pd = pytest.importorskip("pandas")
         pytest.importorskip("pyarrow")
         p = tmp_path / "r.parquet"
         pd.DataFrame({"u": [1, 2], "i": ["a", "b"], "r": [1.0, 5.0], "t": [3, 4]}).to_parquet(p)
-        r = datasets.load(p, columns=("u", "i", "r"), timestamp_column="t")
+        r = data.load(p, columns=("u", "i", "r"), timestamp_column="t")
         assert r.shape == (2, 2) and r.timestamps.tolist() == [3, 4]
 
     def test_parquet_without_pandas_says_so(self, tmp_path, monkeypatch):
         monkeypatch.setitem(sys.modules, "pandas", None)
         p = write(tmp_path / "r.parquet", b"PAR1")
         with pytest.raises(ImportError, match="pandas"):
-            datasets.load_triples(p)
+            data.load_triples(p)
 
 
 class TestLoadDispatch:
     def test_dispatch(self, tmp_path):
-        assert len(datasets.load(write(tmp_path / "ub.test", U_DATA))) == 4
-        assert len(datasets.load(write(tmp_path / "x.base", U_DATA))) == 4
+        assert len(data.load(write(tmp_path / "ub.test", U_DATA))) == 4
+        assert len(data.load(write(tmp_path / "x.base", U_DATA))) == 4
         csv_p = write(tmp_path / "ratings.csv", TestMovieLensCsvDat.CSV)
-        assert datasets.load(csv_p).timestamps is not None
+        assert data.load(csv_p).timestamps is not None
         dat = write(tmp_path / "ratings.dat", "1::1193::5::978300760\n")
-        assert datasets.load(dat).timestamps.tolist() == [978300760]
+        assert data.load(dat).timestamps.tolist() == [978300760]
         tsv_dat = write(tmp_path / "user_artists.dat", "userID\tartistID\tweight\n2\t51\t13883\n")
-        assert datasets.load(tsv_dat).ratings.tolist() == [13883.0]
+        assert data.load(tsv_dat).ratings.tolist() == [13883.0]
         mv = write(tmp_path / "mv_0000003.txt", "3:\n5,2,2005-01-01\n")
-        assert datasets.load(mv).item_ids.tolist() == [3]
+        assert data.load(mv).item_ids.tolist() == [3]
         other = write(tmp_path / "data.txt", "a b 1\n")
-        assert datasets.load(other).user_ids.tolist() == ["a"]
+        assert data.load(other).user_ids.tolist() == ["a"]
 
     def test_directory_dispatch(self, tmp_path):
         write(tmp_path / "u.data", U_DATA)
-        assert len(datasets.load(tmp_path)) == 4
+        assert len(data.load(tmp_path)) == 4
         with pytest.raises(FileNotFoundError):
-            datasets.load(tmp_path / "nope.csv")
+            data.load(tmp_path / "nope.csv")
         empty = tmp_path / "empty"
         empty.mkdir()
         with pytest.raises(ValueError, match="no known"):
-            datasets.load(empty)
+            data.load(empty)
 
 
 class TestTitles:
     def test_u_item_latin1(self, tmp_path):
         raw = ("1|Toy Story (1995)|01-Jan-1995||http://x|0|0\n"
                "2|Les Mis\xe9rables (1995)|01-Jan-1995||http://y|0|1\n").encode("latin-1")
-        titles = datasets.load_titles(write(tmp_path / "u.item", raw))
+        titles = data.load_titles(write(tmp_path / "u.item", raw))
         assert titles == {1: "Toy Story (1995)", 2: "Les Misérables (1995)"}
 
     def test_movies_csv_quoted_commas(self, tmp_path):
         text = ('movieId,title,genres\n1,Toy Story (1995),Animation\n'
                 '11,"American President, The (1995)",Comedy|Drama\n'
                 '12,"Dracula: Dead and Loving It (1995)",Comedy\n')
-        titles = datasets.load_titles(write(tmp_path / "movies.csv", text, "\r\n"))
+        titles = data.load_titles(write(tmp_path / "movies.csv", text, "\r\n"))
         assert titles[11] == "American President, The (1995)" and len(titles) == 3
 
     def test_movies_csv_without_header(self, tmp_path):
         p = write(tmp_path / "m.csv", '1,Toy Story (1995),Adventure|Animation\n2,"A, B",Drama\n')
-        assert datasets.load_titles(p) == {1: "Toy Story (1995)", 2: "A, B"}
+        assert data.load_titles(p) == {1: "Toy Story (1995)", 2: "A, B"}
 
     def test_movies_dat_and_netflix_titles(self, tmp_path):
-        d = datasets.load_titles(write(tmp_path / "movies.dat", "1::Toy Story (1995)::Animation\n"))
+        d = data.load_titles(write(tmp_path / "movies.dat", "1::Toy Story (1995)::Animation\n"))
         assert d == {1: "Toy Story (1995)"}
-        n = datasets.load_titles(write(tmp_path / "movie_titles.txt",
+        n = data.load_titles(write(tmp_path / "movie_titles.txt",
                                        "1,2003,Dinosaur Planet\n2,NULL,Hello, World\n"))
         assert n == {1: "Dinosaur Planet", 2: "Hello, World"}
 
     def test_malformed(self, tmp_path):
         p = write(tmp_path / "u.item", "1|A|x\n2\n")
         with pytest.raises(ValueError) as exc:
-            datasets.load_titles(p)
+            data.load_titles(p)
         assert str(p) in str(exc.value) and "line 2" in str(exc.value)
         p = write(tmp_path / "movies.csv", "movieId,title,genres\n1\n")
         with pytest.raises(ValueError, match="line 2"):
-            datasets.load_titles(p)
+            data.load_titles(p)
 
 
 # --------------------------------------------------------------------------------------
@@ -558,7 +559,7 @@ class TestTitles:
 # --------------------------------------------------------------------------------------
 class TestSynthetic:
     def test_movielens_100k_preset(self):
-        r = datasets.synthetic("movielens-100k", seed=3)
+        r = data.synthetic("movielens-100k", seed=3)
         assert r.shape == (943, 1682) and len(r) == 100_000
         assert r.users.dtype == np.int32 and r.items.dtype == np.int32
         assert r.ratings.dtype == np.float32
@@ -574,26 +575,26 @@ class TestSynthetic:
         r.to_csr()  # no duplicates
 
     def test_reproducible_and_thread_count_independent(self):
-        a = datasets.synthetic("delicious", seed=5, scale=0.5, n_jobs=1)
-        b = datasets.synthetic("delicious", seed=5, scale=0.5, n_jobs=3)
-        c = datasets.synthetic("delicious", seed=6, scale=0.5)
+        a = data.synthetic("delicious", seed=5, scale=0.5, n_jobs=1)
+        b = data.synthetic("delicious", seed=5, scale=0.5, n_jobs=3)
+        c = data.synthetic("delicious", seed=6, scale=0.5)
         for name in ("users", "items", "ratings"):
             np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
         assert not np.array_equal(a.items, c.items)
 
     def test_multi_chunk_generation(self, monkeypatch):
-        from clmf.data import synthetic as generator
+        from clmf.data import generator
         monkeypatch.setattr(generator, "_CHUNK_NNZ", 5000)
-        r = datasets.synthetic("movielens-100k", scale=0.5, seed=1, n_jobs=2)
+        r = data.synthetic("movielens-100k", scale=0.5, seed=1, n_jobs=2)
         keys = r.users.astype(np.int64) * r.shape[1] + r.items
         assert np.all(np.diff(keys) > 0)  # sorted by (user, item) and unique
         assert len(r) == round(100_000 * 0.5)
 
-    @pytest.mark.parametrize("preset", sorted(datasets.list_presets()))
+    @pytest.mark.parametrize("preset", sorted(data.list_presets()))
     def test_preset_shapes_at_small_scale(self, preset):
-        m0, n0, nnz0 = datasets.list_presets()[preset]
+        m0, n0, nnz0 = data.list_presets()[preset]
         scale = 0.002 if nnz0 > 1_000_000 else 0.05
-        r = datasets.synthetic(preset, scale=scale, seed=0)
+        r = data.synthetic(preset, scale=scale, seed=0)
         m, n = max(1, round(m0 * scale)), max(1, round(n0 * scale))
         assert r.shape == (m, n)
         expected = min(max(1, round(nnz0 * scale)), max(m, int(0.5 * m * n)))
@@ -603,7 +604,7 @@ class TestSynthetic:
 
     def test_netflix_scale_002(self):
         t0 = time.perf_counter()
-        r = datasets.synthetic("netflix", scale=0.02, seed=0)
+        r = data.synthetic("netflix", scale=0.02, seed=0)
         elapsed = time.perf_counter() - t0
         assert r.shape == (9604, 355)
         assert len(r) == int(0.5 * 9604 * 355)  # 1.98M requested, capped at 50 % density
@@ -612,7 +613,7 @@ class TestSynthetic:
         assert elapsed < 10
 
     def test_overrides_factors_and_timestamps(self):
-        r, f = datasets.synthetic(shape=(50, 40), nnz=300, seed=2, rank=4, return_factors=True,
+        r, f = data.synthetic(shape=(50, 40), nnz=300, seed=2, rank=4, return_factors=True,
                                   timestamps=True)
         assert r.shape == (50, 40) and len(r) == 300
         assert f.user_factors.shape == (50, 4) and f.item_factors.shape == (40, 4)
@@ -624,21 +625,21 @@ class TestSynthetic:
         assert np.corrcoef(pred, r.ratings)[0, 1] > 0.6
 
     def test_noise_free_is_rounded_model(self):
-        r, f = datasets.synthetic(shape=(30, 30), nnz=200, seed=1, noise=0.0, return_factors=True)
+        r, f = data.synthetic(shape=(30, 30), nnz=200, seed=1, noise=0.0, return_factors=True)
         pred = (f.global_mean + f.user_bias[r.users] + f.item_bias[r.items]
                 + np.sum(f.user_factors[r.users] * f.item_factors[r.items], axis=1))
         np.testing.assert_array_equal(r.ratings, np.clip(np.rint(pred), 1, 5))
 
     def test_density_cap_and_tiny_shapes(self):
-        r = datasets.synthetic(shape=(10, 10), nnz=1000, seed=0)
+        r = data.synthetic(shape=(10, 10), nnz=1000, seed=0)
         assert len(r) == 50
-        r = datasets.synthetic(shape=(5, 1), nnz=1, seed=0)  # every user needs one rating
+        r = data.synthetic(shape=(5, 1), nnz=1, seed=0)  # every user needs one rating
         assert len(r) == 5 and r.items.tolist() == [0] * 5
-        r = datasets.synthetic("movielens-100k", scale=1e-6, seed=0)
+        r = data.synthetic("movielens-100k", scale=1e-6, seed=0)
         assert r.shape == (1, 1) and len(r) == 1
 
     def test_uniform_exponents(self):
-        r = datasets.synthetic(shape=(200, 100), nnz=2000, user_exponent=0, item_exponent=0)
+        r = data.synthetic(shape=(200, 100), nnz=2000, user_exponent=0, item_exponent=0)
         counts = np.bincount(r.users, minlength=200)
         assert counts.max() < 30  # ~ Poisson around 10, no heavy tail
 
@@ -649,35 +650,51 @@ class TestSynthetic:
     )
     def test_validation(self, kwargs):
         with pytest.raises(ValueError):
-            datasets.synthetic(**kwargs)
+            data.synthetic(**kwargs)
 
     def test_generator_seed(self):
-        a = datasets.synthetic(shape=(20, 20), nnz=50, seed=np.random.default_rng(1))
-        b = datasets.synthetic(shape=(20, 20), nnz=50, seed=np.random.default_rng(1))
+        a = data.synthetic(shape=(20, 20), nnz=50, seed=np.random.default_rng(1))
+        b = data.synthetic(shape=(20, 20), nnz=50, seed=np.random.default_rng(1))
         np.testing.assert_array_equal(a.items, b.items)
 
     def test_list_presets_is_a_copy(self):
-        p = datasets.list_presets()
+        p = data.list_presets()
         assert p["netflix"] == (480_189, 17_770, 99_072_112)
         assert p["yahoomusic-r1"] == (1_948_882, 98_213, 115_579_440)
         p["netflix"] = (1, 1, 1)
-        assert datasets.list_presets()["netflix"] == (480_189, 17_770, 99_072_112)
+        assert data.list_presets()["netflix"] == (480_189, 17_770, 99_072_112)
 
 
 class TestDefault:
     def test_default_split(self):
-        train, test = datasets.default()
+        train, test = data.default()
         assert len(train) == 90_000 and len(test) == 10_000
         assert train.user_ids is test.user_ids and train.shape == test.shape == (943, 1682)
-        train2, test2 = datasets.default(split=True)
+        train2, test2 = data.default(split=True)
         np.testing.assert_array_equal(test.ratings, test2.ratings)
         np.testing.assert_array_equal(test.users, test2.users)
-        whole = datasets.default(split=False)
-        assert whole is datasets.DEFAULT_DATASET and len(whole) == 100_000
-        ref = datasets.synthetic("movielens-100k", seed=42)
+        whole = data.default(split=False)
+        assert whole is data.DEFAULT_DATASET and len(whole) == 100_000
+        ref = data.synthetic("movielens-100k", seed=42)
         np.testing.assert_array_equal(whole.items, ref.items)
         with pytest.raises(AttributeError):
-            datasets.NOT_A_THING  # noqa: B018
+            data.NOT_A_THING  # noqa: B018
+
+
+class TestFormerNames:
+    """clmf.datasets and clmf.splits (issue 32 made clmf.data the one home) still answer as
+    attributes of clmf, with a FutureWarning naming the new module."""
+
+    def test_clmf_datasets_is_clmf_data_with_a_warning(self):
+        with pytest.warns(FutureWarning, match=r"clmf\.datasets is now clmf\.data\b"):
+            old = clmf.datasets
+        assert old is data and old.Ratings is Ratings
+
+    def test_clmf_splits_is_clmf_data_splits_with_a_warning(self):
+        from clmf.data import splits
+        with pytest.warns(FutureWarning, match=r"clmf\.splits is now clmf\.data\.splits"):
+            old = clmf.splits
+        assert old is splits and old.leave_k_out is splits.leave_k_out
 
 
 # --------------------------------------------------------------------------------------
@@ -687,16 +704,16 @@ class TestRealData:
     def test_ml100k_ua_split(self):
         base = shared_data("ml-100k/ua.base")
         t0 = time.perf_counter()
-        r = datasets.load(base)
+        r = data.load(base)
         assert time.perf_counter() - t0 < 1.0
         assert len(r) == 90_570 and r.shape[0] == 943 and r.shape[1] == 1680
-        train, test = datasets.load_movielens_100k_split(base.parent, "ua")
+        train, test = data.load_movielens_100k_split(base.parent, "ua")
         assert len(train) == 90_570 and len(test) == 9_430
         assert train.shape == test.shape == (943, 1682)
         assert train.user_ids is test.user_ids
         assert np.all(np.bincount(test.users, minlength=943) == 10)  # 10 test ratings per user
         # same raw triples as reading each file on its own
-        alone = datasets.load_movielens_100k(shared_data("ml-100k/ua.test"))
+        alone = data.load_movielens_100k(shared_data("ml-100k/ua.test"))
         got = set(zip(test.user_ids[test.users].tolist(), test.item_ids[test.items].tolist(),
                       test.ratings.tolist()))
         want = set(zip(alone.user_ids[alone.users].tolist(), alone.item_ids[alone.items].tolist(),
@@ -704,9 +721,9 @@ class TestRealData:
         assert got == want
 
     def test_ml100k_union_equals_u_data(self):
-        full = datasets.load(shared_data("ml-100k/u.data"))
+        full = data.load(shared_data("ml-100k/u.data"))
         assert len(full) == 100_000 and full.shape == (943, 1682)
-        train, test = datasets.load_movielens_100k_split(shared_data("ml-100k"), "ua")
+        train, test = data.load_movielens_100k_split(shared_data("ml-100k"), "ua")
         np.testing.assert_array_equal(train.user_ids, full.user_ids)
         k = lambda r: set((r.users.astype(np.int64) * 2000 + r.items).tolist())  # noqa: E731
         assert k(train) | k(test) == k(full) and not (k(train) & k(test))
@@ -714,33 +731,33 @@ class TestRealData:
     def test_ml_latest_small_crlf(self):
         path = shared_data("ml-latest-small/ratings.csv")
         assert b"\r\n" in path.read_bytes()[:100]
-        r = datasets.load(path)
+        r = data.load(path)
         assert len(r) == 100_836 and r.shape == (610, 9_724)
         assert float(r.ratings.min()) == 0.5 and float(r.ratings.max()) == 5.0
         assert r.timestamps is not None and r.timestamps[0] == 964982703
 
     def test_titles(self):
-        movies = datasets.load_titles(shared_data("ml-latest-small/movies.csv"))
+        movies = data.load_titles(shared_data("ml-latest-small/movies.csv"))
         assert len(movies) == 9_742 and movies[1] == "Toy Story (1995)"
         assert movies[11] == "American President, The (1995)"
-        items = datasets.load_titles(shared_data("ml-100k/u.item"))
+        items = data.load_titles(shared_data("ml-100k/u.item"))
         assert len(items) == 1_682 and items[1] == "Toy Story (1995)"
 
     def test_lastfm(self):
-        r = datasets.load(shared_data("hetrec2011-lastfm-2k/user_artists.dat"))
+        r = data.load(shared_data("hetrec2011-lastfm-2k/user_artists.dat"))
         assert len(r) == 92_834 and r.shape == (1_892, 17_632)
 
 
 def test_synthetic_from_spec_is_shared_by_bench_and_tuner():
-    got = datasets.synthetic_from_spec("synthetic:300x40x2000", seed=1)
+    got = clmf.data.synthetic_from_spec("synthetic:300x40x2000", seed=1)
     assert got is not None
     data, name = got
     R = data.to_csr()
     assert R.shape == (300, 40) and name == "synthetic-300x40x2K"
-    assert datasets.synthetic_from_spec("ml-100k") is None
-    assert datasets.synthetic_from_spec("synthetic:3x4") is None
-    from clmf import tuner
-    R2, name2 = tuner.load_data("synthetic:300x40x2000", seed=1)
+    assert clmf.data.synthetic_from_spec("ml-100k") is None
+    assert clmf.data.synthetic_from_spec("synthetic:3x4") is None
+    from clmf import autotune
+    R2, name2 = autotune.load_data("synthetic:300x40x2000", seed=1)
     assert name2 == name and (R2 != R).nnz == 0
 
 

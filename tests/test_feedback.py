@@ -111,8 +111,8 @@ def test_implicit_rejects_negative_and_bad_params():
 
 
 def test_implicit_early_stopping_on_precision(cl_device):
-    from clmf import datasets, splits
-    data = datasets.synthetic("movielens-100k", scale=0.3, seed=3)
+    from clmf.data import splits
+    data = clmf.data.synthetic("movielens-100k", scale=0.3, seed=3)
     train, val = splits.leave_k_out(data, k=2, random_state=0, min_train=2)
     seen = []
     m = clmf.ALS(24, 0.001, 25, feedback="implicit", alpha=5.0, device=cl_device, random_state=0)
@@ -125,9 +125,9 @@ def test_implicit_early_stopping_on_precision(cl_device):
 def test_implicit_validation_ranks_on_the_device_once_set_up(cl_device, monkeypatch):
     """Validation precision@10 is counted on the device (clmf.inference.heldout: neither the
     host ranking nor a top-k is called while the fit iterates), and equals ``score``."""
-    from clmf import datasets, splits
+    from clmf.data import splits
     from clmf.inference import host, topk
-    data = datasets.synthetic("movielens-100k", scale=0.1, seed=3)
+    data = clmf.data.synthetic("movielens-100k", scale=0.1, seed=3)
     train, val = splits.leave_k_out(data, k=2, random_state=0, min_train=2)
     made, excl = [], []
     real_init, real_excl = topk.DeviceTopK.__init__, topk.DeviceTopK.set_exclude
@@ -196,9 +196,9 @@ def test_validation_reranks_only_users_it_cannot_certify(cl_device, where, monke
 
 
 def test_biases_improve_movielens_rmse():
-    from clmf import datasets
+    from clmf import data
     d = shared_data("ml-100k")
-    train, test = datasets.load_movielens_100k_split(d)
+    train, test = data.load_movielens_100k_split(d)
     plain = clmf.ALS(10, 0.15, 10, random_state=0).fit(train, show_progress=False).rmse(test)
     biased = clmf.ALS(10, 0.15, 10, random_state=0, biases=True).fit(
         train, show_progress=False).rmse(test)
@@ -207,10 +207,11 @@ def test_biases_improve_movielens_rmse():
 
 def test_lastfm_matches_implicit_library():
     implicit_als = pytest.importorskip("implicit.cpu.als")
-    from clmf import datasets, metrics, splits
+    from clmf import metrics
+    from clmf.data import splits
     path = shared_data("hetrec2011-lastfm-2k/user_artists.dat")
-    data = datasets.load(path)
-    data = datasets.Ratings(data.users, data.items, np.log1p(data.ratings).astype(np.float32),
+    data = clmf.data.load(path)
+    data = clmf.data.Ratings(data.users, data.items, np.log1p(data.ratings).astype(np.float32),
                             data.timestamps, data.user_ids, data.item_ids)
     train, test = splits.leave_k_out(data, k=2, random_state=0, min_train=2)
     R, T = train.to_csr(), test.to_csr()

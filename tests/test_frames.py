@@ -11,7 +11,7 @@ import scipy.sparse as sp
 from conftest import DEVICES
 
 import clmf
-from clmf.datasets import Ratings
+from clmf.data import Ratings
 from clmf.errors import MissingColumnError
 
 pd = pytest.importorskip("pandas")

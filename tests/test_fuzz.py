@@ -213,7 +213,7 @@ def test_torn_tail_is_repaired_and_fit_uses_the_good_records(dbenv):
 
 
 def _tiny_space(f):
-    from clmf.tuner.space import Space
+    from clmf.autotune.space import Space
     return Space("tiny", f, [(False, False, 0, False), (True, True, 0, False)],
                  dict(tx=[2, 4], ty=[2, 4], nnz_batch=[8], bx=[f], by=[f], square_tiles=True,
                       tz=[1], solve_wg=[0], solver=["cholesky"], cg_steps=[3]))
@@ -225,8 +225,8 @@ class _Killed(BaseException):
 
 @pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
 def test_interrupted_measurement_is_retried(dbenv, monkeypatch):
-    from clmf.tuner import strategies
-    from clmf.tuner.measure import Measurer
+    from clmf.autotune import strategies
+    from clmf.autotune.measure import Measurer
     case = strategies.Case(DEVICES[0], random_ratings(120, 90, 0.1, seed=6), 4, "tiny", "float32")
     real = Measurer.evaluate
     calls = []
@@ -273,7 +273,7 @@ def test_interrupted_measurement_is_retried(dbenv, monkeypatch):
 def _ratings(seed, users, items, n):
     rng = np.random.default_rng(seed)
     pairs = rng.choice(users * items, n, replace=False)
-    return clmf.datasets.Ratings.from_triples(1000 + pairs // items, 5000 + pairs % items,
+    return clmf.data.Ratings.from_triples(1000 + pairs // items, 5000 + pairs % items,
                                               rng.integers(1, 6, n).astype(np.float32))
 
 
@@ -433,7 +433,7 @@ def test_overflow_is_named(cl_device, scale, storage, solver):
 
 def test_float32_cast_overflow_is_named_before_any_work():
     with pytest.raises(RatingRangeError, match="float32"):
-        clmf.datasets.Ratings.from_triples([1, 2], [3, 4], np.array([1e39, 2.0]))
+        clmf.data.Ratings.from_triples([1, 2], [3, 4], np.array([1e39, 2.0]))
     with pytest.raises(RatingRangeError, match="float32"):
         clmf.ALS(device="no such device").fit((np.array([0, 1]), np.array([1, 0]),
                                                np.array([1e39, 2.0])))
@@ -547,7 +547,7 @@ def test_truncated_gzip_names_the_file(tmp_path, capsys):
     path = tmp_path / "ratings.csv.gz"
     path.write_bytes(full[: len(full) // 2])
     with pytest.raises(ValueError, match="truncated or corrupt gzip") as e:
-        clmf.datasets.load(path)
+        clmf.data.load(path)
     assert str(path) in str(e.value)
     rc = main(["fit", str(path), "--output", str(tmp_path / "m.npz")])
     err = capsys.readouterr().err
@@ -559,7 +559,7 @@ def test_integer_ids_are_ascii_digits_only(tmp_path, ids):
     path = tmp_path / "r.csv"
     path.write_text("user,item,rating\n" + "".join(f"{u},7,{k + 1}\n" for k, u in enumerate(ids)),
                     encoding="utf-8")
-    r = clmf.datasets.load(path)
+    r = clmf.data.load(path)
     assert len(r.user_ids) == len(ids)              # distinct texts stay distinct users
     assert sorted(map(str, r.user_ids)) == sorted(ids)
 
@@ -568,7 +568,7 @@ def test_movielens_ids_refuse_non_ascii_digits(tmp_path):
     path = tmp_path / "u.data"
     path.write_text("1\t7\t4\t881250949\n\uff11\t8\t3\t881250950\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"line 2.*ASCII digits"):
-        clmf.datasets.load(path)
+        clmf.data.load(path)
 
 
 def test_cli_reports_memory_errors_and_interrupts_without_traceback(tmp_path, capsys,
@@ -845,7 +845,7 @@ def test_parquet_non_numeric_ratings_name_the_column_and_file(tmp_path):
         path = tmp_path / f"{name}.parquet"
         pd.DataFrame(cols).to_parquet(path)
         with pytest.raises(ValueError) as e:
-            clmf.datasets.load(path)
+            clmf.data.load(path)
         col = "user" if name == "list-user" else "rating"
         assert str(path) in str(e.value) and f"column {col!r}" in str(e.value), (name, e.value)
 
@@ -855,7 +855,7 @@ def test_corrupt_parquet_names_the_file(tmp_path, capsys):
     path = tmp_path / "ratings.parquet"
     path.write_bytes(b"PAR1" + b"\0" * 100)
     with pytest.raises(ValueError, match="not a readable Parquet file") as e:
-        clmf.datasets.load(path)
+        clmf.data.load(path)
     assert str(path) in str(e.value)
     from clmf.cli import main
     assert main(["fit", str(path)]) == 1
@@ -872,14 +872,14 @@ def test_corrupt_parquet_names_the_file(tmp_path, capsys):
 ])
 def test_raw_ids_missing_or_of_mixed_types_are_refused(ids, match):
     with pytest.raises(ValueError, match=match):
-        clmf.datasets.Ratings.from_triples(ids, [1, 2, 3], [1.0, 2.0, 3.0])
+        clmf.data.Ratings.from_triples(ids, [1, 2, 3], [1.0, 2.0, 3.0])
     pd = pytest.importorskip("pandas")
     df = pd.DataFrame({"user": [1, 2, 3], "item": ids, "rating": [1.0, 2.0, 3.0]})
     with pytest.raises(ValueError, match=match) as e:
-        clmf.datasets.Ratings.from_pandas(df)
+        clmf.data.Ratings.from_pandas(df)
     assert "column 'item'" in str(e.value)
     # one type per column is fine: numbers stay numbers, texts stay texts
-    assert clmf.datasets.Ratings.from_triples(np.array([9, 7, 8], dtype=object), [1, 2, 3],
+    assert clmf.data.Ratings.from_triples(np.array([9, 7, 8], dtype=object), [1, 2, 3],
                                               [1.0, 2.0, 3.0]).user_ids.tolist() == [7, 8, 9]
 
 
@@ -927,7 +927,7 @@ def test_dask_and_in_process_agree_on_raw_ids(dask_client, change, match):
     import clmf.dask
     df = _frame(user=change)
     with pytest.raises(ValueError, match=match) as local:
-        clmf.datasets.Ratings.from_pandas(df)
+        clmf.data.Ratings.from_pandas(df)
     with pytest.raises(ValueError, match=match) as dist:
         clmf.dask.ALS(client=dask_client, factors=4, iterations=1,
                       device="no such device").fit(df, show_progress=False)
@@ -941,7 +941,7 @@ def test_dask_names_overflow_as_in_process(dask_client):
     dev = f"{DEVICES[0].platform.name.strip()} | {DEVICES[0].name.strip()}"
     kw = dict(factors=6, iterations=3, random_state=0, solver="cholesky", device=dev)
     with pytest.raises(RatingRangeError) as local:
-        clmf.ALS(**kw).fit(clmf.datasets.Ratings.from_pandas(df), show_progress=False)
+        clmf.ALS(**kw).fit(clmf.data.Ratings.from_pandas(df), show_progress=False)
     with pytest.raises(RatingRangeError) as dist:
         clmf.dask.ALS(client=dask_client, **kw).fit(df, show_progress=False)
     assert "increase regularization" not in str(dist.value)

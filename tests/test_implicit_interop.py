@@ -221,8 +221,8 @@ def test_default_start_ranks_as_implicit_on_movielens():
     λ = 0.05, α = 2, 15 iterations, seeds 0–2): clmf's default start in implicit mode (implicit's
     own, so both start from the same factors) gives a mean precision@10 within 1% of implicit's;
     the uniform start U[0, 1)/√f gave about 3% less. ~5 s: three fits of each at f = 64."""
-    from clmf import datasets
-    train, test = datasets.load_movielens_100k_split(shared_data("ml-100k"), split="ua")
+    from clmf import data
+    train, test = data.load_movielens_100k_split(shared_data("ml-100k"), split="ua")
     R, T = train.to_csr(), test.to_csr()
     ours, theirs = [], []
     for seed in range(3):

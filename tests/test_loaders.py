@@ -16,15 +16,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clmf import datasets
+from clmf import data
 from clmf.data import _csv, _fastload, _ids, scan
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 FIELDS = ("users", "items", "ratings", "timestamps", "user_ids", "item_ids", "shape")
-LOADERS = {"ml": datasets.load_movielens_csv, "triples": datasets.load_triples,
-           "dat": datasets.load_movielens_dat, "100k": datasets.load_movielens_100k}
+LOADERS = {"ml": data.load_movielens_csv, "triples": data.load_triples,
+           "dat": data.load_movielens_dat, "100k": data.load_movielens_100k}
 
 
 def _outcome(fn):
@@ -171,7 +171,7 @@ def test_movielens_csv(tmp_path, monkeypatch, text, expect):
 def test_movielens_problems_name_the_line(tmp_path, monkeypatch, bad, expect):
     p = write(tmp_path / "ratings.csv", ML + bad + "\n")
     if '"' in bad:            # CSV quoting: read by fields only (lines are split without it)
-        out = _outcome(lambda: datasets.load_movielens_csv(p))[1]
+        out = _outcome(lambda: data.load_movielens_csv(p))[1]
     else:
         out = both_ways(monkeypatch, "ml", p)
     check(out, expect)
@@ -307,12 +307,12 @@ def test_triples_by_lines(tmp_path, monkeypatch, text, kw, expect):
 
 def test_quoted_csv_is_read_by_fields_with_quotes(tmp_path):
     p = write(tmp_path / "x.csv", 'u,i,r\n"Smith, J",1,4\n"Doe, A",2,3\n')
-    check(datasets.load_triples(p), {"users": ["Doe, A", "Smith, J"], "r": [4.0, 3.0]})
-    check(_outcome(lambda: datasets.load_triples(write(tmp_path / "y.csv",
+    check(data.load_triples(p), {"users": ["Doe, A", "Smith, J"], "r": [4.0, 3.0]})
+    check(_outcome(lambda: data.load_triples(write(tmp_path / "y.csv",
                                                        'u,i,r\n"Smith, J",1,x\n')))[1],
           "line 2: rating 'x' is not a number")
     ragged = write(tmp_path / "z.csv", 'u,i,r\n"Smith, J",1,4,extra\n')   # no split by lines
-    check(_outcome(lambda: datasets.load_triples(ragged))[1],
+    check(_outcome(lambda: data.load_triples(ragged))[1],
           "line 2: expected 3 fields separated by ',', found 4")
 
 
@@ -369,8 +369,8 @@ def test_many_lines_error_names_the_right_line(tmp_path, monkeypatch, small_chun
 def test_dispatch_reads_csv_and_triples(tmp_path):
     csv = write(tmp_path / "ratings.csv", ML)
     other = write(tmp_path / "plays.csv", "user,artist,plays\na,b,3\n")
-    check(datasets.load(csv), ML_OK)
-    assert datasets.load(other).user_ids.tolist() == ["a"]
+    check(data.load(csv), ML_OK)
+    assert data.load(other).user_ids.tolist() == ["a"]
 
 
 def test_pyarrow_is_a_dependency():
@@ -397,9 +397,9 @@ def same_parquet(monkeypatch, path, fast=None, **kw):
         served.append(out is not None)
         return out
     monkeypatch.setattr(_fastload, "parquet", spy)
-    got = _outcome(lambda: datasets.load_triples(path, **kw))
+    got = _outcome(lambda: data.load_triples(path, **kw))
     monkeypatch.setattr(_fastload, "parquet", lambda *a, **k: None)
-    want = _outcome(lambda: datasets.load_triples(path, **kw))
+    want = _outcome(lambda: data.load_triples(path, **kw))
     monkeypatch.setattr(_fastload, "parquet", real)
     if fast is not None and served:
         assert served[-1] == fast, f"fast path {'skipped' if fast else 'taken'}"
@@ -513,7 +513,7 @@ def test_factorize_equals_numpy_unique(monkeypatch, raw, threads):
 
 
 def test_from_triples_keeps_negative_small_and_huge_unsigned_ids():
-    r = datasets.Ratings.from_triples(np.array([-100, 100, 5], np.int8),
+    r = data.Ratings.from_triples(np.array([-100, 100, 5], np.int8),
                                       np.array([2**63, 2**64 - 1, 2**63], np.uint64),
                                       [1.0, 2.0, 3.0])
     assert r.user_ids.tolist() == [-100, 5, 100] and r.users.tolist() == [0, 2, 1]
@@ -537,4 +537,4 @@ def test_without_pyarrow_loading_says_so(tmp_path, monkeypatch):
     for mod in ("pyarrow", "pyarrow.csv", "pyarrow.compute"):
         monkeypatch.setitem(sys.modules, mod, None)
     with pytest.raises(ImportError):
-        datasets.load_movielens_csv(p)
+        data.load_movielens_csv(p)

@@ -178,7 +178,7 @@ def test_config_field():
 
 
 def test_tuner_space_searches_split_on_gpus_only():
-    from clmf.tuner.space import canonical, make_space
+    from clmf.autotune.space import canonical, make_space
 
     class Gpu(_Info):
         max_work_group_size = 1024

@@ -9,7 +9,7 @@ import pytest
 import scipy.sparse as sp
 
 from clmf import metrics
-from clmf.datasets import Ratings
+from clmf.data import Ratings
 
 L2 = math.log2
 

@@ -188,7 +188,7 @@ def test_tuner_space_offers_mma_only_with_tensor_cores(cl_device):
     tensor cores (a faked NVIDIA compute capability 9.0) and none on this device."""
     import dataclasses
 
-    from clmf.tuner.space import make_space
+    from clmf.autotune.space import make_space
     info = _info(cl_device)
     nv = dataclasses.replace(info, platform="NVIDIA CUDA", vendor="NVIDIA Corporation",
                              type="GPU", compute_capability=(9, 0), local_mem=48 * 1024,
@@ -201,5 +201,5 @@ def test_tuner_space_offers_mma_only_with_tensor_cores(cl_device):
         if not mma_supported(info):
             assert not any(fl[-1] for fl in make_space(name, 100, info).flags)
     with pytest.raises(InvalidConfigError):
-        from clmf.tuner.space import prune
+        from clmf.autotune.space import prune
         prune(KernelConfig.parse("batch+vec4+mma:tx=16"), 10, nv)     # 16 warps for 1 block

@@ -10,7 +10,7 @@ import pytest
 from conftest import random_ratings
 
 import clmf
-from clmf.datasets import Ratings
+from clmf.data import Ratings
 from clmf.model import persistence
 
 

@@ -8,7 +8,7 @@ from conftest import DEVICES, device_id, random_ratings, rel_err
 
 import clmf
 from clmf import reference as ref
-from clmf.datasets import Ratings
+from clmf.data import Ratings
 from clmf.inference.topk import inference_options
 
 

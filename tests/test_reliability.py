@@ -244,7 +244,7 @@ def test_index_link_to_dev_zero_is_refused(db, tmp_path):
 # ----- the probe verdicts and the tune journal --------------------------------------------------
 def test_probe_cache_and_tune_journal_honour_clmf_cache_dir(tmp_path, monkeypatch):
     """Both live in $CLMF_CACHE_DIR like the tuning index (before: the user's cache dir)."""
-    from clmf.tuner import strategies
+    from clmf.autotune import strategies
     monkeypatch.setenv("CLMF_CACHE_DIR", str(tmp_path))
     assert fallback.probe_cache_path() == tmp_path / "config-probes.json"
     assert strategies.default_state_dir() == tmp_path / "tune-state"
@@ -273,7 +273,7 @@ def test_probe_cache_refuses_special_files(tmp_path):
 def test_tune_journal_refuses_special_files(tmp_path):
     """A FIFO as the journal (before: a resumed run hung reading it) reads as empty; a symlink
     is neither read nor appended through."""
-    from clmf.tuner import incumbent, journal, strategies
+    from clmf.autotune import incumbent, journal, strategies
     fifo = _fifo(tmp_path / "run.jsonl")
     with pytest.warns(cache.CacheWarning):
         assert _within(lambda: journal.read(fifo, dict), fifos=[fifo]) == (None, {}, [])

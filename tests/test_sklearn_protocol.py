@@ -11,7 +11,7 @@ import scipy.sparse as sp
 from conftest import random_ratings
 
 import clmf
-from clmf.datasets import Ratings
+from clmf.data import Ratings
 
 sklearn = pytest.importorskip("sklearn")
 from sklearn.base import clone  # noqa: E402
@@ -151,7 +151,7 @@ def test_grid_search_over_ratings_with_ratings_kfold(cl_device):
     from sklearn.model_selection import GridSearchCV
     r = Ratings.from_sparse(random_ratings(70, 50, density=0.3, seed=4))
     base = clmf.ALS(factors=4, iterations=3, random_state=0, device=spec(cl_device))
-    cv = clmf.splits.RatingsKFold(3, random_state=0)
+    cv = clmf.data.splits.RatingsKFold(3, random_state=0)
     grid = {"regularization": [0.05, 5.0]}
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
@@ -169,7 +169,7 @@ def test_cross_val_score_on_ratings_and_a_dataframe(cl_device):
     from sklearn.model_selection import cross_val_score
     r = Ratings.from_sparse(random_ratings(60, 40, density=0.3, seed=8))
     base = clmf.ALS(factors=3, iterations=2, random_state=0, device=spec(cl_device))
-    cv = clmf.splits.RatingsKFold(3, random_state=1)
+    cv = clmf.data.splits.RatingsKFold(3, random_state=1)
     a = cross_val_score(base, r, cv=cv)
     b = cross_val_score(base, r.to_pandas(), cv=cv)       # rows of raw ids, the same folds
     assert isinstance(r.to_pandas(), pd.DataFrame) and np.isfinite(a).all()
@@ -185,9 +185,9 @@ def test_what_cannot_work_is_one_clear_error(cl_device):
     # a matrix or a tuple with RatingsKFold: scikit-learn would hand the model rows or arrays
     for X, fix in ((R, "Ratings.from_sparse"), ((C.row, C.col, C.data), "Ratings.from_triples")):
         with pytest.raises(TypeError, match=fix):
-            GridSearchCV(base, grid, cv=clmf.splits.RatingsKFold(3)).fit(X)
+            GridSearchCV(base, grid, cv=clmf.data.splits.RatingsKFold(3)).fit(X)
         with pytest.raises(TypeError, match=fix):
-            cross_val_score(base, X, cv=clmf.splits.RatingsKFold(3))
+            cross_val_score(base, X, cv=clmf.data.splits.RatingsKFold(3))
     # a Ratings with cv=<int>: KFold would pick ratings by its users' count
     with pytest.raises(TypeError, match="RatingsKFold"):
         GridSearchCV(base, grid, cv=3).fit(Ratings.from_sparse(R))

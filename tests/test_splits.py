@@ -1,4 +1,4 @@
-"""Tests of clmf.splits: invariants of every split on small generated data."""
+"""Tests of clmf.data.splits: invariants of every split on small generated data."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from clmf.datasets import Ratings, synthetic
-from clmf.splits import RatingsKFold, leave_k_out, random_holdout, time_split
+from clmf.data import Ratings, synthetic
+from clmf.data.splits import RatingsKFold, leave_k_out, random_holdout, time_split
 
 
 def keys(r: Ratings) -> np.ndarray:

@@ -240,7 +240,6 @@ def test_recommend_all_and_cli_stream(cl_device, tmp_path, monkeypatch):
     the same lists in raw ids to .csv and .parquet, and nothing when it fails."""
     import pandas as pd
 
-    from clmf import datasets
     from clmf.cli import main
     rng = np.random.default_rng(0)
     users = np.repeat(np.arange(1, 41), 6)
@@ -248,7 +247,7 @@ def test_recommend_all_and_cli_stream(cl_device, tmp_path, monkeypatch):
     data = tmp_path / "ratings.csv"
     data.write_text("userId,movieId,rating,timestamp\n" + "".join(
         f"{u},{i},{r},0\n" for u, i, r in zip(users, items, rng.integers(1, 6, users.size))))
-    train = datasets.load(str(data))
+    train = clmf.data.load(str(data))
     model = clmf.ALS(factors=3, iterations=2, device=cl_device, random_state=0).fit(
         train, show_progress=False)
     R = train.to_csr()

@@ -11,11 +11,11 @@ from conftest import DEVICES, random_ratings
 
 import clmf
 from clmf import tuning
+from clmf.autotune import strategies
+from clmf.autotune.measure import Measurer, make_sample, stratified_rows
+from clmf.autotune.space import Space, canonical, make_space, prune
 from clmf.engine.config import KernelConfig
 from clmf.engine.device import device_info
-from clmf.tuner import strategies
-from clmf.tuner.measure import Measurer, make_sample, stratified_rows
-from clmf.tuner.space import Space, canonical, make_space, prune
 
 
 def tiny_space(f):
@@ -144,7 +144,7 @@ def test_tiny_tuning_then_auto_uses_it(cl_device, isolated, tmp_path):
         assert model.config_[side].rule == "tuned", model.config_[side]
         assert model.config_[side].config == best[side]
     # the report: markdown with the best, runner-ups, speed-ups, and the Figure-13-style plot
-    from clmf.tuner.report import write_run_report
+    from clmf.autotune.report import write_run_report
     md = write_run_report(summary, tmp_path / "rep")
     text = md.read_text()
     assert "## Best" in text and "Runner-ups" in text and "speed-up" in text
@@ -244,6 +244,35 @@ def test_cli_tune(isolated, tmp_path, capsys):
     assert main(["tune", "--factors", "x"]) == 2
 
 
+def test_tune_into_a_gzip_database_packs_it_and_auto_reads_it(tmp_path, monkeypatch):
+    """``clmf tune --db X.jsonl.gz`` (as results/tuning is kept since issue 32): one gzip member
+    per append while it runs, one member for the whole file when it ends, read by the lookup."""
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    import gzip
+
+    from clmf.autotune import tune
+    db = tmp_path / "db.jsonl.gz"
+    monkeypatch.setenv("CLMF_TUNING_DB", str(db))
+    monkeypatch.setattr(tuning.database, "user_db_path", lambda: tmp_path / "user.jsonl")
+    monkeypatch.setattr(tuning.database, "shipped_paths", lambda: [])
+    appends = []
+    real = tuning.Database.append
+    monkeypatch.setattr(tuning.Database, "append",
+                        lambda self, recs: (real(self, recs), appends.append(self.path)))
+    R = random_ratings(160, 120, 0.08, seed=5)
+    tune(R, factors=[4], device=DEVICES[0], strategy="budgeted", budget=2, db=db,
+         state_dir=tmp_path / "state", progress=False, sample_time=0.01, plot=False)
+    packed = db.read_bytes()
+    records = gzip.decompress(packed)
+    assert len(appends) > 1 and packed == gzip.compress(records, compresslevel=9, mtime=0)
+    best = {r["side"]: KernelConfig.from_dict(r["config"])
+            for r in map(json.loads, records.splitlines()) if r["kind"] == "best"}
+    model = clmf.ALS(4, 0.1, 2, device=DEVICES[0], random_state=0).fit(R, show_progress=False)
+    assert {s: model.config_[s].config for s in best} == best
+    assert all(model.config_[s].rule == "tuned" for s in best)
+
+
 # ----- modes: implicit feedback and biases ------------------------------------------------------
 def mode_space(f, mode):
     """The tiny space with the fused CG too (at the kernels' f: f + 1 with biases)."""
@@ -316,7 +345,7 @@ def test_tiny_tuning_in_a_mode_then_auto_uses_it(cl_device, isolated, tmp_path, 
     plain = clmf.ALS(4, 0.1, 1, device=cl_device, random_state=0).fit(R, show_progress=False)
     ch = plain.config_["users"]
     assert ch.rule == "model" and f"f=4 {mode}" in ch.reason, ch
-    from clmf.tuner.report import write_run_report
+    from clmf.autotune.report import write_run_report
     text = write_run_report(summary, tmp_path / "rep", plot=False).read_text()
     assert mode in text and "## Best" in text
     assert ("Gram" in text) == (mode == "implicit")
@@ -341,15 +370,15 @@ def test_implicit_fit_falls_back_to_explicit_tunings(cl_device, isolated, tmp_pa
 
 # ----- the sample and its calibration check ----------------------------------------------------
 def synthetic_csr(scale=0.004):
-    from clmf import datasets
-    return datasets.synthetic("movielens-100k", scale=1.0, seed=3).to_csr() if scale is None \
-        else datasets.synthetic("netflix", scale=scale, seed=3).to_csr()
+    from clmf import data
+    return data.synthetic("movielens-100k", scale=1.0, seed=3).to_csr() if scale is None \
+        else data.synthetic("netflix", scale=scale, seed=3).to_csr()
 
 
 def test_sample_check_passes_on_a_synthetic_problem(isolated, tmp_path):
     if not DEVICES:
         pytest.skip("no OpenCL device")
-    from clmf.tuner.measure import check_samples
+    from clmf.autotune.measure import check_samples
     dev = DEVICES[0]
     R = synthetic_csr(None)                      # MovieLens-100K-shaped, 943 × 1682
     info = device_info(dev)
@@ -434,7 +463,7 @@ def test_the_best_is_checked_on_the_whole_side(isolated, tmp_path):
             if json.loads(x)["kind"] == "best"]
     assert {r["side"] for r in best if r["verified"]} == sampled
     assert all(r["verified"]["whole_side"] for r in best if r["verified"])
-    from clmf.tuner.report import write_run_report
+    from clmf.autotune.report import write_run_report
     text = write_run_report(summary, tmp_path / "rep", plot=False).read_text()
     assert ("Checked afterwards" in text) == bool(sampled)
 
@@ -461,7 +490,7 @@ def test_sample_full_times_whole_half_steps(isolated, tmp_path):
 def test_gpu_samples_fill_the_device():
     from test_tuning_db import fake_info
     gpu = fake_info(type_="GPU", compute_units=132, max_work_group_size=1024)
-    from clmf.tuner.measure import sample_min_rows
+    from clmf.autotune.measure import sample_min_rows
     assert sample_min_rows(gpu, KernelConfig(reg=True, tx=10, ty=10)) >= 132 * 20
     cpu = fake_info(type_="CPU", compute_units=2, max_work_group_size=8192)
     assert sample_min_rows(cpu, KernelConfig()) == 8              # CPUs as before
@@ -493,7 +522,7 @@ def test_sample_check_promotes_the_reference_to_the_whole_side(monkeypatch):
     whole side becomes the reference."""
     if not DEVICES:
         pytest.skip("no OpenCL device")
-    from clmf.tuner.measure import check_samples
+    from clmf.autotune.measure import check_samples
     R = synthetic_csr(None)
     full = {"users": int(np.count_nonzero(np.diff(R.indptr))),
             "items": int(np.count_nonzero(np.bincount(R.indices, minlength=R.shape[1])))}
@@ -516,7 +545,7 @@ def test_best_pair_chooses_among_the_showdown_finalists(isolated, tmp_path):
     older (and possibly luckier) timing must not beat them on that alone."""
     if not DEVICES:
         pytest.skip("no OpenCL device")
-    from clmf.tuner.measure import Result
+    from clmf.autotune.measure import Result
     R = synthetic_csr(None)
     case = strategies.Case(DEVICES[0], R, 4, "synthetic", "float32")
     s = strategies.Session(case, tiny_space(4), "exhaustive", isolated, state_dir=tmp_path / "st",

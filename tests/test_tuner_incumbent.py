@@ -11,11 +11,11 @@ from conftest import DEVICES, random_ratings
 
 import clmf
 from clmf import tuning
+from clmf.autotune import strategies
+from clmf.autotune.measure import Measurer
+from clmf.autotune.space import Space
 from clmf.engine.config import KernelConfig
 from clmf.engine.device import device_info
-from clmf.tuner import strategies
-from clmf.tuner.measure import Measurer
-from clmf.tuner.space import Space
 
 F = 4
 EARLIER = "batch+reg:tx=2,ty=2"          # another data set's tuning: the lookup's "nearest" rule
@@ -175,7 +175,7 @@ def test_a_search_finding_nothing_faster_keeps_the_incumbent(dbs, tmp_path, monk
 
 def in_space(sp, variant, info):
     """Whether ``variant`` is a point of the space ``sp`` (flags, grid values, valid)."""
-    from clmf.tuner.space import canonical, flags_of
+    from clmf.autotune.space import canonical, flags_of
     c = canonical(KernelConfig.parse(variant), sp.mode)
     return (flags_of(c) in sp.flags and c.solver in sp.grid["solver"]
             and sp._valid(c, info) is not None
@@ -198,7 +198,7 @@ WINNERS = {   # shipped tunings' winners (results/tuning/*.jsonl) at f = 50 and 
 def test_default_space_holds_what_wins_on_known_devices():
     from test_tuning_db import fake_info
 
-    from clmf.tuner.space import make_space
+    from clmf.autotune.space import make_space
     infos = [fake_info(type_="GPU", compute_units=132, max_work_group_size=1024,
                        local_mem=228 * 1024)]
     infos += [device_info(d) for d in DEVICES if device_info(d).type == "CPU"]

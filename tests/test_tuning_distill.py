@@ -1,4 +1,4 @@
-"""The compact shipped tuning databases (clmf.tuner.distill): up to date with the raw files of
+"""The compact shipped tuning databases (clmf.autotune.distill): up to date with the raw files of
 results/tuning, deterministic, small, and the lookup chooses from them exactly what it chooses
 from the raw files — every device/f/mode/storage/side case of the raw files, unseen data-set
 shapes, unseen f and unseen devices (the nearest, vendor and computed-default rungs). No OpenCL
@@ -6,6 +6,8 @@ device needed: each device's DeviceInfo is the one its tuning run recorded."""
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import hashlib
 import importlib
 import json
 import pathlib
@@ -18,20 +20,20 @@ from clmf.engine.device import DeviceInfo
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RAW_DIR = REPO / "results" / "tuning"
 SHIPPED_DIR = RAW_DIR / "shipped"
-RAW = sorted(RAW_DIR.glob("*.jsonl"))
+RAW = sorted(RAW_DIR.glob("*.jsonl.gz")) + sorted(RAW_DIR.glob("*.jsonl"))   # gzip since issue 32
 
 pytestmark = pytest.mark.skipif(not RAW, reason="no raw tuning databases in this checkout")
 
 
 def _distill():
     try:
-        return importlib.import_module("clmf.tuner.distill")
+        return importlib.import_module("clmf.autotune.distill")
     except ImportError:                      # a source checkout without the installed layout
         return importlib.import_module("tuner.distill")
 
 
 def _records(path):
-    with open(path, "rb") as fh:
+    with (gzip.open if path.name.endswith(".gz") else open)(path, "rb") as fh:
         return [json.loads(line) for line in fh if line.strip()]
 
 
@@ -129,20 +131,22 @@ def _same_choices(isolated, queries):
 def test_shipped_files_are_up_to_date():
     files = _distill().distill_files(RAW)
     shipped = {p.name: p.read_bytes() for p in SHIPPED_DIR.glob("*.jsonl")}
-    assert sorted(files) == sorted(shipped), "run python -m tuner.distill results/tuning/*.jsonl"
+    assert sorted(files) == sorted(shipped), \
+        "run python -m clmf.autotune.distill results/tuning/*.jsonl.gz"
     for name, data in files.items():
-        assert data == shipped[name], f"{name} is stale: run python -m tuner.distill " \
-                                      "results/tuning/*.jsonl -o results/tuning/shipped"
+        assert data == shipped[name], f"{name} is stale: run python -m clmf.autotune.distill " \
+                                      "results/tuning/*.jsonl.gz -o results/tuning/shipped"
 
 
 def test_distill_is_deterministic_with_provenance(tmp_path):
     d = _distill()
     a, b = d.write(RAW, tmp_path / "a"), d.write(RAW, tmp_path / "b")
     assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
-    for p, raw in zip(sorted(a), RAW):
+    for p, raw in zip(a, RAW):
         head = _records(p)[0]
         assert head["kind"] == "distilled" and head["schema_version"] == tuning.SCHEMA_VERSION
-        assert head["source"] == f"results/tuning/{raw.name}"
+        assert head["source"] == f"results/tuning/{raw.name.removesuffix('.gz')}" == \
+            f"results/tuning/{p.name}"
         assert len(head["source_git_blob"]) == 40 and head["run_commits"]
         assert head["records_out"] == len(_records(p)) - 1 < head["records_in"]
         # no raw sweeps: measurements stripped to what the lookup reads
@@ -150,9 +154,26 @@ def test_distill_is_deterministic_with_provenance(tmp_path):
         assert all("raw" not in r and "stages" not in r for r in meas)
 
 
+def test_raw_records_are_compressed_and_distil_as_plain_ones(tmp_path):
+    """The raw files are stored gzip (issue 32: the repository stops growing by megabytes per
+    tuning run); a file's compact form is the same whether it is read compressed or plain, and
+    its header's blob id is git's id of the decompressed records."""
+    d = _distill()
+    assert RAW and all(p.name.endswith(".jsonl.gz") for p in RAW), "compress: gzip -9n"
+    gz = min(RAW, key=lambda p: p.stat().st_size)
+    plain = tmp_path / gz.name.removesuffix(".gz")
+    plain.write_bytes(gzip.decompress(gz.read_bytes()))
+    assert d.distill_files([gz]) == d.distill_files([plain])
+    head = json.loads(next(iter(d.distill_files([gz]).values())).split(b"\n")[0])
+    data = plain.read_bytes()
+    assert head["source_git_blob"] == hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+    with pytest.raises(ValueError, match="given twice"):
+        d.distill_files([gz, plain])
+
+
 def test_shipped_package_data_is_small():
     paths = tuning.shipped_paths()
-    assert paths and {p.name for p in paths} == {p.name for p in RAW}
+    assert paths and {p.name for p in paths} == {p.name.removesuffix(".gz") for p in RAW}
     # ≤ 3 MiB: since issue 27 the selection model's records (per run and side the 8 fastest
     # configurations) ride along, 2.4 MB with the CPU coverage runs; a lookup reads their index
     assert sum(p.stat().st_size for p in paths) <= 3 << 20

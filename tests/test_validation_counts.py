@@ -90,9 +90,9 @@ def test_counts_read_padded_device_buffers(cl_device, storage):
 def test_fit_validation_counts_equal_evaluate(cl_device, monkeypatch):
     """Each iteration's validation_precision@10 is clmf.evaluate's strict precision of the model
     stopped there, counted on the device: neither the host ranking nor a top-k is used."""
-    from clmf import datasets, splits
+    from clmf.data import splits
     from clmf.inference import host, topk
-    data = datasets.synthetic("movielens-100k", scale=0.1, seed=3)
+    data = clmf.data.synthetic("movielens-100k", scale=0.1, seed=3)
     train, val = splits.leave_k_out(data, k=2, random_state=0, min_train=2)
     made = []
     real_init = topk.DeviceTopK.__init__
@@ -126,9 +126,9 @@ def test_fit_validation_counts_equal_evaluate(cl_device, monkeypatch):
 def test_fit_validation_on_the_host_and_after_a_device_failure(cl_device, monkeypatch):
     """Without the device path (CLMF_INFERENCE=host) or when the counter fails, the host ranks:
     the same values, and the fit goes on."""
-    from clmf import datasets, splits
+    from clmf.data import splits
     from clmf.inference import topk
-    data = datasets.synthetic("movielens-100k", scale=0.1, seed=4)
+    data = clmf.data.synthetic("movielens-100k", scale=0.1, seed=4)
     train, val = splits.leave_k_out(data, k=2, random_state=0, min_train=2)
 
     def fit():

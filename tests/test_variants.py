@@ -189,8 +189,8 @@ def test_invalid_configs_rejected_with_reason():
 
 
 def test_float16_storage_rmse_close_to_float32(cl_device):
-    from clmf import datasets
-    train, test = datasets.default()
+    from clmf import data
+    train, test = data.default()
     kw = dict(factors=16, regularization=0.1, iterations=10, device=cl_device, random_state=0)
     r32 = clmf.ALS(**kw).fit(train, show_progress=False).rmse(test)
     m16 = clmf.ALS(storage="float16", **kw).fit(train, show_progress=False)
@@ -214,8 +214,8 @@ def test_cg_more_steps_approaches_cholesky(cl_device):
 
 
 def test_solve_vec_applies_to_the_one_work_item_fused_cg_only():
+    from clmf.autotune.space import canonical
     from clmf.engine.kernels import render_als
-    from clmf.tuner.space import canonical
     c = KernelConfig.parse("batch:solve_wg=1,solve_vec=8,solver=fusedcg")
     assert c.svec(10) == 8 and "typedef float8 svec" in render_als(c, 10, implicit=True)
     for other in (c.replace(solver="cg"), c.replace(solve_wg=2)):

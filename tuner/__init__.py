@@ -4,9 +4,9 @@ It sits on top of ``clmf`` (the library never imports it; ``clmf tune`` reaches 
 After a tuning run, ``clmf.ALS(variant="auto")`` picks the result up from the database with no
 argument (see :mod:`clmf.tuning` for the search order and the fallback chain).
 
->>> import tuner                                             # doctest: +SKIP
->>> tuner.tune(R, factors=[10], device="cpu", strategy="budgeted", budget=60)   # doctest: +SKIP
->>> tuner.tune(P, factors=[64], device="cpu", mode="implicit", alpha=2.0)       # doctest: +SKIP
+>>> from clmf import autotune                               # doctest: +SKIP
+>>> autotune.tune(R, factors=[10], device="cpu", strategy="budgeted", budget=60)   # doctest: +SKIP
+>>> autotune.tune(P, factors=[64], device="cpu", mode="implicit", alpha=2.0)       # doctest: +SKIP
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ LASTFM_FILE = "user_artists.dat"
 def load_data(path=None, preset=None, scale=1.0, seed=0, split="ua", log1p=False):
     """(users × items CSR, data-set name) of a ratings path (the ml-100k directory or
     ``ua.base``: its training part; another directory: its ratings file, see
-    :func:`clmf.datasets.load`; the HetRec Last.fm directory: its ``user_artists.dat`` play
+    :func:`clmf.data.load`; the HetRec Last.fm directory: its ``user_artists.dat`` play
     counts) or a synthetic preset. ``log1p`` stores log(1 + r) (implicit strengths, as
     ``benchmarks/lastfm_implicit.py``) and adds ``-log1p`` to the name."""
     import numpy as np
@@ -39,28 +39,28 @@ def load_data(path=None, preset=None, scale=1.0, seed=0, split="ua", log1p=False
 
 
 def _load_data(path, preset, scale, seed, split):
-    from clmf import datasets
+    import clmf.data
     if preset is not None:
         if path is not None:
             raise ValueError("give either DATA or --preset, not both")
-        data = datasets.synthetic(preset, scale=scale, seed=seed)
+        data = clmf.data.synthetic(preset, scale=scale, seed=seed)
         return data.to_csr(), f"{preset}-x{scale:g}"
-    spec_set = datasets.synthetic_from_spec(path, seed=seed) if path is not None else None
+    spec_set = clmf.data.synthetic_from_spec(path, seed=seed) if path is not None else None
     if spec_set is not None:                # the bench's synthetic:USERSxITEMSxRATINGS sets
         data, name = spec_set
         return data.to_csr(), name
     if path is None:
         raise ValueError("give a ratings file or directory (DATA) or --preset NAME "
-                         f"(one of {', '.join(sorted(datasets.list_presets()))})")
+                         f"(one of {', '.join(sorted(clmf.data.list_presets()))})")
     p = pathlib.Path(path)
     if p.is_dir() and (p / LASTFM_FILE).is_file():
-        return datasets.load(str(p / LASTFM_FILE)).to_csr(), p.name
+        return clmf.data.load(str(p / LASTFM_FILE)).to_csr(), p.name
     if (p.is_dir() and (p / f"{split}.base").is_file()) or p.name.endswith(".base"):
         d = p if p.is_dir() else p.parent
         sp = split if p.is_dir() else p.name[:-len(".base")]
-        train, _test = datasets.load_movielens_100k_split(d, split=sp)
+        train, _test = clmf.data.load_movielens_100k_split(d, split=sp)
         return train.to_csr(), d.name
-    data = datasets.load(str(p))          # a file, or a directory of ratings.csv/.dat, Netflix
+    data = clmf.data.load(str(p))          # a file, or a directory of ratings.csv/.dat, Netflix
     return data.to_csr(), p.name if p.is_dir() else p.stem
 
 
@@ -96,7 +96,7 @@ def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, spac
 
     Returns
     -------
-    list of run summaries (dicts; see :meth:`tuner.strategies.Session.finish`)
+    list of run summaries (dicts; see :meth:`clmf.autotune.strategies.Session.finish`)
     """
     from clmf import tuning
     from clmf.engine.device import device_label, select_device
@@ -119,6 +119,7 @@ def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, spac
                                  check_time=CHECK_TIME if check_time is None else check_time,
                                  starts=starts)
         summary["database"] = str(db)
+        tuning.Database(db).compact()    # a gzip database: the run's members packed into one
         if report_dir:
             from .report import write_run_report
             summary["report"] = str(write_run_report(summary, report_dir, plot=plot))

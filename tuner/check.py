@@ -8,7 +8,7 @@ alternating for ``--rounds`` rounds so both see the same machine conditions, and
 median wall seconds per iteration of each, their ratio, and the tuner's estimate of the tuned
 pair (device time of the kernels, from the ``best`` record of the run the lookup named).
 
-    python -m tuner.check ../shared/data/hetrec2011-lastfm-2k --log1p --feedback implicit \\
+    python -m clmf.autotune.check ../shared/data/hetrec2011-lastfm-2k --log1p --feedback implicit \\
         --alpha 2 -f 64 --device Intel -o results/tuning/reports/check_intel_lastfm.md
 """
 from __future__ import annotations
@@ -112,7 +112,7 @@ def markdown(info, rows, title, command):
 
 def main(argv=None):
     from clmf.engine.device import device_label
-    p = argparse.ArgumentParser(prog="python -m tuner.check", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m clmf.autotune.check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("data", nargs="?", default=None)
     p.add_argument("--preset", default=None)
@@ -135,7 +135,8 @@ def main(argv=None):
     t0 = time.perf_counter()
     info, rows = check(R, factors, a.device, mode, a.alpha, a.regularization, a.iterations,
                        a.rounds)
-    command = "python -m tuner.check " + " ".join(argv if argv is not None else sys.argv[1:])
+    args = argv if argv is not None else sys.argv[1:]
+    command = "python -m clmf.autotune.check " + " ".join(args)
     text = markdown(info, rows, f"Tuned vs untuned by whole fits: {name}", command)
     if a.output:
         os.makedirs(os.path.dirname(os.path.abspath(a.output)), exist_ok=True)

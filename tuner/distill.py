@@ -1,13 +1,17 @@
 """Distil raw tuning databases into the compact ones the wheel ships.
 
-The raw databases (``results/tuning/*.jsonl``) keep every run, measurement and sample for
-provenance and re-analysis; an installed clmf only needs what the lookup chain
-(:mod:`clmf.tuning.lookup`) can choose from. For each raw file this writes one file of the same
-name (``results/tuning/shipped/<slug>.jsonl``, package data ``clmf.tuning.shipped``) holding:
+The raw databases (``results/tuning/*.jsonl.gz``, gzip; plain ``*.jsonl`` are read too) keep
+every run, measurement and sample for provenance and re-analysis; an installed clmf only needs
+what the lookup chain (:mod:`clmf.tuning.lookup`) can choose from. For each raw file this writes
+one plain file of the same name without ``.gz`` (``results/tuning/shipped/<slug>.jsonl``, package
+data ``clmf.tuning.shipped``) holding:
 
-* a ``distilled`` header record: the schema version, the source file and its git blob id
-  (``git log --all --find-object=<blob>`` finds the commits that hold it), the clmf commits of the
-  runs kept, the rules below and the record counts (the lookup ignores this kind);
+* a ``distilled`` header record: the schema version, the source (``results/tuning/<slug>.jsonl``:
+  its records, whether stored plain or gzip) and the git blob id of its JSON Lines bytes,
+  decompressed (``gzip -dc <slug>.jsonl.gz | git hash-object --stdin``; the id the plain file had
+  in git before the raw files were compressed, so ``git log --all --find-object=<blob>`` finds
+  the commits that held it), the clmf commits of the runs kept, the rules below and the record
+  counts (the lookup ignores this kind);
 * the ``best`` records (both sides, unchanged) of the run the ``tuned``/``nearest``/``vendor``
   rungs rank first for each case — device (platform, vendor, type, name), f, storage, mode and
   data-set shape (m, n, nnz): the newest run, then the best time relative to its baseline — and
@@ -22,14 +26,15 @@ name (``results/tuning/shipped/<slug>.jsonl``, package data ``clmf.tuning.shippe
 * for the ``model`` rung (the selection model, :mod:`clmf.tuning.model`), per run and side the
   fastest record of each of its ``TOP_K`` fastest configurations, with the data set's shape.
 
-The result is deterministic (records in the order of the raw files, keys sorted, no clock); with
+The result is deterministic (records in the order of the raw files, keys sorted, no clock; the
+same whether a raw file is stored plain or compressed); with
 the default ``top`` the lookup chooses the same configuration from the compact files as from the
 raw ones (``tests/test_tuning_distill.py`` checks every case of the raw files and unseen shapes,
 f and devices), unless none of a computed default's ``top`` ranked configurations validates on the
 device asking.
 
-``python -m clmf.tuner.distill results/tuning/*.jsonl -o results/tuning/shipped`` (``--check``
-exits 1 when the files there are not what the raw files give).
+``python -m clmf.autotune.distill results/tuning/*.jsonl.gz -o results/tuning/shipped``
+(``--check`` exits 1 when the files there are not what the raw files give).
 """
 from __future__ import annotations
 
@@ -42,7 +47,7 @@ import math
 import pathlib
 import sys
 
-from clmf.tuning.database import read_database
+from clmf.tuning.database import read_database, records_bytes
 from clmf.tuning.lookup import newest_first, record_cases
 from clmf.tuning.model import top_records
 from clmf.tuning.schema import SCHEMA_VERSION, SIDES, norm_text, record_mode
@@ -180,7 +185,7 @@ def distill(sources, names=None, blobs=None, top=TOP):
                 "records_in": len(recs), "records_out": len(body), "top": top,
                 "rule": "best records of the runs with distinct pairs per case (device, f, "
                         "storage, mode, m, n, nnz), newest first; ok measurements the computed "
-                        "default can rank (clmf.tuner.distill)"}
+                        "default can rank (clmf.autotune.distill)"}
         out.append([head] + body)
     return out
 
@@ -190,14 +195,25 @@ def _dumps(records):
                    for r in records).encode()
 
 
+def plain_name(path):
+    """The name of a raw database's records and of its compact file: ``<slug>.jsonl`` of
+    ``<slug>.jsonl.gz`` or ``<slug>.jsonl``."""
+    name = pathlib.Path(path).name
+    return name[:-len(".gz")] if name.endswith(".gz") else name
+
+
 def distill_files(paths, top=TOP):
-    """{file name: bytes} of the compact databases of the raw files ``paths``."""
+    """{file name: bytes} of the compact databases of the raw files ``paths`` (plain or gzip)."""
     paths = [pathlib.Path(p) for p in paths]
-    data = [p.read_bytes() for p in paths]
+    names = [plain_name(p) for p in paths]
+    if len(set(names)) < len(names):
+        raise ValueError("a raw database given twice (plain and gzip?): "
+                         + ", ".join(sorted(str(p) for p in paths)))
+    data = [records_bytes(p) for p in paths]
     sources = [read_database(p, strict=True) for p in paths]
-    compact = distill(sources, [f"results/tuning/{p.name}" for p in paths],
+    compact = distill(sources, [f"results/tuning/{n}" for n in names],
                       [_blob_id(d) for d in data], top)
-    return {p.name: _dumps(recs) for p, recs in zip(paths, compact)}
+    return {n: _dumps(recs) for n, recs in zip(names, compact)}
 
 
 def write(paths, out_dir, top=TOP):
@@ -220,10 +236,11 @@ def write(paths, out_dir, top=TOP):
 
 
 def main(argv=None):
-    """``python -m clmf.tuner.distill RAW.jsonl... -o DIR [--check]``."""
-    p = argparse.ArgumentParser(prog="python -m clmf.tuner.distill", description=__doc__,
+    """``python -m clmf.autotune.distill RAW.jsonl.gz... -o DIR [--check]``."""
+    p = argparse.ArgumentParser(prog="python -m clmf.autotune.distill", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("raw", nargs="+", help="raw tuning databases (results/tuning/*.jsonl)")
+    p.add_argument("raw", nargs="+",
+                   help="raw tuning databases (results/tuning/*.jsonl.gz; plain .jsonl too)")
     p.add_argument("-o", "--out", default="results/tuning/shipped", help="output directory")
     p.add_argument("--top", type=int, default=TOP,
                    help="ranked configurations kept per device type, mode and f")

@@ -1,7 +1,7 @@
 """What the user already had: the incumbent, the device's earlier tunings, and the final guard.
 
 A tuning run must never make a user's fits slower than before it. So a :class:`Session`
-(:mod:`tuner.strategies`)
+(:mod:`clmf.autotune.strategies`)
 
 1. asks the lookup chain what ``ALS(variant="auto")`` would run for this device, f, data and mode
    without the run's own records (:func:`lookup_incumbent`, through

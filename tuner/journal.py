@@ -1,11 +1,11 @@
 """A tuning session's journal (``<state_dir>/<run_id>.jsonl``) and its interrupted measurements.
 
 Events, one JSON line each: ``header`` (the run's sample), ``start`` (a measurement begins),
-``result`` (it ended, with its :class:`~clmf.tuner.measure.Result`), ``interrupted`` (Ctrl-C ended
-it: recorded when it happened) and ``died`` (a resumed run found a ``start`` without an end: the
-process was killed in it). An interrupted measurement is not a result: it is measured again on
-resume. Only a configuration in which the process died twice is given up as ``failed/crashed``
-(one that kills its driver).
+``result`` (it ended, with its :class:`~clmf.autotune.measure.Result`), ``interrupted``
+(Ctrl-C ended it: recorded when it happened) and ``died`` (a resumed run found a ``start``
+without an end: the process was killed in it). An interrupted measurement is not a result: it is
+measured again on resume. Only a configuration in which the process died twice is given up as
+``failed/crashed`` (one that kills its driver).
 """
 from __future__ import annotations
 

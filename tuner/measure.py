@@ -256,7 +256,7 @@ def pruned(cfg, mode, kf, info, fidelity="full"):
     work-group and work-item limits, local memory, register blocks, geometry) when ``cfg``
     cannot be built at the kernels' f ``kf`` on the device ``info``, else None: a configuration
     from outside the space (the incumbent, earlier bests, starts) is then never built or timed.
-    (The space's own candidates are pruned harder by :func:`tuner.space.prune`, which also
+    (The space's own candidates are pruned harder by :func:`clmf.autotune.space.prune`, which also
     drops shapes that could run but waste work-items.)"""
     from clmf.engine.kernels import validate
     try:

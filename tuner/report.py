@@ -10,7 +10,7 @@
 * :func:`summary_markdown` — one table over tuning databases: per data set, f and side, the best
   configuration found on each device, to show how differently they fall.
 
-``python -m tuner.report results/tuning/*.jsonl -o results/tuning/reports/summary.md``
+``python -m clmf.autotune.report results/tuning/*.jsonl.gz -o results/tuning/reports/summary.md``
 """
 from __future__ import annotations
 
@@ -289,7 +289,7 @@ def _versus_incumbent(summary):
 
 
 def _calibration_lines(cal):
-    """Markdown bullet lines of the sample calibration check (see tuner.measure.check_samples)."""
+    """Markdown bullet lines of the sample calibration check (see clmf.autotune.measure.check_samples)."""
     if not cal:
         return []
     if cal.get("sample") == "full":
@@ -340,7 +340,7 @@ def summary_markdown(paths, title="Tuned configurations"):
     L = [f"# {title}", "",
          "Best configuration per data set, f and side on each device, with its estimated time "
          "(whole data, one half-step) and the iteration's speed-up over the baseline `batch` / the "
-         "untuned default. Produced by `python -m tuner.report` from the tuning databases.", ""]
+         "untuned default. Produced by `python -m clmf.autotune.report` from the tuning databases.", ""]
     L.append("| data set | f | side | " + " | ".join(devices) + " |")
     L.append("|---|---|---|" + "---|" * len(devices))
     for k in sorted(cells, key=lambda k: (k[0], k[1], k[2], k[3] != "users")):
@@ -359,7 +359,7 @@ def summary_markdown(paths, title="Tuned configurations"):
 
 def main(argv=None):
     import argparse
-    p = argparse.ArgumentParser(prog="python -m tuner.report", description=summary_markdown.__doc__)
+    p = argparse.ArgumentParser(prog="python -m clmf.autotune.report", description=summary_markdown.__doc__)
     p.add_argument("databases", nargs="+")
     p.add_argument("-o", "--output", default=None)
     a = p.parse_args(argv)

@@ -1,7 +1,7 @@
-"""Search strategies over a :class:`tuner.space.Space`, and the tuning session that runs them.
+"""Search strategies over a :class:`clmf.autotune.space.Space`, and the tuning session that runs them.
 
 A :class:`Session` is one tuning case (device, data set, f, storage) under one strategy. It
-measures candidates through :class:`tuner.measure.Measurer`, appends every outcome to the
+measures candidates through :class:`clmf.autotune.measure.Measurer`, appends every outcome to the
 database, and keeps a *journal* (``<state_dir>/<run_id>.jsonl``, one line per event) so that a
 crashed run resumes where it stopped: the run id hashes everything that defines the run (device
 and driver, data-set class, f, storage, space, strategy, budget, seed, kernel templates), a
@@ -12,7 +12,7 @@ spends it exactly as the first attempt did); an interrupted measurement is measu
 
 Strategies (both measure first, at full fidelity, the *incumbent* — what ``variant="auto"``
 chose before this run —, the baseline ``batch``, the untuned default, this device's earlier best
-configurations, see :mod:`tuner.incumbent`, and on CPUs the :data:`CPU_ANCHORS`):
+configurations, see :mod:`clmf.autotune.incumbent`, and on CPUs the :data:`CPU_ANCHORS`):
 
 ``exhaustive``  every configuration of an enumerable space at full fidelity;
 ``budgeted``    within ``budget`` seconds, at low fidelity (3 runs): local search around those
@@ -28,13 +28,13 @@ f + 1 unknowns per system); every candidate is validated against that mode's ref
 in that mode, and the records carry ``mode`` (and ``alpha``).
 
 Sampling (``sample=``): ``"auto"`` calibrates the sample to ``sample_time`` and checks it against
-the whole side (:func:`tuner.measure.check_samples`, growing it while the probe's estimate is off
+the whole side (:func:`clmf.autotune.measure.check_samples`, growing it while the probe's estimate is off
 by more than ``sample_tol``); a number forces that fraction (still checked); ``"full"`` times
 whole half-steps. The check is recorded in the run record, the journal header and the summary.
 
 Both end with a *showdown* (the top 2 of each side re-measured round-robin, so the final choice
 compares them under the same machine conditions) and the *guard*: the winner and the incumbent
-re-timed side by side on the whole data (:func:`tuner.incumbent.final_showdown`); the records
+re-timed side by side on the whole data (:func:`clmf.autotune.incumbent.final_showdown`); the records
 written hold the faster of the two (``chosen``), so a run never makes a default fit slower.
 """
 from __future__ import annotations
@@ -138,13 +138,13 @@ class Session:
     Parameters
     ----------
     case : :class:`Case`
-    space : :class:`tuner.space.Space`
+    space : :class:`clmf.autotune.space.Space`
     strategy : "exhaustive" | "budgeted"
     db : path of the JSON Lines database to append to
     budget : seconds (budgeted strategy)
     state_dir : where the journal lives (default: the per-user cache directory)
     sample_time : target device seconds of one sampled half-step (see
-        :func:`tuner.measure.calibrate_samples`)
+        :func:`clmf.autotune.measure.calibrate_samples`)
     sample : "auto" (calibrated and checked), "full" (whole half-steps) or a fraction in (0, 1]
     sample_tol : the calibration check's tolerance (relative); 0 or None: no check
     check_time : the check times the whole side when it takes ≤ this many seconds
@@ -395,7 +395,7 @@ class Session:
 
     def _pruned(self, cfg, fidelity):
         """The recorded ``invalid`` Result of ``cfg`` when it cannot be built at this case
-        (:func:`tuner.measure.pruned`: never built or timed then), else None."""
+        (:func:`clmf.autotune.measure.pruned`: never built or timed then), else None."""
         res = pruned(cfg, self.case.mode, self.case.kf, self.case.info, fidelity)
         if res is not None:
             log.info("%s: %s", cfg, res.message)
@@ -560,7 +560,7 @@ class Session:
                                                                  "items": i.config}}
 
     def finish(self):
-        """Write the best records and return the run's summary (for :mod:`tuner.report`)."""
+        """Write the best records and return the run's summary (for :mod:`clmf.autotune.report`)."""
         c = self.case
         best = self.best_pair()
         summary = {"run_id": self.run_id, "device": c.key, "device_info": dataclasses.asdict(c.info),

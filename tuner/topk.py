@@ -7,7 +7,7 @@ query batch), and the fastest is written to the tuning database as one ``topk`` 
 the measured host/device threshold. The ALS lookup reads only ``best``/``measurement`` records,
 so these never reach it; :func:`clmf.inference.topk.lookup_config` reads them.
 
->>> from clmf.tuner.topk import tune_topk                                   # doctest: +SKIP
+>>> from clmf.autotune.topk import tune_topk                                   # doctest: +SKIP
 >>> tune_topk(device="cpu", n_items=17770, f=100, users=8192)          # doctest: +SKIP
 """
 from __future__ import annotations

@@ -68,33 +68,34 @@ def load_problem(spec, scale=1.0, seed=0, ml100k=None):
 
     * ``ml-100k``: MovieLens 100K, official ``ua.base`` → ``ua.test`` split (``ml100k`` path, else
       ``$CLMF_ML100K``, ``.data/ml-100k``, ``../shared/data/ml-100k``);
-    * ``netflix``, ``yahoomusic-r1``, ``movielens-20m`` (any :func:`clmf.datasets.list_presets`
+    * ``netflix``, ``yahoomusic-r1``, ``movielens-20m`` (any :func:`clmf.data.list_presets`
       name), optionally ``@SCALE`` (else ``scale``): the synthetic generator in that shape;
     * ``synthetic:USERSxITEMSxRATINGS`` (e.g. ``synthetic:200000x10000x4450000``).
 
     Synthetic sets hold out 1.4 % of the ratings at random (seeded) as the test set.
     """
-    from .. import datasets, splits
+    from .. import data
+    from ..data import splits
     s = spec.strip()
     if s.lower() in ("ml-100k", "ml100k", "movielens-100k-ua"):
         path = _find_ml100k(ml100k)
         if path is None:
             raise FileNotFoundError("MovieLens 100K not found (give --ml100k PATH or set "
                                     "CLMF_ML100K; looked in .data/ml-100k and ../shared/data/ml-100k)")
-        tr, te = datasets.load_movielens_100k_split(path, split="ua")
+        tr, te = data.load_movielens_100k_split(path, split="ua")
         return Problem("ml-100k", *_train_test_csr(tr, te))
-    spec_set = datasets.synthetic_from_spec(s, seed=seed)
+    spec_set = data.synthetic_from_spec(s, seed=seed)
     if spec_set is not None:
-        data, name = spec_set
+        ratings, name = spec_set
     else:
         preset, _, sc = s.partition("@")
         sc = float(sc) if sc else float(scale)
-        if preset not in datasets.list_presets():
+        if preset not in data.list_presets():
             raise ValueError(f"unknown data set {spec!r}: ml-100k, synthetic:UxIxN, or a preset "
-                             f"({', '.join(sorted(datasets.list_presets()))})[@scale]")
-        data = datasets.synthetic(preset, scale=sc, seed=seed)
+                             f"({', '.join(sorted(data.list_presets()))})[@scale]")
+        ratings = data.synthetic(preset, scale=sc, seed=seed)
         name = preset if sc == 1 else f"{preset}-x{sc:g}"
-    tr, te = splits.random_holdout(data, test_fraction=SYNTHETIC_HOLDOUT, random_state=seed)
+    tr, te = splits.random_holdout(ratings, test_fraction=SYNTHETIC_HOLDOUT, random_state=seed)
     return Problem(name, *_train_test_csr(tr, te))
 
 

@@ -3,7 +3,7 @@ among them, with large arrays split into chunks over the scan threads (:mod:`.sc
 do not depend on the threads: integer ids in a compact range go through a presence table (O(N)),
 other ids through per-chunk :func:`numpy.unique` merged and looked up with
 :func:`numpy.searchsorted` — the same uniques and codes as ``numpy.unique(raw,
-return_inverse=True)``. Also the id maps of :class:`clmf.datasets.Ratings`: raw ids checked and
+return_inverse=True)``. Also the id maps of :class:`clmf.data.Ratings`: raw ids checked and
 converted into an id map (``_as_id_array``) and the vectorised raw id → index lookup through one
 (``_lookup``)."""
 from __future__ import annotations
@@ -51,7 +51,7 @@ def take(table: np.ndarray, index: np.ndarray, dtype=None) -> np.ndarray:
 def check_raw_ids(arr: np.ndarray, what: str) -> None:
     """Refuse raw ids that are missing (None, NaN, pandas' NA) or that mix text and numbers in
     one column (``7`` and ``"7"``): clmf has one rule for both, in-process
-    (:meth:`clmf.datasets.Ratings.from_triples`) and on a Dask cluster (:mod:`clmf.dask`) —
+    (:meth:`clmf.data.Ratings.from_triples`) and on a Dask cluster (:mod:`clmf.dask`) —
     whether ``7`` and ``"7"`` are one id or two would be a guess, so neither is made. Numbers
     of several types (ints and floats) are one kind; bytes count as text."""
     arr = np.asarray(arr)
@@ -148,7 +148,7 @@ def _chunk_bounds(n: int):
     return [(s, min(n, s + CHUNK)) for s in range(0, n, CHUNK)]
 
 
-# ----- id maps of :class:`clmf.datasets.Ratings`: raw ids as an id map, raw id → index ------
+# ----- id maps of :class:`clmf.data.Ratings`: raw ids as an id map, raw id → index ------
 def _as_id_array(raw: Any, what: str) -> np.ndarray:
     """Convert raw ids to a 1-D numpy array usable as an id map (ints, floats or str)."""
     arr = np.asarray(raw)

@@ -1,6 +1,6 @@
 """Tables of raw-id ratings (a pandas DataFrame, a pyarrow Table or RecordBatch, or a mapping of
 column name → values): the one place of the column rules that :class:`clmf.ALS`,
-:class:`clmf.dask.ALS` and :meth:`clmf.datasets.Ratings.from_pandas` share.
+:class:`clmf.dask.ALS` and :meth:`clmf.data.Ratings.from_pandas` share.
 
 A table holds one rating a row in three columns, named by ``columns=(user, item, rating)``
 (default :data:`RATING_COLUMNS`); user and item columns hold raw ids of any type (integers or

@@ -4,7 +4,7 @@ index lookup are in :mod:`._ids`).
 Everything that enters :mod:`clmf` as rating data passes through :class:`Ratings`: it holds
 0-based ``int32`` user and item indices, ``float32`` ratings, optional ``int64`` timestamps
 and the *id maps* that turn an index back into the raw id found in the source
-(``user_ids[index] == raw id``). Splits (:mod:`clmf.splits`) keep the id maps, so a model
+(``user_ids[index] == raw id``). Splits (:mod:`clmf.data.splits`) keep the id maps, so a model
 trained on a split can always report raw ids.
 """
 
@@ -342,7 +342,7 @@ class Ratings:
     def __getitem__(self, key: Any) -> "Ratings":
         """The ratings selected by a boolean mask of length ``nnz`` (also as scikit-learn's
         ``(mask, ...)``): :meth:`subset`, same id maps and shape. This is how scikit-learn's
-        cross-validation hands a fold of :class:`clmf.splits.RatingsKFold` to an estimator.
+        cross-validation hands a fold of :class:`clmf.data.splits.RatingsKFold` to an estimator.
 
         Integer positions are refused: scikit-learn's ``cv=<int>`` (``KFold``) counts a
         ``Ratings``' samples as its users (``shape[0]``) and would pick ratings by them; use
@@ -355,7 +355,7 @@ class Ratings:
             raise TypeError(
                 f"a Ratings is indexed by a boolean mask over its {len(self)} ratings (got "
                 f"{mask.dtype} of shape {mask.shape}); scikit-learn's cv=<int> (KFold) splits "
-                "its users, not its ratings: use cv=clmf.splits.RatingsKFold(k), or "
+                "its users, not its ratings: use cv=clmf.data.splits.RatingsKFold(k), or "
                 "Ratings.subset(positions) for positions")
         return self.subset(mask)
 

@@ -1,6 +1,6 @@
 """Train/test splits of rating data.
 
-Every split takes a :class:`~clmf.datasets.Ratings` (or a scipy.sparse matrix, converted
+Every split takes a :class:`~clmf.data.Ratings` (or a scipy.sparse matrix, converted
 with :meth:`Ratings.from_sparse`) and returns ``(train, test)``: two ``Ratings`` that
 share the input's id maps and shape, are disjoint, and together hold every rating once.
 Within each part the input order of ratings is kept.
@@ -33,7 +33,7 @@ def _as_ratings(data: Any) -> Ratings:
     if sp.issparse(data):
         return Ratings.from_sparse(data)
     raise TypeError(
-        f"expected a clmf.datasets.Ratings or a scipy.sparse matrix, got {type(data).__name__}"
+        f"expected a clmf.data.Ratings or a scipy.sparse matrix, got {type(data).__name__}"
     )
 
 
@@ -111,7 +111,7 @@ def random_holdout(
 
     Examples
     --------
-    >>> from clmf.datasets import synthetic
+    >>> from clmf.data import synthetic
     >>> train, test = random_holdout(synthetic(seed=0), 0.1, random_state=0)
     >>> len(train), len(test)
     (90000, 10000)
@@ -162,7 +162,7 @@ def leave_k_out(
     Examples
     --------
     >>> import numpy as np
-    >>> from clmf.datasets import synthetic
+    >>> from clmf.data import synthetic
     >>> train, test = leave_k_out(synthetic(seed=0), k=2, random_state=0)
     >>> int(np.bincount(test.users).max())
     2
@@ -230,7 +230,7 @@ def time_split(
 
     Examples
     --------
-    >>> from clmf.datasets import Ratings
+    >>> from clmf.data import Ratings
     >>> r = Ratings.from_triples([1, 1, 2, 2], [1, 2, 1, 2], [5., 4., 3., 2.], [10, 40, 20, 30])
     >>> train, test = time_split(r, cutoff=30)
     >>> test.timestamps.tolist()
@@ -288,7 +288,7 @@ class RatingsKFold:
     training part and the held-out ratings of a fold are scored by a model that knows their
     users. ``split`` yields boolean masks over the ratings.
 
-    The samples scikit-learn splits must be the ratings: pass a :class:`clmf.datasets.Ratings`
+    The samples scikit-learn splits must be the ratings: pass a :class:`clmf.data.Ratings`
     (``Ratings.from_sparse(X)`` for a matrix, ``Ratings.from_triples(u, i, r)`` for triples;
     a ``Ratings`` indexed by a fold's mask keeps the id maps and shape) or a table of raw ids
     (pandas DataFrame: its rows are ratings; ``columns`` names the user column as
@@ -314,8 +314,8 @@ class RatingsKFold:
     --------
     >>> from sklearn.model_selection import GridSearchCV               # doctest: +SKIP
     >>> search = GridSearchCV(clmf.ALS(iterations=10), {"regularization": [0.05, 0.1]},
-    ...                       cv=clmf.splits.RatingsKFold(3, random_state=0))  # doctest: +SKIP
-    >>> search.fit(clmf.datasets.Ratings.from_sparse(train))          # doctest: +SKIP
+    ...                       cv=clmf.data.splits.RatingsKFold(3, random_state=0))  # doctest: +SKIP
+    >>> search.fit(clmf.data.Ratings.from_sparse(train))          # doctest: +SKIP
     >>> search.best_params_                                            # doctest: +SKIP
     """
 
@@ -350,7 +350,7 @@ class RatingsKFold:
         raise TypeError(
             f"RatingsKFold splits ratings, but scikit-learn hands an estimator rows of {what} "
             "(a matrix's rows are whole users; a tuple's elements are its arrays), never a "
-            "subset of ratings: pass the ratings as clmf.datasets.Ratings "
+            "subset of ratings: pass the ratings as clmf.data.Ratings "
             "(Ratings.from_sparse(X) for a matrix, Ratings.from_triples(users, items, ratings) "
             "for triples) or as a DataFrame of raw ids, e.g. "
             "GridSearchCV(clmf.ALS(), grid, cv=RatingsKFold(3)).fit(Ratings.from_sparse(X))")

@@ -43,7 +43,7 @@ def precision_limit(regularization):
     return float(regularization) / (64.0 * float(np.finfo(np.float32).eps))
 
 
-_MAP_IDS_HINT = ("Map raw ids to 0-based indices first with clmf.datasets.Ratings.from_triples("
+_MAP_IDS_HINT = ("Map raw ids to 0-based indices first with clmf.data.Ratings.from_triples("
                  "users, items, ratings), which keeps the id maps")
 
 
@@ -85,7 +85,7 @@ def check_ratings(X, shape=None, *, allow_empty=False, what="X"):
     """Validate explicit ratings and return a canonical float32 CSR (users × items).
 
     Accepts a scipy.sparse matrix/array (csr, csc, coo, ...), a ``(user_idx, item_idx, ratings)``
-    tuple of 1-D arrays, or a :class:`clmf.datasets.Ratings`. Raises ``TypeError``/``ValueError``
+    tuple of 1-D arrays, or a :class:`clmf.data.Ratings`. Raises ``TypeError``/``ValueError``
     naming the problem: dense input, NaN/inf ratings, negative or non-integer ids, length or shape
     mismatches, duplicate (user, item) entries (with their count), an empty matrix.
     """
@@ -104,7 +104,7 @@ def check_ratings(X, shape=None, *, allow_empty=False, what="X"):
     if hasattr(X, "columns") and (hasattr(X, "iloc") or hasattr(X, "column_names")):
         raise TypeError(f"{what} is a table (DataFrame): clmf.ALS's fit, predict, rmse and score "
                         "take tables of raw ids directly; here convert it with "
-                        "clmf.datasets.Ratings.from_pandas(df, user=..., item=..., rating=...)")
+                        "clmf.data.Ratings.from_pandas(df, user=..., item=..., rating=...)")
     if isinstance(X, tuple):
         if len(X) != 3:
             raise ValueError(f"{what} as a tuple must be (user_idx, item_idx, ratings), "
@@ -142,10 +142,10 @@ def check_ratings(X, shape=None, *, allow_empty=False, what="X"):
         check_sparse_structure(X, what)
         return _finish(sp.coo_matrix(X), allow_empty, what)
     hint = (" (scikit-learn's cross-validation with cv=<int> turns a tuple into a list of some "
-            "of its arrays: cross-validate clmf.datasets.Ratings.from_triples(users, items, "
-            "ratings) with cv=clmf.splits.RatingsKFold(k))" if isinstance(X, list) else "")
+            "of its arrays: cross-validate clmf.data.Ratings.from_triples(users, items, "
+            "ratings) with cv=clmf.data.splits.RatingsKFold(k))" if isinstance(X, list) else "")
     raise TypeError(f"{what} must be a scipy.sparse matrix, a (user_idx, item_idx, ratings) tuple, "
-                    f"a table of raw ids or clmf.datasets.Ratings, not {type(X).__name__}{hint}")
+                    f"a table of raw ids or clmf.data.Ratings, not {type(X).__name__}{hint}")
 
 
 def _canonical_csr(X):
@@ -258,7 +258,7 @@ def _finish(C, allow_empty, what):
             raise ValueError(
                 f"{what} has {int(dup.sum())} duplicate (user, item) entries (first: user "
                 f"{first // C.shape[1]}, item {first % C.shape[1]}); aggregate them first, e.g. "
-                "clmf.datasets.Ratings.from_triples(..., duplicates='mean')")
+                "clmf.data.Ratings.from_triples(..., duplicates='mean')")
         rows, cols, vals = C.row[order], C.col[order], data[order]
     else:
         rows = cols = np.zeros(0, np.int64)

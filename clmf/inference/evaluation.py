@@ -22,11 +22,11 @@ MIN_GROUP = 64           # fewest users a validation query ranks among a subset 
 
 def _csr(M, name, shape=None):
     """A canonical CSR (sorted indices, no duplicates; stored zeros kept) of ``M`` (scipy.sparse
-    or a :class:`clmf.datasets.Ratings`) with the expected ``shape``."""
+    or a :class:`clmf.data.Ratings`) with the expected ``shape``."""
     if hasattr(M, "to_csr") and hasattr(M, "user_ids"):
         M = M.to_csr()
     if not sp.issparse(M):
-        raise TypeError(f"{name} must be a scipy.sparse matrix or a clmf.datasets.Ratings, not "
+        raise TypeError(f"{name} must be a scipy.sparse matrix or a clmf.data.Ratings, not "
                         f"{type(M).__name__}")
     M = sp.csr_matrix(M, copy=True)
     M.sum_duplicates()

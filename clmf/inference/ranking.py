@@ -115,7 +115,7 @@ class DeviceRankingMixin:
         Parameters
         ----------
         N : int, default 10
-        user_items : scipy.sparse matrix, :class:`clmf.datasets.Ratings` or table, optional
+        user_items : scipy.sparse matrix, :class:`clmf.data.Ratings` or table, optional
             The training matrix (one row per model user; a table of raw ids as
             :meth:`recommend` takes it): its items are left out when
             ``filter_already_liked_items`` (needed then, as in :meth:`recommend`).

@@ -94,7 +94,7 @@ class RawIdsMixin:
         id_map = getattr(self, f"{side}_ids_", None)
         if id_map is None:
             raise ValueError(f"this model has no raw {side} ids (it was fitted on a matrix, not "
-                             "on clmf.datasets.Ratings); use 0-based indices")
+                             "on clmf.data.Ratings); use 0-based indices")
         return np.asarray(id_map)
 
     def _raw_codes(self, side, raw):
@@ -142,7 +142,7 @@ class RawIdsMixin:
         return sp.csr_matrix((vals, (u[keep], i[keep])), shape=shape)
 
     def user_index(self, raw_ids, missing="raise"):
-        """0-based indices of raw user ids (models fitted on :class:`clmf.datasets.Ratings`).
+        """0-based indices of raw user ids (models fitted on :class:`clmf.data.Ratings`).
 
         Parameters
         ----------
@@ -191,7 +191,7 @@ class RawIdsMixin:
         ----------
         raw_user : scalar, or array_like of raw user ids (a list, array, pandas Series)
             The users' raw ids (as in the data the model was fitted on).
-        train : optional :class:`clmf.datasets.Ratings`, table of raw ids or scipy.sparse matrix
+        train : optional :class:`clmf.data.Ratings`, table of raw ids or scipy.sparse matrix
             Known ratings whose items are filtered out. A ``Ratings`` or a table (pandas
             DataFrame, pyarrow Table: ``columns``, see :meth:`clmf.ALS.fit`) is matched by raw
             ids (its own id maps may differ from the model's); a sparse matrix must be indexed

@@ -66,7 +66,7 @@ def _check_N(N):
 
 
 def _as_csr(M, name, ratings=False):
-    """A canonical CSR from a scipy.sparse matrix or a :class:`clmf.datasets.Ratings`.
+    """A canonical CSR from a scipy.sparse matrix or a :class:`clmf.data.Ratings`.
 
     With ``ratings`` the values are ratings a solve reads (fold-in, ``recalculate_*``): they are
     checked as ``fit`` checks its ``X`` (:func:`clmf.data.validation.check_ratings`: NaN/inf,
@@ -143,7 +143,7 @@ class RecommenderMixin(RawIdsMixin, DeviceRankingMixin):
     Examples
     --------
     >>> import clmf, scipy.sparse as sp
-    >>> train = clmf.datasets.synthetic(scale=0.05, seed=0)          # doctest: +SKIP
+    >>> train = clmf.data.synthetic(scale=0.05, seed=0)          # doctest: +SKIP
     >>> model = clmf.ALS(factors=8, iterations=5).fit(train)         # doctest: +SKIP
     >>> ids, scores = model.recommend(0, train.to_csr(), N=5)         # doctest: +SKIP
     >>> sim_ids, sims = model.similar_items(ids[0], N=3)             # doctest: +SKIP
@@ -206,7 +206,7 @@ class RecommenderMixin(RawIdsMixin, DeviceRankingMixin):
         ----------
         userid : int or array_like of int
             0-based user index, or an array of them for a batched call.
-        user_items : scipy.sparse matrix, :class:`clmf.datasets.Ratings` or table, optional
+        user_items : scipy.sparse matrix, :class:`clmf.data.Ratings` or table, optional
             The users' known ratings (stored entries count as "already liked"): one row per
             requested user, or the whole training matrix indexed by ``userid`` (when its row
             count equals ``len(userid)`` it is taken as row-aligned); or a table of raw ids
@@ -461,7 +461,7 @@ class RecommenderMixin(RawIdsMixin, DeviceRankingMixin):
         ----------
         userid : int or array_like of int
             The user index (any value ≥ 0, also new users), or an array of them.
-        user_items : scipy.sparse matrix or :class:`clmf.datasets.Ratings`
+        user_items : scipy.sparse matrix or :class:`clmf.data.Ratings`
             The users' ratings, one row per userid (or indexed by userid), items as columns.
         return_biases : bool, default False
             Also return the users' biases (zeros for a model without biases).
@@ -612,11 +612,11 @@ class RecommenderMixin(RawIdsMixin, DeviceRankingMixin):
         ----------
         userids : array_like of int
             Unique 0-based user indices to (re)compute.
-        user_items : scipy.sparse matrix or :class:`clmf.datasets.Ratings`
+        user_items : scipy.sparse matrix or :class:`clmf.data.Ratings`
             Their ratings: one row per userid (or indexed by userid), items as columns.
         raw_ids : array_like, optional
             Raw ids aligned with ``userids``; required when the model keeps raw id maps
-            (fitted on :class:`clmf.datasets.Ratings`) and the users grow. New indices must
+            (fitted on :class:`clmf.data.Ratings`) and the users grow. New indices must
             then be contiguous.
 
         Returns

@@ -127,7 +127,7 @@ class ALS(ParamsMixin, RecommenderMixin):
     Examples
     --------
     >>> import clmf
-    >>> train, test = clmf.datasets.default()              # doctest: +SKIP
+    >>> train, test = clmf.data.default()              # doctest: +SKIP
     >>> model = clmf.ALS(factors=32, iterations=10, random_state=0).fit(train)  # doctest: +SKIP
     >>> round(model.rmse(test), 2)                         # doctest: +SKIP
     0.93
@@ -176,14 +176,14 @@ class ALS(ParamsMixin, RecommenderMixin):
         X : the ratings, one of
             - a scipy.sparse matrix/array (users × items; stored entries are ratings);
             - a ``(user_idx, item_idx, ratings)`` tuple of 1-D arrays of 0-based indices;
-            - a :class:`clmf.datasets.Ratings`;
+            - a :class:`clmf.data.Ratings`;
             - a table of raw ids: a pandas DataFrame or a pyarrow Table/RecordBatch with user,
               item and rating columns (``columns``; ids of any type, e.g. strings). As with
               :class:`clmf.dask.ALS` the model keeps the id maps (``user_ids_``/``item_ids_``,
               sorted raw ids), so :meth:`predict`, :meth:`rmse`, :meth:`score`,
               :meth:`recommend` (``user_items``) and :meth:`recommend_raw` take raw ids and
               tables too. Duplicate (user, item) rows are an error: aggregate them first (e.g.
-              ``clmf.datasets.Ratings.from_pandas(df, duplicates="mean")``).
+              ``clmf.data.Ratings.from_pandas(df, duplicates="mean")``).
         y : ignored (scikit-learn's signature of unsupervised estimators).
         columns : the ``(user, item, rating)`` column names of a table (default
             ``("user", "item", "rating")``; :mod:`clmf.data.frames`), of ``X`` and of a
@@ -282,7 +282,7 @@ class ALS(ParamsMixin, RecommenderMixin):
         ----------
         user_idx, item_idx : array_like
             0-based indices, or raw ids of a model fitted on raw ids (a table, a
-            :class:`clmf.datasets.Ratings`). Ids that are not integers (e.g. strings) are raw
+            :class:`clmf.data.Ratings`). Ids that are not integers (e.g. strings) are raw
             ids; integer raw ids need ``raw_ids=True``.
         item_idx : omitted when ``user_idx`` is a table of raw ids (pandas DataFrame, pyarrow
             Table) with user and item columns (``columns``, as :meth:`fit`): one prediction a

@@ -28,8 +28,8 @@ def _check_heldout_shape(X, shape, what):
         if X.shape[1] == shape[1]:
             hint = (": held-out ratings are a matrix of the training shape, not other users' "
                     "rows. scikit-learn's cv=<int> (KFold) splits a matrix by its rows (whole "
-                    "users); cross-validate over ratings with cv=clmf.splits.RatingsKFold(k) on "
-                    "clmf.datasets.Ratings.from_sparse(X)")
+                    "users); cross-validate over ratings with "
+                    "cv=clmf.data.splits.RatingsKFold(k) on clmf.data.Ratings.from_sparse(X)")
         raise ValueError(f"{what} has shape {X.shape}, expected {tuple(shape)}{hint}")
 
 
@@ -66,14 +66,14 @@ def _refuse_row_cv(X):
                 f"clmf cannot be cross-validated on {what} with scikit-learn's own splits: "
                 "cv=<int> (KFold) splits a matrix by its rows (whole users; a tuple by its "
                 "arrays), so no fold holds out ratings of the users it fits. Cross-validate "
-                "over ratings with cv=clmf.splits.RatingsKFold(k) on "
-                "clmf.datasets.Ratings.from_sparse(X) (or Ratings.from_triples(users, items, "
+                "over ratings with cv=clmf.data.splits.RatingsKFold(k) on "
+                "clmf.data.Ratings.from_sparse(X) (or Ratings.from_triples(users, items, "
                 "ratings), or a DataFrame of raw ids), e.g. GridSearchCV(clmf.ALS(), grid, "
-                "cv=clmf.splits.RatingsKFold(3)).fit(Ratings.from_sparse(X))")
+                "cv=clmf.data.splits.RatingsKFold(3)).fit(Ratings.from_sparse(X))")
 
 
 def _table_ratings(X, columns):
-    """A table of raw-id ratings (:mod:`clmf.data.frames`) as :class:`clmf.datasets.Ratings`."""
+    """A table of raw-id ratings (:mod:`clmf.data.frames`) as :class:`clmf.data.Ratings`."""
     from ..data.ratings import Ratings
     return Ratings.from_pandas(X, *frames.rating_columns(columns))
 

@@ -16,7 +16,7 @@ cannot run code. Its members:
 ``item_counts``
 ``global_mean``    float64 scalar
 ``user_ids``,      raw id maps (index → raw id) when the model was fitted on
-``item_ids``       :class:`clmf.datasets.Ratings`: unicode arrays for string ids, integers else
+``item_ids``       :class:`clmf.data.Ratings`: unicode arrays for string ids, integers else
 =================  ==========================================================================
 
 Writes are atomic: the archive goes to a temporary file in the target's directory, which then

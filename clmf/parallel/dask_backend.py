@@ -152,12 +152,12 @@ def _partitions(client, X, columns, n_parts):
         return client.compute(X[list(columns)].to_delayed()), None
     raise TypeError("ratings must be a dask or pandas DataFrame of (user, item, rating), a "
                     f"parquet path, a scipy.sparse matrix, a (user_idx, item_idx, ratings) tuple "
-                    f"or clmf.datasets.Ratings, not {type(X).__name__}")
+                    f"or clmf.data.Ratings, not {type(X).__name__}")
 
 
 def _sorted_index(ids, what="ids"):
     """A pandas Index of the distinct raw ids, sorted; missing ids (None, NaN) and text mixed
-    with numbers are refused as :meth:`clmf.datasets.Ratings.from_triples` refuses them
+    with numbers are refused as :meth:`clmf.data.Ratings.from_triples` refuses them
     (:func:`clmf.data._ids.check_raw_ids`: one rule for both paths)."""
     import pandas as pd
 

@@ -2,7 +2,7 @@
 threads, in bounded host memory: the Hugewiki and 4×-Netflix shapes (billions of ratings) in
 minutes, for the scaling runs. No COO of the whole set is ever built.
 
-The model is :func:`clmf.datasets.synthetic`'s (power-law users and items, low rank plus noise,
+The model is :func:`clmf.data.synthetic`'s (power-law users and items, low rank plus noise,
 ratings 1..5), simplified for speed: each user's items are drawn by popularity with an alias
 table and duplicates within a row are dropped (a heavy user ends a little below its drawn count),
 so the number of ratings is close to, not exactly, the preset's.
@@ -24,12 +24,12 @@ log = logging.getLogger(__name__)
 __all__ = ["synthetic_layout", "LARGE_PRESETS"]
 
 def _presets():
-    """The shapes: :func:`clmf.datasets.list_presets` (hugewiki, netflix-4x, netflix, …)."""
-    from ..data.synthetic import list_presets
+    """The shapes: :func:`clmf.data.list_presets` (hugewiki, netflix-4x, netflix, …)."""
+    from ..data.generator import list_presets
     return list_presets()
 
 
-# name: (users, items, ratings) — the synthetic presets (one table, in clmf.data.synthetic)
+# name: (users, items, ratings) — the synthetic presets (one table, in clmf.data.generator)
 LARGE_PRESETS = _presets()
 
 _BLOCK_NNZ = 1 << 24        # ratings per generated block (memory per thread ≈ 24 bytes each)
@@ -37,7 +37,7 @@ _BLOCK_NNZ = 1 << 24        # ratings per generated block (memory per thread ≈
 
 def _alias(p):
     """Walker alias table of ``p`` (the synthetic generator's own, so both draw alike)."""
-    from ..data.synthetic import alias_table
+    from ..data.generator import alias_table
     return alias_table(p)
 
 

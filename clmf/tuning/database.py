@@ -1,13 +1,15 @@
 """Tuning databases on disk: where they are, reading them (cached by mtime) and writing them.
 
-Databases are JSON Lines files (one record per line, each with ``schema_version``). They are
+Databases are JSON Lines files (one record per line, each with ``schema_version``), plain or
+gzip-compressed (``*.jsonl.gz``, as the raw records of ``results/tuning``; see below). They are
 searched in this order (:func:`database_paths`):
 
-1. ``$CLMF_TUNING_DB`` — a file or a directory of ``*.jsonl`` files (several joined with ``:``);
+1. ``$CLMF_TUNING_DB`` — a file or a directory of ``*.jsonl`` and ``*.jsonl.gz`` files (several
+   joined with ``:``);
 2. the per-user database, ``platformdirs.user_data_dir("clmf")/tuning.jsonl`` (``clmf tune``
    writes there by default);
 3. the shipped tunings (:func:`shipped_paths`): ``results/tuning/shipped/*.jsonl`` of the source
-   tree (distilled from the raw ``results/tuning/*.jsonl`` by :mod:`clmf.tuner.distill`),
+   tree (distilled from the raw ``results/tuning/*.jsonl.gz`` by :mod:`clmf.autotune.distill`),
    installed as package data ``clmf/tuning/shipped``; ``CLMF_TUNING_NO_SHIPPED=1`` leaves them
    out.
 
@@ -17,16 +19,28 @@ of a foreign schema, or whose fields fail the checks is reported (``logging`` an
 reader never modifies a file; the writer repairs only a torn last line. Parsed files are cached
 by (mtime, size), so a lookup costs a ``stat`` per file. :class:`Database` appends records (the
 tuner writes through it).
+
+A gzip database (a file that starts with the gzip magic, or a new one named ``*.gz``) is a
+sequence of gzip members, which gzip and Python's :mod:`gzip` read as one stream: each append
+writes one member, with the same lock, single ``write`` and ``fsync`` as a plain append, so a
+writer killed mid-append leaves a member cut short, which readers skip (with a warning) and the
+next append truncates away, as a torn last line of a plain file. Members of a few records
+compress poorly, so :meth:`Database.compact` rewrites the file as one member (the tuner does at
+the end of each run); an append that raced with it retries on the new file.
 """
 from __future__ import annotations
 
 import datetime
+import gzip
+import io
 import json
 import logging
 import os
 import pathlib
+import tempfile
 import threading
 import warnings
+import zlib
 
 import numpy as np
 
@@ -45,16 +59,18 @@ def user_db_path():
 
 
 def _jsonl_in(p):
+    """The database files a ``$CLMF_TUNING_DB`` entry names: the file, or a directory's
+    ``*.jsonl`` and ``*.jsonl.gz`` files."""
     p = pathlib.Path(p)
     if p.is_dir():
-        return sorted(x for x in p.glob("*.jsonl") if x.is_file())
+        return sorted(x for pat in ("*.jsonl", "*.jsonl.gz") for x in p.glob(pat) if x.is_file())
     return [p]
 
 
 def shipped_paths():
     """The tuning files shipped with clmf: package data ``clmf/tuning/shipped/*.jsonl`` of an
     installed wheel, else ``results/tuning/shipped/*.jsonl`` of a source checkout (the compact
-    databases :mod:`clmf.tuner.distill` writes from the raw ``results/tuning/*.jsonl``).
+    databases :mod:`clmf.autotune.distill` writes from the raw ``results/tuning/*.jsonl.gz``).
 
     The one place that knows where shipped tunings live.
     """
@@ -158,6 +174,72 @@ def _parse_lines(fh, path):
     return recs, skipped, fatal
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+_CHUNK = 1 << 16
+
+
+def is_gzip(path):
+    """Whether the database ``path`` is gzip: its first bytes are gzip's magic, or (a missing or
+    empty file) its name ends with ``.gz``."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(2)
+    except OSError:
+        head = b""
+    return head == GZIP_MAGIC if head else str(path).endswith(".gz")
+
+
+def gzip_members(fh, start=0):
+    """(data, end, torn, error) of the gzip members in the binary file ``fh`` from offset
+    ``start``: the decompressed bytes of the complete members, the offset where the last complete
+    one ends, the bytes after it of a member cut short (0: none) and the problem of bytes that
+    are not gzip (None: none; ``data``/``end`` then stop before them)."""
+    fh.seek(start)
+    out, member, d = [], [], None
+    end = pos = start
+    while chunk := fh.read(_CHUNK):
+        while chunk:
+            if d is None:
+                d, member = zlib.decompressobj(wbits=31), []
+            try:
+                member.append(d.decompress(chunk))
+            except zlib.error as e:
+                return b"".join(out), end, 0, f"not gzip data after byte {end} ({e})"
+            if not d.eof:
+                pos += len(chunk)
+                break
+            rest = d.unused_data
+            pos += len(chunk) - len(rest)
+            out += member
+            end, d, chunk = pos, None, rest
+    return b"".join(out), end, pos - end, None
+
+
+def records_bytes(path):
+    """The JSON Lines bytes of the database file ``path``, decompressed when it is gzip (raises
+    :class:`OSError`, or :class:`EOFError` for a gzip member cut short)."""
+    data = pathlib.Path(path).read_bytes()
+    return gzip.decompress(data) if data[:2] == GZIP_MAGIC else data
+
+
+def _read_file(path):
+    """(records, skipped, fatal) of one database file, plain or gzip (see :func:`_parse_lines`;
+    a gzip member cut short is skipped as a torn tail, bytes that are not gzip are fatal)."""
+    with open(path, "rb") as fh:
+        if fh.read(2) != GZIP_MAGIC:
+            fh.seek(0)
+            return _parse_lines(fh, path)
+        data, _end, torn, error = gzip_members(fh)
+    recs, skipped, fatal = _parse_lines(io.BytesIO(data), path)
+    after = data.count(b"\n") + 1
+    if error is not None:
+        skipped.append((after, error, False))
+        fatal = fatal or f"line {after} is {error}"
+    if torn:
+        skipped.append((after, f"a gzip member cut short ({torn} bytes)", True))
+    return recs, skipped, fatal
+
+
 def read_database(path, strict=False):
     """The usable records of one JSON Lines database, or ``None`` (with a warning) when the file
     cannot be read.
@@ -166,7 +248,7 @@ def read_database(path, strict=False):
     :func:`clmf.tuning.schema.check_record` is skipped alone, with one warning per file naming
     the file and the lines; the other records serve. ``strict=True`` (the tuner, before it
     appends) raises ``ValueError`` for a file it must not write to — a line that is not JSON or
-    of another schema, anywhere but a torn last line (which :meth:`tuner.database.Database.append`
+    of another schema, anywhere but a torn last line (which :meth:`Database.append`
     repairs) — and otherwise returns the usable records too."""
     path = pathlib.Path(path)
     try:
@@ -179,8 +261,7 @@ def read_database(path, strict=False):
     if hit is None or hit[0] != stamp:
         recs, skipped, fatal, err = None, [], None, None
         try:
-            with open(path, "rb") as fh:
-                recs, skipped, fatal = _parse_lines(fh, path)
+            recs, skipped, fatal = _read_file(path)
         except OSError as e:
             err = f"cannot read it ({e})"
         hit = (stamp, recs, err, skipped, fatal)
@@ -273,19 +354,31 @@ def _repair_tail(fd, path):
     return size - keep
 
 
+def _same_file(fd, path):
+    """Whether the open descriptor ``fd`` is still the file at ``path`` (not replaced, e.g. by
+    :meth:`Database.compact`, since it was opened)."""
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 class Database:
-    """One JSON Lines tuning database file.
+    """One JSON Lines tuning database file, plain or gzip (``*.gz``: one member per append).
 
     ``append`` writes all its records with a single ``write`` on an ``O_APPEND`` descriptor while
     holding an exclusive ``fcntl.flock`` on the file, then ``fsync``s: concurrent writers (other
     processes, other threads) never interleave or tear lines. Before the first append the file is
     checked: a corrupted or foreign-schema file is refused (``ValueError``), never modified; the
-    one repair made is to a torn last line (a writer killed mid-line), which is dropped.
+    one repair made is to a torn last line or gzip member (a writer killed mid-write), which is
+    dropped.
     """
 
     def __init__(self, path):
         self.path = pathlib.Path(path)
         self._checked = False
+        self._gzip_checked = None     # ((dev, inode), size) up to which the members are whole
 
     def _check(self):
         if self._checked or not self.path.exists() or self.path.stat().st_size == 0:
@@ -305,23 +398,106 @@ class Database:
         self._check()
         data = "".join(json.dumps(_jsonable(r), sort_keys=True, separators=(",", ":")) + "\n"
                        for r in records).encode()
+        gz = is_gzip(self.path)
+        if gz:
+            data = gzip.compress(data, compresslevel=9, mtime=0)     # one member
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        while True:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    if not _same_file(fd, self.path):     # compacted meanwhile: the new file
+                        continue
+                    # a torn tail (a writer killed mid-line, a full disk) is repaired: the
+                    # cut-short record or member is dropped (it cannot be completed) so that lines
+                    # never glue together
+                    if gz:
+                        self._repair_gzip_tail(fd)
+                    else:
+                        _repair_tail(fd, self.path)
+                    view = memoryview(data)
+                    while view:
+                        n = os.write(fd, view)
+                        view = view[n:]
+                    os.fsync(fd)
+                    if gz:
+                        st = os.fstat(fd)
+                        self._gzip_checked = ((st.st_dev, st.st_ino), st.st_size)
+                    return
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+
+    def _repair_gzip_tail(self, fd):
+        """Truncate a gzip member cut short at the end of the file (the caller holds its lock);
+        the members this object checked or wrote before are not read again, unless what follows
+        them is not whole (the file may be another one on a reused inode): then all are."""
+        st = os.fstat(fd)
+        start = 0
+        if self._gzip_checked is not None:
+            ident, size = self._gzip_checked
+            if ident == (st.st_dev, st.st_ino) and size <= st.st_size:
+                start = size
+        if start == st.st_size:
+            return
+        with open(self.path, "rb") as fh:
+            _data, end, torn, error = gzip_members(fh, start)
+            if start and (torn or error is not None):     # nothing is cut on a guess
+                _data, end, torn, error = gzip_members(fh, 0)
+        if error is not None:
+            raise ValueError(f"tuning database {self.path}: {error}; clmf does not append to it")
+        if torn:
+            os.ftruncate(fd, end)
+            log.warning("tuning database %s: dropped a gzip member cut short (%d bytes, a "
+                        "writer died while writing it)", self.path, torn)
+        self._gzip_checked = ((st.st_dev, st.st_ino), end)
+
+    def compact(self):
+        """Rewrite a gzip database as one gzip member (all its records, the same bytes when
+        decompressed, but for a member cut short at the end, which is dropped), atomically
+        (a temporary file renamed over it) under the file's lock; a plain file is left as it is.
+        Returns the bytes saved."""
+        import fcntl
+
+        if not self.path.is_file() or not is_gzip(self.path):
+            return 0
+        fd = os.open(self.path, os.O_RDONLY)
+        tmp = None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                # a torn tail (a writer killed mid-line, a full disk) is repaired: the cut-short
-                # record is dropped (it cannot be completed) so that lines never glue together
-                _repair_tail(fd, self.path)
-                view = memoryview(data)
-                while view:
-                    n = os.write(fd, view)
-                    view = view[n:]
-                os.fsync(fd)
+                if not _same_file(fd, self.path):      # another process compacted it
+                    return 0
+                with open(self.path, "rb") as fh:
+                    data, end, torn, error = gzip_members(fh)
+                if error is not None:
+                    raise ValueError(f"tuning database {self.path}: {error}; clmf does not "
+                                     "rewrite it")
+                packed = gzip.compress(data, compresslevel=9, mtime=0)
+                size = os.fstat(fd).st_size
+                if len(packed) >= size:
+                    return 0
+                tfd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp",
+                                            dir=self.path.parent)
+                with os.fdopen(tfd, "wb") as fh:
+                    fh.write(packed)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.chmod(tmp, os.fstat(fd).st_mode & 0o777)
+                os.replace(tmp, self.path)
+                tmp = None
+                if torn:
+                    log.warning("tuning database %s: dropped a gzip member cut short (%d bytes)",
+                                self.path, torn)
+                return size - len(packed)
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+            if tmp is not None:
+                os.unlink(tmp)
 
     def records(self):
         """All records (raises ``ValueError`` on a corrupted or foreign-schema file)."""

@@ -1,7 +1,7 @@
 """Choosing a kernel configuration for a device, side and data set.
 
 This module *reads* tuning databases and applies the fallback chain; it never tunes (that is
-:mod:`clmf.tuner`, which writes the databases through :mod:`clmf.tuning.database`).
+:mod:`clmf.autotune`, which writes the databases through :mod:`clmf.tuning.database`).
 
 The databases are searched in the order of :func:`clmf.tuning.database.database_paths`
 (``$CLMF_TUNING_DB``, the per-user database, the shipped tunings), and the first source that

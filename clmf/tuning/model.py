@@ -28,8 +28,8 @@ the device wins; both sides share the factor rows' padding, so the pair is the b
 configurations of one leading dimension. Groups farther than :data:`MAX_D2` are ignored; with
 none left the model makes no prediction and the lookup falls through to ``nearest``.
 
-The model reads only the top-K of each group (``tuner.distill`` ships exactly those measurement
-records, so the compact databases predict what the raw ones do).
+The model reads only the top-K of each group (``clmf.autotune.distill`` ships exactly those
+measurement records, so the compact databases predict what the raw ones do).
 """
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ def _config(d):
 
 
 def group_key(r):
-    """(run, side) of an ok measurement the model reads, else None (what ``tuner.distill``
+    """(run, side) of an ok measurement the model reads, else None (what ``clmf.autotune.distill``
     groups by)."""
     if r.get("kind") != "measurement" or r.get("status") != "ok" or r.get("side") not in SIDES:
         return None

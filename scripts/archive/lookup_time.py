@@ -39,7 +39,7 @@ def timed(*a, **k):
     calls.append([ch.rule, str(ch.config)])
     return ch
 tuning.choose = timed
-data = clmf.datasets.load(sys.argv[1])
+data = clmf.data.load(sys.argv[1])
 t1 = time.perf_counter()
 model = clmf.ALS(factors=int(sys.argv[3]), iterations=1, device=sys.argv[2] or None)
 model.fit(data)

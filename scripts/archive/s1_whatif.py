@@ -40,7 +40,7 @@ CUTS = {
 
 def main(argv=None):
     import clmf.engine.kernels as K
-    from clmf import datasets
+    from clmf import data
     from clmf.engine import Engine
     from clmf.engine.config import KernelConfig
     from clmf.engine.device import select_device
@@ -74,7 +74,7 @@ def main(argv=None):
         return src
 
     K.render_als = render
-    R = datasets.synthetic("netflix", scale=a.scale, seed=0).to_csr()
+    R = data.synthetic("netflix", scale=a.scale, seed=0).to_csr()
     dev = select_device(a.device)
     cfg = KernelConfig.parse(a.variant)
     if a.cut is None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .generator import synthetic
 from .ratings import Ratings
 from .splits import random_holdout
-from .synthetic import synthetic
 
 logger = logging.getLogger(__name__)
 
