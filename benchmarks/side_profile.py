@@ -140,7 +140,7 @@ def main(argv=None):
     os.makedirs(a.out, exist_ok=True)
     import scipy.sparse as sp
 
-    from clmf.data.synthetic import synthetic
+    from clmf.data import synthetic
     from clmf.engine.config import KernelConfig
     from clmf.engine.device import device_info, device_label, select_devices
     from clmf.reference import start_factors
