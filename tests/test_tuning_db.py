@@ -426,6 +426,29 @@ def test_newest_run_of_the_same_case_wins(dbenv):
     assert ch.rule == "tuned" and ch.config == KernelConfig.parse(B) and "new" in ch.reason
 
 
+def test_a_training_split_takes_the_newest_tuning_of_its_set(dbenv):
+    """A set and its training split (a few ratings held out) are one shape: the newest run of
+    either wins, not the older run that happens to match the split's nnz exactly (the Netflix
+    shape less 20,000 held-out ratings kept an old tuning over a newer one of the whole set)."""
+    info = fake_info()
+    split = dict(NETFLIX, nnz=NETFLIX["nnz"] - 2000)          # 0.04 % fewer ratings
+    far = dict(NETFLIX, nnz=int(NETFLIX["nnz"] * 1.2))          # 20 % more: another shape
+    runs = {"old-split": (split, A, "2026-11-21"), "new-far": (far, B, "2026-11-22"),
+            "new-whole": (NETFLIX, B, "2026-11-23")}
+    recs = {}
+    for run, (ds, cfg, day) in runs.items():
+        recs[run] = best_records(info, 10, ds, cfg, cfg, run)
+        for r in recs[run]:
+            r["date"] = f"{day}T10:00:00+00:00"
+    # a newer tuning of a shape further away than SAME_SHAPE_TOL: the distance ranks first
+    write(dbenv["env"], recs["old-split"] + recs["new-far"])
+    ch = tuning.choose(info, 10, "users", stats("users", split))
+    assert ch.rule == "tuned" and ch.config == KernelConfig.parse(A) and "old-split" in ch.reason
+    write(dbenv["env"], recs["new-whole"])
+    ch = tuning.choose(info, 10, "users", stats("users", split))
+    assert ch.rule == "tuned" and ch.config == KernelConfig.parse(B) and "new-whole" in ch.reason
+
+
 def test_a_tuned_syrk_is_adapted_to_a_larger_f_not_refused(dbenv, monkeypatch):
     """The syrk tuned at f = 100 with 2 slices (182 work-items) needs 306 at f = 128, more than a
     built kernel's register-bound limit of 256 on an H100 (issue 27): once that rejection is

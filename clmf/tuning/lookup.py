@@ -11,7 +11,8 @@ The fallback chain (``Choice.rule``), first hit wins:
 
 ``tuned``     the same device (platform, vendor, type, device name), f and storage, and a tuned
               data set of the same class (:func:`class_distance` ≤ :data:`CLASS_TOL`); the
-              closest class first, and among equally close ones the newest run;
+              closest class first, and among equally close ones the newest run (shapes within
+              :data:`SAME_SHAPE_TOL` count as one: a set's training split is the set);
 ``model``     the same device, an unseen (f, mode, data shape): the selection model
               (:mod:`clmf.tuning.model`) predicts each configuration's time relative to the best
               from the measurements of the device's tuning runs near the case (f, the sides'
@@ -80,6 +81,7 @@ from .schema import (
     CLASS_TOL,
     MODE_DEFAULT_SOLVER,
     MODES,
+    SAME_SHAPE_TOL,
     SIDES,
     Choice,
     TuningDatabaseWarning,
@@ -138,6 +140,15 @@ def newest_first(case):
     except (TypeError, ValueError):
         age = math.inf                      # undated records last
     return (age, case.rel)
+
+
+def shape_distance(a, b):
+    """:func:`class_distance` for ranking tunings of one class: 0 for shapes within
+    :data:`SAME_SHAPE_TOL` (or no shape to compare), so the newest run among them wins."""
+    if a is None or b is None:
+        return 0.0
+    d = class_distance(a, b)
+    return 0.0 if d <= SAME_SHAPE_TOL else d
 
 
 def class_distance(a, b):
@@ -365,7 +376,7 @@ def _lookup(info, f, storage, ds, mode="explicit", finalize=None, sources=None):
             cand = [c for c in cases if c.mode == cm and same_device(c.device, dev) and c.f == f
                     and c.storage == storage
                     and (ds is None or class_distance(c.dataset, ds) <= CLASS_TOL)]
-            for c in sorted(cand, key=lambda c: (class_distance(c.dataset, ds) if ds else 0,
+            for c in sorted(cand, key=lambda c: (shape_distance(c.dataset, ds),
                                                  newest_first(c))):
                 pair = _fits(c.configs, info, f, storage, mode, check(c, cm))
                 if pair:

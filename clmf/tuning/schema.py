@@ -16,6 +16,9 @@ log = logging.getLogger(__name__)
 BASELINE = KernelConfig()
 SCHEMA_VERSION = 1
 CLASS_TOL = 0.35          # RMS of log-ratios of (m, n, nnz): ≈ within a factor 1.4 on average
+# shapes this close are one shape (a data set and its training split minus a small held-out part):
+# among their tunings the newest run wins, as among tunings of exactly one shape
+SAME_SHAPE_TOL = 0.01     # ≈ 1 % apart
 ENV_DB = "CLMF_TUNING_DB"
 ENV_NO_SHIPPED = "CLMF_TUNING_NO_SHIPPED"
 SIDES = ("users", "items")
