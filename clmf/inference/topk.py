@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import threading
+import time
 
 import numpy as np
 import scipy.sparse as sp
@@ -37,8 +38,8 @@ from .calibration import _calibrated, calibrate  # noqa: F401  (calibrate re-exp
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TopKConfig", "DeviceTopK", "topk", "validate", "render_topk", "inference_options",
-           "default_config", "lookup_config", "prebuild", "Exclusion", "MAX_K"]
+__all__ = ["TopKConfig", "DeviceTopK", "QueryTrace", "topk", "validate", "render_topk",
+           "inference_options", "default_config", "lookup_config", "prebuild", "Exclusion", "MAX_K"]
 
 MAX_K = 1024                  # longer lists go to the host (local memory per query)
 _EMPTY = np.iinfo(np.int32).max
@@ -49,6 +50,71 @@ class Exclusion(collections.namedtuple("Exclusion", "indptr indices rows candida
     and candidate positions (int32) as buffers, its rows, candidates (None: all) and entries. A
     query that is given one holds it to its end, whatever other threads upload meanwhile."""
     __slots__ = ()
+
+
+class QueryTrace:
+    """Where one :meth:`DeviceTopK.iter_query` spent its time: host seconds enqueueing, waiting
+    for the device and turning lists into results, and each batch's device interval (profiling
+    events, moved onto the host's ``time.perf_counter`` clock by the first kernel's queued
+    stamp, so the batches of several devices can be laid side by side)."""
+
+    def __init__(self):
+        """An empty trace started now."""
+        self.t0 = time.perf_counter()
+        self.t1 = None
+        self.rows = 0
+        self.enqueue_s = self.wait_s = self.finish_s = 0.0
+        self.kernel_s = self.copy_s = 0.0
+        self.intervals = []                # (start, end) of each batch on the device, host clock
+        self._offset = None                # host clock − device clock, seconds
+
+    def batch(self, nb, enqueued, events, copies):
+        """Record a finished batch of ``nb`` rows: its kernel ``events`` and copy events (all
+        complete), ``enqueued`` the host time just after its first kernel was enqueued."""
+        def prof(e):
+            p = e.profile
+            return p.queued * 1e-9, p.start * 1e-9, p.end * 1e-9
+        ks = [prof(e) for e in events]
+        cs = [prof(e) for e in copies]
+        if self._offset is None:
+            self._offset = enqueued - ks[0][0]
+        self.rows += nb
+        self.kernel_s += sum(e - s for _q, s, e in ks)
+        self.copy_s += sum(e - s for _q, s, e in cs)
+        self.intervals.append((ks[0][1] + self._offset, max(e for _q, _s, e in ks + cs)
+                               + self._offset))
+
+    def close(self):
+        """Mark the end of the query."""
+        self.t1 = time.perf_counter()
+
+    def summary(self, origin=None):
+        """A dict of the trace: rows, batches, wall, host (enqueue, wait, finish) and device
+        (kernel, copy, busy: the union of the batches' intervals, idle: the gaps between the
+        first start and the last end) seconds; ``first_start``/``last_end`` relative to
+        ``origin`` (default: the query's start)."""
+        origin = self.t0 if origin is None else origin
+        t1 = time.perf_counter() if self.t1 is None else self.t1
+        busy = _union(self.intervals)
+        span = (self.intervals[-1][1] - self.intervals[0][0]) if self.intervals else 0.0
+        out = {"rows": self.rows, "batches": len(self.intervals), "wall_s": t1 - self.t0,
+               "enqueue_s": self.enqueue_s, "wait_s": self.wait_s, "finish_s": self.finish_s,
+               "kernel_s": self.kernel_s, "copy_s": self.copy_s, "device_busy_s": busy,
+               "device_idle_s": max(0.0, span - busy)}
+        if self.intervals:
+            out["first_start_s"] = self.intervals[0][0] - origin
+            out["last_end_s"] = max(e for _s, e in self.intervals) - origin
+        return out
+
+
+def _union(intervals):
+    """Total length of the union of ``(start, end)`` intervals."""
+    tot, end = 0.0, -math.inf
+    for s, e in sorted(intervals):
+        if e > end:
+            tot += e - max(s, end)
+            end = e
+    return tot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -356,6 +422,7 @@ class DeviceTopK:
         self.factors_buf, self.ldy = self._items_buffer(F)
         self._gathered = None              # (candidates, buffer, ldy) of the last gather (yt)
         self._queries = None               # resident query rows (recommend_all)
+        self.last_trace = None             # the QueryTrace of the last query
         self._excl = None                  # resident exclusion (set_exclude)
         self._free_slots = []              # result buffers of finished queries, for reuse
         self._lock = threading.RLock()   # host_threshold calibrates (queries) under it
@@ -540,14 +607,16 @@ class DeviceTopK:
         return min(int(N), C)
 
     def iter_query(self, Q, N, candidates=None, exclude=None, rows=None, batch_rows=None,
-                   show_progress=False, exclude_row0=None):
+                   show_progress=False, exclude_row0=None, trace=None):
         """Yield ``(row0, ids, scores)`` batch by batch (the memory plan's batches, or
         ``batch_rows``); arguments as :meth:`query`, or ``rows=(r0, r1)`` of resident queries
         (``exclude="resident"``: the resident exclusion's row ``exclude_row0``, default
         ``r0``, belongs to query row ``r0``).
 
         Two batches are in flight: the next batch's kernels run while the host turns the
-        previous one's lists (copied into page-locked host memory) into the results."""
+        previous one's lists (copied into page-locked host memory) into the results. Where the
+        time went is recorded in ``trace`` (a :class:`QueryTrace`; default a new one), also
+        kept as ``self.last_trace``."""
         cl = self.cl
         if rows is not None:
             r0, r1 = int(rows[0]), int(rows[1])
@@ -607,6 +676,7 @@ class DeviceTopK:
         if B < nq:          # whole work-groups per batch
             B = max(cfg.tm, B // cfg.tm * cfg.tm)
         self.kernel_seconds = 0.0          # device time of this query's kernels (profiled)
+        tr = self.last_trace = QueryTrace() if trace is None else trace
         ybuf, ldy, cand_buf = self._items_for(cand)
         nslots = 1 if B >= nq else 2
         slots = [self._slot(B, S, k) for _ in range(nslots)]
@@ -614,10 +684,11 @@ class DeviceTopK:
         if show_progress:
             from tqdm.auto import tqdm
             bar = tqdm(total=nq, desc="top-k", unit="query")
-        pending = []                       # (b0, nb, slot, events, copy event) in flight
+        pending = []                       # the batches in flight (see launch)
 
         def launch(b0, slot):
             """Enqueue batch ``b0``'s kernels and the copies of its lists into ``slot``."""
+            t_launch = time.perf_counter()
             b1 = min(nq, b0 + B)
             nb = b1 - b0
             keep = []                      # per-batch uploads live until the batch is done
@@ -644,6 +715,7 @@ class DeviceTopK:
                            np.int32(cand_buf is not None), np.int32(C), ex_ptr, ex_idx,
                            np.int32(has_excl), np.int32(erow0), np.int32(jper), np.int32(S),
                            np.int64(ldy), slot["part_s"], slot["part_i"])]
+            enqueued = time.perf_counter()
             if S > 1:
                 events.append(merge(
                     self.queue, (-(-nb // 64) * 64,), (64,), slot["part_s"], slot["part_i"],
@@ -652,19 +724,30 @@ class DeviceTopK:
             else:
                 src_s, src_i = slot["part_s"], slot["part_i"]
             hs, hi = slot["host_s"][:nb * k], slot["host_i"][:nb * k]
-            cl.enqueue_copy(self.queue, hs, src_s, is_blocking=False)
+            # both copies' events are kept until the batch is finished: pyopencl waits for a
+            # dropped (in-flight) copy's event without releasing the GIL, which held this
+            # thread, and every other device's thread, for the whole batch
+            copies = [cl.enqueue_copy(self.queue, hs, src_s, is_blocking=False)]
             done = cl.enqueue_copy(self.queue, hi, src_i, is_blocking=False)
-            pending.append((b0, nb, slot, events, done, keep))
+            copies.append(done)
+            pending.append((b0, nb, slot, events, done, keep, copies, enqueued))
+            tr.enqueue_s += time.perf_counter() - t_launch
 
         def finish():
             """Wait for the oldest batch in flight and turn its lists into results."""
-            b0, nb, slot, events, done, _keep = pending.pop(0)
+            b0, nb, slot, events, done, _keep, copies, enqueued = pending.pop(0)
+            t_wait = time.perf_counter()
             done.wait()
+            t_done = time.perf_counter()
+            tr.wait_s += t_done - t_wait
             self.kernel_seconds += sum((e.profile.end - e.profile.start) * 1e-9
                                        for e in events)
+            tr.batch(nb, enqueued, events, copies)
             ix = slot["host_i"][:nb * k].reshape(nb, k)
             sc = slot["host_s"][:nb * k].reshape(nb, k)
-            return b0, nb, slot, _finish(ix, sc, cand)
+            out = _finish(ix, sc, cand)
+            tr.finish_s += time.perf_counter() - t_done
+            return b0, nb, slot, out
 
         try:
             starts = list(range(0, nq, B))
@@ -689,6 +772,7 @@ class DeviceTopK:
                 pending.clear()
             with self._lock:
                 self._free_slots.extend(slots)
+            tr.close()
             if bar is not None:
                 bar.close()
 
