@@ -142,9 +142,9 @@ class DeviceRankingMixin:
         """
         ids = scores = None
         m = self.user_factors_.shape[0] if hasattr(self, "user_factors_") else 0
-        for users, i_, s_ in self.iter_recommend_all(N, user_items, filter_already_liked_items,
-                                                     filter_items, items, batch_size,
-                                                     show_progress):
+        for users, i_, s_ in self._iter_all(N, user_items, filter_already_liked_items,
+                                            filter_items, items, batch_size, show_progress,
+                                            ordered=False):
             if ids is None:
                 if i_.shape[0] == m:            # one batch: its arrays are the result
                     return i_, s_
@@ -171,6 +171,13 @@ class DeviceRankingMixin:
         >>> for users, ids, scores in model.iter_recommend_all(10, train):   # doctest: +SKIP
         ...     write(users, ids, scores)
         """
+        yield from self._iter_all(N, user_items, filter_already_liked_items, filter_items, items,
+                                  batch_size, show_progress)
+
+    def _iter_all(self, N, user_items, filter_already_liked_items, filter_items, items,
+                  batch_size, show_progress, ordered=True):
+        """:meth:`iter_recommend_all`; ``ordered=False``: a multi-device model's batches come
+        as its devices finish them (:meth:`recommend_all` places them by their users)."""
         from .conventions import ids_dtype
         from .host import host_rank
         self._require_fitted()
@@ -201,7 +208,7 @@ class DeviceRankingMixin:
                 try:
                     for u0, ids, sc in self._iter_resident(res, 0, n_users, N, cand,
                                                            raw if fast else rows, 0,
-                                                           batch_size or 65536):
+                                                           batch_size or 65536, ordered):
                         u1 = u0 + ids.shape[0]
                         if liked_last:
                             ids, sc = _liked_last(ids, sc, cand, rows[u0:u1], n_items)
@@ -319,13 +326,14 @@ class DeviceRankingMixin:
             return None
         return res
 
-    def _iter_resident(self, res, r0, r1, N, cand, M, row0, batch_rows):
+    def _iter_resident(self, res, r0, r1, N, cand, M, row0, batch_rows, ordered=True):
         """Yield ``(user0, ids, scores)`` of users ``r0..r1`` from the resident ranker, the
         stored entries of the CSR ``M`` (its first row is user ``row0``; None: nothing) left
         out: ``M`` is prepared and uploaded once (:class:`~clmf.inference.resident.SeenItems`);
         a matrix that matches the last one's cheap fingerprint has its content verified in a
         host thread while the devices rank, and is prepared again (and the users ranked
-        again) if it changed."""
+        again) if it changed. ``ordered``: as :meth:`ResidentRanker.iter_rank
+        <clmf.inference.resident.ResidentRanker.iter_rank>`."""
         seen, verify = None, None
         if M is not None:
             seen, reused = res.seen_for(M, row0, cand)
@@ -336,7 +344,7 @@ class DeviceRankingMixin:
             if reused:
                 verify = _verifier().submit(seen.same_content, M)
         try:
-            gen = res.iter_rank(r0, r1, N, cand, seen, batch_rows)
+            gen = res.iter_rank(r0, r1, N, cand, seen, batch_rows, ordered)
             for item in gen:
                 if verify is not None:
                     ok, verify = verify.result(), None
@@ -346,7 +354,7 @@ class DeviceRankingMixin:
                                  "preparing it again")
                         res.forget_seen()
                         seen, _ = res.seen_for(M, row0, cand)
-                        yield from res.iter_rank(r0, r1, N, cand, seen, batch_rows)
+                        yield from res.iter_rank(r0, r1, N, cand, seen, batch_rows, ordered)
                         return
                 yield item
         except (ValueError, IndexError, TypeError):
@@ -378,7 +386,8 @@ class DeviceRankingMixin:
         sc = np.empty((r1 - r0, k), np.float32)
         try:
             # batches of 65,536 users: the host finishes one while the device ranks the next
-            for u0, i_, s_ in self._iter_resident(res, r0, r1, N, cand, M, row0, 65536):
+            for u0, i_, s_ in self._iter_resident(res, r0, r1, N, cand, M, row0, 65536,
+                                                  ordered=False):
                 ids[u0 - r0:u0 - r0 + i_.shape[0]] = i_
                 sc[u0 - r0:u0 - r0 + i_.shape[0]] = s_
         except _Fallback:

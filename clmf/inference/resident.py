@@ -36,6 +36,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
+import time
 
 import numpy as np
 import scipy.sparse as sp
@@ -277,32 +278,118 @@ class ResidentRanker:
         part["seen"] = (seen, ex, seen.row0 + a)
         return ex, seen.row0 + a
 
-    def iter_rank(self, r0, r1, N, candidates=None, seen=None, batch_rows=None):
-        """Yield ``(user0, ids, scores)`` for users ``r0..r1`` in order: top-``N`` of their
-        resident vectors against the candidates, ``seen`` (a :class:`SeenItems` covering the
-        users) left out. Several devices rank their users at once (a thread each)."""
+    def iter_rank(self, r0, r1, N, candidates=None, seen=None, batch_rows=None, ordered=True):
+        """Yield ``(user0, ids, scores)`` for users ``r0..r1``: top-``N`` of their resident
+        vectors against the candidates, ``seen`` (a :class:`SeenItems` covering the users) left
+        out. Several devices rank their users at once (a thread each) and hand over each batch
+        as it is finished: ``ordered`` yields the batches in user order (a later device's wait
+        until the earlier ones are out), else as they come. Where each device's time went is
+        kept as :attr:`last_split` (:meth:`split_summary`)."""
         jobs = [(p, max(r0, p["rows"][0]), min(r1, p["rows"][1])) for p in self.parts]
         jobs = [j for j in jobs if j[2] > j[1]]
+        self.last_split = split = []
         if not jobs:
             return
+        t0 = time.perf_counter()
 
-        def stream(p, a, b):
-            """The part's batches for users a..b, as global users."""
+        def stream(p, a, b, rec):
+            """The part's batches for users a..b, as global users; its trace goes to ``rec``."""
+            from .topk import QueryTrace
             dtk, q0 = p["dtk"], p["rows"][0]
+            rec["trace"] = trace = QueryTrace()
             if seen is not None:
                 ex, e_row0 = self._upload_seen(p, seen)
                 gen = dtk.iter_query(None, N, candidates, ex, rows=(a - q0, b - q0),
-                                     batch_rows=batch_rows, exclude_row0=a - e_row0)
+                                     batch_rows=batch_rows, exclude_row0=a - e_row0,
+                                     trace=trace)
             else:
                 gen = dtk.iter_query(None, N, candidates, None, rows=(a - q0, b - q0),
-                                     batch_rows=batch_rows)
+                                     batch_rows=batch_rows, trace=trace)
             for b0, ids, sc in gen:
                 yield a + b0, ids, sc
 
+        for p, a, b in jobs:
+            split.append({"device": p["dtk"].info.name, "users": (a, b), "t0": t0})
         if len(jobs) == 1:
-            yield from stream(*jobs[0])
+            split[0]["start"] = time.perf_counter()
+            try:
+                yield from stream(*jobs[0], split[0])
+            finally:
+                split[0]["end"] = time.perf_counter()
             return
-        with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
-            futs = [pool.submit(lambda j=j: list(stream(*j))) for j in jobs]
-            for fut in futs:
-                yield from fut.result()
+        yield from _merge_streams([lambda j=j, r=r: stream(*j, r) for j, r in zip(jobs, split)],
+                                  split, ordered)
+
+    def split_summary(self):
+        """Per device of the last :meth:`iter_rank`: its users, its thread's start and end
+        (seconds from the call's start) and its :meth:`QueryTrace.summary
+        <clmf.inference.topk.QueryTrace.summary>`; plus ``"devices_overlap"``: the sum of the
+        devices' busy seconds over the union of their busy intervals (1: one device at a
+        time, up to the number of devices)."""
+        from .topk import _union
+        out, spans = [], []
+        for r in getattr(self, "last_split", []):
+            tr = r.get("trace")
+            d = {"device": r["device"], "users": list(r["users"]),
+                 "thread_start_s": r.get("start", r["t0"]) - r["t0"],
+                 "thread_end_s": r.get("end", r["t0"]) - r["t0"]}
+            if tr is not None:
+                d.update(tr.summary(r["t0"]))
+                spans += tr.intervals
+            out.append(d)
+        u = _union(spans)
+        busy = sum(d.get("device_busy_s", 0.0) for d in out)
+        return {"devices": out, "devices_overlap": busy / u if u > 0 else None}
+
+
+def _merge_streams(makers, records, ordered):
+    """Run each generator that ``makers`` build in a thread of its own and yield their items:
+    in the makers' order (``ordered``), else as they come. Each thread's start and end go to
+    its record; a failure in one stops the others and is raised here; closing this generator
+    stops them all (each ends its batch in flight) before it returns."""
+    import queue
+    q = queue.Queue()
+    stop = threading.Event()
+    done = object()
+
+    def run(i):
+        """Thread ``i``: its items into the queue, then ``done`` (or the exception)."""
+        records[i]["start"] = time.perf_counter()
+        gen = makers[i]()
+        try:
+            for item in gen:
+                q.put((i, item))
+                if stop.is_set():
+                    break
+            q.put((i, done))
+        except BaseException as e:
+            q.put((i, e))
+        finally:
+            gen.close()
+            records[i]["end"] = time.perf_counter()
+
+    held = [[] for _ in makers]        # ordered: items of later streams, until their turn
+    live = set(range(len(makers)))
+    turn = 0
+    with concurrent.futures.ThreadPoolExecutor(len(makers),
+                                               thread_name_prefix="clmf-rank") as pool:
+        for i in range(len(makers)):
+            pool.submit(run, i)
+        try:
+            while live:
+                i, item = q.get()
+                if item is done:
+                    live.discard(i)
+                elif isinstance(item, BaseException):
+                    raise item
+                elif not ordered or i == turn:
+                    yield item
+                else:
+                    held[i].append(item)
+                while ordered and turn not in live and turn < len(makers):
+                    turn += 1                  # the stream is finished: the next one's turn
+                    if turn < len(makers):
+                        yield from held[turn]
+                        held[turn] = []
+        finally:
+            stop.set()
