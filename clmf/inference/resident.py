@@ -210,18 +210,22 @@ class ResidentRanker:
     devices; the users are split over them in proportion to their compute units."""
 
     def __init__(self, Xq, Yq, devices):
-        """Upload the items to every device and each device's range of users."""
+        """Upload the items to every device and each device's range of users (the devices
+        at once, a thread each)."""
         from ..engine.device import device_info
         from .topk import DeviceTopK
         self.m, self.n = Xq.shape[0], Yq.shape[0]
         self.f = Yq.shape[1]
         weights = [max(1, device_info(d).compute_units) for d in devices]
-        self.parts = []
-        for d, (r0, r1) in zip(devices, split_rows(self.m, weights)):
-            dtk = DeviceTopK(Yq, d)
-            dtk.set_queries(Xq[r0:r1])
-            self.parts.append({"dtk": dtk, "rows": (r0, r1), "seen": None})
+        spans = split_rows(self.m, weights)
+
+        def part(d, r0, r1):
+            """One device's items and users."""
+            return {"dtk": DeviceTopK(Yq, d).set_queries(Xq[r0:r1]), "rows": (r0, r1),
+                    "seen": None}
+        self.parts = _each(part, [(d, r0, r1) for d, (r0, r1) in zip(devices, spans)])
         self.seen = None                   # the SeenItems last prepared
+        self.last_split = []               # per device: the last iter_rank's records
         log.debug("resident ranker: %d users × %d items (f %d) on %d device(s)", self.m,
                   self.n, self.f, len(self.parts))
 
@@ -257,8 +261,7 @@ class ResidentRanker:
                              f"{seen.n} items for a ranker of {self.m} users × {self.n} items")
         self.forget_seen()
         try:
-            for p in self.parts:
-                self._upload_seen(p, seen)
+            _each(self._upload_seen, [(p, seen) for p in self.parts])
         except BaseException:
             self.forget_seen()
             raise
@@ -340,6 +343,16 @@ class ResidentRanker:
         u = _union(spans)
         busy = sum(d.get("device_busy_s", 0.0) for d in out)
         return {"devices": out, "devices_overlap": busy / u if u > 0 else None}
+
+
+def _each(fn, args):
+    """``[fn(*a) for a in args]``, the calls in threads of their own when there are several
+    (the devices' uploads release the GIL); the first failure is raised after all ended."""
+    if len(args) < 2:
+        return [fn(*a) for a in args]
+    with concurrent.futures.ThreadPoolExecutor(len(args), thread_name_prefix="clmf-up") as pool:
+        futs = [pool.submit(fn, *a) for a in args]
+    return [f.result() for f in futs]
 
 
 def _merge_streams(makers, records, ordered):

@@ -438,12 +438,18 @@ class DeviceTopK:
         return out
 
     def _upload(self, a):
-        """A read-only device copy of ``a`` (one element for an empty array)."""
+        """A read-only device copy of ``a`` (one element for an empty array), written by a
+        blocking copy on the context's upload queue: the GIL is released while it runs (a
+        buffer created from the host pointer holds it for the whole copy, so the devices of a
+        multi-device model could only be filled one at a time) and it does not wait behind
+        the queries' kernels."""
         cl = self.cl
         a = np.ascontiguousarray(a)
         if a.size == 0:
             a = np.zeros(1, a.dtype)
-        return cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
+        buf = cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY, size=a.nbytes)
+        cl.enqueue_copy(_upload_queue(self.ctx, self.device), buf, a, is_blocking=True)
+        return buf
 
     def _items_host(self, F):
         """The items as the device holds them: rows padded to ldf, or transposed (yt) with the
@@ -829,6 +835,21 @@ class DeviceTopK:
                 if self._threshold is None:
                     self._threshold = _calibrated(self)
         return self._threshold
+
+
+_upload_queues: dict = {}
+_uq_lock = threading.Lock()
+
+
+def _upload_queue(ctx, device):
+    """A second command queue of the context (memoized), for :meth:`DeviceTopK._upload`."""
+    key = ctx.int_ptr
+    with _uq_lock:
+        q = _upload_queues.get(key)
+        if q is None:
+            import pyopencl as cl
+            q = _upload_queues[key] = cl.CommandQueue(ctx, device)
+        return q
 
 
 def _to_positions(excl, cand, n):
