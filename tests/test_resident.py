@@ -325,6 +325,24 @@ def test_multi_device_streams_batches():
         check(m.recommend(np.arange(100, 650), R, N=10), brute(X[100:650], Y, R, row0=100))
 
 
+@pytest.mark.skipif(len(DEVICES) < 2, reason="needs two OpenCL devices")
+def test_multi_device_batched_recommend_of_any_ids():
+    """A batched recommend of ids that are not a range splits its rows over the devices
+    (enough rows for each), the seen items of each row left out."""
+    import time
+    X, Y, R = problem(m=3000, n=300)
+    m = make_model(X, Y, list(DEVICES[:2]))
+    ids = np.random.default_rng(5).permutation(3000)[:2600]
+    with T.inference_options(min_work=0):
+        m.recommend(ids[:10], R[ids[:10]], N=10)               # builds the resident ranker
+        t0 = time.perf_counter()
+        got = m.recommend(ids, R[ids], N=10)
+    check(got, brute(X[ids], Y, R[ids]))
+    traces = [p["dtk"].last_trace for p in m._topk_cache["resident"][1].parts]
+    assert all(tr.t0 >= t0 for tr in traces)
+    assert sum(tr.rows for tr in traces) == 2600 and min(tr.rows for tr in traces) >= 1024
+
+
 def test_merged_streams_order_and_failure():
     """The threads' merge: user order when ordered, every item either way, a failure raised."""
     def stream(i, n, fail=False):

@@ -478,7 +478,9 @@ class DeviceRankingMixin:
     def _device_topk(self, kind, F, sources=(), work=None):
         """The cached :class:`DeviceTopK` of ``kind`` (uploading ``F`` on a miss), or None (no
         device, or ``work`` below a threshold known without uploading: a tuned record's). The
-        model's items (``"items"``, ``"items_biased"``) are its resident ranker's."""
+        model's items (``"items"``, ``"items_biased"``) are its resident ranker's: with several
+        devices the :class:`~clmf.inference.resident.ResidentRanker` itself (its ``query``
+        splits the rows over them)."""
         dev = self._inference_device()
         if dev is None:
             return None
@@ -488,7 +490,7 @@ class DeviceRankingMixin:
                 return None
         if kind in ("items", "items_biased"):
             res = self._resident()
-            return None if res is None else res.first
+            return None if res is None else res.first if len(res.parts) == 1 else res
         stamp = (dev.int_ptr,) + tuple((id(a), getattr(a, "shape", None)) for a in sources)
         cache = self.__dict__.setdefault("_topk_cache", {})
         hit = cache.get(kind)

@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 __all__ = ["ResidentRanker", "SeenItems", "PreparedSeen", "split_rows", "contiguous_range"]
 
 _CHUNK_WORDS = 4096        # 64-bit words per checksum chunk of the seen items' indices
+_SPLIT_ROWS = 1024         # queries per device from which a query call splits over the devices
 
 
 def split_rows(m, weights):
@@ -233,6 +234,29 @@ class ResidentRanker:
     def first(self):
         """The first device's :class:`DeviceTopK` (the one small calls use)."""
         return self.parts[0]["dtk"]
+
+    def query(self, Q, N, candidates=None, exclude=None):
+        """:meth:`DeviceTopK.query <clmf.inference.topk.DeviceTopK.query>` of the query vectors
+        ``Q`` (any users: a batched ``recommend`` of ids that are not a range) against the
+        items, their rows split over the devices in proportion to their compute units (a
+        thread each) when every device gets at least :data:`_SPLIT_ROWS`; ``exclude`` is a
+        CSR with one row per query."""
+        b = Q.shape[0]
+        if len(self.parts) == 1 or b < _SPLIT_ROWS * len(self.parts):
+            return self.first.query(Q, N, candidates, exclude)
+        from ..engine.device import device_info
+        spans = split_rows(b, [max(1, device_info(p["dtk"].device).compute_units)
+                               for p in self.parts])
+        ex = None if exclude is None else sp.csr_matrix(exclude)
+        got = _each(lambda p, a, z: p["dtk"].query(Q[a:z], N, candidates,
+                                                   None if ex is None else ex[a:z]),
+                    [(p, a, z) for p, (a, z) in zip(self.parts, spans)])
+        return np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got])
+
+    def host_threshold(self):
+        """The first device's measured host threshold (see :meth:`DeviceTopK.host_threshold
+        <clmf.inference.topk.DeviceTopK.host_threshold>`)."""
+        return self.first.host_threshold()
 
     def seen_for(self, M, row0, candidates):
         """``(SeenItems, reused)`` for ``M``: the prepared one when its cheap fingerprint
