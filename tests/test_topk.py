@@ -153,6 +153,27 @@ def test_batches_in_flight_do_not_block_the_host(cl_device, monkeypatch):
     assert tr["rows"] == 2048 and tr["batches"] == 2 and tr["kernel_s"] > 0
 
 
+def test_lists_written_into_the_callers_arrays(cl_device):
+    """``out``: the batches' lists land in the caller's arrays (int32 ids too), candidates and
+    padding as in fresh arrays; a wrong shape is refused before anything runs."""
+    Q, Y, R = int_problem(300, 700, 13, seed=6, density=0.05)
+    R = R.tolil()
+    R[5, :] = 1                                          # a user who has seen every item
+    R = R.tocsr()
+    cand = np.arange(0, 700, 3)
+    dtk = T.DeviceTopK(Y, cl_device).set_queries(Q)
+    for c in (None, cand):
+        want = dtk.query(Q, 12, c, R)
+        out = (np.full((300, 12), 7, np.int32), np.zeros((300, 12), np.float32))
+        parts = list(dtk.iter_query(None, 12, c, R, rows=(0, 300), batch_rows=128, out=out))
+        assert len(parts) >= 2 and all(np.shares_memory(p[1], out[0]) for p in parts)
+        np.testing.assert_array_equal(out[0], want[0])
+        np.testing.assert_array_equal(out[1], want[1])
+        assert (out[0][5] == -1).all() and np.isneginf(out[1][5]).all()
+    with pytest.raises(ValueError, match="out must hold"):
+        next(dtk.iter_query(None, 12, rows=(0, 300), out=(out[0][:10], out[1][:10])))
+
+
 @pytest.mark.parametrize("which", [0, 1, 2, 3])
 def test_set_factors_rewrites_the_resident_items(cl_device, which):
     """New factors written into the uploaded buffer (every item layout) rank as a fresh upload;

@@ -305,13 +305,16 @@ class ResidentRanker:
         part["seen"] = (seen, ex, seen.row0 + a)
         return ex, seen.row0 + a
 
-    def iter_rank(self, r0, r1, N, candidates=None, seen=None, batch_rows=None, ordered=True):
+    def iter_rank(self, r0, r1, N, candidates=None, seen=None, batch_rows=None, ordered=True,
+                  out=None):
         """Yield ``(user0, ids, scores)`` for users ``r0..r1``: top-``N`` of their resident
         vectors against the candidates, ``seen`` (a :class:`SeenItems` covering the users) left
         out. Several devices rank their users at once (a thread each) and hand over each batch
         as it is finished: ``ordered`` yields the batches in user order (a later device's wait
-        until the earlier ones are out), else as they come. Where each device's time went is
-        kept as :attr:`last_split` (:meth:`split_summary`)."""
+        until the earlier ones are out), else as they come. With ``out`` (ids and scores, a row
+        per user ``r0..r1``) each device's thread writes its users' lists there (the batches
+        yielded are views of it). Where each device's time went is kept as :attr:`last_split`
+        (:meth:`split_summary`)."""
         jobs = [(p, max(r0, p["rows"][0]), min(r1, p["rows"][1])) for p in self.parts]
         jobs = [j for j in jobs if j[2] > j[1]]
         self.last_split = split = []
@@ -324,14 +327,15 @@ class ResidentRanker:
             from .topk import QueryTrace
             dtk, q0 = p["dtk"], p["rows"][0]
             rec["trace"] = trace = QueryTrace()
+            dst = None if out is None else (out[0][a - r0:b - r0], out[1][a - r0:b - r0])
             if seen is not None:
                 ex, e_row0 = self._upload_seen(p, seen)
                 gen = dtk.iter_query(None, N, candidates, ex, rows=(a - q0, b - q0),
                                      batch_rows=batch_rows, exclude_row0=a - e_row0,
-                                     trace=trace)
+                                     trace=trace, out=dst)
             else:
                 gen = dtk.iter_query(None, N, candidates, None, rows=(a - q0, b - q0),
-                                     batch_rows=batch_rows, trace=trace)
+                                     batch_rows=batch_rows, trace=trace, out=dst)
             for b0, ids, sc in gen:
                 yield a + b0, ids, sc
 

@@ -613,7 +613,7 @@ class DeviceTopK:
         return min(int(N), C)
 
     def iter_query(self, Q, N, candidates=None, exclude=None, rows=None, batch_rows=None,
-                   show_progress=False, exclude_row0=None, trace=None):
+                   show_progress=False, exclude_row0=None, trace=None, out=None):
         """Yield ``(row0, ids, scores)`` batch by batch (the memory plan's batches, or
         ``batch_rows``); arguments as :meth:`query`, or ``rows=(r0, r1)`` of resident queries
         (``exclude="resident"``: the resident exclusion's row ``exclude_row0``, default
@@ -622,7 +622,9 @@ class DeviceTopK:
         Two batches are in flight: the next batch's kernels run while the host turns the
         previous one's lists (copied into page-locked host memory) into the results. Where the
         time went is recorded in ``trace`` (a :class:`QueryTrace`; default a new one), also
-        kept as ``self.last_trace``."""
+        kept as ``self.last_trace``. With ``out`` (ids of an integer dtype and float32 scores,
+        one row per query, ``min(N, candidates)`` columns) the lists are written there and the
+        batches yielded are views of it (the caller's result, filled by this thread)."""
         cl = self.cl
         if rows is not None:
             r0, r1 = int(rows[0]), int(rows[1])
@@ -665,7 +667,13 @@ class DeviceTopK:
             if excl.shape[0] != nq:
                 raise ValueError(f"exclude has {excl.shape[0]} rows for {nq} queries")
             excl = _to_positions(excl, cand, self.n)
+        if out is not None and (out[0].shape != (nq, k) or out[1].shape != (nq, k)):
+            raise ValueError(f"out must hold ({nq}, {k}) ids and scores, not "
+                             f"{out[0].shape} and {out[1].shape}")
         if k == 0 or nq == 0:
+            if out is not None:
+                yield 0, out[0], out[1]
+                return
             yield 0, np.full((nq, k), -1, np.int64), np.full((nq, k), -np.inf, np.float32)
             return
         if k > MAX_K:
@@ -751,9 +759,10 @@ class DeviceTopK:
             tr.batch(nb, enqueued, events, copies)
             ix = slot["host_i"][:nb * k].reshape(nb, k)
             sc = slot["host_s"][:nb * k].reshape(nb, k)
-            out = _finish(ix, sc, cand)
+            got = _finish(ix, sc, cand, None if out is None
+                          else (out[0][b0:b0 + nb], out[1][b0:b0 + nb]))
             tr.finish_s += time.perf_counter() - t_done
-            return b0, nb, slot, out
+            return b0, nb, slot, got
 
         try:
             starts = list(range(0, nq, B))
@@ -871,16 +880,22 @@ def _to_positions(excl, cand, n):
     return out
 
 
-def _finish(ix, sc, cand):
-    """Device lists → (int64 ids, float32 scores) with -1 / -inf for empty slots."""
+def _finish(ix, sc, cand, out=None):
+    """Device lists → (ids, float32 scores) with -1 / -inf for empty slots: new int64 ids and
+    scores, or written into ``out`` (ids of an integer dtype, scores; the lists' shape)."""
+    ids, s = (np.empty(ix.shape, np.int64), np.empty(sc.shape, np.float32)) if out is None \
+        else out
     empty = ix == _EMPTY
-    ids = ix.astype(np.int64)
-    if cand is not None:
-        ids = np.where(empty, -1, cand[np.where(empty, 0, ids)])
-    ids[empty] = -1
-    sc = sc.copy()
-    sc[empty] = -np.inf
-    return ids, sc
+    some = bool(empty.any())
+    if cand is None:
+        ids[...] = ix
+    else:
+        ids[...] = cand[np.where(empty, 0, ix) if some else ix]
+    s[...] = sc
+    if some:
+        ids[empty] = -1
+        s[empty] = -np.inf
+    return ids, s
 
 
 def _concat(parts, nq, k):
