@@ -324,7 +324,7 @@ class ResidentRanker:
 
         def stream(p, a, b, rec):
             """The part's batches for users a..b, as global users; its trace goes to ``rec``."""
-            from .topk import QueryTrace
+            from .trace import QueryTrace
             dtk, q0 = p["dtk"], p["rows"][0]
             rec["trace"] = trace = QueryTrace()
             dst = None if out is None else (out[0][a - r0:b - r0], out[1][a - r0:b - r0])
@@ -354,10 +354,10 @@ class ResidentRanker:
     def split_summary(self):
         """Per device of the last :meth:`iter_rank`: its users, its thread's start and end
         (seconds from the call's start) and its :meth:`QueryTrace.summary
-        <clmf.inference.topk.QueryTrace.summary>`; plus ``"devices_overlap"``: the sum of the
+        <clmf.inference.trace.QueryTrace.summary>`; plus ``"devices_overlap"``: the sum of the
         devices' busy seconds over the union of their busy intervals (1: one device at a
         time, up to the number of devices)."""
-        from .topk import _union
+        from .trace import union_seconds
         out, spans = [], []
         for r in getattr(self, "last_split", []):
             tr = r.get("trace")
@@ -368,7 +368,7 @@ class ResidentRanker:
                 d.update(tr.summary(r["t0"]))
                 spans += tr.intervals
             out.append(d)
-        u = _union(spans)
+        u = union_seconds(spans)
         busy = sum(d.get("device_busy_s", 0.0) for d in out)
         return {"devices": out, "devices_overlap": busy / u if u > 0 else None}
 

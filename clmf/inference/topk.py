@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import functools
 import logging
 import math
@@ -35,13 +34,20 @@ import scipy.sparse as sp
 from ..errors import DeviceMemoryError, InvalidConfigError
 from ..interrupts import drain
 from .calibration import _calibrated, calibrate  # noqa: F401  (calibrate re-exported)
+from .topk_geometry import (  # noqa: F401  (re-exported: the configuration's home)
+    MAX_K,
+    TopKConfig,
+    _shrink_to_fit,
+    default_config,
+    validate,
+)
+from .trace import QueryTrace  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
 __all__ = ["TopKConfig", "DeviceTopK", "QueryTrace", "topk", "validate", "render_topk",
            "inference_options", "default_config", "lookup_config", "prebuild", "Exclusion", "MAX_K"]
 
-MAX_K = 1024                  # longer lists go to the host (local memory per query)
 _EMPTY = np.iinfo(np.int32).max
 
 
@@ -50,206 +56,6 @@ class Exclusion(collections.namedtuple("Exclusion", "indptr indices rows candida
     and candidate positions (int32) as buffers, its rows, candidates (None: all) and entries. A
     query that is given one holds it to its end, whatever other threads upload meanwhile."""
     __slots__ = ()
-
-
-class QueryTrace:
-    """Where one :meth:`DeviceTopK.iter_query` spent its time: host seconds enqueueing, waiting
-    for the device and turning lists into results, and each batch's device interval (profiling
-    events, moved onto the host's ``time.perf_counter`` clock by the first kernel's queued
-    stamp, so the batches of several devices can be laid side by side)."""
-
-    def __init__(self):
-        """An empty trace started now."""
-        self.t0 = time.perf_counter()
-        self.t1 = None
-        self.rows = 0
-        self.enqueue_s = self.wait_s = self.finish_s = 0.0
-        self.kernel_s = self.copy_s = 0.0
-        self.intervals = []                # (start, end) of each batch on the device, host clock
-        self._offset = None                # host clock − device clock, seconds
-
-    def batch(self, nb, enqueued, events, copies):
-        """Record a finished batch of ``nb`` rows: its kernel ``events`` and copy events (all
-        complete), ``enqueued`` the host time just after its first kernel was enqueued."""
-        def prof(e):
-            p = e.profile
-            return p.queued * 1e-9, p.start * 1e-9, p.end * 1e-9
-        ks = [prof(e) for e in events]
-        cs = [prof(e) for e in copies]
-        if self._offset is None:
-            self._offset = enqueued - ks[0][0]
-        self.rows += nb
-        self.kernel_s += sum(e - s for _q, s, e in ks)
-        self.copy_s += sum(e - s for _q, s, e in cs)
-        self.intervals.append((ks[0][1] + self._offset, max(e for _q, _s, e in ks + cs)
-                               + self._offset))
-
-    def close(self):
-        """Mark the end of the query."""
-        self.t1 = time.perf_counter()
-
-    def summary(self, origin=None):
-        """A dict of the trace: rows, batches, wall, host (enqueue, wait, finish) and device
-        (kernel, copy, busy: the union of the batches' intervals, idle: the gaps between the
-        first start and the last end) seconds; ``first_start``/``last_end`` relative to
-        ``origin`` (default: the query's start)."""
-        origin = self.t0 if origin is None else origin
-        t1 = time.perf_counter() if self.t1 is None else self.t1
-        busy = _union(self.intervals)
-        span = (self.intervals[-1][1] - self.intervals[0][0]) if self.intervals else 0.0
-        out = {"rows": self.rows, "batches": len(self.intervals), "wall_s": t1 - self.t0,
-               "enqueue_s": self.enqueue_s, "wait_s": self.wait_s, "finish_s": self.finish_s,
-               "kernel_s": self.kernel_s, "copy_s": self.copy_s, "device_busy_s": busy,
-               "device_idle_s": max(0.0, span - busy)}
-        if self.intervals:
-            out["first_start_s"] = self.intervals[0][0] - origin
-            out["last_end_s"] = max(e for _s, e in self.intervals) - origin
-        return out
-
-
-def _union(intervals):
-    """Total length of the union of ``(start, end)`` intervals."""
-    tot, end = 0.0, -math.inf
-    for s, e in sorted(intervals):
-        if e > end:
-            tot += e - max(s, end)
-            end = e
-    return tot
-
-
-@dataclasses.dataclass(frozen=True)
-class TopKConfig:
-    """Geometry of the top-k scan kernel (see the template's header).
-
-    wx, wy: work-items along items / queries; rm: queries per work-item; rnv × v: items per
-    work-item in vectors of width v; tk: factors staged per step; cap: offered entries buffered
-    per query and round; qres: stage the whole query block once (else TK factors per step);
-    yt: read the items straight from global memory (no staged item tile; CPUs): 1 transposed
-    (f × n), 2 packed in panels of tn items (each panel f × tn, contiguous).
-    """
-    wx: int = 16
-    wy: int = 16
-    rm: int = 8
-    rnv: int = 2
-    v: int = 4
-    tk: int = 16
-    cap: int = 16
-    qres: bool = False
-    yt: int = 0
-
-    @property
-    def tm(self):
-        """Queries per work-group."""
-        return self.wy * self.rm
-
-    @property
-    def tn(self):
-        """Items per tile."""
-        return self.wx * self.rnv * self.v
-
-    def ldf(self, f):
-        """Padded factor width: a multiple of tk."""
-        from ..tuning.spec import leading_dim
-        return max(self.tk, leading_dim(f, self.tk))
-
-    def local_bytes(self, f, kp):
-        """Local memory of the scan kernel for f factors and lists of kp."""
-        tmp, tnp = self.tm + 1, self.tn + (1 if self.v == 1 else self.v)
-        qk = self.ldf(f) if self.qres else (1 if self.yt else self.tk)
-        mw = -(-self.tn // 32)
-        return 4 * (qk * tmp + (0 if self.yt else self.tk * tnp) + 2 * self.tm * kp
-                    + 2 * self.tm * self.cap
-                    + self.tm + self.tm * mw + 2) + 8 * self.tm
-
-    def __str__(self):
-        """``topk:wx=..,wy=..,...`` (parsed back by :meth:`parse`)."""
-        return ("topk:" + ",".join(f"{k}={int(getattr(self, k))}"
-                                   for k in _FIELDS))
-
-    def to_dict(self):
-        """Plain dict (JSON) of the fields."""
-        return {k: int(getattr(self, k)) for k in _FIELDS}
-
-    @classmethod
-    def from_dict(cls, d):
-        """From :meth:`to_dict` output (unknown keys refused)."""
-        fields = {f.name for f in dataclasses.fields(cls)}
-        bad = set(d) - fields
-        if bad:
-            raise InvalidConfigError(f"unknown topk config keys {sorted(bad)}", "geometry")
-        kw = {k: (bool(v) if k == "qres" else int(v)) for k, v in d.items()}
-        return cls(**kw)
-
-    @classmethod
-    def parse(cls, s):
-        """From ``str(config)``: ``topk:wx=16,wy=16,...``."""
-        body = s.split(":", 1)[1] if s.startswith("topk:") else s
-        d = {}
-        for part in filter(None, body.split(",")):
-            k, _, v = part.partition("=")
-            d[k.strip()] = int(v)
-        return cls.from_dict(d)
-
-
-_FIELDS = ("wx", "wy", "rm", "rnv", "v", "tk", "cap", "qres", "yt")
-
-
-def default_config(info):
-    """The untuned configuration for a device type (CPUs: small groups, wide vectors)."""
-    if info is not None and info.type == "CPU":
-        return TopKConfig(wx=1, wy=64, rm=4, rnv=2, v=8, tk=16, cap=16, qres=False, yt=2)
-    return TopKConfig()
-
-
-def validate(cfg: TopKConfig, f, kp, info):
-    """Check ``cfg`` against the constraints of the template and the device's limits."""
-    if cfg.yt not in (0, 1, 2):
-        raise InvalidConfigError(f"yt must be 0, 1 or 2, not {cfg.yt}", "geometry")
-    if cfg.v not in (1, 2, 4, 8, 16):
-        raise InvalidConfigError(f"vector width {cfg.v} not in 1, 2, 4, 8, 16", "geometry")
-    for name in ("wx", "wy", "rm", "rnv", "tk", "cap"):
-        if getattr(cfg, name) < 1:
-            raise InvalidConfigError(f"{name} must be ≥ 1", "geometry")
-    if cfg.rm * cfg.rnv * cfg.v > 64:
-        raise InvalidConfigError(f"{cfg.rm * cfg.rnv * cfg.v} scores per work-item > 64 (the "
-                                 "pending mask is one 64-bit word)", "geometry")
-    if kp < 1 or kp > MAX_K:
-        raise InvalidConfigError(f"list length {kp} outside 1..{MAX_K}", "geometry")
-    if info is not None:
-        wg = cfg.wx * cfg.wy
-        if wg > info.max_work_group_size:
-            raise InvalidConfigError(f"work-group {wg} > device's {info.max_work_group_size}",
-                                     "work_group_size")
-        if cfg.wx > info.max_work_item_sizes[0] or cfg.wy > info.max_work_item_sizes[1]:
-            raise InvalidConfigError("work-group edges exceed the device's work-item sizes",
-                                     "work_item_sizes")
-        lb = cfg.local_bytes(f, kp)
-        if lb > info.local_mem:
-            raise InvalidConfigError(f"topk needs {lb} B of local memory, the device has "
-                                     f"{info.local_mem}", "local_memory")
-    return True
-
-
-def _shrink_to_fit(cfg, f, kp, info):
-    """``cfg`` with fewer queries per group (then no staged query block) until it fits."""
-    c = cfg
-    while True:
-        try:
-            validate(c, f, kp, info)
-            return c
-        except InvalidConfigError as e:
-            if e.reason != "local_memory":
-                raise
-            if c.qres:
-                c = dataclasses.replace(c, qres=False)
-            elif c.wy > 1:
-                c = dataclasses.replace(c, wy=c.wy // 2)
-            elif c.rm > 1:
-                c = dataclasses.replace(c, rm=c.rm // 2)
-            elif c.cap > 1:
-                c = dataclasses.replace(c, cap=max(1, c.cap // 2))
-            else:
-                raise
 
 
 @functools.lru_cache(maxsize=256)
@@ -621,10 +427,11 @@ class DeviceTopK:
 
         Two batches are in flight: the next batch's kernels run while the host turns the
         previous one's lists (copied into page-locked host memory) into the results. Where the
-        time went is recorded in ``trace`` (a :class:`QueryTrace`; default a new one), also
-        kept as ``self.last_trace``. With ``out`` (ids of an integer dtype and float32 scores,
-        one row per query, ``min(N, candidates)`` columns) the lists are written there and the
-        batches yielded are views of it (the caller's result, filled by this thread)."""
+        time went is recorded in ``trace`` (a :class:`~clmf.inference.trace.QueryTrace`;
+        default a new one), also kept as ``self.last_trace``. With ``out`` (ids of an integer
+        dtype and float32 scores, one row per query, ``min(N, candidates)`` columns) the lists
+        are written there and the batches yielded are views of it (the caller's result,
+        filled by this thread)."""
         cl = self.cl
         if rows is not None:
             r0, r1 = int(rows[0]), int(rows[1])
