@@ -396,8 +396,9 @@ def _merge_streams(makers, records, ordered):
     def run(i):
         """Thread ``i``: its items into the queue, then ``done`` (or the exception)."""
         records[i]["start"] = time.perf_counter()
-        gen = makers[i]()
+        gen = None
         try:
+            gen = makers[i]()
             for item in gen:
                 q.put((i, item))
                 if stop.is_set():
@@ -406,7 +407,8 @@ def _merge_streams(makers, records, ordered):
         except BaseException as e:
             q.put((i, e))
         finally:
-            gen.close()
+            if gen is not None:
+                gen.close()
             records[i]["end"] = time.perf_counter()
 
     held = [[] for _ in makers]        # ordered: items of later streams, until their turn
