@@ -10,12 +10,16 @@ own time and the ``implicit`` library's CUDA ``recommend``, one run (at most abo
    * the ranker's own time: the model's resident :class:`~clmf.inference.topk.DeviceTopK` with
      the users and the seen items already on the device (``query_rows(..., exclude="resident")``),
      wall and kernel (profiling events) — single-device models;
+   * where the warm ``recommend_all``'s time went, per device of the model
+     (``ResidentRanker.split_summary``: its thread's start and end, host enqueue / wait /
+     finish seconds, device kernel / copy / busy / idle seconds, and how much the devices
+     overlapped), and with several devices each device's share of the users ranked alone;
    * the ``implicit`` library's CUDA model with the same factors (``implicit.gpu``; "unavailable"
      with the reason when it cannot be imported or has no CUDA): ``recommend(all users, R,
      N=10)``, first and warm; and the share of its top-10 ids that clmf's lists hold.
 2. A 1M users × 1M items model at f = 128 (random normal factors ×0.1, no seen items): all
    users' top-10 through ``model.recommend_all(N=10, filter_already_liked_items=False)``, first
-   and warm, and the ranker's own time.
+   and warm, the ranker's own time, and the same per-device split.
 
 Results go to ``OUT/recommend_gpu.json`` and ``OUT/recommend_gpu.md``, rewritten after every
 measurement (a run cut short keeps what it measured), with the device, driver, date, commit and
@@ -96,6 +100,44 @@ def ranker_time(model, m, N, reps, resident_seen):
             "config": str(dtk.config), "config_origin": dtk.config_origin}
 
 
+def device_split(model, N, reps, R=None):
+    """Where the model's last ``recommend_all`` spent its time, per device (see
+    ``ResidentRanker.split_summary``), and with several devices each device's users ranked
+    alone (median wall of ``reps``), or a note when there is no resident ranker."""
+    try:
+        res = model._topk_cache["resident"][1]
+    except (AttributeError, KeyError):
+        return {"note": "no resident ranker (host path)"}
+    out = res.split_summary()
+    if len(res.parts) > 1:
+        seen = None if R is None else res.seen_for(R, 0, None)[0]
+        for d, p in zip(out["devices"], res.parts):
+            r0, r1 = p["rows"]
+            d["alone_s"], _, _ = median_of(
+                lambda: sum(1 for _ in res.iter_rank(r0, r1, N, None, seen, 65536)), reps)
+    return out
+
+
+def split_markdown(title, split):
+    """A table of :func:`device_split`'s result."""
+    if not split or "devices" not in split:
+        return []
+
+    def s(v):
+        return "—" if v is None else f"{v:.3f}"
+    ov = split.get("devices_overlap")
+    L = ["", f"{title}: devices overlap {s(ov)} (sum of busy ÷ union; 1 = one at a time)", "",
+         "| device | users | alone s | thread start s | thread end s | enqueue s | wait s | "
+         "finish s | kernel s | copy s | busy s | idle s | first kernel s | last end s |",
+         "|---" * 14 + "|"]
+    for d in split["devices"]:
+        L.append(f"| {d['device']} | {d['users'][0]}–{d['users'][1]} | " + " | ".join(
+            s(d.get(k)) for k in ("alone_s", "thread_start_s", "thread_end_s", "enqueue_s",
+                                  "wait_s", "finish_s", "kernel_s", "copy_s", "device_busy_s",
+                                  "device_idle_s", "first_start_s", "last_end_s")) + " |")
+    return L
+
+
 def implicit_gpu(X, Y, R, N, reps):
     """The implicit library's CUDA recommend for all users on the factors X, Y (filtered by
     R): {first_s, warm_s, ids} or {"status": "unavailable", "why": ...}."""
@@ -164,6 +206,9 @@ class Report:
                      f"{s(rk.get('kernel_s'))} | "
                      f"{s(im.get('first_s')) if im.get('status') == 'ok' else 'unavailable'} | "
                      f"{s(im.get('warm_s'))} | {s(ratio)} | {s(r.get('overlap_implicit'))} |")
+        for r in self.data["netflix"]:
+            L += split_markdown(f"f = {r['f']}, warm recommend_all per device",
+                                r.get("split"))
         why = [r["implicit"].get("why") for r in self.data["netflix"]
                if r.get("implicit", {}).get("status") == "unavailable"]
         if why:
@@ -177,6 +222,7 @@ class Report:
                   f"| {s(mm.get('first_s'))} | {s(mm.get('warm_s'))} | "
                   f"{s(mm.get('ranker', {}).get('wall_s'))} | "
                   f"{s(mm.get('ranker', {}).get('kernel_s'))} |"]
+            L += split_markdown("warm recommend_all per device", mm.get("split"))
             if mm.get("error"):
                 L += ["", f"error: {mm['error']}"]
         return "\n".join(L) + "\n"
@@ -202,6 +248,7 @@ def bench_netflix(a, rep, R, fs):
             rep.write()
             row["warm_recommend_all_s"], row["warm_recommend_all_runs"], _ = median_of(
                 lambda: model.recommend_all(N=a.N, user_items=R), a.reps)
+            row["split"] = device_split(model, a.N, a.reps, R)
             row["warm_recommend_s"], row["warm_recommend_runs"], _ = median_of(
                 lambda: model.recommend(users, R, N=a.N), a.reps)
             row["same_ids"] = bool(np.array_equal(ids_all, ids_rec))
@@ -239,6 +286,7 @@ def bench_million(a, rep):
         rep.write()
         row["warm_s"], row["warm_runs"], _ = median_of(
             lambda: model.recommend_all(N=a.N, filter_already_liked_items=False), a.reps)
+        row["split"] = device_split(model, a.N, a.reps)
         row["ranker"] = ranker_time(model, users, a.N, a.reps, resident_seen=False)
         if a.check:
             from clmf.inference.host import host_rank

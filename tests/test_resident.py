@@ -295,6 +295,74 @@ def test_multi_device_model_splits_users():
         assert res.parts[0]["rows"][1] == res.parts[1]["rows"][0]
 
 
+@pytest.mark.skipif(len(DEVICES) < 2, reason="needs two OpenCL devices")
+def test_multi_device_streams_batches():
+    """Several devices hand over their batches as they finish: recommend_all places them by
+    user, iter_recommend_all keeps user order, a consumer that stops early stops the devices'
+    threads, and each device's split of the call is reported."""
+    X, Y, R = problem()
+    m = make_model(X, Y, list(DEVICES[:2]))
+    want = brute(X, Y, R)
+    with T.inference_options(min_work=0):
+        check(m.recommend_all(10, user_items=R, batch_size=64), want)
+        got = list(m.iter_recommend_all(10, user_items=R, batch_size=64))
+        assert len(got) >= 4                             # two batches per device at least
+        assert np.array_equal(np.concatenate([u for u, _i, _s in got]), np.arange(700))
+        check((np.concatenate([i for _u, i, _s in got]), np.concatenate([s for *_, s in got])),
+              want)
+        res = m._topk_cache["resident"][1]
+        split = res.split_summary()
+        assert [d["users"] for d in split["devices"]] == [list(p["rows"]) for p in res.parts]
+        for d in split["devices"]:
+            assert d["rows"] == d["users"][1] - d["users"][0] and d["batches"] >= 2
+            assert 0 <= d["thread_start_s"] <= d["thread_end_s"] and d["kernel_s"] > 0
+        assert 1 <= split["devices_overlap"] <= 2 + 1e-9
+        before = threading.active_count()
+        gen = m.iter_recommend_all(10, user_items=R, batch_size=64)
+        next(gen)
+        gen.close()                                      # both devices' threads end
+        assert threading.active_count() == before
+        check(m.recommend(np.arange(100, 650), R, N=10), brute(X[100:650], Y, R, row0=100))
+
+
+@pytest.mark.skipif(len(DEVICES) < 2, reason="needs two OpenCL devices")
+def test_multi_device_batched_recommend_of_any_ids():
+    """A batched recommend of ids that are not a range splits its rows over the devices
+    (enough rows for each), the seen items of each row left out."""
+    import time
+    X, Y, R = problem(m=3000, n=300)
+    m = make_model(X, Y, list(DEVICES[:2]))
+    ids = np.random.default_rng(5).permutation(3000)[:2600]
+    with T.inference_options(min_work=0):
+        m.recommend(ids[:10], R[ids[:10]], N=10)               # builds the resident ranker
+        t0 = time.perf_counter()
+        got = m.recommend(ids, R[ids], N=10)
+    check(got, brute(X[ids], Y, R[ids]))
+    traces = [p["dtk"].last_trace for p in m._topk_cache["resident"][1].parts]
+    assert all(tr.t0 >= t0 for tr in traces)
+    assert sum(tr.rows for tr in traces) == 2600 and min(tr.rows for tr in traces) >= 1024
+
+
+def test_merged_streams_order_and_failure():
+    """The threads' merge: user order when ordered, every item either way, a failure raised."""
+    def stream(i, n, fail=False):
+        for j in range(n):
+            yield i, j
+        if fail:
+            raise RuntimeError(f"device {i} failed")
+
+    makers = [lambda i=i: stream(i, 5) for i in range(3)]
+    recs = [{} for _ in makers]
+    assert list(resident._merge_streams(makers, recs, True)) == [
+        (i, j) for i in range(3) for j in range(5)]
+    assert all(r["start"] <= r["end"] for r in recs)
+    assert sorted(resident._merge_streams(makers, recs, False)) == [
+        (i, j) for i in range(3) for j in range(5)]
+    bad = makers[:2] + [lambda: stream(2, 3, fail=True)]
+    with pytest.raises(RuntimeError, match="device 2 failed"):
+        list(resident._merge_streams(bad, recs, False))
+
+
 def test_catalog_larger_than_a_tile(cl_device):
     """The million-item path at a small scale: many tiles per split, several splits merged,
     a few queries; with and without candidates and seen items."""

@@ -112,6 +112,68 @@ def test_topk_batches_splits_and_resident(cl_device):
     np.testing.assert_array_equal(ids, bid[7:])
 
 
+def test_batches_in_flight_do_not_block_the_host(cl_device, monkeypatch):
+    """Every copy a query enqueues stays referenced until it completes: pyopencl waits for a
+    dropped copy's event holding the GIL, which blocked the host for each batch's kernel and
+    kept the other devices' threads from enqueueing theirs (issue 29: four GPUs gave 1.2×)."""
+    import pyopencl as cl
+    dropped, real = [], cl.enqueue_copy
+
+    class Held:
+        """The copy's event; notes a drop before the copy completed."""
+
+        def __init__(self, ev):
+            self.ev = ev
+
+        def __getattr__(self, name):
+            return getattr(self.ev, name)
+
+        def __del__(self):
+            if self.ev.command_execution_status != cl.command_execution_status.COMPLETE:
+                dropped.append(self.ev)
+
+    def enqueue_copy(*a, **kw):
+        ev = real(*a, **kw)
+        return ev if kw.get("is_blocking", True) else Held(ev)
+
+    rng = np.random.default_rng(2)                      # f, N as above: one build
+    Q = rng.integers(-2, 3, (2048, 13)).astype(np.float32)
+    Y = rng.integers(-2, 3, (8000, 13)).astype(np.float32)
+    dtk = T.DeviceTopK(Y, cl_device).set_queries(Q)
+    monkeypatch.setattr(cl, "enqueue_copy", enqueue_copy)
+    parts = list(dtk.iter_query(None, 12, rows=(0, 2048), batch_rows=1024))
+    monkeypatch.undo()
+    assert len(parts) == 2 and not dropped, f"{len(dropped)} copies dropped while in flight"
+    # integer scores: score · 2¹⁴ − item orders by score, then the lower item, without ties
+    key = (Q.astype(np.int64) @ Y.T.astype(np.int64)) * 16384 - np.arange(Y.shape[0])
+    top = np.argpartition(-key, 12, axis=1)[:, :12]
+    want = np.take_along_axis(top, np.argsort(-np.take_along_axis(key, top, 1), axis=1), 1)
+    np.testing.assert_array_equal(np.concatenate([p[1] for p in parts]), want)
+    tr = dtk.last_trace.summary()
+    assert tr["rows"] == 2048 and tr["batches"] == 2 and tr["kernel_s"] > 0
+
+
+def test_lists_written_into_the_callers_arrays(cl_device):
+    """``out``: the batches' lists land in the caller's arrays (int32 ids too), candidates and
+    padding as in fresh arrays; a wrong shape is refused before anything runs."""
+    Q, Y, R = int_problem(300, 700, 13, seed=6, density=0.05)
+    R = R.tolil()
+    R[5, :] = 1                                          # a user who has seen every item
+    R = R.tocsr()
+    cand = np.arange(0, 700, 3)
+    dtk = T.DeviceTopK(Y, cl_device).set_queries(Q)
+    for c in (None, cand):
+        want = dtk.query(Q, 12, c, R)
+        out = (np.full((300, 12), 7, np.int32), np.zeros((300, 12), np.float32))
+        parts = list(dtk.iter_query(None, 12, c, R, rows=(0, 300), batch_rows=128, out=out))
+        assert len(parts) >= 2 and all(np.shares_memory(p[1], out[0]) for p in parts)
+        np.testing.assert_array_equal(out[0], want[0])
+        np.testing.assert_array_equal(out[1], want[1])
+        assert (out[0][5] == -1).all() and np.isneginf(out[1][5]).all()
+    with pytest.raises(ValueError, match="out must hold"):
+        next(dtk.iter_query(None, 12, rows=(0, 300), out=(out[0][:10], out[1][:10])))
+
+
 @pytest.mark.parametrize("which", [0, 1, 2, 3])
 def test_set_factors_rewrites_the_resident_items(cl_device, which):
     """New factors written into the uploaded buffer (every item layout) rank as a fresh upload;

@@ -142,9 +142,12 @@ class DeviceRankingMixin:
         """
         ids = scores = None
         m = self.user_factors_.shape[0] if hasattr(self, "user_factors_") else 0
-        for users, i_, s_ in self.iter_recommend_all(N, user_items, filter_already_liked_items,
-                                                     filter_items, items, batch_size,
-                                                     show_progress):
+        sink = {}
+        for users, i_, s_ in self._iter_all(N, user_items, filter_already_liked_items,
+                                            filter_items, items, batch_size, show_progress,
+                                            ordered=False, sink=sink):
+            if sink:                            # the devices' threads wrote into the result
+                continue
             if ids is None:
                 if i_.shape[0] == m:            # one batch: its arrays are the result
                     return i_, s_
@@ -152,6 +155,8 @@ class DeviceRankingMixin:
                 scores = np.empty((m, s_.shape[1]), s_.dtype)
             ids[users[0]:users[0] + i_.shape[0]] = i_
             scores[users[0]:users[0] + s_.shape[0]] = s_
+        if sink:
+            return sink["ids"], sink["scores"]
         if ids is None:
             k = min(int(N), self.item_factors_.shape[0])
             return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
@@ -171,6 +176,16 @@ class DeviceRankingMixin:
         >>> for users, ids, scores in model.iter_recommend_all(10, train):   # doctest: +SKIP
         ...     write(users, ids, scores)
         """
+        yield from self._iter_all(N, user_items, filter_already_liked_items, filter_items, items,
+                                  batch_size, show_progress)
+
+    def _iter_all(self, N, user_items, filter_already_liked_items, filter_items, items,
+                  batch_size, show_progress, ordered=True, sink=None):
+        """:meth:`iter_recommend_all`; ``ordered=False``: a multi-device model's batches come
+        as its devices finish them (:meth:`recommend_all` places them by their users). With
+        a ``sink`` (a dict) the device path writes every user's lists into two arrays of all
+        users (each device's thread its own rows), yields views of them, and puts them in the
+        sink as ``"ids"`` and ``"scores"`` with its first batch."""
         from .conventions import ids_dtype
         from .host import host_rank
         self._require_fitted()
@@ -198,10 +213,15 @@ class DeviceRankingMixin:
         try:
             if res is not None:
                 done = 0
+                out = None
+                if sink is not None:
+                    k = min(N, C)
+                    out = (np.empty((n_users, k), ids_dtype(np.zeros(0, np.int64), n_items).dtype),
+                           np.empty((n_users, k), np.float32))
                 try:
                     for u0, ids, sc in self._iter_resident(res, 0, n_users, N, cand,
                                                            raw if fast else rows, 0,
-                                                           batch_size or 65536):
+                                                           batch_size or 65536, ordered, out):
                         u1 = u0 + ids.shape[0]
                         if liked_last:
                             ids, sc = _liked_last(ids, sc, cand, rows[u0:u1], n_items)
@@ -211,6 +231,8 @@ class DeviceRankingMixin:
                         if bar is not None:
                             bar.update(u1 - u0)
                         done = u1
+                        if out is not None and not sink:
+                            sink["ids"], sink["scores"] = out
                         yield np.arange(u0, u1), ids, sc
                     return
                 except _Fallback as e:
@@ -319,13 +341,15 @@ class DeviceRankingMixin:
             return None
         return res
 
-    def _iter_resident(self, res, r0, r1, N, cand, M, row0, batch_rows):
+    def _iter_resident(self, res, r0, r1, N, cand, M, row0, batch_rows, ordered=True,
+                       out=None):
         """Yield ``(user0, ids, scores)`` of users ``r0..r1`` from the resident ranker, the
         stored entries of the CSR ``M`` (its first row is user ``row0``; None: nothing) left
         out: ``M`` is prepared and uploaded once (:class:`~clmf.inference.resident.SeenItems`);
         a matrix that matches the last one's cheap fingerprint has its content verified in a
         host thread while the devices rank, and is prepared again (and the users ranked
-        again) if it changed."""
+        again) if it changed. ``ordered`` and ``out``: as :meth:`ResidentRanker.iter_rank
+        <clmf.inference.resident.ResidentRanker.iter_rank>`."""
         seen, verify = None, None
         if M is not None:
             seen, reused = res.seen_for(M, row0, cand)
@@ -336,7 +360,7 @@ class DeviceRankingMixin:
             if reused:
                 verify = _verifier().submit(seen.same_content, M)
         try:
-            gen = res.iter_rank(r0, r1, N, cand, seen, batch_rows)
+            gen = res.iter_rank(r0, r1, N, cand, seen, batch_rows, ordered, out)
             for item in gen:
                 if verify is not None:
                     ok, verify = verify.result(), None
@@ -346,7 +370,8 @@ class DeviceRankingMixin:
                                  "preparing it again")
                         res.forget_seen()
                         seen, _ = res.seen_for(M, row0, cand)
-                        yield from res.iter_rank(r0, r1, N, cand, seen, batch_rows)
+                        yield from res.iter_rank(r0, r1, N, cand, seen, batch_rows, ordered,
+                                                 out)
                         return
                 yield item
         except (ValueError, IndexError, TypeError):
@@ -377,10 +402,11 @@ class DeviceRankingMixin:
         ids = np.empty((r1 - r0, k), ids_dtype(np.zeros(0, np.int64), n_items).dtype)
         sc = np.empty((r1 - r0, k), np.float32)
         try:
-            # batches of 65,536 users: the host finishes one while the device ranks the next
-            for u0, i_, s_ in self._iter_resident(res, r0, r1, N, cand, M, row0, 65536):
-                ids[u0 - r0:u0 - r0 + i_.shape[0]] = i_
-                sc[u0 - r0:u0 - r0 + i_.shape[0]] = s_
+            # batches of 65,536 users: the host finishes one while the device ranks the next;
+            # each device's thread writes its users' lists into ids, sc
+            for _ in self._iter_resident(res, r0, r1, N, cand, M, row0, 65536, ordered=False,
+                                         out=(ids, sc)):
+                pass
         except _Fallback:
             return None
         if bi is not None:
@@ -469,7 +495,9 @@ class DeviceRankingMixin:
     def _device_topk(self, kind, F, sources=(), work=None):
         """The cached :class:`DeviceTopK` of ``kind`` (uploading ``F`` on a miss), or None (no
         device, or ``work`` below a threshold known without uploading: a tuned record's). The
-        model's items (``"items"``, ``"items_biased"``) are its resident ranker's."""
+        model's items (``"items"``, ``"items_biased"``) are its resident ranker's: with several
+        devices the :class:`~clmf.inference.resident.ResidentRanker` itself (its ``query``
+        splits the rows over them)."""
         dev = self._inference_device()
         if dev is None:
             return None
@@ -479,7 +507,7 @@ class DeviceRankingMixin:
                 return None
         if kind in ("items", "items_biased"):
             res = self._resident()
-            return None if res is None else res.first
+            return None if res is None else res.first if len(res.parts) == 1 else res
         stamp = (dev.int_ptr,) + tuple((id(a), getattr(a, "shape", None)) for a in sources)
         cache = self.__dict__.setdefault("_topk_cache", {})
         hit = cache.get(kind)

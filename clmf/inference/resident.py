@@ -36,6 +36,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
+import time
 
 import numpy as np
 import scipy.sparse as sp
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 __all__ = ["ResidentRanker", "SeenItems", "PreparedSeen", "split_rows", "contiguous_range"]
 
 _CHUNK_WORDS = 4096        # 64-bit words per checksum chunk of the seen items' indices
+_SPLIT_ROWS = 1024         # queries per device from which a query call splits over the devices
 
 
 def split_rows(m, weights):
@@ -209,18 +211,22 @@ class ResidentRanker:
     devices; the users are split over them in proportion to their compute units."""
 
     def __init__(self, Xq, Yq, devices):
-        """Upload the items to every device and each device's range of users."""
+        """Upload the items to every device and each device's range of users (the devices
+        at once, a thread each)."""
         from ..engine.device import device_info
         from .topk import DeviceTopK
         self.m, self.n = Xq.shape[0], Yq.shape[0]
         self.f = Yq.shape[1]
         weights = [max(1, device_info(d).compute_units) for d in devices]
-        self.parts = []
-        for d, (r0, r1) in zip(devices, split_rows(self.m, weights)):
-            dtk = DeviceTopK(Yq, d)
-            dtk.set_queries(Xq[r0:r1])
-            self.parts.append({"dtk": dtk, "rows": (r0, r1), "seen": None})
+        spans = split_rows(self.m, weights)
+
+        def part(d, r0, r1):
+            """One device's items and users."""
+            return {"dtk": DeviceTopK(Yq, d).set_queries(Xq[r0:r1]), "rows": (r0, r1),
+                    "seen": None}
+        self.parts = _each(part, [(d, r0, r1) for d, (r0, r1) in zip(devices, spans)])
         self.seen = None                   # the SeenItems last prepared
+        self.last_split = []               # per device: the last iter_rank's records
         log.debug("resident ranker: %d users × %d items (f %d) on %d device(s)", self.m,
                   self.n, self.f, len(self.parts))
 
@@ -228,6 +234,29 @@ class ResidentRanker:
     def first(self):
         """The first device's :class:`DeviceTopK` (the one small calls use)."""
         return self.parts[0]["dtk"]
+
+    def query(self, Q, N, candidates=None, exclude=None):
+        """:meth:`DeviceTopK.query <clmf.inference.topk.DeviceTopK.query>` of the query vectors
+        ``Q`` (any users: a batched ``recommend`` of ids that are not a range) against the
+        items, their rows split over the devices in proportion to their compute units (a
+        thread each) when every device gets at least :data:`_SPLIT_ROWS`; ``exclude`` is a
+        CSR with one row per query."""
+        b = Q.shape[0]
+        if len(self.parts) == 1 or b < _SPLIT_ROWS * len(self.parts):
+            return self.first.query(Q, N, candidates, exclude)
+        from ..engine.device import device_info
+        spans = split_rows(b, [max(1, device_info(p["dtk"].device).compute_units)
+                               for p in self.parts])
+        ex = None if exclude is None else sp.csr_matrix(exclude)
+        got = _each(lambda p, a, z: p["dtk"].query(Q[a:z], N, candidates,
+                                                   None if ex is None else ex[a:z]),
+                    [(p, a, z) for p, (a, z) in zip(self.parts, spans)])
+        return np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got])
+
+    def host_threshold(self):
+        """The first device's measured host threshold (see :meth:`DeviceTopK.host_threshold
+        <clmf.inference.topk.DeviceTopK.host_threshold>`)."""
+        return self.first.host_threshold()
 
     def seen_for(self, M, row0, candidates):
         """``(SeenItems, reused)`` for ``M``: the prepared one when its cheap fingerprint
@@ -256,8 +285,7 @@ class ResidentRanker:
                              f"{seen.n} items for a ranker of {self.m} users × {self.n} items")
         self.forget_seen()
         try:
-            for p in self.parts:
-                self._upload_seen(p, seen)
+            _each(self._upload_seen, [(p, seen) for p in self.parts])
         except BaseException:
             self.forget_seen()
             raise
@@ -277,32 +305,134 @@ class ResidentRanker:
         part["seen"] = (seen, ex, seen.row0 + a)
         return ex, seen.row0 + a
 
-    def iter_rank(self, r0, r1, N, candidates=None, seen=None, batch_rows=None):
-        """Yield ``(user0, ids, scores)`` for users ``r0..r1`` in order: top-``N`` of their
-        resident vectors against the candidates, ``seen`` (a :class:`SeenItems` covering the
-        users) left out. Several devices rank their users at once (a thread each)."""
+    def iter_rank(self, r0, r1, N, candidates=None, seen=None, batch_rows=None, ordered=True,
+                  out=None):
+        """Yield ``(user0, ids, scores)`` for users ``r0..r1``: top-``N`` of their resident
+        vectors against the candidates, ``seen`` (a :class:`SeenItems` covering the users) left
+        out. Several devices rank their users at once (a thread each) and hand over each batch
+        as it is finished: ``ordered`` yields the batches in user order (a later device's wait
+        until the earlier ones are out), else as they come. With ``out`` (ids and scores, a row
+        per user ``r0..r1``) each device's thread writes its users' lists there (the batches
+        yielded are views of it). Where each device's time went is kept as :attr:`last_split`
+        (:meth:`split_summary`)."""
         jobs = [(p, max(r0, p["rows"][0]), min(r1, p["rows"][1])) for p in self.parts]
         jobs = [j for j in jobs if j[2] > j[1]]
+        self.last_split = split = []
         if not jobs:
             return
+        t0 = time.perf_counter()
 
-        def stream(p, a, b):
-            """The part's batches for users a..b, as global users."""
+        def stream(p, a, b, rec):
+            """The part's batches for users a..b, as global users; its trace goes to ``rec``."""
+            from .trace import QueryTrace
             dtk, q0 = p["dtk"], p["rows"][0]
+            rec["trace"] = trace = QueryTrace()
+            dst = None if out is None else (out[0][a - r0:b - r0], out[1][a - r0:b - r0])
             if seen is not None:
                 ex, e_row0 = self._upload_seen(p, seen)
                 gen = dtk.iter_query(None, N, candidates, ex, rows=(a - q0, b - q0),
-                                     batch_rows=batch_rows, exclude_row0=a - e_row0)
+                                     batch_rows=batch_rows, exclude_row0=a - e_row0,
+                                     trace=trace, out=dst)
             else:
                 gen = dtk.iter_query(None, N, candidates, None, rows=(a - q0, b - q0),
-                                     batch_rows=batch_rows)
+                                     batch_rows=batch_rows, trace=trace, out=dst)
             for b0, ids, sc in gen:
                 yield a + b0, ids, sc
 
+        for p, a, b in jobs:
+            split.append({"device": p["dtk"].info.name, "users": (a, b), "t0": t0})
         if len(jobs) == 1:
-            yield from stream(*jobs[0])
+            split[0]["start"] = time.perf_counter()
+            try:
+                yield from stream(*jobs[0], split[0])
+            finally:
+                split[0]["end"] = time.perf_counter()
             return
-        with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
-            futs = [pool.submit(lambda j=j: list(stream(*j))) for j in jobs]
-            for fut in futs:
-                yield from fut.result()
+        yield from _merge_streams([lambda j=j, r=r: stream(*j, r) for j, r in zip(jobs, split)],
+                                  split, ordered)
+
+    def split_summary(self):
+        """Per device of the last :meth:`iter_rank`: its users, its thread's start and end
+        (seconds from the call's start) and its :meth:`QueryTrace.summary
+        <clmf.inference.trace.QueryTrace.summary>`; plus ``"devices_overlap"``: the sum of the
+        devices' busy seconds over the union of their busy intervals (1: one device at a
+        time, up to the number of devices)."""
+        from .trace import union_seconds
+        out, spans = [], []
+        for r in getattr(self, "last_split", []):
+            tr = r.get("trace")
+            d = {"device": r["device"], "users": list(r["users"]),
+                 "thread_start_s": r.get("start", r["t0"]) - r["t0"],
+                 "thread_end_s": r.get("end", r["t0"]) - r["t0"]}
+            if tr is not None:
+                d.update(tr.summary(r["t0"]))
+                spans += tr.intervals
+            out.append(d)
+        u = union_seconds(spans)
+        busy = sum(d.get("device_busy_s", 0.0) for d in out)
+        return {"devices": out, "devices_overlap": busy / u if u > 0 else None}
+
+
+def _each(fn, args):
+    """``[fn(*a) for a in args]``, the calls in threads of their own when there are several
+    (the devices' uploads release the GIL); the first failure is raised after all ended."""
+    if len(args) < 2:
+        return [fn(*a) for a in args]
+    with concurrent.futures.ThreadPoolExecutor(len(args), thread_name_prefix="clmf-up") as pool:
+        futs = [pool.submit(fn, *a) for a in args]
+    return [f.result() for f in futs]
+
+
+def _merge_streams(makers, records, ordered):
+    """Run each generator that ``makers`` build in a thread of its own and yield their items:
+    in the makers' order (``ordered``), else as they come. Each thread's start and end go to
+    its record; a failure in one stops the others and is raised here; closing this generator
+    stops them all (each ends its batch in flight) before it returns."""
+    import queue
+    q = queue.Queue()
+    stop = threading.Event()
+    done = object()
+
+    def run(i):
+        """Thread ``i``: its items into the queue, then ``done`` (or the exception)."""
+        records[i]["start"] = time.perf_counter()
+        gen = None
+        try:
+            gen = makers[i]()
+            for item in gen:
+                q.put((i, item))
+                if stop.is_set():
+                    break
+            q.put((i, done))
+        except BaseException as e:
+            q.put((i, e))
+        finally:
+            if gen is not None:
+                gen.close()
+            records[i]["end"] = time.perf_counter()
+
+    held = [[] for _ in makers]        # ordered: items of later streams, until their turn
+    live = set(range(len(makers)))
+    turn = 0
+    with concurrent.futures.ThreadPoolExecutor(len(makers),
+                                               thread_name_prefix="clmf-rank") as pool:
+        for i in range(len(makers)):
+            pool.submit(run, i)
+        try:
+            while live:
+                i, item = q.get()
+                if item is done:
+                    live.discard(i)
+                elif isinstance(item, BaseException):
+                    raise item
+                elif not ordered or i == turn:
+                    yield item
+                else:
+                    held[i].append(item)
+                while ordered and turn not in live and turn < len(makers):
+                    turn += 1                  # the stream is finished: the next one's turn
+                    if turn < len(makers):
+                        yield from held[turn]
+                        held[turn] = []
+        finally:
+            stop.set()

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import functools
 import logging
 import math
 import os
 import threading
+import time
 
 import numpy as np
 import scipy.sparse as sp
@@ -34,13 +34,20 @@ import scipy.sparse as sp
 from ..errors import DeviceMemoryError, InvalidConfigError
 from ..interrupts import drain
 from .calibration import _calibrated, calibrate  # noqa: F401  (calibrate re-exported)
+from .topk_geometry import (  # noqa: F401  (re-exported: the configuration's home)
+    MAX_K,
+    TopKConfig,
+    _shrink_to_fit,
+    default_config,
+    validate,
+)
+from .trace import QueryTrace  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TopKConfig", "DeviceTopK", "topk", "validate", "render_topk", "inference_options",
-           "default_config", "lookup_config", "prebuild", "Exclusion", "MAX_K"]
+__all__ = ["TopKConfig", "DeviceTopK", "QueryTrace", "topk", "validate", "render_topk",
+           "inference_options", "default_config", "lookup_config", "prebuild", "Exclusion", "MAX_K"]
 
-MAX_K = 1024                  # longer lists go to the host (local memory per query)
 _EMPTY = np.iinfo(np.int32).max
 
 
@@ -49,141 +56,6 @@ class Exclusion(collections.namedtuple("Exclusion", "indptr indices rows candida
     and candidate positions (int32) as buffers, its rows, candidates (None: all) and entries. A
     query that is given one holds it to its end, whatever other threads upload meanwhile."""
     __slots__ = ()
-
-
-@dataclasses.dataclass(frozen=True)
-class TopKConfig:
-    """Geometry of the top-k scan kernel (see the template's header).
-
-    wx, wy: work-items along items / queries; rm: queries per work-item; rnv × v: items per
-    work-item in vectors of width v; tk: factors staged per step; cap: offered entries buffered
-    per query and round; qres: stage the whole query block once (else TK factors per step);
-    yt: read the items straight from global memory (no staged item tile; CPUs): 1 transposed
-    (f × n), 2 packed in panels of tn items (each panel f × tn, contiguous).
-    """
-    wx: int = 16
-    wy: int = 16
-    rm: int = 8
-    rnv: int = 2
-    v: int = 4
-    tk: int = 16
-    cap: int = 16
-    qres: bool = False
-    yt: int = 0
-
-    @property
-    def tm(self):
-        """Queries per work-group."""
-        return self.wy * self.rm
-
-    @property
-    def tn(self):
-        """Items per tile."""
-        return self.wx * self.rnv * self.v
-
-    def ldf(self, f):
-        """Padded factor width: a multiple of tk."""
-        from ..tuning.spec import leading_dim
-        return max(self.tk, leading_dim(f, self.tk))
-
-    def local_bytes(self, f, kp):
-        """Local memory of the scan kernel for f factors and lists of kp."""
-        tmp, tnp = self.tm + 1, self.tn + (1 if self.v == 1 else self.v)
-        qk = self.ldf(f) if self.qres else (1 if self.yt else self.tk)
-        mw = -(-self.tn // 32)
-        return 4 * (qk * tmp + (0 if self.yt else self.tk * tnp) + 2 * self.tm * kp
-                    + 2 * self.tm * self.cap
-                    + self.tm + self.tm * mw + 2) + 8 * self.tm
-
-    def __str__(self):
-        """``topk:wx=..,wy=..,...`` (parsed back by :meth:`parse`)."""
-        return ("topk:" + ",".join(f"{k}={int(getattr(self, k))}"
-                                   for k in _FIELDS))
-
-    def to_dict(self):
-        """Plain dict (JSON) of the fields."""
-        return {k: int(getattr(self, k)) for k in _FIELDS}
-
-    @classmethod
-    def from_dict(cls, d):
-        """From :meth:`to_dict` output (unknown keys refused)."""
-        fields = {f.name for f in dataclasses.fields(cls)}
-        bad = set(d) - fields
-        if bad:
-            raise InvalidConfigError(f"unknown topk config keys {sorted(bad)}", "geometry")
-        kw = {k: (bool(v) if k == "qres" else int(v)) for k, v in d.items()}
-        return cls(**kw)
-
-    @classmethod
-    def parse(cls, s):
-        """From ``str(config)``: ``topk:wx=16,wy=16,...``."""
-        body = s.split(":", 1)[1] if s.startswith("topk:") else s
-        d = {}
-        for part in filter(None, body.split(",")):
-            k, _, v = part.partition("=")
-            d[k.strip()] = int(v)
-        return cls.from_dict(d)
-
-
-_FIELDS = ("wx", "wy", "rm", "rnv", "v", "tk", "cap", "qres", "yt")
-
-
-def default_config(info):
-    """The untuned configuration for a device type (CPUs: small groups, wide vectors)."""
-    if info is not None and info.type == "CPU":
-        return TopKConfig(wx=1, wy=64, rm=4, rnv=2, v=8, tk=16, cap=16, qres=False, yt=2)
-    return TopKConfig()
-
-
-def validate(cfg: TopKConfig, f, kp, info):
-    """Check ``cfg`` against the constraints of the template and the device's limits."""
-    if cfg.yt not in (0, 1, 2):
-        raise InvalidConfigError(f"yt must be 0, 1 or 2, not {cfg.yt}", "geometry")
-    if cfg.v not in (1, 2, 4, 8, 16):
-        raise InvalidConfigError(f"vector width {cfg.v} not in 1, 2, 4, 8, 16", "geometry")
-    for name in ("wx", "wy", "rm", "rnv", "tk", "cap"):
-        if getattr(cfg, name) < 1:
-            raise InvalidConfigError(f"{name} must be ≥ 1", "geometry")
-    if cfg.rm * cfg.rnv * cfg.v > 64:
-        raise InvalidConfigError(f"{cfg.rm * cfg.rnv * cfg.v} scores per work-item > 64 (the "
-                                 "pending mask is one 64-bit word)", "geometry")
-    if kp < 1 or kp > MAX_K:
-        raise InvalidConfigError(f"list length {kp} outside 1..{MAX_K}", "geometry")
-    if info is not None:
-        wg = cfg.wx * cfg.wy
-        if wg > info.max_work_group_size:
-            raise InvalidConfigError(f"work-group {wg} > device's {info.max_work_group_size}",
-                                     "work_group_size")
-        if cfg.wx > info.max_work_item_sizes[0] or cfg.wy > info.max_work_item_sizes[1]:
-            raise InvalidConfigError("work-group edges exceed the device's work-item sizes",
-                                     "work_item_sizes")
-        lb = cfg.local_bytes(f, kp)
-        if lb > info.local_mem:
-            raise InvalidConfigError(f"topk needs {lb} B of local memory, the device has "
-                                     f"{info.local_mem}", "local_memory")
-    return True
-
-
-def _shrink_to_fit(cfg, f, kp, info):
-    """``cfg`` with fewer queries per group (then no staged query block) until it fits."""
-    c = cfg
-    while True:
-        try:
-            validate(c, f, kp, info)
-            return c
-        except InvalidConfigError as e:
-            if e.reason != "local_memory":
-                raise
-            if c.qres:
-                c = dataclasses.replace(c, qres=False)
-            elif c.wy > 1:
-                c = dataclasses.replace(c, wy=c.wy // 2)
-            elif c.rm > 1:
-                c = dataclasses.replace(c, rm=c.rm // 2)
-            elif c.cap > 1:
-                c = dataclasses.replace(c, cap=max(1, c.cap // 2))
-            else:
-                raise
 
 
 @functools.lru_cache(maxsize=256)
@@ -356,6 +228,7 @@ class DeviceTopK:
         self.factors_buf, self.ldy = self._items_buffer(F)
         self._gathered = None              # (candidates, buffer, ldy) of the last gather (yt)
         self._queries = None               # resident query rows (recommend_all)
+        self.last_trace = None             # the QueryTrace of the last query
         self._excl = None                  # resident exclusion (set_exclude)
         self._free_slots = []              # result buffers of finished queries, for reuse
         self._lock = threading.RLock()   # host_threshold calibrates (queries) under it
@@ -371,12 +244,18 @@ class DeviceTopK:
         return out
 
     def _upload(self, a):
-        """A read-only device copy of ``a`` (one element for an empty array)."""
+        """A read-only device copy of ``a`` (one element for an empty array), written by a
+        blocking copy on the context's upload queue: the GIL is released while it runs (a
+        buffer created from the host pointer holds it for the whole copy, so the devices of a
+        multi-device model could only be filled one at a time) and it does not wait behind
+        the queries' kernels."""
         cl = self.cl
         a = np.ascontiguousarray(a)
         if a.size == 0:
             a = np.zeros(1, a.dtype)
-        return cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
+        buf = cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY, size=a.nbytes)
+        cl.enqueue_copy(_upload_queue(self.ctx, self.device), buf, a, is_blocking=True)
+        return buf
 
     def _items_host(self, F):
         """The items as the device holds them: rows padded to ldf, or transposed (yt) with the
@@ -540,14 +419,19 @@ class DeviceTopK:
         return min(int(N), C)
 
     def iter_query(self, Q, N, candidates=None, exclude=None, rows=None, batch_rows=None,
-                   show_progress=False, exclude_row0=None):
+                   show_progress=False, exclude_row0=None, trace=None, out=None):
         """Yield ``(row0, ids, scores)`` batch by batch (the memory plan's batches, or
         ``batch_rows``); arguments as :meth:`query`, or ``rows=(r0, r1)`` of resident queries
         (``exclude="resident"``: the resident exclusion's row ``exclude_row0``, default
         ``r0``, belongs to query row ``r0``).
 
         Two batches are in flight: the next batch's kernels run while the host turns the
-        previous one's lists (copied into page-locked host memory) into the results."""
+        previous one's lists (copied into page-locked host memory) into the results. Where the
+        time went is recorded in ``trace`` (a :class:`~clmf.inference.trace.QueryTrace`;
+        default a new one), also kept as ``self.last_trace``. With ``out`` (ids of an integer
+        dtype and float32 scores, one row per query, ``min(N, candidates)`` columns) the lists
+        are written there and the batches yielded are views of it (the caller's result,
+        filled by this thread)."""
         cl = self.cl
         if rows is not None:
             r0, r1 = int(rows[0]), int(rows[1])
@@ -590,7 +474,13 @@ class DeviceTopK:
             if excl.shape[0] != nq:
                 raise ValueError(f"exclude has {excl.shape[0]} rows for {nq} queries")
             excl = _to_positions(excl, cand, self.n)
+        if out is not None and (out[0].shape != (nq, k) or out[1].shape != (nq, k)):
+            raise ValueError(f"out must hold ({nq}, {k}) ids and scores, not "
+                             f"{out[0].shape} and {out[1].shape}")
         if k == 0 or nq == 0:
+            if out is not None:
+                yield 0, out[0], out[1]
+                return
             yield 0, np.full((nq, k), -1, np.int64), np.full((nq, k), -np.inf, np.float32)
             return
         if k > MAX_K:
@@ -607,6 +497,7 @@ class DeviceTopK:
         if B < nq:          # whole work-groups per batch
             B = max(cfg.tm, B // cfg.tm * cfg.tm)
         self.kernel_seconds = 0.0          # device time of this query's kernels (profiled)
+        tr = self.last_trace = QueryTrace() if trace is None else trace
         ybuf, ldy, cand_buf = self._items_for(cand)
         nslots = 1 if B >= nq else 2
         slots = [self._slot(B, S, k) for _ in range(nslots)]
@@ -614,10 +505,11 @@ class DeviceTopK:
         if show_progress:
             from tqdm.auto import tqdm
             bar = tqdm(total=nq, desc="top-k", unit="query")
-        pending = []                       # (b0, nb, slot, events, copy event) in flight
+        pending = []                       # the batches in flight (see launch)
 
         def launch(b0, slot):
             """Enqueue batch ``b0``'s kernels and the copies of its lists into ``slot``."""
+            t_launch = time.perf_counter()
             b1 = min(nq, b0 + B)
             nb = b1 - b0
             keep = []                      # per-batch uploads live until the batch is done
@@ -644,6 +536,7 @@ class DeviceTopK:
                            np.int32(cand_buf is not None), np.int32(C), ex_ptr, ex_idx,
                            np.int32(has_excl), np.int32(erow0), np.int32(jper), np.int32(S),
                            np.int64(ldy), slot["part_s"], slot["part_i"])]
+            enqueued = time.perf_counter()
             if S > 1:
                 events.append(merge(
                     self.queue, (-(-nb // 64) * 64,), (64,), slot["part_s"], slot["part_i"],
@@ -652,19 +545,31 @@ class DeviceTopK:
             else:
                 src_s, src_i = slot["part_s"], slot["part_i"]
             hs, hi = slot["host_s"][:nb * k], slot["host_i"][:nb * k]
-            cl.enqueue_copy(self.queue, hs, src_s, is_blocking=False)
+            # both copies' events are kept until the batch is finished: pyopencl waits for a
+            # dropped (in-flight) copy's event without releasing the GIL, which held this
+            # thread, and every other device's thread, for the whole batch
+            copies = [cl.enqueue_copy(self.queue, hs, src_s, is_blocking=False)]
             done = cl.enqueue_copy(self.queue, hi, src_i, is_blocking=False)
-            pending.append((b0, nb, slot, events, done, keep))
+            copies.append(done)
+            pending.append((b0, nb, slot, events, done, keep, copies, enqueued))
+            tr.enqueue_s += time.perf_counter() - t_launch
 
         def finish():
             """Wait for the oldest batch in flight and turn its lists into results."""
-            b0, nb, slot, events, done, _keep = pending.pop(0)
+            b0, nb, slot, events, done, _keep, copies, enqueued = pending.pop(0)
+            t_wait = time.perf_counter()
             done.wait()
+            t_done = time.perf_counter()
+            tr.wait_s += t_done - t_wait
             self.kernel_seconds += sum((e.profile.end - e.profile.start) * 1e-9
                                        for e in events)
+            tr.batch(nb, enqueued, events, copies)
             ix = slot["host_i"][:nb * k].reshape(nb, k)
             sc = slot["host_s"][:nb * k].reshape(nb, k)
-            return b0, nb, slot, _finish(ix, sc, cand)
+            got = _finish(ix, sc, cand, None if out is None
+                          else (out[0][b0:b0 + nb], out[1][b0:b0 + nb]))
+            tr.finish_s += time.perf_counter() - t_done
+            return b0, nb, slot, got
 
         try:
             starts = list(range(0, nq, B))
@@ -689,6 +594,7 @@ class DeviceTopK:
                 pending.clear()
             with self._lock:
                 self._free_slots.extend(slots)
+            tr.close()
             if bar is not None:
                 bar.close()
 
@@ -747,6 +653,21 @@ class DeviceTopK:
         return self._threshold
 
 
+_upload_queues: dict = {}
+_uq_lock = threading.Lock()
+
+
+def _upload_queue(ctx, device):
+    """A second command queue of the context (memoized), for :meth:`DeviceTopK._upload`."""
+    key = ctx.int_ptr
+    with _uq_lock:
+        q = _upload_queues.get(key)
+        if q is None:
+            import pyopencl as cl
+            q = _upload_queues[key] = cl.CommandQueue(ctx, device)
+        return q
+
+
 def _to_positions(excl, cand, n):
     """The exclusion CSR with columns as candidate positions (others dropped), rows sorted."""
     excl = excl.copy()
@@ -766,16 +687,22 @@ def _to_positions(excl, cand, n):
     return out
 
 
-def _finish(ix, sc, cand):
-    """Device lists → (int64 ids, float32 scores) with -1 / -inf for empty slots."""
+def _finish(ix, sc, cand, out=None):
+    """Device lists → (ids, float32 scores) with -1 / -inf for empty slots: new int64 ids and
+    scores, or written into ``out`` (ids of an integer dtype, scores; the lists' shape)."""
+    ids, s = (np.empty(ix.shape, np.int64), np.empty(sc.shape, np.float32)) if out is None \
+        else out
     empty = ix == _EMPTY
-    ids = ix.astype(np.int64)
-    if cand is not None:
-        ids = np.where(empty, -1, cand[np.where(empty, 0, ids)])
-    ids[empty] = -1
-    sc = sc.copy()
-    sc[empty] = -np.inf
-    return ids, sc
+    some = bool(empty.any())
+    if cand is None:
+        ids[...] = ix
+    else:
+        ids[...] = cand[np.where(empty, 0, ix) if some else ix]
+    s[...] = sc
+    if some:
+        ids[empty] = -1
+        s[empty] = -np.inf
+    return ids, s
 
 
 def _concat(parts, nq, k):
