@@ -533,3 +533,48 @@ def test_fact_and_import_checks_find_what_they_look_for(tmp_path):
     assert private_imports(modules) == [
         "clmf.parallel.worker:2 imports _helper from clmf.engine._own"]
     assert upward_arrows(import_graph(modules)) == ["clmf.parallel.worker:4 -> clmf.model.est"]
+
+
+# non-blocking copies whose event must outlive the call (pyopencl's NannyEvent waits for its copy,
+# holding the GIL, when released: a dropped event makes the copy blocking and stops every thread)
+NONBLOCKING = {"enqueue_copy": "is_blocking", "write_rows": "blocking", "read_rows": "blocking"}
+
+
+def dropped_copy_events(modules):
+    """``["module:line"]`` of non-blocking copies called as bare statements (event dropped)."""
+    out = []
+    for mod, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
+                continue
+            fn = node.value.func
+            name = fn.id if isinstance(fn, ast.Name) else getattr(fn, "attr", None)
+            flag = NONBLOCKING.get(name)
+            if flag and any(k.arg == flag and isinstance(k.value, ast.Constant)
+                            and k.value.value is False for k in node.value.keywords):
+                out.append(f"{mod}:{node.lineno}")
+    return out
+
+
+def test_no_nonblocking_copy_drops_its_event():
+    """Every non-blocking copy's event is kept (returned, stored, or held by ``Engine.keep``)
+    until the copy completes: issue 29's four GPUs ran one at a time because dropped events
+    waited with the GIL held, and the fit engine's exchange did the same."""
+    modules, _ = _repo_graph()
+    bad = dropped_copy_events(modules)
+    assert not bad, f"non-blocking copies whose event is dropped at once: {bad}"
+
+
+def test_the_dropped_event_check_sees_bare_copies(tmp_path):
+    """The check flags a bare non-blocking copy and nothing else."""
+    bad = dropped_copy_events(_planted(tmp_path, {
+        "__init__.py": "",
+        "a.py": ("def f(cl, q, e, h, b):\n"
+                 "    cl.enqueue_copy(q, b, h, is_blocking=False)\n"
+                 "    ev = cl.enqueue_copy(q, b, h, is_blocking=False)\n"
+                 "    cl.enqueue_copy(q, h, b)\n"
+                 "    e.write_rows('users', h, 0, 1, blocking=False)\n"
+                 "    e.keep(e.write_rows('users', h, 0, 1, blocking=False))\n"
+                 "    return ev\n")}))
+    assert bad == ["clmf.a:2", "clmf.a:5"]

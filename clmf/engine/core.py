@@ -135,6 +135,7 @@ class Engine:
         self.times = {"compute": 0.0, "exchange": 0.0}
         self.stage_times = {"s1": 0.0, "s2": 0.0, "s3": 0.0, "combine": 0.0}
         self._staging = []          # (buffer, mapped arrays) to unmap at release
+        self._pending = []          # events of non-blocking copies still held (see keep)
         self._metric_bufs = {}      # key -> (n, buffers) of triples kept on the device
         self._fill_pool = [None]
         self._factor_hosts = {}     # host arrays the factor buffers wrap
@@ -430,13 +431,28 @@ class Engine:
         else:
             idx = np.ascontiguousarray(idx, np.int32)
             val = np.ascontiguousarray(val, np.float32)
-        ev = cl.enqueue_copy(q, bset["indptr"], ip, is_blocking=False, wait_for=wait_for)
+        ev = self.keep(cl.enqueue_copy(q, bset["indptr"], ip, is_blocking=False,
+                                       wait_for=wait_for))
         if n:
-            cl.enqueue_copy(q, bset["indices"], idx, is_blocking=False)
-            ev = cl.enqueue_copy(q, bset["data"], val, is_blocking=False)
+            self.keep(cl.enqueue_copy(q, bset["indices"], idx, is_blocking=False))
+            ev = self.keep(cl.enqueue_copy(q, bset["data"], val, is_blocking=False))
         if stage is not None:
             bset["staged"] = ev
         return ev
+
+    # ----- copies in flight ------------------------------------------------------------------
+    def keep(self, ev):
+        """Hold a non-blocking copy's event until the copy has completed, and return it: pyopencl's
+        ``NannyEvent`` waits for its copy when released, *holding the GIL*, so a dropped one makes
+        the copy blocking and stops every other thread (the other devices' fits) until it ends."""
+        if ev is not None:
+            self._pending.append(ev)
+        return ev
+
+    def prune(self):
+        """Release the held copy events that have completed (releasing those cannot wait)."""
+        done = self.cl.command_execution_status.COMPLETE
+        self._pending = [e for e in self._pending if e.command_execution_status != done]
 
     # ----- factors -------------------------------------------------------------------------
     def _whole_factor(self, side):
@@ -554,7 +570,7 @@ class Engine:
         if not self._whole_factor(other):
             raise ValueError(f"the {side} half-step reduces partial normal equations here: "
                              "use partials() and solve_reduced()")
-        cl.enqueue_copy(q, self.status, self._ok, is_blocking=False)
+        self.keep(cl.enqueue_copy(q, self.status, self._ok, is_blocking=False))
         if self.implicit:      # G = (other side)ᵀ(other side), once per half-step
             self._gram(side, kern, cfg)
         publisher = (Publisher(exchange, self.index)
@@ -654,6 +670,7 @@ class Engine:
             t_done = done_at[0] if done_at else t_end
         self.times["compute"] += t_done - t0
         self.times["exchange"] += max(0.0, t_end - t_done)
+        self.prune()
         if self.profile:
             self._account(events, stream_events, copy_events)
         if st[0] != _INT_MAX:
@@ -681,7 +698,7 @@ class Engine:
         while True:
             new, seen, done = exchange.take(self.index, seen)
             for _dev, r0, r1 in new:
-                self.write_rows(side, exchange.host, r0, r1, blocking=False)
+                self.keep(self.write_rows(side, exchange.host, r0, r1, blocking=False))
             if done:
                 return
 
@@ -741,6 +758,7 @@ class Engine:
             return
         with deferred_interrupts():
             self._drain()
+            self._pending = []      # every queue has drained: releasing them cannot wait
             self._free()
             self._released = True
 

@@ -84,7 +84,7 @@ def half_rows(eng, queue, side, host, a, b, blocking, wait_for=None):
         kern["pack_half"](q, gs, (64,), eng.factors[side], off, stage, np.int64(n),
                           wait_for=wait_for)
         return cl.enqueue_copy(q, host[a:b], stage, is_blocking=blocking)
-    cl.enqueue_copy(q, stage, host[a:b], is_blocking=False)
+    eng.keep(cl.enqueue_copy(q, stage, host[a:b], is_blocking=False))
     ev = kern["unpack_half"](q, gs, (64,), stage, eng.factors[side], off, np.int64(n))
     if blocking:
         ev.wait()

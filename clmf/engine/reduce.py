@@ -37,7 +37,7 @@ def partials(eng, side, host_A, host_B, host_G):
         e = launch_gram(kern, q, cfg, fs, b["gram_k"], b["g_indptr"], b["g_indices"],
                         b["g_data"], eng.factors[other], b["A"], b["B"], b["G"])
         events.append((e, None, None, None))
-        cl.enqueue_copy(out, host_G, b["G"], is_blocking=False, wait_for=[e])
+        eng.keep(cl.enqueue_copy(out, host_G, b["G"], is_blocking=False, wait_for=[e]))
     for k, batch in enumerate(eng._batches(side, stream_events)):
         bset, n = batch.bset, batch.rows
         pair, A, B = _scratch(eng, side, k)
@@ -50,10 +50,12 @@ def partials(eng, side, host_A, host_B, host_G):
         events.append((*evs, None))
         batch.done = evs[1] or evs[0]
         g0 = batch.r0 + batch.row0
-        cl.enqueue_copy(out, host_A[g0:g0 + n], A, is_blocking=False, wait_for=[batch.done])
-        copied[pair] = cl.enqueue_copy(out, host_B[g0:g0 + n], B, is_blocking=False)
+        eng.keep(cl.enqueue_copy(out, host_A[g0:g0 + n], A, is_blocking=False,
+                                 wait_for=[batch.done]))
+        copied[pair] = eng.keep(cl.enqueue_copy(out, host_B[g0:g0 + n], B, is_blocking=False))
     q.finish()
     out.finish()
+    eng.prune()
     eng.times["compute"] += time.perf_counter() - t0
     if eng.profile:
         eng._account(events, stream_events)
@@ -72,16 +74,16 @@ def solve_reduced(eng, side, host_A, host_B, regularization, weighted, exchange)
     lo, _hi = eng.frange[side]
     r0, r1 = eng.share.blocks[side]
     bs = eng.batch_rows[side]
-    cl.enqueue_copy(q, eng.status, eng._ok, is_blocking=False)
+    eng.keep(cl.enqueue_copy(q, eng.status, eng._ok, is_blocking=False))
     publisher = Publisher(exchange, eng.index) if exchange.needed else None
     events, copy_events, solved = [], [], [None, None]    # each pair's last solve
     for k, row0 in enumerate(range(0, r1 - r0, bs)):
         n = min(bs, r1 - r0 - row0)
         g0 = r0 + row0
         pair, A, B = _scratch(eng, side, k)
-        cl.enqueue_copy(up, A, host_A[g0:g0 + n], is_blocking=False,
-                        wait_for=[solved[pair]] if solved[pair] else None)
-        ev = cl.enqueue_copy(up, B, host_B[g0:g0 + n], is_blocking=False)
+        eng.keep(cl.enqueue_copy(up, A, host_A[g0:g0 + n], is_blocking=False,
+                                 wait_for=[solved[pair]] if solved[pair] else None))
+        ev = eng.keep(cl.enqueue_copy(up, B, host_B[g0:g0 + n], is_blocking=False))
         e3 = launch_solve(kern, q, cfg, fs, b["counts"], A, B, eng.factors[side],
                           eng.status, row0, n, r0 - lo, regularization, weighted, wait_for=[ev])
         solved[pair] = e3

@@ -161,14 +161,16 @@ class HeldoutCounter:
         order = np.argsort(-norms, kind="stable").astype(np.int32)
         # the norms with an allowance for their own and the bound's float32 rounding
         reach = (norms[order].astype(np.float64) * (1 + (2 * f + 8) * _U)).astype(np.float32)
-        for k, a in (("order", order), ("reach", reach)):
-            cl.enqueue_copy(q, b[k], a, is_blocking=False)
+        # the non-blocking copies' events are held until the blocking read at the end (a dropped
+        # one would wait for its copy holding the GIL: tests/test_architecture.py)
+        held = [cl.enqueue_copy(q, b[k], a, is_blocking=False)
+                for k, a in (("order", order), ("reach", reach))]
         if self._sorted is None or self._sorted[1] != f:
             lds = 8 * -(-f // 8)
             self._sorted = (cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size=4 * lds * n), f)
         S = self._sorted[0]
         prog.kernels["sort_rows"](q, (n,), None, Yb, b["order"], np.int32(n), S)
-        cl.enqueue_copy(q, b["perm"], self._perm, is_blocking=False)
+        held.append(cl.enqueue_copy(q, b["perm"], self._perm, is_blocking=False))
         prog.kernels["heldout_count"](
             q, (-(-self.nchunks // GROUP),), None, Xb, Yb, S, b["order"], b["reach"],
             b["perm"], b["chunk_user"], b["chunk_start"], b["pair_item"], b["seen_ptr"],
@@ -176,8 +178,9 @@ class HeldoutCounter:
             b["steps"])
         out = np.empty(self.npairs, np.int32)
         steps = np.empty(self.nchunks, np.int32)
-        cl.enqueue_copy(q, steps, b["steps"], is_blocking=False)
-        cl.enqueue_copy(q, out, b["out"])
+        held.append(cl.enqueue_copy(q, steps, b["steps"], is_blocking=False))
+        cl.enqueue_copy(q, out, b["out"])      # blocking, in order: every held copy is done
+        held.clear()
         self._perm = np.argsort(-steps, kind="stable").astype(np.int32)
         return out
 

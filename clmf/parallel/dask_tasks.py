@@ -341,7 +341,7 @@ def install(fit_id, side=None, needed=False, *blocks):
             continue
         r0, rows = blk
         rows = shm.resolve(rows, st["attached"])
-        w.write_rows(side, Rows(rows, r0), r0, r0 + len(rows), blocking=False)
+        w.keep(w.write_rows(side, Rows(rows, r0), r0, r0 + len(rows), blocking=False))
     w.q["into"].finish()
     return None
 
