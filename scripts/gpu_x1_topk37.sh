@@ -12,9 +12,9 @@ import json, os
 from clmf.autotune.topk import tune_topk
 from clmf.tuning.database import user_db_path
 s = tune_topk("gpu", n_items=1_000_000, f=128, users=65536, seen_per_user=0, progress=False)
-print(json.dumps({k: v for k, v in s.items() if k != "rows"}, default=str)[:3000])
-for r in s.get("rows", []):
-    print(r.get("config_str"), r.get("status"), r.get("seconds"))
+print(json.dumps({k: v for k, v in s.items() if k != "candidates"}, default=str)[:3000])
+for r in s.get("candidates", []):
+    print(r.get("config_str"), r.get("status"), r.get("seconds"), r.get("kernel_seconds"))
 os.system(f"cp {user_db_path()} {os.environ['OUT']}/topk-tuning.jsonl")
 PY
 echo "tune_topk: exit $?"
