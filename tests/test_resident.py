@@ -367,20 +367,20 @@ def test_catalog_larger_than_a_tile(cl_device):
     """The million-item path at a small scale: many tiles per split, several splits merged,
     a few queries; with and without candidates and seen items."""
     rng = np.random.default_rng(3)
-    n = 30_000
-    X = rng.integers(-4, 5, (40, 8)).astype(np.float32)
+    n, m = 30_000, 12                      # one group of queries: the items are split
+    X = rng.integers(-4, 5, (m, 8)).astype(np.float32)
     Y = rng.integers(-4, 5, (n, 8)).astype(np.float32)
-    R = sp.random(40, n, density=0.01, random_state=4, format="csr", dtype=np.float32)
-    m = make_model(X, Y, cl_device)
+    R = sp.random(m, n, density=0.01, random_state=4, format="csr", dtype=np.float32)
+    model = make_model(X, Y, cl_device)
     with T.inference_options(device=cl_device, min_work=0):
-        got = m.recommend_all(10, user_items=R)
-        dtk = m._topk_cache["resident"][1].first
-        S, _ = dtk._splits(40, n, dtk.config)
+        got = model.recommend_all(10, user_items=R)
+        dtk = model._topk_cache["resident"][1].first
+        S, _ = dtk._splits(m, n, dtk.config)
         assert n > 4 * dtk.config.tn and S > 1
         check(got, brute(X, Y, R))
         cand = np.sort(rng.choice(n, 20_000, replace=False))
         drop = np.setdiff1d(np.arange(n), cand)
-        check(m.recommend(np.arange(40), R, N=10, filter_items=drop),
+        check(model.recommend(np.arange(m), R, N=10, filter_items=drop),
               brute(X, Y, R, cand=cand))
 
 

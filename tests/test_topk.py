@@ -386,3 +386,15 @@ def test_an_untuned_device_calibrates_its_host_threshold_without_deadlock(cl_dev
     th.join(120)
     assert not th.is_alive(), "host_threshold deadlocked"
     assert got and got[0] >= 0
+
+
+def test_a_batch_just_under_the_target_is_not_split(cl_device):
+    """Items are split over work-groups only where that brings the query groups nearer the
+    device's target (rounded, not up): 489 groups of a 62,500-query batch against an H100's
+    528 ran split in two, 8 % slower (issue 29's 1M × 1M); far fewer groups still split."""
+    dtk = T.DeviceTopK(np.ones((4096, 8), np.float32), cl_device)
+    cfg, target = dtk.config, dtk.info.compute_units * (4 if dtk.info.type != "CPU" else 2)
+    C = 4096 * cfg.tn
+    almost = max(1, target - target // 8) * cfg.tm      # just under the target's groups
+    assert dtk._splits(almost, C, cfg)[0] == 1
+    assert dtk._splits(cfg.tm, C, cfg)[0] == target      # one group: split to the target

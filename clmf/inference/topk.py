@@ -374,11 +374,14 @@ class DeviceTopK:
         return max(1, min(nq, rows))
 
     def _splits(self, nq, C, cfg):
-        """(splits, candidates per split): enough work-groups to fill the device."""
+        """(splits, candidates per split): enough work-groups to fill the device. The split
+        factor is the target's ratio to the query groups rounded to the nearest whole number,
+        not up: 489 groups against a target of 528 (62,500 queries of a batch on an H100) ran
+        split in two, each query's candidates merged from two halves, 8 % slower than whole."""
         tiles = max(1, -(-C // cfg.tn))
         groups = max(1, -(-nq // cfg.tm))
         target = self.info.compute_units * (4 if self.info.type != "CPU" else 2)
-        s = min(tiles, max(1, -(-target // groups)))
+        s = min(tiles, max(1, (target + groups // 2) // groups))
         jper = -(-tiles // s) * cfg.tn
         return max(1, -(-C // jper)), jper
 
