@@ -27,7 +27,8 @@ __all__ = ["HeldoutCounter", "FitValidation"]
 
 MAX_PAIRS = 4         # held-out pairs of one user scanned for at once (a chunk)
 GROUP = 4             # chunks a work-item scans the items for at once
-BLOCK = 16            # items per block of the packed copy (one float16 vector per factor)
+LANES, VECS = 16, 2   # a block of the packed copy: VECS float16 vectors per factor
+BLOCK = LANES * VECS  # items per block
 # work-items per work-group: one on a CPU, so that its threads share the unequal work-items
 # out (with none given, PoCL makes e.g. 471 work-items one work-group: one thread); a warp else
 LOCAL = {"CPU": 1}
@@ -39,7 +40,7 @@ def _source(f, ldq, ldy, storage):
     """OpenCL C source of the held-out program for f factors, row strides and storage."""
     from ..engine import kernels
     return kernels.render("heldout.cl.j2", f=f, ldq=ldq, ldy=ldy, storage=storage,
-                          maxp=MAX_PAIRS, group=GROUP, block=BLOCK,
+                          maxp=MAX_PAIRS, group=GROUP, lanes=LANES, vecs=VECS,
                           config_str=f"heldout f={f} ldq={ldq} ldy={ldy} {storage}")
 
 
@@ -75,7 +76,8 @@ class HeldoutCounter:
         self.K = int(K)
         self.device = device
         self.ctx, self.queue = get_context(device)
-        self.local = min(LOCAL.get(type_name(device), LOCAL_OTHER), device.max_work_group_size)
+        local = LOCAL.get(type_name(device), LOCAL_OTHER)
+        self.local = None if local is None else min(local, device.max_work_group_size)
         self.shape = test.shape
         m, self.n = test.shape
         counts = np.diff(test.indptr)
@@ -182,7 +184,7 @@ class HeldoutCounter:
         def pack():
             """Pack the items in ``self._order`` (uploaded first)."""
             self._send(b["order"], self._order)
-            prog.kernels["pack_items"](q, self._grid(nb), (self.local,), Yb, b["order"],
+            prog.kernels["pack_items"](q, self._grid(nb), self._local, Yb, b["order"],
                                        np.int32(n), S, b["pos"], b["norms"], b["bnd"])
 
         if self._order is None:               # no norms yet: pack by index, order by those
@@ -194,7 +196,7 @@ class HeldoutCounter:
         prog.kernels["suffix_max"](q, (1,), None, b["bnd"], np.int32(nb), b["smax"])
         self._send(b["perm"], self._perm)
         prog.kernels["heldout_count"](
-            q, self._grid(-(-self.nchunks // GROUP)), (self.local,), Xb, S, b["order"],
+            q, self._grid(-(-self.nchunks // GROUP)), self._local, Xb, S, b["order"],
             b["pos"], b["bnd"], b["smax"], b["perm"], b["chunk_user"], b["chunk_start"],
             b["pair_item"], b["seen_ptr"], b["seen_idx"], np.int32(self.nchunks), np.int32(n),
             np.int32(self.K), b["out"], b["steps"])
@@ -210,9 +212,14 @@ class HeldoutCounter:
         self._perm = self._perm[_descending(steps[self._perm].astype(np.float32))]
         return out
 
+    @property
+    def _local(self):
+        """The work-group size argument of a launch."""
+        return None if self.local is None else (self.local,)
+
     def _grid(self, items):
         """The global size for ``items`` work-items: a multiple of the work-group size."""
-        return (-(-items // self.local) * self.local,)
+        return (items,) if self.local is None else (-(-items // self.local) * self.local,)
 
     def _send(self, buf, a):
         """Upload ``a`` into ``buf`` without waiting (kept alive until the next wait)."""
