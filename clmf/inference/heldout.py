@@ -27,6 +27,7 @@ __all__ = ["HeldoutCounter", "FitValidation"]
 
 MAX_PAIRS = 4         # held-out pairs of one user scanned for at once (a chunk)
 GROUP = 4             # chunks a work-item scans the items for at once
+SEEN_BITS = 7         # a user's seen items in a hash set of 2**SEEN_BITS slots (≤ half full)
 LANES, VECS = 16, 2   # a block of the packed copy: VECS float16 vectors per factor
 BLOCK = LANES * VECS  # items per block
 # work-items per work-group: one on a CPU, so that its threads share the unequal work-items
@@ -41,6 +42,7 @@ def _source(f, ldq, ldy, storage):
     from ..engine import kernels
     return kernels.render("heldout.cl.j2", f=f, ldq=ldq, ldy=ldy, storage=storage,
                           maxp=MAX_PAIRS, group=GROUP, lanes=LANES, vecs=VECS,
+                          seen_slots=2 ** SEEN_BITS, seen_bits=SEEN_BITS,
                           config_str=f"heldout f={f} ldq={ldq} ldy={ldy} {storage}")
 
 
@@ -116,7 +118,7 @@ class HeldoutCounter:
         n1 = max(1, self.n)
         self._buf["out"] = cl.Buffer(self.ctx, mf.WRITE_ONLY, size=4 * max(1, self.npairs))
         nb = max(1, -(-self.n // BLOCK))
-        for k, size in (("norms", n1), ("pos", n1), ("bnd", nb), ("smax", nb)):
+        for k, size in (("norms", n1), ("bnd", nb), ("smax", nb)):
             self._buf[k] = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * size)
         self._buf["order"] = cl.Buffer(self.ctx, mf.READ_ONLY, size=4 * n1)
         self._packed = None            # (buffer, f) of the items' packed copy, by blocks
@@ -185,7 +187,7 @@ class HeldoutCounter:
             """Pack the items in ``self._order`` (uploaded first)."""
             self._send(b["order"], self._order)
             prog.kernels["pack_items"](q, self._grid(nb), self._local, Yb, b["order"],
-                                       np.int32(n), S, b["pos"], b["norms"], b["bnd"])
+                                       np.int32(n), S, b["norms"], b["bnd"])
 
         if self._order is None:               # no norms yet: pack by index, order by those
             self._order = np.arange(n, dtype=np.int32)
@@ -196,8 +198,8 @@ class HeldoutCounter:
         prog.kernels["suffix_max"](q, (1,), None, b["bnd"], np.int32(nb), b["smax"])
         self._send(b["perm"], self._perm)
         prog.kernels["heldout_count"](
-            q, self._grid(-(-self.nchunks // GROUP)), self._local, Xb, S, b["order"],
-            b["pos"], b["bnd"], b["smax"], b["perm"], b["chunk_user"], b["chunk_start"],
+            q, self._grid(-(-self.nchunks // GROUP)), self._local, Xb, Yb, S, b["order"],
+            b["bnd"], b["smax"], b["perm"], b["chunk_user"], b["chunk_start"],
             b["pair_item"], b["seen_ptr"], b["seen_idx"], np.int32(self.nchunks), np.int32(n),
             np.int32(self.K), b["out"], b["steps"])
         out = np.empty(self.npairs, np.int32)
