@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 __all__ = ["HeldoutCounter", "FitValidation"]
 
 MAX_PAIRS = 4         # held-out pairs of one user scanned for at once (a chunk)
-GROUP = 4             # chunks a work-item scans the items for at once
+GROUP = 8             # chunks a work-item scans the items for, block by block
+TILE = 4              # chunks scored at once per block (registers: TILE · VECS accumulators)
 SEEN_BITS = 7         # a user's seen items in a hash set of 2**SEEN_BITS slots (≤ half full)
 LANES, VECS = 16, 2   # a block of the packed copy: VECS float16 vectors per factor
 BLOCK = LANES * VECS  # items per block
@@ -41,7 +42,7 @@ def _source(f, ldq, ldy, storage):
     """OpenCL C source of the held-out program for f factors, row strides and storage."""
     from ..engine import kernels
     return kernels.render("heldout.cl.j2", f=f, ldq=ldq, ldy=ldy, storage=storage,
-                          maxp=MAX_PAIRS, group=GROUP, lanes=LANES, vecs=VECS,
+                          maxp=MAX_PAIRS, group=GROUP, tile=TILE, lanes=LANES, vecs=VECS,
                           seen_slots=2 ** SEEN_BITS, seen_bits=SEEN_BITS,
                           config_str=f"heldout f={f} ldq={ldq} ldy={ldy} {storage}")
 
