@@ -4,15 +4,21 @@ instead of ranking every item (``cl_kernels/heldout.cl.j2``).
 
 A held-out item ``h`` of user ``q`` is in the top ``K`` exactly when fewer than ``K`` unseen
 items other than ``h`` rank above it (a higher score, or an equal one and a lower index: the
-order of :meth:`clmf.ALS.recommend`). The kernel scans the items by norm, largest first, and
-stops as soon as ``K`` of them rank above ``h`` (a miss: most pairs, after a few dozen items) or
-no later item can (``‖q‖·‖y‖ < s_h``: a hit, after the items whose norm can reach ``s_h``), so
-the precision is the one a full ranking of the same float32 scores gives. Scores within float32
-rounding of each other (computed in another order: the device top-k, the host's BLAS) may be
-ordered the other way by :func:`clmf.evaluate`; nothing else differs.
+order of :meth:`clmf.ALS.recommend`). Each call packs the items on the device into blocks of
+``BLOCK`` items, factor-major (one vector per factor of a block), in about descending norm (the
+previous call's norms), each block with a bound on its items' scores (its largest norm, with an
+allowance for float32 rounding). A work-item takes ``GROUP`` users and scans the blocks for
+those that need them, ``TILE`` users per block at once; a pair stops as soon as ``K`` items rank
+above ``h`` (a miss: most pairs, after a few dozen items), and a user stops where no later block
+can reach its pairs left (``‖q‖·max bound < s_h``: a hit, after the items whose norm can reach
+``s_h``), so the precision is the one a full ranking of the same float32 scores gives (any block
+order does; a good one stops early). Scores within float32 rounding of each other (computed in
+another order: the device top-k, the host's BLAS) may be ordered the other way by
+:func:`clmf.evaluate`; nothing else differs.
 
-On a single-device fit the kernel reads the engine's factor buffers where they are, so nothing
-is downloaded but the item norms (to order the scan) and one count per pair.
+On a single-device fit the kernels read the engine's factor buffers where they are; one wait
+per call brings back one count per pair, the item norms (the next call's block order) and each
+user's scan length (the next call's grouping of users that scan about as far).
 """
 from __future__ import annotations
 
@@ -79,8 +85,7 @@ class HeldoutCounter:
         self.K = int(K)
         self.device = device
         self.ctx, self.queue = get_context(device)
-        local = LOCAL.get(type_name(device), LOCAL_OTHER)
-        self.local = None if local is None else min(local, device.max_work_group_size)
+        self.local = min(LOCAL.get(type_name(device), LOCAL_OTHER), device.max_work_group_size)
         self.shape = test.shape
         m, self.n = test.shape
         counts = np.diff(test.indptr)
@@ -187,8 +192,8 @@ class HeldoutCounter:
         def pack():
             """Pack the items in ``self._order`` (uploaded first)."""
             self._send(b["order"], self._order)
-            prog.kernels["pack_items"](q, self._grid(nb), self._local, Yb, b["order"],
-                                       np.int32(n), S, b["norms"], b["bnd"])
+            self._launch(prog.kernels["pack_items"], nb, Yb, b["order"], np.int32(n), S,
+                         b["norms"], b["bnd"])
 
         if self._order is None:               # no norms yet: pack by index, order by those
             self._order = np.arange(n, dtype=np.int32)
@@ -198,11 +203,10 @@ class HeldoutCounter:
         pack()
         prog.kernels["suffix_max"](q, (1,), None, b["bnd"], np.int32(nb), b["smax"])
         self._send(b["perm"], self._perm)
-        prog.kernels["heldout_count"](
-            q, self._grid(-(-self.nchunks // GROUP)), self._local, Xb, Yb, S, b["order"],
-            b["bnd"], b["smax"], b["perm"], b["chunk_user"], b["chunk_start"],
-            b["pair_item"], b["seen_ptr"], b["seen_idx"], np.int32(self.nchunks), np.int32(n),
-            np.int32(self.K), b["out"], b["steps"])
+        self._launch(prog.kernels["heldout_count"], -(-self.nchunks // GROUP), Xb, Yb, S,
+                     b["order"], b["bnd"], b["smax"], b["perm"], b["chunk_user"],
+                     b["chunk_start"], b["pair_item"], b["seen_ptr"], b["seen_idx"],
+                     np.int32(self.nchunks), np.int32(n), np.int32(self.K), b["out"], b["steps"])
         out = np.empty(self.npairs, np.int32)
         steps = np.empty(self.nchunks, np.int32)
         # (a pyopencl event of a non-blocking copy waits when it is dropped: kept till the end)
@@ -215,14 +219,9 @@ class HeldoutCounter:
         self._perm = self._perm[_descending(steps[self._perm].astype(np.float32))]
         return out
 
-    @property
-    def _local(self):
-        """The work-group size argument of a launch."""
-        return None if self.local is None else (self.local,)
-
-    def _grid(self, items):
-        """The global size for ``items`` work-items: a multiple of the work-group size."""
-        return (items,) if self.local is None else (-(-items // self.local) * self.local,)
+    def _launch(self, kernel, items, *args):
+        """Enqueue ``kernel`` over ``items`` work-items (rounded up to whole work-groups)."""
+        return kernel(self.queue, (-(-items // self.local) * self.local,), (self.local,), *args)
 
     def _send(self, buf, a):
         """Upload ``a`` into ``buf`` without waiting (kept alive until the next wait)."""
