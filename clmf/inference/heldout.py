@@ -124,7 +124,7 @@ class HeldoutCounter:
         n1 = max(1, self.n)
         self._buf["out"] = cl.Buffer(self.ctx, mf.WRITE_ONLY, size=4 * max(1, self.npairs))
         nb = max(1, -(-self.n // BLOCK))
-        for k, size in (("norms", n1), ("bnd", nb), ("smax", nb)):
+        for k, size in (("norms", n1), ("bnd", nb), ("smax", nb), ("next", 1)):
             self._buf[k] = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * size)
         self._buf["order"] = cl.Buffer(self.ctx, mf.READ_ONLY, size=4 * n1)
         self._packed = None            # (buffer, f) of the items' packed copy, by blocks
@@ -201,12 +201,14 @@ class HeldoutCounter:
             cl.enqueue_copy(q, norms, b["norms"])
             self._order = _descending(norms)
         pack()
-        prog.kernels["suffix_max"](q, (1,), None, b["bnd"], np.int32(nb), b["smax"])
+        prog.kernels["suffix_max"](q, (1,), None, b["bnd"], np.int32(nb), b["smax"], b["next"])
         self._send(b["perm"], self._perm)
+        # one work-item per group of chunks, each taking groups from the counter b["next"]
         self._launch(prog.kernels["heldout_count"], -(-self.nchunks // GROUP), Xb, Yb, S,
                      b["order"], b["bnd"], b["smax"], b["perm"], b["chunk_user"],
                      b["chunk_start"], b["pair_item"], b["seen_ptr"], b["seen_idx"],
-                     np.int32(self.nchunks), np.int32(n), np.int32(self.K), b["out"], b["steps"])
+                     np.int32(self.nchunks), np.int32(n), np.int32(self.K), b["out"], b["steps"],
+                     b["next"])
         out = np.empty(self.npairs, np.int32)
         steps = np.empty(self.nchunks, np.int32)
         # (a pyopencl event of a non-blocking copy waits when it is dropped: kept till the end)
