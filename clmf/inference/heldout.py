@@ -41,6 +41,9 @@ BLOCK = LANES * VECS  # items per block
 # out (with none given, PoCL makes e.g. 471 work-items one work-group: one thread); a warp else
 LOCAL = {"CPU": 1}
 LOCAL_OTHER = 32
+# blocks packed: as far as the last call's longest scan went, a quarter more and at least 8 more
+# (later blocks are scored from the rows of Y: exact, slower; the copy's writes are the cost)
+PACK_AHEAD, PACK_MIN_AHEAD = 0.25, 8
 
 
 @functools.lru_cache(maxsize=32)
@@ -129,6 +132,7 @@ class HeldoutCounter:
         self._buf["order"] = cl.Buffer(self.ctx, mf.READ_ONLY, size=4 * n1)
         self._packed = None            # (buffer, f) of the items' packed copy, by blocks
         self._order = None             # the items in about descending norm (the last call's)
+        self._npack = None             # blocks to pack (None: all)
         self._buf["perm"] = cl.Buffer(self.ctx, mf.READ_ONLY, size=4 * max(1, self.nchunks))
         self._buf["steps"] = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * max(1, self.nchunks))
         # the chunks by the blocks they scanned last time (longest first), so that a work-item's
@@ -176,39 +180,43 @@ class HeldoutCounter:
         """Run the kernels: per pair, the unseen items ranked above its item (capped at K).
 
         The items are packed in blocks in the order of the previous call's norms (at the first
-        call, of a packing in index order): any order gives the same counts, one close to
-        descending norm lets a user stop early. One wait per call: for the counts, the norms
-        (the next call's order) and each chunk's scan length (the next call's grouping)."""
+        call, of a pass in index order): any order gives the same counts, one close to
+        descending norm lets a user stop early; as many blocks as the previous call's longest
+        scan reached and a margin (all at the first call; the kernel scores later blocks from
+        Y's rows). One wait per call: for the counts, the norms (the next call's order) and
+        each chunk's scan length (the next call's grouping and packing extent)."""
         from ..engine import kernels
         cl, q, b = self.cl, self.queue, self._buf
         prog = kernels.build(self.ctx, _source(f, ldq, ldy, storage))
         n, nb = self.n, -(-self.n // BLOCK)
+        npack = np.int32(nb if self._npack is None else min(nb, self._npack))
         if self._packed is None or self._packed[1] != f:
             self._packed = (cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE,
                                       size=4 * f * BLOCK * nb), f)
         S = self._packed[0]
         norms = np.empty(n, np.float32)
 
-        def pack():
-            """Pack the items in ``self._order`` (uploaded first)."""
+        def pack(blocks):
+            """Pack the first ``blocks`` blocks of the items in ``self._order`` (uploaded first);
+            the norms and bounds of all."""
             self._send(b["order"], self._order)
-            self._launch(prog.kernels["pack_items"], nb, Yb, b["order"], np.int32(n), S,
-                         b["norms"], b["bnd"])
+            self._launch(prog.kernels["pack_items"], nb, Yb, b["order"], np.int32(n), blocks,
+                         S, b["norms"], b["bnd"])
 
-        if self._order is None:               # no norms yet: pack by index, order by those
+        if self._order is None:               # no norms yet: those in index order, sorted
             self._order = np.arange(n, dtype=np.int32)
-            pack()
+            pack(np.int32(0))
             cl.enqueue_copy(q, norms, b["norms"])
             self._order = _descending(norms)
-        pack()
+        pack(npack)
         prog.kernels["suffix_max"](q, (1,), None, b["bnd"], np.int32(nb), b["smax"], b["next"])
         self._send(b["perm"], self._perm)
         # one work-item per group of chunks, each taking groups from the counter b["next"]
         self._launch(prog.kernels["heldout_count"], -(-self.nchunks // GROUP), Xb, Yb, S,
                      b["order"], b["bnd"], b["smax"], b["perm"], b["chunk_user"],
                      b["chunk_start"], b["pair_item"], b["seen_ptr"], b["seen_idx"],
-                     np.int32(self.nchunks), np.int32(n), np.int32(self.K), b["out"], b["steps"],
-                     b["next"])
+                     np.int32(self.nchunks), np.int32(n), npack, np.int32(self.K), b["out"],
+                     b["steps"], b["next"])
         out = np.empty(self.npairs, np.int32)
         steps = np.empty(self.nchunks, np.int32)
         # (a pyopencl event of a non-blocking copy waits when it is dropped: kept till the end)
@@ -219,6 +227,8 @@ class HeldoutCounter:
         self._pending.clear()                 # (the queue is in order: all done)
         self._order = self._order[_descending(norms[self._order])]
         self._perm = self._perm[_descending(steps[self._perm].astype(np.float32))]
+        longest = int(steps.max()) if steps.size else nb
+        self._npack = longest + max(PACK_MIN_AHEAD, int(PACK_AHEAD * longest))
         return out
 
     def _launch(self, kernel, items, *args):
