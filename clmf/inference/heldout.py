@@ -6,8 +6,9 @@ A held-out item ``h`` of user ``q`` is in the top ``K`` exactly when fewer than 
 items other than ``h`` rank above it (a higher score, or an equal one and a lower index: the
 order of :meth:`clmf.ALS.recommend`). Each call packs the items on the device into blocks of
 ``BLOCK`` items, factor-major (one vector per factor of a block), in about descending norm (the
-previous call's norms), each block with a bound on its items' scores (its largest norm, with an
-allowance for float32 rounding). A work-item takes ``GROUP`` users and scans the blocks for
+previous call's norms; as many blocks as its longest scan reached, with a margin: later ones
+are scored from the rows of Y), each block with a bound on its items' scores (its largest norm,
+with an allowance for float32 rounding). A work-item takes ``GROUP`` users and scans the blocks for
 those that need them, ``TILE`` users per block at once; a pair stops as soon as ``K`` items rank
 above ``h`` (a miss: most pairs, after a few dozen items), and a user stops where no later block
 can reach its pairs left (``‖q‖·max bound < s_h``: a hit, after the items whose norm can reach
