@@ -4,7 +4,8 @@ implicit feedback (HetRec 2011, strengths log1p(plays), leave-2-out), and ``scor
 ``clmf.evaluate`` on the fitted model, per OpenCL device.
 
 Each device: one warm-up fit (kernel builds, top-k calibration), then ``--repeats`` pairs of fits
-(without / with validation, alternating); the medians and their ratio are recorded. Writes
+(without / with validation, alternating); the medians of wall and of this process's CPU seconds
+and their ratios are recorded. Writes
 ``<out>.json`` and ``<out>.md`` with device, driver, date and commit.
 
     python benchmarks/validation_overhead.py --device pocl --device intel \\
@@ -48,14 +49,18 @@ def main():
                             alpha=a.alpha, device=dev, random_state=a.seed)
 
         model().fit(R, validation=T, show_progress=False)        # warm-up: builds, calibration
-        plain, valid = [], []
+        # wall seconds, and this process's CPU seconds (all its threads: less sensitive to
+        # other jobs on a shared machine, though a runtime's spinning threads count too)
+        plain, valid, plain_cpu, valid_cpu = [], [], [], []
         for _ in range(a.repeats):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             model().fit(R, show_progress=False)
             plain.append(time.perf_counter() - t)
-            t = time.perf_counter()
+            plain_cpu.append(time.process_time() - c)
+            t, c = time.perf_counter(), time.process_time()
             m = model().fit(R, validation=T, show_progress=False)
             valid.append(time.perf_counter() - t)
+            valid_cpu.append(time.process_time() - c)
         its = sum(h["seconds"] for h in m.history_)
         score_s, eval_s = [], []
         for _ in range(a.repeats):
@@ -69,12 +74,16 @@ def main():
         row = dict(device=device_label(info), driver=info.driver,
                    fit_s=statistics.median(plain), fit_validation_s=statistics.median(valid),
                    fit_s_all=plain, fit_validation_s_all=valid,
+                   fit_cpu_s=statistics.median(plain_cpu),
+                   fit_validation_cpu_s=statistics.median(valid_cpu),
                    validated_iterations_s=its,
                    score_s=statistics.median(score_s), score=float(s),
                    evaluate_s=statistics.median(eval_s) if eval_s else None,
                    evaluate=ev if eval_s else None,
                    validation_precision_at_10=m.history_[-1].get("validation_precision@10"))
         row["ratio"] = row["fit_validation_s"] / row["fit_s"]
+        row["added_s"] = row["fit_validation_s"] - row["fit_s"]
+        row["cpu_ratio"] = row["fit_validation_cpu_s"] / row["fit_cpu_s"]
         rows.append(row)
         print(json.dumps(row), flush=True)
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -98,13 +107,15 @@ def main():
                  f"(after a warm-up fit); {meta['cpus']} CPUs, load average "
                  f"{meta['load_average_start'][0]:.1f} at the start, "
                  f"{meta['load_average_end'][0]:.1f} at the end.", "",
-                 "| device | driver | fit s | fit + validation s | ratio | score() s | "
-                 "evaluate() s |", "|---|---|---|---|---|---|---|"]
+                 "| device | driver | fit s | fit + validation s | ratio | added s | CPU s: fit, "
+                 "fit + validation (ratio) | score() s | evaluate() s |",
+                 "|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             ev = f"{r['evaluate_s']:.3f}" if r["evaluate_s"] is not None else "—"
             lines.append(f"| {r['device']} | {r['driver']} | {r['fit_s']:.3f} | "
-                         f"{r['fit_validation_s']:.3f} | {r['ratio']:.2f}× | {r['score_s']:.3f} "
-                         f"| {ev} |")
+                         f"{r['fit_validation_s']:.3f} | {r['ratio']:.2f}× | {r['added_s']:.3f} | "
+                         f"{r['fit_cpu_s']:.3f}, {r['fit_validation_cpu_s']:.3f} "
+                         f"({r['cpu_ratio']:.2f}×) | {r['score_s']:.3f} | {ev} |")
         with open(a.out + ".md", "w") as fh:
             fh.write("\n".join(lines) + "\n")
     return 0

@@ -59,6 +59,38 @@ def test_counts_equal_a_full_ranking(cl_device):
     assert np.isnan(heldout.HeldoutCounter(empty, seen, 10, cl_device).precision(X, Y))
 
 
+def test_counts_exact_whatever_the_previous_order(cl_device):
+    """The items are packed in the order of the previous call's norms, as far as its longest
+    scan went: counts stay exact when that order is the reverse of the current one (the blocks'
+    bounds are no longer descending: the stop rule must take the largest bound of the blocks
+    left, not the next one; the scans run past the packed blocks, scored from Y's rows), and
+    with a good order the chunks stop early and fewer blocks are packed."""
+    X, Y, test, seen = _problem(seed=11, m=120, n=700, f=6)
+    scale = np.exp(np.linspace(-3.0, 2.0, Y.shape[0], dtype=np.float32))[:, None]
+    unit = Y / np.linalg.norm(Y, axis=1, keepdims=True).clip(1e-30)
+    rising, falling = unit * scale, unit * scale[::-1]         # norms: by index, reversed
+    full = RankingEvaluator(test, seen, 10)
+    counter = heldout.HeldoutCounter(test, seen, 10, cl_device)
+    nb = -(-Y.shape[0] // heldout.BLOCK)
+
+    def steps():
+        """Blocks each chunk scanned in the last call."""
+        out = np.empty(counter.nchunks, np.int32)
+        counter.cl.enqueue_copy(counter.queue, out, counter._buf["steps"])
+        return out
+
+    past_packed = 0
+    for Ys in (rising, falling, falling, rising):
+        packed = counter._npack
+        assert counter.precision(X, Ys) == float(np.mean(_host_hits(full, X, Ys) / 10))
+        if packed is not None and steps().max() > packed:
+            past_packed += 1                       # blocks past the packed ones were scanned
+    assert past_packed
+    # after two calls on the same factors the order fits them
+    counter.precision(X, rising)
+    assert np.median(steps()) < nb / 2 and counter._npack < nb, (np.median(steps()), nb)
+
+
 def _host_hits(ev, X, Y):
     """Hits per test user of a full host ranking."""
     from clmf.metrics import count_hits

@@ -4,15 +4,22 @@ instead of ranking every item (``cl_kernels/heldout.cl.j2``).
 
 A held-out item ``h`` of user ``q`` is in the top ``K`` exactly when fewer than ``K`` unseen
 items other than ``h`` rank above it (a higher score, or an equal one and a lower index: the
-order of :meth:`clmf.ALS.recommend`). The kernel scans the items by norm, largest first, and
-stops as soon as ``K`` of them rank above ``h`` (a miss: most pairs, after a few dozen items) or
-no later item can (``‖q‖·‖y‖ < s_h``: a hit, after the items whose norm can reach ``s_h``), so
-the precision is the one a full ranking of the same float32 scores gives. Scores within float32
-rounding of each other (computed in another order: the device top-k, the host's BLAS) may be
-ordered the other way by :func:`clmf.evaluate`; nothing else differs.
+order of :meth:`clmf.ALS.recommend`). Each call packs the items on the device into blocks of
+``BLOCK`` items, factor-major (one vector per factor of a block), in about descending norm (the
+previous call's norms; as many blocks as its longest scan reached, with a margin: later ones
+are scored from the rows of Y), each block with a bound on its items' scores (its largest norm,
+with an allowance for float32 rounding). A work-item takes ``GROUP`` users and scans the blocks for
+those that need them, ``TILE`` users per block at once; a pair stops as soon as ``K`` items rank
+above ``h`` (a miss: most pairs, after a few dozen items), and a user stops where no later block
+can reach its pairs left (``‖q‖·max bound < s_h``: a hit, after the items whose norm can reach
+``s_h``), so the precision is the one a full ranking of the same float32 scores gives (any block
+order does; a good one stops early). Scores within float32 rounding of each other (computed in
+another order: the device top-k, the host's BLAS) may be ordered the other way by
+:func:`clmf.evaluate`; nothing else differs.
 
-On a single-device fit the kernel reads the engine's factor buffers where they are, so nothing
-is downloaded but the item norms (to order the scan) and one count per pair.
+On a single-device fit the kernels read the engine's factor buffers where they are; one wait
+per call brings back one count per pair, the item norms (the next call's block order) and each
+user's scan length (the next call's grouping of users that scan about as far).
 """
 from __future__ import annotations
 
@@ -25,11 +32,19 @@ log = logging.getLogger(__name__)
 
 __all__ = ["HeldoutCounter", "FitValidation"]
 
-_U = float(np.finfo(np.float32).eps) / 2
-
-
 MAX_PAIRS = 4         # held-out pairs of one user scanned for at once (a chunk)
-GROUP = 4             # chunks a work-item scans the items for at once (each row read once)
+GROUP = 8             # chunks a work-item scans the items for, block by block
+TILE = 4              # chunks scored at once per block (registers: TILE · VECS accumulators)
+SEEN_BITS = 7         # a user's seen items in a hash set of 2**SEEN_BITS slots (≤ half full)
+LANES, VECS = 16, 2   # a block of the packed copy: VECS float16 vectors per factor
+BLOCK = LANES * VECS  # items per block
+# work-items per work-group: one on a CPU, so that its threads share the unequal work-items
+# out (with none given, PoCL makes e.g. 471 work-items one work-group: one thread); a warp else
+LOCAL = {"CPU": 1}
+LOCAL_OTHER = 32
+# blocks packed: as far as the last call's longest scan went, a quarter more and at least 8 more
+# (later blocks are scored from the rows of Y: exact, slower; the copy's writes are the cost)
+PACK_AHEAD, PACK_MIN_AHEAD = 0.25, 8
 
 
 @functools.lru_cache(maxsize=32)
@@ -37,8 +52,16 @@ def _source(f, ldq, ldy, storage):
     """OpenCL C source of the held-out program for f factors, row strides and storage."""
     from ..engine import kernels
     return kernels.render("heldout.cl.j2", f=f, ldq=ldq, ldy=ldy, storage=storage,
-                          maxp=MAX_PAIRS, group=GROUP,
+                          maxp=MAX_PAIRS, group=GROUP, tile=TILE, lanes=LANES, vecs=VECS,
+                          seen_slots=2 ** SEEN_BITS, seen_bits=SEEN_BITS,
                           config_str=f"heldout f={f} ldq={ldq} ldy={ldy} {storage}")
+
+
+def _descending(keys):
+    """Indices ordering non-negative float32 ``keys`` from largest to about smallest (by their
+    top 16 bits: 7 bits of mantissa; NaN first), stable: a radix sort, ~0.2 ms for 20k keys."""
+    top = (np.ascontiguousarray(keys, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return np.argsort(~top, kind="stable").astype(np.int32)
 
 
 class HeldoutCounter:
@@ -61,11 +84,12 @@ class HeldoutCounter:
         """Prepare and upload the pairs and the seen items."""
         import pyopencl as cl
 
-        from ..engine.device import get_context
+        from ..engine.device import get_context, type_name
         self.cl = cl
         self.K = int(K)
         self.device = device
         self.ctx, self.queue = get_context(device)
+        self.local = min(LOCAL.get(type_name(device), LOCAL_OTHER), device.max_work_group_size)
         self.shape = test.shape
         m, self.n = test.shape
         counts = np.diff(test.indptr)
@@ -103,15 +127,19 @@ class HeldoutCounter:
         mf = cl.mem_flags
         n1 = max(1, self.n)
         self._buf["out"] = cl.Buffer(self.ctx, mf.WRITE_ONLY, size=4 * max(1, self.npairs))
-        self._buf["norms"] = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * n1)
-        for k in ("order", "reach"):
-            self._buf[k] = cl.Buffer(self.ctx, mf.READ_ONLY, size=4 * n1)
-        self._sorted = None            # (buffer, f) of the items' copy in norm order
+        nb = max(1, -(-self.n // BLOCK))
+        for k, size in (("norms", n1), ("bnd", nb), ("smax", nb), ("next", 1)):
+            self._buf[k] = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * size)
+        self._buf["order"] = cl.Buffer(self.ctx, mf.READ_ONLY, size=4 * n1)
+        self._packed = None            # (buffer, f) of the items' packed copy, by blocks
+        self._order = None             # the items in about descending norm (the last call's)
+        self._npack = None             # blocks to pack (None: all)
         self._buf["perm"] = cl.Buffer(self.ctx, mf.READ_ONLY, size=4 * max(1, self.nchunks))
         self._buf["steps"] = cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * max(1, self.nchunks))
-        # the chunks by the items they scanned last time (longest first), so that a work-item's
+        # the chunks by the blocks they scanned last time (longest first), so that a work-item's
         # chunks scan about as far; by user at first
         self._perm = np.arange(self.nchunks, dtype=np.int32)
+        self._pending = []             # non-blocking uploads in flight (kept with their arrays)
         self._host_factors = {}        # side → (buffer, rows) of factors uploaded from the host
 
     def _upload(self, a):
@@ -150,39 +178,67 @@ class HeldoutCounter:
         return float(np.mean(per_user[self.users] / self.K))
 
     def _counts(self, Xb, Yb, f, ldq, ldy, storage):
-        """Run the kernels: per pair, the unseen items ranked above its item (capped at K)."""
+        """Run the kernels: per pair, the unseen items ranked above its item (capped at K).
+
+        The items are packed in blocks in the order of the previous call's norms (at the first
+        call, of a pass in index order): any order gives the same counts, one close to
+        descending norm lets a user stop early; as many blocks as the previous call's longest
+        scan reached and a margin (all at the first call; the kernel scores later blocks from
+        Y's rows). One wait per call: for the counts, the norms (the next call's order) and
+        each chunk's scan length (the next call's grouping and packing extent)."""
         from ..engine import kernels
         cl, q, b = self.cl, self.queue, self._buf
         prog = kernels.build(self.ctx, _source(f, ldq, ldy, storage))
-        n = self.n
-        prog.kernels["item_norms"](q, (n,), None, Yb, np.int32(n), b["norms"])
+        n, nb = self.n, -(-self.n // BLOCK)
+        npack = np.int32(nb if self._npack is None else min(nb, self._npack))
+        if self._packed is None or self._packed[1] != f:
+            self._packed = (cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE,
+                                      size=4 * f * BLOCK * nb), f)
+        S = self._packed[0]
         norms = np.empty(n, np.float32)
-        cl.enqueue_copy(q, norms, b["norms"])
-        order = np.argsort(-norms, kind="stable").astype(np.int32)
-        # the norms with an allowance for their own and the bound's float32 rounding
-        reach = (norms[order].astype(np.float64) * (1 + (2 * f + 8) * _U)).astype(np.float32)
-        # the non-blocking copies' events are held until the blocking read at the end (a dropped
-        # one would wait for its copy holding the GIL: tests/test_architecture.py)
-        held = [cl.enqueue_copy(q, b[k], a, is_blocking=False)
-                for k, a in (("order", order), ("reach", reach))]
-        if self._sorted is None or self._sorted[1] != f:
-            lds = 8 * -(-f // 8)
-            self._sorted = (cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size=4 * lds * n), f)
-        S = self._sorted[0]
-        prog.kernels["sort_rows"](q, (n,), None, Yb, b["order"], np.int32(n), S)
-        held.append(cl.enqueue_copy(q, b["perm"], self._perm, is_blocking=False))
-        prog.kernels["heldout_count"](
-            q, (-(-self.nchunks // GROUP),), None, Xb, Yb, S, b["order"], b["reach"],
-            b["perm"], b["chunk_user"], b["chunk_start"], b["pair_item"], b["seen_ptr"],
-            b["seen_idx"], np.int32(self.nchunks), np.int32(n), np.int32(self.K), b["out"],
-            b["steps"])
+
+        def pack(blocks):
+            """Pack the first ``blocks`` blocks of the items in ``self._order`` (uploaded first);
+            the norms and bounds of all."""
+            self._send(b["order"], self._order)
+            self._launch(prog.kernels["pack_items"], nb, Yb, b["order"], np.int32(n), blocks,
+                         S, b["norms"], b["bnd"])
+
+        if self._order is None:               # no norms yet: those in index order, sorted
+            self._order = np.arange(n, dtype=np.int32)
+            pack(np.int32(0))
+            cl.enqueue_copy(q, norms, b["norms"])
+            self._order = _descending(norms)
+        pack(npack)
+        prog.kernels["suffix_max"](q, (1,), None, b["bnd"], np.int32(nb), b["smax"], b["next"])
+        self._send(b["perm"], self._perm)
+        # one work-item per group of chunks, each taking groups from the counter b["next"]
+        self._launch(prog.kernels["heldout_count"], -(-self.nchunks // GROUP), Xb, Yb, S,
+                     b["order"], b["bnd"], b["smax"], b["perm"], b["chunk_user"],
+                     b["chunk_start"], b["pair_item"], b["seen_ptr"], b["seen_idx"],
+                     np.int32(self.nchunks), np.int32(n), npack, np.int32(self.K), b["out"],
+                     b["steps"], b["next"])
         out = np.empty(self.npairs, np.int32)
         steps = np.empty(self.nchunks, np.int32)
-        held.append(cl.enqueue_copy(q, steps, b["steps"], is_blocking=False))
-        cl.enqueue_copy(q, out, b["out"])      # blocking, in order: every held copy is done
-        held.clear()
-        self._perm = np.argsort(-steps, kind="stable").astype(np.int32)
+        # (a pyopencl event of a non-blocking copy waits when it is dropped: kept till the end)
+        reads = [cl.enqueue_copy(q, norms, b["norms"], is_blocking=False),
+                 cl.enqueue_copy(q, steps, b["steps"], is_blocking=False)]
+        cl.enqueue_copy(q, out, b["out"])
+        reads.clear()
+        self._pending.clear()                 # (the queue is in order: all done)
+        self._order = self._order[_descending(norms[self._order])]
+        self._perm = self._perm[_descending(steps[self._perm].astype(np.float32))]
+        longest = int(steps.max()) if steps.size else nb
+        self._npack = longest + max(PACK_MIN_AHEAD, int(PACK_AHEAD * longest))
         return out
+
+    def _launch(self, kernel, items, *args):
+        """Enqueue ``kernel`` over ``items`` work-items (rounded up to whole work-groups)."""
+        return kernel(self.queue, (-(-items // self.local) * self.local,), (self.local,), *args)
+
+    def _send(self, buf, a):
+        """Upload ``a`` into ``buf`` without waiting (kept alive until the next wait)."""
+        self._pending.append((self.cl.enqueue_copy(self.queue, buf, a, is_blocking=False), a))
 
 
 class FitValidation:
