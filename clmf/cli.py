@@ -493,6 +493,8 @@ def cmd_tune(args):
         raise UsageError("--factors needs at least one f ≥ 1")
     if args.budget is not None and args.budget <= 0:
         raise UsageError("--budget must be positive (seconds)")
+    if args.max_wall is not None and args.max_wall <= 0:
+        raise UsageError("--max-wall must be positive (seconds)")
     if args.biases and args.feedback == "implicit":
         raise UsageError("--biases is for explicit feedback")
     if args.feedback == "implicit" and not args.alpha > 0:
@@ -519,10 +521,13 @@ def cmd_tune(args):
                            seed=args.seed, solvers=solvers, sample_time=args.sample_time,
                            progress=not args.no_progress, resume=not args.fresh, mode=mode,
                            alpha=args.alpha, sample=args.sample, sample_tol=args.sample_tol,
-                           check_time=args.check_time, starts=args.start)
+                           check_time=args.check_time, starts=args.start,
+                           max_wall=args.max_wall)
     for s in summaries:
         b = s.get("best")
         head = f"f={s['f']}: {s['evaluated']} configurations in {s['spent_seconds']:.0f} s"
+        if s.get("wall_limited"):
+            head += f" (search cut at --max-wall {s['max_wall']:g} s)"
         if b is None:
             print(head + ": no configuration ran correctly")
             continue
@@ -664,6 +669,10 @@ def build_parser():
     s.add_argument("--strategy", default="budgeted", choices=["exhaustive", "budgeted"])
     s.add_argument("--budget", type=float, default=120.0,
                    help="seconds of measurement per f (budgeted strategy)")
+    s.add_argument("--max-wall", type=float, default=None, metavar="SECONDS",
+                   help="wall-clock seconds per f for the search, kernel builds included (the "
+                        "budget counts measurement only); then no new candidates, but the "
+                        "finalists, the final showdown and the records still run")
     s.add_argument("--space", default="default", choices=["default", "bounded", "full"],
                    help="default: the shapes that win on known devices (CG solvers included); "
                         "bounded: a few hundred Cholesky configurations; full: every grid value")

@@ -594,3 +594,26 @@ def test_invalid_start_is_pruned_with_a_typed_record_before_any_build(isolated, 
     assert bad[0]["reason"] == "work_group_size" and "pruned before building" in bad[0]["message"]
     assert summary["pruned"].get("work_group_size", 0) >= 1
     assert summary["pruned"].get("idle_work_items", 0) == 1      # the space's tx=8
+
+
+def test_max_wall_cuts_the_search_but_still_writes_the_best(isolated, tmp_path):
+    """``max_wall`` bounds the search's wall clock, kernel builds included (the budget counts
+    measurement only: an H100 run at f = 128 sat minutes in builds after its budget and was cut
+    by its command's limit before writing any best record): no new candidates once spent, yet
+    the finalists, the showdown and the best records are still there."""
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    R = random_ratings(120, 90, 0.1, seed=7)
+    case = strategies.Case(DEVICES[-1], R, 4, "tiny-wall", "float32")
+    space = make_space("bounded", 4, case.info)
+    s = strategies.run(case, space, "budgeted", db=isolated, budget=60.0, max_wall=1e-6,
+                       state_dir=tmp_path / "state", progress=False, sample_time=0.01)
+    assert s["wall_limited"] and s["max_wall"] == 1e-6
+    assert s["best"] is not None
+    full = strategies.run(case, space, "budgeted", db=isolated, budget=2.0,
+                          state_dir=tmp_path / "state2", progress=False, sample_time=0.01,
+                          resume=False)
+    assert not full["wall_limited"] and s["evaluated"] < full["evaluated"]
+    best = [r for r in tuning.Database(isolated).records() if r.get("kind") == "best"
+            and r.get("run_id") == s["run_id"]]
+    assert {r["side"] for r in best} == {"users", "items"}

@@ -67,7 +67,8 @@ def _load_data(path, preset, scale, seed, split):
 def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, space="default",
          db=None, report_dir=None, dataset="data", storage="float32", seed=0, solvers=None,
          state_dir=None, sample_time=0.03, progress=True, resume=True, plot=True,
-         mode="explicit", alpha=1.0, sample="auto", sample_tol=None, check_time=None, starts=()):
+         mode="explicit", alpha=1.0, sample="auto", sample_tol=None, check_time=None, starts=(),
+         max_wall=None):
     """Tune the kernels of one data set on one device for each f in ``factors``.
 
     Parameters
@@ -90,6 +91,9 @@ def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, spac
     starts : configurations (strings or KernelConfig) measured first, beside the incumbent (what
         ``variant="auto"`` chose before this run), the baseline, the untuned default and this
         device's earlier best configurations; the search goes on from the best of them all
+    max_wall : wall-clock seconds per f for the search, kernel builds and checks included (the
+        budget counts measurement only); once spent, no new candidate is tried, and the
+        finalists' promotion, the final showdown and the records still are (None: no limit)
 
     Every run ends with the search's winner and the incumbent re-timed side by side on the whole
     data: the record written holds the faster (``chosen``), never a regression.
@@ -117,7 +121,7 @@ def tune(R, factors=(10,), device="auto", strategy="budgeted", budget=60.0, spac
                                  resume=resume, sample=sample,
                                  sample_tol=SAMPLE_TOL if sample_tol is None else sample_tol,
                                  check_time=CHECK_TIME if check_time is None else check_time,
-                                 starts=starts)
+                                 starts=starts, max_wall=max_wall)
         summary["database"] = str(db)
         tuning.Database(db).compact()    # a gzip database: the run's members packed into one
         if report_dir:

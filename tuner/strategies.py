@@ -155,7 +155,7 @@ class Session:
     def __init__(self, case, space, strategy, db, budget=None, seed=0, state_dir=None,
                  sample_time=0.03, progress=True, repeats=7, min_time=0.05, resume=True,
                  sample="auto", sample_tol=SAMPLE_TOL, check_time=CHECK_TIME, starts=(),
-                 earlier=4):
+                 earlier=4, max_wall=None):
         from clmf.engine.kernels import template_hash
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; choose from {STRATEGIES}")
@@ -165,6 +165,11 @@ class Session:
         self.starts = [KernelConfig.parse(c) if isinstance(c, str) else c for c in (starts or ())]
         self.db = Database(db)
         self.budget = float(budget) if budget is not None else None
+        # wall-clock seconds for the search, builds and checks included (not part of the run's
+        # identity: a resumed run replays its journal whatever the limit)
+        self.max_wall = float(max_wall) if max_wall else None
+        self._t_start = None
+        self.wall_limited = False
         self.seed = int(seed)
         self.sample_time = float(sample_time)
         self.progress = progress
@@ -263,8 +268,21 @@ class Session:
             cal["sides"] = sides
         return samples, cal
 
+    def out_of_time(self):
+        """Whether the search has used its wall-clock limit (``max_wall``): no new candidates
+        then; the finalists' promotion and the final showdown still run."""
+        if self.max_wall is None or self._t_start is None:
+            return False
+        if time.monotonic() - self._t_start > self.max_wall:
+            if not self.wall_limited:
+                log.info("f=%d: the wall-clock limit (%.0f s) is reached: no new candidates",
+                         self.case.f, self.max_wall)
+            self.wall_limited = True
+        return self.wall_limited
+
     def start(self):
         case = self.case
+        self._t_start = time.monotonic()
         header, results, crashed = self._jread()
         self._skip = self._skip_from_db()
         self._replay = results
@@ -567,6 +585,7 @@ class Session:
                    "dataset": c.dataset, "dataset_class": c.dataset_class, "f": c.f, "kernel_f": c.kf,
                    "storage": c.storage, "strategy": self.strategy, "space": self.space.name,
                    "budget": self.budget, "spent_seconds": self.spent, "samples": self.samples_desc,
+                   "max_wall": self.max_wall, "wall_limited": self.wall_limited,
                    "calibration": self.calibration, **c.mode_fields(),
                    "evaluated": len({k for k, _ in self.results}),
                    "pruned": {r: sum(1 for x in self.rejected if x[1] == r) + self.pruned.get(r, 0)
@@ -641,6 +660,8 @@ def exhaustive(session: Session):
         session._bar.refresh()
     session.measure_anchors()
     for cfg in cands:
+        if session.out_of_time():
+            break
         session.evaluate(cfg, "full")
     session.showdown(_top(session, 2, fidelity=False))
     return session
@@ -753,21 +774,22 @@ def budgeted(session: Session, exploit=0.2, explore=0.3, finalists=3):
     # 1. the promising region first: around the anchors (what the user had, the device's
     # earlier tunings), then 2. random exploration, both at low fidelity
     for share, pick in ((exploit, neighbour), (exploit + explore, next_random)):
-        while session.spent < share * budget:
+        while session.spent < share * budget and not session.out_of_time():
             c = pick()
             if c is None:
                 break
             run(c)
     # 3. stage composition, then local search around the current best of each side
     for c in _composed(session):
-        if c.key() not in tried:
+        if c.key() not in tried and not session.out_of_time():
             run(c)
+
     def reserve():      # the final promotion of the finalists and one showdown round
         return 1.2 * (session.retime_cost(_top(session, finalists))
                       + session.retime_cost(_top(session, 2)))
 
     composed_again = False
-    while session.spent < budget - reserve():
+    while session.spent < budget - reserve() and not session.out_of_time():
         if not composed_again and session.spent >= 0.75 * budget:
             composed_again = True
             for c in _composed(session):
