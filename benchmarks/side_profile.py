@@ -134,6 +134,27 @@ def median_stages(stage_list):
     return {k: round(statistics.median(d.get(k, 0.0) for d in stage_list), 6) for k in keys}
 
 
+def measure(row, dev, R, spec, cfgs, X0, Y0, iterations, ref):
+    """Time one (users, items) configuration pair into ``row`` (status, differences from
+    ``ref``'s factors after iteration 1, or the reason it failed); :func:`timed`'s result or
+    None. A refused or failing configuration is a result too."""
+    eng = None
+    try:
+        eng = engine_for(dev, R, spec, cfgs)
+        got = timed(eng, spec, X0, Y0, iterations)
+        first = got[2]
+        ref = ref or first
+        row.update(status="ok", diff_users=rel_diff(first[0], ref[0]),
+                   diff_items=rel_diff(first[1], ref[1]))
+        return got
+    except Exception as e:
+        row.update(status=f"{type(e).__name__}: {e}".splitlines()[0][:200])
+        return None
+    finally:
+        if eng is not None:
+            eng.release()
+
+
 def main(argv=None):
     """Run every cell and write the results as they come."""
     a = parse(argv)
@@ -181,35 +202,31 @@ def main(argv=None):
             spec = spec_of(a, f, mode, "auto")
             ch = resolve(spec, info, stats)
             auto = (ch["users"].config, ch["items"].config)
-            cells = [("auto", auto)] + [(v, (KernelConfig.parse(v),) * 2) for v in extra]
+            cells = [("auto", auto)] + [(v, v) for v in extra]
             ref = None
             per_side = {"users": [], "items": []}
             for name, cfgs in cells:
                 if time.perf_counter() - T0 > a.max_seconds:
                     break
+                if isinstance(cfgs, str):           # a variant string: parsed here, so a
+                    try:                            # malformed one is a row, not a crash
+                        cfgs = (KernelConfig.parse(cfgs),) * 2
+                    except Exception as e:
+                        emit({"mode": mode, "f": f, "variant": name, "configs": [name, name],
+                              "status": f"{type(e).__name__}: {e}".splitlines()[0][:200]})
+                        continue
                 row = {"mode": mode, "f": f, "variant": name,
                        "configs": [str(cfgs[0]), str(cfgs[1])]}
-                eng = None
-                try:
-                    eng = engine_for(dev, R, spec, cfgs)
-                    wall, stages, first = timed(eng, spec, X0, Y0, a.iterations)
-                    if ref is None:
-                        ref = first
-                    row.update(status="ok",
-                               users_s=statistics.median(wall["users"]),
+                got = measure(row, dev, R, spec, cfgs, X0, Y0, a.iterations, ref)
+                if got is not None:
+                    wall, stages, first = got
+                    ref = ref or first
+                    row.update(users_s=statistics.median(wall["users"]),
                                items_s=statistics.median(wall["items"]),
                                users_stages=median_stages(stages["users"]),
-                               items_stages=median_stages(stages["items"]),
-                               diff_users=rel_diff(first[0], ref[0]),
-                               diff_items=rel_diff(first[1], ref[1]))
-                    for side in per_side:
-                        per_side[side].append((row[f"{side}_s"], cfgs[0 if side == "users"
-                                                                      else 1]))
-                except Exception as e:          # a refused or failing variant is a result too
-                    row.update(status=f"{type(e).__name__}: {e}".splitlines()[0][:200])
-                finally:
-                    if eng is not None:
-                        eng.release()
+                               items_stages=median_stages(stages["items"]))
+                    per_side["users"].append((row["users_s"], cfgs[0]))
+                    per_side["items"].append((row["items_s"], cfgs[1]))
                 emit(row)
                 log(f"{mode} f={f} {name}: {row.get('status')} users "
                     f"{row.get('users_s', float('nan')):.4f} items "
@@ -223,19 +240,11 @@ def main(argv=None):
                                         ("auto", auto)):
                     row = {"mode": mode, "f": f, "variant": pair_name, "pair": True,
                            "configs": [str(pair[0]), str(pair[1])]}
-                    eng = None
-                    try:
-                        eng = engine_for(dev, R, spec, pair)
-                        wall, _, first = timed(eng, spec, X0, Y0, a.iterations)
+                    got = measure(row, dev, R, spec, pair, X0, Y0, a.iterations, ref)
+                    if got is not None:
+                        wall = got[0]
                         its = [u + i for u, i in zip(wall["users"], wall["items"])]
-                        row.update(status="ok", s_per_it=statistics.median(its),
-                                   diff_users=rel_diff(first[0], ref[0]),
-                                   diff_items=rel_diff(first[1], ref[1]))
-                    except Exception as e:
-                        row.update(status=f"{type(e).__name__}: {e}".splitlines()[0][:200])
-                    finally:
-                        if eng is not None:
-                            eng.release()
+                        row["s_per_it"] = statistics.median(its)
                     emit(row)
                     log(f"{mode} f={f} {pair_name} {row['configs']}: "
                         f"{row.get('s_per_it', row['status'])}")
