@@ -229,6 +229,7 @@ def check_strengths(R, what="X"):
 
 
 def _finish(C, allow_empty, what):
+    """The last checks of a ratings matrix ``C`` (``what`` in errors): not empty, finite, in range."""
     if C.shape[0] == 0 or C.shape[1] == 0 or (C.nnz == 0 and not allow_empty):
         raise ValueError(f"{what} is empty (shape {C.shape}, {C.nnz} ratings): nothing to fit")
     data = np.asarray(C.data)

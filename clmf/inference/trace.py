@@ -30,6 +30,7 @@ class QueryTrace:
         """Record a finished batch of ``nb`` rows: its kernel ``events`` and copy events (all
         complete), ``enqueued`` the host time just after its first kernel was enqueued."""
         def prof(e):
+            """An event's (queued, start, end) in seconds of the device clock."""
             p = e.profile
             return p.queued * 1e-9, p.start * 1e-9, p.end * 1e-9
         ks = [prof(e) for e in events]
