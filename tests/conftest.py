@@ -205,6 +205,17 @@ def shared_data(relpath):
     return p
 
 
+def repo_script(relpath):
+    """The repository's script ``relpath`` (e.g. ``"benchmarks/side_profile.py"``) as a module,
+    loaded from its file (scripts and benchmarks are not installed)."""
+    import importlib.util
+    path = REPO / relpath
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def random_ratings(m, n, density=0.2, seed=0, empty_rows=(), empty_cols=()):
     """A random explicit-ratings CSR in 1..5 with chosen empty rows/columns."""
     rng = np.random.default_rng(seed)

@@ -4,12 +4,11 @@ database), its rows, rules and table; the check's arithmetic; and scripts/gpu_im
 phases at a tiny size on a CPU (the GPU command, resumable)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 
 import pytest
-from conftest import DEVICES, REPO
+from conftest import DEVICES, repo_script
 
 pytestmark = pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
 
@@ -25,10 +24,8 @@ def _environment_restored():
 
 
 def _script(name):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """The script ``scripts/<name>.py`` as a module."""
+    return repo_script(f"scripts/{name}.py")
 
 
 def _restore_env(monkeypatch):

@@ -1,20 +1,16 @@
 """benchmarks/recommend_gpu.py and recommend_scaling.py (the lead's GPU runs) at a tiny size on
 CPU devices: every step runs and writes its JSON and markdown (a few seconds: one tiny fit, the
 only check of those scripts before they run on the GPU)."""
-import importlib.util
 import json
 
 import pytest
-from conftest import DEVICES, REPO
+from conftest import DEVICES, REPO, repo_script
 
 
 def script(name, monkeypatch):
     """The benchmark script ``benchmarks/<name>.py`` as a module."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))     # its helpers from bench_topk
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return repo_script(f"benchmarks/{name}.py")
 
 
 @pytest.mark.skipif(not DEVICES, reason="no OpenCL device")

@@ -2,19 +2,15 @@
 implicit)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
-from conftest import DEVICES, REPO
+from conftest import DEVICES, repo_script
 
 
 def _script():
     """The script as a module."""
-    spec = importlib.util.spec_from_file_location("s3_forms", REPO / "benchmarks" / "s3_forms.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return repo_script("benchmarks/s3_forms.py")
 
 
 @pytest.mark.skipif(not any("portable" in d.platform.name.lower() for d in DEVICES),

@@ -1,19 +1,15 @@
 """benchmarks/side_profile.py (the lead's per-side GPU profile) at a tiny size on a CPU device:
 every variant is timed per side, compared with auto's factors, and paired (a few seconds: the
 only check of the script before it runs on the GPU)."""
-import importlib.util
 import json
 
 import pytest
-from conftest import DEVICES, REPO
+from conftest import DEVICES, repo_script
 
 
 @pytest.mark.skipif(not DEVICES, reason="no OpenCL device")
 def test_side_profile_small(tmp_path):
-    spec = importlib.util.spec_from_file_location(
-        "side_profile", REPO / "benchmarks" / "side_profile.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = repo_script("benchmarks/side_profile.py")
     refused = "batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=16384"   # too many work-items
     mod.main(["--device", "cpu", "--scale", "0.002", "--factors", "8", "--modes",
               "explicit,implicit", "--iterations", "1", "--out", str(tmp_path), "--variants",
