@@ -401,6 +401,26 @@ def test_pipelined_batches_and_early_stop(cl_device):
     check(got[0][1:], brute(X[100:400], Y, R, row0=100))
 
 
+def test_default_batches_are_whole_waves(cl_device):
+    """The default batch cap is rounded to whole waves of the device's work-groups (a launch
+    of 65,536 queries filled 512 of an H100's 528 groups: 1M queries took 16 waves, not 15)."""
+    X, Y, R = problem(m=2600)
+    dtk = T.DeviceTopK(Y, cl_device).set_queries(X).set_exclude(R)
+    wave = dtk._target_groups() * dtk.config.tm
+    nq = X.shape[0]
+    assert dtk._wave_rows(int(1.4 * wave), 100 * wave, dtk.config) == wave
+    assert dtk._wave_rows(int(1.6 * wave), 100 * wave, dtk.config) == 2 * wave
+    assert dtk._wave_rows(wave // 3, 100 * wave, dtk.config) == wave
+    assert dtk._wave_rows(5 * wave, 3 * wave, dtk.config) == 3 * wave
+    whole = dtk.query_rows(0, nq, 10, exclude="resident")
+    cap = max(1, nq // 3)
+    parts = list(dtk.iter_query(None, 10, None, "resident", rows=(0, nq), max_batch=cap))
+    sizes = [p[1].shape[0] for p in parts]
+    want = dtk._wave_rows(cap, nq, dtk.config)
+    assert len(sizes) > 1 and sizes[:-1] == [want] * (len(sizes) - 1) and sum(sizes) == nq
+    check((np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])), whole)
+
+
 def test_pickle_clone_and_lost_device(cl_device):
     X, Y, R = problem()
     m = make_model(X, Y, cl_device)

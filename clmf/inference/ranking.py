@@ -80,6 +80,7 @@ def _device_rank(dtk, Q, cand, rows, N, self_ids=None, liked_last=False):
 # first: a device that loses to NumPy at 10^10 multiply-adds (e.g. 5,600 users × 17,770 items
 # at f = 100) would lose at every size the calibration measures
 _MEASURE_BELOW = 1e10
+DEFAULT_BATCH = 65536    # users per device launch unless the caller says (rounded to waves)
 
 
 class _Fallback(Exception):
@@ -122,9 +123,10 @@ class DeviceRankingMixin:
         filter_already_liked_items, filter_items, items
             As :meth:`recommend`.
         batch_size : int, optional
-            Users per batch (default: the device's memory plan, at most 65,536; 4,096 on the
-            host). ``user_items`` as a SciPy CSR is prepared and uploaded once and reused by
-            later calls with the same matrix (:mod:`clmf.inference.resident`).
+            Users per batch (default: the device's memory plan, about 65,536 rounded to whole
+            waves of the device's work-groups; 4,096 on the host). ``user_items`` as a SciPy
+            CSR is prepared and uploaded once and reused by later calls with the same matrix
+            (:mod:`clmf.inference.resident`).
         show_progress : bool, default False
             A tqdm bar over the users.
 
@@ -221,7 +223,7 @@ class DeviceRankingMixin:
                 try:
                     for u0, ids, sc in self._iter_resident(res, 0, n_users, N, cand,
                                                            raw if fast else rows, 0,
-                                                           batch_size or 65536, ordered, out):
+                                                           batch_size, ordered, out):
                         u1 = u0 + ids.shape[0]
                         if liked_last:
                             ids, sc = _liked_last(ids, sc, cand, rows[u0:u1], n_items)
@@ -351,6 +353,9 @@ class DeviceRankingMixin:
         again) if it changed. ``ordered`` and ``out``: as :meth:`ResidentRanker.iter_rank
         <clmf.inference.resident.ResidentRanker.iter_rank>`."""
         seen, verify = None, None
+        # the caller's batch size exactly, or the default's in whole waves of the device
+        batch = ({"batch_rows": batch_rows} if batch_rows
+                 else {"max_batch": DEFAULT_BATCH})
         if M is not None:
             seen, reused = res.seen_for(M, row0, cand)
             if not seen.covers(r0, r1):
@@ -360,7 +365,7 @@ class DeviceRankingMixin:
             if reused:
                 verify = _verifier().submit(seen.same_content, M)
         try:
-            gen = res.iter_rank(r0, r1, N, cand, seen, batch_rows, ordered, out)
+            gen = res.iter_rank(r0, r1, N, cand, seen, ordered=ordered, out=out, **batch)
             for item in gen:
                 if verify is not None:
                     ok, verify = verify.result(), None
@@ -370,8 +375,8 @@ class DeviceRankingMixin:
                                  "preparing it again")
                         res.forget_seen()
                         seen, _ = res.seen_for(M, row0, cand)
-                        yield from res.iter_rank(r0, r1, N, cand, seen, batch_rows, ordered,
-                                                 out)
+                        yield from res.iter_rank(r0, r1, N, cand, seen, ordered=ordered,
+                                                 out=out, **batch)
                         return
                 yield item
         except (ValueError, IndexError, TypeError):
@@ -402,9 +407,9 @@ class DeviceRankingMixin:
         ids = np.empty((r1 - r0, k), ids_dtype(np.zeros(0, np.int64), n_items).dtype)
         sc = np.empty((r1 - r0, k), np.float32)
         try:
-            # batches of 65,536 users: the host finishes one while the device ranks the next;
+            # batches of about 65,536 users: the host finishes one while the device ranks the next;
             # each device's thread writes its users' lists into ids, sc
-            for _ in self._iter_resident(res, r0, r1, N, cand, M, row0, 65536, ordered=False,
+            for _ in self._iter_resident(res, r0, r1, N, cand, M, row0, None, ordered=False,
                                          out=(ids, sc)):
                 pass
         except _Fallback:

@@ -306,7 +306,7 @@ class ResidentRanker:
         return ex, seen.row0 + a
 
     def iter_rank(self, r0, r1, N, candidates=None, seen=None, batch_rows=None, ordered=True,
-                  out=None):
+                  out=None, max_batch=None):
         """Yield ``(user0, ids, scores)`` for users ``r0..r1``: top-``N`` of their resident
         vectors against the candidates, ``seen`` (a :class:`SeenItems` covering the users) left
         out. Several devices rank their users at once (a thread each) and hand over each batch
@@ -332,10 +332,11 @@ class ResidentRanker:
                 ex, e_row0 = self._upload_seen(p, seen)
                 gen = dtk.iter_query(None, N, candidates, ex, rows=(a - q0, b - q0),
                                      batch_rows=batch_rows, exclude_row0=a - e_row0,
-                                     trace=trace, out=dst)
+                                     trace=trace, out=dst, max_batch=max_batch)
             else:
                 gen = dtk.iter_query(None, N, candidates, None, rows=(a - q0, b - q0),
-                                     batch_rows=batch_rows, trace=trace, out=dst)
+                                     batch_rows=batch_rows, trace=trace, out=dst,
+                                     max_batch=max_batch)
             for b0, ids, sc in gen:
                 yield a + b0, ids, sc
 

@@ -373,6 +373,21 @@ class DeviceTopK:
                                     f"{self.memory_fraction * self.info.global_mem:.0f} B")
         return max(1, min(nq, rows))
 
+    def _wave_rows(self, cap, nq, cfg):
+        """Queries per batch for a cap of about ``cap``: whole waves of the work-groups the
+        device runs at once (:meth:`_splits`'s target × ``tm`` queries; the nearest count of
+        waves, at least one), so no launch but the last leaves the device part empty. On an
+        H100, 65,536 queries are 512 groups of the 528 it holds: 1M queries took 16 launches of
+        a wave's time each, against 15 in whole waves (10.09 vs 9.46 s expected)."""
+        wave = self._target_groups() * cfg.tm
+        if cap >= nq or wave >= nq:
+            return nq
+        return max(wave, (cap + wave // 2) // wave * wave)
+
+    def _target_groups(self):
+        """Work-groups that fill the device once (4 per compute unit on GPUs, 2 on CPUs)."""
+        return self.info.compute_units * (4 if self.info.type != "CPU" else 2)
+
     def _splits(self, nq, C, cfg):
         """(splits, candidates per split): enough work-groups to fill the device. The split
         factor is the target's ratio to the query groups rounded to the nearest whole number,
@@ -380,7 +395,7 @@ class DeviceTopK:
         split in two, each query's candidates merged from two halves, 8 % slower than whole."""
         tiles = max(1, -(-C // cfg.tn))
         groups = max(1, -(-nq // cfg.tm))
-        target = self.info.compute_units * (4 if self.info.type != "CPU" else 2)
+        target = self._target_groups()
         s = min(tiles, max(1, (target + groups // 2) // groups))
         jper = -(-tiles // s) * cfg.tn
         return max(1, -(-C // jper)), jper
@@ -422,9 +437,10 @@ class DeviceTopK:
         return min(int(N), C)
 
     def iter_query(self, Q, N, candidates=None, exclude=None, rows=None, batch_rows=None,
-                   show_progress=False, exclude_row0=None, trace=None, out=None):
+                   show_progress=False, exclude_row0=None, trace=None, out=None, max_batch=None):
         """Yield ``(row0, ids, scores)`` batch by batch (the memory plan's batches, or
-        ``batch_rows``); arguments as :meth:`query`, or ``rows=(r0, r1)`` of resident queries
+        ``batch_rows`` exactly, or at most about ``max_batch`` in whole device waves:
+        :meth:`_wave_rows`); arguments as :meth:`query`, or ``rows=(r0, r1)`` of resident queries
         (``exclude="resident"``: the resident exclusion's row ``exclude_row0``, default
         ``r0``, belongs to query row ``r0``).
 
@@ -492,10 +508,14 @@ class DeviceTopK:
         cfg = _shrink_to_fit(self.config, self.f, k, self.info)
         prog = _program(self.ctx, self.device, cfg, self.ldf, k)
         scan, merge = prog.kernels["topk_scan"], prog.kernels["topk_merge"]
+        if batch_rows is None and max_batch is not None:
+            batch_rows = self._wave_rows(max_batch, nq, cfg)
         S, jper = self._splits(nq if batch_rows is None else min(nq, batch_rows), C, cfg)
         avg = excl.nnz / max(1, nq) if excl is not None else 0.0
-        B = batch_rows or self.plan(nq, k, S, 0.0 if resident else avg,
-                                    queries_on_device=rows is not None, in_flight=2)
+        planned = self.plan(nq, k, S, 0.0 if resident else avg,
+                            queries_on_device=rows is not None, in_flight=2)
+        B = min(batch_rows, planned) if batch_rows and max_batch is not None else (
+            batch_rows or planned)
         B = max(1, min(B, nq))
         if B < nq:          # whole work-groups per batch
             B = max(cfg.tm, B // cfg.tm * cfg.tm)
