@@ -77,6 +77,21 @@ def test_explicit_fused_cg_is_no_evidence_for_implicit_fits():
     assert best[A] < best[FUSED]           # the fused CG falls back to the prior
 
 
+def test_only_a_measurement_at_this_f_vouches_for_a_configuration():
+    """A configuration that ran at another f is probed before use (its device is None): a syrk
+    measured at f = 100 needs 306 work-items at f = 128, more than NVIDIA's hermitian kernel
+    allows, and the model chose it unprobed for the leave-one-out cells."""
+    info = fake_info()
+    dev = tuning.device_record(info)
+    gs = groups(run(info, 100, {A: 1.0, B: 1.2}, "r100") + run(info, 128, {B: 1.0}, "r128"),
+                info)
+    r, _near = M.rank(gs, 128, "explicit", "users", M.features(2000, 1000, 40000))
+    where = {str(c): w for _s, _k, c, _sup, w in r}
+    assert where[str(KernelConfig.parse(A))] is None and where[str(KernelConfig.parse(B))] == dev
+    r, _near = M.rank(gs, 100, "explicit", "users", M.features(2000, 1000, 40000))
+    assert all(w == dev for _s, _k, _c, _sup, w in r)
+
+
 def test_far_groups_make_no_prediction():
     info = fake_info()
     gs = groups(run(info, 8, {A: 1.0}, "r8", shape=(200, 100, 4000)), info)
