@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import numpy as np
 
@@ -344,6 +345,55 @@ def install(fit_id, side=None, needed=False, *blocks):
         w.keep(w.write_rows(side, Rows(rows, r0), r0, r0 + len(rows), blocking=False))
     w.q["into"].finish()
     return None
+
+
+def board_make(fit_id):
+    """Make this worker's board for its own iteration loop (see
+    :func:`clmf.parallel.shared_blocks.board_create`): the handles, or None without room."""
+    st = _state(fit_id)
+    bounds = {s: st["plan"][s].bounds for s in SIDES}
+    return shm.board_create(st["segments"], bounds, st["d"], st["ldf"], st["store"])
+
+
+def board_connect(fit_id, abort, *handles):
+    """Map every worker's board (``handles`` in worker order); ``abort``: the name of the
+    :class:`distributed.Event` that calls the fit off (asked while a peer's rows are late)."""
+    st = _state(fit_id)
+    bounds = {s: st["plan"][s].bounds for s in SIDES}
+    st["board"] = shm.Board(st["attached"], st["d"], handles, bounds, abort=_event_check(abort))
+    return True
+
+
+def _event_check(name):
+    """A function telling whether the :class:`distributed.Event` ``name`` is set (False when
+    the scheduler cannot be asked)."""
+    def check():
+        try:
+            from distributed import Event
+            return Event(name).is_set()
+        except Exception as e:       # noqa: BLE001 - the peers' liveness is checked anyway
+            log.debug("abort event %s not readable: %s", name, e)
+            return False
+    return check
+
+
+def iterate(fit_id, regularization, weighted, count=1):
+    """Run ``count`` whole ALS iterations (users, then items) on this worker, the solved rows
+    exchanged with the other workers of the fit through their boards while the kernels run
+    (one task per iteration instead of one per half-step and an install); returns the seconds
+    of each iteration here."""
+    st = _state(fit_id)
+    w, board = st["worker"], st.get("board")
+    if board is None and st["plan"].devices > 1:
+        raise RuntimeError(f"fit {fit_id} has no board on this worker (board_connect first)")
+    out = []
+    for _ in range(int(count)):
+        t0 = time.perf_counter()
+        for side in SIDES:
+            ex = board.exchange(side) if board is not None else None
+            w.half_step(side, float(regularization), bool(weighted), ex)
+        out.append(time.perf_counter() - t0)
+    return out
 
 
 def partials(fit_id, side, *previous):
