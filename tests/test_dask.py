@@ -91,6 +91,40 @@ def test_ml100k_parquet_two_pocl_workers(client, ml100k):
     assert abs(d_rmse - l_rmse) <= 1e-3 * l_rmse
 
 
+def test_workers_loop_runs_groups_of_iterations_like_the_half_step_tasks(client, ml100k,
+                                                                         monkeypatch):
+    """The workers' own loop (one task per group of iterations, rows through their boards)
+    gives the model and the per-iteration history (train and validation RMSE, computed on the
+    workers inside a group) of the tasks per half-step; the groups end at checkpoints."""
+    from clmf.parallel.dask_backend import DaskEngine
+    path, R, raw = ml100k
+    real, counts = DaskEngine.iteration, []
+
+    def iteration(self, *a, count=1, **k):
+        counts.append((self.loop, count))
+        return real(self, *a, count=count, **k)
+    monkeypatch.setattr(DaskEngine, "iteration", iteration)
+    monkeypatch.setattr(clmf.dask._DaskSteps, "GROUP_SECONDS", 1e6)   # groups not cut by time
+    kw = dict(client=client, iterations=6, device=POCL, **KW)
+    val = raw.iloc[:3000]
+    looped = clmf.dask.ALS(**kw).fit(path, validation=val, show_progress=False)
+    assert counts == [(True, 1), (True, 5)]              # the first alone, then one group
+    counts.clear()
+    monkeypatch.setenv("CLMF_DASK_WORKER_LOOP", "0")
+    tasks = clmf.dask.ALS(**kw).fit(path, validation=val, show_progress=False)
+    assert counts == [(False, 1)] * 6
+    _check_close(looped, tasks, 1e-6)
+    for a, b in zip(looped.history_, tasks.history_, strict=True):
+        for key in ("train_rmse", "validation_rmse"):
+            assert abs(a[key] - b[key]) <= 1e-6 * b[key]
+        assert a["seconds"] > 0
+    monkeypatch.delenv("CLMF_DASK_WORKER_LOOP")
+    counts.clear()
+    clmf.dask.ALS(**kw).fit(path, checkpoint=str(ml100k[0]) + ".ck.npz", checkpoint_every=3,
+                            show_progress=False)
+    assert counts == [(True, 1), (True, 2), (True, 3)]    # iterations 0 | 1-2 | 3-5
+
+
 @pytest.mark.skipif(not HAVE_INTEL, reason="needs Intel's CPU OpenCL runtime")
 def test_ml100k_one_pocl_one_intel_worker(client, ml100k):
     path, R, _raw = ml100k

@@ -384,21 +384,37 @@ class DaskEngine:
                                *previous) for d in range(n)]
         return (side, needed, *solved)
 
-    def iteration(self, regularization, weighted, it=None):
-        """One ALS iteration on every worker, users then items: one task per worker that runs
-        it whole (:func:`~clmf.parallel.dask_tasks.iterate`, when :meth:`_board` allowed it),
-        else the half-steps' tasks submitted at once (Dask orders them by their dependencies;
-        the solved blocks go straight from worker to worker) and one wait, for the last blocks
-        installed everywhere."""
-        self.phase = f"iteration {it}"
+    def iteration(self, regularization, weighted, it=None, count=1, metrics=()):
+        """ALS iteration ``it`` (users, then items) on every worker — or ``count`` iterations
+        from it, with the squared errors of the ``metrics`` keys after each — in one task per
+        worker that runs them whole (:func:`~clmf.parallel.dask_tasks.iterate`, where
+        :meth:`_board` allowed it: :attr:`loop`); returns per iteration ``(seconds, {key:
+        (sse, count)}, seconds of the metrics)``, the slowest worker's seconds and the workers'
+        sums. Else (one iteration, None returned) the half-steps' tasks are submitted at once
+        (Dask orders them by their dependencies; the solved blocks go straight from worker to
+        worker) and waited for once, for the last blocks installed everywhere."""
+        count = int(count)
         if self.loop:
-            self._wait_loop([self._on(d, T.iterate, self.fit_id, float(regularization),
-                                      bool(weighted), 1) for d in range(self.n)])
-            return
+            self.phase = (f"iteration {it}" if count == 1
+                          else f"iterations {it}..{None if it is None else it + count - 1}")
+            res = self._wait_loop([self._on(d, T.iterate, self.fit_id, float(regularization),
+                                            bool(weighted), count, tuple(metrics))
+                                   for d in range(self.n)])
+            out = []
+            for per in zip(*res):
+                scores = {k: (float(sum(p[1][k][0] for p in per)),
+                              int(sum(p[1][k][1] for p in per))) for k in metrics}
+                out.append((max(p[0] for p in per), scores, max(p[2] for p in per)))
+            return out
+        if count != 1 or metrics:
+            raise ValueError("several iterations in one call need the workers' own loop "
+                             "(DaskEngine.loop)")
+        self.phase = f"iteration {it}"
         previous = ()
         for side in SIDES:
             previous = self.half_step(side, float(regularization), bool(weighted), previous)
         self._wait([self._on(d, T.install, self.fit_id, *previous) for d in range(self.n)])
+        return None
 
     def _wait_loop(self, futs):
         """Results of the workers' loop tasks; when some failed (the peers of a failed worker

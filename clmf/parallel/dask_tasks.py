@@ -377,11 +377,12 @@ def _event_check(name):
     return check
 
 
-def iterate(fit_id, regularization, weighted, count=1):
+def iterate(fit_id, regularization, weighted, count=1, metrics=()):
     """Run ``count`` whole ALS iterations (users, then items) on this worker, the solved rows
     exchanged with the other workers of the fit through their boards while the kernels run
-    (one task per iteration instead of one per half-step and an install); returns the seconds
-    of each iteration here."""
+    (one task for a group of iterations instead of one per half-step and an install), with
+    the squared errors of the keys ``metrics`` (:func:`squared_error`) after each; returns per
+    iteration ``(seconds, {key: (sse, count)}, seconds of the metrics)`` measured here."""
     st = _state(fit_id)
     w, board = st["worker"], st.get("board")
     if board is None and st["plan"].devices > 1:
@@ -392,7 +393,9 @@ def iterate(fit_id, regularization, weighted, count=1):
         for side in SIDES:
             ex = board.exchange(side) if board is not None else None
             w.half_step(side, float(regularization), bool(weighted), ex)
-        out.append(time.perf_counter() - t0)
+        t1 = time.perf_counter()
+        scores = {key: squared_error(fit_id, key) for key in metrics}
+        out.append((t1 - t0, scores, time.perf_counter() - t1))
     return out
 
 
