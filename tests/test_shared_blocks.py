@@ -191,3 +191,29 @@ def test_a_failed_dead_or_called_off_peer_ends_the_wait(monkeypatch):
             _drain(b0.exchange("items"), 0)
     finally:
         _close(segs, atts)
+
+
+def test_own_rows_staged_apart_are_copied_into_the_segment_when_published():
+    """With a staging array (page-locked on GPUs) the engine's copies of its own rows land
+    there, and publishing copies them on into the row segment the peers read."""
+    bounds = {"users": np.array([0, 3, 6]), "items": np.array([0, 1, 2])}
+    segs = [shm.Segments(f"clmf-test-stage-{d}") for d in range(2)]
+    handles = [shm.board_create(segs[d], bounds, d, 2, np.float32) for d in range(2)]
+    atts = [shm.Attached() for _ in range(2)]
+    made = []
+
+    def staging(shape, dtype):
+        made.append(np.zeros(shape, dtype))
+        return made[-1]
+    b0 = shm.Board(atts[0], 0, handles, bounds)
+    b1 = shm.Board(atts[1], 1, handles, bounds, staging=staging)
+    try:
+        e0, e1 = b0.exchange("users"), b1.exchange("users")
+        e1.host[3:6][:] = 7.0                      # the device's copy, into the staging array
+        assert np.shares_memory(e1.host[3:6], made[0]) and (e0.host[3:6] == 0).all()
+        e1.publish(1, 3, 5)
+        assert (e0.host[3:5] == 7).all() and (e0.host[5:6] == 0).all()
+        e1.finish(1)
+        assert _drain(e0, 0) == [(1, 3, 5)]
+    finally:
+        _close(segs, atts)

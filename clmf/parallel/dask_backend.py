@@ -314,8 +314,10 @@ class DaskEngine:
         handles = self._wait([self._on(d, T.board_make, self.fit_id) for d in range(self.n)])
         if any(h is None for h in handles):
             return False
-        self._wait([self._on(d, T.board_connect, self.fit_id, self._abort_name(), *handles)
-                    for d in range(self.n)])
+        staged = self._wait([self._on(d, T.board_connect, self.fit_id, self._abort_name(),
+                                      *handles) for d in range(self.n)])
+        log.info("fit %s: workers' own rows through page-locked staging on %d of %d workers",
+                 self.fit_id, sum(map(bool, staged)), self.n)
         return True
 
     def _abort_name(self):

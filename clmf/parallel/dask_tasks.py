@@ -12,6 +12,7 @@ module level (only :func:`get_worker` inside a task); the client side is
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -25,6 +26,9 @@ from .worker import SIDES, Exchange, other_side
 log = logging.getLogger(__name__)
 
 _STATE = {}            # fit id → dict (this worker's share of the fit)
+# "1"/"0": the workers' own rows pass through page-locked staging arrays or not (default
+# "auto": where the engine pins its host buffers, i.e. on GPUs; see shared_blocks.Board)
+ENV_STAGING = "CLMF_DASK_PINNED_STAGING"
 _LOCK = threading.Lock()
 
 
@@ -360,8 +364,12 @@ def board_connect(fit_id, abort, *handles):
     :class:`distributed.Event` that calls the fit off (asked while a peer's rows are late)."""
     st = _state(fit_id)
     bounds = {s: st["plan"][s].bounds for s in SIDES}
-    st["board"] = shm.Board(st["attached"], st["d"], handles, bounds, abort=_event_check(abort))
-    return True
+    w = st["worker"]
+    pin = os.environ.get(ENV_STAGING, "auto").strip().lower()
+    staged = w.pinned if pin == "auto" else pin not in ("0", "false", "no", "off")
+    st["board"] = shm.Board(st["attached"], st["d"], handles, bounds, abort=_event_check(abort),
+                            staging=w.pinned_array if staged else None)
+    return staged
 
 
 def _event_check(name):

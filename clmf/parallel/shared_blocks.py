@@ -297,6 +297,10 @@ class BlockHost:
         self.bounds = np.asarray(bounds, dtype=np.int64)
         self.arrays = list(arrays)
 
+    def block(self, d):
+        """Worker ``d``'s rows ``(r0, r1)``."""
+        return int(self.bounds[d]), int(self.bounds[d + 1])
+
     def __getitem__(self, key):
         """The rows of a slice inside one worker's block."""
         if not isinstance(key, slice) or key.step not in (None, 1):
@@ -330,15 +334,24 @@ class Board:
     """This worker's view of every board of a fit: its own control words, the peers' (to read)
     and each side's :class:`BlockHost`; :meth:`exchange` makes a half-step's exchange."""
 
-    def __init__(self, attached, d, handles, bounds, abort=None):
+    def __init__(self, attached, d, handles, bounds, abort=None, staging=None):
         """Map the boards ``handles`` (one per worker, as :func:`board_create` returned them);
         ``abort()`` (optional) tells whether the fit was called off (asked every second of
-        waiting)."""
+        waiting); ``staging(shape, dtype)`` (optional, GPUs) makes a page-locked array for this
+        worker's own rows of each side: its device copies them there (truly asynchronous,
+        where a copy into pageable memory would hold the launches up), the exchange copies
+        them on into the row segment before announcing them."""
         self.d, self.n = int(d), len(handles)
         self.controls = [attached.array(h["control"]) for h in handles]
-        self.host = {s: BlockHost(b, [attached.array(h[s])[:int(b[e + 1] - b[e])]
-                                      for e, h in enumerate(handles)])
-                     for s, b in bounds.items()}
+        self.segment = {}             # side -> this worker's row segment
+        self.host = {}                # side -> BlockHost the engine reads and writes
+        for s, b in bounds.items():
+            arrays = [attached.array(h[s])[:int(b[e + 1] - b[e])] for e, h in enumerate(handles)]
+            self.segment[s] = arrays[self.d]
+            if staging is not None:
+                arrays[self.d] = staging(self.segment[s].shape, self.segment[s].dtype)
+            self.host[s] = BlockHost(b, arrays)
+        self.staged = staging is not None
         self.abort = abort
         self.k = 0
 
@@ -421,7 +434,11 @@ class BoardExchange:
         self.done = set()
 
     def publish(self, device, r0, r1):
-        """Rows ``[r0, r1)`` of this worker are in its row segment."""
+        """Rows ``[r0, r1)`` of this worker are in its row segment (or in its staging array:
+        then copied on first)."""
+        if self.board.staged:
+            b0 = self.host.block(self.board.d)[0]
+            np.copyto(self.board.segment[self.side][r0 - b0:r1 - b0], self.host[r0:r1])
         if self.count < _CAPACITY - 1:
             self.count += 1
             self.board.announce(self.k, self.count, False, (r0, r1))
