@@ -3,7 +3,12 @@ workers (raw ids mapped to dense indices there), and :class:`DaskEngine`, which 
 :class:`~clmf.engine.Engine` per Dask worker (the blocks the partition plan gives
 it stay resident for the whole fit) and drives the half-steps with Dask tasks pinned to their
 workers. Only factor blocks (replicate mode) or partial normal equations (reduce mode) move, as
-Dask results between workers. Dask is imported lazily: importing :mod:`clmf` never needs it.
+Dask results between workers. Where the workers share a host and both factors are replicated
+(or there is one worker), each worker instead runs whole iterations in one task
+(:attr:`DaskEngine.loop`, :func:`~clmf.parallel.dask_tasks.iterate`), exchanging its rows
+through shared-memory boards while it computes (:class:`~clmf.parallel.shared_blocks.Board`):
+no scheduler round trip per half-step. Dask is imported lazily: importing :mod:`clmf` never
+needs it.
 
 A worker that leaves the cluster during a fit takes its blocks and device state with it: the
 engine notices (it watches the scheduler's worker list while it waits) and raises
