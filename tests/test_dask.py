@@ -389,3 +389,20 @@ def test_blocks_through_the_comms_match_shared_memory(ml100k, monkeypatch):
         cluster.close()
     assert dm.transport_ == "dask comms"
     _check_close(dm, _one_device(R, iterations=2))
+
+
+def test_pinned_staging_of_the_workers_rows_gives_the_same_model(ml100k, monkeypatch, caplog):
+    """The GPU path of the workers' loop on CPU devices (``CLMF_DASK_PINNED_STAGING=1``: rows
+    through page-locked mirrors both ways) gives the one-device model."""
+    path, R, _raw = ml100k
+    monkeypatch.setenv("CLMF_DASK_PINNED_STAGING", "1")     # inherited by the new workers
+    cluster, c = _cluster()
+    try:
+        with caplog.at_level("INFO", logger="clmf.parallel.dask_backend"):
+            dm = clmf.dask.ALS(client=c, iterations=3, device=POCL, **KW).fit(
+                path, show_progress=False)
+    finally:
+        c.close()
+        cluster.close()
+    assert "page-locked staging on 2 of 2 workers" in caplog.text
+    _check_close(dm, _one_device(R, iterations=3))

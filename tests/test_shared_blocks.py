@@ -193,9 +193,13 @@ def test_a_failed_dead_or_called_off_peer_ends_the_wait(monkeypatch):
         _close(segs, atts)
 
 
-def test_own_rows_staged_apart_are_copied_into_the_segment_when_published():
-    """With a staging array (page-locked on GPUs) the engine's copies of its own rows land
-    there, and publishing copies them on into the row segment the peers read."""
+@pytest.mark.parametrize("limit", [1 << 30, 8], ids=["mirror", "own-rows-only"])
+def test_staged_rows_go_through_page_locked_arrays_both_ways(monkeypatch, limit):
+    """With staging (page-locked arrays, on GPUs) the engine's copies of its own rows land in
+    them and publishing copies them on into the row segment the peers read; the peers' rows are
+    copied from their segments into the side's mirror before the device uploads them (a side
+    over the pinning limit stages only this worker's rows)."""
+    monkeypatch.setattr(shm, "PIN_LIMIT", limit)
     bounds = {"users": np.array([0, 3, 6]), "items": np.array([0, 1, 2])}
     segs = [shm.Segments(f"clmf-test-stage-{d}") for d in range(2)]
     handles = [shm.board_create(segs[d], bounds, d, 2, np.float32) for d in range(2)]
@@ -208,6 +212,7 @@ def test_own_rows_staged_apart_are_copied_into_the_segment_when_published():
     b0 = shm.Board(atts[0], 0, handles, bounds)
     b1 = shm.Board(atts[1], 1, handles, bounds, staging=staging)
     try:
+        assert b1.mirrored == (["users", "items"] if limit > 8 else [])
         e0, e1 = b0.exchange("users"), b1.exchange("users")
         e1.host[3:6][:] = 7.0                      # the device's copy, into the staging array
         assert np.shares_memory(e1.host[3:6], made[0]) and (e0.host[3:6] == 0).all()
@@ -215,5 +220,10 @@ def test_own_rows_staged_apart_are_copied_into_the_segment_when_published():
         assert (e0.host[3:5] == 7).all() and (e0.host[5:6] == 0).all()
         e1.finish(1)
         assert _drain(e0, 0) == [(1, 3, 5)]
+        e0.host[0:3][:] = 5.0                      # worker 0's rows, in its segment
+        up = e1.host[0:3]                          # what worker 1's device uploads
+        assert (up == 5).all()
+        assert np.shares_memory(up, made[0]) == (limit > 8)
     finally:
+        b1.close()
         _close(segs, atts)

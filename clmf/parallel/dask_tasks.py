@@ -520,6 +520,8 @@ def release(fit_id):
 def _release_state(st):
     """Free a fit's device worker and its shared segments (mapped and owned)."""
     try:
+        if st.get("board") is not None:
+            st["board"].close()
         st["worker"].release()
     finally:
         st["attached"].close()

@@ -270,6 +270,7 @@ _PID, _FAILED = 0, 1
 _HEADER = 4
 _CAPACITY = 4096              # records per half-step (more chunks: the rest as one record)
 _BANK = 1 + 3 * _CAPACITY
+PIN_LIMIT = 4 << 30           # largest page-locked mirror of a side's rows
 ENV_TIMEOUT = "CLMF_DASK_EXCHANGE_TIMEOUT"
 
 
@@ -290,12 +291,16 @@ def exchange_timeout():
 class BlockHost:
     """One side's rows as ``host[a:b]`` in global numbering, each block in its owner's row
     segment (what :class:`~clmf.engine.Engine` reads and writes through an exchange's
-    ``host``; a slice never crosses two blocks)."""
+    ``host``; a slice never crosses two blocks). With a page-locked ``mirror`` of every row,
+    a slice is the mirror's, another worker's rows copied into it first (host threads of
+    ``pool``): the device's copies then run from page-locked memory."""
 
-    def __init__(self, bounds, arrays):
-        """``arrays[d]`` holds rows ``[bounds[d], bounds[d + 1])``."""
+    def __init__(self, bounds, arrays, mirror=None, own=None, pool=None):
+        """``arrays[d]`` holds rows ``[bounds[d], bounds[d + 1])``; ``own``: this worker's
+        index (its rows are the mirror's own, never copied in)."""
         self.bounds = np.asarray(bounds, dtype=np.int64)
         self.arrays = list(arrays)
+        self.mirror, self.own, self.pool = mirror, own, pool
 
     def block(self, d):
         """Worker ``d``'s rows ``(r0, r1)``."""
@@ -309,7 +314,25 @@ class BlockHost:
         r0 = int(self.bounds[d])
         if d < 0 or key.stop > int(self.bounds[d + 1]):
             raise IndexError(f"rows {key.start}..{key.stop} cross the workers' blocks")
-        return self.arrays[d][key.start - r0:key.stop - r0]
+        rows = self.arrays[d][key.start - r0:key.stop - r0]
+        if self.mirror is None:
+            return rows
+        out = self.mirror[key.start:key.stop]
+        if d != self.own:
+            copy_rows(self.pool, out, rows)
+        return out
+
+
+def copy_rows(pool, dst, src):
+    """``dst[...] = src``, in up to four host threads of ``pool`` (a
+    :class:`concurrent.futures.Executor` or None) for copies of 16 MB and more."""
+    parts = min(4, max(1, src.nbytes >> 24), len(src))
+    if parts <= 1 or pool is None:
+        np.copyto(dst, src)
+        return
+    cuts = np.linspace(0, len(src), parts + 1).astype(np.int64)
+    list(pool.map(lambda k: np.copyto(dst[cuts[k]:cuts[k + 1]], src[cuts[k]:cuts[k + 1]]),
+                  range(parts)))
 
 
 def board_create(segments, bounds, d, ldf, dtype):
@@ -337,23 +360,40 @@ class Board:
     def __init__(self, attached, d, handles, bounds, abort=None, staging=None):
         """Map the boards ``handles`` (one per worker, as :func:`board_create` returned them);
         ``abort()`` (optional) tells whether the fit was called off (asked every second of
-        waiting); ``staging(shape, dtype)`` (optional, GPUs) makes a page-locked array for this
-        worker's own rows of each side: its device copies them there (truly asynchronous,
-        where a copy into pageable memory would hold the launches up), the exchange copies
-        them on into the row segment before announcing them."""
+        waiting); ``staging(shape, dtype)`` (optional, GPUs) makes page-locked arrays: each
+        side's rows get a page-locked mirror (only this worker's rows where every row would
+        exceed :data:`PIN_LIMIT` bytes), into which its device copies its solved rows (truly
+        asynchronous, where a copy into pageable memory would hold the launches up; the
+        exchange copies them on into the row segment before announcing them) and from which
+        it uploads the other workers' rows (copied in from their segments by host threads)."""
+        import concurrent.futures
         self.d, self.n = int(d), len(handles)
         self.controls = [attached.array(h["control"]) for h in handles]
         self.segment = {}             # side -> this worker's row segment
         self.host = {}                # side -> BlockHost the engine reads and writes
+        self.pool = (concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="clmf-board")
+                     if staging is not None else None)
+        self.mirrored = []
         for s, b in bounds.items():
             arrays = [attached.array(h[s])[:int(b[e + 1] - b[e])] for e, h in enumerate(handles)]
-            self.segment[s] = arrays[self.d]
+            seg = self.segment[s] = arrays[self.d]
+            mirror = None
             if staging is not None:
-                arrays[self.d] = staging(self.segment[s].shape, self.segment[s].dtype)
-            self.host[s] = BlockHost(b, arrays)
+                shape = (int(b[-1]), *seg.shape[1:])
+                if int(np.prod(shape)) * seg.dtype.itemsize <= PIN_LIMIT:
+                    mirror = staging(shape, seg.dtype)
+                    self.mirrored.append(s)
+                else:
+                    arrays[self.d] = staging(seg.shape, seg.dtype)
+            self.host[s] = BlockHost(b, arrays, mirror, self.d, self.pool)
         self.staged = staging is not None
         self.abort = abort
         self.k = 0
+
+    def close(self):
+        """Stop the copying threads."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
 
     def exchange(self, side):
         """The exchange of the next half-step (of ``side``)."""
@@ -438,7 +478,8 @@ class BoardExchange:
         then copied on first)."""
         if self.board.staged:
             b0 = self.host.block(self.board.d)[0]
-            np.copyto(self.board.segment[self.side][r0 - b0:r1 - b0], self.host[r0:r1])
+            copy_rows(self.board.pool, self.board.segment[self.side][r0 - b0:r1 - b0],
+                      self.host[r0:r1])
         if self.count < _CAPACITY - 1:
             self.count += 1
             self.board.announce(self.k, self.count, False, (r0, r1))
