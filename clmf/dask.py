@@ -44,7 +44,9 @@ class ALS(_ALS):
     ``workers_`` (the fit's worker addresses), ``device_`` (their devices), ``plan_`` (the
     :class:`clmf.parallel.Plan`), ``transport_`` (how solved blocks moved between the workers:
     "shared memory" on one host, else "dask comms"; ``CLMF_DASK_SHARED_MEMORY=0`` in the
-    workers' environment keeps the comms), ``time_to_first_iteration_`` (seconds from ``fit`` to
+    workers' environment keeps the comms; on one host each worker then runs the iterations
+    itself, a group per task, unless ``CLMF_DASK_WORKER_LOOP=0`` in the client's: see
+    :mod:`clmf.parallel.dask_backend`), ``time_to_first_iteration_`` (seconds from ``fit`` to
     the end of the first iteration) and ``fit_times_`` (the set-up's phases).
     """
 
