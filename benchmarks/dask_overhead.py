@@ -77,6 +77,7 @@ def main(argv=None):
     real, beyond = DaskEngine.iteration, []
 
     def timed(self, *a, count=1, **k):
+        """DaskEngine.iteration, its wall beyond the workers' seconds kept (groups)."""
         t = time.perf_counter()
         res = real(self, *a, count=count, **k)
         if res and count > 1:

@@ -101,6 +101,7 @@ def test_workers_loop_runs_groups_of_iterations_like_the_half_step_tasks(client,
     real, counts = DaskEngine.iteration, []
 
     def iteration(self, *a, count=1, **k):
+        """DaskEngine.iteration, its (loop, count) recorded."""
         counts.append((self.loop, count))
         return real(self, *a, count=count, **k)
     monkeypatch.setattr(DaskEngine, "iteration", iteration)

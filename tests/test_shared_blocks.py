@@ -105,6 +105,7 @@ def _boards(prefix, bounds, ldf=3, abort=None):
 
 
 def _close(segs, atts):
+    """Unmap the boards' views and unlink their segments."""
     for a in atts:
         a.close()
     for s in segs:
@@ -207,6 +208,7 @@ def test_staged_rows_go_through_page_locked_arrays_both_ways(monkeypatch, limit)
     made = []
 
     def staging(shape, dtype):
+        """A plain array standing for a page-locked one."""
         made.append(np.zeros(shape, dtype))
         return made[-1]
     b0 = shm.Board(atts[0], 0, handles, bounds)
