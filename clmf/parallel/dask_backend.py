@@ -289,7 +289,7 @@ class DaskEngine:
         log.info("fit %s: blocks built on %d workers in %.2f s (modes %s, blocks through %s, "
                  "%s)", self.fit_id, self.n, self.times["build"],
                  {s: self.plan[s].mode for s in SIDES}, self.transport,
-                 "one task per iteration" if self.loop else "tasks per half-step")
+                 "the workers' own loop" if self.loop else "tasks per half-step")
 
     def _transport(self):
         """How solved blocks move: "shared memory" when every worker maps every other worker's

@@ -325,8 +325,8 @@ class BlockHost:
 
 def copy_rows(pool, dst, src):
     """``dst[...] = src``, in up to four host threads of ``pool`` (a
-    :class:`concurrent.futures.Executor` or None) for copies of 16 MB and more."""
-    parts = min(4, max(1, src.nbytes >> 24), len(src))
+    :class:`concurrent.futures.Executor` or None), 4 MB and more each."""
+    parts = min(4, max(1, src.nbytes >> 22), len(src))
     if parts <= 1 or pool is None:
         np.copyto(dst, src)
         return
