@@ -320,6 +320,35 @@ def test_killed_worker_raises_or_resumes_from_checkpoint(ml100k, tmp_path):
         cluster.close()
 
 
+def test_worker_killed_inside_a_group_of_iterations_raises_promptly(ml100k, monkeypatch):
+    """A worker killed while the workers run a group of iterations on their own: its peer
+    notices (the dead pid) and the fit raises WorkerLostError within seconds, no hang."""
+    import threading
+    import time
+    path, _R, _raw = ml100k
+    monkeypatch.setattr(clmf.dask._DaskSteps, "GROUP_SECONDS", 1e6)
+    cluster, c = _cluster()
+    try:
+        pids = c.run(os.getpid)
+        victim = sorted(pids)[1]
+        started = []
+
+        def kill_soon(it, _t, _m):
+            """After the first iteration (the group of the rest is next), kill in 0.3 s."""
+            if it == 0:
+                started.append(time.perf_counter())
+                threading.Timer(0.3, os.kill, (pids[victim], signal.SIGKILL)).start()
+
+        with pytest.raises(clmf.dask.WorkerLostError,
+                           match=r"left the cluster during iterations 1\.\.399"):
+            clmf.dask.ALS(client=c, iterations=400, device=POCL, **KW).fit(
+                path, callback=kill_soon, show_progress=False)
+        assert started and time.perf_counter() - started[0] < 30
+    finally:
+        c.close()
+        cluster.close()
+
+
 def test_worker_lost_midway_keeps_the_fitted_model(client, ml100k, monkeypatch, tmp_path):
     """A WorkerLostError in the middle of a refit (on_worker_lost="raise") leaves the model of
     the earlier fit exactly as it was: factors, id maps, history, plan, workers."""
