@@ -44,7 +44,9 @@ class ALS(_ALS):
     ``workers_`` (the fit's worker addresses), ``device_`` (their devices), ``plan_`` (the
     :class:`clmf.parallel.Plan`), ``transport_`` (how solved blocks moved between the workers:
     "shared memory" on one host, else "dask comms"; ``CLMF_DASK_SHARED_MEMORY=0`` in the
-    workers' environment keeps the comms), ``time_to_first_iteration_`` (seconds from ``fit`` to
+    workers' environment keeps the comms; on one host each worker then runs the iterations
+    itself, a group per task, unless ``CLMF_DASK_WORKER_LOOP=0`` in the client's: see
+    :mod:`clmf.parallel.dask_backend`), ``time_to_first_iteration_`` (seconds from ``fit`` to
     the end of the first iteration) and ``fit_times_`` (the set-up's phases).
     """
 
@@ -282,7 +284,8 @@ class _DaskTrainer(Trainer):
                                ratings_range=(max(int(data.user_counts.max(initial=0)),
                                                   int(data.item_counts.max(initial=0))),
                                               max(abs(data.minimum), abs(data.maximum))),
-                               storage=np.dtype(engine.np_store).name)
+                               storage=np.dtype(engine.np_store).name,
+                               grouped=early_stopping_rounds is None)
             res = self.run(steps, start=start, history=history, callback=callback,
                            early_stopping_rounds=early_stopping_rounds,
                            show_progress=show_progress, origin=t_start)
@@ -355,26 +358,76 @@ def _resume_hint(checkpoint):
 
 class _DaskSteps(loop.FitSteps):
     """:func:`clmf.model.loop.run`'s view of a :class:`~clmf.parallel.dask_backend.DaskEngine`:
-    RMSEs summed on the workers, a checkpoint every ``every`` iterations and after the last."""
+    RMSEs summed on the workers, a checkpoint every ``every`` iterations and after the last.
+
+    Where the workers run their own loop (:attr:`DaskEngine.loop`) and ``grouped`` (no early
+    stopping: nothing needs the factors of an iteration the workers went past), the iterations
+    between two checkpoints run in groups of one task per worker lasting about
+    :attr:`GROUP_SECONDS` (the first iteration alone: it measures one), the metrics of each
+    computed on the workers after it; each iteration's seconds are its workers' time plus an
+    equal share of the group's wall time around them (task round trips), so the history's
+    seconds add up to the fit's wall time as before. Progress and callbacks then come a group
+    at a time."""
+
+    GROUP_SECONDS = 2.0
 
     def __init__(self, engine, v_rest, regularization, weighted, *, train, checkpoint, every,
-                 iterations, ratings_range=None, storage="float32"):
+                 iterations, ratings_range=None, storage="float32", grouped=False):
         """Keep the engine, the held-out ratings predicted as the mean (``v_rest``), the
         regularisation, the checkpoint policy and, for diagnosing overflow, ``(largest count
-        per user/item, largest |rating|)`` and the factors' storage."""
+        per user/item, largest |rating|)`` and the factors' storage; ``grouped``: iterations
+        may run in groups."""
         super().__init__(engine)
         self.v_rest, self.train = v_rest, train
         self.regularization, self.weighted = regularization, weighted
         self.checkpoint, self.every, self.iterations = checkpoint, max(1, int(every)), iterations
         self.ratings_range, self.storage = ratings_range, storage
+        self.grouped = bool(grouped) and bool(getattr(engine, "loop", False))
+        self.pending = []            # (seconds, scores) of iterations run ahead in a group
+        self.scores = None           # the current iteration's scores from its group
+        self.last_seconds = None
+
+    def group_size(self, it):
+        """How many iterations from ``it`` run in one task: up to the next checkpoint or the
+        last iteration, about :attr:`GROUP_SECONDS` of them (1 until one was timed)."""
+        if not self.grouped or self.last_seconds is None:
+            return 1
+        end = self.iterations - 1
+        if self.checkpoint is not None:
+            end = min(end, it + (self.every - 1 - it % self.every))
+        cap = max(1, int(self.GROUP_SECONDS / max(self.last_seconds, 1e-6)))
+        return max(1, min(end - it + 1, cap))
+
+    def _keys(self):
+        """The squared errors the workers compute after each iteration of a group."""
+        return (("train",) if self.train else ()) + (
+            ("validation",) if self.v_rest is not None else ())
 
     def iterate(self, it):
-        """One iteration on every worker, waited for; a singular system explained by the
-        ratings' range is a :class:`clmf.RatingRangeError` (as in-process)."""
+        """One iteration on every worker, waited for (or taken from the group run ahead);
+        a singular system explained by the ratings' range is a :class:`clmf.RatingRangeError`
+        (as in-process). Returns the iteration's seconds when it ran in a group."""
+        self.scores = None
+        if self.pending:
+            took, self.scores = self.pending.pop(0)
+            return took
+        g = self.group_size(it)
+        t0 = time.perf_counter()
         try:
-            self.engine.iteration(self.regularization, self.weighted, it)
+            if g == 1:
+                self.engine.iteration(self.regularization, self.weighted, it)
+                self.last_seconds = time.perf_counter() - t0
+                return None
+            res = self.engine.iteration(self.regularization, self.weighted, it, count=g,
+                                        metrics=self._keys())
         except SingularSystemError as e:
             raise self.non_finite_error() or e from None
+        wall = time.perf_counter() - t0
+        share = max(0.0, wall - sum(c + m for c, _s, m in res)) / len(res)
+        self.pending = [(c + share, s) for c, s, _m in res]
+        self.last_seconds = wall / len(res)
+        took, self.scores = self.pending.pop(0)
+        return took
 
     def non_finite_error(self):
         """A :class:`clmf.RatingRangeError` when the ratings' magnitude explains the failure
@@ -387,11 +440,12 @@ class _DaskSteps(loop.FitSteps):
     def metrics(self):
         """Train RMSE (when wanted) and validation RMSE (the unseen ids' error included)."""
         out = {}
+        scores = self.scores or {}
         if self.train:
-            se, cnt = self.engine.squared_error("train")
+            se, cnt = scores.get("train") or self.engine.squared_error("train")
             out["train_rmse"] = float(np.sqrt(se / cnt))
         if self.v_rest is not None:
-            se, cnt = self.engine.squared_error("validation")
+            se, cnt = scores.get("validation") or self.engine.squared_error("validation")
             total = cnt + self.v_rest[1]
             out["validation_rmse"] = (float(np.sqrt((se + self.v_rest[0]) / total))
                                       if total else float("nan"))

@@ -91,6 +91,41 @@ def test_ml100k_parquet_two_pocl_workers(client, ml100k):
     assert abs(d_rmse - l_rmse) <= 1e-3 * l_rmse
 
 
+def test_workers_loop_runs_groups_of_iterations_like_the_half_step_tasks(client, ml100k,
+                                                                         monkeypatch):
+    """The workers' own loop (one task per group of iterations, rows through their boards)
+    gives the model and the per-iteration history (train and validation RMSE, computed on the
+    workers inside a group) of the tasks per half-step; the groups end at checkpoints."""
+    from clmf.parallel.dask_backend import DaskEngine
+    path, R, raw = ml100k
+    real, counts = DaskEngine.iteration, []
+
+    def iteration(self, *a, count=1, **k):
+        """DaskEngine.iteration, its (loop, count) recorded."""
+        counts.append((self.loop, count))
+        return real(self, *a, count=count, **k)
+    monkeypatch.setattr(DaskEngine, "iteration", iteration)
+    monkeypatch.setattr(clmf.dask._DaskSteps, "GROUP_SECONDS", 1e6)   # groups not cut by time
+    kw = dict(client=client, iterations=6, device=POCL, **KW)
+    val = raw.iloc[:3000]
+    looped = clmf.dask.ALS(**kw).fit(path, validation=val, show_progress=False)
+    assert counts == [(True, 1), (True, 5)]              # the first alone, then one group
+    counts.clear()
+    monkeypatch.setenv("CLMF_DASK_WORKER_LOOP", "0")
+    tasks = clmf.dask.ALS(**kw).fit(path, validation=val, show_progress=False)
+    assert counts == [(False, 1)] * 6
+    _check_close(looped, tasks, 1e-6)
+    for a, b in zip(looped.history_, tasks.history_, strict=True):
+        for key in ("train_rmse", "validation_rmse"):
+            assert abs(a[key] - b[key]) <= 1e-6 * b[key]
+        assert a["seconds"] > 0
+    monkeypatch.delenv("CLMF_DASK_WORKER_LOOP")
+    counts.clear()
+    clmf.dask.ALS(**kw).fit(path, checkpoint=str(ml100k[0]) + ".ck.npz", checkpoint_every=3,
+                            show_progress=False)
+    assert counts == [(True, 1), (True, 2), (True, 3)]    # iterations 0 | 1-2 | 3-5
+
+
 @pytest.mark.skipif(not HAVE_INTEL, reason="needs Intel's CPU OpenCL runtime")
 def test_ml100k_one_pocl_one_intel_worker(client, ml100k):
     path, R, _raw = ml100k
@@ -285,6 +320,35 @@ def test_killed_worker_raises_or_resumes_from_checkpoint(ml100k, tmp_path):
         cluster.close()
 
 
+def test_worker_killed_inside_a_group_of_iterations_raises_promptly(ml100k, monkeypatch):
+    """A worker killed while the workers run a group of iterations on their own: its peer
+    notices (the dead pid) and the fit raises WorkerLostError within seconds, no hang."""
+    import threading
+    import time
+    path, _R, _raw = ml100k
+    monkeypatch.setattr(clmf.dask._DaskSteps, "GROUP_SECONDS", 1e6)
+    cluster, c = _cluster()
+    try:
+        pids = c.run(os.getpid)
+        victim = sorted(pids)[1]
+        started = []
+
+        def kill_soon(it, _t, _m):
+            """After the first iteration (the group of the rest is next), kill in 0.3 s."""
+            if it == 0:
+                started.append(time.perf_counter())
+                threading.Timer(0.3, os.kill, (pids[victim], signal.SIGKILL)).start()
+
+        with pytest.raises(clmf.dask.WorkerLostError,
+                           match=r"left the cluster during iterations 1\.\.399"):
+            clmf.dask.ALS(client=c, iterations=400, device=POCL, **KW).fit(
+                path, callback=kill_soon, show_progress=False)
+        assert started and time.perf_counter() - started[0] < 30
+    finally:
+        c.close()
+        cluster.close()
+
+
 def test_worker_lost_midway_keeps_the_fitted_model(client, ml100k, monkeypatch, tmp_path):
     """A WorkerLostError in the middle of a refit (on_worker_lost="raise") leaves the model of
     the earlier fit exactly as it was: factors, id maps, history, plan, workers."""
@@ -355,3 +419,20 @@ def test_blocks_through_the_comms_match_shared_memory(ml100k, monkeypatch):
         cluster.close()
     assert dm.transport_ == "dask comms"
     _check_close(dm, _one_device(R, iterations=2))
+
+
+def test_pinned_staging_of_the_workers_rows_gives_the_same_model(ml100k, monkeypatch, caplog):
+    """The GPU path of the workers' loop on CPU devices (``CLMF_DASK_PINNED_STAGING=1``: rows
+    through page-locked mirrors both ways) gives the one-device model."""
+    path, R, _raw = ml100k
+    monkeypatch.setenv("CLMF_DASK_PINNED_STAGING", "1")     # inherited by the new workers
+    cluster, c = _cluster()
+    try:
+        with caplog.at_level("INFO", logger="clmf.parallel.dask_backend"):
+            dm = clmf.dask.ALS(client=c, iterations=3, device=POCL, **KW).fit(
+                path, show_progress=False)
+    finally:
+        c.close()
+        cluster.close()
+    assert "page-locked staging on 2 of 2 workers" in caplog.text
+    _check_close(dm, _one_device(R, iterations=3))

@@ -92,3 +92,140 @@ def test_a_release_unlinks_what_a_lost_worker_left():
     finally:
         lost.owned.clear()                             # its name is gone already
         other.close()
+
+
+# ----- the boards of the workers' own loop ---------------------------------------------------
+def _boards(prefix, bounds, ldf=3, abort=None):
+    """Two workers' boards of one fit in this process: ``(segments, attached, boards)``."""
+    segs = [shm.Segments(f"{prefix}-{d}") for d in range(2)]
+    handles = [shm.board_create(segs[d], bounds, d, ldf, np.float32) for d in range(2)]
+    atts = [shm.Attached() for _ in range(2)]
+    boards = [shm.Board(atts[d], d, handles, bounds, abort=abort) for d in range(2)]
+    return segs, atts, boards
+
+
+def _close(segs, atts):
+    """Unmap the boards' views and unlink their segments."""
+    for a in atts:
+        a.close()
+    for s in segs:
+        s.close()
+
+
+def _drain(ex, d):
+    """Every chunk ``ex.take`` hands worker ``d`` until the peers are done."""
+    got = []
+    while True:
+        new, _seen, done = ex.take(d, 0)
+        got += new
+        if done:
+            return got
+
+
+def test_rows_published_on_a_board_reach_the_peer_in_order_half_step_after_half_step():
+    bounds = {"users": np.array([0, 4, 10]), "items": np.array([0, 2, 5])}
+    segs, atts, (b0, b1) = _boards("clmf-test-board", bounds)
+    try:
+        for k, side in enumerate(["users", "items", "users"], start=1):
+            e0, e1 = b0.exchange(side), b1.exchange(side)
+            assert e0.k == e1.k == k
+            rows = bounds[side]
+            # worker 1 writes its rows into its segment through the shared host, then publishes
+            e1.host[rows[1]:rows[2]][:] = k
+            e1.publish(1, rows[1], rows[1] + 1)
+            e1.publish(1, rows[1] + 1, rows[2])
+            new, _, done = e0.take(0, 0)          # what is there, before worker 1 finished
+            assert new == [(1, rows[1], rows[1] + 1), (1, rows[1] + 1, rows[2])] and not done
+            e1.finish(1)
+            e0.finish(0)
+            assert e0.take(0, 0) == ([], 0, True)
+            assert _drain(e1, 1) == []                       # worker 0 published nothing
+            # the peer's rows, read through worker 0's view of the shared host
+            assert (e0.host[rows[1]:rows[2]] == k).all()
+        with pytest.raises(IndexError, match="cross"):
+            e0.host[3:6]
+    finally:
+        _close(segs, atts)
+    assert _names("clmf-test-board") == []
+
+
+def test_chunks_past_the_records_capacity_are_announced_as_one_span(monkeypatch):
+    monkeypatch.setattr(shm, "_CAPACITY", 3)
+    monkeypatch.setattr(shm, "_BANK", 1 + 3 * 3)
+    bounds = {"users": np.array([0, 5, 20]), "items": np.array([0, 1, 2])}
+    segs, atts, (b0, b1) = _boards("clmf-test-cap", bounds)
+    try:
+        e0, e1 = b0.exchange("users"), b1.exchange("users")
+        for r in range(5, 20, 3):
+            e1.publish(1, r, min(r + 3, 20))
+        e1.finish(1)
+        assert _drain(e0, 0) == [(1, 5, 8), (1, 8, 11), (1, 11, 20)]
+    finally:
+        _close(segs, atts)
+
+
+def test_a_failed_dead_or_called_off_peer_ends_the_wait(monkeypatch):
+    import subprocess
+    import sys
+    bounds = {"users": np.array([0, 2, 4]), "items": np.array([0, 1, 2])}
+    called_off = []
+    segs, atts, (b0, b1) = _boards("clmf-test-dead", bounds, abort=lambda: bool(called_off))
+    try:
+        b1.exchange("users").fail(RuntimeError("boom"))        # a failed half-step
+        with pytest.raises(shm.PeerLostError, match="worker 1 of the fit failed"):
+            _drain(b0.exchange("users"), 0)
+        b1.controls[1][shm._FAILED] = 0
+        # a peer process that is gone (pid of a finished child), noticed within a second
+        child = subprocess.Popen([sys.executable, "-c", "pass"])
+        child.wait()
+        b0.controls[1][shm._PID] = child.pid
+        with pytest.raises(shm.PeerLostError, match=f"pid {child.pid}"):
+            _drain(b0.exchange("items"), 0)
+        # the client calls the fit off, and no news at all ends in the time limit
+        b0.controls[1][shm._PID] = os.getpid()
+        called_off.append(1)
+        with pytest.raises(shm.PeerLostError, match="called off"):
+            _drain(b0.exchange("users"), 0)
+        called_off.clear()
+        monkeypatch.setenv(shm.ENV_TIMEOUT, "0.5")
+        with pytest.raises(shm.PeerLostError, match="no rows from the other workers"):
+            _drain(b0.exchange("items"), 0)
+    finally:
+        _close(segs, atts)
+
+
+@pytest.mark.parametrize("limit", [1 << 30, 8], ids=["mirror", "own-rows-only"])
+def test_staged_rows_go_through_page_locked_arrays_both_ways(monkeypatch, limit):
+    """With staging (page-locked arrays, on GPUs) the engine's copies of its own rows land in
+    them and publishing copies them on into the row segment the peers read; the peers' rows are
+    copied from their segments into the side's mirror before the device uploads them (a side
+    over the pinning limit stages only this worker's rows)."""
+    monkeypatch.setattr(shm, "PIN_LIMIT", limit)
+    bounds = {"users": np.array([0, 3, 6]), "items": np.array([0, 1, 2])}
+    segs = [shm.Segments(f"clmf-test-stage-{d}") for d in range(2)]
+    handles = [shm.board_create(segs[d], bounds, d, 2, np.float32) for d in range(2)]
+    atts = [shm.Attached() for _ in range(2)]
+    made = []
+
+    def staging(shape, dtype):
+        """A plain array standing for a page-locked one."""
+        made.append(np.zeros(shape, dtype))
+        return made[-1]
+    b0 = shm.Board(atts[0], 0, handles, bounds)
+    b1 = shm.Board(atts[1], 1, handles, bounds, staging=staging)
+    try:
+        assert b1.mirrored == (["users", "items"] if limit > 8 else [])
+        e0, e1 = b0.exchange("users"), b1.exchange("users")
+        e1.host[3:6][:] = 7.0                      # the device's copy, into the staging array
+        assert np.shares_memory(e1.host[3:6], made[0]) and (e0.host[3:6] == 0).all()
+        e1.publish(1, 3, 5)
+        assert (e0.host[3:5] == 7).all() and (e0.host[5:6] == 0).all()
+        e1.finish(1)
+        assert _drain(e0, 0) == [(1, 3, 5)]
+        e0.host[0:3][:] = 5.0                      # worker 0's rows, in its segment
+        up = e1.host[0:3]                          # what worker 1's device uploads
+        assert (up == 5).all()
+        assert np.shares_memory(up, made[0]) == (limit > 8)
+    finally:
+        b1.close()
+        _close(segs, atts)

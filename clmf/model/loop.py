@@ -30,7 +30,9 @@ class FitSteps:
         self.engine = engine
 
     def iterate(self, it):
-        """Run ALS iteration ``it`` (users, then items) to its end on the device(s)."""
+        """Run ALS iteration ``it`` (users, then items) to its end on the device(s); return None
+        (its seconds are the wall time of this call) or its own seconds, where the backend ran
+        it together with others (the Dask workers' groups of iterations)."""
         raise NotImplementedError
 
     def metrics(self):
@@ -88,11 +90,11 @@ def run(steps, iterations, *, start=0, history=(), callback=None, early_stopping
     try:
         for it in range(start, iterations):
             t0 = time.perf_counter()
-            steps.iterate(it)
+            took = steps.iterate(it)
             t1 = time.perf_counter()
             if first is None:
                 first = t1 - origin
-            metrics = {"seconds": t1 - t0, **steps.metrics()}
+            metrics = {"seconds": t1 - t0 if took is None else float(took), **steps.metrics()}
             history.append(metrics)
             bar.set_postfix({k: f"{v:.4f}" for k, v in metrics.items()}, refresh=False)
             bar.update(1)

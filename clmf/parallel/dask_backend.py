@@ -3,7 +3,12 @@ workers (raw ids mapped to dense indices there), and :class:`DaskEngine`, which 
 :class:`~clmf.engine.Engine` per Dask worker (the blocks the partition plan gives
 it stay resident for the whole fit) and drives the half-steps with Dask tasks pinned to their
 workers. Only factor blocks (replicate mode) or partial normal equations (reduce mode) move, as
-Dask results between workers. Dask is imported lazily: importing :mod:`clmf` never needs it.
+Dask results between workers. Where the workers share a host and both factors are replicated
+(or there is one worker), each worker instead runs whole iterations in one task
+(:attr:`DaskEngine.loop`, :func:`~clmf.parallel.dask_tasks.iterate`), exchanging its rows
+through shared-memory boards while it computes (:class:`~clmf.parallel.shared_blocks.Board`):
+no scheduler round trip per half-step. Dask is imported lazily: importing :mod:`clmf` never
+needs it.
 
 A worker that leaves the cluster during a fit takes its blocks and device state with it: the
 engine notices (it watches the scheduler's worker list while it waits) and raises
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 import uuid
 
@@ -24,6 +30,8 @@ from .partition import make_plan
 from .worker import SIDES, other_side
 
 log = logging.getLogger(__name__)
+
+ENV_LOOP = "CLMF_DASK_WORKER_LOOP"
 
 __all__ = ["WorkerLostError", "DaskEngine", "DistRatings", "prepare", "fit_workers",
            "get_client", "wait_alive"]
@@ -270,6 +278,7 @@ class DaskEngine:
                     for d in range(self.n)]
             self.memory_plans = self._wait(futs)
             self.transport = self._transport()
+            self.loop = self._board()
             built = True
         finally:
             if not built:
@@ -277,9 +286,10 @@ class DaskEngine:
         self.memory = {"total": max(p["total"] for p in self.memory_plans),
                        "per_device": self.memory_plans}
         self.times = {"build": time.perf_counter() - t0}
-        log.info("fit %s: blocks built on %d workers in %.2f s (modes %s, blocks through %s)",
-                 self.fit_id, self.n, self.times["build"],
-                 {s: self.plan[s].mode for s in SIDES}, self.transport)
+        log.info("fit %s: blocks built on %d workers in %.2f s (modes %s, blocks through %s, "
+                 "%s)", self.fit_id, self.n, self.times["build"],
+                 {s: self.plan[s].mode for s in SIDES}, self.transport,
+                 "the workers' own loop" if self.loop else "tasks per half-step")
 
     def _transport(self):
         """How solved blocks move: "shared memory" when every worker maps every other worker's
@@ -292,6 +302,32 @@ class DaskEngine:
                              for d in range(self.n)]))
         self._wait([self._on(d, T.shm_use, self.fit_id, on) for d in range(self.n)])
         return "shared memory" if on else "dask comms"
+
+    def _board(self):
+        """Whether the workers run each iteration in one task of their own (the solved rows
+        exchanged through their boards while the kernels run, :mod:`clmf.parallel.shared_blocks`):
+        one worker, or workers of one host with both factors replicated, and
+        ``CLMF_DASK_WORKER_LOOP`` not "0"; else tasks per half-step (Dask orders them)."""
+        if os.environ.get(ENV_LOOP, "1").strip().lower() in ("0", "false", "no", "off"):
+            return False
+        if self.n == 1:
+            return True
+        if (self.transport != "shared memory"
+                or any(self.plan[s].mode != "replicate" for s in SIDES)):
+            return False
+        self.phase = "making the workers' boards"
+        handles = self._wait([self._on(d, T.board_make, self.fit_id) for d in range(self.n)])
+        if any(h is None for h in handles):
+            return False
+        staged = self._wait([self._on(d, T.board_connect, self.fit_id, self._abort_name(),
+                                      *handles) for d in range(self.n)])
+        log.info("fit %s: workers' own rows through page-locked staging on %d of %d workers",
+                 self.fit_id, sum(map(bool, staged)), self.n)
+        return True
+
+    def _abort_name(self):
+        """The name of the :class:`distributed.Event` that calls the workers' loop off."""
+        return f"{self.fit_id}-abort"
 
     # ----- task plumbing -------------------------------------------------------------------
     def _on(self, d, fn, *args):
@@ -355,15 +391,49 @@ class DaskEngine:
                                *previous) for d in range(n)]
         return (side, needed, *solved)
 
-    def iteration(self, regularization, weighted, it=None):
-        """One ALS iteration on every worker, users then items, submitted at once (Dask orders
-        the tasks by their dependencies; the solved blocks go straight from worker to worker);
-        one wait, for the last blocks installed everywhere."""
+    def iteration(self, regularization, weighted, it=None, count=1, metrics=()):
+        """ALS iteration ``it`` (users, then items) on every worker — or ``count`` iterations
+        from it, with the squared errors of the ``metrics`` keys after each — in one task per
+        worker that runs them whole (:func:`~clmf.parallel.dask_tasks.iterate`, where
+        :meth:`_board` allowed it: :attr:`loop`); returns per iteration ``(seconds, {key:
+        (sse, count)}, seconds of the metrics)``, the slowest worker's seconds and the workers'
+        sums. Else (one iteration, None returned) the half-steps' tasks are submitted at once
+        (Dask orders them by their dependencies; the solved blocks go straight from worker to
+        worker) and waited for once, for the last blocks installed everywhere."""
+        count = int(count)
+        if self.loop:
+            self.phase = (f"iteration {it}" if count == 1
+                          else f"iterations {it}..{None if it is None else it + count - 1}")
+            res = self._wait_loop([self._on(d, T.iterate, self.fit_id, float(regularization),
+                                            bool(weighted), count, tuple(metrics))
+                                   for d in range(self.n)])
+            out = []
+            for per in zip(*res):
+                scores = {k: (float(sum(p[1][k][0] for p in per)),
+                              int(sum(p[1][k][1] for p in per))) for k in metrics}
+                out.append((max(p[0] for p in per), scores, max(p[2] for p in per)))
+            return out
+        if count != 1 or metrics:
+            raise ValueError("several iterations in one call need the workers' own loop "
+                             "(DaskEngine.loop)")
         self.phase = f"iteration {it}"
         previous = ()
         for side in SIDES:
             previous = self.half_step(side, float(regularization), bool(weighted), previous)
         self._wait([self._on(d, T.install, self.fit_id, *previous) for d in range(self.n)])
+        return None
+
+    def _wait_loop(self, futs):
+        """Results of the workers' loop tasks; when some failed (the peers of a failed worker
+        stop too), a singular system is the error reported, as in-process."""
+        from ..errors import SingularSystemError
+        try:
+            return self._wait(futs)
+        except Exception:
+            for fu in futs:
+                if fu.status == "error" and isinstance(fu.exception(), SingularSystemError):
+                    raise fu.exception() from None
+            raise
 
     # ----- metrics -------------------------------------------------------------------------
     def set_heldout(self, key, data, mean, to_mean):
@@ -392,7 +462,14 @@ class DaskEngine:
         return float(sum(r[0] for r in res)), int(sum(r[1] for r in res))
 
     def release(self):
-        """Free every worker's share of the fit (the workers still there)."""
+        """Free every worker's share of the fit (the workers still there); workers still in
+        their own loop are called off first."""
+        if getattr(self, "loop", False) and self.n > 1:
+            try:
+                from distributed import Event
+                Event(self._abort_name(), client=self.client).set()
+            except Exception as e:    # noqa: BLE001 - the peers' liveness is checked anyway
+                log.warning("calling off fit %s: %s", self.fit_id, e)
         try:
             alive = set(self.client.nthreads())
             futs = [self._on(d, T.release, self.fit_id) for d in range(self.n)
@@ -401,6 +478,12 @@ class DaskEngine:
             wait(futs, timeout=60)
         except Exception as e:        # noqa: BLE001 - best effort while failing
             log.warning("releasing fit %s: %s", self.fit_id, e)
+        if getattr(self, "loop", False) and self.n > 1:
+            try:
+                from distributed import Event
+                Event(self._abort_name(), client=self.client).clear()
+            except Exception:         # noqa: BLE001, S110 - a name left on the scheduler
+                pass
         if getattr(self, "transport", None) == "shared memory":
             from .shared_blocks import unlink_fit
             unlink_fit(self.fit_id)   # a client on the workers' host: what lost workers left

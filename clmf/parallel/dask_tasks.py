@@ -12,7 +12,9 @@ module level (only :func:`get_worker` inside a task); the client side is
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 
 import numpy as np
 
@@ -24,6 +26,9 @@ from .worker import SIDES, Exchange, other_side
 log = logging.getLogger(__name__)
 
 _STATE = {}            # fit id → dict (this worker's share of the fit)
+# "1"/"0": the workers' own rows pass through page-locked staging arrays or not (default
+# "auto": where the engine pins its host buffers, i.e. on GPUs; see shared_blocks.Board)
+ENV_STAGING = "CLMF_DASK_PINNED_STAGING"
 _LOCK = threading.Lock()
 
 
@@ -346,6 +351,62 @@ def install(fit_id, side=None, needed=False, *blocks):
     return None
 
 
+def board_make(fit_id):
+    """Make this worker's board for its own iteration loop (see
+    :func:`clmf.parallel.shared_blocks.board_create`): the handles, or None without room."""
+    st = _state(fit_id)
+    bounds = {s: st["plan"][s].bounds for s in SIDES}
+    return shm.board_create(st["segments"], bounds, st["d"], st["ldf"], st["store"])
+
+
+def board_connect(fit_id, abort, *handles):
+    """Map every worker's board (``handles`` in worker order); ``abort``: the name of the
+    :class:`distributed.Event` that calls the fit off (asked while a peer's rows are late)."""
+    st = _state(fit_id)
+    bounds = {s: st["plan"][s].bounds for s in SIDES}
+    w = st["worker"]
+    pin = os.environ.get(ENV_STAGING, "auto").strip().lower()
+    staged = w.pinned if pin == "auto" else pin not in ("0", "false", "no", "off")
+    st["board"] = shm.Board(st["attached"], st["d"], handles, bounds, abort=_event_check(abort),
+                            staging=w.pinned_array if staged else None)
+    return staged
+
+
+def _event_check(name):
+    """A function telling whether the :class:`distributed.Event` ``name`` is set (False when
+    the scheduler cannot be asked)."""
+    def check():
+        try:
+            from distributed import Event
+            return Event(name).is_set()
+        except Exception as e:       # noqa: BLE001 - the peers' liveness is checked anyway
+            log.debug("abort event %s not readable: %s", name, e)
+            return False
+    return check
+
+
+def iterate(fit_id, regularization, weighted, count=1, metrics=()):
+    """Run ``count`` whole ALS iterations (users, then items) on this worker, the solved rows
+    exchanged with the other workers of the fit through their boards while the kernels run
+    (one task for a group of iterations instead of one per half-step and an install), with
+    the squared errors of the keys ``metrics`` (:func:`squared_error`) after each; returns per
+    iteration ``(seconds, {key: (sse, count)}, seconds of the metrics)`` measured here."""
+    st = _state(fit_id)
+    w, board = st["worker"], st.get("board")
+    if board is None and st["plan"].devices > 1:
+        raise RuntimeError(f"fit {fit_id} has no board on this worker (board_connect first)")
+    out = []
+    for _ in range(int(count)):
+        t0 = time.perf_counter()
+        for side in SIDES:
+            ex = board.exchange(side) if board is not None else None
+            w.half_step(side, float(regularization), bool(weighted), ex)
+        t1 = time.perf_counter()
+        scores = {key: squared_error(fit_id, key) for key in metrics}
+        out.append((t1 - t0, scores, time.perf_counter() - t1))
+    return out
+
+
 def partials(fit_id, side, *previous):
     """Reduce mode: partial normal equations of every row of ``side`` over this worker's block of
     the fixed side (after installing the ``previous`` half-step's blocks), cut by owning worker:
@@ -459,6 +520,8 @@ def release(fit_id):
 def _release_state(st):
     """Free a fit's device worker and its shared segments (mapped and owned)."""
     try:
+        if st.get("board") is not None:
+            st["board"].close()
         st["worker"].release()
     finally:
         st["attached"].close()

@@ -40,7 +40,8 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 __all__ = ["SharedBlock", "Segments", "Attached", "enabled", "probe_create", "probe_check",
-           "resolve", "unlink_fit"]
+           "resolve", "unlink_fit", "Board", "BoardExchange", "BlockHost", "board_create",
+           "PeerLostError"]
 
 SHM_DIR = "/dev/shm"
 ENV = "CLMF_DASK_SHARED_MEMORY"
@@ -246,3 +247,288 @@ def unlink_fit(fit_id):
     if gone:
         log.info("fit %s: %d shared-memory segment(s) of a lost worker unlinked", fit_id, gone)
     return gone
+
+
+# ----- the workers' own iteration loop: rows published while they are solved ---------------------
+#
+# Each worker of a fit whose workers share a host owns, besides its blocks, one *board*: a
+# control segment (int64 words) and one row segment per side holding the rows it solves. The
+# whole iteration then runs inside one task per worker (:func:`clmf.parallel.dask_tasks.iterate`):
+# the engine publishes each batch of solved rows into the worker's row segment as soon as its
+# device → host copy ends, and uploads the other workers' rows as their boards announce them —
+# as the in-process :class:`~clmf.parallel.worker.Exchange` does between threads.
+#
+# A control segment holds ``_HEADER`` words (the owner's pid, its failure flag) and two banks,
+# one per parity of the half-step number ``k`` (counted from 1 by every worker alike): a word
+# ``k << 32 | count << 1 | done`` and ``_CAPACITY`` records ``(k, r0, r1)``. The owner writes a
+# record, then the word (single aligned 8-byte stores); a reader trusts a record only when its
+# ``k`` matches. Bank ``k % 2`` is rewritten at half-step ``k + 2`` only, which no worker starts
+# before every other one finished half-step ``k + 1`` — and so its uploads of ``k``. Row
+# segments are rewritten two half-steps later likewise.
+
+_PID, _FAILED = 0, 1
+_HEADER = 4
+_CAPACITY = 4096              # records per half-step (more chunks: the rest as one record)
+_BANK = 1 + 3 * _CAPACITY
+PIN_LIMIT = 4 << 30           # largest page-locked mirror of a side's rows
+ENV_TIMEOUT = "CLMF_DASK_EXCHANGE_TIMEOUT"
+
+
+class PeerLostError(RuntimeError):
+    """Another worker of the fit died, failed or was told to stop while this one waited for
+    its rows."""
+
+
+def exchange_timeout():
+    """Seconds a worker waits for a peer's rows without any news before giving up
+    (``CLMF_DASK_EXCHANGE_TIMEOUT``, default 900)."""
+    try:
+        return float(os.environ.get(ENV_TIMEOUT, "900"))
+    except ValueError:
+        return 900.0
+
+
+class BlockHost:
+    """One side's rows as ``host[a:b]`` in global numbering, each block in its owner's row
+    segment (what :class:`~clmf.engine.Engine` reads and writes through an exchange's
+    ``host``; a slice never crosses two blocks). With a page-locked ``mirror`` of every row,
+    a slice is the mirror's, another worker's rows copied into it first (host threads of
+    ``pool``): the device's copies then run from page-locked memory."""
+
+    def __init__(self, bounds, arrays, mirror=None, own=None, pool=None):
+        """``arrays[d]`` holds rows ``[bounds[d], bounds[d + 1])``; ``own``: this worker's
+        index (its rows are the mirror's own, never copied in)."""
+        self.bounds = np.asarray(bounds, dtype=np.int64)
+        self.arrays = list(arrays)
+        self.mirror, self.own, self.pool = mirror, own, pool
+
+    def block(self, d):
+        """Worker ``d``'s rows ``(r0, r1)``."""
+        return int(self.bounds[d]), int(self.bounds[d + 1])
+
+    def __getitem__(self, key):
+        """The rows of a slice inside one worker's block."""
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("BlockHost takes a contiguous slice of global rows")
+        d = int(np.searchsorted(self.bounds, key.start, side="right")) - 1
+        r0 = int(self.bounds[d])
+        if d < 0 or key.stop > int(self.bounds[d + 1]):
+            raise IndexError(f"rows {key.start}..{key.stop} cross the workers' blocks")
+        rows = self.arrays[d][key.start - r0:key.stop - r0]
+        if self.mirror is None:
+            return rows
+        out = self.mirror[key.start:key.stop]
+        if d != self.own:
+            copy_rows(self.pool, out, rows)
+        return out
+
+
+def copy_rows(pool, dst, src):
+    """``dst[...] = src``, in up to four host threads of ``pool`` (a
+    :class:`concurrent.futures.Executor` or None), 4 MB and more each."""
+    parts = min(4, max(1, src.nbytes >> 22), len(src))
+    if parts <= 1 or pool is None:
+        np.copyto(dst, src)
+        return
+    cuts = np.linspace(0, len(src), parts + 1).astype(np.int64)
+    list(pool.map(lambda k: np.copyto(dst[cuts[k]:cuts[k + 1]], src[cuts[k]:cuts[k + 1]]),
+                  range(parts)))
+
+
+def board_create(segments, bounds, d, ldf, dtype):
+    """Make this worker's control and row segments: ``{"control": SharedBlock, side:
+    SharedBlock}`` (``bounds``: side → row bounds of the workers), or None without room."""
+    out = {}
+    got = segments.array("control", (_HEADER + 2 * _BANK,), np.int64)
+    if got is None:
+        return None
+    ctl, out["control"] = got
+    ctl[:] = 0
+    ctl[_PID] = os.getpid()
+    for side, b in bounds.items():
+        got = segments.array(f"rows-{side}", (max(1, int(b[d + 1] - b[d])), int(ldf)), dtype)
+        if got is None:
+            return None
+        out[side] = got[1]
+    return out
+
+
+class Board:
+    """This worker's view of every board of a fit: its own control words, the peers' (to read)
+    and each side's :class:`BlockHost`; :meth:`exchange` makes a half-step's exchange."""
+
+    def __init__(self, attached, d, handles, bounds, abort=None, staging=None):
+        """Map the boards ``handles`` (one per worker, as :func:`board_create` returned them);
+        ``abort()`` (optional) tells whether the fit was called off (asked every second of
+        waiting); ``staging(shape, dtype)`` (optional, GPUs) makes page-locked arrays: each
+        side's rows get a page-locked mirror (only this worker's rows where every row would
+        exceed :data:`PIN_LIMIT` bytes), into which its device copies its solved rows (truly
+        asynchronous, where a copy into pageable memory would hold the launches up; the
+        exchange copies them on into the row segment before announcing them) and from which
+        it uploads the other workers' rows (copied in from their segments by host threads)."""
+        import concurrent.futures
+        self.d, self.n = int(d), len(handles)
+        self.controls = [attached.array(h["control"]) for h in handles]
+        self.segment = {}             # side -> this worker's row segment
+        self.host = {}                # side -> BlockHost the engine reads and writes
+        self.pool = (concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="clmf-board")
+                     if staging is not None else None)
+        self.mirrored = []
+        for s, b in bounds.items():
+            arrays = [attached.array(h[s])[:int(b[e + 1] - b[e])] for e, h in enumerate(handles)]
+            seg = self.segment[s] = arrays[self.d]
+            mirror = None
+            if staging is not None:
+                shape = (int(b[-1]), *seg.shape[1:])
+                if int(np.prod(shape)) * seg.dtype.itemsize <= PIN_LIMIT:
+                    mirror = staging(shape, seg.dtype)
+                    self.mirrored.append(s)
+                else:
+                    arrays[self.d] = staging(seg.shape, seg.dtype)
+            self.host[s] = BlockHost(b, arrays, mirror, self.d, self.pool)
+        self.staged = staging is not None
+        self.abort = abort
+        self.k = 0
+
+    def close(self):
+        """Stop the copying threads."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+
+    def exchange(self, side):
+        """The exchange of the next half-step (of ``side``)."""
+        self.k += 1
+        return BoardExchange(self, side, self.k)
+
+    # the owner's writes -------------------------------------------------------------------
+    def _bank(self, ctl, k):
+        """The bank of half-step ``k`` in control array ``ctl``."""
+        o = _HEADER + (k % 2) * _BANK
+        return ctl[o:o + _BANK]
+
+    def announce(self, k, count, done, record=None):
+        """Write record ``count - 1`` (when given) then the word of half-step ``k``."""
+        bank = self._bank(self.controls[self.d], k)
+        if record is not None:           # the record's k last: a reader trusts it then
+            j = 1 + 3 * (count - 1)
+            bank[j + 1:j + 3] = record
+            bank[j] = k
+        bank[0] = (k << 32) | (count << 1) | int(done)
+
+    def fail(self):
+        """Tell the peers this worker's half-step failed."""
+        self.controls[self.d][_FAILED] = 1
+
+    # the readers' side ---------------------------------------------------------------------
+    def read(self, e, k, seen):
+        """Worker ``e``'s records of half-step ``k`` after ``seen``: ``(records, count,
+        done)`` (only those already complete)."""
+        bank = self._bank(self.controls[e], k)
+        word = int(bank[0])
+        if word >> 32 != k:
+            return [], seen, False
+        count, done = (word >> 1) & 0x7FFFFFFF, bool(word & 1)
+        out = []
+        for j in range(seen, count):
+            kk, r0, r1 = (int(x) for x in bank[1 + 3 * j:4 + 3 * j])
+            if kk != k:                     # written, its word seen first: read it next time
+                return out, j, False
+            out.append((e, r0, r1))
+        return out, count, done
+
+    def check_peers(self):
+        """Raise :class:`PeerLostError` when a peer failed or its process is gone, or the fit
+        was called off."""
+        for e in range(self.n):
+            if e == self.d:
+                continue
+            ctl = self.controls[e]
+            if ctl[_FAILED]:
+                raise PeerLostError(f"worker {e} of the fit failed its half-step")
+            pid = int(ctl[_PID])
+            if pid != os.getpid():
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    raise PeerLostError(f"worker {e} of the fit (pid {pid}) died") from None
+                except PermissionError:
+                    pass
+        if self.abort is not None and self.abort():
+            raise PeerLostError("the fit was called off")
+
+
+class BoardExchange:
+    """One half-step's exchange through the boards (the interface of
+    :class:`clmf.parallel.worker.Exchange`: ``needed``, ``host``, ``publish``, ``finish``,
+    ``take``, ``fail``)."""
+
+    needed = True
+
+    def __init__(self, board, side, k):
+        """Half-step ``k`` of ``side``."""
+        self.board, self.side, self.k = board, side, k
+        self.host = board.host[side]
+        self.count = 0
+        self.pending = None           # rows past the records' capacity: one record at the end
+        self.seen = {e: 0 for e in range(board.n) if e != board.d}
+        self.done = set()
+
+    def publish(self, device, r0, r1):
+        """Rows ``[r0, r1)`` of this worker are in its row segment (or in its staging array:
+        then copied on first)."""
+        if self.board.staged:
+            b0 = self.host.block(self.board.d)[0]
+            copy_rows(self.board.pool, self.board.segment[self.side][r0 - b0:r1 - b0],
+                      self.host[r0:r1])
+        if self.count < _CAPACITY - 1:
+            self.count += 1
+            self.board.announce(self.k, self.count, False, (r0, r1))
+        else:                         # announced at finish as the span of the rest
+            lo, hi = self.pending or (r0, r1)
+            self.pending = (min(lo, r0), max(hi, r1))
+
+    def finish(self, device):
+        """Every row of this worker is published."""
+        if self.pending is not None:
+            self.count += 1
+            self.board.announce(self.k, self.count, True, self.pending)
+        else:
+            self.board.announce(self.k, self.count, True)
+
+    def fail(self, exc):
+        """This worker failed: its peers stop waiting."""
+        self.board.fail()
+
+    def take(self, device, seen):
+        """The peers' new chunks ``(chunks, seen, all_done)`` (``seen`` is kept here), waiting
+        for some (a dead or failed peer raises :class:`PeerLostError`; no news for
+        :func:`exchange_timeout` seconds raises too)."""
+        import time
+        sleep, t_news = 20e-6, time.monotonic()
+        t_check = t_news
+        limit = exchange_timeout()
+        while True:
+            for e in self.seen:
+                if self.board.controls[e][_FAILED]:
+                    raise PeerLostError(f"worker {e} of the fit failed its half-step")
+            new = []
+            for e in self.seen:
+                if e in self.done:
+                    continue
+                got, self.seen[e], fin = self.board.read(e, self.k, self.seen[e])
+                new += got
+                if fin:
+                    self.done.add(e)
+            finished = len(self.done) == len(self.seen)
+            if new or finished:
+                return new, seen, finished and not new
+            now = time.monotonic()
+            if now - t_check > 1.0:
+                self.board.check_peers()
+                t_check = now
+                if now - t_news > limit:
+                    raise PeerLostError(f"no rows from the other workers for {limit:.0f} s "
+                                        f"(half-step {self.k}, {self.side}; "
+                                        f"{ENV_TIMEOUT} sets the limit)")
+            time.sleep(sleep)
+            sleep = min(2 * sleep, 1e-3)
