@@ -203,6 +203,9 @@ def warm(eng, programs):
                                eng.offset)
         if s in eng.share.reduced:
             launch_solve(kern, q, cfg, fs, ip, A, B, X, st, 0, 1, 0, 1.0, True)
+            if f"packed_{s}" in eng.dplan.bytes:
+                from .reduce import warm_packing
+                warm_packing(eng, q, A, B, G, ip)
     q.finish()
     for b in (ip, one, idx, val, Y, X, A, B, G, st):
         b.release()
