@@ -33,7 +33,7 @@ def test_pack_and_unpack_kernels_match_numpy(cl_device, fs):
     import pyopencl as cl
 
     from clmf.engine.device import get_context
-    from clmf.engine.reduce import program
+    from clmf.engine.kernels import reduce_program
     ctx, q = get_context(cl_device)
     rng = np.random.default_rng(fs)
     n, w = 5, packed_width(fs)
@@ -44,7 +44,7 @@ def test_pack_and_unpack_kernels_match_numpy(cl_device, fs):
     dA = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=A)
     dB = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=B)
     dP = cl.Buffer(ctx, mf.READ_WRITE, size=4 * n * w)
-    k = program(ctx).kernels
+    k = reduce_program(ctx).kernels
     k["pack_systems"](q, (n * 64,), (64,), dA, dB, dP, np.int32(n), np.int32(fs))
     P = np.empty((n, w), np.float32)
     cl.enqueue_copy(q, P, dP)

@@ -181,6 +181,17 @@ def convert_program(context):
     return build(context, render("convert.cl.j2"))
 
 
+def reduce_program(context):
+    """The program packing and unpacking the reduce mode's systems (f is an argument)."""
+    return build(context, _reduce_source())
+
+
+@functools.lru_cache(maxsize=1)
+def _reduce_source():
+    """``reduce.cl.j2`` rendered (it has no variables)."""
+    return render("reduce.cl.j2")
+
+
 def render_metrics(f, storage="float32", ldf=None, wg=128, biased=False):
     return render("metrics.cl.j2", f=f, ldf=ldf or f, storage=storage, wg=wg, implicit=False,
                   biased=biased, config_str=f"metrics wg={wg}")

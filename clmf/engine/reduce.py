@@ -14,7 +14,6 @@ Dask backend): every row's full systems into host arrays, summed by the caller i
 from __future__ import annotations
 
 import collections
-import functools
 import time
 
 import numpy as np
@@ -24,33 +23,9 @@ from .blocks import Publisher, other_side
 from .launch import launch_batch, launch_gram, launch_solve
 from .memory import packed_width
 
-__all__ = ["partials", "solve_reduced", "pipelined", "buffers", "warm_packing"]
+__all__ = ["partials", "solve_reduced", "pipelined", "buffers"]
 
 _WG = 64          # work-items per row of the pack and unpack kernels
-
-
-@functools.lru_cache(maxsize=1)
-def _source():
-    """The pack / unpack program's source (no template variables: f is an argument)."""
-    return K.render("reduce.cl.j2")
-
-
-def program(ctx):
-    """The pack / unpack program on a context (built once per context)."""
-    return K.build(ctx, _source())
-
-
-def warm_packing(eng, q, A, B, G, ip):
-    """Launch the pack and unpack kernels once on a one-row problem (``A``, ``B``, ``G``: f × f,
-    f and f × f floats at least; ``ip``: two row pointers), as :func:`launch.warm` does."""
-    mf, fs = eng.cl.mem_flags, eng.fs
-    P = eng.cl.Buffer(eng.ctx, mf.READ_WRITE, size=4 * packed_width(fs))
-    k = program(eng.ctx).kernels
-    k["pack_systems"](q, (_WG,), (_WG,), A, B, P, np.int32(1), np.int32(fs))
-    k["unpack_systems"](q, (_WG,), (_WG,), P, np.int64(0), np.int32(1), ip, np.int32(0),
-                        np.float32(1.0), np.int32(1), G, np.int32(0), A, B, np.int32(fs))
-    q.finish()
-    P.release()
 
 
 def buffers(eng, side):
@@ -188,7 +163,7 @@ class _Pipeline:
         self.cl = eng.cl
         self.b = eng.buf[side]
         self.kern = eng.programs[side].kernels
-        self.rk = program(eng.ctx).kernels
+        self.rk = K.reduce_program(eng.ctx).kernels
         self.w = packed_width(eng.fs)
         self.r0, self.r1 = eng.share.blocks[side]
         self.ring = self.b["ring"]
