@@ -45,10 +45,12 @@ def test_pack_and_unpack_kernels_match_numpy(cl_device, fs):
     dB = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=B)
     dP = cl.Buffer(ctx, mf.READ_WRITE, size=4 * n * w)
     k = reduce_program(ctx).kernels
-    k["pack_systems"](q, (n * 64,), (64,), dA, dB, dP, np.int32(n), np.int32(fs))
     P = np.empty((n, w), np.float32)
-    cl.enqueue_copy(q, P, dP)
-    assert np.array_equal(P, _packed(A, B))
+    for wg in (1, 8, 64):                          # any work-group size
+        cl.enqueue_fill_buffer(q, dP, np.float32(np.nan), 0, 4 * n * w)
+        k["pack_systems"](q, (n * wg,), (wg,), dA, dB, dP, np.int32(n), np.int32(fs))
+        cl.enqueue_copy(q, P, dP)
+        assert np.array_equal(P, _packed(A, B))
     # unpack rows 2..4 of a ring holding the packed rows, with the own-block rows 1..3
     counts = np.array([0, 3, 3, 7, 9, 12], np.int64)        # row pointers: 3, 0, 4, 2, 3
     G = rng.standard_normal((fs, fs)).astype(np.float32)
@@ -58,8 +60,8 @@ def test_pack_and_unpack_kernels_match_numpy(cl_device, fs):
     dG = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=G)
     outA = cl.Buffer(ctx, mf.READ_WRITE, size=4 * 3 * fs * fs)
     outB = cl.Buffer(ctx, mf.READ_WRITE, size=4 * 3 * fs)
-    for weighted, gram in ((1, 0), (0, 1)):
-        k["unpack_systems"](q, (3 * 64,), (64,), dS, np.int64(2), np.int32(3), ip, np.int32(1),
+    for weighted, gram, wg in ((1, 0, 64), (0, 1, 8)):
+        k["unpack_systems"](q, (3 * wg,), (wg,), dS, np.int64(2), np.int32(3), ip, np.int32(1),
                             np.float32(0.5), np.int32(weighted), dG, np.int32(gram), outA, outB,
                             np.int32(fs))
         gotA, gotB = np.empty((3, fs, fs), np.float32), np.empty((3, fs), np.float32)
