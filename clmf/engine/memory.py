@@ -31,10 +31,11 @@ __all__ = ["MemoryPlan", "SplitPlan", "plan_fit", "plan_split", "split_threshold
            "SCRATCH_BUDGET", "MAX_BATCH_ROWS", "SPLIT_FLOOR", "SPLIT_WAVES",
            "SPLIT_COMBINE_ENTRIES", "split_pays", "side_buffers", "DevicePlan", "SideMemory",
            "plan_device", "device_budget", "scratch_rows", "chunk_rows", "MAX_CHUNK_ROWS",
-           "packed_width"]
+           "packed_width", "PACKED_BATCH_BYTES"]
 
 SCRATCH_BUDGET = 512 << 20      # default cap on per-side hermitian scratch
 MAX_BATCH_ROWS = 1 << 16
+PACKED_BATCH_BYTES = 64 << 20   # a pipelined reduced side's batch of packed systems, at most
 DEVICE_FRACTION = 0.9           # of the device's global memory a fit may plan to use
 HOST_FRACTION = 0.9             # of the host's available memory
 SPLIT_FLOOR = 4096              # automatic split: never pieces shorter than this
@@ -449,7 +450,8 @@ def plan_device(name, global_mem, max_alloc, *, f, ldf, itemsize, blocks, factor
     packed : reduced side -> the rows this device solves of it, for sides reduced through packed
         systems in a pipeline (:func:`clmf.engine.reduce.pipelined`): instead of the second
         pair, two batch buffers of packed systems (``packed_``) and a ring of the summed
-        systems of its own rows (``sums_``: all of them, up to the scratch's size).
+        systems of its own rows (``sums_``: all of them, up to the scratch's size); batches of
+        at most :data:`PACKED_BATCH_BYTES` of packed systems.
     max_device_memory : the user's cap (bytes, or fraction ≤ 1 of global memory).
     force_stream : sides to stream even when they fit (tests).
 
@@ -495,6 +497,8 @@ def _plan(name, budget, alloc, scratch_cap, *, f, ldf, itemsize, blocks, factor_
     for s, (indptr, r0, r1) in blocks.items():
         sp_ = splits.get(s)
         br = scratch_rows(f, r1 - r0, sp_.batch_rows if sp_ else batch_rows.get(s), scratch_cap)
+        if s in (packed or {}):      # a finer pipeline: the last batch's copy is exposed
+            br = min(br, max(1, PACKED_BATCH_BYTES // (4 * packed_width(f))))
         rows_per[s] = br
         o = (other_rows or {}).get(s)
         if o is None:
