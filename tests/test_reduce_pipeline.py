@@ -212,3 +212,27 @@ def test_reduced_side_with_fewer_rows_than_devices(cl_device, mode):
             assert any(a == b for a, b in (e.plan[side].block(d) for d in range(4)))
             assert e.sources[3][side].nnz == 0           # the fixed side's last block: empty
         _close(_fit_pair([cl_device] * 4, data, 3, modes, cfg, MODES[mode], check))
+
+
+def test_time_split_reports_the_reduce(cl_device):
+    """With profiling, an iteration's split holds the reduce's host sums (threads' seconds),
+    the devices' copies of the reduced systems and the exposed wait (also ``reduce``)."""
+    from clmf.engine.config import KernelConfig
+    from clmf.parallel import MultiEngine
+    R = random_ratings(120, 90, 0.15, seed=29)
+    cfg = KernelConfig.parse("batch+reg:solver=cholesky,batch_rows=16")
+    e = MultiEngine([cl_device] * 2, R, 6, [(cfg, cfg)] * 2, profile=True,
+                    modes={"users": "replicate", "items": "reduce"})
+    try:
+        X0, Y0 = reference.start_factors(*R.shape, 6, 0)
+        e.set_factors("users", X0)
+        e.set_factors("items", Y0)
+        e.iteration(0.1, True)
+        sp_ = e.time_split()
+        assert sp_["reduce_sum"] > 0 and sp_["reduce_copies"] > 0
+        assert 0 <= sp_["reduce_wait"] == sp_["reduce"] <= sp_["wall"]
+        assert all(w.stage_times["pack"] > 0 for w in e.workers)
+        e.reset_times()
+        assert e.time_split()["reduce_sum"] == 0.0
+    finally:
+        e.release()
