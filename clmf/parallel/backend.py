@@ -232,11 +232,17 @@ class MultiEngine:
             list(self.pool.map(lambda w: convert_program(w.ctx), self.workers))
         self.reset_times()
         self._metric_cache = {}
-        # the reduce mode's host arrays and summing threads, at set-up
-        self.reducers = {s: Reducer(s, L[s].rows, self.plan[s].bounds, self.fs,
-                                    [w.batch_rows[s] for w in self.workers], self._host_array,
-                                    self.pool)
-                         for s in SIDES if self.plan[s].mode == "reduce" and n > 1}
+        # the reduce mode's host arrays and summing threads, at set-up (a failure frees all)
+        self.reducers = {}
+        try:
+            for s in SIDES:
+                if self.plan[s].mode == "reduce" and n > 1:
+                    self.reducers[s] = Reducer(s, L[s].rows, self.plan[s].bounds, self.fs,
+                                               [w.batch_rows[s] for w in self.workers],
+                                               self._host_array, self.pool)
+        except BaseException:
+            self.release()
+            raise
 
     # ----- factors -------------------------------------------------------------------------
     def _padded(self, side, M, biases):
