@@ -4,7 +4,7 @@
 # the build unpacked in .base/ ("base", the commit before the change; skipped when absent) side by
 # side on the same machine, the layout generated once (.data/layouts). Results in $OUT/scaleout
 # (summary.md, scaleout.jsonl: the split with reduce_sum / reduce_copies / reduce_wait) as they
-# come. About 4 minutes on 4 x H100.
+# come. About 4-6 minutes on 4 x H100 (each tag at most LIMIT = 270 s).
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x4_reduce.sh
 # (carry .whl, holding the clmf wheel built from this tree, and .base). A tiny run on CPU devices
 # first, e.g. (the checkout's .venv and .icd):
@@ -17,7 +17,7 @@ DEVICES=${DEVICES:-gpu}
 FRACTION=${FRACTION:-0.25}
 FACTORS=${FACTORS:-100}
 GPUS=${GPUS:-1,2,4}
-LIMIT=${LIMIT:-240}
+LIMIT=${LIMIT:-270}        # seconds per tag (new: generating and caching the layout too)
 MODES=${MODES:-}        # e.g. replicate,reduce (USERS,ITEMS); default: the partition rule's
 mkdir -p "$OUT" .data/layouts
 # "new" must be this tree's clmf (the wheel in .whl built from it), not an older one

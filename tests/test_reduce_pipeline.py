@@ -29,11 +29,11 @@ def _packed(A, B):
 def test_pack_and_unpack_kernels_match_numpy(cl_device, fs):
     """pack_systems writes the lower triangle and the right side of each row; unpack_systems
     restores the symmetric matrix from a ring offset with λ·n (weighted) or λ on the diagonal
-    and the Gram matrix added, and the right side."""
+    and the Gram matrix added, and the right side; in both unpack forms (GPUs', CPUs')."""
     import pyopencl as cl
 
     from clmf.engine.device import get_context
-    from clmf.engine.kernels import reduce_program
+    from clmf.engine.kernels import build, render
     ctx, q = get_context(cl_device)
     rng = np.random.default_rng(fs)
     n, w = 5, packed_width(fs)
@@ -44,11 +44,12 @@ def test_pack_and_unpack_kernels_match_numpy(cl_device, fs):
     dA = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=A)
     dB = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=B)
     dP = cl.Buffer(ctx, mf.READ_WRITE, size=4 * n * w)
-    k = reduce_program(ctx).kernels
+    progs = [build(ctx, render("reduce.cl.j2", mirror=m)).kernels for m in (False, True)]
     P = np.empty((n, w), np.float32)
-    for wg in (1, 8, 64):                          # any work-group size
+    for groups, wg in ((n, 1), (2, 8), (n, 64)):    # any work-group size, groups ≤ rows
         cl.enqueue_fill_buffer(q, dP, np.float32(np.nan), 0, 4 * n * w)
-        k["pack_systems"](q, (n * wg,), (wg,), dA, dB, dP, np.int32(n), np.int32(fs))
+        progs[groups % 2]["pack_systems"](q, (groups * wg,), (wg,), dA, dB, dP, np.int32(n),
+                                          np.int32(fs))
         cl.enqueue_copy(q, P, dP)
         assert np.array_equal(P, _packed(A, B))
     # unpack rows 2..4 of a ring holding the packed rows, with the own-block rows 1..3
@@ -60,10 +61,11 @@ def test_pack_and_unpack_kernels_match_numpy(cl_device, fs):
     dG = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=G)
     outA = cl.Buffer(ctx, mf.READ_WRITE, size=4 * 3 * fs * fs)
     outB = cl.Buffer(ctx, mf.READ_WRITE, size=4 * 3 * fs)
-    for weighted, gram, wg in ((1, 0, 64), (0, 1, 8)):
-        k["unpack_systems"](q, (3 * wg,), (wg,), dS, np.int64(2), np.int32(3), ip, np.int32(1),
-                            np.float32(0.5), np.int32(weighted), dG, np.int32(gram), outA, outB,
-                            np.int32(fs))
+    for k, (weighted, gram, groups, wg) in ((k, c) for k in progs
+                                            for c in ((1, 0, 3, 64), (0, 1, 2, 8), (1, 1, 3, 1))):
+        k["unpack_systems"](q, (groups * wg,), (wg,), dS, np.int64(2), np.int32(3), ip,
+                            np.int32(1), np.float32(0.5), np.int32(weighted), dG, np.int32(gram),
+                            outA, outB, np.int32(fs))
         gotA, gotB = np.empty((3, fs, fs), np.float32), np.empty((3, fs), np.float32)
         cl.enqueue_copy(q, gotA, outA)
         cl.enqueue_copy(q, gotB, outB)

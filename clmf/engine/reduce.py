@@ -161,9 +161,8 @@ class _Pipeline:
         self.cl = eng.cl
         self.b = eng.buf[side]
         self.kern = eng.programs[side].kernels
-        self.rk = K.reduce_program(eng.ctx).kernels
+        self.rk = K.reduce_program(eng.ctx, eng.info).kernels
         self.w = packed_width(eng.fs)
-        self.wg = K.reduce_wg(eng.info)
         self.r0, self.r1 = eng.share.blocks[side]
         self.ring = self.b["ring"]
         self.un = self.up = 0
@@ -219,7 +218,7 @@ class _Pipeline:
             batch.done = evs[1] or evs[0]
             self.events.append((evs[0], evs[1], None, None))
             prev = copied[j % 2]
-            ep = self.rk["pack_systems"](q, (n * self.wg,), (self.wg,), b["A"], b["B"], P,
+            ep = self.rk["pack_systems"](q, *K.reduce_launch(eng.info, n), b["A"], b["B"], P,
                                          np.int32(n), np.int32(fs),
                                          wait_for=None if prev is None else [prev])
             self.packs.append(ep)
@@ -292,7 +291,7 @@ class _Pipeline:
             pos = self.un % ring
             n = min(eng.batch_rows[self.side], self.up - self.un, ring - pos)
             eu = self.rk["unpack_systems"](
-                q, (n * self.wg,), (self.wg,), b["S"], np.int64(pos), np.int32(n), b["counts"],
+                q, *K.reduce_launch(eng.info, n), b["S"], np.int64(pos), np.int32(n), b["counts"],
                 np.int32(self.un), np.float32(self.lam), np.int32(1 if self.weighted else 0),
                 b["G"], np.int32(1 if eng.implicit else 0), b["A"], b["B"], np.int32(fs),
                 wait_for=[self.last_upload])
