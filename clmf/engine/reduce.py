@@ -151,9 +151,10 @@ class _Pipeline:
     segments' ends (``out`` queue); each segment is reported landed once its last copy ended.
     Solves: the summed segments of the device's rows, handed over in order by ``port.take``,
     are uploaded into the ring ``S`` (``stream`` queue) as they come, then unpacked (the
-    regularisation and the Gram matrix added) and solved on the compute queue, in launches of
-    up to a batch, after the partials (in order on the queue). Own rows ``[un, up)`` (relative to
-    the block) are uploaded and not yet unpacked."""
+    regularisation and the Gram matrix added) and solved on the compute queue after the
+    partials (in order on the queue), in launches of up to a batch: enqueued once a batch of
+    them is uploaded, and each time a segment comes once this device's partials have all
+    landed. Own rows ``[un, up)`` (relative to the block) are uploaded and not yet unpacked."""
 
     def __init__(self, eng, side, port, regularization, weighted, exchange):
         self.eng, self.side, self.port = eng, side, port
