@@ -62,8 +62,11 @@ def split_of(eng, wall, before):
         kernels = s.get("kernels", float("nan"))
         out = {"wall": wall, "kernels": kernels, "host": s["compute"] - kernels,
                "exchange": s["exchange"], "reduce": s.get("reduce", 0.0)}
-        out["other"] = wall - s["compute"] - s["exchange"] - out["reduce"]
-        for k in ("stream_copies", "exchange_copies"):
+        # the pipelined reduce (reduce_wait) runs inside the devices' compute wall, the former
+        # one between two of its phases
+        outside = 0.0 if "reduce_wait" in s else out["reduce"]
+        out["other"] = wall - s["compute"] - s["exchange"] - outside
+        for k in ("stream_copies", "exchange_copies", "reduce_sum", "reduce_copies"):
             if k in s:
                 out[k] = s[k]
         return out

@@ -3,6 +3,7 @@
 
     python benchmarks/scaleout.py OUTDIR --preset netflix [--fraction 1] [--gpus 1,2,4]
         [--factors 100] [--iterations 4] [--budget 40] [--tag new] [--cache DIR]
+        [--shape USERSxITEMSxRATINGS] [--modes USERS,ITEMS] [--solver cg] [--devices cpu]
 
 For each device count: :func:`clmf.parallel.scaling.timed_fit` (build, one warm-up iteration,
 then up to ``--iterations`` timed ones within ``--budget`` seconds): build and warm-up seconds,
@@ -15,7 +16,11 @@ timeout keeps what was measured), with device, driver, date and commit.
 another build of clmf (e.g. the commit before a change, unpacked from its wheel) and another
 tag to compare two versions side by side on one machine. ``--cache DIR`` keeps the generated
 layout as ``.npy`` files (memory-mapped on the next run: both versions read the same ratings
-without generating them twice).
+without generating them twice). ``--shape`` overrides the preset's shape and ratings (before
+``--fraction``), ``--modes`` the partition rule's replicate / reduce choice (e.g.
+``replicate,reduce``: the items' partial systems reduced), for small runs on CPU devices.
+The summary's reduce column (the reduce mode's split, seconds per iteration): the host's sums
+(threads' seconds, overlapped), the devices' copies of the reduced systems, the exposed wait.
 """
 from __future__ import annotations
 
@@ -37,12 +42,14 @@ def say(msg):
     print(f"[{time.strftime('%H:%M:%S')} +{time.time() - T0:6.1f}s] {msg}", flush=True)
 
 
-def load_layout(preset, fraction, cache):
-    """The preset's layout: from ``cache`` (memory-mapped ``.npy``) when there, else generated
-    (and saved there when ``cache`` is given)."""
+def load_layout(preset, fraction, cache, shape=None):
+    """The preset's layout (``shape``: ``(users, items, ratings)`` instead of the preset's):
+    from ``cache`` (memory-mapped ``.npy``) when there, else generated (and saved there when
+    ``cache`` is given)."""
     from clmf.parallel import synthetic_layout
     from clmf.parallel.layout import Layout, SideLayout
-    d = pathlib.Path(cache) / f"{preset}@{fraction:g}" if cache else None
+    name = preset if shape is None else "x".join(str(x) for x in shape)
+    d = pathlib.Path(cache) / f"{name}@{fraction:g}" if cache else None
     names = [f"{s}-{a}.npy" for s in ("users", "items") for a in ("indptr", "indices", "data")]
     if d is not None and all((d / n).exists() for n in names) and (d / "shape.json").exists():
         arr = {n: np.load(d / n, mmap_mode="r") for n in names}
@@ -50,7 +57,9 @@ def load_layout(preset, fraction, cache):
         say(f"{preset}@{fraction:g}: layout read from {d}")
         return Layout(shape, *[SideLayout(arr[f"{s}-indptr.npy"], arr[f"{s}-indices.npy"],
                                           arr[f"{s}-data.npy"]) for s in ("users", "items")])
-    layout = synthetic_layout(preset, fraction, seed=0, progress=say)
+    layout = synthetic_layout(preset, fraction, seed=0, progress=say,
+                              shape=None if shape is None else shape[:2],
+                              nnz=None if shape is None else shape[2])
     if d is not None:
         d.mkdir(parents=True, exist_ok=True)
         for s in ("users", "items"):
@@ -71,11 +80,13 @@ def fit_with_fallback(devs, layout, args, label):
     from clmf.parallel.scaling import configs_for, timed_fit
     from clmf.tuning import fallback
     for _attempt in range(6):
-        cfgs = configs_for(devs, layout, args.factors, regularization=args.regularization)
+        cfgs = configs_for(devs, layout, args.factors, solver=args.solver,
+                           regularization=args.regularization)
         try:
             return timed_fit(devs, layout, args.factors, iterations=args.iterations,
                              budget_s=args.budget, regularization=args.regularization, say=say,
-                             label=label, configs=cfgs)
+                             label=label, configs=cfgs,
+                             modes=args.modes if len(devs) > 1 else None)
         except InvalidConfigError as e:
             k = int(getattr(e, "device_index", 0) or 0)
             side = getattr(e, "side", None)
@@ -86,6 +97,15 @@ def fit_with_fallback(devs, layout, args, label):
                                 "the scale-out benchmark's lookup", e)
             say(f"{label}: {bad} refused on device {k} ({e}); looking up again")
     raise RuntimeError(f"{label}: no configuration of the lookup runs")
+
+
+def _reduce_cell(split):
+    """The reduce mode's split of an iteration for the summary: host sums / device copies /
+    exposed wait (``reduce_*``; an older clmf: its one ``reduce`` figure; none: blank)."""
+    if "reduce_sum" in split:
+        return " / ".join(f"{split.get(k, float('nan')):.4f}"
+                          for k in ("reduce_sum", "reduce_copies", "reduce_wait"))
+    return f"{split['reduce']:.4f} (host)" if split.get("reduce") else ""
 
 
 def main(argv=None):
@@ -104,7 +124,21 @@ def main(argv=None):
     ap.add_argument("--regularization", type=float, default=0.05)
     ap.add_argument("--tag", default="new", help="name of the code under test")
     ap.add_argument("--cache", default=None, help="folder for the generated layout")
+    ap.add_argument("--shape", default=None, help="USERSxITEMSxRATINGS instead of the preset's")
+    ap.add_argument("--solver", default="auto", help="the lookup's solver (cg or cholesky: a "
+                    "reduced side on a device whose tuned solver is the fused CG)")
+    ap.add_argument("--modes", default=None, help="USERS,ITEMS: replicate or reduce each (default: "
+                    "the partition rule's)")
     args = ap.parse_args(argv)
+    if args.shape:
+        args.shape = tuple(int(x) for x in args.shape.lower().split("x"))
+        if len(args.shape) != 3:
+            ap.error("--shape takes USERSxITEMSxRATINGS")
+    if args.modes:
+        pair = args.modes.split(",")
+        if len(pair) != 2 or not set(pair) <= {"replicate", "reduce"}:
+            ap.error("--modes takes two of replicate / reduce: USERS,ITEMS")
+        args.modes = dict(zip(("users", "items"), pair))
     import clmf
     from clmf.engine.device import device_info
     from clmf.parallel import select_devices
@@ -114,16 +148,18 @@ def main(argv=None):
     devs = select_devices(f"{args.devices}:all")
     counts = [int(c) for c in args.gpus.split(",") if int(c) <= len(devs)]
     info = device_info(devs[0])
-    label = f"{args.preset}@{args.fraction:g}"
-    layout = load_layout(args.preset, args.fraction, args.cache)
+    label = (f"{args.preset}@{args.fraction:g}" if args.shape is None
+             else f"{'x'.join(map(str, args.shape))}@{args.fraction:g}")
+    layout = load_layout(args.preset, args.fraction, args.cache, args.shape)
     say(f"{label}: {layout.shape[0]} x {layout.shape[1]}, {layout.nnz} ratings; "
         f"{len(devs)} devices, counts {counts}; clmf {clmf.__version__} from "
         f"{os.path.dirname(clmf.__file__)} (tag {args.tag})")
     summary = out / "summary.md"
     if not summary.exists():
         summary.write_text("| tag | set | ratings | f | GPUs | s/it | speedup | efficiency | "
-                           "warm-up s | build s | compute s | exchange s | kernels s | backend |\n"
-                           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+                           "warm-up s | build s | compute s | exchange s | kernels s | "
+                           "reduce sum / copies / wait s | backend |\n"
+                           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     base = None
     for k in counts:
         rec = {"tag": args.tag, "set": label, "nnz": int(layout.nnz),
@@ -157,7 +193,8 @@ def main(argv=None):
                         else "| | ")
                      + f"{r.get('warmup_s', float('nan')):.2f} | {r['build_s']:.1f} | "
                      f"{sp.get('compute', float('nan')):.4f} | "
-                     f"{sp.get('exchange', float('nan')):.4f} | {kern:.4f} | {r['backend']} |\n")
+                     f"{sp.get('exchange', float('nan')):.4f} | {kern:.4f} | "
+                     f"{_reduce_cell(sp)} | {r['backend']} |\n")
     say(f"{label} [{args.tag}]: written to {out}")
 
 

@@ -6,7 +6,9 @@ the OpenCL ICD loader starts, hence the subprocess).
 
 Prints one JSON line per (devices, mode) with the relative Frobenius differences of the factors
 after one iteration and of the RMSE after three, against the first PoCL device alone, and the
-results of partial_fit_users / recommend on the multi-device model.
+results of partial_fit_users / recommend on the multi-device model; then one per (devices, mode,
+reduced side) of a :class:`MultiEngine` that reduces that side (``"reduce"``: the side; f = 7,
+batches of 16 rows), two iterations against the first PoCL device's engine.
 """
 import json
 import sys
@@ -38,6 +40,41 @@ def fit(R, device, mode, iterations, **kw):
              "biased": dict(biases=True), "explicit": {}}[mode]
     return clmf.ALS(factors=8, regularization=0.1, iterations=iterations, solver="cholesky",
                     device=device, random_state=0, **extra, **kw).fit(R, show_progress=False)
+
+
+def reduce_rows(R, base, spec):
+    """The reduce mode of each side on the devices of ``spec`` against one device (JSON rows)."""
+    from clmf import reference
+    from clmf.engine.config import KernelConfig
+    from clmf.engine.device import select_devices
+    from clmf.parallel import MultiEngine, make_backend
+    devs = select_devices(spec)
+    cfg = KernelConfig.parse("batch+reg:solver=cholesky,batch_rows=16")
+    X0, Y0 = reference.start_factors(*R.shape, 7, 0)
+    for mode, kw in (("explicit", {}), ("implicit", dict(implicit_alpha=2.0)),
+                     ("biased", dict(biased=True, offset=3.0))):
+        for side in ("users", "items"):
+            got = []
+            for many in (False, True):
+                e = (MultiEngine(devs, R, 7, [(cfg, cfg)] * len(devs), **kw,
+                                 modes={side: "reduce", ("items" if side == "users"
+                                                         else "users"): "replicate"})
+                     if many else make_backend(select_devices(base), R, 7, [(cfg, cfg)], **kw))
+                try:
+                    e.set_factors("users", X0)
+                    e.set_factors("items", Y0)
+                    for _ in range(2):
+                        e.iteration(0.1, mode != "implicit")
+                    got.append((e.get_factors("users", True), e.get_factors("items", True)))
+                finally:
+                    e.release()
+            (x1, b1), (y1, c1) = got[0]
+            (x2, b2), (y2, c2) = got[1]
+            out = {"spec": spec, "mode": mode, "reduce": side, "devices": len(devs),
+                   "x": rel(x2, x1), "y": rel(y2, y1)}
+            if mode == "biased":
+                out["bias"] = max(rel(b2, b1), rel(c2, c1))
+            print(json.dumps(out), flush=True)
 
 
 def main():
@@ -74,6 +111,7 @@ def main():
                                                 many3.predict([0, 1], [2, 3])))
             out["configs"] = [str(c["users"].config) for c in many.device_configs_]
             print(json.dumps(out), flush=True)
+        reduce_rows(R, base_dev, spec)
 
 
 if __name__ == "__main__":

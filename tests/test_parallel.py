@@ -444,12 +444,19 @@ def _run_check(pocl_devices, *specs):
                          capture_output=True, text=True, timeout=1500)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     rows = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
-    assert len(rows) == 3 * len(specs), res.stdout + res.stderr[-2000:]
+    fits = [r for r in rows if "reduce" not in r]
+    assert len(fits) == 3 * len(specs), res.stdout + res.stderr[-2000:]
+    # each side reduced by a MultiEngine on the same devices, in each mode
+    assert len(rows) - len(fits) == 6 * len(specs), res.stdout + res.stderr[-2000:]
     return rows
 
 
 def _check_rows(rows, n_devices):
     for r in rows:
+        if "reduce" in r:
+            assert r["devices"] == n_devices and r["x"] <= 1e-4 and r["y"] <= 1e-4, r
+            assert r.get("bias", 0.0) <= 1e-4, r
+            continue
         assert isinstance(r["devices"], list) and len(r["devices"]) == n_devices, r
         assert r["x"] <= 1e-4 and r["y"] <= 1e-4, r
         if "rmse_rel" in r:
@@ -476,7 +483,7 @@ def test_pocl_and_intel_together_match_one():
     rows = _run_check("pthread", '["Portable", "Intel"]')
     _check_rows(rows, 2)
     # each device its own tuning lookup
-    assert all(len(r["configs"]) == 2 for r in rows)
+    assert all(len(r["configs"]) == 2 for r in rows if "reduce" not in r)
 
 
 def test_four_pocl_devices_match_one():
@@ -520,9 +527,10 @@ def test_reduce_mode_and_the_fused_cg():
 
 @pytest.mark.parametrize("modes", [("replicate", "reduce"), ("reduce", "replicate")])
 def test_reduce_mode_in_many_batches_matches_engine(cl_device, modes):
-    """Batches of 16 rows take the reduce mode's two scratch pairs in turn (the partials copied
-    out, the reduced systems uploaded, while the next batch runs): two devices give the one-device
-    answer."""
+    """Batches of 16 rows take the reduce mode's two packed buffers in turn (a batch's packed
+    systems copied out while the next batch runs), in segments shorter than a batch (copies cut
+    at their ends, summed and uploaded to the owner while the devices compute): two devices give
+    the one-device answer."""
     from clmf.engine.config import KernelConfig
     from clmf.parallel import MultiEngine, make_backend
     R = random_ratings(150, 120, 0.12, seed=21, empty_rows=(5,))
@@ -535,7 +543,10 @@ def test_reduce_mode_in_many_batches_matches_engine(cl_device, modes):
         try:
             if len(devs) > 1:
                 s = "users" if modes[0] == "reduce" else "items"
-                assert all(w.batch_rows[s] == 16 and "A2" in w.buf[s] for w in e.workers)
+                assert all(w.batch_rows[s] == 16 and "P2" in w.buf[s] and "A2" not in w.buf[s]
+                           for w in e.workers)
+                segs = e.reducers[s].segments      # some of them across two batches
+                assert len(segs) > 4 and any(a // 16 != (b - 1) // 16 for a, b, _o in segs)
             e.set_factors("users", X0)
             e.set_factors("items", Y0)
             for _ in range(2):

@@ -351,6 +351,7 @@ class Engine:
             if f"scratch2_{s}" in self.dplan.bytes:      # the reduce mode's second pair
                 b.update(A2=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * fs * bs),
                          B2=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * bs))
+            b.update(RD.buffers(self, s))                  # the pipelined reduce's, if planned
             if s in self.share.reduced:
                 r0, r1 = self.share.blocks[s]
                 ip = np.asarray((self.share.whole or self.side)[s].indptr[r0:r1 + 1], np.int64)
@@ -367,7 +368,7 @@ class Engine:
             # word leaves the factors reported as uninitialised)
             word = np.zeros(1, np.float32)
             for b in self.buf.values():
-                for key in ("A", "B", "A2", "B2", "Av", "Bp", "G"):
+                for key in ("A", "B", "A2", "B2", "Av", "Bp", "G", "P", "P2", "S"):
                     if key in b:
                         cl.enqueue_fill_buffer(self.queue, b[key], word, 0, 4)
 
@@ -704,8 +705,7 @@ class Engine:
 
     # ----- the reduce mode (:mod:`clmf.engine.reduce`) -------------------------------------
     def partials(self, side, host_A, host_B, host_G):
-        """Partial normal equations of every row of ``side`` over this device's block of the
-        fixed side into host arrays (:func:`reduce.partials`)."""
+        """The partial normal equations of ``side`` into host arrays (:func:`reduce.partials`)."""
         RD.partials(self, side, host_A, host_B, host_G)
 
     def solve_reduced(self, side, host_A, host_B, regularization, weighted, exchange):

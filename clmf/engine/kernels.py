@@ -181,6 +181,27 @@ def convert_program(context):
     return build(context, render("convert.cl.j2"))
 
 
+def reduce_launch(device_info, rows):
+    """``(global, local)`` sizes of the pack and unpack kernels over ``rows`` systems, a
+    work-group each (any geometry is correct: groups take the systems in turn): 64 work-items
+    walking a system's triangle together on a GPU, one on a CPU (PoCL and Intel, f = 100: 1.5-2×
+    faster than 8, and than fewer groups)."""
+    wg = 64 if device_info.type == "GPU" else 1
+    return (max(1, rows) * wg,), (wg,)
+
+
+def reduce_program(context, device_info):
+    """The program packing and unpacking the reduce mode's systems (f is an argument; the
+    unpack's loop form by device type)."""
+    return build(context, _reduce_source(device_info.type != "GPU"))
+
+
+@functools.lru_cache(maxsize=2)
+def _reduce_source(mirror):
+    """``reduce.cl.j2`` rendered (``mirror``: the CPUs' unpack)."""
+    return render("reduce.cl.j2", mirror=bool(mirror))
+
+
 def render_metrics(f, storage="float32", ldf=None, wg=128, biased=False):
     return render("metrics.cl.j2", f=f, ldf=ldf or f, storage=storage, wg=wg, implicit=False,
                   biased=biased, config_str=f"metrics wg={wg}")

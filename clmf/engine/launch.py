@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels import als_variables
-from .memory import split_pays
+from .kernels import als_variables, reduce_launch, reduce_program
+from .memory import packed_width, split_pays
 
 __all__ = ["launch_gram", "launch_batch", "split_rows", "launch_split_batch", "launch_solve",
            "warm"]
@@ -203,6 +203,15 @@ def warm(eng, programs):
                                eng.offset)
         if s in eng.share.reduced:
             launch_solve(kern, q, cfg, fs, ip, A, B, X, st, 0, 1, 0, 1.0, True)
+            if f"packed_{s}" in eng.dplan.bytes:      # the pipelined reduce's kernels
+                P, geo = zeros(4 * packed_width(fs)), reduce_launch(eng.info, 1)
+                k = reduce_program(eng.ctx, eng.info).kernels
+                k["pack_systems"](q, *geo, A, B, P, np.int32(1), np.int32(fs))
+                k["unpack_systems"](q, *geo, P, np.int64(0), np.int32(1), ip, np.int32(0),
+                                    np.float32(1.0), np.int32(1), G, np.int32(0), A, B,
+                                    np.int32(fs))
+                q.finish()
+                P.release()
     q.finish()
     for b in (ip, one, idx, val, Y, X, A, B, G, st):
         b.release()

@@ -30,10 +30,12 @@ __all__ = ["MemoryPlan", "SplitPlan", "plan_fit", "plan_split", "split_threshold
            "choose_batch_rows", "available_host_memory", "DEVICE_FRACTION", "HOST_FRACTION",
            "SCRATCH_BUDGET", "MAX_BATCH_ROWS", "SPLIT_FLOOR", "SPLIT_WAVES",
            "SPLIT_COMBINE_ENTRIES", "split_pays", "side_buffers", "DevicePlan", "SideMemory",
-           "plan_device", "device_budget", "scratch_rows", "chunk_rows", "MAX_CHUNK_ROWS"]
+           "plan_device", "device_budget", "scratch_rows", "chunk_rows", "MAX_CHUNK_ROWS",
+           "packed_width", "PACKED_BATCH_BYTES"]
 
 SCRATCH_BUDGET = 512 << 20      # default cap on per-side hermitian scratch
 MAX_BATCH_ROWS = 1 << 16
+PACKED_BATCH_BYTES = 64 << 20   # a pipelined reduced side's batch of packed systems, at most
 DEVICE_FRACTION = 0.9           # of the device's global memory a fit may plan to use
 HOST_FRACTION = 0.9             # of the host's available memory
 SPLIT_FLOOR = 4096              # automatic split: never pieces shorter than this
@@ -45,6 +47,12 @@ SPLIT_WAVES = 8                 # automatic split: work-group slots per compute 
 # (S1 57.3 -> 46.8 ms, combine 0.8 ms); the first estimate (8 f² bytes per row at ~2 FMA per
 # byte: 32 entries) overrated the longest row's tail ~20×; 2048 separates the two with margin
 SPLIT_COMBINE_ENTRIES = 2048
+
+
+def packed_width(fs):
+    """Floats of one reduced system packed for the bus and the host sums: the lower triangle of
+    its ``fs`` × ``fs`` hermitian (symmetric), then its ``fs`` right-hand side values."""
+    return fs * (fs + 1) // 2 + fs
 
 
 def _gib(b):
@@ -418,7 +426,7 @@ def _mib(x):
 
 def plan_device(name, global_mem, max_alloc, *, f, ldf, itemsize, blocks, factor_rows,
                 batch_rows=None, implicit=False, other_rows=None, splits=None, skew=0,
-                reduced=(), max_device_memory=None, force_stream=()):
+                reduced=(), packed=None, max_device_memory=None, force_stream=()):
     """Plan one device's memory.
 
     Parameters
@@ -439,6 +447,11 @@ def plan_device(name, global_mem, max_alloc, *, f, ldf, itemsize, blocks, factor
         start (:func:`clmf.engine.upload.host_align`).
     reduced : sides whose partial normal equations are summed over the devices: a second
         scratch pair (``scratch2_``), so that a batch's copies overlap the next one's kernels.
+    packed : reduced side -> the rows this device solves of it, for sides reduced through packed
+        systems in a pipeline (:func:`clmf.engine.reduce.pipelined`): instead of the second
+        pair, two batch buffers of packed systems (``packed_``) and a ring of the summed
+        systems of its own rows (``sums_``: all of them, up to the scratch's size); batches of
+        at most :data:`PACKED_BATCH_BYTES` of packed systems.
     max_device_memory : the user's cap (bytes, or fraction ≤ 1 of global memory).
     force_stream : sides to stream even when they fit (tests).
 
@@ -459,14 +472,15 @@ def plan_device(name, global_mem, max_alloc, *, f, ldf, itemsize, blocks, factor
             return _plan(name, budget, alloc, scratch_cap, f=f, ldf=ldf, itemsize=itemsize,
                          blocks=blocks, factor_rows=factor_rows, batch_rows=batch_rows,
                          implicit=implicit, other_rows=other_rows, force_stream=force_stream,
-                         splits=splits if k == 0 else {}, skew=skew, reduced=reduced)
+                         splits=splits if k == 0 else {}, skew=skew, reduced=reduced,
+                         packed=packed or {})
         except DeviceMemoryError:
             if k == len(caps) - 1:
                 raise
 
 
 def _plan(name, budget, alloc, scratch_cap, *, f, ldf, itemsize, blocks, factor_rows,
-          batch_rows, implicit, other_rows, force_stream, splits, skew, reduced=()):
+          batch_rows, implicit, other_rows, force_stream, splits, skew, reduced=(), packed=None):
     """:func:`plan_device` at one scratch size."""
     import numpy as np
     batch_rows = batch_rows or {}
@@ -483,12 +497,18 @@ def _plan(name, budget, alloc, scratch_cap, *, f, ldf, itemsize, blocks, factor_
     for s, (indptr, r0, r1) in blocks.items():
         sp_ = splits.get(s)
         br = scratch_rows(f, r1 - r0, sp_.batch_rows if sp_ else batch_rows.get(s), scratch_cap)
+        if s in (packed or {}):      # a finer pipeline: the last batch's copy is exposed
+            br = min(br, max(1, PACKED_BATCH_BYTES // (4 * packed_width(f))))
         rows_per[s] = br
         o = (other_rows or {}).get(s)
         if o is None:
             o = factor_rows["items" if s == "users" else "users"]
         fixed.update(side_buffers(s, f, br, r1 - r0, o if implicit else None))
-        if s in reduced:
+        if s in (packed or {}):
+            w = 4 * packed_width(f)
+            fixed[f"packed_{s}"] = 2 * w * br
+            fixed[f"sums_{s}"] = w * max(1, min(int(packed[s]), max(br, scratch_cap // w)))
+        elif s in reduced:
             fixed[f"scratch2_{s}"] = fixed[f"scratch_{s}"]
     fixed["status"] = 16
     sides = {}

@@ -1,14 +1,45 @@
 """The reduce mode of an engine (a multi-device fit whose fixed factor is partitioned): the
 partial normal equations of every row of a side over the device's block of the fixed side, and the
-solve of the device's own rows once the caller has summed them over the devices."""
+solve of the device's own rows once they are summed over the devices.
+
+Two forms. :func:`pipelined` (the in-process fit, :class:`clmf.parallel.MultiEngine`): the
+systems cross the bus packed (:func:`clmf.engine.memory.packed_width`: the hermitian's lower
+triangle and the right side, about half of f² + f floats), every device computes them in the same
+row order, and each *segment* of rows (a piece of one device's block) is summed on the host as
+soon as every device's copy of it has landed, uploaded to the device that solves it while the
+others still compute, unpacked there with the regularisation and the Gram matrix added, and
+solved; only the last segment's sum is exposed. :func:`partials` and :func:`solve_reduced` (the
+Dask backend): every row's full systems into host arrays, summed by the caller in between.
+"""
 from __future__ import annotations
 
+import collections
 import time
 
+import numpy as np
+
+from . import kernels as K
 from .blocks import Publisher, other_side
 from .launch import launch_batch, launch_gram, launch_solve
+from .memory import packed_width
 
-__all__ = ["partials", "solve_reduced"]
+__all__ = ["partials", "solve_reduced", "pipelined", "buffers"]
+
+
+def buffers(eng, side):
+    """The pipelined reduce's device buffers of ``side`` where its memory plan has them (else
+    none): two batch buffers of packed systems taken in turn (``P``, ``P2``: a batch's
+    systems packed for the copy to the host) and a ring of ``ring`` rows of summed packed
+    systems of the device's own rows (``S``), uploaded by the host."""
+    size = eng.dplan.bytes.get(f"packed_{side}")
+    if size is None:
+        return {}
+    cl, mf = eng.cl, eng.cl.mem_flags
+    row = 4 * packed_width(eng.fs)
+    sums = eng.dplan.bytes[f"sums_{side}"]
+    return {"P": cl.Buffer(eng.ctx, mf.READ_WRITE, size=size // 2),
+            "P2": cl.Buffer(eng.ctx, mf.READ_WRITE, size=size // 2),
+            "S": cl.Buffer(eng.ctx, mf.READ_WRITE, size=sums), "ring": sums // row}
 
 
 def _scratch(eng, side, k):
@@ -95,3 +126,198 @@ def solve_reduced(eng, side, host_A, host_B, regularization, weighted, exchange)
             publisher.put(ev, g0, g0 + n)
     eng._finish_half_step(side, regularization, publisher, exchange, t0, events, [],
                           copy_events)
+
+
+def pipelined(eng, side, port, regularization, weighted, exchange):
+    """The reduce mode's half-step of ``side`` on ``eng`` in a pipeline with the other devices
+    through ``port`` (the host's side, :class:`clmf.parallel.reducer.Reducer`'s port: ``host``
+    (rows × packed width, this device's partial systems), ``gram`` (f × f), ``segments``
+    (``[(a, b, owner)]`` in row order), ``landed(k)`` (``None``: the Gram),
+    ``take(block)``, ``gram_total()``, ``fail(e)``). Solved rows are exchanged as
+    :meth:`Engine.half_step` does."""
+    try:
+        _Pipeline(eng, side, port, regularization, weighted, exchange).run()
+    except BaseException as e:
+        port.fail(e)
+        exchange.fail(e)
+        raise
+
+
+class _Pipeline:
+    """One device's pipelined reduce half-step (:func:`pipelined`).
+
+    Partials: batch k's S1 and S2 into the scratch pair, packed into ``P``/``P2`` in turn (the
+    pack of batch k + 2 waits for the copies of batch k), copied to ``port.host`` cut at the
+    segments' ends (``out`` queue); each segment is reported landed once its last copy ended.
+    Solves: the summed segments of the device's rows, handed over in order by ``port.take``,
+    are uploaded into the ring ``S`` (``stream`` queue) as they come, then unpacked (the
+    regularisation and the Gram matrix added) and solved on the compute queue after the
+    partials (in order on the queue), in launches of up to a batch: enqueued once a batch of
+    them is uploaded, and each time a segment comes once this device's partials have all
+    landed. Own rows ``[un, up)`` (relative to the block) are uploaded and not yet unpacked."""
+
+    def __init__(self, eng, side, port, regularization, weighted, exchange):
+        self.eng, self.side, self.port = eng, side, port
+        self.lam, self.weighted, self.exchange = regularization, weighted, exchange
+        self.cl = eng.cl
+        self.b = eng.buf[side]
+        self.kern = eng.programs[side].kernels
+        self.rk = K.reduce_program(eng.ctx, eng.info).kernels
+        self.w = packed_width(eng.fs)
+        self.r0, self.r1 = eng.share.blocks[side]
+        self.ring = self.b["ring"]
+        self.un = self.up = 0
+        self.last_upload = self.last_unpack = self.gram_up = None
+        self.landing = collections.deque()       # (segment or None, its last copy's event)
+        self.events, self.stream_events, self.copy_events = [], [], []
+        self.bus, self.packs = [], []            # the reduce's copies; pack/unpack kernels
+        self.publisher = None
+
+    def run(self):
+        """Partials, landings, uploads and solves of the half-step; then wait for all."""
+        eng, cl = self.eng, self.cl
+        t0 = time.perf_counter()
+        eng.keep(cl.enqueue_copy(eng.queue, eng.status, eng._ok, is_blocking=False))
+        if self.exchange.needed:
+            self.publisher = Publisher(self.exchange, eng.index)
+        self._partials()
+        self._land(block=True)
+        self._flush()
+        while (got := self.port.take(block=True)) is not None:
+            self._upload(got)
+            self._flush()
+        eng._finish_half_step(self.side, self.lam, self.publisher, self.exchange, t0,
+                              self.events, self.stream_events, self.copy_events)
+        if eng.profile:
+            self._account()
+
+    def _partials(self):
+        """Enqueue the Gram (implicit) and every batch's partial systems, packed and copied to
+        the host; report the landed segments as the copies end."""
+        eng, cl, b, port = self.eng, self.cl, self.b, self.port
+        q, out, fs = eng.queue, eng.q["out"], eng.fs
+        cfg, v = eng.configs[self.side], eng.vars[self.side]
+        Y = eng.factors[other_side(self.side)]
+        if eng.implicit:
+            e = launch_gram(self.kern, q, cfg, fs, b["gram_k"], b["g_indptr"], b["g_indices"],
+                            b["g_data"], Y, b["A"], b["B"], b["G"])
+            self.events.append((e, None, None, None))
+            ev = eng.keep(cl.enqueue_copy(out, port.gram, b["G"], is_blocking=False,
+                                          wait_for=[e]))
+            self.bus.append(ev)
+            self.landing.append((None, ev))
+        segs, k, row = port.segments, 0, 4 * self.w
+        copied = [None, None]
+        for j, batch in enumerate(eng._batches(self.side, self.stream_events)):
+            n, g0 = batch.rows, batch.r0 + batch.row0
+            P = b["P2"] if j % 2 else b["P"]
+            evs = launch_batch(self.kern, q, cfg, v, fs, batch.bset["indptr"],
+                               batch.bset["indices"], batch.bset["data"], Y, b["A"], b["B"],
+                               b["G"], None, None, batch.row0, n, 0, 0.0, False, eng.implicit,
+                               eng.alpha, eng.offset, wait_for=batch.wait, solve=False,
+                               gram=False)
+            batch.done = evs[1] or evs[0]
+            self.events.append((evs[0], evs[1], None, None))
+            prev = copied[j % 2]
+            ep = self.rk["pack_systems"](q, *K.reduce_launch(eng.info, n), b["A"], b["B"], P,
+                                         np.int32(n), np.int32(fs),
+                                         wait_for=None if prev is None else [prev])
+            self.packs.append(ep)
+            g, wait = g0, [ep]
+            while g < g0 + n:
+                while segs[k][1] <= g:
+                    k += 1
+                c = min(g0 + n, segs[k][1])
+                ev = eng.keep(cl.enqueue_copy(out, port.host[g:c], P, src_offset=(g - g0) * row,
+                                              is_blocking=False, wait_for=wait))
+                self.bus.append(ev)
+                if c == segs[k][1]:
+                    self.landing.append((k, ev))
+                g, wait = c, None
+            copied[j % 2] = ev
+            q.flush()
+            out.flush()
+            self._land(block=False)
+
+    def _land(self, block):
+        """Report the segments whose copies have ended (all of them with ``block``), then
+        upload the summed segments of this device's rows that are ready."""
+        done = self.cl.command_execution_status.COMPLETE
+        while self.landing and (block or
+                                self.landing[0][1].command_execution_status == done):
+            k, ev = self.landing.popleft()
+            ev.wait()
+            self.port.landed(k)
+            if block:
+                self._upload(self.port.take(block=False) or [])
+        self._upload(self.port.take(block=False) or [])
+        if self.up - self.un >= self.eng.batch_rows[self.side]:
+            self._flush()
+
+    def _upload(self, segments):
+        """Upload summed segments ``[(a, b)]`` (global rows, in order) into the ring."""
+        eng, cl, b, ring = self.eng, self.cl, self.b, self.ring
+        for a, e in segments:
+            x, end = a - self.r0, e - self.r0
+            if end - self.un > ring:
+                self._flush()                   # the ring's rows to overwrite are unpacked
+            wait = [self.last_unpack] if end > ring and self.last_unpack is not None else None
+            while x < end:
+                pos = x % ring
+                m = min(end - x, ring - pos)
+                ev = eng.keep(cl.enqueue_copy(
+                    eng.q["stream"], b["S"], self.port.host[self.r0 + x:self.r0 + x + m],
+                    dst_offset=pos * 4 * self.w, is_blocking=False, wait_for=wait))
+                self.bus.append(ev)
+                self.last_upload, wait = ev, None
+                x += m
+            self.up = end
+        if segments:
+            eng.q["stream"].flush()
+
+    def _flush(self):
+        """Unpack and solve the uploaded rows (launches of up to a batch, none across the
+        ring's end) and publish them."""
+        if self.un >= self.up:
+            return
+        eng, b, cl = self.eng, self.b, self.cl
+        q, fs, ring = eng.queue, eng.fs, self.ring
+        if eng.implicit and self.gram_up is None:
+            self.gram_up = eng.keep(cl.enqueue_copy(eng.q["stream"], b["G"],
+                                                    self.port.gram_total(), is_blocking=False))
+            self.bus.append(self.gram_up)
+            self.last_upload = self.gram_up     # the stream queue is in order
+        lo = eng.frange[self.side][0]
+        while self.un < self.up:
+            pos = self.un % ring
+            n = min(eng.batch_rows[self.side], self.up - self.un, ring - pos)
+            eu = self.rk["unpack_systems"](
+                q, *K.reduce_launch(eng.info, n), b["S"], np.int64(pos), np.int32(n), b["counts"],
+                np.int32(self.un), np.float32(self.lam), np.int32(1 if self.weighted else 0),
+                b["G"], np.int32(1 if eng.implicit else 0), b["A"], b["B"], np.int32(fs),
+                wait_for=[self.last_upload])
+            self.packs.append(eu)
+            self.last_unpack = eu
+            e3 = launch_solve(self.kern, q, eng.configs[self.side], fs, b["counts"], b["A"],
+                              b["B"], eng.factors[self.side], eng.status, self.un, n,
+                              self.r0 - lo, self.lam, self.weighted)
+            self.events.append((None, None, e3, None))
+            if self.publisher is not None:
+                g = self.r0 + self.un
+                ev = eng.read_rows(self.side, self.exchange.host, g, g + n, blocking=False,
+                                   wait_for=[e3])
+                self.copy_events.append(ev)
+                self.publisher.put(ev, g, g + n)
+            self.un += n
+        q.flush()
+
+    def _account(self):
+        """Add the device seconds of the reduce's copies and of the pack / unpack kernels."""
+        eng = self.eng
+
+        def busy(evs):
+            return sum((e.profile.end - e.profile.start) * 1e-9 for e in evs)
+        t = busy(self.packs)
+        eng.stage_times["pack"] = eng.stage_times.get("pack", 0.0) + t
+        eng.times["kernels"] = eng.times.get("kernels", 0.0) + t
+        eng.times["reduce_copies"] = eng.times.get("reduce_copies", 0.0) + busy(self.bus)

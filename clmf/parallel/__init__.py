@@ -28,13 +28,17 @@ worker processes and exchanges through Dask instead of host memory):
       ``exchange.publish(index, r0, r1)``, and uploads every chunk other devices publish, as
       they arrive (an :class:`Exchange` per half-step; a Dask exchange implements the same
       ``publish`` / ``finish`` / ``take`` / ``fail`` / ``host``/``needed``);
-    - reduce mode (the fixed factor partitioned): ``partials(side, host_A, host_B, host_G)``
+    - reduce mode (the fixed factor partitioned), in process: :func:`clmf.engine.reduce.pipelined`
       computes the partial normal equations of every row of ``side`` over the device's block of
-      the fixed side (its ``sources[side]``, from :func:`partial_layout`) into host arrays
-      (rows × f × f, rows × f, f × f); the caller sums them over the devices (adding the Gram
-      matrix and λ·n_r — :meth:`MultiEngine._reduce`), then ``solve_reduced(side, host_A,
-      host_B, regularization, weighted, exchange)`` solves the device's own rows and
-      exchanges them like ``half_step``;
+      the fixed side (its ``sources[side]``, from :func:`partial_layout`), packed (the
+      hermitian's lower triangle and the right side), segment by segment into a host array;
+      ``reducer`` — :class:`~clmf.parallel.reducer.Reducer` sums each segment over the devices
+      as soon as every copy of it landed and hands it to the device that solves it, which
+      uploads, unpacks (λ·n_r and the Gram matrix added) and solves it while the others still
+      compute, then exchanges its rows like ``half_step``. The Dask backend's form:
+      ``partials(side, host_A, host_B, host_G)`` into full host arrays (rows × f × f, rows × f,
+      f × f), summed by the caller, then ``solve_reduced(side, host_A, host_B, regularization,
+      weighted, exchange)``;
     - ``squared_error(key, users, items, ratings, offset)``, ``finish()``, ``release()``,
       ``times``.
 ``backend`` — :func:`make_backend` chooses: one device runs one :class:`clmf.engine.Engine` on

@@ -16,10 +16,12 @@ import numpy as np
 
 from ..engine.factors import padded_factors, unpadded_factors
 from ..engine.memory import plan_device, plan_split
+from ..engine.reduce import pipelined
 from ..interrupts import deferred_interrupts
 from ..tuning.spec import common_ldf, row_width, unknowns
 from .layout import Layout, SideLayout, transpose_csr
 from .partition import choose_modes, make_plan
+from .reducer import Reducer
 from .worker import SIDES, Exchange, device_engine, other_side
 
 log = logging.getLogger(__name__)
@@ -98,12 +100,13 @@ def make_backend(devices, R, f, configs, *, implicit_alpha=None, biased=False, o
 
 
 def plan_fit(infos, layout, plan, fs, ldf, itemsize, config_pairs, implicit=False,
-             max_device_memory=None, force_stream=(), sources=None):
+             max_device_memory=None, force_stream=(), sources=None, pipelined=False):
     """The memory plan of every device of a fit (a list of
     :class:`~clmf.engine.memory.DevicePlan`, :func:`plan_device` on each device's share: long
     rows of the sides it solves from the whole layout cut as on one device); raises
     DeviceMemoryError before device work. ``sources[d][side]``: the partial layout of a
-    reduced side on device ``d``."""
+    reduced side on device ``d``; ``pipelined``: its systems are reduced packed, in a
+    pipeline (:func:`clmf.engine.reduce.pipelined`), else in full between two phases."""
     from .. import engine
     n = len(infos)
     out = []
@@ -130,6 +133,8 @@ def plan_fit(infos, layout, plan, fs, ldf, itemsize, config_pairs, implicit=Fals
             batch_rows={s: splits[s].batch_rows for s in SIDES}, implicit=implicit,
             splits=splits, skew=engine.upload.host_align(info),
             reduced=[s for s in SIDES if (sources or [{}] * n)[d].get(s) is not None],
+            packed={s: plan[s].block(d)[1] - plan[s].block(d)[0] for s in SIDES
+                    if pipelined and (sources or [{}] * n)[d].get(s) is not None},
             max_device_memory=max_device_memory, force_stream=force_stream))
     return out
 
@@ -180,7 +185,7 @@ class MultiEngine:
         # memory plans of every device before any device work
         self.dplans = plan_fit(self.infos, L, self.plan, self.fs, self.ldf, itemsize,
                                self.config_pairs, self.implicit, max_device_memory, force_stream,
-                               self.sources)
+                               self.sources, pipelined=True)
         for p in self.dplans:
             log.info("memory plan: %s", p.describe())
         self.memory = {"total": max(p.total for p in self.dplans),
@@ -225,13 +230,19 @@ class MultiEngine:
             # iteration)
             from ..engine.kernels import convert_program
             list(self.pool.map(lambda w: convert_program(w.ctx), self.workers))
-        self.times = {"compute": 0.0, "exchange": 0.0, "iterations": 0, "wall": 0.0,
-                      "reduce": 0.0}
+        self.reset_times()
         self._metric_cache = {}
-        self._partials = {}
-        for s in SIDES:      # the reduce mode's host arrays at set-up, not in the first iteration
-            if self.plan[s].mode == "reduce" and n > 1:
-                self._partial_arrays(s)
+        # the reduce mode's host arrays and summing threads, at set-up (a failure frees all)
+        self.reducers = {}
+        try:
+            for s in SIDES:
+                if self.plan[s].mode == "reduce" and n > 1:
+                    self.reducers[s] = Reducer(s, L[s].rows, self.plan[s].bounds, self.fs,
+                                               [w.batch_rows[s] for w in self.workers],
+                                               self._host_array, self.pool)
+        except BaseException:
+            self.release()
+            raise
 
     # ----- factors -------------------------------------------------------------------------
     def _padded(self, side, M, biases):
@@ -261,63 +272,23 @@ class MultiEngine:
         the partial normal equations first, in the reduce mode)."""
         needed = len(self.workers) > 1 and self.plan[other_side(side)].mode == "replicate"
         ex = Exchange(side, self.host[side], len(self.workers), needed=needed)
-        if self.plan[side].mode == "reduce":
-            A, B, G = self._partial_arrays(side)
-            self._gather([self.pool.submit(w.partials, side, A[d], B[d], G[d])
-                          for d, w in enumerate(self.workers)])
-            t = time.perf_counter()
-            self._reduce(side, regularization, weighted)
-            self.times["reduce"] += time.perf_counter() - t
-            self._gather([self.pool.submit(w.solve_reduced, side, A[d], B[d], regularization,
+        rd = self.reducers.get(side)
+        if rd is not None:
+            rd.start()
+            self._gather([self.pool.submit(pipelined, w, side, rd.port(d), regularization,
                                            weighted, ex) for d, w in enumerate(self.workers)])
+            for k, v in rd.finish().items():
+                self.times[f"reduce_{k}"] += v
             return
         self._gather([self.pool.submit(w.half_step, side, regularization, weighted, ex)
                       for w in self.workers])
 
-    def _partial_arrays(self, side):
-        """Host arrays of every device's partial systems of ``side`` (allocated once)."""
-        if side not in self._partials:
-            rows, fs = max(1, self.layout[side].rows), self.fs
-            n = len(self.workers)
-            def host(d, shape):
-                # page-locked in the device's own context when pinning (GPUs), else pageable
-                if self.pin and 4 * int(np.prod(shape)) <= _PIN_LIMIT:
-                    return self.workers[d].pinned_array(shape, np.float32)
-                return np.zeros(shape, np.float32)
-
-            # each device's in its thread (pinning and first touch take seconds at scale)
-            pairs = list(self.pool.map(lambda d: (host(d, (rows, fs, fs)), host(d, (rows, fs))),
-                                       range(n)))
-            self._partials[side] = ([p[0] for p in pairs], [p[1] for p in pairs],
-                                    [np.zeros((fs, fs), np.float32) for _ in range(n)])
-        return self._partials[side]
-
-    def _reduce(self, side, regularization, weighted):
-        """Sum the devices' partial systems of each device's own rows into that device's
-        arrays, with the Gram matrix (implicit) and the regularisation added, in threads."""
-        A, B, G = self._partials[side]
-        counts = self.layout[side].counts()
-        n = len(self.workers)
-        Gs = np.sum(G, axis=0) if self.implicit else None
-        diag = np.arange(self.fs)
-        step = max(1, (64 << 20) // (4 * self.fs * self.fs))
-        jobs = [(d, a, min(a + step, self.plan[side].block(d)[1]))
-                for d in range(n) for a in range(*self.plan[side].block(d), step)]
-
-        def work(job):
-            d, a, b = job
-            Ad, Bd = A[d][a:b], B[d][a:b]
-            for e in range(n):
-                if e != d:
-                    Ad += A[e][a:b]
-                    Bd += B[e][a:b]
-            if Gs is not None:
-                Ad += Gs
-            lam = (regularization * counts[a:b] if weighted
-                   else np.full(b - a, regularization))
-            Ad[:, diag, diag] += lam.astype(np.float32)[:, None]
-
-        _map_threads(work, jobs)
+    def _host_array(self, d, shape):
+        """A zeroed float32 host array of device ``d``'s partial systems: page-locked in its
+        context when pinning (GPUs) and not huge, else pageable."""
+        if self.pin and 4 * int(np.prod(shape)) <= _PIN_LIMIT:
+            return self.workers[d].pinned_array(shape, np.float32)
+        return np.zeros(shape, np.float32)
 
     def _gather(self, futs):
         """Wait for every device's task; re-raise the first error (a singular system first)."""
@@ -350,18 +321,25 @@ class MultiEngine:
 
     def reset_times(self):
         """Start the time accounting afresh (after a warm-up iteration)."""
-        for w in self.workers:
+        for w in getattr(self, "workers", []):
             w.times = {"compute": 0.0, "exchange": 0.0}
         self.times = {"compute": 0.0, "exchange": 0.0, "iterations": 0, "wall": 0.0,
-                      "reduce": 0.0}
+                      "reduce_sum": 0.0, "reduce_wait": 0.0}
 
     def time_split(self):
-        """Seconds per iteration so far: wall, compute and exchange tail (slowest device), and
-        with profiling the devices' busy times (kernels, streamed copies, exchange copies)."""
+        """Seconds per iteration so far: wall, compute and exchange tail (slowest device); the
+        reduce mode's host sums (``reduce_sum``: the summing threads' seconds, overlapped with
+        the devices' work) and its exposed part (``reduce_wait``, also ``reduce``: from the last
+        device's last partial systems on the host to the last sum); with profiling the devices'
+        busy times (kernels, streamed copies, exchange copies, ``reduce_copies``: the reduced
+        systems to the host and back)."""
         it = max(1, self.times["iterations"])
         out = {"wall": self.times["wall"] / it, "compute": self.times["compute"] / it,
-               "exchange": self.times["exchange"] / it, "reduce": self.times["reduce"] / it}
-        for key in ("kernels", "stream_copies", "exchange_copies"):
+               "exchange": self.times["exchange"] / it,
+               "reduce": self.times["reduce_wait"] / it,
+               "reduce_wait": self.times["reduce_wait"] / it,
+               "reduce_sum": self.times["reduce_sum"] / it}
+        for key in ("kernels", "stream_copies", "exchange_copies", "reduce_copies"):
             vals = [w.times.get(key) for w in self.workers if key in w.times]
             if vals:
                 out[key] = max(vals) / it
@@ -400,16 +378,11 @@ class MultiEngine:
         back meanwhile), and each worker waits for its queues."""
         with deferred_interrupts():
             self.pool.shutdown(wait=True)
+            for rd in getattr(self, "reducers", {}).values():
+                rd.close()
             for w in getattr(self, "workers", []):
                 w.release()
             self.workers = []
-
-
-def _map_threads(fn, jobs):
-    """``fn`` over ``jobs`` on a pool of host threads (NumPy releases the GIL)."""
-    import os
-    with concurrent.futures.ThreadPoolExecutor(min(len(jobs) or 1, os.cpu_count() or 1, 32)) as p:
-        return list(p.map(fn, jobs))
 
 
 def partial_layout(layout, side, r0, r1):
