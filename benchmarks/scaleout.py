@@ -129,7 +129,13 @@ def main(argv=None):
                     "reduced side on a device whose tuned solver is the fused CG)")
     ap.add_argument("--modes", default=None, help="USERS,ITEMS: replicate or reduce each (default: "
                     "the partition rule's)")
+    ap.add_argument("--packed-batch-mb", type=int, default=None,
+                    help="the pipelined reduce's batch of packed systems, MiB (default: "
+                    "clmf.engine.memory.PACKED_BATCH_BYTES)")
     args = ap.parse_args(argv)
+    if args.packed_batch_mb:
+        from clmf.engine import memory
+        memory.PACKED_BATCH_BYTES = args.packed_batch_mb << 20
     if args.shape:
         args.shape = tuple(int(x) for x in args.shape.lower().split("x"))
         if len(args.shape) != 3:

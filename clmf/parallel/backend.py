@@ -323,6 +323,7 @@ class MultiEngine:
         """Start the time accounting afresh (after a warm-up iteration)."""
         for w in getattr(self, "workers", []):
             w.times = {"compute": 0.0, "exchange": 0.0}
+            w.stage_times = {k: 0.0 for k in w.stage_times}
         self.times = {"compute": 0.0, "exchange": 0.0, "iterations": 0, "wall": 0.0,
                       "reduce_sum": 0.0, "reduce_wait": 0.0}
 
@@ -343,6 +344,13 @@ class MultiEngine:
             vals = [w.times.get(key) for w in self.workers if key in w.times]
             if vals:
                 out[key] = max(vals) / it
+        # with profiling, each kernel stage's seconds on the device where it took longest
+        stages = {}
+        for w in self.workers:
+            for key, v in (getattr(w, "stage_times", None) or {}).items():
+                stages[key] = max(stages.get(key, 0.0), v / it)
+        if any(stages.values()):
+            out["stages"] = stages
         return out
 
     # ----- metrics -------------------------------------------------------------------------
