@@ -35,9 +35,9 @@ __all__ = ["MemoryPlan", "SplitPlan", "plan_fit", "plan_split", "split_threshold
 
 SCRATCH_BUDGET = 512 << 20      # default cap on per-side hermitian scratch
 MAX_BATCH_ROWS = 1 << 16
-# a pipelined reduced side's batch of packed systems, at most: on 4 x H100 (Hugewiki x 0.25, f = 100,
-# results/bench/x4-38/) 64 MiB batches (3,258 rows) made S1's long-row launches 27 % slower than
-# 256 MiB (13,030 rows, about the hermitian scratch's own cap): 0.659 vs 0.592 s/it
+# a pipelined reduced side's batch of packed systems, at most: on 4 x H100 (Hugewiki x 0.25,
+# f = 100, results/bench/x4-38/) 64 MiB batches (3,258 rows) made S1's long-row launches 27 %
+# slower than 256 MiB (13,030 rows, about the hermitian scratch's own cap): 0.659 vs 0.592 s/it
 PACKED_BATCH_BYTES = 256 << 20
 DEVICE_FRACTION = 0.9           # of the device's global memory a fit may plan to use
 HOST_FRACTION = 0.9             # of the host's available memory
