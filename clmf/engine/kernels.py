@@ -299,9 +299,10 @@ def fcg_dims_local_bytes(config, f):
 def fcg_dims_registers(config, f):
     """Registers one work-item of the fused CG's dimensions form keeps, by estimate: the
     gathered rows (``q·nb`` float4s), six vectors of ``q`` float4s (x, r, p, A·p, the
-    accumulators and the applied vector's result) and a fixed 24 for indices and scalars."""
+    accumulators and the applied vector's result), the next chunk's ``nb`` column indices and a
+    fixed 24 for offsets and scalars."""
     g = config.fcg_geometry(f)
-    return 4 * g["fd_q"] * (g["fd_nb"] + 6) + 24
+    return 4 * g["fd_q"] * (g["fd_nb"] + 6) + g["fd_nb"] + 24
 
 
 # the most registers a GPU work-item holds (NVIDIA: 255) and a GPU compute unit's register file
