@@ -388,7 +388,7 @@ class KernelConfig:
         ch = e * self.nnz_batch
         p = self.dims_p or max(1, min(swg // ch, d))
         return dict(fd_f4=f4, fd_q=q, fd_d=d, fd_e=e, fd_nb=self.nnz_batch, fd_p=p,
-                    fd_t=-(-ch * p // swg))
+                    fd_t=-(-ch * p // swg), fd_e2=1 << (e - 1).bit_length())
 
     def tile_edges(self, f):
         """(bx, by) of the S1 output block one work-group computes."""
