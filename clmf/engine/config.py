@@ -378,8 +378,8 @@ class KernelConfig:
     def fcg_geometry(self, f):
         """The fused CG dimensions form's geometry at ``f`` unknowns: float4 slices ``f4``,
         ``q`` per work-item, ``d`` work-items per entry, ``e`` entry groups, ``nb`` entries per
-        group and chunk, ``p`` work-items per entry's sum of parts, ``t`` sums per work-item
-        (``fused_dims`` only)."""
+        group and chunk, ``p`` work-items per entry's sum of parts, ``t`` sums per work-item,
+        ``tree`` the strides of the groups' sums (``fused_dims`` only)."""
         swg = self.swg(f)
         f4 = -(-f // 4)
         q = min(f4, max(self.dims_q, -(-f4 // swg)))
@@ -387,8 +387,9 @@ class KernelConfig:
         e = swg // d
         ch = e * self.nnz_batch
         p = self.dims_p or max(1, min(swg // ch, d))
+        levels = (e - 1).bit_length()              # the groups' sums: a tree over 2^levels ≥ e
         return dict(fd_f4=f4, fd_q=q, fd_d=d, fd_e=e, fd_nb=self.nnz_batch, fd_p=p,
-                    fd_t=-(-ch * p // swg), fd_e2=1 << (e - 1).bit_length())
+                    fd_t=-(-ch * p // swg), fd_tree=[1 << (levels - i) for i in range(1, levels + 1)])
 
     def tile_edges(self, f):
         """(bx, by) of the S1 output block one work-group computes."""
