@@ -700,3 +700,17 @@ def test_gpu_spaces_offer_the_dims_geometries():
             m = sp_.mutate(c, rng, gpu)
             assert m is None or prune(m, 256, gpu) is m
     assert {q for q, _ in seen} == {1, 2, 4} and {p for _, p in seen} == {0, 1}
+
+
+def test_fused_dims_group_sums_tree_everywhere_but_pocl():
+    from test_tuning_db import fake_info
+
+    from clmf.engine.kernels import gsum_tree_ok, render_als
+    pocl = fake_info(platform="Portable Computing Language", type_="CPU")
+    assert gsum_tree_ok(fake_info()) and gsum_tree_ok(fake_info(platform="Intel(R) OpenCL"))
+    assert not gsum_tree_ok(pocl)
+    cfg = KernelConfig.parse("batch+vec4:solver=fusedcg,fused_dims=1,dims_q=4,dims_p=0,"
+                             "solve_wg=256,nnz_batch=2")
+    assert cfg.fcg_geometry(130)["fd_tree"] == [16, 8, 4, 2, 1]          # 28 groups
+    tree, flat = render_als(cfg, 130, fake_info()), render_als(cfg, 130, pocl)
+    assert "g + 16" in tree and "g + 16" not in flat

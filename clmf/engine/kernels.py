@@ -128,6 +128,7 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
     )
     v.update(config.s1_geometry(f))
     v.update(config.fcg_geometry(f))
+    v["fd_gsum_tree"] = gsum_tree_ok(device_info)
     v["bx"], v["by"] = bx, by
     v["s2_wg"] = max(1, min(v["s2_wg"], device_info.max_work_group_size if device_info else 256))
     if config.swg(f) == 1:
@@ -286,6 +287,15 @@ def validate(config: KernelConfig, f: int, device_info):
             raise InvalidConfigError(f"{regs} register accumulators per work-item is too many",
                                      "geometry")
     return True
+
+
+def gsum_tree_ok(device_info):
+    """Whether the fused CG dimensions form sums its entry groups' partial vectors by a tree
+    (``solve_fcgdims.cl.j2``'s ``pcl_gsum``): everywhere but PoCL, whose 3.1 computed wrong sums
+    with it (clean on Oclgrind, right on Intel's runtime); PoCL has every work-item add all the
+    groups' sums, the original form."""
+    from .device import platform_short
+    return device_info is None or platform_short(device_info.platform) != "pocl"
 
 
 def fcg_dims_local_bytes(config, f):
