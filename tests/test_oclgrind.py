@@ -51,7 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import clmf
-from clmf.engine.config import hermitian_variants, representative_variants
+from clmf.engine.config import KernelConfig, hermitian_variants, representative_variants
 
 pytestmark = pytest.mark.oclgrind
 
@@ -179,14 +179,25 @@ def _fit_args(variant, f, case, mode="explicit"):
 
 
 # implicit feedback and biases on the hermitian path (issue 27): one S1 variant of each family
-# (solvers alternating) at f = 17, both cases
+# (solvers alternating) at f = 17, both cases; and the fused CG's dimensions form with several
+# slices per work-item or spread sums (its first pass forms each mode's right-hand side)
 MODE_FACTORS = (17,)
+
+
+def _dims_geometries():
+    """The representative fused CG dimensions forms with ``dims_q`` or ``dims_p`` set."""
+    out = []
+    for v in representative_variants():
+        c = KernelConfig.parse(v)
+        if c.dims and (c.dims_q, c.dims_p) != (1, 1):
+            out.append(c)
+    return out
 
 
 def _mode_params():
     out = []
     for mode in ("implicit", "biased"):
-        for c in hermitian_variants(per_family=True):
+        for c in hermitian_variants(per_family=True) + _dims_geometries():
             variant = str(c)
             for f in MODE_FACTORS:
                 for case in CASES:

@@ -16,6 +16,7 @@ from clmf.autotune.measure import Measurer, make_sample, stratified_rows
 from clmf.autotune.space import Space, canonical, make_space, prune
 from clmf.engine.config import KernelConfig
 from clmf.engine.device import device_info
+from clmf.errors import InvalidConfigError
 
 
 def tiny_space(f):
@@ -617,3 +618,99 @@ def test_max_wall_cuts_the_search_but_still_writes_the_best(isolated, tmp_path):
     best = [r for r in tuning.Database(isolated).records() if r.get("kind") == "best"
             and r.get("run_id") == s["run_id"]]
     assert {r["side"] for r in best} == {"users", "items"}
+
+
+# ----- the fused CG's dimensions form: slices per work-item, spread sums (issue 27) -------------
+def test_fused_dims_geometry_fields_parse_print_and_keep_old_meaning():
+    old = KernelConfig.parse("batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=128,nnz_batch=8")
+    assert old == KernelConfig.parse(str(old)) and "dims_" not in str(old)
+    assert (old.dims_q, old.dims_p) == (1, 1)
+    # an old record (no dims_q / dims_p) reads as the same configuration and geometry
+    rec = {k: v for k, v in old.to_dict().items() if k not in ("dims_q", "dims_p")}
+    assert KernelConfig.from_dict(rec) == old
+    for f, want in ((256, (64, 1, 64, 2, 1)), (128, (32, 1, 32, 4, 1)), (17, (5, 1, 5, 25, 1))):
+        g = old.fcg_geometry(f)
+        assert (g["fd_f4"], g["fd_q"], g["fd_d"], g["fd_e"], g["fd_p"]) == want
+    new = KernelConfig.parse("batch+vec4:solver=fusedcg,fused_dims=1,dims_q=4,dims_p=0,"
+                             "solve_wg=256,nnz_batch=4")
+    assert KernelConfig.parse(str(new)) == new and KernelConfig.from_dict(new.to_dict()) == new
+    g = new.fcg_geometry(256)
+    assert (g["fd_q"], g["fd_d"], g["fd_e"], g["fd_p"]) == (4, 16, 16, 4)
+    # q is at least what covers f, at most f/4 slices
+    assert KernelConfig.parse("batch+vec4:solver=fusedcg,fused_dims=1,dims_q=2,solve_wg=8"
+                              ).fcg_geometry(256)["fd_q"] == 8
+    assert new.fcg_geometry(5)["fd_q"] == 2
+    with pytest.raises(InvalidConfigError) as e:
+        KernelConfig.parse("batch+vec4:solver=fusedcg,dims_q=2")
+    assert e.value.reason == "fused_dims"
+    with pytest.raises(InvalidConfigError):
+        KernelConfig.parse("batch+vec4:solver=fusedcg,fused_dims=1,dims_q=0")
+    # the dimensions form's geometry goes with it where another solver drops it
+    c = canonical(KernelConfig.parse("batch+vec4:solver=cg,fused_dims=1,dims_q=2,dims_p=0"))
+    assert (c.fused_dims, c.dims_q, c.dims_p) == (False, 1, 1)
+
+
+def test_fused_dims_geometries_validated_and_pruned_with_reasons():
+    from test_tuning_db import fake_info
+
+    from clmf.engine.kernels import validate
+    gpu = fake_info(type_="GPU", max_work_group_size=1024, local_mem=48 * 1024)
+    cpu = fake_info(type_="CPU", max_work_group_size=8192, local_mem=32 * 1024)
+    base = "batch+vec4:solver=fusedcg,fused_dims=1,"
+
+    def reason(text, f, info=gpu):
+        try:
+            prune(canonical(KernelConfig.parse(base + text)), f, info)
+        except InvalidConfigError as e:
+            return e.reason
+        return None
+
+    assert reason("dims_q=4,dims_p=0,solve_wg=256,nnz_batch=4", 256) is None
+    assert reason("solve_wg=256,nnz_batch=8", 128) is None           # the shipped H100 choice
+    # too many registers per work-item, or for the work-group (GPUs only)
+    assert reason("dims_q=8,solve_wg=64,nnz_batch=2", 256) == "registers"
+    assert reason("dims_q=4,solve_wg=512,nnz_batch=4", 256) == "registers"
+    validate(KernelConfig.parse(base + "dims_q=8,solve_wg=64,nnz_batch=2"), 256, cpu)
+    assert reason("dims_q=4,solve_wg=64,nnz_batch=8", 256) == "geometry"   # 32 row float4s
+    # more local memory than the device has (E·D·Q float4s of sums)
+    assert reason("dims_q=2,dims_p=0,solve_wg=1024,nnz_batch=1", 512, cpu) == "local_memory"
+    # the same kernel as another value at this f, or sum work-items left idle
+    assert reason("dims_q=4,solve_wg=256,nnz_batch=4", 8) == "duplicate_geometry"
+    assert reason("dims_p=0,solve_wg=8,nnz_batch=4", 16) == "duplicate_geometry"
+    assert reason("dims_p=8,solve_wg=256,nnz_batch=8", 16) == "idle_work_items"
+
+
+def test_gpu_spaces_offer_the_dims_geometries():
+    from test_tuning_db import fake_info
+    gpu = fake_info(type_="GPU", max_work_group_size=1024)
+    cpu = fake_info(type_="CPU", max_work_group_size=8192)
+    for name in ("default", "full"):
+        g = make_space(name, 128, gpu, mode="implicit").grid
+        assert g["dims_q"] == [1, 2, 4] and g["dims_p"] == [1, 0] and 256 in g["solve_wg"]
+        assert make_space(name, 32, gpu).grid["dims_q"] == [1]
+        assert "dims_q" not in make_space(name, 128, cpu).grid      # CPUs keep their spaces
+    sp_ = make_space("default", 256, gpu, mode="implicit")
+    rng = np.random.default_rng(1)
+    seen = set()
+    for _ in range(400):
+        c = sp_.sample(rng, gpu)
+        if c is not None and c.dims:
+            assert prune(c, 256, gpu) is c and canonical(c, "implicit") == c
+            seen.add((c.dims_q, c.dims_p))
+            m = sp_.mutate(c, rng, gpu)
+            assert m is None or prune(m, 256, gpu) is m
+    assert {q for q, _ in seen} == {1, 2, 4} and {p for _, p in seen} == {0, 1}
+
+
+def test_fused_dims_group_sums_tree_everywhere_but_pocl():
+    from test_tuning_db import fake_info
+
+    from clmf.engine.kernels import gsum_tree_ok, render_als
+    pocl = fake_info(platform="Portable Computing Language", type_="CPU")
+    assert gsum_tree_ok(fake_info()) and gsum_tree_ok(fake_info(platform="Intel(R) OpenCL"))
+    assert not gsum_tree_ok(pocl)
+    cfg = KernelConfig.parse("batch+vec4:solver=fusedcg,fused_dims=1,dims_q=4,dims_p=0,"
+                             "solve_wg=256,nnz_batch=2")
+    assert cfg.fcg_geometry(130)["fd_tree"] == [16, 8, 4, 2, 1]          # 28 groups
+    tree, flat = render_als(cfg, 130, fake_info()), render_als(cfg, 130, pocl)
+    assert "g + 16" in tree and "g + 16" not in flat

@@ -71,11 +71,17 @@ def condition(R, Y, X, mode):
     return out
 
 
-def check(cl_device, variant, f, mode="explicit"):
+def check(cl_device, variant, f, mode="explicit", single_row=None):
     """Fit one iteration with ``variant`` in ``mode`` (explicit, implicit with alpha 2, biased)
     and compare with the NumPy reference of the mode from the same start: relative error within
-    :func:`tolerance`, empty rows and columns zero."""
+    :func:`tolerance`, empty rows and columns zero; ``single_row``: that user keeps one rating."""
     R = edge_problem(f) if mode == "explicit" else mode_problem(f)
+    if single_row is not None:
+        R = R.tolil()
+        R[single_row, :] = 0.0
+        R[single_row, 0] = 5.0
+        R = R.tocsr()
+        R.eliminate_zeros()
     X0, Y0 = ref.start_factors(*R.shape, f, 1)
     kw = {"implicit": dict(feedback="implicit", alpha=2.0), "biased": dict(biases=True)}
     try:
@@ -84,7 +90,7 @@ def check(cl_device, variant, f, mode="explicit"):
     except InvalidConfigError as e:
         # only geometric impossibilities may be refused, never a build failure
         # (kernel_work_group_size: what the built kernel allows, e.g. its registers on a GPU)
-        assert e.reason in ("geometry", "local_memory", "work_group_size",
+        assert e.reason in ("geometry", "local_memory", "work_group_size", "registers",
                             "kernel_work_group_size"), e
         pytest.skip(f"{variant} invalid at f={f}: {e}")
     cfg = KernelConfig.parse(variant)
@@ -117,6 +123,37 @@ def test_variant_matches_reference(cl_device, variant, f):
 @pytest.mark.parametrize("variant", representative_variants())
 def test_variant_full_sweep(cl_device, variant, f):
     check(cl_device, variant, f)
+
+
+# the fused CG's dimensions form with several float4 slices per work-item (dims_q) and the sums of
+# an entry's parts spread over work-items (dims_p) in every mode, users with 0, 1 and all
+# ratings: f = 3 (one slice), 17 (5 slices: 2 per work-item over 3 work-items, the last slice
+# partial; P = 3 does not divide them) and 130 (33 slices, 4 per work-item over 9 work-items: a
+# GPU's geometry with 28 entry groups, f not a multiple of 4; one build per mode and device, the
+# reason this check takes a few seconds)
+DIMS_GEOMETRIES = [
+    "batch+vec4:solver=fusedcg,fused_dims=1,dims_q=2,dims_p=0,solve_wg=16,nnz_batch=1",
+    "batch+vec4:solver=fusedcg,fused_dims=1,dims_q=2,dims_p=3,solve_wg=16,nnz_batch=3,"
+    "batch_rows=7",
+    "batch+vec4:solver=fusedcg,fused_dims=1,dims_q=2,dims_p=2,solve_wg=64,nnz_batch=4,"
+    "storage=float16"]
+DIMS_GPU_GEOMETRY = ("batch+vec4:solver=fusedcg,fused_dims=1,dims_q=4,dims_p=0,solve_wg=256,"
+                     "nnz_batch=2")
+
+
+# (explicit at f = 1, 3, 10, 17 and 32: two of the representative variants are of this kind)
+@pytest.mark.parametrize("variant,f,mode", [(v, 17, m) for v in DIMS_GEOMETRIES
+                                            for m in ("explicit", "implicit", "biased")]
+                         + [(DIMS_GEOMETRIES[0], 3, m) for m in ("implicit", "biased")])
+def test_fused_dims_geometries_match_reference(cl_device, variant, f, mode):
+    check(cl_device, variant, f, mode, single_row=11)
+
+
+@pytest.mark.parametrize("mode", ["explicit", "implicit", "biased"])
+def test_fused_dims_gpu_geometry_matches_reference(cl_device, mode):
+    g = KernelConfig.parse(DIMS_GPU_GEOMETRY).fcg_geometry(130)
+    assert (g["fd_f4"], g["fd_q"], g["fd_d"], g["fd_e"], g["fd_p"]) == (33, 4, 9, 28, 4)
+    check(cl_device, DIMS_GPU_GEOMETRY, 130, mode, single_row=11)
 
 
 # the hermitian path of implicit feedback (YᵀY once per half-step plus Σ (c − 1) y yᵀ through the

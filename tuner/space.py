@@ -51,13 +51,13 @@ MODE_SOLVERS = {"implicit": ("cholesky", "cg", "fusedcg")}
 # iterations); the tuner keeps the solver's default number of steps
 MODE_CG_STEPS = {"implicit": [3]}
 PARAM_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec", "solver",
-                "cg_steps", "split")
+                "cg_steps", "split", "dims_q", "dims_p")
 # the GPU presets' long-row piece lengths: automatic (0), fixed lengths, never split. A long row is
 # one work-group's work unsplit; on a CPU (a few compute units, work-groups run as loops) the
 # tail it makes is short, and the automatic rule splits nothing on the data sizes CPUs take
 SPLIT_GRID = [0, 8192, 32768, SPLIT_NEVER]
 _MUTABLE = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec", "cg_steps",
-            "split", "fused_solve", "fused_dims")
+            "split", "fused_solve", "fused_dims", "dims_q", "dims_p")
 
 
 def flags_of(cfg):
@@ -89,7 +89,8 @@ def canonical(cfg: KernelConfig, mode="explicit") -> KernelConfig:
         cfg = cfg.replace(**kw)
         kw = {}
     if cfg.fused_dims and not cfg.dims:
-        kw["fused_dims"] = False      # the dimensions form of the fused CG solver only
+        # the dimensions form of the fused CG solver only, its geometry with it
+        kw.update(fused_dims=False, dims_q=KernelConfig.dims_q, dims_p=KernelConfig.dims_p)
     if not (cfg.local or cfg.gemm or cfg.syrk or cfg.mma or cfg.dims):
         kw["nnz_batch"] = KernelConfig.nnz_batch
     if not (cfg.tile or cfg.gemm or cfg.syrk or cfg.mma):
@@ -113,6 +114,24 @@ def canonical(cfg: KernelConfig, mode="explicit") -> KernelConfig:
         tx = _pow2_le(max(1, int(math.isqrt(p)))) if (p & (p - 1)) == 0 else cfg.tx
         kw.update(tx=tx, ty=p // tx)
     return cfg.replace(**kw) if kw else cfg
+
+
+def _prune_dims(cfg, f):
+    """Reject a fused CG dimensions form whose ``dims_q``/``dims_p`` build the kernel of another
+    value at this f (slices clamped to what f needs; the automatic sum one work-item wide), or
+    leave sum work-items idle (raise InvalidConfigError)."""
+    g = cfg.fcg_geometry(f)
+    if cfg.dims_q > 1 and g["fd_q"] != cfg.dims_q:
+        raise InvalidConfigError(f"dims_q={cfg.dims_q} gives {g['fd_q']} slices per work-item at "
+                                 f"f={f}: the kernel of another value", "duplicate_geometry")
+    if cfg.dims_p == 0 and g["fd_p"] == 1:
+        raise InvalidConfigError("dims_p=0 is one work-item per entry's sum here: the kernel "
+                                 "of dims_p=1", "duplicate_geometry")
+    if cfg.dims_p > 1 and (cfg.dims_p > g["fd_d"]
+                           or cfg.dims_p * g["fd_e"] * g["fd_nb"] > cfg.swg(f)):
+        raise InvalidConfigError(f"dims_p={cfg.dims_p} work-items per entry's sum of "
+                                 f"{g['fd_d']} parts, {g['fd_e'] * g['fd_nb']} entries per chunk "
+                                 f"and {cfg.swg(f)} work-items", "idle_work_items")
 
 
 def prune(cfg: KernelConfig, f: int, info):
@@ -154,6 +173,8 @@ def prune(cfg: KernelConfig, f: int, info):
             raise InvalidConfigError(f"tile {cfg.bx}×{cfg.by} larger than f={f}", "geometry")
     if cfg.solver != "cholesky" and cfg.cg_steps > f:
         raise InvalidConfigError(f"cg_steps={cfg.cg_steps} > f={f}", "geometry")
+    if cfg.dims:
+        _prune_dims(cfg, f)
     validate(cfg, f, info)
     return cfg
 
@@ -198,6 +219,8 @@ class Space:
         dims = solver == "fusedcg" and vec == 4 and "fused_dims" in self.grid
         if dims:                      # the fused CG's dimensions form, entries per group
             out.append("fused_dims")
+            # its slices per work-item and work-items per entry's sum, where the space has them
+            out += [k for k in ("dims_q", "dims_p") if k in self.grid]
         if local or gemm or dims:
             out.append("nnz_batch")
         if gemm:
@@ -211,6 +234,9 @@ class Space:
     def _make(self, flags, vals):
         reg, local, vec, tile, gemm, syrk, mma = flags
         kw = dict(vals)
+        if not kw.get("fused_dims"):  # (the dimensions form's geometry with it only)
+            kw.pop("dims_q", None)
+            kw.pop("dims_p", None)
         if (self.grid.get("square_tiles") or gemm) and "bx" in kw:
             kw["by"] = kw["bx"]
         return KernelConfig(reg=reg, local=local, vec=vec, tile=tile, gemm=gemm, syrk=syrk,
@@ -413,6 +439,7 @@ def make_space(name, f, info, storage="float32", solvers=None, mode="explicit"):
             grid["split"] = list(SPLIT_GRID)
             grid["nnz_batch"] = [2, 4] + grid["nnz_batch"]        # the fused CG's groups
             grid["solve_wg"] = _pow2s(1, min(maxwg, 256))          # (its form takes > f)
+            grid.update(_dims_grid(f))
         return Space("full", f, flags, grid, storage, mode)
     raise ValueError(f"unknown space {name!r}; choose from {SPACES}")
 
@@ -441,7 +468,7 @@ def _default_space(f, info, storage="float32", mode="explicit"):
     ts = sorted(set(_pow2s(1, min(16, cap))) | {t for t in extra if 2 < t <= min(32, cap)})
     edges = [e for e in (8, 16, 32) + ((64,) if gpu else ()) if e < f] or [f]
     # on GPUs also 128 work-items, and more than f: the fused CG's dimensions form takes them
-    wgs = (0, 8, 32, 64, 128) if gpu else (0, 1, 2, 16)
+    wgs = (0, 8, 32, 64, 128, 256) if gpu else (0, 1, 2, 16)
     # bx: tile edges; on GPUs also 0 (gemm over the whole f) and the syrk micro-tiles 4 and 8
     grid = dict(tx=ts, ty=ts, nnz_batch=[4, 8, 16, 32, 64] if gpu else [16, 32, 64],
                 bx=sorted(set(edges) | ({0, 4, 8} if gpu else set())), by=edges, square_tiles=True,
@@ -454,7 +481,15 @@ def _default_space(f, info, storage="float32", mode="explicit"):
     if gpu:
         grid["split"] = list(SPLIT_GRID)
         grid["fused_dims"] = [False, True]
+        grid.update(_dims_grid(f))
     return Space("default", f, flags, grid, storage, mode)
+
+
+def _dims_grid(f):
+    """The fused CG dimensions form's geometry on GPUs: one work-item per entry's sum of parts
+    or as many as fit (``dims_p``); from f = 64 (16 float4 slices) also 2 or 4 slices per
+    work-item (``dims_q``: fewer work-items per entry, more entries at once)."""
+    return dict(dims_p=[1, 0], dims_q=[1, 2, 4] if f >= 64 else [1])
 
 
 SPACES = ("default", "bounded", "full")

@@ -49,7 +49,7 @@ STORAGES = ("float32", "float16")
 PRECISIONS = ("fp32", "tf32")
 _NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?(\+gemm)?(\+syrk)?(\+mma)?$")
 _INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec",
-               "cg_steps", "batch_rows", "split")
+               "cg_steps", "batch_rows", "split", "dims_q", "dims_p")
 _BOOL_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "mma", "triangle", "fused_solve",
                 "fused_dims")
 # hard bounds of every integer field, checked whenever a configuration is made (the bounds that
@@ -63,7 +63,7 @@ INT_RANGES = {"vec": (0, 16), "tx": (1, 1 << 14), "ty": (1, 1 << 14), "tz": (1, 
               "bx": (0, 1 << 16), "by": (0, 1 << 16), "ks": (1, 1 << 10),
               "nnz_batch": (1, 1 << 20), "solve_wg": (0, 1 << 14), "solve_vec": (0, 16),
               "cg_steps": (1, MAX_CG_STEPS), "batch_rows": (0, (1 << 31) - 1),
-              "split": (0, SPLIT_NEVER)}
+              "split": (0, SPLIT_NEVER), "dims_q": (1, 16), "dims_p": (0, 1 << 14)}
 _DIGITS = re.compile(r"^[0-9]{1,12}$")      # ASCII digits only (int() takes "1_0", "１", " +3")
 _TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
 
@@ -117,6 +117,13 @@ class KernelConfig:
         entry's factor row into float4 slices and the row's entries into groups, so each CG step
         gathers a row once, coalesced, and the right-hand side is formed in the first pass (S2
         is not launched); ``nnz_batch`` entries per group are held in registers per chunk
+    dims_q : ``fused_dims`` only: float4 slices of every vector per work-item, at least (more
+        where ``solve_wg`` work-items with this many do not cover f; at most f/4 rounded up), so
+        ``f/4/dims_q`` work-items share an entry and the work-group holds more entry groups;
+        1 = as few as cover f (the original geometry)
+    dims_p : ``fused_dims`` only: work-items that sum one entry's parts of ``y·v`` (each a
+        share, the shares added where the weights are applied); 1 = one work-item per entry
+        (the original form), 0 = as many as the work-group holds (at most the parts per entry)
 
     Examples
     --------
@@ -149,6 +156,8 @@ class KernelConfig:
     split: int = 0
     fused_solve: bool = False
     fused_dims: bool = False
+    dims_q: int = 1
+    dims_p: int = 1
 
     def __post_init__(self):
         # a configuration may come from an untrusted tuning record or a --variant string: every
@@ -221,6 +230,9 @@ class KernelConfig:
         if self.dims and self.vec != 4:
             raise InvalidConfigError("fused_dims (the fused CG in float4 slices of the factor "
                                      "rows) takes +vec4 (rows padded to whole float4s)", "vec")
+        if (self.dims_q != 1 or self.dims_p != 1) and not self.fused_dims:
+            raise InvalidConfigError("dims_q and dims_p (slices per work-item, work-items per "
+                                     "entry's sum) are parameters of fused_dims", "fused_dims")
         if not self.syrk and not self.mma and self.ks != 1:
             raise InvalidConfigError("ks (split-K slices) is a syrk or mma parameter", "ks")
         if self.solve_wg and not _pow2(self.solve_wg):
@@ -366,12 +378,18 @@ class KernelConfig:
     def fcg_geometry(self, f):
         """The fused CG dimensions form's geometry at ``f`` unknowns: float4 slices ``f4``,
         ``q`` per work-item, ``d`` work-items per entry, ``e`` entry groups, ``nb`` entries per
-        group and chunk (``fused_dims`` only)."""
+        group and chunk, ``p`` work-items per entry's sum of parts, ``t`` sums per work-item,
+        ``tree`` the strides of the groups' sums (``fused_dims`` only)."""
         swg = self.swg(f)
         f4 = -(-f // 4)
-        q = -(-f4 // swg)
+        q = min(f4, max(self.dims_q, -(-f4 // swg)))
         d = -(-f4 // q)
-        return dict(fd_f4=f4, fd_q=q, fd_d=d, fd_e=swg // d, fd_nb=self.nnz_batch)
+        e = swg // d
+        ch = e * self.nnz_batch
+        p = self.dims_p or max(1, min(swg // ch, d))
+        levels = (e - 1).bit_length()              # the groups' sums: a tree over 2^levels ≥ e
+        return dict(fd_f4=f4, fd_q=q, fd_d=d, fd_e=e, fd_nb=self.nnz_batch, fd_p=p,
+                    fd_t=-(-ch * p // swg), fd_tree=[1 << (levels - i) for i in range(1, levels + 1)])
 
     def tile_edges(self, f):
         """(bx, by) of the S1 output block one work-group computes."""
@@ -543,6 +561,10 @@ def representative_variants(f=None):
         "batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=8,nnz_batch=3,batch_rows=7",
         "batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=2,nnz_batch=2,storage=float16",
         "batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=32,nnz_batch=4,cg_steps=2",
+        # ... with more slices per work-item than needed (so more entry groups), and the sums of
+        # an entry's parts spread over several work-items (as many as fit / exactly 3)
+        "batch+vec4:solver=fusedcg,fused_dims=1,dims_q=2,dims_p=0,solve_wg=16,nnz_batch=1",
+        "batch+vec4:solver=fusedcg,fused_dims=1,dims_p=3,solve_wg=16,nnz_batch=3,batch_rows=7",
         # tensor cores (NVIDIA; elsewhere its emulation, CLMF_MMA_EMULATION=1)
         "batch+vec4+mma:tx=2,ks=2,nnz_batch=16,batch_rows=7",
         "batch+vec4+mma:tx=3,nnz_batch=8,solver=cg,fused_solve=1",

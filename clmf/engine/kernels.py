@@ -128,6 +128,7 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
     )
     v.update(config.s1_geometry(f))
     v.update(config.fcg_geometry(f))
+    v["fd_gsum_tree"] = gsum_tree_ok(device_info)
     v["bx"], v["by"] = bx, by
     v["s2_wg"] = max(1, min(v["s2_wg"], device_info.max_work_group_size if device_info else 256))
     if config.swg(f) == 1:
@@ -309,22 +310,54 @@ def validate(config: KernelConfig, f: int, device_info):
     return True
 
 
+def gsum_tree_ok(device_info):
+    """Whether the fused CG dimensions form sums its entry groups' partial vectors by a tree
+    (``solve_fcgdims.cl.j2``'s ``pcl_gsum``): everywhere but PoCL, whose 3.1 computed wrong sums
+    with it (clean on Oclgrind, right on Intel's runtime); PoCL has every work-item add all the
+    groups' sums, the original form."""
+    from .device import platform_short
+    return device_info is None or platform_short(device_info.platform) != "pocl"
+
+
 def fcg_dims_local_bytes(config, f):
     """Local memory of the fused CG's dimensions form (``s3_fcg``), by formula (bytes)."""
     g = config.fcg_geometry(f)
     ch = g["fd_e"] * g["fd_nb"]
-    return 4 * (ch * (g["fd_d"] | 1) + ch + 4 * g["fd_e"] * g["fd_d"] * g["fd_q"] + g["fd_d"]
-                + 4 * g["fd_f4"] + 1)
+    return 4 * (ch * (g["fd_d"] | 1) + ch * g["fd_p"] + 4 * g["fd_e"] * g["fd_d"] * g["fd_q"]
+                + g["fd_d"] + 4 * g["fd_f4"] + 1)
+
+
+def fcg_dims_registers(config, f):
+    """Registers one work-item of the fused CG's dimensions form keeps, by estimate: the
+    gathered rows (``q·nb`` float4s), six vectors of ``q`` float4s (x, r, p, A·p, the
+    accumulators and the applied vector's result), the next chunk's ``nb`` column indices and a
+    fixed 24 for offsets and scalars."""
+    g = config.fcg_geometry(f)
+    return 4 * g["fd_q"] * (g["fd_nb"] + 6) + g["fd_nb"] + 24
+
+
+# the most registers a GPU work-item holds (NVIDIA: 255) and a GPU compute unit's register file
+# (NVIDIA since Kepler, AMD's per-SIMD VGPRs for a work-group): bounds of the estimate above
+GPU_MAX_REGISTERS = 255
+GPU_REGISTER_FILE = 65536
 
 
 def _validate_fcg_dims(config, f, device_info):
-    """The fused CG dimensions form's constraints: gathered rows held in registers, local
-    memory, the work-group size (raise InvalidConfigError)."""
+    """The fused CG dimensions form's constraints: gathered rows held in registers, registers
+    (GPUs), local memory, the work-group size (raise InvalidConfigError)."""
     g = config.fcg_geometry(f)
     if g["fd_q"] * g["fd_nb"] > 16:
         raise InvalidConfigError(f"fused_dims would hold {g['fd_q'] * g['fd_nb']} float4s of "
                                  f"gathered rows per work-item ({g['fd_q']} slices × nnz_batch "
                                  f"{g['fd_nb']}); at most 16", "geometry")
+    if getattr(device_info, "type", "GPU") != "CPU":
+        regs, swg = fcg_dims_registers(config, f), config.swg(f)
+        if regs > GPU_MAX_REGISTERS or regs * swg > GPU_REGISTER_FILE:
+            raise InvalidConfigError(f"fused_dims would keep about {regs} registers per "
+                                     f"work-item ({g['fd_q']} slices, nnz_batch {g['fd_nb']}), "
+                                     f"{regs * swg} for {swg} work-items: more than a GPU's "
+                                     f"{GPU_MAX_REGISTERS} per work-item or {GPU_REGISTER_FILE} "
+                                     "per compute unit (it would spill)", "registers")
     lm = fcg_dims_local_bytes(config, f)
     have = device_info.local_mem if device_info is not None else 32 * 1024
     if lm > have:
