@@ -378,7 +378,7 @@ class DeviceTopK:
         device runs at once (:meth:`_splits`'s target × ``tm`` queries; the nearest count of
         waves, at least one), so no launch but the last leaves the device part empty. On an
         H100, 65,536 queries are 512 groups of the 528 it holds: 1M queries took 16 launches of
-        a wave's time each, against 15 in whole waves (10.09 vs 9.46 s expected)."""
+        a wave's time each, against 15 in whole waves (10.09 vs 9.86 s measured)."""
         wave = self._target_groups() * cfg.tm
         if cap >= nq or wave >= nq:
             return nq
@@ -508,14 +508,14 @@ class DeviceTopK:
         cfg = _shrink_to_fit(self.config, self.f, k, self.info)
         prog = _program(self.ctx, self.device, cfg, self.ldf, k)
         scan, merge = prog.kernels["topk_scan"], prog.kernels["topk_merge"]
-        if batch_rows is None and max_batch is not None:
-            batch_rows = self._wave_rows(max_batch, nq, cfg)
-        S, jper = self._splits(nq if batch_rows is None else min(nq, batch_rows), C, cfg)
+        cap = (self._wave_rows(max_batch, nq, cfg)
+               if not batch_rows and max_batch is not None else None)
+        S, jper = self._splits(min(nq, batch_rows or cap or nq), C, cfg)
         avg = excl.nnz / max(1, nq) if excl is not None else 0.0
-        planned = self.plan(nq, k, S, 0.0 if resident else avg,
-                            queries_on_device=rows is not None, in_flight=2)
-        B = min(batch_rows, planned) if batch_rows and max_batch is not None else (
-            batch_rows or planned)
+        B = batch_rows or self.plan(nq, k, S, 0.0 if resident else avg,
+                                    queries_on_device=rows is not None, in_flight=2)
+        if cap is not None:          # the default's whole waves, within the memory plan
+            B = min(B, cap)
         B = max(1, min(B, nq))
         if B < nq:          # whole work-groups per batch
             B = max(cfg.tm, B // cfg.tm * cfg.tm)
