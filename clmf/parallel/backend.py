@@ -347,7 +347,7 @@ class MultiEngine:
         # with profiling, each kernel stage's seconds on the device where it took longest
         stages = {}
         for w in self.workers:
-            for key, v in (getattr(w, "stage_times", None) or {}).items():
+            for key, v in w.stage_times.items():
                 stages[key] = max(stages.get(key, 0.0), v / it)
         if any(stages.values()):
             out["stages"] = stages

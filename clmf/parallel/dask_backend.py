@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 import uuid
 
@@ -308,7 +307,8 @@ class DaskEngine:
         exchanged through their boards while the kernels run, :mod:`clmf.parallel.shared_blocks`):
         one worker, or workers of one host with both factors replicated, and
         ``CLMF_DASK_WORKER_LOOP`` not "0"; else tasks per half-step (Dask orders them)."""
-        if os.environ.get(ENV_LOOP, "1").strip().lower() in ("0", "false", "no", "off"):
+        from .shared_blocks import switched_off
+        if switched_off(ENV_LOOP):
             return False
         if self.n == 1:
             return True

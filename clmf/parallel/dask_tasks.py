@@ -366,7 +366,7 @@ def board_connect(fit_id, abort, *handles):
     bounds = {s: st["plan"][s].bounds for s in SIDES}
     w = st["worker"]
     pin = os.environ.get(ENV_STAGING, "auto").strip().lower()
-    staged = w.pinned if pin == "auto" else pin not in ("0", "false", "no", "off")
+    staged = w.pinned if pin == "auto" else pin not in shm.OFF_WORDS
     st["board"] = shm.Board(st["attached"], st["d"], handles, bounds, abort=_event_check(abort),
                             staging=w.pinned_array if staged else None)
     return staged

@@ -40,17 +40,26 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 __all__ = ["SharedBlock", "Segments", "Attached", "enabled", "probe_create", "probe_check",
-           "resolve", "unlink_fit", "Board", "BoardExchange", "BlockHost", "board_create",
-           "PeerLostError"]
+           "resolve", "unlink_fit", "switched_off", "OFF_WORDS", "Board", "BoardExchange",
+           "BlockHost", "board_create", "PeerLostError"]
 
 SHM_DIR = "/dev/shm"
 ENV = "CLMF_DASK_SHARED_MEMORY"
 
 
+OFF_WORDS = ("0", "false", "no", "off")     # what turns one of the Dask switches off
+
+
+def switched_off(name):
+    """Whether the environment variable ``name`` says "0", "false", "no" or "off" (unset:
+    no)."""
+    return os.environ.get(name, "").strip().lower() in OFF_WORDS
+
+
 def enabled():
     """Whether the shared-memory transport may be tried (``CLMF_DASK_SHARED_MEMORY`` not "0",
     and a POSIX shared-memory directory present)."""
-    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if switched_off(ENV):
         return False
     return os.path.isdir(SHM_DIR)
 
@@ -436,16 +445,21 @@ class Board:
             out.append((e, r0, r1))
         return out, count, done
 
+    def check_failed(self):
+        """Raise :class:`PeerLostError` when a peer flagged its half-step failed (cheap: read
+        at every poll)."""
+        for e in range(self.n):
+            if e != self.d and self.controls[e][_FAILED]:
+                raise PeerLostError(f"worker {e} of the fit failed its half-step")
+
     def check_peers(self):
         """Raise :class:`PeerLostError` when a peer failed or its process is gone, or the fit
         was called off."""
+        self.check_failed()
         for e in range(self.n):
             if e == self.d:
                 continue
-            ctl = self.controls[e]
-            if ctl[_FAILED]:
-                raise PeerLostError(f"worker {e} of the fit failed its half-step")
-            pid = int(ctl[_PID])
+            pid = int(self.controls[e][_PID])
             if pid != os.getpid():
                 try:
                     os.kill(pid, 0)
@@ -508,9 +522,7 @@ class BoardExchange:
         t_check = t_news
         limit = exchange_timeout()
         while True:
-            for e in self.seen:
-                if self.board.controls[e][_FAILED]:
-                    raise PeerLostError(f"worker {e} of the fit failed its half-step")
+            self.board.check_failed()
             new = []
             for e in self.seen:
                 if e in self.done:
