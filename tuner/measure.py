@@ -22,11 +22,10 @@ explicit with user/item biases, f + 1 unknowns per system):
    times is kept with the raw times and the per-stage (S1, S2, S3) medians. The sampled times are
    scaled to the whole side (S1/S2 by nnz, S3 by rows; the fused CG's S3 by nnz), and the
    objective is the estimated time of a whole ALS iteration (both half-steps). In implicit mode
-   each half-step also builds the Gram matrix of the other side (S1 over its rows in ≤ 64 partial
-   sums, then ``sum_partials``); the engine does not profile those launches, so the measurer
+   each half-step also builds the Gram matrix of the other side (``gr_partial`` over chunks of
+   its rows, then ``gr_sum``); the engine does not profile those launches, so the measurer
    records the engine's launches (through its own view of the program) and adds the Gram's
-   device time unscaled (stage ``gram``: the other side is never sampled; with a sample of
-   fewer than 64 rows the engine splits it into fewer partial sums than for the whole data).
+   device time unscaled (stage ``gram``: the other side is never sampled).
 
 The sample (:func:`calibrate_samples`) holds enough rows to keep every compute unit busy
 (:func:`sample_min_rows`) and is *checked* (:func:`check_samples`): one reference configuration is
@@ -201,9 +200,8 @@ class _RecordingProgram:
 
 def _gram_seconds(launches):
     """Device seconds of an implicit half-step's Gram matrix: its launches up to the last
-    ``sum_partials`` (the partial S1 sums over the other side, then their sum), which precede
-    every batch."""
-    last = max((i for i, (name, _e) in enumerate(launches) if name == "sum_partials"), default=-1)
+    ``gr_sum`` (the chunks' partial tiles, then their sum), which precede every batch."""
+    last = max((i for i, (name, _e) in enumerate(launches) if name == "gr_sum"), default=-1)
     t = 0.0
     for _name, ev in launches[:last + 1]:
         ev.wait()

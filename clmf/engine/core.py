@@ -39,7 +39,7 @@ from .blocks import SIDES, Batch, Publisher, Share, SideData, fill, other_side
 from .device import device_info, get_context, thread_safe
 from .factors import half_rows, host_factor_rows, padded_base, padded_factors, unpadded_factors
 from .launch import launch_batch, launch_gram, launch_solve, launch_split_batch, split_rows, warm
-from .memory import SplitPlan, choose_batch_rows, plan_device, plan_fit, plan_split
+from .memory import SplitPlan, choose_batch_rows, gram_geometry, plan_device, plan_fit, plan_split
 from .transpose import device_transpose
 
 log = logging.getLogger(__name__)
@@ -335,19 +335,11 @@ class Engine:
                      B=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * bs),
                      G=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * fs))
             if self.implicit:
-                # the other side's rows as K virtual rows: S1 with unit weights gives K partial
-                # Gram matrices, summed into G = (other)ᵀ(other) once per half-step
+                # G = (other)ᵀ(other) once per half-step: the Gram kernels' partial tiles
                 lo, hi = self.frange[other_side(s)]
-                n_other = hi - lo
-                k = int(max(1, min(64, bs, n_other)))
-                gptr = np.linspace(0, n_other, k + 1).astype(np.int64)
-                b.update(gram_k=k,
-                         g_indptr=cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
-                                            hostbuf=gptr),
-                         g_indices=cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
-                                             hostbuf=np.arange(max(1, n_other), dtype=np.int32)),
-                         g_data=cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
-                                          hostbuf=np.ones(max(1, n_other), np.float32)))
+                geo = gram_geometry(fs, hi - lo, self.info.max_work_group_size)
+                b.update(gram_geo=geo, gram_rows=hi - lo,
+                         GP=cl.Buffer(self.ctx, mf.READ_WRITE, size=geo.partial_bytes))
             if f"scratch2_{s}" in self.dplan.bytes:      # the reduce mode's second pair
                 b.update(A2=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * fs * bs),
                          B2=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * bs))
@@ -611,8 +603,8 @@ class Engine:
         if self.profile:
             q.finish()
             t = time.perf_counter()
-        launch_gram(kern, q, cfg, self.fs, b["gram_k"], b["g_indptr"], b["g_indices"],
-                    b["g_data"], self.factors[other_side(side)], b["A"], b["B"], b["G"])
+        launch_gram(kern, q, b["gram_geo"], self.fs, b["gram_rows"],
+                    self.factors[other_side(side)], b["GP"], b["G"])
         if self.profile:
             q.finish()
             self.stage_times["gram"] = (self.stage_times.get("gram", 0.0)

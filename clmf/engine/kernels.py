@@ -21,6 +21,7 @@ import jinja2
 from ..errors import InvalidConfigError
 from ..tuning.spec import system_row_width
 from .config import KernelConfig
+from .memory import gram_geometry
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,8 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
     v.update(config.s1_geometry(f))
     v.update(config.fcg_geometry(f))
     v["fd_gsum_tree"] = gsum_tree_ok(device_info)
+    geo = gram_geometry(f, 1, device_info.max_work_group_size if device_info else 256)
+    v["gram_lg"], v["gram_r"] = geo.lg, geo.r
     v["bx"], v["by"] = bx, by
     v["s2_wg"] = max(1, min(v["s2_wg"], device_info.max_work_group_size if device_info else 256))
     if config.swg(f) == 1:

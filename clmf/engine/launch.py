@@ -7,21 +7,21 @@ from __future__ import annotations
 import numpy as np
 
 from .kernels import als_variables, reduce_launch, reduce_program
-from .memory import packed_width, split_pays
+from .memory import gram_geometry, packed_width, split_pays
 
 __all__ = ["launch_gram", "launch_batch", "split_rows", "launch_split_batch", "launch_solve",
            "warm"]
 
 _INT32_MAX = (1 << 31) - 1
 
-def launch_gram(kern, q, cfg, fs, k, g_indptr, g_indices, g_data, Yother, A, B, G):
-    """Enqueue G = Σ y yᵀ over the other side's rows (``k`` virtual rows of partial Grams summed
-    by ``sum_partials``; implicit feedback)."""
-    s1_local = cfg.s1_local_size(fs)
-    kern["s1_hermitian"](q, (cfg.s1_groups(fs, k) * s1_local,), (s1_local,), g_indptr, g_indices,
-                         Yother, A, np.int32(0), np.int32(k), np.float32(0.0), np.int32(0), g_data,
-                         np.float32(1.0), G, np.int32(0), B, np.int32(0), np.float32(0.0))
-    return kern["sum_partials"](q, (-(-fs * fs // 64) * 64,), (64,), A, np.int32(k), G)
+def launch_gram(kern, q, geo, fs, rows, Yother, P, G, wait_for=None):
+    """Enqueue G = Σ y yᵀ over the first ``rows`` rows of ``Yother`` (implicit feedback): the
+    partial tiles of :class:`~clmf.engine.memory.GramGeometry` ``geo``'s chunks into ``P``,
+    then their sum (``gr_sum``, whose event is returned)."""
+    kern["gr_partial"](q, (geo.chunks * geo.pairs * geo.lg * geo.lg,), (geo.lg * geo.lg,),
+                       Yother, np.int64(rows), np.int64(geo.rows_per_chunk), P,
+                       wait_for=wait_for)
+    return kern["gr_sum"](q, (-(-fs * fs // 64) * 64,), (64,), P, np.int32(geo.chunks), G)
 
 
 def launch_batch(kern, q, cfg, v, fs, indptr, indices, data, Yother, A, B, G, Xout, status, row0,
@@ -194,7 +194,8 @@ def warm(eng, programs):
         kern, cfg = programs[s].kernels, eng.configs[s]
         v = als_variables(cfg, fs, eng.info, eng.implicit, eng.biased, ldf=eng.ldf)
         if eng.implicit:
-            launch_gram(kern, q, cfg, fs, 1, ip, idx, val, Y, A, B, G)
+            geo = gram_geometry(fs, 1, eng.info.max_work_group_size)
+            launch_gram(kern, q, geo, fs, 1, Y, zeros(geo.partial_bytes), G)
         launch_batch(kern, q, cfg, v, fs, ip, idx, val, Y, A, B, G, X, st, 0, 1, 0, 1.0,
                      True, eng.implicit, eng.alpha, eng.offset)
         if eng.splits[s].active:

@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 __all__ = ["MemoryPlan", "SplitPlan", "plan_fit", "plan_split", "split_threshold",
            "choose_batch_rows", "available_host_memory", "DEVICE_FRACTION", "HOST_FRACTION",
            "SCRATCH_BUDGET", "MAX_BATCH_ROWS", "SPLIT_FLOOR", "SPLIT_WAVES",
-           "SPLIT_COMBINE_ENTRIES", "split_pays", "side_buffers", "DevicePlan", "SideMemory",
+           "SPLIT_COMBINE_ENTRIES", "split_pays", "side_buffers", "gram_geometry", "GramGeometry",
+           "DevicePlan", "SideMemory",
            "plan_device", "device_budget", "scratch_rows", "chunk_rows", "MAX_CHUNK_ROWS",
            "packed_width", "PACKED_BATCH_BYTES"]
 
@@ -233,16 +234,56 @@ def plan_split(config, f, rows, nnz, max_row, info):
 
 
 
+# the implicit Gram G = YᵀY (cl_kernels/gram.cl.j2): a tiled product of the fixed factor with
+# itself, the rows cut into at most GRAM_CHUNKS chunks whose partial tiles are summed after.
+# 256 chunks of the lower triangle's tiles fill an H100 (132 SMs) at every f; a chunk is never
+# shorter than GRAM_MIN_ROWS rows (small sides: fewer chunks, less to sum)
+GRAM_CHUNKS = 256
+GRAM_MIN_ROWS = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class GramGeometry:
+    """The Gram kernels' geometry: ``lg`` × ``lg`` work-items each summing ``r`` × ``r``
+    entries of a ``tile`` × ``tile`` tile (``tile = lg·r``), ``pairs`` tiles of the lower
+    triangle, ``chunks`` chunks of ``rows_per_chunk`` rows, one work-group per (chunk, tile)."""
+
+    lg: int
+    r: int
+    tile: int
+    pairs: int
+    chunks: int
+    rows_per_chunk: int
+
+    @property
+    def partial_bytes(self):
+        """Bytes of the chunks' partial tiles."""
+        return 4 * self.chunks * self.pairs * self.tile * self.tile
+
+
+def gram_geometry(fs, rows, max_work_group=256):
+    """The :class:`GramGeometry` of a Gram over ``rows`` rows of ``fs`` unknowns on a device
+    whose work-groups hold at most ``max_work_group`` work-items (16 × 16 where allowed)."""
+    lg = 16 if max_work_group >= 256 else 8 if max_work_group >= 64 else 4
+    r = max(1, min(4, -(-int(fs) // lg)))
+    tile = lg * r
+    nt = -(-int(fs) // tile)
+    rows = max(1, int(rows))
+    chunks = max(1, min(GRAM_CHUNKS, rows // GRAM_MIN_ROWS))
+    per = -(-rows // chunks)
+    return GramGeometry(lg, r, tile, nt * (nt + 1) // 2, -(-rows // per), per)
+
+
 def side_buffers(side, fs, batch, rows, gram_rows=None, split=None):
     """Bytes of a solved side's device buffers beside its ratings and factors (the one count
     both plans use): the batch scratch ``A``/``B``, ``G``, with ``gram_rows`` (implicit: rows
-    of the fixed factor) the Gram's virtual rows' CSR, with an active ``split`` the pieces'
-    partial ``A``/``B``, their row pointers and the ``rows`` + 1 rows' first pieces."""
+    of the fixed factor) the Gram's partial tiles (16 × 16 work-groups: the largest), with an
+    active ``split`` the pieces' partial ``A``/``B``, their row pointers and the ``rows`` + 1
+    rows' first pieces."""
     out = {f"scratch_{side}": 4 * fs * fs * batch + 4 * fs * batch,          # A and B
            f"gram_{side}": 4 * fs * fs}                                      # G
     if gram_rows is not None:
-        k = int(max(1, min(64, batch, gram_rows)))
-        out[f"implicit_{side}"] = 8 * (k + 1) + 8 * int(gram_rows)          # virtual rows' CSR
+        out[f"implicit_{side}"] = gram_geometry(fs, gram_rows).partial_bytes
     if split is not None and split.active:
         out[f"split_{side}"] = (4 * (fs * fs + fs) * split.virtual_rows
                                 + 8 * (split.pieces_bound + 1) + 8 * (int(rows) + 1))

@@ -65,8 +65,8 @@ def partials(eng, side, host_A, host_B, host_G):
     q, out, fs = eng.queue, eng.q["out"], eng.fs
     events, stream_events, copied = [], [], [None, None]   # each pair's last copy
     if eng.implicit:
-        e = launch_gram(kern, q, cfg, fs, b["gram_k"], b["g_indptr"], b["g_indices"],
-                        b["g_data"], eng.factors[other], b["A"], b["B"], b["G"])
+        e = launch_gram(kern, q, b["gram_geo"], fs, b["gram_rows"], eng.factors[other],
+                        b["GP"], b["G"])
         events.append((e, None, None, None))
         eng.keep(cl.enqueue_copy(out, host_G, b["G"], is_blocking=False, wait_for=[e]))
     for k, batch in enumerate(eng._batches(side, stream_events)):
@@ -199,8 +199,8 @@ class _Pipeline:
         cfg, v = eng.configs[self.side], eng.vars[self.side]
         Y = eng.factors[other_side(self.side)]
         if eng.implicit:
-            e = launch_gram(self.kern, q, cfg, fs, b["gram_k"], b["g_indptr"], b["g_indices"],
-                            b["g_data"], Y, b["A"], b["B"], b["G"])
+            e = launch_gram(self.kern, q, b["gram_geo"], fs, b["gram_rows"], Y, b["GP"],
+                            b["G"])
             self.events.append((e, None, None, None))
             ev = eng.keep(cl.enqueue_copy(out, port.gram, b["G"], is_blocking=False,
                                           wait_for=[e]))
