@@ -422,6 +422,9 @@ def als_program(context, device, config: KernelConfig, f: int, device_info, impl
              "s2_rhs": av["s2_wg"], "s1_combine": av["comb_wg"]}
     if config.fused_solve:
         needs["s1s3_mma"] = config.s1_local_size(f)
+    if implicit:
+        geo = gram_geometry(f, 1, device_info.max_work_group_size)
+        needs["gr_partial"] = geo.lg * geo.lg
     missing = sorted(set(needs) - set(prog.kernels))
     if missing:
         raise InvalidConfigError(f"the program built for {config} has no kernel(s) "
