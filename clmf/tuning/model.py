@@ -14,8 +14,10 @@ over the groups near the case in feature space, where
   average; another mode or side adds a fixed amount (implicit feedback's Gram term and weights
   change more than biases do), and so does a run's age (kernels change between tuning
   campaigns);
-* a fused CG measured without implicit feedback says nothing of its time with it (its S1
-  flags, unused there, build the Gram matrix in implicit feedback): such evidence is left out;
+* every mode's groups inform every other mode's case, farther away (above): implicit feedback
+  adds the Gram YᵀY to every configuration alike (its own kernels, ``cl_kernels/gram.cl.j2``,
+  since stop 39; before, the configuration's S1 flags built it, and a fused CG's explicit time
+  was left out of implicit predictions);
 * a group reports only its :data:`TOP_K` fastest configurations, and a configuration it does
   not report is *unknown* there, not slow (runs measured different configurations: a budgeted
   search samples, and kernels added later were never measured by older runs): the mean is over
@@ -247,14 +249,6 @@ def _stamp(date):
         return None
 
 
-def _gram_unmeasured(c, measured_mode, mode):
-    """Whether a group of ``measured_mode`` says nothing of ``c``'s time in ``mode``: a fused CG
-    measured without implicit feedback ran no S1 at all (its S1 flags are canonical filler
-    there), but in implicit feedback those flags build the Gram YᵀY every half-step (a filler
-    of one work-item per f × f partial is slow at large f)."""
-    return c.solver == "fusedcg" and mode == "implicit" and measured_mode != "implicit"
-
-
 def weight(d2):
     """A group's weight at squared distance ``d2``: ``e^-d2`` (narrow: many far groups must not
     outvote one near group)."""
@@ -289,7 +283,7 @@ def rank(groups, f, mode, side, feats, storage="float32"):
     for k, (c, where) in cands.items():
         num, sup = w0 * PRIOR, 0.0
         for d2, g in near:
-            if k in g.rel and not _gram_unmeasured(c, g.mode, mode):
+            if k in g.rel:
                 w = weight(d2)
                 num += w * math.log(g.rel[k])
                 sup += w
