@@ -101,7 +101,9 @@ def parse(argv=None):
                    help="users with one held-out positive each (precision@10)")
     p.add_argument("--tune-budget", type=float, default=30.0, help="seconds per tuning run")
     p.add_argument("--max-seconds", type=float, default=540.0)
-    p.add_argument("--phases", default="auto,peers,coverage")
+    p.add_argument("--phases", default="auto,peers,coverage",
+                   help="auto, peers, coverage (comma-separated), or report: only report.md "
+                        "from the files of --resume and --out, no device")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -376,6 +378,12 @@ def main(argv=None):
     a.factor_list = [int(x) for x in a.factors.split(",")]
     a.mode_list = [m for m in a.modes.split(",") if m]
     a.peer_list = [int(x) for x in a.peer_factors.split(",") if x]
+    if a.phases == "report":         # no device: the report of the files in --resume / --out
+        auto, peers, cov = rows_of(a, "auto.jsonl"), rows_of(a, "peers.jsonl"), \
+            rows_of(a, "coverage.jsonl")
+        src = pathlib.Path(a.resume or a.out) / "meta.json"
+        report(a, json.loads(src.read_text()), auto, peers, cov, True)
+        return 0
     db = tuning_db(a, work)
     os.environ["CLMF_TUNING_DB"] = str(db)
     dev = select_device(a.device)
