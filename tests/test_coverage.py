@@ -120,3 +120,29 @@ def test_gpu_implicit_script_tiny_on_a_cpu(tmp_path, monkeypatch):
     # no time left: nothing measured, the report says to run again
     assert gpu.main(["--out", str(tmp_path / "none"), "--max-seconds", "0", *common]) == 0
     assert "Incomplete" in (tmp_path / "none" / "report.md").read_text()
+
+
+def test_cell_runs_include_runs_without_best_records(monkeypatch):
+    """A run cut short left measurements of the cell but no best records: the selection model
+    reads them as the case itself, so the leave-one-out must leave them out too (stop 39's
+    implicit f = 256 cell was predicted from such a run, at d² = 0.20)."""
+    import dataclasses
+
+    import scipy.sparse as sp
+    from test_selection_model import run
+    from test_tuning_db import best_records, fake_info
+
+    from clmf.autotune import coverage as C
+    info = fake_info()
+    monkeypatch.setattr(C.Cell, "info", property(lambda self: info))
+    R = sp.random(2000, 1000, density=0.02, format="csr", random_state=0)
+    ds = {"m": 2000, "n": 1000, "nnz": int(R.nnz)}
+    cell = C.Cell(None, R, "x", 64, "implicit")
+    A, B = "batch+reg:tx=4,ty=4", "batch+reg+local:nnz_batch=16"
+    done = run(info, 64, {A: 1.0}, "done", mode="implicit", shape=(2000, 1000, R.nnz)) \
+        + best_records(info, 64, ds, A, A, "done", mode="implicit")
+    cut = run(info, 64, {B: 1.0}, "cut", mode="implicit", shape=(2000, 1000, R.nnz))
+    other = run(info, 64, {B: 1.0}, "explicit", shape=(2000, 1000, R.nnz))
+    far = run(info, 64, {B: 1.0}, "far", mode="implicit", shape=(20000, 1000, 10 * R.nnz))
+    assert dataclasses.is_dataclass(cell)
+    assert C.cell_runs(cell, [("db", "p", done + cut + other + far)]) == ["cut", "done"]

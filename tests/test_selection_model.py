@@ -93,6 +93,18 @@ def test_only_a_measurement_at_this_f_vouches_for_a_configuration():
     assert all(w == dev for _s, _k, _c, _sup, w in r)
 
 
+def test_explicit_measurements_at_f_do_not_vouch_in_biased_mode():
+    """Biases add an unknown: a syrk that built at explicit f = 128 needs 306 work-items in
+    biased mode there (the coverage run's leave-one-out chose it unprobed and it failed)."""
+    info = fake_info()
+    dev = tuning.device_record(info)
+    gs = groups(run(info, 128, {A: 1.0, B: 1.2}, "r128"), info)
+    r, _near = M.rank(gs, 128, "biased", "users", M.features(2000, 1000, 40000))
+    assert r and all(w is None for _s, _k, _c, _sup, w in r)
+    r, _near = M.rank(gs, 128, "explicit", "users", M.features(2000, 1000, 40000))
+    assert all(w == dev for _s, _k, _c, _sup, w in r)
+
+
 def test_far_groups_make_no_prediction():
     info = fake_info()
     gs = groups(run(info, 8, {A: 1.0}, "r8", shape=(200, 100, 4000)), info)

@@ -84,10 +84,11 @@ def fit_kwargs(mode, alpha=2.0):
 def cell_runs(cell, sources=None):
     """The run ids of every database's tuning runs of ``cell``: the runs the lookup's ``tuned``
     rung could answer it from (same device, f, storage and mode, data-set class within
-    :data:`clmf.tuning.CLASS_TOL`)."""
+    :data:`clmf.tuning.CLASS_TOL`), and the runs with measurements of the cell but no best
+    records (a run cut short), which the selection model would read as the case itself."""
     from clmf import tuning
     from clmf.tuning import lookup
-    from clmf.tuning.schema import same_device
+    from clmf.tuning.schema import record_mode, same_device
     dev = tuning.device_record(cell.info)
     R = cell.R
     ds = {"m": R.shape[0], "n": R.shape[1], "nnz": int(R.nnz)}
@@ -98,7 +99,23 @@ def cell_runs(cell, sources=None):
                     and same_device(c.device, dev)
                     and tuning.class_distance(c.dataset, ds) <= tuning.CLASS_TOL):
                 out.add(c.run_id)
+        for r in recs:
+            if (r.get("kind") == "measurement" and r.get("run_id") not in out
+                    and r.get("f") == cell.f and record_mode(r) == cell.mode
+                    and r.get("storage", "float32") == cell.storage
+                    and isinstance(r.get("dataset"), dict)
+                    and same_device(r.get("device") or {}, dev)
+                    and tuning.class_distance(_mnz(r["dataset"]), ds) <= tuning.CLASS_TOL):
+                out.add(r["run_id"])
     return sorted(out)
+
+
+def _mnz(d):
+    """A record's data set as ``{m, n, nnz}`` (None when it lacks them)."""
+    try:
+        return {"m": int(d["m"]), "n": int(d["n"]), "nnz": int(d["nnz"])}
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def choices(cell, exclude_runs=()):

@@ -259,10 +259,12 @@ def rank(groups, f, mode, side, feats, storage="float32"):
     """``[(score, key, KernelConfig, support, device)]`` of every configuration in the top-K of
     a group within :data:`MAX_D2` of the case, lowest predicted log relative time first
     (``support``: the summed weight of the groups that measured it among their fastest;
-    ``device``: the device key of the nearest group that measured it *at this f*, else None:
-    a configuration that ran at another f may not build at this one — a syrk's work-group
-    grows with f, e.g. 256 work-items at f = 100 but 306 at f = 128 where NVIDIA's compiled
-    hermitian kernel allows 256 — so the lookup probes it first), and the groups used as
+    ``device``: the device key of the nearest group that measured it *at this f* with as many
+    unknowns — biases add one — else None: a configuration that ran at another f may not
+    build at this one — a syrk's work-group grows with f, e.g. 256 work-items at f = 100 but
+    306 at f = 128 where NVIDIA's compiled hermitian kernel allows 256, and 306 again in
+    biased mode at f = 128 where explicit f = 128 built — so the lookup probes it first), and
+    the groups used as
     ``[(d², group)]`` nearest first."""
     near = []
     for g in groups:
@@ -276,7 +278,7 @@ def rank(groups, f, mode, side, feats, storage="float32"):
     for _d2, g in near:
         for k, c in g.configs.items():
             c0, where = cands.setdefault(k, (c, None))
-            if where is None and g.f == f:
+            if where is None and g.f == f and (g.mode == "biased") == (mode == "biased"):
                 cands[k] = (c0, g.device)
     w0 = PRIOR_SHARE * weight(near[0][0])
     out = []
