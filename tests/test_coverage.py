@@ -146,3 +146,39 @@ def test_cell_runs_include_runs_without_best_records(monkeypatch):
     far = run(info, 64, {B: 1.0}, "far", mode="implicit", shape=(20000, 1000, 10 * R.nnz))
     assert dataclasses.is_dataclass(cell)
     assert C.cell_runs(cell, [("db", "p", done + cut + other + far)]) == ["cut", "done"]
+
+
+def test_choices_reject_a_pick_the_device_refuses(monkeypatch):
+    """A pick that validates but whose built kernel the device refuses (stop 39: a syrk needing
+    306 work-items where NVIDIA's built kernel allows 256) is rejected and the lookup asked
+    again, as a fit does — the leave-one-out times what a user's fit would run."""
+    import scipy.sparse as sp
+    from test_tuning_db import fake_info
+
+    import clmf.tuning as tuning
+    from clmf.autotune import coverage as C
+    from clmf.engine.config import KernelConfig
+    from clmf.errors import InvalidConfigError
+    from clmf.tuning import fallback
+    from clmf.tuning.lookup import Choice
+    info = fake_info()
+    monkeypatch.setattr(C.Cell, "info", property(lambda self: info))
+    bad, good = KernelConfig.parse("batch+vec4+syrk:bx=8,ks=2"), KernelConfig.parse("batch")
+    f = 97                                           # (no other test rejects at this f)
+
+    def incumbent(info_, f_, stats, storage, solver, mode, exclude_runs=()):
+        cfg = good if fallback.rejection(info_, bad, f_, mode) else bad
+        return {s: Choice(cfg, "model", "planted") for s in ("users", "items")}
+
+    def build(cell, cfg):
+        if cfg == bad:
+            raise InvalidConfigError("kernel s1_hermitian allows work-groups of at most 256",
+                                     "kernel_work_group_size")
+    monkeypatch.setattr(tuning, "incumbent", incumbent)
+    monkeypatch.setattr(C, "_build", build)
+    cell = C.Cell(None, sp.random(50, 40, density=0.1, format="csr", random_state=0), "x", f,
+                  "biased")
+    with pytest.warns(fallback.TuningFallbackWarning):
+        picks = C.choices(cell)
+    assert {s: c.config for s, c in picks.items()} == {"users": good, "items": good}
+    assert fallback.rejection(info, bad, f, "biased") is not None

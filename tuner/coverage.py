@@ -27,6 +27,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import pathlib
 import statistics
 import time
@@ -93,13 +94,17 @@ def cell_runs(cell, sources=None):
     R = cell.R
     ds = {"m": R.shape[0], "n": R.shape[1], "nnz": int(R.nnz)}
     out = set()
-    for origin, _p, recs in (lookup.record_sources() if sources is None else sources):
+    from clmf.tuning.index import model_records
+    for origin, p, recs in (lookup.record_sources() if sources is None else sources):
         for c in lookup.record_cases(recs, origin):
             if (c.mode == cell.mode and c.f == cell.f and c.storage == cell.storage
                     and same_device(c.device, dev)
                     and tuning.class_distance(c.dataset, ds) <= tuning.CLASS_TOL):
                 out.add(c.run_id)
-        for r in recs:
+        # (the sources list best records; the model reads the measurements of the file)
+        measured = recs if not isinstance(p, (str, os.PathLike)) or not os.path.isfile(p) \
+            else (model_records(p) or [])
+        for r in measured:
             if (r.get("kind") == "measurement" and r.get("run_id") not in out
                     and r.get("f") == cell.f and record_mode(r) == cell.mode
                     and r.get("storage", "float32") == cell.storage
@@ -118,11 +123,47 @@ def _mnz(d):
         return None
 
 
-def choices(cell, exclude_runs=()):
-    """``{side: Choice}`` of ``variant="auto"`` for the cell, leaving out ``exclude_runs``."""
+def choices(cell, exclude_runs=(), tries=6):
+    """``{side: Choice}`` of ``variant="auto"`` for the cell, leaving out ``exclude_runs``, as a
+    fit would run it: a pick whose program the device refuses once built (a built kernel's
+    work-group limit below the configuration's, which validation before building cannot know)
+    is rejected and the lookup asked again (:class:`clmf.model.trainer` does the same)."""
     from clmf import tuning
-    return tuning.incumbent(cell.info, cell.f, cell.stats(), cell.storage, None, cell.mode,
-                            exclude_runs=exclude_runs)
+    from clmf.errors import InvalidConfigError
+    from clmf.tuning import fallback
+    info = cell.info
+    for _ in range(tries):
+        picks = tuning.incumbent(info, cell.f, cell.stats(), cell.storage, None, cell.mode,
+                                 exclude_runs=exclude_runs)
+        bad = None
+        for side, ch in picks.items():
+            try:
+                _build(cell, ch.config)
+            except InvalidConfigError as e:
+                bad = (ch, e)
+                break
+        if bad is None:
+            return picks
+        ch, e = bad
+        fallback.reject(info, ch.config, cell.f, cell.mode, f"the {ch.rule} rule", e)
+    return picks
+
+
+def _build(cell, cfg):
+    """Build ``cfg``'s ALS program for the cell on its device (the program cache keeps it for
+    the timed fits); raises InvalidConfigError where the device refuses it."""
+    import pyopencl as cl
+
+    from clmf.engine.kernels import als_program
+    from clmf.tuning.spec import kernel_factors
+    ctx = _contexts.get(id(cell.device))
+    if ctx is None:
+        ctx = _contexts[id(cell.device)] = cl.Context([cell.device])
+    als_program(ctx, cell.device, cfg, kernel_factors(cell.f, cell.mode), cell.info,
+                implicit=cell.mode == "implicit", biased=cell.mode == "biased")
+
+
+_contexts: dict = {}
 
 
 def tune_cell(cell, db, budget=60.0, state_dir=None, space="default", sample="auto", seed=0):
