@@ -92,7 +92,11 @@ def table(rec):
               "Dask set-up stages of the last round (client side, s):", ""]
     last = rec["rounds"][-1]["dask_stages"]
     flat = {k: v for k, v in last.items() if isinstance(v, (int, float))}
-    flat.update({f"engine.{k}": v for k, v in last.get("engine", {}).items()})
+    for group in ("prepare", "engine", "probe"):
+        flat.update({f"{group}.{k}": v for k, v in last.get(group, {}).items()
+                     if isinstance(v, (int, float))})
+    for d, times in last.get("probe", {}).items():
+        flat.update({f"probe (worker {d}).{k}": v for k, v in times.items()})
     lines += ["| stage | s |", "|---|---|"] + [f"| {k} | {v:.3f} |" for k, v in flat.items()]
     lines += ["", "Each worker's own stages in the last round (s):", ""]
     ws = last.get("workers", [])

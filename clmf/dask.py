@@ -266,6 +266,7 @@ class _DaskTrainer(Trainer):
                                 start=drawn)
         finally:
             data.release()
+        fit_times["prepare"] = dict(data.times)
         fit_times["set_up_s"] = time.perf_counter() - t_engine
         fit_times["engine"] = dict(engine.times)
         fit_times["probe"] = dict(engine.probe_times)

@@ -116,6 +116,7 @@ class DistRatings:
     minimum: float = np.inf
     maximum: float = -np.inf
     nnz: int = 0
+    times: dict = dataclasses.field(default_factory=dict)   # seconds of the stages
 
     def release(self):
         """Drop the futures (the cluster frees the partitions)."""
@@ -178,6 +179,18 @@ def _sorted_index(ids, what="ids"):
     return pd.Index(ids)
 
 
+def _encoder(index):
+    """The index that maps a column's raw ids to dense indices on the workers: a sorted run of
+    consecutive integers (ids that are dense indices already, or an offset of them) as a
+    :class:`pandas.RangeIndex`, whose lookup is a subtraction (no hash table to ship and probe);
+    any other ``index`` itself."""
+    import pandas as pd
+    if (len(index) and index.dtype.kind in "iu" and index.is_monotonic_increasing
+            and int(index[-1]) - int(index[0]) + 1 == len(index)):
+        return pd.RangeIndex(int(index[0]), int(index[-1]) + 1)
+    return index
+
+
 def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=None, shift=0.0):
     """Encode ratings on the cluster: distinct ids per partition reduced on the workers, sorted
     into the id maps (or the given ``maps`` of a fitted model: ids unknown to it become -1),
@@ -185,6 +198,7 @@ def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=No
     client. ``shift`` is added to the ratings on the workers (``total`` and ``minimum`` are of
     the ratings as given). Returns a :class:`DistRatings` (counts filled when ``maps`` is
     None)."""
+    laps = T.Laps()
     n_parts = n_parts or len(client.nthreads())
     parts, known = _partitions(client, X, tuple(columns), n_parts)
     if known is not None and maps is None:
@@ -201,22 +215,24 @@ def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=No
                             for k in range(0, len(uniq), 8)]
                 ids.append(_sorted_index(client.submit(T.union_ids, *uniq).result(),
                                          f"column {col!r}"))
+                laps.lap(f"ids_{col}")
             uidx, iidx = ids
         else:
             import pandas as pd
             uidx, iidx = (m if isinstance(m, pd.Index) else pd.Index(m) for m in maps)
-        uf, if_ = client.scatter([uidx, iidx], broadcast=True, hash=False)
+        uf, if_ = client.scatter([_encoder(uidx), _encoder(iidx)], broadcast=True, hash=False)
         codes = client.map(T.encode, parts, columns=tuple(columns), user_index=uf,
                            item_index=if_, shift=shift)
         shape = (len(uidx), len(iidx))
         uids, iids = np.asarray(uidx), np.asarray(iidx)
-    out = DistRatings(codes, shape, uids, iids)
+    out = DistRatings(codes, shape, uids, iids, times=laps.times)
     if maps is None:
         tallies = client.map(T.tally, codes, m=shape[0], n=shape[1])
         while len(tallies) > 8:
             tallies = [client.submit(T.sum_tallies, *tallies[k:k + 8])
                        for k in range(0, len(tallies), 8)]
         uc, ic, s, lo, bad, hi = client.submit(T.sum_tallies, *tallies).result()
+        laps.lap("encode_and_counts")
         if bad:
             raise ValueError(f"the ratings contain {bad} NaN/inf value(s)")
         out.user_counts, out.item_counts = uc, ic
@@ -288,8 +304,9 @@ class DaskEngine:
                      "max_device_memory": max_device_memory, "infos": self.infos,
                      "specs": list(specs), "ranks": list(ranks), "offset": float(offset)}
             sfut = client.scatter([setup], broadcast=True, workers=self.addrs, hash=False)[0]
-            futs = [self._on(d, T.build, self.fit_id, d, sfut) for d in range(self.n)]
-            self.memory_plans = self._wait(futs + blocks)[:self.n]
+            # (each after its worker's blocks task: it takes the blocks that task started)
+            futs = [self._on(d, T.build, self.fit_id, d, sfut, blocks[d]) for d in range(self.n)]
+            self.memory_plans = self._wait(futs)
             self._setup_futs = []
             t1 = time.perf_counter()
             self.times["blocks_and_engines"] = t1 - t0 - self.times["facts"] - self.times["probe"]

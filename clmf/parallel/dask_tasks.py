@@ -333,10 +333,11 @@ def _blocks(d, static, user_pieces, item_pieces):
     return Layout((m, nn), users, items), start, laps.times
 
 
-def build(fit_id, d, setup):
+def build(fit_id, d, setup, _after=None):
     """This worker's memory plan and :class:`~clmf.engine.Engine` on the blocks :func:`blocks`
     built (waited for here) and, where it drew them, its start factors uploaded; returns a
-    summary of the memory plan with the seconds of the set-up's stages on this worker."""
+    summary of the memory plan with the seconds of the set-up's stages on this worker
+    (``_after``: the :func:`blocks` task's result, which orders the two)."""
     from ..tuning.spec import unknowns
     from .backend import partial_layout, plan_fit
     from .worker import device_engine
