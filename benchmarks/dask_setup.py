@@ -52,8 +52,12 @@ def select(kind):
 
 
 def inprocess_fit(R, devs, kw):
-    """The in-process fit: ``(time to the end of the first iteration, its set-up stages)``."""
+    """The in-process fit: ``(time to the end of the first iteration, its set-up stages)``; its
+    programs are loaded afresh (from the on-disk cache, as a new worker process does)."""
     import clmf
+    from clmf.engine import kernels
+    with kernels._plock:
+        kernels._programs.clear()
     m = clmf.ALS(device=devs, iterations=1, **kw).fit(R, show_progress=False)
     t = m.timings_
     keys = ("validation", "tuning", "plan", "engine", "start_factors", "factors_upload",
@@ -81,8 +85,12 @@ def table(rec):
              f"{rec['date']}, commit {rec['commit']}, f = {rec['factors']}, "
              f"{rec['shape'][0]:,} × {rec['shape'][1]:,}, {rec['nnz']:,} ratings; one "
              "single-threaded Dask worker process per device (LocalCluster), the in-process "
-             "fit `clmf.ALS(device=[...])` on the same devices; round 0 warms both (not in "
-             "the medians), then the two alternate.", "", "    " + rec["command"], "",
+             "fit `clmf.ALS(device=[...])` on the same devices (its programs loaded afresh "
+             "from the on-disk cache each time); "
+             + ("a new cluster for every Dask fit (its workers import clmf and load their "
+                "programs within the fit); " if rec["fresh"] else "one cluster; ")
+             + "round 0 warms both (not in the medians), then the two alternate.", "",
+             "    " + rec["command"], "",
              "| round | in-process (s) | dask (s) | dask ÷ in-process |", "|---|---|---|---|"]
     for k, r in enumerate(rec["rounds"]):
         lines.append(f"| {k}{' (warm-up)' if k == 0 and len(rec['rounds']) > 1 else ''} | "
@@ -122,6 +130,10 @@ def main(argv=None):
     ap.add_argument("--fraction", type=float, default=1.0)
     ap.add_argument("--factors", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3, help="rounds, the first a warm-up")
+    ap.add_argument("--fresh", action="store_true", help="a new LocalCluster for every Dask "
+                    "fit (the workers import clmf, open their devices and load the programs "
+                    "within the fit, as in benchmarks/dask_gpu_runs.py); else one cluster "
+                    "warmed by round 0")
     ap.add_argument("--data-dir", default=None, help="folder for the parquet files (default "
                     "OUTDIR/data, removed at the end)")
     args = ap.parse_args(argv)
@@ -160,15 +172,19 @@ def main(argv=None):
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "command": " ".join(["python"] + [os.path.relpath(sys.argv[0])] + sys.argv[1:]),
            "env": {k: os.environ[k] for k in ("POCL_DEVICES",) if k in os.environ},
-           "rounds": []}
+           "fresh": bool(args.fresh), "rounds": []}
     del layout
     kw = dict(factors=args.factors, regularization=0.05, random_state=0)
     # the workers take the k-th device of the type (gpu/cpu) or of the named platform
     spec = args.devices if args.devices in ("gpu", "cpu") else devs[0].platform.name.strip()
-    cluster = distributed.LocalCluster(n_workers=len(devs), threads_per_worker=1,
-                                       processes=True, memory_limit=0, dashboard_address=None,
-                                       silence_logs=logging.ERROR)
-    client = distributed.Client(cluster)
+    def start():
+        """A LocalCluster of one single-threaded worker process per device, and its client."""
+        cluster = distributed.LocalCluster(n_workers=len(devs), threads_per_worker=1,
+                                           processes=True, memory_limit=0,
+                                           dashboard_address=None, silence_logs=logging.ERROR)
+        return cluster, distributed.Client(cluster)
+
+    cluster, client = (None, None) if args.fresh else start()
     try:
         for r in range(args.rounds):
             row = {}
@@ -176,6 +192,13 @@ def main(argv=None):
             for key in order:
                 if key == "inprocess":
                     row["inprocess_s"], row["inprocess_stages"] = inprocess_fit(R, devs, kw)
+                elif args.fresh:           # new worker processes: nothing imported or built
+                    cl_, c_ = start()
+                    try:
+                        row["dask_s"], row["dask_stages"] = dask_fit(c_, pdir, spec, kw)
+                    finally:
+                        c_.close()
+                        cl_.close()
                 else:
                     row["dask_s"], row["dask_stages"] = dask_fit(client, pdir, spec, kw)
                 say(f"round {r} {key}: {row[key + '_s']:.3f} s to the first iteration")
@@ -184,8 +207,9 @@ def main(argv=None):
             (out / "setup.json").write_text(json.dumps(rec, indent=1, default=str))
             (out / "README.md").write_text(table(rec))
     finally:
-        client.close()
-        cluster.close()
+        if client is not None:
+            client.close()
+            cluster.close()
         if own_data:
             shutil.rmtree(out / "data", ignore_errors=True)
     print(table(rec))

@@ -215,6 +215,10 @@ class _DaskTrainer(Trainer):
         spec, est = self.spec, self.est
         client = get_client(est.client)
         addrs, ranks = fit_workers(client, est.workers)
+        specs = (list(est.device) if isinstance(est.device, (list, tuple))
+                 else [est.device] * len(addrs))
+        if len(specs) != len(addrs):
+            raise ValueError(f"device lists {len(specs)} devices for {len(addrs)} workers")
         implicit = spec.implicit
         t_start = time.perf_counter()
         data = prepare(client, X, columns, shift=spec.shift)     # the kernels' view (confidence)
@@ -241,10 +245,6 @@ class _DaskTrainer(Trainer):
         else:
             init_b = (None, None)
         rule, X0, Y0 = self.start(init, m, n)
-        specs = (list(est.device) if isinstance(est.device, (list, tuple))
-                 else [est.device] * len(addrs))
-        if len(specs) != len(addrs):
-            raise ValueError(f"device lists {len(specs)} devices for {len(addrs)} workers")
         stats = {"users": side_stats(data.user_counts, n),
                  "items": side_stats(data.item_counts, m)}
         global_mean = float(data.total / data.nnz)

@@ -275,7 +275,8 @@ class DaskEngine:
         # the row bounds: the counts alone decide them (make_plan below cuts the same)
         bounds = {"users": balanced_blocks(data.user_counts, self.n, self.fs),
                   "items": balanced_blocks(data.item_counts, self.n, self.fs)}
-        static = {"shape": self.shape, "user_counts": data.user_counts,
+        static = {"shape": self.shape, "devices": list(zip(specs, ranks)),
+                  "user_counts": data.user_counts,
                   "item_counts": data.item_counts, "bounds": bounds,
                   "start": (start[0], self.f, start[1]) if start is not None else None}
         t0 = time.perf_counter()

@@ -313,7 +313,10 @@ def blocks(fit_id, d, static, n_user_pieces, *pieces):
 
 def _blocks(d, static, user_pieces, item_pieces):
     """``(Layout of this worker's blocks, start factors or None, seconds per stage)``."""
+    from ..engine.device import get_context
     laps = Laps()
+    get_context(worker_device(*static["devices"][d]))     # (a fresh worker: its context)
+    laps.lap("context")
     m, nn = static["shape"]
     ip = {}
     for s, rows, counts in (("users", m, static["user_counts"]),
@@ -333,6 +336,32 @@ def _blocks(d, static, user_pieces, item_pieces):
     return Layout((m, nn), users, items), start, laps.times
 
 
+def _prebuild(dev, setup, d):
+    """A future of the ALS programs of worker ``d``'s configurations, built (or loaded from the
+    on-disk cache) in a thread: the engine then finds them built. A configuration that fails
+    to build is left to the engine to report (with the side and device it names)."""
+    import concurrent.futures
+
+    from ..engine.device import device_info, get_context
+    from ..engine.kernels import als_program
+    from ..tuning.spec import unknowns
+
+    def run():
+        """Build both sides' programs; a configuration refused is the engine's to report."""
+        info = device_info(dev)
+        for cfg in setup["config_pairs"][d]:
+            try:
+                als_program(get_context(dev)[0], dev, cfg, unknowns(setup["f"], setup["biased"]),
+                            info, setup["implicit_alpha"] is not None, setup["biased"],
+                            ldf=setup["ldf"])
+            except Exception as e:     # noqa: BLE001 - the engine builds it again and reports
+                log.debug("prebuilding %s: %s", cfg, e)
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clmf-programs")
+    fut = pool.submit(run)
+    pool.shutdown(wait=False)
+    return fut
+
+
 def build(fit_id, d, setup, _after=None):
     """This worker's memory plan and :class:`~clmf.engine.Engine` on the blocks :func:`blocks`
     built (waited for here) and, where it drew them, its start factors uploaded; returns a
@@ -346,8 +375,12 @@ def build(fit_id, d, setup, _after=None):
         pending = _PENDING.pop(fit_id, None)
     if pending is None:
         raise RuntimeError(f"this worker holds no blocks of fit {fit_id} (was it restarted?)")
+    dev = worker_device(setup["specs"][d], setup["ranks"][d])
+    programs = _prebuild(dev, setup, d)       # while the blocks are still being sorted
     layout, start, times = pending.result()
     laps.lap("blocks_wait")
+    programs.result()
+    laps.lap("programs_wait")
     plan = setup["plan"]
     n = plan.devices
     users, items = layout.users, layout.items
@@ -362,7 +395,6 @@ def build(fit_id, d, setup, _after=None):
                      setup["config_pairs"], setup["implicit_alpha"] is not None,
                      setup["max_device_memory"], (), all_sources)[d]
     laps.lap("memory_plan")
-    dev = worker_device(setup["specs"][d], setup["ranks"][d])
     pair = setup["config_pairs"][d]
     w = device_engine(d, dev, layout, plan, dplan, setup["f"], setup["ldf"],
                      {"users": pair[0], "items": pair[1]}, setup["implicit_alpha"],
