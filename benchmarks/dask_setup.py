@@ -89,7 +89,8 @@ def table(rec):
              "from the on-disk cache each time); "
              + ("a new cluster for every Dask fit (its workers import clmf and load their "
                 "programs within the fit); " if rec["fresh"] else "one cluster; ")
-             + "round 0 warms both (not in the medians), then the two alternate.", "",
+             + "round 0 warms both (not in the medians), then the two alternate."
+             + (f" {rec['note']}" if rec.get("note") else ""), "",
              "    " + rec["command"], "",
              "| round | in-process (s) | dask (s) | dask ÷ in-process |", "|---|---|---|---|"]
     for k, r in enumerate(rec["rounds"]):
@@ -134,6 +135,8 @@ def main(argv=None):
                     "fit (the workers import clmf, open their devices and load the programs "
                     "within the fit, as in benchmarks/dask_gpu_runs.py); else one cluster "
                     "warmed by round 0")
+    ap.add_argument("--note", default="", help="a sentence for the README (e.g. which code "
+                    "ran, when it is not the checkout's)")
     ap.add_argument("--data-dir", default=None, help="folder for the parquet files (default "
                     "OUTDIR/data, removed at the end)")
     args = ap.parse_args(argv)
@@ -143,6 +146,7 @@ def main(argv=None):
     import distributed
     import scipy.sparse as sp
 
+    import clmf
     from clmf.engine.device import device_info
     from clmf.parallel import synthetic_layout
     from clmf.provenance import commit
@@ -172,7 +176,8 @@ def main(argv=None):
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "command": " ".join(["python"] + [os.path.relpath(sys.argv[0])] + sys.argv[1:]),
            "env": {k: os.environ[k] for k in ("POCL_DEVICES",) if k in os.environ},
-           "fresh": bool(args.fresh), "rounds": []}
+           "fresh": bool(args.fresh), "note": args.note,
+           "clmf": os.path.dirname(clmf.__file__), "rounds": []}
     del layout
     kw = dict(factors=args.factors, regularization=0.05, random_state=0)
     # the workers take the k-th device of the type (gpu/cpu) or of the named platform
