@@ -211,7 +211,7 @@ class _DaskTrainer(Trainer):
             early_stopping_rounds, checkpoint, checkpoint_every, resume, modes):
         """The fitted attributes of one attempt of :meth:`ALS.fit`."""
         from . import reference
-        from .parallel.dask_backend import DaskEngine, fit_workers, prepare
+        from .parallel.dask_backend import DaskEngine, device_facts, fit_workers, prepare
         spec, est = self.spec, self.est
         client = get_client(est.client)
         addrs, ranks = fit_workers(client, est.workers)
@@ -221,6 +221,7 @@ class _DaskTrainer(Trainer):
             raise ValueError(f"device lists {len(specs)} devices for {len(addrs)} workers")
         implicit = spec.implicit
         t_start = time.perf_counter()
+        facts = device_facts(client, addrs, ranks, specs)   # (while the ratings are prepared)
         data = prepare(client, X, columns, shift=spec.shift)     # the kernels' view (confidence)
         fit_times = {"prepare_s": time.perf_counter() - t_start}
         m, n = data.shape
@@ -263,7 +264,7 @@ class _DaskTrainer(Trainer):
             engine = DaskEngine(client, addrs, ranks, specs, data, spec, stats,
                                 offset=global_mean if spec.biased else 0.0,
                                 max_device_memory=est.max_device_memory, modes=modes,
-                                start=drawn)
+                                start=drawn, facts=facts)
         finally:
             data.release()
         fit_times["prepare"] = dict(data.times)

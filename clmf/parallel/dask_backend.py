@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 ENV_LOOP = "CLMF_DASK_WORKER_LOOP"
 
 __all__ = ["WorkerLostError", "DaskEngine", "DistRatings", "prepare", "fit_workers",
-           "get_client", "wait_alive"]
+           "get_client", "wait_alive", "device_facts"]
 
 
 class WorkerLostError(RuntimeError):
@@ -73,6 +73,14 @@ def fit_workers(client, workers=None):
         ranks.append(hosts.get(host, 0))
         hosts[host] = ranks[-1] + 1
     return addrs, ranks
+
+
+def device_facts(client, addrs, ranks, specs):
+    """Futures of every worker's ``(label, DeviceInfo)``
+    (:func:`~clmf.parallel.dask_tasks.facts`), first in its queue: a fit submits them before
+    preparing the ratings, so a fresh worker opens its device meanwhile."""
+    return [client.submit(T.facts, specs[d], ranks[d], workers=[a], allow_other_workers=False,
+                          pure=False, priority=10) for d, a in enumerate(addrs)]
 
 
 def wait_alive(client, addrs, futs, what, phase, poll=1.0):
@@ -247,7 +255,7 @@ class DaskEngine:
     """One fit's blocks and device workers on a Dask cluster (see the module docstring)."""
 
     def __init__(self, client, addrs, ranks, specs, data, fit, stats, *, offset=0.0,
-                 max_device_memory=None, modes=None, start=None, poll=1.0):
+                 max_device_memory=None, modes=None, start=None, facts=None, poll=1.0):
         """Set the fit up on the workers ``addrs`` (``ranks``, ``specs``: their device picks,
         :func:`fit_workers`) for the prepared ``data`` (:class:`DistRatings`) of a fit of
         ``fit`` (a :class:`clmf.tuning.FitSpec`; ``stats``: its side statistics). The blocks
@@ -256,7 +264,8 @@ class DaskEngine:
         and builds its programs (:func:`~clmf.parallel.dask_tasks.probe`); the others take its
         choice. ``start``: ``(rule, seed)`` when the fit draws its start factors (each worker
         draws them beside its blocks, :func:`clmf.reference.start_factors`: nothing but the
-        seed is sent), else None (:meth:`set_factors` then)."""
+        seed is sent), else None (:meth:`set_factors` then). ``facts``: the futures of
+        :func:`device_facts`, where the caller submitted them already."""
         from ..tuning.spec import unknowns
         from .partition import balanced_blocks
         self.client = client
@@ -283,8 +292,11 @@ class DaskEngine:
         self.times = {}
         built = False
         try:
-            # first in every worker's queue: its device's facts, then the blocks (a thread)
-            facts = [self._on(d, T.facts, specs[d], ranks[d], priority=2) for d in range(self.n)]
+            # worker 0 (the first of its kind) resolves at once; the others' facts say whether
+            # they are of its kind, meanwhile the blocks are routed and built (a thread)
+            first = self._on(0, T.probe, specs[0], ranks[0], fit, stats, priority=2)
+            if facts is None:
+                facts = device_facts(client, self.addrs, ranks, specs)
             sfut = client.scatter([static], broadcast=True, workers=self.addrs, hash=False)[0]
             pieces = self._route(data.parts, bounds)
             blocks = [self._on(d, T.blocks, self.fit_id, d, sfut, len(pieces),
@@ -295,7 +307,7 @@ class DaskEngine:
             self.phase = "the device probe"
             facts = self._wait(facts)
             self.times["facts"] = time.perf_counter() - t0
-            self._probe(specs, ranks, facts, fit, stats)
+            self._probe(specs, ranks, facts, fit, stats, first)
             self.times["probe"] = time.perf_counter() - t0 - self.times["facts"]
             self._plan(data, fit, modes, bounds)
             self.phase = "set-up"
@@ -329,15 +341,17 @@ class DaskEngine:
                  {s: self.plan[s].mode for s in SIDES}, self.transport,
                  "the workers' own loop" if self.loop else "tasks per half-step")
 
-    def _probe(self, specs, ranks, facts, fit, stats):
+    def _probe(self, specs, ranks, facts, fit, stats, first):
         """Resolve the configuration of each kind of device on its first worker (its programs
-        built there) and give it to every worker of that kind: :attr:`labels`, :attr:`infos`,
-        :attr:`choices` per worker, :attr:`probe_times` per kind."""
+        built there; ``first``: worker 0's probe, submitted already) and give it to every worker
+        of that kind: :attr:`labels`, :attr:`infos`, :attr:`choices` per worker,
+        :attr:`probe_times` per kind."""
         reps = {}
         for d, (_label, info) in enumerate(facts):
             reps.setdefault(info, d)
         probes = dict(zip(reps, self._wait([
-            self._on(d, T.probe, specs[d], ranks[d], fit, stats, priority=1)
+            first if d == 0 else self._on(d, T.probe, specs[d], ranks[d], fit, stats,
+                                          priority=2)
             for d in reps.values()])))
         self.labels = [label for label, _info in facts]
         self.infos = [info for _label, info in facts]
