@@ -1,24 +1,26 @@
 """Time to the first iteration of ``clmf.dask.ALS`` against the in-process fit on the same
 devices (issue 28), with the set-up's stages per worker.
 
-A LocalCluster of one single-threaded worker process per device; the data a synthetic set of a
-preset's shape (:func:`clmf.parallel.synthetic_layout`), written as parquet files (user, item,
-rating) that the Dask fit reads (``dd.read_parquet``: raw ids mapped on the workers, as
-``benchmarks/dask_gpu_runs.py`` does); the in-process fit ``clmf.ALS(device=[...])`` takes the
-same ratings as a scipy CSR. Round 0 warms both (imports on the workers, programs in the on-disk
-caches); the later rounds alternate the two fits. Per fit: the time to the end of the first
-iteration from ``fit`` entry, the set-up's stages (``fit_times_`` / ``timings_``) and every
-worker's own stages. Writes OUT/setup.json and OUT/README.md (a table with device, driver,
-date, commit and the command) after every round.
+A LocalCluster of one single-threaded worker process per device (``--fresh``: a new one for
+every Dask fit, as ``benchmarks/dask_gpu_runs.py`` makes); the data a synthetic set of a preset's
+shape (:func:`clmf.parallel.synthetic_layout`) written as parquet files (user, item, rating; in a
+temporary folder) that the Dask fit reads (``dd.read_parquet``: raw ids mapped on the workers);
+the in-process fit ``clmf.ALS(device=[...])`` takes the same ratings as a scipy CSR, its programs
+loaded afresh from the on-disk caches each time. Round 0 warms both; the later rounds alternate
+the two fits. Per fit: the seconds from ``fit`` entry to the end of the first iteration, the
+set-up's stages (``fit_times_`` / ``timings_``) and every worker's own stages. Writes
+OUT/setup.json and OUT/README.md (a table with device, driver, date, commit and the command)
+after every round.
 
-CPU (PoCL ``pthread`` devices, a tiny size)::
+CPU (PoCL ``pthread`` devices, a tiny size; about a minute)::
 
     POCL_DEVICES="pthread pthread" python benchmarks/dask_setup.py OUT --devices Portable \\
-        --preset netflix --fraction 0.002 --rounds 2
+        --preset netflix --fraction 0.002 --factors 16 --rounds 2 --fresh
 
-GPUs (one worker per GPU, about 5 minutes for the Netflix shape on 4 GPUs)::
+GPUs (one worker per GPU; the Netflix shape on 4 H100s in about 4 minutes)::
 
-    python benchmarks/dask_setup.py $OUT --devices gpu --preset netflix --rounds 3
+    python benchmarks/dask_setup.py $OUT/dask-setup --devices gpu --preset netflix --rounds 3 \\
+        --fresh
 """
 from __future__ import annotations
 
@@ -137,8 +139,9 @@ def main(argv=None):
                     "warmed by round 0")
     ap.add_argument("--note", default="", help="a sentence for the README (e.g. which code "
                     "ran, when it is not the checkout's)")
-    ap.add_argument("--data-dir", default=None, help="folder for the parquet files (default "
-                    "OUTDIR/data, removed at the end)")
+    ap.add_argument("--data-dir", default=None, help="folder for the parquet files (default: a "
+                    "temporary folder, removed at the end; never OUTDIR, whose files come back "
+                    "from a device run)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     import shutil
@@ -164,9 +167,9 @@ def main(argv=None):
     u = layout.users
     R = sp.csr_matrix((np.asarray(u.data), np.asarray(u.indices), np.asarray(u.indptr)),
                       shape=layout.shape)
-    own_data = args.data_dir is None
-    pdir = (pathlib.Path(args.data_dir) if args.data_dir else out / "data") / \
-        f"{args.preset}_{args.fraction:g}"
+    import tempfile
+    own_data = None if args.data_dir else tempfile.mkdtemp(prefix="clmf-dask-setup-")
+    pdir = pathlib.Path(args.data_dir or own_data) / f"{args.preset}_{args.fraction:g}"
     if not pdir.exists():
         say(f"{label}: {write_parquet(layout, pdir)} parquet files in {pdir}")
     rec = {"label": label, "preset": args.preset, "fraction": args.fraction,
@@ -216,7 +219,7 @@ def main(argv=None):
             client.close()
             cluster.close()
         if own_data:
-            shutil.rmtree(out / "data", ignore_errors=True)
+            shutil.rmtree(own_data, ignore_errors=True)
     print(table(rec))
 
 
