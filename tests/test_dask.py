@@ -149,6 +149,18 @@ def test_synthetic_1m_matches_one_device(client):
     assert dm.user_factors_.shape[0] == R.shape[0]
 
 
+def test_start_factors_of_a_seed_or_a_generator_match_one_device(client, ml100k):
+    """An int seed's start factors are drawn on the workers (only the seed is sent), a
+    generator's on the client; both start where the one-device fit starts."""
+    _path, R, _raw = ml100k
+    kw = {**KW, "random_state": None}
+    for state in (7, np.random.default_rng(7)):
+        dm = clmf.dask.ALS(client=client, iterations=1, device=POCL,
+                           **{**kw, "random_state": state}).fit(R, show_progress=False)
+        ref = np.random.default_rng(7) if not isinstance(state, int) else state
+        _check_close(dm, _one_device(R, iterations=1, random_state=ref))
+
+
 @pytest.mark.parametrize("mode", [
     dict(modes={"users": "reduce", "items": "replicate"}),
     dict(modes={"users": "replicate", "items": "reduce"}, biases=True, solver="cg"),

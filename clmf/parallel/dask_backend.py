@@ -215,16 +215,16 @@ def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=No
                            item_index=None, shift=shift)
     else:
         if maps is None:
-            ids = []
-            for col in columns[:2]:
+            unions = []
+            for col in columns[:2]:         # both columns' trees of unions at once
                 uniq = client.map(T.unique_ids, parts, column=col)
                 while len(uniq) > 8:        # a tree of unions on the workers
                     uniq = [client.submit(T.union_ids, *uniq[k:k + 8])
                             for k in range(0, len(uniq), 8)]
-                ids.append(_sorted_index(client.submit(T.union_ids, *uniq).result(),
-                                         f"column {col!r}"))
-                laps.lap(f"ids_{col}")
-            uidx, iidx = ids
+                unions.append(client.submit(T.union_ids, *uniq))
+            uidx, iidx = (_sorted_index(fu.result(), f"column {col!r}")
+                          for fu, col in zip(unions, columns[:2]))
+            laps.lap("ids")
         else:
             import pandas as pd
             uidx, iidx = (m if isinstance(m, pd.Index) else pd.Index(m) for m in maps)
