@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import pathlib
+import shlex
 import sys
 import time
 
@@ -177,7 +178,7 @@ def main(argv=None):
            "devices": [i.name for i in infos], "platform": infos[0].platform,
            "driver": infos[0].driver, "commit": commit(),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "command": " ".join(["python"] + [os.path.relpath(sys.argv[0])] + sys.argv[1:]),
+           "command": shlex.join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
            "env": {k: os.environ[k] for k in ("POCL_DEVICES",) if k in os.environ},
            "fresh": bool(args.fresh), "note": args.note,
            "clmf": os.path.dirname(clmf.__file__), "rounds": []}
