@@ -47,7 +47,10 @@ class ALS(_ALS):
     workers' environment keeps the comms; on one host each worker then runs the iterations
     itself, a group per task, unless ``CLMF_DASK_WORKER_LOOP=0`` in the client's: see
     :mod:`clmf.parallel.dask_backend`), ``time_to_first_iteration_`` (seconds from ``fit`` to
-    the end of the first iteration) and ``fit_times_`` (the set-up's phases).
+    the end of the first iteration) and ``fit_times_`` (the set-up's stages in seconds:
+    ``prepare_s`` and ``prepare``, the ratings encoded on the workers; ``set_up_s`` and
+    ``engine``, the rest as the client saw it; ``probe``, each probed worker's lookup and
+    builds, one worker per kind of device; ``workers``, each worker's own stages).
     """
 
     _repr_name = "clmf.dask.ALS"
@@ -202,8 +205,8 @@ class ALS(_ALS):
 
 class _DaskTrainer(Trainer):
     """:class:`clmf.model.trainer.Trainer` over the Dask backend
-    (:class:`~clmf.parallel.dask_backend.DaskEngine`): the ratings prepared on the workers, each
-    worker's device probed and its tuning looked up there, checkpoints after iterations."""
+    (:class:`~clmf.parallel.dask_backend.DaskEngine`): the ratings prepared on the workers, the
+    configuration looked up on one worker per kind of device, checkpoints after iterations."""
 
     desc = "ALS (dask)"
 
