@@ -393,7 +393,7 @@ def build(fit_id, d, setup, _after=None):
     fs = unknowns(setup["f"], setup["biased"])
     dplan = plan_fit(setup["infos"], layout, plan, fs, setup["ldf"], setup["itemsize"],
                      setup["config_pairs"], setup["implicit_alpha"] is not None,
-                     setup["max_device_memory"], (), all_sources)[d]
+                     setup["max_device_memory"], (), all_sources, pipelined=True)[d]
     laps.lap("memory_plan")
     pair = setup["config_pairs"][d]
     w = device_engine(d, dev, layout, plan, dplan, setup["f"], setup["ldf"],
@@ -562,22 +562,25 @@ def iterate(fit_id, regularization, weighted, count=1, metrics=()):
 
 
 def partials(fit_id, side, *previous):
-    """Reduce mode: partial normal equations of every row of ``side`` over this worker's block of
-    the fixed side (after installing the ``previous`` half-step's blocks), cut by owning worker:
-    a list of ``(A, B)`` per worker and the Gram ``G``."""
+    """Reduce mode, first phase: the packed partial systems (the hermitian's lower triangle and
+    the right side, :func:`clmf.engine.memory.packed_width`) of every row of ``side`` over this
+    worker's block of the fixed side (after installing the ``previous`` half-step's blocks), by
+    the pipeline of the in-process fit (:func:`clmf.engine.reduce.pipelined`), cut by owning
+    worker: a list of the rows of each worker, then the Gram ``G``."""
+    from ..engine.memory import packed_width
+    from ..engine.reduce import pipelined
+    from .reducer import PartialsPort
     install(fit_id, *previous)
     st = _state(fit_id)
     w = st["worker"]
     rows, fs = max(1, st["layout"][side].rows), w.fs
-    A, a_out = _out_buffer(st, f"partials-{side}-A", (rows, fs, fs), np.float32)
-    B, b_out = _out_buffer(st, f"partials-{side}-B", (rows, fs), np.float32)
+    P, p_out = _out_buffer(st, f"partials-{side}-P", (rows, packed_width(fs)), np.float32)
     G, g_out = _out_buffer(st, f"partials-{side}-G", (fs, fs), np.float32)
     G[...] = 0
-    w.partials(side, A, B, G)
+    pipelined(w, side, PartialsPort(P, G), 0.0, False, Exchange(side, None, 1, needed=False))
     bounds = st["plan"][side].bounds
-    cut = [(_rows_of(a_out, A, bounds[e], bounds[e + 1]),
-            _rows_of(b_out, B, bounds[e], bounds[e + 1])) for e in range(len(bounds) - 1)]
-    return cut + [g_out]
+    return [_rows_of(p_out, P, bounds[e], bounds[e + 1])
+            for e in range(len(bounds) - 1)] + [g_out]
 
 
 def _rows_of(out, arr, a, b):
@@ -591,29 +594,27 @@ def _rows_of(out, arr, a, b):
 
 
 def reduce_solve(fit_id, side, regularization, weighted, needed, n, *parts):
-    """Reduce mode: sum the ``n`` workers' partial systems of this worker's rows (``parts``: n
-    ``(A, B)`` then n Gram matrices), add the Gram matrix and the regularisation, solve; returns
+    """Reduce mode, second phase: sum the ``n`` workers' packed partial systems of this
+    worker's rows (``parts``: n arrays, then n Gram matrices) and solve them by the pipeline
+    (unpacked on the device with the regularisation and the Gram matrix added); returns
     ``(r0, rows)`` as :func:`solve`."""
+    from ..engine.reduce import pipelined
+    from .reducer import SummedPort, segment_rows
     st = _state(fit_id)
     w = st["worker"]
     r0, r1 = st["plan"][side].block(st["d"])
     parts = shm.resolve(list(parts), st["attached"])
-    A = parts[0][0].copy()
-    B = parts[0][1].copy()
-    for a, b in parts[1:n]:
-        A += a
-        B += b
-    if w.implicit:
-        A += np.sum(parts[n:2 * n], axis=0)
-    counts = st["layout"][side].counts()[r0:r1]
-    lam = regularization * counts if weighted else np.full(r1 - r0, regularization)
-    diag = np.arange(w.fs)
-    A[:, diag, diag] += lam.astype(np.float32)[:, None]
+    P = parts[0].copy()
+    for p in parts[1:n]:
+        P += p
+    G = np.sum(parts[n:2 * n], axis=0, dtype=np.float32)
     shape = (max(0, r1 - r0), st["ldf"])               # every row is copied in
     buf, out = (_out_buffer(st, f"solve-{side}", shape, st["store"]) if needed
                 else (np.empty(shape, st["store"]), None))
     ex = Exchange(side, Rows(buf, r0), 1, needed=needed)
-    w.solve_reduced(side, Rows(A, r0), Rows(B, r0), float(regularization), bool(weighted), ex)
+    seg = segment_rows(st["layout"][side].rows, n, w.fs, [w.batch_rows[side]])
+    pipelined(w, side, SummedPort(Rows(P, r0), G, r0, r1, seg), float(regularization),
+              bool(weighted), ex, partials=False)
     return (r0, out) if needed else None
 
 
