@@ -47,7 +47,10 @@ class ALS(_ALS):
     workers' environment keeps the comms; on one host each worker then runs the iterations
     itself, a group per task, unless ``CLMF_DASK_WORKER_LOOP=0`` in the client's: see
     :mod:`clmf.parallel.dask_backend`), ``time_to_first_iteration_`` (seconds from ``fit`` to
-    the end of the first iteration) and ``fit_times_`` (the set-up's phases).
+    the end of the first iteration) and ``fit_times_`` (the set-up's stages in seconds:
+    ``prepare_s`` and ``prepare``, the ratings encoded on the workers; ``set_up_s`` and
+    ``engine``, the rest as the client saw it; ``probe``, each probed worker's lookup and
+    builds, one worker per kind of device; ``workers``, each worker's own stages).
     """
 
     _repr_name = "clmf.dask.ALS"
@@ -202,8 +205,8 @@ class ALS(_ALS):
 
 class _DaskTrainer(Trainer):
     """:class:`clmf.model.trainer.Trainer` over the Dask backend
-    (:class:`~clmf.parallel.dask_backend.DaskEngine`): the ratings prepared on the workers, each
-    worker's device probed and its tuning looked up there, checkpoints after iterations."""
+    (:class:`~clmf.parallel.dask_backend.DaskEngine`): the ratings prepared on the workers, the
+    configuration looked up on one worker per kind of device, checkpoints after iterations."""
 
     desc = "ALS (dask)"
 
@@ -211,13 +214,17 @@ class _DaskTrainer(Trainer):
             early_stopping_rounds, checkpoint, checkpoint_every, resume, modes):
         """The fitted attributes of one attempt of :meth:`ALS.fit`."""
         from . import reference
-        from .parallel import dask_tasks as T
-        from .parallel.dask_backend import DaskEngine, fit_workers, prepare, wait_alive
+        from .parallel.dask_backend import DaskEngine, device_facts, fit_workers, prepare
         spec, est = self.spec, self.est
         client = get_client(est.client)
         addrs, ranks = fit_workers(client, est.workers)
+        specs = (list(est.device) if isinstance(est.device, (list, tuple))
+                 else [est.device] * len(addrs))
+        if len(specs) != len(addrs):
+            raise ValueError(f"device lists {len(specs)} devices for {len(addrs)} workers")
         implicit = spec.implicit
         t_start = time.perf_counter()
+        facts = device_facts(client, addrs, ranks, specs)   # (while the ratings are prepared)
         data = prepare(client, X, columns, shift=spec.shift)     # the kernels' view (confidence)
         fit_times = {"prepare_s": time.perf_counter() - t_start}
         m, n = data.shape
@@ -242,29 +249,32 @@ class _DaskTrainer(Trainer):
         else:
             init_b = (None, None)
         rule, X0, Y0 = self.start(init, m, n)
-        if rule is not None:
-            X0, Y0 = reference.start_factors(m, n, f, est.random_state, init=rule)
-        specs = (list(est.device) if isinstance(est.device, (list, tuple))
-                 else [est.device] * len(addrs))
-        if len(specs) != len(addrs):
-            raise ValueError(f"device lists {len(specs)} devices for {len(addrs)} workers")
         stats = {"users": side_stats(data.user_counts, n),
                  "items": side_stats(data.item_counts, m)}
-        probes = wait_alive(client, addrs, [
-            client.submit(T.probe, specs[d], ranks[d], spec, stats, workers=[a],
-                          allow_other_workers=False, pure=False)
-            for d, a in enumerate(addrs)], "the fit", "the device probe")
         global_mean = float(data.total / data.nnz)
+        seed = est.random_state
+        if rule is not None and (seed is None or isinstance(seed, (int, np.integer))):
+            # the workers draw the start factors beside their blocks: only the seed is sent
+            seed = int(np.random.SeedSequence().entropy) if seed is None else int(seed)
+            drawn = (rule, seed)
+        elif rule is not None:             # a generator object: drawn here, as in-process
+            X0, Y0 = reference.start_factors(m, n, f, seed, init=rule)
+            rule, drawn = None, None
+        else:
+            drawn = None
+        t_engine = time.perf_counter()
         try:
-            engine = DaskEngine(client, addrs, ranks, specs, data, f, [p[1] for p in probes],
-                                [(p[2]["users"].config, p[2]["items"].config) for p in probes],
-                                implicit_alpha=spec.kernel_alpha, biased=spec.biased,
+            engine = DaskEngine(client, addrs, ranks, specs, data, spec, stats,
                                 offset=global_mean if spec.biased else 0.0,
-                                max_device_memory=est.max_device_memory, modes=modes)
+                                max_device_memory=est.max_device_memory, modes=modes,
+                                start=drawn, facts=facts)
         finally:
             data.release()
-        fit_times["probe_and_build_s"] = (time.perf_counter() - t_start
-                                          - fit_times["prepare_s"])
+        fit_times["prepare"] = dict(data.times)
+        fit_times["set_up_s"] = time.perf_counter() - t_engine
+        fit_times["engine"] = dict(engine.times)
+        fit_times["probe"] = dict(engine.probe_times)
+        fit_times["workers"] = engine.worker_times
         try:
             v_rest = None
             if validation is not None:
@@ -275,8 +285,11 @@ class _DaskTrainer(Trainer):
                 if v_rest[2] and spec.biased:
                     raise ValueError(f"the validation data has {v_rest[2]} rating(s) of ids not "
                                      "in the training data; with biases=True drop them first")
-            engine.set_factors("users", X0, init_b[0])
-            engine.set_factors("items", Y0, init_b[1])
+            if rule is None:                   # the caller's start, or a checkpoint's
+                t_factors = time.perf_counter()
+                engine.set_factors("users", X0, init_b[0])
+                engine.set_factors("items", Y0, init_b[1])
+                fit_times["factors_s"] = time.perf_counter() - t_factors
             steps = _DaskSteps(engine, v_rest, spec.regularization, spec.weighted,
                                train=not implicit,      # history_ as clmf.ALS's, shown or not
                                checkpoint=checkpoint, every=checkpoint_every,
@@ -297,9 +310,10 @@ class _DaskTrainer(Trainer):
             engine.release()
         return {"fit_times_": fit_times, "global_mean_": global_mean,
                 "user_counts_": data.user_counts, "item_counts_": data.item_counts,
-                "user_ids_": data.user_ids, "item_ids_": data.item_ids, "config_": probes[0][2],
-                "device_": [p[0] for p in probes],
-                "device_configs_": [{"device": p[0], **p[2]} for p in probes],
+                "user_ids_": data.user_ids, "item_ids_": data.item_ids,
+                "config_": engine.choices[0], "device_": list(engine.labels),
+                "device_configs_": [{"device": lab, **c}
+                                    for lab, c in zip(engine.labels, engine.choices)],
                 "workers_": list(addrs), "plan_": engine.plan, "memory_": memory,
                 "transport_": engine.transport,
                 "time_to_first_iteration_": res.first_iteration_s, **self.learned(res)}

@@ -78,6 +78,9 @@ def test_ml100k_parquet_two_pocl_workers(client, ml100k):
     assert dm.user_factors_.shape == R.shape[:1] + (8,)
     np.testing.assert_array_equal(dm.user_ids_, np.sort(raw.user.unique()))
     _check_close(dm, _one_device(R, iterations=1))
+    # two devices of one kind: the configuration looked up and built on one worker only
+    assert list(dm.fit_times_["probe"]) == [0]
+    assert dm.device_configs_[0]["users"] == dm.device_configs_[1]["users"]
     assert len(dm.workers_) == 2 and len(dm.device_) == 2
     assert dm.transport_ == "shared memory"        # two worker processes of this host
     # RMSE after several iterations within 0.1 % of the one-device fit, scored from raw ids
@@ -134,6 +137,7 @@ def test_ml100k_one_pocl_one_intel_worker(client, ml100k):
     assert {d.split(" |")[0] for d in dm.device_} == {"Portable Computing Language",
                                                        "Intel(R) OpenCL"}
     _check_close(dm, _one_device(R, iterations=1))
+    assert sorted(dm.fit_times_["probe"]) == [0, 1]      # one probe per kind of device
 
 
 def test_synthetic_1m_matches_one_device(client):
@@ -143,6 +147,18 @@ def test_synthetic_1m_matches_one_device(client):
         data, show_progress=False)
     _check_close(dm, _one_device(R, iterations=1))
     assert dm.user_factors_.shape[0] == R.shape[0]
+
+
+def test_start_factors_of_a_seed_or_a_generator_match_one_device(client, ml100k):
+    """An int seed's start factors are drawn on the workers (only the seed is sent), a
+    generator's on the client; both start where the one-device fit starts."""
+    _path, R, _raw = ml100k
+    kw = {**KW, "random_state": None}
+    for state in (7, np.random.default_rng(7)):
+        dm = clmf.dask.ALS(client=client, iterations=1, device=POCL,
+                           **{**kw, "random_state": state}).fit(R, show_progress=False)
+        ref = np.random.default_rng(7) if not isinstance(state, int) else state
+        _check_close(dm, _one_device(R, iterations=1, random_state=ref))
 
 
 @pytest.mark.parametrize("mode", [
@@ -392,6 +408,9 @@ def test_bad_input_is_a_clear_error(client):
     with pytest.raises(ValueError, match="duplicate"):
         clmf.dask.ALS(client=client, iterations=1, device=POCL, **KW).fit(
             dup, show_progress=False)
+    # the failed set-up left nothing on the workers (blocks being built, engines)
+    from clmf.parallel import dask_tasks as T
+    assert set(client.run(lambda: len(T._PENDING) + len(T._STATE)).values()) == {0}
     with pytest.raises(ValueError, match="on_worker_lost"):
         clmf.dask.ALS(client=client, iterations=1, device=POCL, **KW).fit(
             df, on_worker_lost="resume", show_progress=False)

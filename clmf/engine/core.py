@@ -562,7 +562,7 @@ class Engine:
         lo = self.frange[side][0]
         if not self._whole_factor(other):
             raise ValueError(f"the {side} half-step reduces partial normal equations here: "
-                             "use partials() and solve_reduced()")
+                             "use clmf.engine.reduce.pipelined()")
         self.keep(cl.enqueue_copy(q, self.status, self._ok, is_blocking=False))
         if self.implicit:      # G = (other side)ᵀ(other side), once per half-step
             self._gram(side, kern, cfg)
@@ -694,20 +694,6 @@ class Engine:
                 self.keep(self.write_rows(side, exchange.host, r0, r1, blocking=False))
             if done:
                 return
-
-    # ----- the reduce mode (:mod:`clmf.engine.reduce`) -------------------------------------
-    def partials(self, side, host_A, host_B, host_G):
-        """The partial normal equations of ``side`` into host arrays (:func:`reduce.partials`)."""
-        RD.partials(self, side, host_A, host_B, host_G)
-
-    def solve_reduced(self, side, host_A, host_B, regularization, weighted, exchange):
-        """Solve this device's rows of ``side`` from the reduced systems and exchange them
-        (:func:`reduce.solve_reduced`)."""
-        try:
-            RD.solve_reduced(self, side, host_A, host_B, regularization, weighted, exchange)
-        except BaseException as e:
-            exchange.fail(e)
-            raise
 
     def finish(self):
         """Wait for every command enqueued so far."""

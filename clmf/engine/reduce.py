@@ -8,8 +8,8 @@ triangle and the right side, about half of f² + f floats), every device compute
 row order, and each *segment* of rows (a piece of one device's block) is summed on the host as
 soon as every device's copy of it has landed, uploaded to the device that solves it while the
 others still compute, unpacked there with the regularisation and the Gram matrix added, and
-solved; only the last segment's sum is exposed. :func:`partials` and :func:`solve_reduced` (the
-Dask backend): every row's full systems into host arrays, summed by the caller in between.
+solved; only the last segment's sum is exposed. The Dask backend runs the same pipeline in two
+phases, the packed systems summed between its tasks (:func:`pipelined`'s ``partials``).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from .blocks import Publisher, other_side
 from .launch import launch_batch, launch_gram, launch_solve
 from .memory import packed_width
 
-__all__ = ["partials", "solve_reduced", "pipelined", "buffers"]
+__all__ = ["pipelined", "buffers"]
 
 
 def buffers(eng, side):
@@ -42,101 +42,17 @@ def buffers(eng, side):
             "S": cl.Buffer(eng.ctx, mf.READ_WRITE, size=sums), "ring": sums // row}
 
 
-def _scratch(eng, side, k):
-    """``(pair, A, B)``: the scratch pair of a reduced side's ``k``-th batch, its two pairs in
-    turn (one pair where the plan left no room for the second)."""
-    b = eng.buf[side]
-    if k % 2 and "A2" in b:
-        return 1, b["A2"], b["B2"]
-    return 0, b["A"], b["B"]
-
-
-def partials(eng, side, host_A, host_B, host_G):
-    """Partial normal equations of every row of ``side`` over this device's block of the
-    fixed side, into ``host_A`` (rows × f × f), ``host_B`` (rows × f) and, with implicit
-    feedback, ``host_G`` (f × f, the block's Gram matrix); nothing regularised. Batches take
-    the two scratch pairs in turn: the copy of batch k to the host (``out`` queue) overlaps the
-    kernels of batch k + 1, batch k + 2 waits for it."""
-    cl = eng.cl
-    t0 = time.perf_counter()
-    other = other_side(side)
-    b, v, cfg = eng.buf[side], eng.vars[side], eng.configs[side]
-    kern = eng.programs[side].kernels
-    q, out, fs = eng.queue, eng.q["out"], eng.fs
-    events, stream_events, copied = [], [], [None, None]   # each pair's last copy
-    if eng.implicit:
-        e = launch_gram(kern, q, b["gram_geo"], fs, b["gram_rows"], eng.factors[other],
-                        b["GP"], b["G"])
-        events.append((e, None, None, None))
-        eng.keep(cl.enqueue_copy(out, host_G, b["G"], is_blocking=False, wait_for=[e]))
-    for k, batch in enumerate(eng._batches(side, stream_events)):
-        bset, n = batch.bset, batch.rows
-        pair, A, B = _scratch(eng, side, k)
-        wait = list(batch.wait or []) + ([copied[pair]] if copied[pair] else [])
-        evs = launch_batch(
-            kern, q, cfg, v, fs, bset["indptr"], bset["indices"], bset["data"],
-            eng.factors[other], A, B, b["G"], None, None, batch.row0, n, 0, 0.0,
-            False, eng.implicit, eng.alpha, eng.offset, wait_for=wait or None,
-            solve=False, gram=False)
-        events.append((*evs, None))
-        batch.done = evs[1] or evs[0]
-        g0 = batch.r0 + batch.row0
-        eng.keep(cl.enqueue_copy(out, host_A[g0:g0 + n], A, is_blocking=False,
-                                 wait_for=[batch.done]))
-        copied[pair] = eng.keep(cl.enqueue_copy(out, host_B[g0:g0 + n], B, is_blocking=False))
-    q.finish()
-    out.finish()
-    eng.prune()
-    eng.times["compute"] += time.perf_counter() - t0
-    if eng.profile:
-        eng._account(events, stream_events)
-
-
-def solve_reduced(eng, side, host_A, host_B, regularization, weighted, exchange):
-    """Solve ``eng``'s rows of ``side`` from the reduced systems in ``host_A``/``host_B``
-    (regularised, Gram added) and exchange them as :meth:`Engine.half_step` does. Batches take
-    the two scratch pairs in turn: the upload of batch k + 1 (``stream`` queue) overlaps the
-    solve of batch k, and waits for the solve of batch k - 1 that used its pair."""
-    cl = eng.cl
-    t0 = time.perf_counter()
-    b, cfg = eng.buf[side], eng.configs[side]
-    kern = eng.programs[side].kernels
-    q, up, fs = eng.queue, eng.q["stream"], eng.fs
-    lo, _hi = eng.frange[side]
-    r0, r1 = eng.share.blocks[side]
-    bs = eng.batch_rows[side]
-    eng.keep(cl.enqueue_copy(q, eng.status, eng._ok, is_blocking=False))
-    publisher = Publisher(exchange, eng.index) if exchange.needed else None
-    events, copy_events, solved = [], [], [None, None]    # each pair's last solve
-    for k, row0 in enumerate(range(0, r1 - r0, bs)):
-        n = min(bs, r1 - r0 - row0)
-        g0 = r0 + row0
-        pair, A, B = _scratch(eng, side, k)
-        eng.keep(cl.enqueue_copy(up, A, host_A[g0:g0 + n], is_blocking=False,
-                                 wait_for=[solved[pair]] if solved[pair] else None))
-        ev = eng.keep(cl.enqueue_copy(up, B, host_B[g0:g0 + n], is_blocking=False))
-        e3 = launch_solve(kern, q, cfg, fs, b["counts"], A, B, eng.factors[side],
-                          eng.status, row0, n, r0 - lo, regularization, weighted, wait_for=[ev])
-        solved[pair] = e3
-        events.append((None, None, e3, None))
-        if publisher is not None:
-            ev = eng.read_rows(side, exchange.host, g0, g0 + n, blocking=False,
-                               wait_for=[e3])
-            copy_events.append(ev)
-            publisher.put(ev, g0, g0 + n)
-    eng._finish_half_step(side, regularization, publisher, exchange, t0, events, [],
-                          copy_events)
-
-
-def pipelined(eng, side, port, regularization, weighted, exchange):
+def pipelined(eng, side, port, regularization, weighted, exchange, partials=True):
     """The reduce mode's half-step of ``side`` on ``eng`` in a pipeline with the other devices
     through ``port`` (the host's side, :class:`clmf.parallel.reducer.Reducer`'s port: ``host``
     (rows × packed width, this device's partial systems), ``gram`` (f × f), ``segments``
     (``[(a, b, owner)]`` in row order), ``landed(k)`` (``None``: the Gram),
     ``take(block)``, ``gram_total()``, ``fail(e)``). Solved rows are exchanged as
-    :meth:`Engine.half_step` does."""
+    :meth:`Engine.half_step` does. In two phases (the Dask backend's tasks per half-step, the
+    sums made between them): a port whose ``take`` hands over nothing computes the partial
+    systems only; ``partials=False`` then solves the summed ones a port hands over."""
     try:
-        _Pipeline(eng, side, port, regularization, weighted, exchange).run()
+        _Pipeline(eng, side, port, regularization, weighted, exchange).run(partials)
     except BaseException as e:
         port.fail(e)
         exchange.fail(e)
@@ -173,14 +89,16 @@ class _Pipeline:
         self.bus, self.packs = [], []            # the reduce's copies; pack/unpack kernels
         self.publisher = None
 
-    def run(self):
-        """Partials, landings, uploads and solves of the half-step; then wait for all."""
+    def run(self, partials=True):
+        """Partials (unless not ``partials``), landings, uploads and solves of the half-step;
+        then wait for all."""
         eng, cl = self.eng, self.cl
         t0 = time.perf_counter()
         eng.keep(cl.enqueue_copy(eng.queue, eng.status, eng._ok, is_blocking=False))
         if self.exchange.needed:
             self.publisher = Publisher(self.exchange, eng.index)
-        self._partials()
+        if partials:
+            self._partials()
         self._land(block=True)
         self._flush()
         while (got := self.port.take(block=True)) is not None:

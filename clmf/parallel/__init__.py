@@ -35,10 +35,10 @@ worker processes and exchanges through Dask instead of host memory):
       ``reducer`` — :class:`~clmf.parallel.reducer.Reducer` sums each segment over the devices
       as soon as every copy of it landed and hands it to the device that solves it, which
       uploads, unpacks (λ·n_r and the Gram matrix added) and solves it while the others still
-      compute, then exchanges its rows like ``half_step``. The Dask backend's form:
-      ``partials(side, host_A, host_B, host_G)`` into full host arrays (rows × f × f, rows × f,
-      f × f), summed by the caller, then ``solve_reduced(side, host_A, host_B, regularization,
-      weighted, exchange)``;
+      compute, then exchanges its rows like ``half_step``. The Dask backend runs the same
+      pipeline in two phases (``pipelined(..., partials=False)`` for the second), the packed
+      systems summed between its tasks (:class:`~clmf.parallel.reducer.PartialsPort`,
+      :class:`~clmf.parallel.reducer.SummedPort`);
     - ``squared_error(key, users, items, ratings, offset)``, ``finish()``, ``release()``,
       ``times``.
 ``backend`` — :func:`make_backend` chooses: one device runs one :class:`clmf.engine.Engine` on

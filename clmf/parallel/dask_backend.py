@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 ENV_LOOP = "CLMF_DASK_WORKER_LOOP"
 
 __all__ = ["WorkerLostError", "DaskEngine", "DistRatings", "prepare", "fit_workers",
-           "get_client", "wait_alive"]
+           "get_client", "wait_alive", "device_facts"]
 
 
 class WorkerLostError(RuntimeError):
@@ -73,6 +73,14 @@ def fit_workers(client, workers=None):
         ranks.append(hosts.get(host, 0))
         hosts[host] = ranks[-1] + 1
     return addrs, ranks
+
+
+def device_facts(client, addrs, ranks, specs):
+    """Futures of every worker's ``(label, DeviceInfo)``
+    (:func:`~clmf.parallel.dask_tasks.facts`), first in its queue: a fit submits them before
+    preparing the ratings, so a fresh worker opens its device meanwhile."""
+    return [client.submit(T.facts, specs[d], ranks[d], workers=[a], allow_other_workers=False,
+                          pure=False, priority=10) for d, a in enumerate(addrs)]
 
 
 def wait_alive(client, addrs, futs, what, phase, poll=1.0):
@@ -116,6 +124,7 @@ class DistRatings:
     minimum: float = np.inf
     maximum: float = -np.inf
     nnz: int = 0
+    times: dict = dataclasses.field(default_factory=dict)   # seconds of the stages
 
     def release(self):
         """Drop the futures (the cluster frees the partitions)."""
@@ -178,6 +187,18 @@ def _sorted_index(ids, what="ids"):
     return pd.Index(ids)
 
 
+def _encoder(index):
+    """The index that maps a column's raw ids to dense indices on the workers: a sorted run of
+    consecutive integers (ids that are dense indices already, or an offset of them) as a
+    :class:`pandas.RangeIndex`, whose lookup is a subtraction (no hash table to ship and probe);
+    any other ``index`` itself."""
+    import pandas as pd
+    if (len(index) and index.dtype.kind in "iu" and index.is_monotonic_increasing
+            and int(index[-1]) - int(index[0]) + 1 == len(index)):
+        return pd.RangeIndex(int(index[0]), int(index[-1]) + 1)
+    return index
+
+
 def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=None, shift=0.0):
     """Encode ratings on the cluster: distinct ids per partition reduced on the workers, sorted
     into the id maps (or the given ``maps`` of a fitted model: ids unknown to it become -1),
@@ -185,6 +206,7 @@ def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=No
     client. ``shift`` is added to the ratings on the workers (``total`` and ``minimum`` are of
     the ratings as given). Returns a :class:`DistRatings` (counts filled when ``maps`` is
     None)."""
+    laps = T.Laps()
     n_parts = n_parts or len(client.nthreads())
     parts, known = _partitions(client, X, tuple(columns), n_parts)
     if known is not None and maps is None:
@@ -193,30 +215,32 @@ def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=No
                            item_index=None, shift=shift)
     else:
         if maps is None:
-            ids = []
-            for col in columns[:2]:
+            unions = []
+            for col in columns[:2]:         # both columns' trees of unions at once
                 uniq = client.map(T.unique_ids, parts, column=col)
                 while len(uniq) > 8:        # a tree of unions on the workers
                     uniq = [client.submit(T.union_ids, *uniq[k:k + 8])
                             for k in range(0, len(uniq), 8)]
-                ids.append(_sorted_index(client.submit(T.union_ids, *uniq).result(),
-                                         f"column {col!r}"))
-            uidx, iidx = ids
+                unions.append(client.submit(T.union_ids, *uniq))
+            uidx, iidx = (_sorted_index(fu.result(), f"column {col!r}")
+                          for fu, col in zip(unions, columns[:2]))
+            laps.lap("ids")
         else:
             import pandas as pd
             uidx, iidx = (m if isinstance(m, pd.Index) else pd.Index(m) for m in maps)
-        uf, if_ = client.scatter([uidx, iidx], broadcast=True, hash=False)
+        uf, if_ = client.scatter([_encoder(uidx), _encoder(iidx)], broadcast=True, hash=False)
         codes = client.map(T.encode, parts, columns=tuple(columns), user_index=uf,
                            item_index=if_, shift=shift)
         shape = (len(uidx), len(iidx))
         uids, iids = np.asarray(uidx), np.asarray(iidx)
-    out = DistRatings(codes, shape, uids, iids)
+    out = DistRatings(codes, shape, uids, iids, times=laps.times)
     if maps is None:
         tallies = client.map(T.tally, codes, m=shape[0], n=shape[1])
         while len(tallies) > 8:
             tallies = [client.submit(T.sum_tallies, *tallies[k:k + 8])
                        for k in range(0, len(tallies), 8)]
         uc, ic, s, lo, bad, hi = client.submit(T.sum_tallies, *tallies).result()
+        laps.lap("encode_and_counts")
         if bad:
             raise ValueError(f"the ratings contain {bad} NaN/inf value(s)")
         out.user_counts, out.item_counts = uc, ic
@@ -230,65 +254,131 @@ def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=No
 class DaskEngine:
     """One fit's blocks and device workers on a Dask cluster (see the module docstring)."""
 
-    def __init__(self, client, addrs, ranks, specs, data, f, infos, config_pairs, *,
-                 implicit_alpha=None, biased=False, offset=0.0, max_device_memory=None,
-                 modes=None, poll=1.0):
-        """Plan the fit, route the ratings to their workers, build the blocks and devices."""
-        from ..tuning.spec import common_ldf, row_width, unknowns
-        from .backend import fit_modes
+    def __init__(self, client, addrs, ranks, specs, data, fit, stats, *, offset=0.0,
+                 max_device_memory=None, modes=None, start=None, facts=None, poll=1.0):
+        """Set the fit up on the workers ``addrs`` (``ranks``, ``specs``: their device picks,
+        :func:`fit_workers`) for the prepared ``data`` (:class:`DistRatings`) of a fit of
+        ``fit`` (a :class:`clmf.tuning.FitSpec`; ``stats``: its side statistics). The blocks
+        are routed and built (in a thread of each worker) from the row bounds, which the
+        counts alone decide, while one worker per kind of device resolves the configuration
+        and builds its programs (:func:`~clmf.parallel.dask_tasks.probe`); the others take its
+        choice. ``start``: ``(rule, seed)`` when the fit draws its start factors (each worker
+        draws them beside its blocks, :func:`clmf.reference.start_factors`: nothing but the
+        seed is sent), else None (:meth:`set_factors` then). ``facts``: the futures of
+        :func:`device_facts`, where the caller submitted them already."""
+        from ..tuning.spec import unknowns
+        from .partition import balanced_blocks
         self.client = client
         self.addrs = list(addrs)
         self.n = len(self.addrs)
         self.fit_id = f"clmf-{uuid.uuid4().hex[:12]}"
         self.shape = tuple(data.shape)
-        self.f = int(f)
-        self.biased = bool(biased)
-        self.implicit = implicit_alpha is not None
+        self.f = int(fit.f)
+        self.biased = bool(fit.biased)
+        self.implicit = fit.kernel_alpha is not None
         self.fs = unknowns(self.f, self.biased)
-        width = row_width(self.f, self.biased)
         self.poll = float(poll)
         self.phase = "set-up"
-        pairs = [tuple(p) for p in config_pairs]
-        storages = {c.storage for p in pairs for c in p}
-        if len(storages) != 1:
-            raise ValueError(f"every device must store factors alike, got {sorted(storages)}")
-        self.np_store = np.float16 if storages.pop() == "float16" else np.float32
-        self.ldf = common_ldf(pairs, width)
-        modes = fit_modes(self.shape, self.fs, self.ldf, self.n, pairs, modes)
-        self.config_pairs = pairs
-        self.plan = make_plan(data.user_counts, data.item_counts, self.n, self.fs, self.ldf,
-                              modes=modes)
-        self.metric_by = T.metric_side(self.plan)
         self.user_counts, self.item_counts = data.user_counts, data.item_counts
-        setup = {"plan": self.plan, "shape": self.shape, "user_counts": data.user_counts,
-                 "item_counts": data.item_counts, "f": self.f, "biased": self.biased,
-                 "ldf": self.ldf, "itemsize": np.dtype(self.np_store).itemsize,
-                 "config_pairs": pairs, "implicit_alpha": implicit_alpha,
-                 "max_device_memory": max_device_memory, "infos": list(infos),
-                 "specs": list(specs), "ranks": list(ranks), "offset": float(offset)}
+        self.started = start is not None
+        # the row bounds: the counts alone decide them (make_plan below cuts the same)
+        bounds = {"users": balanced_blocks(data.user_counts, self.n, self.fs),
+                  "items": balanced_blocks(data.item_counts, self.n, self.fs)}
+        static = {"shape": self.shape, "devices": list(zip(specs, ranks)),
+                  "user_counts": data.user_counts,
+                  "item_counts": data.item_counts, "bounds": bounds,
+                  "start": (start[0], self.f, start[1]) if start is not None else None}
         t0 = time.perf_counter()
+        self.times = {}
         built = False
         try:
+            # worker 0 (the first of its kind) resolves at once; the others' facts say whether
+            # they are of its kind, meanwhile the blocks are routed and built (a thread)
+            first = self._on(0, T.probe, specs[0], ranks[0], fit, stats, priority=2)
+            if facts is None:
+                facts = device_facts(client, self.addrs, ranks, specs)
+            sfut = client.scatter([static], broadcast=True, workers=self.addrs, hash=False)[0]
+            pieces = self._route(data.parts, bounds)
+            blocks = [self._on(d, T.blocks, self.fit_id, d, sfut, len(pieces),
+                               *[pieces[p][d] for p in range(len(pieces))],
+                               *[pieces[p][self.n + d] for p in range(len(pieces))])
+                      for d in range(self.n)]
+            self._setup_futs = blocks
+            self.phase = "the device probe"
+            facts = self._wait(facts)
+            self.times["facts"] = time.perf_counter() - t0
+            self._probe(specs, ranks, facts, fit, stats, first)
+            self.times["probe"] = time.perf_counter() - t0 - self.times["facts"]
+            self._plan(data, fit, modes, bounds)
+            self.phase = "set-up"
+            setup = {"plan": self.plan, "f": self.f, "biased": self.biased, "ldf": self.ldf,
+                     "itemsize": np.dtype(self.np_store).itemsize,
+                     "config_pairs": self.config_pairs, "implicit_alpha": fit.kernel_alpha,
+                     "max_device_memory": max_device_memory, "infos": self.infos,
+                     "specs": list(specs), "ranks": list(ranks), "offset": float(offset)}
             sfut = client.scatter([setup], broadcast=True, workers=self.addrs, hash=False)[0]
-            pieces = self._route(data.parts)
-            futs = [self._on(d, T.build, self.fit_id, d, sfut, len(pieces),
-                             *[pieces[p][d] for p in range(len(pieces))],
-                             *[pieces[p][self.n + d] for p in range(len(pieces))])
-                    for d in range(self.n)]
+            # (each after its worker's blocks task: it takes the blocks that task started)
+            futs = [self._on(d, T.build, self.fit_id, d, sfut, blocks[d]) for d in range(self.n)]
             self.memory_plans = self._wait(futs)
+            self._setup_futs = []
+            t1 = time.perf_counter()
+            self.times["blocks_and_engines"] = t1 - t0 - self.times["facts"] - self.times["probe"]
             self.transport = self._transport()
+            t2 = time.perf_counter()
+            self.times["transport"] = t2 - t1
             self.loop = self._board()
+            self.times["board"] = time.perf_counter() - t2
             built = True
         finally:
             if not built:
                 self.release()
         self.memory = {"total": max(p["total"] for p in self.memory_plans),
                        "per_device": self.memory_plans}
-        self.times = {"build": time.perf_counter() - t0}
+        self.worker_times = [p.pop("times", {}) for p in self.memory_plans]
+        self.times["build"] = time.perf_counter() - t0
         log.info("fit %s: blocks built on %d workers in %.2f s (modes %s, blocks through %s, "
                  "%s)", self.fit_id, self.n, self.times["build"],
                  {s: self.plan[s].mode for s in SIDES}, self.transport,
                  "the workers' own loop" if self.loop else "tasks per half-step")
+
+    def _probe(self, specs, ranks, facts, fit, stats, first):
+        """Resolve the configuration of each kind of device on its first worker (its programs
+        built there; ``first``: worker 0's probe, submitted already) and give it to every worker
+        of that kind: :attr:`labels`, :attr:`infos`, :attr:`choices` per worker,
+        :attr:`probe_times` per kind."""
+        reps = {}
+        for d, (_label, info) in enumerate(facts):
+            reps.setdefault(info, d)
+        probes = dict(zip(reps, self._wait([
+            first if d == 0 else self._on(d, T.probe, specs[d], ranks[d], fit, stats,
+                                          priority=2)
+            for d in reps.values()])))
+        self.labels = [label for label, _info in facts]
+        self.infos = [info for _label, info in facts]
+        self.choices = [probes[info][2] for info in self.infos]
+        self.probe_times = {reps[info]: p[3] for info, p in probes.items()}
+        log.info("fit %s: %d kind(s) of device among %d workers, probed on worker(s) %s",
+                 self.fit_id, len(reps), self.n, sorted(reps.values()))
+
+    def _plan(self, data, fit, modes, bounds):
+        """The fit's storage, leading dimension, modes and :class:`~clmf.parallel.Plan` from
+        the workers' configurations (its bounds those the blocks were cut by)."""
+        from ..tuning.spec import common_ldf, row_width
+        from .backend import fit_modes
+        pairs = [(c["users"].config, c["items"].config) for c in self.choices]
+        storages = {c.storage for p in pairs for c in p}
+        if len(storages) != 1:
+            raise ValueError(f"every device must store factors alike, got {sorted(storages)}")
+        self.np_store = np.float16 if storages.pop() == "float16" else np.float32
+        self.ldf = common_ldf(pairs, row_width(self.f, self.biased))
+        modes = fit_modes(self.shape, self.fs, self.ldf, self.n, pairs, modes)
+        self.config_pairs = pairs
+        self.plan = make_plan(data.user_counts, data.item_counts, self.n, self.fs, self.ldf,
+                              modes=modes)
+        for s in SIDES:
+            if not np.array_equal(self.plan[s].bounds, bounds[s]):
+                raise AssertionError(f"the plan's {s} bounds differ from the blocks'")
+        self.metric_by = T.metric_side(self.plan)
 
     def _transport(self):
         """How solved blocks move: "shared memory" when every worker maps every other worker's
@@ -330,15 +420,17 @@ class DaskEngine:
         return f"{self.fit_id}-abort"
 
     # ----- task plumbing -------------------------------------------------------------------
-    def _on(self, d, fn, *args):
-        """Run ``fn(*args)`` on worker ``d`` only."""
+    def _on(self, d, fn, *args, priority=0):
+        """Run ``fn(*args)`` on worker ``d`` only (``priority``: Dask's, higher first)."""
         return self.client.submit(fn, *args, workers=[self.addrs[d]], allow_other_workers=False,
-                                  pure=False, key=f"{fn.__name__}-{self.fit_id}-{uuid.uuid4().hex}")
+                                  pure=False, priority=priority,
+                                  key=f"{fn.__name__}-{self.fit_id}-{uuid.uuid4().hex}")
 
-    def _route(self, parts, bounds_by=None):
-        """Per partition, futures of its ``2n`` pieces (users blocks, then items blocks)."""
-        bu = self.plan["users"].bounds
-        bi = self.plan["items"].bounds
+    def _route(self, parts, bounds=None):
+        """Per partition, futures of its ``2n`` pieces (users blocks, then items blocks) by the
+        row ``bounds`` (side → bounds; default: the plan's)."""
+        bounds = bounds or {s: self.plan[s].bounds for s in SIDES}
+        bu, bi = bounds["users"], bounds["items"]
         splits = self.client.map(T.split, parts, bounds_u=bu, bounds_i=bi, pure=False)
         return [[self.client.submit(T.pick, s, k, pure=False) for k in range(2 * self.n)]
                 for s in splits]
@@ -463,7 +555,11 @@ class DaskEngine:
 
     def release(self):
         """Free every worker's share of the fit (the workers still there); workers still in
-        their own loop are called off first."""
+        their own loop are called off first, set-up tasks not yet run are cancelled."""
+        try:
+            self.client.cancel(getattr(self, "_setup_futs", []))
+        except Exception as e:        # noqa: BLE001 - best effort while failing
+            log.warning("cancelling the set-up of fit %s: %s", self.fit_id, e)
         if getattr(self, "loop", False) and self.n > 1:
             try:
                 from distributed import Event

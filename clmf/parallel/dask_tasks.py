@@ -26,6 +26,7 @@ from .worker import SIDES, Exchange, other_side
 log = logging.getLogger(__name__)
 
 _STATE = {}            # fit id → dict (this worker's share of the fit)
+_PENDING = {}          # fit id → future of the blocks being built (see blocks)
 # "1"/"0": the workers' own rows pass through page-locked staging arrays or not (default
 # "auto": where the engine pins its host buffers, i.e. on GPUs; see shared_blocks.Board)
 ENV_STAGING = "CLMF_DASK_PINNED_STAGING"
@@ -133,20 +134,40 @@ def sum_tallies(*parts):
     return uc, ic, s, lo, bad, hi
 
 
+def stable_order(keys, span):
+    """The stable sorting permutation of non-negative integer ``keys`` below ``span``, by
+    numpy's radix sort on 8- or 16-bit digits (least significant first): O(n) per digit, several
+    times faster than a comparison sort of 32- or 64-bit keys."""
+    keys = np.asarray(keys)
+    if span <= 1 << 8:
+        return np.argsort(keys.astype(np.uint8), kind="stable")
+    if span <= 1 << 16:
+        return np.argsort(keys.astype(np.uint16), kind="stable")
+    order = np.argsort((keys & 0xFFFF).astype(np.uint16), kind="stable")
+    return order[stable_order(keys[order] >> 16, (int(span) >> 16) + 1)]
+
+
 def split(codes, bounds_u, bounds_i):
     """A partition's triples split by owning worker: ``2n`` triples, first by the users' blocks
-    then by the items' blocks (unknown ids, -1, are dropped)."""
+    then by the items' blocks (unknown ids, -1, are dropped); each worker's triples keep their
+    order in the partition."""
     u, i, r = codes
     ok = (u >= 0) & (i >= 0)
-    u, i, r = u[ok], i[ok], r[ok]
+    if not ok.all():
+        u, i, r = u[ok], i[ok], r[ok]
     out = []
     for key, bounds in ((u, bounds_u), (i, bounds_i)):
-        owner = np.searchsorted(bounds, key, side="right") - 1
-        order = np.argsort(owner, kind="stable")
-        cuts = np.searchsorted(owner[order], np.arange(len(bounds)))
-        for d in range(len(bounds) - 1):
-            sel = order[cuts[d]:cuts[d + 1]]
-            out.append((u[sel], i[sel], r[sel]))
+        n = len(bounds) - 1
+        owner = (np.searchsorted(bounds, key, side="right") - 1).astype(np.int32)
+        if len(owner) < 2 or bool(np.all(owner[1:] >= owner[:-1])):
+            cuts = np.searchsorted(owner, np.arange(n + 1))        # already in owner order
+            out += [(u[a:b], i[a:b], r[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+            continue
+        order = stable_order(owner, n)
+        cuts = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(owner, minlength=n), out=cuts[1:])
+        uo, io, ro = u[order], i[order], r[order]
+        out += [(uo[a:b], io[a:b], ro[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
     return out
 
 
@@ -167,22 +188,52 @@ def heldout(codes, mean, user_counts, item_counts, to_mean):
             int(unknown.sum()))
 
 
+class Laps:
+    """Seconds of a task's named stages, measured one after another (a set-up's breakdown)."""
+
+    def __init__(self):
+        """Start the first stage now."""
+        self.t = time.perf_counter()
+        self.times = {}
+
+    def lap(self, name):
+        """End stage ``name`` (seconds added to any earlier ones of that name)."""
+        now = time.perf_counter()
+        self.times[name] = self.times.get(name, 0.0) + now - self.t
+        self.t = now
+        return self.times
+
+
 def pick(seq, k):
     """Item ``k`` of a task's result."""
     return seq[k]
 
 
+def facts(spec, rank):
+    """``(label, DeviceInfo)`` of this worker's device (``spec``, ``rank``: as
+    :func:`worker_device`): what the client groups the workers' devices by."""
+    from ..engine.device import device_info, device_label
+    dev = worker_device(spec, rank)
+    return device_label(dev), device_info(dev)
+
+
 def probe(spec, rank, fit, stats):
-    """``(label, DeviceInfo, {side: Choice})`` of this worker's device (``spec``, ``rank``: as
-    :func:`worker_device`) for a fit of ``fit`` (a :class:`clmf.tuning.FitSpec`)."""
+    """``(label, DeviceInfo, {side: Choice}, seconds per stage)`` of this worker's device
+    (``spec``, ``rank``: as :func:`worker_device`) for a fit of ``fit`` (a
+    :class:`clmf.tuning.FitSpec`): the configuration looked up and its programs built (a
+    configuration the device refuses is rejected and looked up again); run on one worker per
+    kind of device, whose choice the others take."""
     from ..engine.device import device_info, device_label, get_context
     from ..engine.kernels import als_program
     from ..errors import InvalidConfigError
     from ..tuning import fallback, resolve
+    laps = Laps()
     dev = worker_device(spec, rank)
     info = device_info(dev)
+    laps.lap("device")
     for _attempt in range(8):
         choices = resolve(fit, info, stats)
+        laps.lap("resolve")
         try:
             # built here (then cached for the worker's engine): a looked-up configuration that
             # the device's kernel limits refuse is rejected and the lookup asked again, as an
@@ -198,51 +249,141 @@ def probe(spec, rank, fit, stats):
                 raise
             fallback.reject(info, cfg, fit.f, fit.mode, f"the {ch.rule} rule ({ch.reason})", e)
             continue
-        return device_label(dev), info, choices
+        laps.lap("programs")
+        return device_label(dev), info, choices, laps.times
     raise InvalidConfigError("no looked-up configuration runs on this worker's device",
                              "kernel_work_group_size")
 
 
 # ----- a fit's blocks and device worker (the owning worker) -----------------------------------
 def _block(pieces, key, indptr, r0, r1):
-    """The CSR of rows ``[r0, r1)`` of one side from the triples sent to this worker."""
-    u = np.concatenate([p[0] for p in pieces]) if pieces else np.zeros(0, np.int32)
-    i = np.concatenate([p[1] for p in pieces]) if pieces else np.zeros(0, np.int32)
-    r = np.concatenate([p[2] for p in pieces]) if pieces else np.zeros(0, np.float32)
+    """The CSR of rows ``[r0, r1)`` of one side from the triples sent to this worker (sorted by
+    row, then column: radix passes over the column and the row, skipped where the pieces are in
+    that order already, as user-ordered files give the users' side and then each item's users);
+    duplicate entries are refused."""
+    def cat(k, dt):
+        """Field ``k`` of every piece, in order."""
+        return np.concatenate([p[k] for p in pieces]) if pieces else np.zeros(0, dt)
+    u, i, r = cat(0, np.int32), cat(1, np.int32), cat(2, np.float32)
     rows, cols = (u, i) if key == "users" else (i, u)
-    # one int64 key, stable sort: about twice lexsort's speed, and near O(n) on the presorted
-    # rows of user-ordered files
-    width = int(cols.max()) + 1 if len(cols) else 1
-    order = np.argsort(rows.astype(np.int64) * width + cols, kind="stable")
-    rows, cols, r = rows[order], cols[order], r[order]
-    dup = (rows[1:] == rows[:-1]) & (cols[1:] == cols[:-1])
-    if dup.any():
-        k = int(np.flatnonzero(dup)[0])
-        raise ValueError(f"the ratings have {int(dup.sum())} duplicate (user, item) entries "
-                         f"(first: {key[:-1]} index {int(rows[k])}, other index {int(cols[k])})")
     want = int(indptr[r1] - indptr[r0])
     if len(rows) != want:
         raise RuntimeError(f"{key} block {r0}..{r1} received {len(rows)} ratings, expected "
                            f"{want} (a partition changed between passes over the data?)")
-    return BlockSide(indptr, r0, r1, cols.astype(np.int32), r.astype(np.float32))
+
+    def in_order(rows, cols):
+        """Whether the entries run by row, then strictly by column within a row."""
+        return bool(np.all((rows[1:] > rows[:-1]) | ((rows[1:] == rows[:-1])
+                                                     & (cols[1:] > cols[:-1]))))
+
+    if not in_order(rows, cols):
+        rel = rows - np.int32(r0)
+        if not bool(np.all(rel[1:] >= rel[:-1])):      # by row, keeping the columns' order
+            order = stable_order(rel, max(1, r1 - r0))
+            rows, cols, r = rows[order], cols[order], r[order]
+        if not in_order(rows, cols):                    # by column first, then by row
+            order = stable_order(cols, int(cols.max()) + 1)
+            order = order[stable_order(rows[order] - np.int32(r0), max(1, r1 - r0))]
+            rows, cols, r = rows[order], cols[order], r[order]
+            dup = (rows[1:] == rows[:-1]) & (cols[1:] == cols[:-1])
+            if dup.any():
+                k = int(np.flatnonzero(dup)[0])
+                raise ValueError(f"the ratings have {int(dup.sum())} duplicate (user, item) "
+                                 f"entries (first: {key[:-1]} index {int(rows[k])}, other "
+                                 f"index {int(cols[k])})")
+    return BlockSide(indptr, r0, r1, np.ascontiguousarray(cols, dtype=np.int32),
+                     np.ascontiguousarray(r, dtype=np.float32))
 
 
-def build(fit_id, d, setup, n_user_pieces, *pieces):
-    """Build this worker's blocks (users rows by the users plan, items rows by the items plan),
-    its memory plan and its :class:`~clmf.engine.Engine`; returns a summary of the memory plan."""
+def blocks(fit_id, d, static, n_user_pieces, *pieces):
+    """Start building this worker's blocks in a thread of its own (users rows by the users'
+    bounds, items rows by the items'; ``static``: the fit's shape, counts, bounds and start
+    rule, see :meth:`~clmf.parallel.dask_backend.DaskEngine`) — with the start factors, where
+    the fit draws them, so that only a seed crosses the network — and return at once: the
+    worker meanwhile resolves its device's configuration and builds its programs
+    (:func:`probe`); :func:`build` takes the blocks."""
+    import concurrent.futures
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clmf-blocks")
+    fut = pool.submit(_blocks, d, static, pieces[:n_user_pieces], pieces[n_user_pieces:])
+    pool.shutdown(wait=False)
+    with _LOCK:
+        _PENDING[fit_id] = fut
+    return None
+
+
+def _blocks(d, static, user_pieces, item_pieces):
+    """``(Layout of this worker's blocks, start factors or None, seconds per stage)``."""
+    from ..engine.device import get_context
+    laps = Laps()
+    get_context(worker_device(*static["devices"][d]))     # (a fresh worker: its context)
+    laps.lap("context")
+    m, nn = static["shape"]
+    ip = {}
+    for s, rows, counts in (("users", m, static["user_counts"]),
+                            ("items", nn, static["item_counts"])):
+        ip[s] = np.zeros(rows + 1, np.int64)
+        np.cumsum(counts, out=ip[s][1:])
+    bounds = static["bounds"]
+    users = _block(user_pieces, "users", ip["users"], *bounds["users"][d:d + 2])
+    items = _block(item_pieces, "items", ip["items"], *bounds["items"][d:d + 2])
+    laps.lap("blocks")
+    start = None
+    if static.get("start") is not None:
+        from .. import reference
+        rule, f, seed = static["start"]
+        start = reference.start_factors(m, nn, f, seed, init=rule)
+        laps.lap("start_factors")
+    return Layout((m, nn), users, items), start, laps.times
+
+
+def _prebuild(dev, setup, d):
+    """A future of the ALS programs of worker ``d``'s configurations, built (or loaded from the
+    on-disk cache) in a thread: the engine then finds them built. A configuration that fails
+    to build is left to the engine to report (with the side and device it names)."""
+    import concurrent.futures
+
+    from ..engine.device import device_info, get_context
+    from ..engine.kernels import als_program
+    from ..tuning.spec import unknowns
+
+    def run():
+        """Build both sides' programs; a configuration refused is the engine's to report."""
+        info = device_info(dev)
+        for cfg in setup["config_pairs"][d]:
+            try:
+                als_program(get_context(dev)[0], dev, cfg, unknowns(setup["f"], setup["biased"]),
+                            info, setup["implicit_alpha"] is not None, setup["biased"],
+                            ldf=setup["ldf"])
+            except Exception as e:     # noqa: BLE001 - the engine builds it again and reports
+                log.debug("prebuilding %s: %s", cfg, e)
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clmf-programs")
+    fut = pool.submit(run)
+    pool.shutdown(wait=False)
+    return fut
+
+
+def build(fit_id, d, setup, _after=None):
+    """This worker's memory plan and :class:`~clmf.engine.Engine` on the blocks :func:`blocks`
+    built (waited for here) and, where it drew them, its start factors uploaded; returns a
+    summary of the memory plan with the seconds of the set-up's stages on this worker
+    (``_after``: the :func:`blocks` task's result, which orders the two)."""
     from ..tuning.spec import unknowns
     from .backend import partial_layout, plan_fit
     from .worker import device_engine
+    laps = Laps()
+    with _LOCK:
+        pending = _PENDING.pop(fit_id, None)
+    if pending is None:
+        raise RuntimeError(f"this worker holds no blocks of fit {fit_id} (was it restarted?)")
+    dev = worker_device(setup["specs"][d], setup["ranks"][d])
+    programs = _prebuild(dev, setup, d)       # while the blocks are still being sorted
+    layout, start, times = pending.result()
+    laps.lap("blocks_wait")
+    programs.result()
+    laps.lap("programs_wait")
     plan = setup["plan"]
     n = plan.devices
-    m, nn = setup["shape"]
-    ip_u = np.zeros(m + 1, np.int64)
-    np.cumsum(setup["user_counts"], out=ip_u[1:])
-    ip_i = np.zeros(nn + 1, np.int64)
-    np.cumsum(setup["item_counts"], out=ip_i[1:])
-    users = _block(pieces[:n_user_pieces], "users", ip_u, *plan["users"].block(d))
-    items = _block(pieces[n_user_pieces:], "items", ip_i, *plan["items"].block(d))
-    layout = Layout((m, nn), users, items)
+    users, items = layout.users, layout.items
     sources = {}
     for s in SIDES:
         if plan[s].mode == "reduce" and n > 1:
@@ -252,12 +393,13 @@ def build(fit_id, d, setup, n_user_pieces, *pieces):
     fs = unknowns(setup["f"], setup["biased"])
     dplan = plan_fit(setup["infos"], layout, plan, fs, setup["ldf"], setup["itemsize"],
                      setup["config_pairs"], setup["implicit_alpha"] is not None,
-                     setup["max_device_memory"], (), all_sources)[d]
-    dev = worker_device(setup["specs"][d], setup["ranks"][d])
+                     setup["max_device_memory"], (), all_sources, pipelined=True)[d]
+    laps.lap("memory_plan")
     pair = setup["config_pairs"][d]
     w = device_engine(d, dev, layout, plan, dplan, setup["f"], setup["ldf"],
                      {"users": pair[0], "items": pair[1]}, setup["implicit_alpha"],
                      setup["biased"], setup["offset"], None, False, sources)
+    laps.lap("engine")
     with _LOCK:
         old = _STATE.pop(fit_id, None)
         _STATE[fit_id] = {"worker": w, "layout": layout, "plan": plan, "d": d, "triples": {},
@@ -265,10 +407,22 @@ def build(fit_id, d, setup, n_user_pieces, *pieces):
                           "segments": shm.Segments(f"{fit_id}-{d}"), "attached": shm.Attached()}
     if old is not None:
         _release_state(old)
+    if start is not None:
+        from ..engine.factors import padded_factors
+        for side, M in zip(SIDES, start):
+            rows = layout[side].rows
+            write(fit_id, side, padded_factors(side, M, rows, setup["f"], setup["ldf"],
+                                               w.np_store, setup["biased"]))
+        laps.lap("start_upload")
     log.info("fit %s: worker %d holds %d user and %d item rows (%d + %d ratings); %s", fit_id, d,
              users.r1 - users.r0, items.r1 - items.r0, len(users.indices), len(items.indices),
              dplan.describe())
-    return {"total": int(dplan.total), "streamed": dplan.streamed, **dplan.bytes}
+    times = {**times, **laps.times, **{f"engine_{k}": v for k, v in w.setup_times.items()
+                                       if k in ("build", "build_wait", "upload", "buffers")}}
+    log.info("fit %s: worker %d set up in %s", fit_id, d,
+             ", ".join(f"{k} {v:.3f} s" for k, v in times.items()))
+    return {"total": int(dplan.total), "streamed": dplan.streamed, **dplan.bytes,
+            "times": times}
 
 
 def _state(fit_id):
@@ -408,22 +562,25 @@ def iterate(fit_id, regularization, weighted, count=1, metrics=()):
 
 
 def partials(fit_id, side, *previous):
-    """Reduce mode: partial normal equations of every row of ``side`` over this worker's block of
-    the fixed side (after installing the ``previous`` half-step's blocks), cut by owning worker:
-    a list of ``(A, B)`` per worker and the Gram ``G``."""
+    """Reduce mode, first phase: the packed partial systems (the hermitian's lower triangle and
+    the right side, :func:`clmf.engine.memory.packed_width`) of every row of ``side`` over this
+    worker's block of the fixed side (after installing the ``previous`` half-step's blocks), by
+    the pipeline of the in-process fit (:func:`clmf.engine.reduce.pipelined`), cut by owning
+    worker: a list of the rows of each worker, then the Gram ``G``."""
+    from ..engine.memory import packed_width
+    from ..engine.reduce import pipelined
+    from .reducer import PartialsPort
     install(fit_id, *previous)
     st = _state(fit_id)
     w = st["worker"]
     rows, fs = max(1, st["layout"][side].rows), w.fs
-    A, a_out = _out_buffer(st, f"partials-{side}-A", (rows, fs, fs), np.float32)
-    B, b_out = _out_buffer(st, f"partials-{side}-B", (rows, fs), np.float32)
+    P, p_out = _out_buffer(st, f"partials-{side}-P", (rows, packed_width(fs)), np.float32)
     G, g_out = _out_buffer(st, f"partials-{side}-G", (fs, fs), np.float32)
     G[...] = 0
-    w.partials(side, A, B, G)
+    pipelined(w, side, PartialsPort(P, G), 0.0, False, Exchange(side, None, 1, needed=False))
     bounds = st["plan"][side].bounds
-    cut = [(_rows_of(a_out, A, bounds[e], bounds[e + 1]),
-            _rows_of(b_out, B, bounds[e], bounds[e + 1])) for e in range(len(bounds) - 1)]
-    return cut + [g_out]
+    return [_rows_of(p_out, P, bounds[e], bounds[e + 1])
+            for e in range(len(bounds) - 1)] + [g_out]
 
 
 def _rows_of(out, arr, a, b):
@@ -437,29 +594,27 @@ def _rows_of(out, arr, a, b):
 
 
 def reduce_solve(fit_id, side, regularization, weighted, needed, n, *parts):
-    """Reduce mode: sum the ``n`` workers' partial systems of this worker's rows (``parts``: n
-    ``(A, B)`` then n Gram matrices), add the Gram matrix and the regularisation, solve; returns
+    """Reduce mode, second phase: sum the ``n`` workers' packed partial systems of this
+    worker's rows (``parts``: n arrays, then n Gram matrices) and solve them by the pipeline
+    (unpacked on the device with the regularisation and the Gram matrix added); returns
     ``(r0, rows)`` as :func:`solve`."""
+    from ..engine.reduce import pipelined
+    from .reducer import SummedPort, segment_rows
     st = _state(fit_id)
     w = st["worker"]
     r0, r1 = st["plan"][side].block(st["d"])
     parts = shm.resolve(list(parts), st["attached"])
-    A = parts[0][0].copy()
-    B = parts[0][1].copy()
-    for a, b in parts[1:n]:
-        A += a
-        B += b
-    if w.implicit:
-        A += np.sum(parts[n:2 * n], axis=0)
-    counts = st["layout"][side].counts()[r0:r1]
-    lam = regularization * counts if weighted else np.full(r1 - r0, regularization)
-    diag = np.arange(w.fs)
-    A[:, diag, diag] += lam.astype(np.float32)[:, None]
+    P = parts[0].copy()
+    for p in parts[1:n]:
+        P += p
+    G = np.sum(parts[n:2 * n], axis=0, dtype=np.float32)
     shape = (max(0, r1 - r0), st["ldf"])               # every row is copied in
     buf, out = (_out_buffer(st, f"solve-{side}", shape, st["store"]) if needed
                 else (np.empty(shape, st["store"]), None))
     ex = Exchange(side, Rows(buf, r0), 1, needed=needed)
-    w.solve_reduced(side, Rows(A, r0), Rows(B, r0), float(regularization), bool(weighted), ex)
+    seg = segment_rows(st["layout"][side].rows, n, w.fs, [w.batch_rows[side]])
+    pipelined(w, side, SummedPort(Rows(P, r0), G, r0, r1, seg), float(regularization),
+              bool(weighted), ex, partials=False)
     return (r0, out) if needed else None
 
 
@@ -509,12 +664,15 @@ def release(fit_id):
     """Free this worker's share of a fit (no error when it holds none)."""
     with _LOCK:
         st = _STATE.pop(fit_id, None)
+        pending = _PENDING.pop(fit_id, None)
+    if pending is not None:       # blocks never taken by build (the set-up failed)
+        pending.cancel()
     if st is not None:
         shared = st["shm"]
         _release_state(st)
         if shared:                # the segments of workers that died with the fit
             shm.unlink_fit(fit_id)
-    return st is not None
+    return st is not None or pending is not None
 
 
 def _release_state(st):

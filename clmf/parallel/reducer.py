@@ -18,7 +18,7 @@ import numpy as np
 
 from ..engine.memory import packed_width
 
-__all__ = ["Reducer", "Port", "segment_rows", "cut_segments"]
+__all__ = ["Reducer", "Port", "PartialsPort", "SummedPort", "segment_rows", "cut_segments"]
 
 SEGMENT_BYTES = 8 << 20     # a segment's packed systems on one device, at most
 SUM_BYTES = 1 << 20         # one host sum job's rows on one device, at most
@@ -67,6 +67,62 @@ class Port:
     def fail(self, exc):
         """This device failed: wake every waiter."""
         self.reducer.fail(exc)
+
+
+class PartialsPort:
+    """The port of the reduce mode's first phase in two (:func:`clmf.engine.reduce.pipelined`
+    with the Dask backend's tasks per half-step): the device's packed partial systems of every
+    row into ``host`` (rows × packed width) and its Gram into ``gram``; nothing is summed or
+    handed over here (the caller sums between the phases)."""
+
+    def __init__(self, host, gram):
+        """Write into ``host`` and ``gram``."""
+        self.host, self.gram = host, gram
+        self.segments = [(0, max(1, len(host)), 0)]
+
+    def landed(self, k):
+        """A copy landed: nothing waits for it in this phase."""
+
+    def take(self, block):
+        """Nothing is handed over in this phase."""
+        return None
+
+    def gram_total(self):
+        """Not asked in this phase (nothing is solved)."""
+        raise RuntimeError("the partials phase solves nothing")
+
+    def fail(self, exc):
+        """Nothing waits on this port."""
+
+
+class SummedPort:
+    """The port of the reduce mode's second phase in two: hands the device's rows ``[r0, r1)``
+    over at once, as segments of :func:`segment_rows` rows, from ``host`` (their summed packed
+    systems; indexed by global row, e.g. :class:`clmf.parallel.dask_tasks.Rows`) with the
+    summed Gram ``gram``."""
+
+    def __init__(self, host, gram, r0, r1, seg):
+        """Hand over rows ``[r0, r1)`` of ``host`` in pieces of ``seg`` rows."""
+        self.host, self.gram = host, gram
+        self.segments = cut_segments([r0, r1], seg)
+        self.given = False
+
+    def landed(self, k):
+        """No partials are computed in this phase."""
+
+    def take(self, block):
+        """Every segment at the first call, then None."""
+        if self.given:
+            return None
+        self.given = True
+        return [s[:2] for s in self.segments]
+
+    def gram_total(self):
+        """The summed Gram matrix."""
+        return self.gram
+
+    def fail(self, exc):
+        """Nothing waits on this port."""
 
 
 class Reducer:
