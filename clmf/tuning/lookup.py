@@ -544,9 +544,14 @@ def _verified_here(info, sources):
     their measurements of status ok."""
     from . import fallback
     from .index import measurement_records
+    lists = [(recs, measurement_records(p) or ()) for _origin, p, recs in sources]
+    key = (fallback._device_id(info), tuple((id(a), id(b)) for a, b in lists))
+    hit = _verified_memo.get(key)
+    if hit is not None and all(x is a and y is b for (x, y), (a, b) in zip(hit[0], lists)):
+        return hit[1]          # (the lists are the index's own until a file changes)
     out = set()
-    for _origin, p, recs in sources:
-        for r in [*recs, *(measurement_records(p) or ())]:
+    for recs, meas in lists:
+        for r in [*recs, *meas]:
             kind = r.get("kind")
             if (kind not in ("best", "measurement") or (kind == "measurement"
                                                         and r.get("status") != "ok")
@@ -556,7 +561,13 @@ def _verified_here(info, sources):
                 out.add((KernelConfig.from_dict(r["config"]).key(), record_mode(r)))
             except (KeyError, TypeError, ValueError, InvalidConfigError):
                 continue
+    if len(_verified_memo) > 16:
+        _verified_memo.clear()
+    _verified_memo[key] = (lists, out)
     return out
+
+
+_verified_memo: dict = {}
 
 
 def _computed_default(info, f, storage, sources, record_mode_=None, mode="explicit", check=None):
