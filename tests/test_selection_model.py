@@ -125,3 +125,23 @@ def test_lookup_model_rule_with_its_reason(dbenv, mode):  # noqa: F811
     assert ch.rule == "model" and ch.config == KernelConfig.parse(A), ch
     assert f"f=64 {mode} users 2000×1000" in ch.reason
     assert tuning.choose(info, 64, "users", stats("users", ds), mode=mode).rule == "tuned"
+
+
+def test_an_adapted_configuration_scores_by_its_own_evidence(dbenv):  # noqa: F811
+    """A syrk measured fastest with 2 slices at f = 100 and refused at f = 128 runs there with
+    1 slice — another configuration, never measured: it scores as the prior, so a configuration
+    measured nearly as fast wins (stop 39's leave-one-out picked the adapted syrk and ran
+    1.3-1.65x the cell's best)."""
+    import warnings
+
+    from clmf.tuning import fallback
+    info = fake_info()
+    syrk = KernelConfig.parse("batch+vec4+syrk:bx=8,ks=2,solver=cg")
+    ds = {"m": 2000, "n": 1000, "nnz": 40000}
+    write(dbenv["env"], run(info, 100, {str(syrk): 1.0, B: 1.2}, "r100"))
+    assert tuning.choose(info, 112, "users", stats("users", ds)).config == syrk
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fallback.reject(info, syrk, 112, "explicit", "a test", "306 work-items > 256")
+    ch = tuning.choose(info, 112, "users", stats("users", ds))
+    assert ch.rule == "model" and ch.config == KernelConfig.parse(B), ch

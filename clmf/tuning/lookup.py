@@ -498,17 +498,24 @@ def _predict(info, f, storage, ds, mode, sources, finalize, usable, tries=8):
         return fallback.rejection(info, finalize(cfg, mode), f, mode) is None
 
     def best_per_ldf(side):
-        # the first (best-ranked) configuration of each leading dimension that validates here
+        # the best-scored configuration of each leading dimension that validates here; one
+        # adapted to fit (fewer split-K slices, another S3 work-group) is another configuration
+        # than the one measured: it scores by its own evidence, else the prior (a syrk measured
+        # with 2 slices at f = 100 ran 1.3-1.65x slower with 1 at f = 128 than the cell's best)
+        own = {key: score for score, key, _c, _sup, _w in ranked[side]}
         out = {}
         for score, key, c, sup, where in ranked[side]:
             a = _adapt(c, info, kf, storage, not_rejected)
             if a is None:
                 continue
+            if a.replace(storage=c.storage) != c:
+                score = own.get(M.config_key(a.replace(storage=c.storage)), M.PRIOR)
+                where = None
             a = finalize(a, mode)
             if a in refused:
                 continue
             ldf = a.ldf(width)
-            if ldf not in out:
+            if ldf not in out or score < out[ldf][0]:
                 out[ldf] = (score, a, c, sup, where)
         return out
 

@@ -46,7 +46,7 @@ from .schema import SIDES, norm_text, record_mode
 log = logging.getLogger(__name__)
 
 __all__ = ["TOP_K", "Group", "groups_of", "newest", "distance", "weight", "rank", "features",
-           "MAX_D2", "top_records", "describe"]
+           "config_key", "MAX_D2", "top_records", "describe"]
 
 TOP_K = 8               # fastest configurations of a group the model reads (and distill keeps)
 PRIOR = math.log(1.5)    # prior relative time of any configuration ...
@@ -128,6 +128,11 @@ def distance(g, f, mode, side, feats, storage="float32"):
 _cfg_memo: dict = {}
 
 
+def config_key(c):
+    """The key :func:`rank` gives configuration ``c`` (its fields' values in order)."""
+    return repr(tuple(c.__dict__.values()))
+
+
 def _config(d):
     """(key, KernelConfig) of a record's configuration (memoized), or None when unusable."""
     try:
@@ -141,7 +146,7 @@ def _config(d):
             c = KernelConfig.from_dict(d)
             # (the fields' values in order: what KernelConfig.key() tells apart, without its
             # asdict, which would be most of a first lookup's time)
-            hit = (repr(tuple(c.__dict__.values())), c)
+            hit = (config_key(c), c)
         except (InvalidConfigError, TypeError, ValueError):
             hit = False
         if len(_cfg_memo) < 65536:
