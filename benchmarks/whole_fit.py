@@ -18,8 +18,9 @@ cache, a later fit) and before/after comparisons::
     python benchmarks/whole_fit.py OUT --cache empty --processes 2 --fits 2 --profile 25
     python benchmarks/whole_fit.py OUT --cache empty --sites main=/tmp/site-main new=
 
-``--cache empty`` gives the run new empty cache directories (clmf's, pyopencl's, PoCL's, NVIDIA's
-compute cache), one per site: each site's first process starts empty, the later ones find it warm.
+``--cache empty`` gives processes 0, 2, 4, ... of each site new empty cache directories (clmf's,
+pyopencl's, PoCL's, NVIDIA's compute cache) and processes 1, 3, 5, ... the warm ones the process
+before them left.
 ``--sites LABEL=DIR`` runs the processes in turn with ``PYTHONPATH=DIR`` (an installed clmf, e.g.
 ``pip install --no-deps --target DIR main.whl``; empty: the environment's): one site after the
 other, process by process, so that the machine's load is shared alike. ``--profile N`` runs each
@@ -273,8 +274,8 @@ def main():
     p.add_argument("--processes", type=int, default=2,
                    help="fresh processes, one after another (per site with --sites)")
     p.add_argument("--cache", default="keep", choices=("keep", "empty"),
-                   help="keep: the machine's caches; empty: new empty cache directories per "
-                        "site (its first process starts empty, the later ones find them warm)")
+                   help="keep: the machine's caches; empty: even processes start from new "
+                        "empty cache directories, odd ones find the previous process's warm")
     p.add_argument("--sites", nargs="+", type=site_arg, default=None,
                    help="LABEL=DIR: processes in turn with PYTHONPATH=DIR (an installed clmf; "
                         "empty DIR: the environment's), e.g. main=/tmp/site-main new=")
@@ -306,8 +307,9 @@ def main():
                     env["PYTHONPATH"] = os.pathsep.join(
                         [path] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
             if a.cache == "empty":
-                env.update(cache_env(os.path.join(caches.name, label or "run")))
-                cmd += ["--cache-state", "empty" if k == 0 else "warm"]
+                # even processes start from new empty caches, odd ones find the previous' warm
+                env.update(cache_env(os.path.join(caches.name, f"{label or 'run'}-{k // 2}")))
+                cmd += ["--cache-state", "empty" if k % 2 == 0 else "warm"]
             log(f"process {k}{'' if label is None else ' (' + label + ')'}: {a.fits} fit(s) "
                 f"of {a.iterations} iterations at f={a.factors}")
             res = subprocess.run(cmd, capture_output=True, text=True, env=env)

@@ -137,3 +137,14 @@ def test_build_threads_change_no_factor(one_device, threads, monkeypatch):
         m = _fit(R, one_device)
         np.testing.assert_array_equal(m.user_factors_, ref.user_factors_)
         np.testing.assert_array_equal(m.item_factors_, ref.item_factors_)
+
+
+def test_build_chains_put_the_transpose_first_and_alone():
+    """One thread: every program in order; several: the transpose's alone first, the others
+    spread over the rest; nothing lost or repeated."""
+    from clmf.engine.programs import chains
+    jobs = dict.fromkeys(["layout", "users", "items", "metrics"])
+    assert chains(jobs, 1) == [["layout", "users", "items", "metrics"]]
+    assert chains(jobs, 2) == [["layout"], ["users", "items", "metrics"]]
+    assert chains(jobs, 4) == [["layout"], ["users"], ["items"], ["metrics"]]
+    assert chains(dict.fromkeys(["users", "items"]), 4) == [["users"], ["items"]]

@@ -7,8 +7,9 @@ launched once (:func:`clmf.engine.launch.warm`).
 what a one-device fit builds, which :meth:`clmf.ALS.warm_up` builds ahead of a fit (a build of the
 same program already running is waited for, never started twice: :func:`clmf.engine.kernels.build`).
 GPU hosts build the programs side by side (one thread each: a cold H100 build of a fit's programs
-took 2.0 s, of which 0.99 s was not hidden by the uploads); CPU devices build the ALS programs in
-one thread (their compilers share the cores with the device) and the transpose's beside them.
+took 2.0 s, of which 0.99 s was not hidden by the uploads); CPU devices build the ALS programs one
+after the other in one thread (their compilers share the cores with the device), the transpose's
+in another.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from .blocks import SIDES
 from .device import thread_safe
 from .transpose import layout_program
 
-__all__ = ["Builds", "fit_programs", "build_threads", "BUILD_THREADS", "WARM_LAUNCHES"]
+__all__ = ["Builds", "fit_programs", "build_threads", "chains", "BUILD_THREADS",
+           "WARM_LAUNCHES"]
 
 # threads building a fit's programs: None chooses (build_threads); 1 builds them one after the
 # other as before (for comparisons)
@@ -33,14 +35,25 @@ WARM_LAUNCHES = True
 
 
 def build_threads(info, programs):
-    """Threads building ``programs`` programs on the device of ``info``: one each on a GPU of
-    a host with cores to spare (up to 4), else 2 where the transpose's program is among them
-    (it is needed first, by the transpose), else 1; :data:`BUILD_THREADS` overrides."""
+    """Threads building ``programs`` programs on the device of ``info``: one each on a GPU of a
+    host with cores to spare (up to 4), else 1 (:data:`BUILD_THREADS` overrides)."""
     if BUILD_THREADS is not None:
         return max(1, int(BUILD_THREADS))
     if info.type == "GPU" and (os.cpu_count() or 1) >= 4:
         return max(1, min(4, programs))
     return 1
+
+
+def chains(jobs, threads):
+    """``jobs`` (name → callable) grouped into ``threads`` sequences run one after the other,
+    the transpose's program alone in the first where there is one (it is needed first)."""
+    names = list(jobs)
+    if threads <= 1:
+        return [names]
+    head = [["layout"]] if "layout" in names else []
+    rest = [k for k in names if k != "layout"]
+    n = max(1, threads - len(head))
+    return head + [rest[k::n] for k in range(n) if rest[k::n]]
 
 
 def fit_programs(ctx, device, info, configs, fs, *, implicit, biased, storage, ldf, layout):
@@ -79,16 +92,25 @@ class Builds:
         safe = thread_safe(eng.device)
         n = build_threads(eng.info, len(jobs)) if safe else 1
         if n == 1 and layout and safe:
-            n = 2                            # the transpose's beside the ALS programs
-        self.pool = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="clmf-build")
-        self.futures = {k: self.pool.submit(fn) for k, fn in jobs.items()}
+            n = 2          # the transpose's beside the ALS programs (as it was built before)
+        self.results = {}
+        groups = chains(jobs, n)
+        # a thread per chain and one waiting for them all, then launching the kernels
+        self.pool = concurrent.futures.ThreadPoolExecutor(len(groups) + 1,
+                                                          thread_name_prefix="clmf-build")
+
+        def run(names):
+            for k in names:
+                self.results[k] = jobs[k]()
+
+        self.futures = [self.pool.submit(run, g) for g in groups]
 
         def finish():
-            programs = {s: self.futures[s].result() for s in SIDES}
+            for fut in self.futures:      # (the first error raised, in the chains' order)
+                fut.result()
+            programs = {s: self.results[s] for s in SIDES}
             if WARM_LAUNCHES and safe:
                 warm(eng, programs)
-            for k, fut in self.futures.items():
-                fut.result()
             return programs, time.perf_counter() - self.t0
 
         def tagged():
@@ -106,6 +128,6 @@ class Builds:
 
     def abandon(self):
         """Cancel what has not started and wait for the rest (a failed or interrupted set-up)."""
-        for fut in (*self.futures.values(), self.done):
+        for fut in (*self.futures, self.done):
             fut.cancel()
-        concurrent.futures.wait([*self.futures.values(), self.done])
+        concurrent.futures.wait([*self.futures, self.done])
