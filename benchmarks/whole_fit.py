@@ -94,6 +94,9 @@ def child(a):
     upload.WRAP_BELOW = not str(align).startswith("copy")
     adopt = a.adopt[a.process % len(a.adopt)] if a.adopt else int(core.ADOPT_FACTORS)
     core.ADOPT_FACTORS = bool(adopt)
+    if a.build_threads is not None:
+        from clmf.engine import programs
+        programs.BUILD_THREADS = a.build_threads
     d = pathlib.Path(a.outdir) / "data"
     meta = json.loads((d / "meta.json").read_text())
     arrs = [np.load(d / f"{k}.npy") for k in ("indptr", "indices", "data")]
@@ -135,6 +138,7 @@ def child(a):
             "nnz": meta["nnz"], "factors": a.factors, "iterations": a.iterations,
             "feedback": a.feedback, "biases": a.biases, "regularization": a.regularization,
             "upload": a.upload, "host_align": align, "adopt": adopt,
+            "build_threads": a.build_threads,
             "device": device_label(info), "driver": info.driver,
             "import_s": import_s if fit == 0 else 0.0, "select_device_s": dev_s,
             "whole_fit_s": whole, "setup_s": t["setup"],
@@ -283,6 +287,9 @@ def main():
                    help="cProfile each fit (main thread), keep its N costliest functions")
     p.add_argument("--warm-up", type=float, default=None, metavar="S",
                    help="call ALS.warm_up(R) S seconds before the first fit of each process")
+    p.add_argument("--build-threads", type=int, default=None,
+                   help="threads building a fit's programs (clmf.engine.programs.BUILD_THREADS;"
+                        " default the library's choice; 1: one after the other)")
     p.add_argument("--site-label", default=None, help=argparse.SUPPRESS)
     p.add_argument("--cache-state", default=None, help=argparse.SUPPRESS)
     p.add_argument("--fits", type=int, default=2, help="fits per process")
