@@ -112,11 +112,18 @@ def test_warm_up_builds_the_fit_programs_and_changes_no_factor(one_device):
     assert "_warm_up" not in pickle.loads(pickle.dumps(est)).__dict__
 
 
-def test_warm_up_without_ratings_and_bad_input_never_fails(one_device):
-    """Without ratings only the device is warmed; ratings the fit would refuse leave the error to
-    the fit (the warm-up returns, the fit raises)."""
+def test_warm_up_without_ratings_and_bad_input_never_fails(one_device, monkeypatch):
+    """Without ratings the device and the tuning databases are warmed (the lookup's verified set
+    of this device computed), no program; ratings the fit would refuse leave the error to the fit
+    (the warm-up returns, the fit raises)."""
+    from clmf.engine.device import device_info
+    from clmf.tuning import lookup as L
+    monkeypatch.setattr(L, "_verified_memo", {})
     est = clmf.ALS(factors=4, device=one_device).warm_up(wait=True)
     assert est._warm_up.result == []
+    assert len(L._verified_memo) == 1
+    memo = next(iter(L._verified_memo.values()))[1]
+    assert L._verified_here(device_info(one_device), L.record_sources()) is memo
     bad = clmf.ALS(factors=4, device=one_device).warm_up(np.ones((3, 3)), wait=True)
     assert isinstance(bad._warm_up.result, TypeError)
     with pytest.raises(TypeError):

@@ -1,5 +1,6 @@
 """A fit's set-up work started ahead of it in a background thread (issue 30): the devices and their
-contexts, the device transpose's program, and — given the ratings — the tuning lookup and the
+contexts, the device transpose's program, the tuning databases' indexes, and — given the
+ratings — the tuning lookup and the
 ALS programs a one-device fit of them builds (:func:`clmf.engine.programs.fit_programs`), so that
 a first fit in a fresh process finds its programs built or building. A fit never waits for a
 warm-up: a program it needs that a warm-up is still building is waited for in
@@ -16,7 +17,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-__all__ = ["start", "warm_devices", "warm_programs"]
+__all__ = ["start", "warm_devices", "warm_programs", "warm_tuning"]
 
 
 def warm_devices(spec):
@@ -29,7 +30,17 @@ def warm_devices(spec):
         ctx = get_context(d)[0]
         if device_info(d).type == "GPU" and thread_safe(d):
             layout_program(ctx)
+    warm_tuning([device_info(d) for d in devs])
     return devs
+
+
+def warm_tuning(infos):
+    """Read the tuning databases' indexes into this process's memo (building them where the
+    cache is empty) and what a lookup for each device of ``infos`` derives from them
+    (:func:`clmf.tuning.lookup.preload`): what a first fit's lookup reads before it chooses
+    (0.3–2.5 s on the development machine, most of it with an empty cache)."""
+    from ..tuning.lookup import preload
+    preload(infos)
 
 
 def warm_programs(est, X, columns=None, devs=None):

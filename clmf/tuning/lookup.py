@@ -563,6 +563,20 @@ def _verified_here(info, sources):
     return out
 
 
+def preload(infos):
+    """Read every database's indexes (best records, measurements, the selection model's) into
+    this process's memo, building them where the cache is empty, and the configurations that
+    ran on each device of ``infos``: the part of a first lookup that does not depend on the
+    fit (:meth:`clmf.ALS.warm_up` runs it ahead of a fit)."""
+    from .index import measurement_records, model_records
+    sources = record_sources()
+    for _origin, path, _recs in sources:
+        model_records(path)
+        measurement_records(path)
+    for info in infos:
+        _verified_here(info, sources)
+
+
 def _verified_in(info, lists):
     """:func:`_verified_here` of ``lists``, pairs (best records, measurements), unmemoized."""
     from . import fallback
