@@ -26,7 +26,8 @@ before them left.
 other, process by process, so that the machine's load is shared alike. ``--profile N`` runs each
 fit under cProfile (the main thread; build threads are timed by ``timings_``) and keeps its N
 costliest functions by cumulative time; ``--warm-up S`` calls ``ALS.warm_up(R)`` S seconds before
-the first fit (the user's other work meanwhile). ``after`` is what the fit spent past its last
+the first fit (the user's other work meanwhile; ``--warm-up-sites``: in those sites' processes
+only, e.g. two sites of the same clmf side by side). ``after`` is what the fit spent past its last
 iteration (the training RMSE's pass, the factors read back, the ranker's uploads).
 
 Writes OUTDIR/whole_fit.json (every fit, with device, driver, date, commit, command) and
@@ -102,7 +103,7 @@ def child(a):
     arrs = [np.load(d / f"{k}.npy") for k in ("indptr", "indices", "data")]
     R = sp.csr_matrix((arrs[2], arrs[1], arrs[0]), shape=tuple(meta["shape"]), copy=False)
     warm_s = None
-    if a.warm_up is not None:
+    if a.warm_up is not None and (not a.warm_up_sites or a.site_label in a.warm_up_sites):
         t_w = time.perf_counter()
         clmf.ALS(factors=a.factors, regularization=a.regularization, iterations=a.iterations,
                  device=a.device, random_state=0, feedback=a.feedback,
@@ -287,6 +288,9 @@ def main():
                    help="cProfile each fit (main thread), keep its N costliest functions")
     p.add_argument("--warm-up", type=float, default=None, metavar="S",
                    help="call ALS.warm_up(R) S seconds before the first fit of each process")
+    p.add_argument("--warm-up-sites", nargs="+", default=None, metavar="LABEL",
+                   help="the sites (--sites) whose processes call warm_up (default all): e.g. "
+                        "--sites plain= warm= --warm-up 3 --warm-up-sites warm")
     p.add_argument("--build-threads", type=int, default=None,
                    help="threads building a fit's programs (clmf.engine.programs.BUILD_THREADS;"
                         " default the library's choice; 1: one after the other)")

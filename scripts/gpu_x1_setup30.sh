@@ -6,8 +6,8 @@
 #      every fit's main thread;
 #   2. the same with the programs built one after the other (--build-threads 1: before the
 #      threaded builds), empty / warm, side by side with 1 in the same minutes;
-#   3. ALS.warm_up(R) called 3 s before the first fit (the user's other work meanwhile), empty /
-#      warm caches.
+#   3. ALS.warm_up(R) called 3 s before the first fit (the user's other work meanwhile) against
+#      the same fit without it, process by process in turn, empty / warm caches.
 # Each run's table and JSON land in $OUT/<run>/ (a run cut by its time limit keeps the processes
 # that ended). Tested at a tiny size on a CPU (env OUT=... DATA=synthetic:3000x500x60000
 # DEVICE=portable ITER=2 F=8 bash scripts/gpu_x1_setup30.sh).
@@ -34,5 +34,6 @@ whole_fit.make_data('$DATA', pathlib.Path('$WORK/data'))" || exit 1
 # (at most 100 + 220 + 110 + 100 s = 8m50s; about 2 minutes expected on an H100 host)
 run breakdown 220 --processes 4 --fits 2 --profile 25
 run build-threads-1 110 --processes 2 --fits 2 --build-threads 1
-run warm-up 100 --processes 2 --fits 1 --warm-up 3
+run warm-up 100 --processes 2 --fits 1 --sites plain= warm-up= --warm-up 3 \
+    --warm-up-sites warm-up
 rm -rf "$WORK"

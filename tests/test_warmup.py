@@ -155,3 +155,32 @@ def test_build_chains_put_the_transpose_first_and_alone():
     assert chains(jobs, 2) == [["layout"], ["users", "items", "metrics"]]
     assert chains(jobs, 4) == [["layout"], ["users"], ["items"], ["metrics"]]
     assert chains(dict.fromkeys(["users", "items"]), 4) == [["users"], ["items"]]
+
+
+def test_database_index_read_once_by_concurrent_callers(tmp_path, monkeypatch):
+    """Two threads asking for a database's records while its index is built (a warm-up and a
+    fit): one build, every part memoized, the same lists handed to both."""
+    from clmf.tuning import index
+    db = tmp_path / "tuning.jsonl"
+    db.write_text("{}\n")
+    calls = []
+
+    def slow_build(path, stamp):
+        calls.append(path)
+        time.sleep(0.3)
+        return [{"kind": "best"}], [{"kind": "measurement"}], []
+    monkeypatch.setattr(index, "_build", slow_build)
+    monkeypatch.setattr(index, "_read_index", lambda *a: None)
+    out = {}
+
+    def ask(which):
+        out[which] = index._records(db, which)
+    threads = [threading.Thread(target=ask, args=(w,)) for w in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    assert out[0] == [{"kind": "best"}] and out[1] == [{"kind": "measurement"}]
+    assert index.model_records(db) == []        # memoized from the same build
+    assert len(calls) == 1
