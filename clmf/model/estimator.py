@@ -115,7 +115,7 @@ class ALS(ParamsMixin, RecommenderMixin):
         converted), ``preparation`` (from validation to the backend: ``counts`` of ratings per
         user/item, ``checks`` of the other arguments, ``tuning`` (device selection and tuning
         lookup), ``plan`` (host memory plan), the global mean), ``engine`` (the backend's set-up:
-        on one device ``engine_host`` (host CSR arrays), ``build`` of the programs (in a thread;
+        on one device ``engine_host`` (host CSR arrays), ``build`` of the programs (in threads;
         ``build_wait``: the part not hidden by the uploads), ``upload`` of the ratings,
         ``transpose`` (the items' CSR: on the device; on the host for a CPU device's small
         fits), ``upload_transpose`` their sum, ``buffers`` (scratch)),
