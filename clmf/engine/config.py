@@ -306,8 +306,9 @@ class KernelConfig:
         return dataclasses.replace(self, **kw)
 
     def to_dict(self):
-        """The fields as a plain dict (JSON-serialisable)."""
-        return dataclasses.asdict(self)
+        """The fields as a plain dict (JSON-serialisable; every field is a scalar, so no deep
+        copy: ``dataclasses.asdict`` took 0.3 ms a call, most of a tuning lookup's time)."""
+        return {f.name: getattr(self, f.name) for f in _FIELDS}
 
     @classmethod
     def from_dict(cls, d):
@@ -518,6 +519,9 @@ class KernelConfig:
 
     def chol_local_bytes(self, f):
         return 4 * (f * f + 2 * f) + 16
+
+
+_FIELDS = dataclasses.fields(KernelConfig)     # (to_dict's, in declaration order)
 
 
 def representative_variants(f=None):

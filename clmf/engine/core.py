@@ -19,7 +19,6 @@ configuration's ``split`` (:func:`clmf.engine.memory.plan_split`).
 """
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import threading
 import time
@@ -28,17 +27,18 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..data.scan import count_columns
-from ..errors import InvalidConfigError, SingularSystemError
+from ..errors import SingularSystemError
 from ..interrupts import deferred_interrupts, drain
 from ..tuning.spec import row_width, unknowns
 from . import device_metrics as DM
 from . import kernels as K
+from . import programs as P
 from . import reduce as RD
 from . import upload as U
 from .blocks import SIDES, Batch, Publisher, Share, SideData, fill, other_side
 from .device import device_info, get_context, thread_safe
 from .factors import half_rows, host_factor_rows, padded_base, padded_factors, unpadded_factors
-from .launch import launch_batch, launch_gram, launch_solve, launch_split_batch, split_rows, warm
+from .launch import launch_batch, launch_gram, launch_solve, launch_split_batch, split_rows
 from .memory import SplitPlan, choose_batch_rows, gram_geometry, plan_device, plan_fit, plan_split
 from .transpose import device_transpose
 
@@ -60,9 +60,6 @@ HOST_TRANSPOSE_MAX_NNZ = 1 << 22
 # CPU runtimes: the factor buffers wrap adopted start factors in place (Engine.set_factors);
 # False copies them into the engine's own buffers as before (for comparisons)
 ADOPT_FACTORS = True
-# each kernel launched once on a one-row problem at set-up (Engine._warm); False: not (for
-# comparisons of the first iteration)
-WARM_LAUNCHES = True
 
 
 def host_transpose(info, nnz):
@@ -161,19 +158,17 @@ class Engine:
         self.splits = {s: self.dplan.sides[s].split or SplitPlan(0, self.batch_rows[s])
                        for s in SIDES}
         t0 = time.perf_counter()
-        # the programs are built (or loaded from the cache) in a thread while the ratings are
+        # the programs are built (or loaded from the cache) in threads while the ratings are
         # uploaded and transposed (the OpenCL compilers release the GIL)
-        pool = concurrent.futures.ThreadPoolExecutor(1)
-        builds = pool.submit(self._build_programs)
-        pool.shutdown(wait=False)
+        self._on_device = self._transposes_on_device()
+        builds = P.Builds(self, layout=self._on_device)
         try:
             times = self._upload_ratings()
             t1 = time.perf_counter()
             self.programs, build_s = builds.result()
         except BaseException:
             with deferred_interrupts():      # Ctrl-C here too: the copies and the transpose end
-                builds.cancel()
-                concurrent.futures.wait([builds])
+                builds.abandon()
                 self._release_buffers()
             raise
         t2 = time.perf_counter()
@@ -224,25 +219,12 @@ class Engine:
         whole = {s: (0, rows[s]) for s in SIDES}
         return Share(0, whole, dict(whole), plan, self.ldf, self.side)
 
-    def _build_programs(self):
-        """The programs of both sides and the seconds they took (an
-        :class:`InvalidConfigError` names the side and the device whose configuration
-        failed)."""
-        t0 = time.perf_counter()
-        programs = {}
-        for s in SIDES:
-            try:
-                programs[s] = K.als_program(self.ctx, self.device, self.configs[s], self.fs,
-                                            self.info, self.implicit, self.biased, ldf=self.ldf)
-            except InvalidConfigError as e:
-                e.side = s                   # which side's configuration failed (fit falls back)
-                e.device_index = self.index  # and on which device of the fit
-                raise
-        if WARM_LAUNCHES and thread_safe(self.device):
-            warm(self, programs)
-            if not self.implicit:       # the training RMSE's program (explicit fits use it)
-                K.metrics_program(self.ctx, self.fs, self.storage, self.ldf, biased=self.biased)
-        return programs, time.perf_counter() - t0
+    def _transposes_on_device(self):
+        """Whether the items' CSR of a one-device fit is transposed on the device (both sides
+        resident, not on the host: :func:`host_transpose`)."""
+        res = [self.dplan.sides[s].resident for s in SIDES]
+        return (self.side["items"].indices is None and all(res)
+                and not host_transpose(self.info, self.side["users"].nnz))
 
     def _upload_ratings(self):
         """The resident sides' CSR to the device once (a CPU device reads the host arrays in
@@ -252,8 +234,7 @@ class Engine:
         ``transpose``."""
         res = {s: self.dplan.sides[s].resident for s in SIDES}
         lazy = self.side["items"].indices is None
-        nnz = self.side["users"].nnz
-        on_device = lazy and res["users"] and res["items"] and not host_transpose(self.info, nnz)
+        on_device = self._on_device
         t_host = 0.0
         if lazy and not on_device:
             t_host = time.perf_counter()
@@ -354,7 +335,7 @@ class Engine:
                                      size=max(1, hi - lo) * self.ldf * self.itemsize)
                         for s, (lo, hi) in self.frange.items()}
         self.status = cl.Buffer(self.ctx, mf.READ_WRITE, size=4)
-        if WARM_LAUNCHES and thread_safe(self.device):
+        if P.WARM_LAUNCHES and thread_safe(self.device):
             # a runtime may allocate a buffer's memory at its first use: at set-up, not in the
             # first iteration (not on Oclgrind, where it gains nothing and its fill of a first
             # word leaves the factors reported as uninitialised)

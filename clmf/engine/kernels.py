@@ -389,25 +389,38 @@ class Program:
 
 
 _programs: dict = {}
+_building: dict = {}        # key -> threading.Event of a build in flight (set when it ends)
 _plock = threading.Lock()
 
 
 def build(context, source, options=BUILD_OPTIONS):
-    """Build (or fetch from the memo) the program ``source`` for ``context``."""
+    """Build (or fetch from the memo) the program ``source`` for ``context``. A build of the same
+    program already running in another thread (a warm-up, the engine's build threads) is waited
+    for, not started twice."""
     import pyopencl as cl
     key = (context.int_ptr, hashlib.sha256(source.encode()).hexdigest(), tuple(options))
-    with _plock:
-        prog = _programs.get(key)
-    if prog is not None:
-        return prog
+    while True:
+        with _plock:
+            prog = _programs.get(key)
+            if prog is not None:
+                return prog
+            running = _building.get(key)
+            if running is None:
+                done = _building[key] = threading.Event()
+                break
+        running.wait()          # built (then memoized) or failed (then built here, and fails)
     try:
         built = cl.Program(context, source).build(options=list(options))
+        prog = Program(built, source, options)
+        with _plock:
+            _programs.setdefault(key, prog)
+            return _programs[key]
     except cl.RuntimeError as e:
         raise InvalidConfigError(f"OpenCL build failed: {e}", "build_failed") from e
-    prog = Program(built, source, options)
-    with _plock:
-        _programs.setdefault(key, prog)
-    return _programs[key]
+    finally:
+        with _plock:
+            _building.pop(key, None)
+        done.set()
 
 
 def als_program(context, device, config: KernelConfig, f: int, device_info, implicit=False,

@@ -7,10 +7,16 @@ import numpy as np
 
 from . import kernels as K
 
-__all__ = ["transpose_blocks", "device_transpose"]
+__all__ = ["transpose_blocks", "device_transpose", "layout_program"]
 
 _COUNTS_BUDGET = 512 << 20      # largest per-block column counters (bytes)
 _CPU_BAND = 4096                # columns written per pass on CPUs
+
+
+def layout_program(ctx):
+    """The transpose's program (``layout.cl.j2``) for ``ctx``: built once (a fit starts it in a
+    build thread before the ratings upload, :mod:`clmf.engine.programs`)."""
+    return K.build(ctx, K.render("layout.cl.j2"))
 
 
 def transpose_blocks(info, rows, ncols, nnz):
@@ -41,8 +47,7 @@ def device_transpose(ctx, queue, info, indptr, indptr_buf, indices_buf, data_buf
     bounds = np.searchsorted(indptr, np.linspace(0, nnz, nb + 1)[1:-1]).astype(np.int64)
     bounds = np.concatenate(([0], np.clip(bounds, 0, rows), [rows])).astype(np.int32)
     bounds = np.maximum.accumulate(bounds)
-    prog = K.build(ctx, K.render("layout.cl.j2"))
-    kern = prog.kernels
+    kern = layout_program(ctx).kernels
     size = nb * ncols * 4
     counts = cl.Buffer(ctx, mf.READ_WRITE, size=size)
     totals = cl.Buffer(ctx, mf.READ_WRITE, size=max(1, ncols) * 4)

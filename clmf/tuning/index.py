@@ -115,9 +115,13 @@ def _build(path, stamp):
     return best, meas, model
 
 
+_reading: dict = {}        # path -> lock held while one thread reads or builds its indexes
+
+
 def _records(path, which):
     """The ``which`` (0: best, 1: measurements, 2: the selection model's) records of ``path``
-    (memoized per version)."""
+    (memoized per version; a thread asking while another reads or builds the same database's
+    indexes waits for it: a warm-up and a fit would otherwise parse it twice)."""
     path = pathlib.Path(path)
     stamp = _stamp(path)
     if stamp is None:
@@ -125,14 +129,28 @@ def _records(path, which):
     key = (str(path), which)
     with _lock:
         hit = _memo.get(key)
+        reading = _reading.setdefault(str(path), threading.Lock())
     if hit is not None and hit[0] == stamp:
         return hit[1]
+    with reading:
+        return _records_read(path, which, stamp, key)
+
+
+def _records_read(path, which, stamp, key):
+    """:func:`_records` past the memo, one thread per database at a time."""
+    with _lock:
+        hit = _memo.get(key)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]               # read by the thread this one waited for
     recs = _read_index(_paths(path, stamp)[which], path, stamp)
     if recs is None:
         built = _build(path, stamp)
         if built is None:
             return None
-        recs = built[which]
+        with _lock:                 # all three parts: each was built
+            for k, part in enumerate(built):
+                _memo[(str(path), k)] = (stamp, part)
+        return built[which]
     with _lock:
         _memo[key] = (stamp, recs)
     return recs
