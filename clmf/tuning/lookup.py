@@ -606,9 +606,6 @@ def _verified_in(info, lists):
     return out
 
 
-_verified_memo: dict = {}
-
-
 def _computed_default(info, f, storage, sources, record_mode_=None, mode="explicit", check=None):
     """CLBlast's rule: over every stored tuning of this device type (of ``record_mode_``, default
     ``mode``), the configuration with the best mean time relative to each group's best (groups:
