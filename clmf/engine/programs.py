@@ -6,15 +6,15 @@ launched once (:func:`clmf.engine.launch.warm`).
 :class:`Builds` runs them for an :class:`clmf.engine.Engine`; :func:`fit_programs` is the list of
 what a one-device fit builds, which :meth:`clmf.ALS.warm_up` builds ahead of a fit (a build of the
 same program already running is waited for, never started twice: :func:`clmf.engine.kernels.build`).
-GPU hosts build the programs side by side (one thread each: a cold H100 build of a fit's programs
-took 2.0 s, of which 0.99 s was not hidden by the uploads); CPU devices build the ALS programs one
-after the other in one thread (their compilers share the cores with the device), the transpose's
-in another.
+The ALS programs build one after the other in one thread, the transpose's in another, on every
+device: CPU compilers share the cores with the device, and on an H100 (stop 39,
+results/bench/setup-h100/) one thread per program saved nothing — a cold build of a fit's
+programs took 2.8–3.6 s side by side against 2.8 s in turn (pyopencl's persistent cache
+serialises the stores). :data:`BUILD_THREADS` sets more threads (for comparisons).
 """
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import time
 
 from ..errors import InvalidConfigError
@@ -35,12 +35,10 @@ WARM_LAUNCHES = True
 
 
 def build_threads(info, programs):
-    """Threads building ``programs`` programs on the device of ``info``: one each on a GPU of a
-    host with cores to spare (up to 4), else 1 (:data:`BUILD_THREADS` overrides)."""
+    """Threads building ``programs`` programs on the device of ``info``: 1 (the ALS programs in
+    turn; see the module docstring), or :data:`BUILD_THREADS` (at most one per program)."""
     if BUILD_THREADS is not None:
-        return max(1, int(BUILD_THREADS))
-    if info.type == "GPU" and (os.cpu_count() or 1) >= 4:
-        return max(1, min(4, programs))
+        return max(1, min(int(BUILD_THREADS), max(1, programs)))
     return 1
 
 
