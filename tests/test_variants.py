@@ -67,7 +67,10 @@ def condition(R, Y, X, mode):
             F = np.column_stack([F, np.ones(len(F))])
         A = ref.hermitians(M, F, 0.1, mode != "implicit", rows=rows,
                            implicit_alpha=2.0 if mode == "implicit" else None)
-        out = max(out, float(np.linalg.cond(A).max()))
+        # the systems are symmetric positive definite: their 2-norm condition number is the
+        # ratio of extreme eigenvalues (eigvalsh: a third of np.linalg.cond's SVD time at f = 130)
+        w = np.abs(np.linalg.eigvalsh(A))
+        out = max(out, float((w.max(axis=-1) / w.min(axis=-1)).max()))
     return out
 
 
