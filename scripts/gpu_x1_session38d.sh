@@ -9,23 +9,10 @@
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+S=$(cd "$(dirname "$0")" && pwd)
 cd /tmp || exit 1     # import the installed clmf, not the checkout
-export PYTHONFAULTHANDLER=1
-F="batch+vec4:solver=fusedcg,fused_dims=1"
-MMA="batch+vec4+mma:tx=4,ks=2,solver=cg,precision=tf32"
-GEMM="batch+vec4+gemm:bx=64,nnz_batch=8,solver=cg"
-tune() {  # tune LIMIT F MODE-ARGS... -- STARTS...
-    local limit=$1 f=$2; shift 2
-    local args=() starts=()
-    while [ $# -gt 0 ] && [ "$1" != "--" ]; do args+=("$1"); shift; done
-    shift
-    for s in "$@"; do starts+=(--start "$s"); done
-    timeout -s ABRT "$limit" python3 -m clmf -v tune --preset netflix --factors "$f" --device gpu \
-        --budget 10 --max-wall 45 --sample auto "${args[@]}" "${starts[@]}" \
-        --db "$OUT/tune-38d.jsonl" --no-progress 2>&1 | grep -v "CompilerWarning\|lambda: self" \
-        | tail -40
-    echo "tune f=$f ${args[*]}: exit ${PIPESTATUS[0]}"
-}
+TUNE_DB=tune-38d.jsonl
+. "$S/gpu_tune.sh"
 tune 140 128 --feedback implicit --alpha 2 -- "$F,dims_q=2,dims_p=0,solve_wg=128,nnz_batch=8" \
     "$F,solve_wg=256,nnz_batch=8" "$MMA"
 tune 130 128 -- "$F,dims_q=2,dims_p=0,solve_wg=128,nnz_batch=8" "$F,dims_q=2,solve_wg=256,nnz_batch=8"
