@@ -1,7 +1,9 @@
 """The implicit Gram kernels (``cl_kernels/gram.cl.j2``: ``gr_partial`` then ``gr_sum``) against
 NumPy's YᵀY on every device: tile edges (f not a multiple of the tile, one and several tiles per
 edge), one chunk and many (a short last chunk), no rows at all, half-precision factors and
-padded rows, and the smaller work-groups of devices that allow fewer than 256 work-items."""
+padded rows, and the smaller work-groups of devices that allow fewer than 256 work-items; and
+the CPUs' path (the side's S1 over virtual rows, :func:`clmf.engine.launch.gram_tiled`) against
+them."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +14,7 @@ import pytest
 from clmf.engine import kernels as K
 from clmf.engine.config import KernelConfig
 from clmf.engine.device import device_info
-from clmf.engine.launch import launch_gram
+from clmf.engine.launch import gram_buffers, gram_tiled, launch_gram
 from clmf.engine.memory import GRAM_CHUNKS, gram_geometry
 
 
@@ -36,7 +38,7 @@ def _gram(cl_device, f, rows, *, storage="float32", max_wg=None, seed=0):
     dY = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=host)
     P = cl.Buffer(ctx, mf.READ_WRITE, size=geo.partial_bytes)
     G = cl.Buffer(ctx, mf.READ_WRITE, size=4 * f * f)
-    launch_gram(prog.kernels, q, geo, f, rows, dY, P, G)
+    launch_gram(prog.kernels, q, cfg, f, {"geo": geo, "rows": rows, "P": P}, dY, None, None, G)
     out = np.empty((f, f), np.float32)
     cl.enqueue_copy(q, out, G)
     ref = host[:rows, :f].astype(np.float64)
@@ -89,3 +91,35 @@ def test_geometry_bounds():
             assert nt * g.tile >= f and g.pairs == nt * (nt + 1) // 2
             for wg in (128, 64, 16):
                 assert gram_geometry(f, rows, wg).partial_bytes <= g.partial_bytes
+
+
+@pytest.mark.parametrize("variant", ["batch", "batch+vec4:solver=fusedcg,solve_wg=1"])
+def test_cpu_path_matches_the_tiled_kernels(cl_device, variant):
+    """What a fit on this device runs (:func:`gram_buffers`) equals the tiled kernels' G."""
+    import pyopencl as cl
+    info = device_info(cl_device)
+    f, rows = 21, 700
+    cfg = KernelConfig.parse(variant)
+    ctx = cl.Context([cl_device])
+    q = cl.CommandQueue(ctx)
+    prog = K.build(ctx, K.render_als(cfg, f, info, implicit=True))
+    Y = np.random.default_rng(4).standard_normal((rows, cfg.ldf(f))).astype(np.float32)
+    mf = cl.mem_flags
+    dY = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=Y)
+    bs = 16
+    A = cl.Buffer(ctx, mf.READ_WRITE, size=4 * f * f * bs)
+    B = cl.Buffer(ctx, mf.READ_WRITE, size=4 * f * bs)
+    out = {}
+    for name, gram in [("fit", gram_buffers(cl, ctx, info, f, rows, bs)),
+                       ("tiled", {"geo": gram_geometry(f, rows, info.max_work_group_size),
+                                  "rows": rows, "P": None})]:
+        if gram.get("geo") is not None and gram.get("P") is None:
+            gram["P"] = cl.Buffer(ctx, mf.READ_WRITE, size=gram["geo"].partial_bytes)
+        G = cl.Buffer(ctx, mf.READ_WRITE, size=4 * f * f)
+        launch_gram(prog.kernels, q, cfg, f, gram, dY, A, B, G)
+        out[name] = np.empty((f, f), np.float32)
+        cl.enqueue_copy(q, out[name], G)
+    assert ("geo" in gram_buffers(cl, ctx, info, f, rows, bs)) == gram_tiled(info)
+    ref = Y[:, :f].astype(np.float64).T @ Y[:, :f].astype(np.float64)
+    for name in out:
+        assert np.allclose(out[name], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max()), name

@@ -22,8 +22,8 @@ explicit with user/item biases, f + 1 unknowns per system):
    times is kept with the raw times and the per-stage (S1, S2, S3) medians. The sampled times are
    scaled to the whole side (S1/S2 by nnz, S3 by rows; the fused CG's S3 by nnz), and the
    objective is the estimated time of a whole ALS iteration (both half-steps). In implicit mode
-   each half-step also builds the Gram matrix of the other side (``gr_partial`` over chunks of
-   its rows, then ``gr_sum``); the engine does not profile those launches, so the measurer
+   each half-step also builds the Gram matrix of the other side (``clmf.engine.launch.
+   launch_gram``); the engine does not profile those launches, so the measurer
    records the engine's launches (through its own view of the program) and adds the Gram's
    device time unscaled (stage ``gram``: the other side is never sampled).
 
@@ -200,8 +200,10 @@ class _RecordingProgram:
 
 def _gram_seconds(launches):
     """Device seconds of an implicit half-step's Gram matrix: its launches up to the last
-    ``gr_sum`` (the chunks' partial tiles, then their sum), which precede every batch."""
-    last = max((i for i, (name, _e) in enumerate(launches) if name == "gr_sum"), default=-1)
+    ``gr_sum`` or ``sum_partials`` (the partial tiles or the S1 path's partial sums, then their
+    sum: :func:`clmf.engine.launch.launch_gram`), which precede every batch."""
+    last = max((i for i, (name, _e) in enumerate(launches)
+                if name in ("gr_sum", "sum_partials")), default=-1)
     t = 0.0
     for _name, ev in launches[:last + 1]:
         ev.wait()

@@ -38,8 +38,15 @@ from . import upload as U
 from .blocks import SIDES, Batch, Publisher, Share, SideData, fill, other_side
 from .device import device_info, get_context, thread_safe
 from .factors import half_rows, host_factor_rows, padded_base, padded_factors, unpadded_factors
-from .launch import launch_batch, launch_gram, launch_solve, launch_split_batch, split_rows
-from .memory import SplitPlan, choose_batch_rows, gram_geometry, plan_device, plan_fit, plan_split
+from .launch import (
+    gram_buffers,
+    launch_batch,
+    launch_gram,
+    launch_solve,
+    launch_split_batch,
+    split_rows,
+)
+from .memory import SplitPlan, choose_batch_rows, plan_device, plan_fit, plan_split
 from .transpose import device_transpose
 
 log = logging.getLogger(__name__)
@@ -316,11 +323,9 @@ class Engine:
                      B=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * bs),
                      G=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * fs))
             if self.implicit:
-                # G = (other)ᵀ(other) once per half-step: the Gram kernels' partial tiles
+                # G = (other)ᵀ(other) once per half-step (launch.gram_buffers)
                 lo, hi = self.frange[other_side(s)]
-                geo = gram_geometry(fs, hi - lo, self.info.max_work_group_size)
-                b.update(gram_geo=geo, gram_rows=hi - lo,
-                         GP=cl.Buffer(self.ctx, mf.READ_WRITE, size=geo.partial_bytes))
+                b["gram"] = gram_buffers(cl, self.ctx, self.info, fs, hi - lo, bs)
             if f"scratch2_{s}" in self.dplan.bytes:      # the reduce mode's second pair
                 b.update(A2=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * fs * bs),
                          B2=cl.Buffer(self.ctx, mf.READ_WRITE, size=4 * fs * bs))
@@ -584,8 +589,8 @@ class Engine:
         if self.profile:
             q.finish()
             t = time.perf_counter()
-        launch_gram(kern, q, b["gram_geo"], self.fs, b["gram_rows"],
-                    self.factors[other_side(side)], b["GP"], b["G"])
+        launch_gram(kern, q, cfg, self.fs, b["gram"], self.factors[other_side(side)], b["A"],
+                    b["B"], b["G"])
         if self.profile:
             q.finish()
             self.stage_times["gram"] = (self.stage_times.get("gram", 0.0)

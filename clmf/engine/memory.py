@@ -277,13 +277,15 @@ def gram_geometry(fs, rows, max_work_group=256):
 def side_buffers(side, fs, batch, rows, gram_rows=None, split=None):
     """Bytes of a solved side's device buffers beside its ratings and factors (the one count
     both plans use): the batch scratch ``A``/``B``, ``G``, with ``gram_rows`` (implicit: rows
-    of the fixed factor) the Gram's partial tiles (16 × 16 work-groups: the largest), with an
+    of the fixed factor) the Gram's partial tiles (16 × 16 work-groups: the largest) or virtual
+    rows' CSR (:func:`clmf.engine.launch.gram_buffers`), whichever is larger, with an
     active ``split`` the pieces' partial ``A``/``B``, their row pointers and the ``rows`` + 1
     rows' first pieces."""
     out = {f"scratch_{side}": 4 * fs * fs * batch + 4 * fs * batch,          # A and B
            f"gram_{side}": 4 * fs * fs}                                      # G
-    if gram_rows is not None:
-        out[f"implicit_{side}"] = gram_geometry(fs, gram_rows).partial_bytes
+    if gram_rows is not None:       # the tiled kernels' partial tiles or the S1 path's CSR
+        out[f"implicit_{side}"] = max(gram_geometry(fs, gram_rows).partial_bytes,
+                                      8 * (min(64, batch, gram_rows) + 1) + 8 * int(gram_rows))
     if split is not None and split.active:
         out[f"split_{side}"] = (4 * (fs * fs + fs) * split.virtual_rows
                                 + 8 * (split.pieces_bound + 1) + 8 * (int(rows) + 1))

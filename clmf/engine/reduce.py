@@ -117,7 +117,7 @@ class _Pipeline:
         cfg, v = eng.configs[self.side], eng.vars[self.side]
         Y = eng.factors[other_side(self.side)]
         if eng.implicit:
-            e = launch_gram(self.kern, q, b["gram_geo"], fs, b["gram_rows"], Y, b["GP"],
+            e = launch_gram(self.kern, q, cfg, fs, b["gram"], Y, b["A"], b["B"],
                             b["G"])
             self.events.append((e, None, None, None))
             ev = eng.keep(cl.enqueue_copy(out, port.gram, b["G"], is_blocking=False,
