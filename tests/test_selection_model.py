@@ -65,14 +65,21 @@ def test_older_runs_and_other_modes_count_less():
     assert ranked(groups(biased, info), 64)[0] == A
 
 
-def test_explicit_fused_cg_is_evidence_for_implicit_fits():
-    """The Gram YᵀY has its own kernels (every configuration pays it alike in implicit
-    feedback), so a fused CG's explicit time informs an implicit fit like any configuration's;
-    an implicit run at the case still outweighs it (the mode distance)."""
-    info = fake_info()
+@pytest.mark.parametrize("kind", ["GPU", "CPU"])
+def test_explicit_fused_cg_and_implicit_fits(kind):
+    """GPUs build the Gram YᵀY with its own kernels (every configuration pays it alike): a fused
+    CG's explicit time informs an implicit fit like any configuration's, and an implicit run at
+    the case still outweighs it. CPUs build it through the configuration's S1 flags (filler in a
+    fused CG): its explicit time says nothing there."""
+    info = fake_info(type_=kind)
     recs = run(info, 64, {FUSED: 1.0, A: 1.3}, "explicit")
     gs = groups(recs, info)
     assert ranked(gs, 64, "explicit")[0] == FUSED
+    if kind == "CPU":
+        r, _near = M.rank(gs, 64, "implicit", "users", M.features(2000, 1000, 40000))
+        best = {str(c): s for s, _k, c, _sup, _w in r}
+        assert best[A] < best[FUSED]           # the fused CG falls back to the prior
+        return
     assert ranked(gs, 64, "implicit")[0] == FUSED
     gs = groups(recs + run(info, 64, {FUSED: 1.4, A: 1.0}, "implicit", mode="implicit"), info)
     assert ranked(gs, 64, "implicit")[0] == A and ranked(gs, 64, "explicit")[0] == FUSED

@@ -14,10 +14,11 @@ over the groups near the case in feature space, where
   average; another mode or side adds a fixed amount (implicit feedback's Gram term and weights
   change more than biases do), and so does a run's age (kernels change between tuning
   campaigns);
-* every mode's groups inform every other mode's case, farther away (above): implicit feedback
-  adds the Gram YᵀY to every configuration alike (its own kernels, ``cl_kernels/gram.cl.j2``,
-  since stop 39; before, the configuration's S1 flags built it, and a fused CG's explicit time
-  was left out of implicit predictions);
+* every mode's groups inform every other mode's case, farther away (above), with one
+  exception: where the implicit Gram YᵀY runs through the configuration's own S1 flags (CPUs:
+  :func:`clmf.engine.launch.gram_tiled`), a fused CG measured without implicit feedback says
+  nothing of its time with it (those flags, unused there, build the Gram), so such evidence is
+  left out; on GPUs the Gram has its own kernels and costs every configuration alike;
 * a group reports only its :data:`TOP_K` fastest configurations, and a configuration it does
   not report is *unknown* there, not slow (runs measured different configurations: a budgeted
   search samples, and kernels added later were never measured by older runs): the mean is over
@@ -254,6 +255,18 @@ def _stamp(date):
         return None
 
 
+def _gram_unmeasured(c, g, mode):
+    """Whether group ``g`` says nothing of fused CG ``c``'s time in implicit ``mode``: measured
+    without implicit feedback on a device whose Gram runs through the S1 flags (a fused CG's
+    are filler there)."""
+    if c.solver != "fusedcg" or mode != "implicit" or g.mode == "implicit":
+        return False
+    from types import SimpleNamespace
+
+    from ..engine.launch import gram_tiled
+    return not gram_tiled(SimpleNamespace(type=(g.device or {}).get("type", "GPU")))
+
+
 def weight(d2):
     """A group's weight at squared distance ``d2``: ``e^-d2`` (narrow: many far groups must not
     outvote one near group)."""
@@ -290,7 +303,7 @@ def rank(groups, f, mode, side, feats, storage="float32"):
     for k, (c, where) in cands.items():
         num, sup = w0 * PRIOR, 0.0
         for d2, g in near:
-            if k in g.rel:
+            if k in g.rel and not _gram_unmeasured(c, g, mode):
                 w = weight(d2)
                 num += w * math.log(g.rel[k])
                 sup += w
