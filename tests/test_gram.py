@@ -14,8 +14,15 @@ import pytest
 from clmf.engine import kernels as K
 from clmf.engine.config import KernelConfig
 from clmf.engine.device import device_info
-from clmf.engine.launch import gram_buffers, gram_tiled, launch_gram
-from clmf.engine.memory import GRAM_CHUNKS, gram_geometry
+from clmf.engine.launch import gram_buffers, launch_gram
+from clmf.engine.memory import GRAM_CHUNKS, gram_geometry, gram_tiled
+
+
+def _tiled_program(ctx, cfg, f, info, ldf=None):
+    """The ALS program with the tiled Gram kernels, whatever the device's own path (rendered
+    as for a GPU: CPUs run the S1 path in fits, these checks run the kernels on them too)."""
+    return K.build(ctx, K.render_als(cfg, f, dataclasses.replace(info, type="GPU"),
+                                     implicit=True, ldf=ldf))
 
 
 def _gram(cl_device, f, rows, *, storage="float32", max_wg=None, seed=0):
@@ -28,7 +35,7 @@ def _gram(cl_device, f, rows, *, storage="float32", max_wg=None, seed=0):
     ctx = cl.Context([cl_device])
     q = cl.CommandQueue(ctx)
     ldf = cfg.ldf(f) + 3                    # padded rows: the kernels must read LDF, not F
-    prog = K.build(ctx, K.render_als(cfg, f, info, implicit=True, ldf=ldf))
+    prog = _tiled_program(ctx, cfg, f, info, ldf)
     rng = np.random.default_rng(seed)
     Y = rng.standard_normal((max(rows, 1), ldf)).astype(np.float32)
     Y[:, f:] = np.nan                        # the padding must never be read into G
@@ -102,7 +109,8 @@ def test_cpu_path_matches_the_tiled_kernels(cl_device, variant):
     cfg = KernelConfig.parse(variant)
     ctx = cl.Context([cl_device])
     q = cl.CommandQueue(ctx)
-    prog = K.build(ctx, K.render_als(cfg, f, info, implicit=True))
+    progs = {"fit": K.build(ctx, K.render_als(cfg, f, info, implicit=True)),
+             "tiled": _tiled_program(ctx, cfg, f, info)}
     Y = np.random.default_rng(4).standard_normal((rows, cfg.ldf(f))).astype(np.float32)
     mf = cl.mem_flags
     dY = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=Y)
@@ -116,10 +124,10 @@ def test_cpu_path_matches_the_tiled_kernels(cl_device, variant):
         if gram.get("geo") is not None and gram.get("P") is None:
             gram["P"] = cl.Buffer(ctx, mf.READ_WRITE, size=gram["geo"].partial_bytes)
         G = cl.Buffer(ctx, mf.READ_WRITE, size=4 * f * f)
-        launch_gram(prog.kernels, q, cfg, f, gram, dY, A, B, G)
+        launch_gram(progs[name].kernels, q, cfg, f, gram, dY, A, B, G)
         out[name] = np.empty((f, f), np.float32)
         cl.enqueue_copy(q, out[name], G)
-    assert ("geo" in gram_buffers(cl, ctx, info, f, rows, bs)) == gram_tiled(info)
+    assert ("geo" in gram_buffers(cl, ctx, info, f, rows, bs)) == gram_tiled(info.type)
     ref = Y[:, :f].astype(np.float64).T @ Y[:, :f].astype(np.float64)
     for name in out:
         assert np.allclose(out[name], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max()), name

@@ -136,7 +136,7 @@ def choices(cell, exclude_runs=(), tries=6):
         picks = tuning.incumbent(info, cell.f, cell.stats(), cell.storage, None, cell.mode,
                                  exclude_runs=exclude_runs)
         bad = None
-        for side, ch in picks.items():
+        for ch in picks.values():
             try:
                 _build(cell, ch.config)
             except InvalidConfigError as e:

@@ -21,7 +21,7 @@ import jinja2
 from ..errors import InvalidConfigError
 from ..tuning.spec import system_row_width
 from .config import KernelConfig
-from .memory import gram_geometry
+from .memory import gram_geometry, gram_tiled
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,7 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
     v.update(config.s1_geometry(f))
     v.update(config.fcg_geometry(f))
     v["fd_gsum_tree"] = gsum_tree_ok(device_info)
+    v["gram_tiled"] = gram_tiled(device_info.type if device_info else "GPU")
     geo = gram_geometry(f, 1, device_info.max_work_group_size if device_info else 256)
     v["gram_lg"], v["gram_r"] = geo.lg, geo.r
     v["bx"], v["by"] = bx, by
@@ -435,9 +436,8 @@ def als_program(context, device, config: KernelConfig, f: int, device_info, impl
              "s2_rhs": av["s2_wg"], "s1_combine": av["comb_wg"]}
     if config.fused_solve:
         needs["s1s3_mma"] = config.s1_local_size(f)
-    if implicit:
-        geo = gram_geometry(f, 1, device_info.max_work_group_size)
-        needs["gr_partial"] = geo.lg * geo.lg
+    if implicit and av["gram_tiled"]:
+        needs["gr_partial"] = av["gram_lg"] ** 2
     missing = sorted(set(needs) - set(prog.kernels))
     if missing:
         raise InvalidConfigError(f"the program built for {config} has no kernel(s) "

@@ -7,31 +7,22 @@ from __future__ import annotations
 import numpy as np
 
 from .kernels import als_variables, reduce_launch, reduce_program
-from .memory import gram_geometry, packed_width, split_pays
+from .memory import gram_geometry, gram_tiled, gram_virtual_rows, packed_width, split_pays
 
-__all__ = ["launch_gram", "gram_buffers", "gram_tiled", "launch_batch", "split_rows",
+__all__ = ["launch_gram", "gram_buffers", "launch_batch", "split_rows",
            "launch_split_batch", "launch_solve", "warm"]
 
 _INT32_MAX = (1 << 31) - 1
-
-def gram_tiled(info):
-    """Whether the implicit Gram runs on its own tiled kernels (``gram.cl.j2``) on this device,
-    else through the side's S1 variant over ≤ 64 virtual rows of the fixed side. GPUs: tiled
-    (H100, f = 256: the fused CG's S1 filler took 0.179 s of its 0.40 s items half-step, the
-    tiled kernels a few ms); CPUs: the S1 variant, tuned for them (PoCL, Last.fm implicit
-    f = 128: 0.040 s/it against 0.074 with the tiled kernels at 15 GFLOP/s)."""
-    return getattr(info, "type", "GPU") != "CPU"
-
 
 def gram_buffers(cl, ctx, info, fs, rows, batch_rows):
     """The buffers of a Gram over ``rows`` rows of the fixed side (:func:`launch_gram`'s
     ``gram``): the tiled kernels' partial tiles, or the S1 path's virtual rows' CSR."""
     mf = cl.mem_flags
-    if gram_tiled(info):
+    if gram_tiled(info.type):
         geo = gram_geometry(fs, rows, info.max_work_group_size)
         return {"geo": geo, "rows": int(rows),
                 "P": cl.Buffer(ctx, mf.READ_WRITE, size=geo.partial_bytes)}
-    k = int(max(1, min(64, batch_rows, rows)))
+    k = gram_virtual_rows(batch_rows, rows)
     gptr = np.linspace(0, rows, k + 1).astype(np.int64)
     ro = mf.READ_ONLY | mf.COPY_HOST_PTR
     return {"k": k, "indptr": cl.Buffer(ctx, ro, hostbuf=gptr),

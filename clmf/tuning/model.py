@@ -16,7 +16,7 @@ over the groups near the case in feature space, where
   campaigns);
 * every mode's groups inform every other mode's case, farther away (above), with one
   exception: where the implicit Gram YᵀY runs through the configuration's own S1 flags (CPUs:
-  :func:`clmf.engine.launch.gram_tiled`), a fused CG measured without implicit feedback says
+  :func:`clmf.engine.memory.gram_tiled`), a fused CG measured without implicit feedback says
   nothing of its time with it (those flags, unused there, build the Gram), so such evidence is
   left out; on GPUs the Gram has its own kernels and costs every configuration alike;
 * a group reports only its :data:`TOP_K` fastest configurations, and a configuration it does
@@ -261,10 +261,8 @@ def _gram_unmeasured(c, g, mode):
     are filler there)."""
     if c.solver != "fusedcg" or mode != "implicit" or g.mode == "implicit":
         return False
-    from types import SimpleNamespace
-
-    from ..engine.launch import gram_tiled
-    return not gram_tiled(SimpleNamespace(type=(g.device or {}).get("type", "GPU")))
+    from ..engine.memory import gram_tiled
+    return not gram_tiled((g.device or {}).get("type", "GPU"))
 
 
 def weight(d2):
