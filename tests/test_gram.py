@@ -2,7 +2,7 @@
 NumPy's YᵀY on every device: tile edges (f not a multiple of the tile, one and several tiles per
 edge), one chunk and many (a short last chunk), no rows at all, half-precision factors and
 padded rows, and the smaller work-groups of devices that allow fewer than 256 work-items; and
-the CPUs' path (the side's S1 over virtual rows, :func:`clmf.engine.launch.gram_tiled`) against
+the CPUs' path (the side's S1 over virtual rows, :func:`clmf.engine.memory.gram_tiled`) against
 them."""
 from __future__ import annotations
 
