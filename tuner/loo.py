@@ -101,7 +101,7 @@ def device_infos(records):
 
 def _ok_measurements(records):
     """The ok measurements of ``records`` with a usable configuration, time, mode and data set:
-    ``[(record, config key)]``."""
+    ``[(record, config key, KernelConfig)]``."""
     from clmf.tuning import model as M
     from clmf.tuning.schema import record_mode
     out = []
@@ -112,7 +112,7 @@ def _ok_measurements(records):
         ds = r.get("dataset")
         if c is None or not isinstance(ds, dict) or not all(k in ds for k in ("m", "n", "nnz")):
             continue
-        out.append((r, c[0]))
+        out.append((r, c[0], c[1]))
     return out
 
 
@@ -126,7 +126,7 @@ def cells_of(records, sources):
 
     from .coverage import runs_of
     runs = {}
-    for r, _key in _ok_measurements(records):
+    for r, _key, _c in _ok_measurements(records):
         ds = {k: int(r["dataset"][k]) for k in ("m", "n", "nnz")}
         cur = runs.setdefault(r["run_id"], (r, ds, str(r.get("date", ""))))
         if str(r.get("date", "")) > cur[2]:
@@ -168,26 +168,37 @@ def refusals(records):
     return out
 
 
-def pick_ratio(cell, pick, measured, chosen=None):
+def pick_ratio(cell, pick, measured, chosen=None, key=None):
     """``(ratio, {side: (relative time, run)})`` of the pair ``pick`` ({side: KernelConfig}) in
-    ``cell`` from ``measured`` ({(run, side): {config key: seconds}}): per side the newest run
-    of the cell that timed it, relative to that run's reference for the side — the time of the
-    configuration the run chose (``chosen``: {(run, side): config key}, its best record's, which
-    the tuner re-timed on the whole data side by side with what ``auto`` ran before), else its
-    fastest estimate; the pair's ratio weighs the sides by those references. ``ratio`` is None
-    when a side's pick was never timed in the cell (the sides then name None for it)."""
+    ``cell`` from ``measured`` ({(run, side): {config key: (seconds, KernelConfig)}}): per side
+    the newest run of the cell that timed it — or an equal configuration, the same ``key``
+    (default :func:`clmf.tuning.model.config_key`; the offline check passes
+    :func:`clmf.tuning.model.case_key`, the model's own) — relative to that run's reference for
+    the side: the time of the configuration the run chose (``chosen``: {(run, side): config
+    key}, its best record's, which the tuner re-timed on the whole data side by side with what
+    ``auto`` ran before), else its fastest estimate; the pair's ratio weighs the sides by those
+    references. ``ratio`` is None when a side's pick was never timed in the cell (the sides
+    then name None for it)."""
     from clmf.tuning import model as M
+    key = key or M.config_key
     chosen = chosen or {}
     per, num, den = {}, 0.0, 0.0
     for side, cfg in pick.items():
-        key = M.config_key(cfg)
+        want = key(cfg)
         per[side] = None
         for run in cell.runs:
-            times = measured.get((run, side))
-            if times and key in times:
-                ref = times.get(chosen.get((run, side)), min(times.values()))
-                per[side] = (times[key] / ref, run)
-                num += times[key]
+            raw = measured.get((run, side))
+            if not raw:
+                continue
+            times = {}
+            for _k, (t, c) in raw.items():
+                kc = key(c)
+                times[kc] = min(t, times.get(kc, t))
+            if want in times:
+                ch = raw.get(chosen.get((run, side)))
+                ref = times[key(ch[1])] if ch else min(times.values())
+                per[side] = (times[want] / ref, run)
+                num += times[want]
                 den += ref
                 break
     if any(v is None for v in per.values()):
@@ -240,11 +251,11 @@ def offline_loo(paths, device=None, tol=None):
     refused = refusals(records)
     chosen = chosen_configs(records)
     measured = {}
-    for r, key in _ok_measurements(records):
+    for r, key, c in _ok_measurements(records):
         times = measured.setdefault((r["run_id"], r["side"]), {})
         t = float(r["seconds"])
-        if key not in times or t < times[key]:
-            times[key] = t
+        if key not in times or t < times[key][0]:
+            times[key] = (t, c)
     want = (device or "").lower()
     rows = []
     with _no_probes():
@@ -261,7 +272,9 @@ def offline_loo(paths, device=None, tol=None):
             picks = loo_choices(info, cell.f, cell.stats(), cell.mode, cell.runs, build,
                                 cell.storage, paths=paths)
             pair = {s: ch.config for s, ch in picks.items()}
-            ratio, per = pick_ratio(cell, pair, measured, chosen)
+            ratio, per = pick_ratio(
+                cell, pair, measured, chosen,
+                lambda c, cell=cell, info=info: M.case_key(c, cell.mode, info.type))
             rules = {ch.rule for ch in picks.values()}
             rows.append({
                 "device": device_label(info), "f": cell.f, "mode": cell.mode,

@@ -511,7 +511,8 @@ def _predict(info, f, storage, ds, mode, sources, finalize, usable, tries=8):
             if a is None:
                 continue
             if a.replace(storage=c.storage) != c:
-                score = own.get(M.config_key(a.replace(storage=c.storage)), M.PRIOR)
+                score = own.get(M.case_key(a.replace(storage=c.storage), mode, info.type),
+                                M.PRIOR)
                 where = None
             a = finalize(a, mode)
             if a in refused:
