@@ -166,7 +166,7 @@ def test_choices_reject_a_pick_the_device_refuses(monkeypatch):
     bad, good = KernelConfig.parse("batch+vec4+syrk:bx=8,ks=2"), KernelConfig.parse("batch")
     f = 97                                           # (no other test rejects at this f)
 
-    def incumbent(info_, f_, stats, storage, solver, mode, exclude_runs=()):
+    def incumbent(info_, f_, stats, storage, solver, mode, exclude_runs=(), paths=None):
         cfg = good if fallback.rejection(info_, bad, f_, mode) else bad
         return {s: Choice(cfg, "model", "planted") for s in ("users", "items")}
 

@@ -152,3 +152,37 @@ def test_an_adapted_configuration_scores_by_its_own_evidence(dbenv):  # noqa: F8
         fallback.reject(info, syrk, 112, "explicit", "a test", "306 work-items > 256")
     ch = tuning.choose(info, 112, "users", stats("users", ds))
     assert ch.rule == "model" and ch.config == KernelConfig.parse(B), ch
+
+
+@pytest.mark.parametrize("kind", ["GPU", "CPU"])
+def test_configurations_running_the_same_kernels_are_one(kind):
+    """A fused CG never launches S1 (but for the implicit Gram on CPUs): its S1 fields change
+    nothing, so twins differing only there share one key and one measurement."""
+    fused = KernelConfig.parse(FUSED)
+    twin = fused.replace(tx=8, ty=8, reg=True)
+    herm = KernelConfig.parse(A)
+    for mode in ("explicit", "biased", "implicit"):
+        one = M.case_key(fused, mode, kind) == M.case_key(twin, mode, kind)
+        assert one == (kind == "GPU" or mode != "implicit"), (kind, mode)
+        assert M.case_key(herm, mode, kind) != M.case_key(herm.replace(tx=8), mode, kind)
+    # a run that measured only the twin measured the configuration itself
+    info = fake_info(type_=kind)
+    gs = groups(run(info, 64, {str(twin): 1.0, A: 1.3}, "r64"), info)
+    r, _near = M.rank(gs, 64, "explicit", "users", M.features(2000, 1000, 40000))
+    assert r[0][1] == M.case_key(fused, "explicit", kind) and r[0][3] > 0
+
+
+def test_the_dims_form_across_a_partial_float4_slice_counts_less():
+    """The fused CG's dimensions form at f = 64 explicit (16 whole float4 slices) says little of
+    biased f = 64 (65 unknowns: a partial slice): a biased run at another f outweighs it."""
+    info = fake_info()
+    dims = "batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=16,nnz_batch=4"
+    syrk = "batch+vec4+syrk:bx=8,ks=2,solver=cg"
+    recs = run(info, 64, {dims: 1.0, syrk: 1.2}, "explicit") \
+        + run(info, 96, {syrk: 1.0, dims: 1.3}, "biased", mode="biased")
+    gs = groups(recs, info)
+    assert ranked(gs, 64, "explicit")[0] == str(KernelConfig.parse(dims))
+    assert ranked(gs, 64, "biased")[0] == str(KernelConfig.parse(syrk))
+    assert M.align_d2(KernelConfig.parse(dims), 64, "explicit", 64, "biased") == M.ALIGN_D2
+    assert M.align_d2(KernelConfig.parse(dims), 96, "biased", 64, "biased") == 0.0
+    assert M.align_d2(KernelConfig.parse(syrk), 64, "explicit", 64, "biased") == 0.0

@@ -36,8 +36,8 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Cell", "cell_runs", "choices", "tune_cell", "time_pairs", "measure_cell",
-           "loo_check", "markdown", "LOO_TOL", "fit_kwargs"]
+__all__ = ["Cell", "cell_runs", "runs_of", "choices", "loo_choices", "tune_cell", "time_pairs",
+           "measure_cell", "loo_check", "markdown", "LOO_TOL", "fit_kwargs"]
 
 LOO_TOL = 1.15          # a choice within 15 % of the cell's measured best
 LOO_SHARE = 0.90        # ... in at least 90 % of the cells
@@ -83,21 +83,30 @@ def fit_kwargs(mode, alpha=2.0):
 
 
 def cell_runs(cell, sources=None):
-    """The run ids of every database's tuning runs of ``cell``: the runs the lookup's ``tuned``
-    rung could answer it from (same device, f, storage and mode, data-set class within
-    :data:`clmf.tuning.CLASS_TOL`), and the runs with measurements of the cell but no best
-    records (a run cut short), which the selection model would read as the case itself."""
+    """The run ids of every database's tuning runs of ``cell`` (:func:`runs_of` its device, f,
+    mode, storage and data shape)."""
     from clmf import tuning
-    from clmf.tuning import lookup
-    from clmf.tuning.schema import record_mode, same_device
-    dev = tuning.device_record(cell.info)
     R = cell.R
     ds = {"m": R.shape[0], "n": R.shape[1], "nnz": int(R.nnz)}
-    out = set()
+    return runs_of(tuning.device_record(cell.info), cell.f, cell.mode, cell.storage, ds, sources)
+
+
+def runs_of(dev, f, mode, storage, ds, sources=None):
+    """The run ids of every database's tuning runs of one cell — device key ``dev``, ``f``,
+    ``mode``, ``storage``, data set ``ds`` ({m, n, nnz}) — in ``sources``
+    (:func:`clmf.tuning.lookup.record_sources`' list, default every database): the runs the
+    lookup's ``tuned`` rung could answer it from (same device, f, storage and mode, data-set
+    class within :data:`clmf.tuning.CLASS_TOL`), and the runs with measurements of the cell but
+    no best records (a run cut short), which the selection model would read as the case
+    itself. The leave-one-out leaves all of them out."""
+    from clmf import tuning
+    from clmf.tuning import lookup
     from clmf.tuning.index import model_records
+    from clmf.tuning.schema import record_mode, same_device
+    out = set()
     for origin, p, recs in (lookup.record_sources() if sources is None else sources):
         for c in lookup.record_cases(recs, origin):
-            if (c.mode == cell.mode and c.f == cell.f and c.storage == cell.storage
+            if (c.mode == mode and c.f == f and c.storage == storage
                     and same_device(c.device, dev)
                     and tuning.class_distance(c.dataset, ds) <= tuning.CLASS_TOL):
                 out.add(c.run_id)
@@ -106,8 +115,8 @@ def cell_runs(cell, sources=None):
             else (model_records(p) or [])
         for r in measured:
             if (r.get("kind") == "measurement" and r.get("run_id") not in out
-                    and r.get("f") == cell.f and record_mode(r) == cell.mode
-                    and r.get("storage", "float32") == cell.storage
+                    and r.get("f") == f and record_mode(r) == mode
+                    and r.get("storage", "float32") == storage
                     and isinstance(r.get("dataset"), dict)
                     and same_device(r.get("device") or {}, dev)
                     and tuning.class_distance(_mnz(r["dataset"]), ds) <= tuning.CLASS_TOL):
@@ -125,27 +134,37 @@ def _mnz(d):
 
 def choices(cell, exclude_runs=(), tries=6):
     """``{side: Choice}`` of ``variant="auto"`` for the cell, leaving out ``exclude_runs``, as a
-    fit would run it: a pick whose program the device refuses once built (a built kernel's
-    work-group limit below the configuration's, which validation before building cannot know)
-    is rejected and the lookup asked again (:class:`clmf.model.trainer` does the same)."""
+    fit would run it (:func:`loo_choices`, each pick built on the cell's device)."""
+    return loo_choices(cell.info, cell.f, cell.stats(), cell.mode, exclude_runs,
+                       lambda cfg: _build(cell, cfg), cell.storage, tries)
+
+
+def loo_choices(info, f, stats, mode, exclude_runs, build, storage="float32", tries=6,
+                paths=None):
+    """``{side: Choice}`` of ``variant="auto"`` on device ``info`` for f, the sides' ``stats``
+    and ``mode``, leaving out the runs ``exclude_runs`` (the leave-one-out's one home: the
+    on-device check and :mod:`clmf.autotune.loo` both ask here), as a fit would run it: a pick
+    that ``build(config)`` refuses (InvalidConfigError: a built kernel's work-group limit below
+    the configuration's, which validation before building cannot know) is rejected and the
+    lookup asked again (:class:`clmf.model.trainer` does the same). ``paths``: read only these
+    database files."""
     from clmf import tuning
     from clmf.errors import InvalidConfigError
     from clmf.tuning import fallback
-    info = cell.info
     for _ in range(tries):
-        picks = tuning.incumbent(info, cell.f, cell.stats(), cell.storage, None, cell.mode,
-                                 exclude_runs=exclude_runs)
+        picks = tuning.incumbent(info, f, stats, storage, None, mode,
+                                 exclude_runs=exclude_runs, paths=paths)
         bad = None
         for ch in picks.values():
             try:
-                _build(cell, ch.config)
+                build(ch.config)
             except InvalidConfigError as e:
                 bad = (ch, e)
                 break
         if bad is None:
             return picks
         ch, e = bad
-        fallback.reject(info, ch.config, cell.f, cell.mode, f"the {ch.rule} rule", e)
+        fallback.reject(info, ch.config, f, mode, f"the {ch.rule} rule", e)
     return picks
 
 

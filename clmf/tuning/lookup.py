@@ -232,9 +232,10 @@ class _Sources(list):
     exclude_runs: frozenset = frozenset()
 
 
-def record_sources(exclude_paths=(), exclude_runs=()):
-    """:class:`_Sources` of every usable database, from the persistent index, leaving out the
-    files of ``exclude_paths`` and the records of the runs in ``exclude_runs``."""
+def record_sources(exclude_paths=(), exclude_runs=(), paths=None):
+    """:class:`_Sources` of every usable database (``paths``: these database files instead of
+    :func:`~clmf.tuning.database.database_paths`' search order), from the persistent index,
+    leaving out the files of ``exclude_paths`` and the records of the runs in ``exclude_runs``."""
     import os
 
     from .index import best_records
@@ -242,7 +243,8 @@ def record_sources(exclude_paths=(), exclude_runs=()):
     runs = frozenset(exclude_runs)
     out = _Sources()
     out.exclude_runs = runs
-    for origin, p in database_paths():
+    where = database_paths() if paths is None else [("given", p) for p in paths]
+    for origin, p in where:
         if os.path.abspath(p) in skip:
             continue
         recs = best_records(p)
@@ -509,7 +511,8 @@ def _predict(info, f, storage, ds, mode, sources, finalize, usable, tries=8):
             if a is None:
                 continue
             if a.replace(storage=c.storage) != c:
-                score = own.get(M.config_key(a.replace(storage=c.storage)), M.PRIOR)
+                score = own.get(M.case_key(a.replace(storage=c.storage), mode, info.type),
+                                M.PRIOR)
                 where = None
             a = finalize(a, mode)
             if a in refused:
@@ -764,15 +767,15 @@ def choose(info, f, side, side_stats=None, storage="float32", solver=None, mode=
 
 
 def incumbent(info, f, side_stats, storage="float32", solver=None, mode="explicit",
-              exclude_paths=(), exclude_runs=()):
+              exclude_paths=(), exclude_runs=(), paths=None):
     """What ``ALS(variant="auto")`` would choose for this device, f, data and mode, leaving out
     the database files ``exclude_paths`` and the records of the runs ``exclude_runs`` (a tuning
-    run's own records): ``{side: Choice}``.
+    run's own records): ``{side: Choice}`` (``paths``: read only these database files).
 
     ``side_stats`` maps each side to its statistics as :meth:`clmf.ALS.fit` passes them (``rows``,
     ``cols``, ``nnz`` of that side); the tuner asks this before it searches, to measure what the
     user already had.
     """
-    sources = record_sources(exclude_paths, exclude_runs)
+    sources = record_sources(exclude_paths, exclude_runs, paths)
     return {side: choose(info, f, side, (side_stats or {}).get(side), storage, solver, mode,
                          sources=sources) for side in SIDES}

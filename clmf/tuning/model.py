@@ -19,6 +19,12 @@ over the groups near the case in feature space, where
   :func:`clmf.engine.memory.gram_tiled`), a fused CG measured without implicit feedback says
   nothing of its time with it (those flags, unused there, build the Gram), so such evidence is
   left out; on GPUs the Gram has its own kernels and costs every configuration alike;
+* configurations that run the same kernels are one (:func:`case_key`): a fused CG never
+  launches the S1 kernel (except for the implicit Gram on CPUs), so its S1 fields — tx, ty, the
+  variant flags — change nothing, and a run that measured it with tx = ty = 1 measured the
+  one with 8 × 8 too (the fastest of such twins in a group stands for them);
+* the fused CG's dimensions form with and without a partial float4 slice of the unknowns
+  (biased adds one: f + 1) are farther apart (:func:`align_d2`);
 * a group reports only its :data:`TOP_K` fastest configurations, and a configuration it does
   not report is *unknown* there, not slow (runs measured different configurations: a budgeted
   search samples, and kernels added later were never measured by older runs): the mean is over
@@ -47,7 +53,7 @@ from .schema import SIDES, norm_text, record_mode
 log = logging.getLogger(__name__)
 
 __all__ = ["TOP_K", "Group", "groups_of", "newest", "distance", "weight", "rank", "features",
-           "config_key", "MAX_D2", "top_records", "describe"]
+           "config_key", "case_key", "runs_s1", "align_d2", "MAX_D2", "top_records", "describe"]
 
 TOP_K = 8               # fastest configurations of a group the model reads (and distill keeps)
 PRIOR = math.log(1.5)    # prior relative time of any configuration ...
@@ -56,6 +62,7 @@ F_SCALE = 0.35           # ln f: a factor 1.42 is one unit of distance
 SHAPE_SCALE = 0.7        # ln rows / columns / ratings per row: a factor 2 (RMS) is one unit
 MODE_D2 = {frozenset(("explicit", "biased")): 0.5}   # another mode (implicit: IMPLICIT_D2)
 IMPLICIT_D2 = 1.0
+ALIGN_D2 = 3.0           # the fused CG's dimensions form with and without a partial float4 slice
 SIDE_D2 = 0.25           # the other side's group
 STORAGE_D2 = 1.0         # another storage dtype
 OLDER_D2 = 1.0           # per newer run of the same case (it measured the current kernels)
@@ -255,6 +262,71 @@ def _stamp(date):
         return None
 
 
+# the fields only the S1 kernel (the hermitians' build) reads: a configuration that never
+# launches it runs the same kernels whatever they hold
+_S1_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "mma", "tx", "ty", "bx", "by", "tz", "ks",
+              "triangle", "split", "fused_solve", "precision")
+_S1_DEFAULTS = {k: f.default for k, f in KernelConfig.__dataclass_fields__.items()
+                if k in _S1_FIELDS}
+_case_memo: dict = {}
+
+
+def runs_s1(c, mode, device_type):
+    """Whether configuration ``c`` launches its S1 kernel in ``mode`` on a device of
+    ``device_type``: every configuration but a fused CG, which builds no hermitians — except
+    for implicit feedback's Gram YᵀY where the device builds it through the S1 flags
+    (:func:`clmf.engine.memory.gram_tiled`: CPUs)."""
+    if c.solver != "fusedcg":
+        return True
+    from ..engine.memory import gram_tiled
+    return mode == "implicit" and not gram_tiled(device_type)
+
+
+def case_key(c, mode, device_type):
+    """The key of configuration ``c`` for a case of ``mode`` on a device of ``device_type``:
+    :func:`config_key` of ``c`` with the S1-only fields at their defaults where it never
+    launches S1 (:func:`runs_s1`) — configurations that run the same kernels are one
+    configuration, and the measurements of each count for all (a fused CG tuned with
+    tx = ty = 1 and one with the default 8 × 8 are the same kernels)."""
+    k = (config_key(c), mode, device_type)
+    hit = _case_memo.get(k)
+    if hit is None:
+        hit = k[0] if runs_s1(c, mode, device_type) else \
+            config_key(dataclasses.replace(c, **_S1_DEFAULTS))
+        if len(_case_memo) < 65536:
+            _case_memo[k] = hit
+    return hit
+
+
+def _case_view(g, mode, device_type):
+    """``(rel, configs)`` of group ``g`` keyed by :func:`case_key` for a case of ``mode``: the
+    fastest of the group's configurations that are one there."""
+    rel, cfgs = {}, {}
+    for k, r in sorted(g.rel.items(), key=lambda t: t[1]):
+        ck = case_key(g.configs[k], mode, device_type)
+        if ck not in rel:
+            rel[ck], cfgs[ck] = r, g.configs[k]
+    return rel, cfgs
+
+
+def align_d2(c, gf, gmode, f, mode):
+    """The distance added for evidence about fused CG ``c`` in the dimensions form measured at
+    ``gf`` factors in ``gmode`` for a case of ``f`` in ``mode``: :data:`ALIGN_D2` where one
+    system's unknowns (:func:`clmf.tuning.spec.kernel_factors`: f + 1 with biases) fill whole
+    float4 slices and the other's do not. The form splits every factor row into float4 slices
+    over the work-items; an unknown past a multiple of 4 adds a partial slice — the kernel's
+    masked tail, one more work-item per entry and fewer entry groups per work-group (f = 64:
+    16 slices, 8 groups of 16 work-items in 128; biased, 65 unknowns: 17 slices, 7 groups) —
+    so explicit runs of the form say little of its biased time at the same f (H100, Netflix
+    shape, f = 64: 1.0× the explicit cell's best, 1.39× / 4.7× the biased cell's users /
+    items best)."""
+    if not c.dims:
+        return 0.0
+    from .spec import kernel_factors
+    aligned = (kernel_factors(gf, gmode) % 4 == 0, kernel_factors(f, mode) % 4 == 0)
+    return ALIGN_D2 if aligned[0] != aligned[1] else 0.0
+
+
 def _gram_unmeasured(c, g, mode):
     """Whether group ``g`` says nothing of fused CG ``c``'s time in implicit ``mode``: measured
     without implicit feedback on a device whose Gram runs through the S1 flags (a fused CG's
@@ -273,8 +345,9 @@ def weight(d2):
 
 def rank(groups, f, mode, side, feats, storage="float32"):
     """``[(score, key, KernelConfig, support, device)]`` of every configuration in the top-K of
-    a group within :data:`MAX_D2` of the case, lowest predicted log relative time first
-    (``support``: the summed weight of the groups that measured it among their fastest;
+    a group within :data:`MAX_D2` of the case (``key``: its :func:`case_key`), lowest predicted
+    log relative time first (``support``: the summed weight of the groups that measured it
+    among their fastest;
     ``device``: the device key of the nearest group that measured it *at this f* with as many
     unknowns — biases add one — else None: a configuration that ran at another f may not
     build at this one — a syrk's work-group grows with f, e.g. 256 work-items at f = 100 but
@@ -290,20 +363,22 @@ def rank(groups, f, mode, side, feats, storage="float32"):
     near.sort(key=lambda t: (t[0], t[1].run_id, t[1].side))
     if not near:
         return [], []
+    dtype = (near[0][1].device or {}).get("type", "GPU")
+    view = [(d2, g, _case_view(g, mode, dtype)) for d2, g in near]
     cands = {}
-    for _d2, g in near:
-        for k, c in g.configs.items():
+    for _d2, g, (rel, cfgs) in view:
+        for k, c in cfgs.items():
             c0, where = cands.setdefault(k, (c, None))
             if where is None and g.f == f and (g.mode == "biased") == (mode == "biased"):
-                cands[k] = (c0, g.device)
+                cands[k] = (c, g.device)
     w0 = PRIOR_SHARE * weight(near[0][0])
     out = []
     for k, (c, where) in cands.items():
         num, sup = w0 * PRIOR, 0.0
-        for d2, g in near:
-            if k in g.rel and not _gram_unmeasured(c, g, mode):
-                w = weight(d2)
-                num += w * math.log(g.rel[k])
+        for d2, g, (rel, _cfgs) in view:
+            if k in rel and not _gram_unmeasured(c, g, mode):
+                w = weight(d2 + align_d2(c, g.f, g.mode, f, mode))
+                num += w * math.log(rel[k])
                 sup += w
         out.append((num / (sup + w0), k, c, sup, where))
     out.sort(key=lambda t: (t[0], -t[3], t[1]))

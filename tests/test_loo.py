@@ -1,0 +1,76 @@
+"""The selection model's leave-one-out offline (clmf.autotune.loo, issue 27): from planted tuning
+records alone — no device — each cell's pick with all its runs left out, its time from the
+cell's own measurements, picks never timed there reported unmeasured, and a configuration the
+device refused at the cell's f rejected as the on-device check's build would."""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import pytest
+from test_selection_model import run
+from test_tuning_db import best_records, fake_info, write
+
+from clmf import tuning
+from clmf.engine.config import KernelConfig
+from clmf.tuning.database import base_record
+
+A = "batch:tx=8,ty=8"
+B = "batch:tx=16,ty=16"
+SHAPE = (2000, 1000, 40000)
+DS = {"m": 2000, "n": 1000, "nnz": 40000}
+
+
+def _loo():
+    try:
+        return importlib.import_module("clmf.autotune.loo")
+    except ImportError:                      # a source checkout without the installed layout
+        return importlib.import_module("tuner.loo")
+
+
+def _cell(info, f, times, run_id, best):
+    """One tuning run of a cell: its run record (the device as recorded), measurements and best
+    records."""
+    head = base_record("run", run_id=run_id, device=tuning.device_record(info), f=f,
+                       storage="float32", device_info=dataclasses.asdict(info))
+    return [head] + run(info, f, times, run_id, shape=SHAPE) \
+        + best_records(info, f, DS, best, best, run_id, mode="explicit")
+
+
+def _rows(path, **kw):
+    return {r["f"]: r for r in _loo().offline_loo([path], **kw)}
+
+
+def test_offline_leave_one_out(tmp_path):
+    info = fake_info(name="Fake GPU loo")
+    db = tmp_path / "db.jsonl"
+    write(db, _cell(info, 32, {A: 1.0, B: 1.5}, "r32", A)
+          + _cell(info, 64, {A: 1.0, B: 1.4}, "r64", A)
+          + _cell(info, 128, {B: 1.0}, "r128", B))
+    rows = _rows(db)
+    assert set(rows) == {32, 64, 128}
+    for f in (32, 64):                       # A, from the neighbours, measured best here
+        r = rows[f]
+        assert (r["rule"], r["verdict"], r["runs"]) == ("model", "hit", [f"r{f}"])
+        assert r["ratio"] == 1.0 and r["pick"] == str(KernelConfig.parse(A))
+    r = rows[128]                            # A from f = 64, never timed at f = 128
+    assert r["verdict"] == "unmeasured" and r["ratio"] is None
+    assert r["pick"] == str(KernelConfig.parse(A)) and r["sides"]["users"] is None
+    s = _loo().summary(rows.values())[r["device"]]
+    assert (s["cells"], s["measured"], s["hits"], s["unmeasured"]) == (3, 2, 2, 1)
+    assert "2 of 2 measured cells within 15 %" in _loo().markdown(list(rows.values()))
+
+
+def test_offline_leave_one_out_rejects_what_the_device_refused(tmp_path):
+    """A measured as invalid at f = 128 (a built kernel's limit): the pick there is B, timed."""
+    info = fake_info(name="Fake GPU refusing")
+    db = tmp_path / "db.jsonl"
+    bad = base_record("measurement", status="invalid", reason="kernel_work_group_size",
+                      run_id="r128", device=tuning.device_record(info), f=128,
+                      storage="float32", side="both", mode="explicit",
+                      config=KernelConfig.parse(A).to_dict(), variant=A)
+    write(db, _cell(info, 64, {A: 1.0, B: 1.3}, "r64", A)
+          + _cell(info, 128, {B: 1.0, "batch:tx=4,ty=4": 1.1}, "r128", B) + [bad])
+    with pytest.warns(tuning.TuningFallbackWarning, match="refused by this device"):
+        r = _rows(db)[128]
+    assert r["pick"] == str(KernelConfig.parse(B)) and r["verdict"] == "hit", r
