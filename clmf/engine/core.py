@@ -34,6 +34,7 @@ from . import device_metrics as DM
 from . import kernels as K
 from . import programs as P
 from . import reduce as RD
+from . import rotate as RT
 from . import upload as U
 from .blocks import SIDES, Batch, Publisher, Share, SideData, fill, other_side
 from .device import device_info, get_context, thread_safe
@@ -104,6 +105,7 @@ class Engine:
         self.device = device
         self.info = device_info(device)
         self._released = False                       # see __del__
+        self.rotation = None         # an implicit fit's basis (clmf.engine.rotate.Rotation)
         if context is None and share is None:
             self.ctx, self.queue = get_context(device)
         else:
@@ -452,6 +454,7 @@ class Engine:
         copied."""
         rows = self.side_rows(side)
         M = np.asarray(M, dtype=np.float32)
+        self._unrotate()
         if M.shape != (rows, self.f):
             raise ValueError(f"{side} factors must have shape {(rows, self.f)}, not {M.shape}")
         whole = self._whole_factor(side)
@@ -490,6 +493,7 @@ class Engine:
         rows = self.side_rows(side)
         if not self._whole_factor(side):
             raise ValueError(f"device {self.index} holds {side} rows {self.frange[side]} only")
+        self._unrotate()
         host = np.empty((max(1, rows), self.ldf), dtype=self.np_store)
         self.cl.enqueue_copy(self.queue, host, self.factors[side])
         return unpadded_factors(host, rows, self.f, self.biased, with_biases)
@@ -497,6 +501,7 @@ class Engine:
     def write_rows(self, side, host, r0, r1, blocking=True, queue="into"):
         """Upload rows ``[r0, r1)`` (global numbering) of the padded host array ``host`` into this
         device's buffer of ``side``'s factor (the part it holds)."""
+        self._unrotate()
         lo, hi = self.frange[side]
         a, b = max(r0, lo), min(r1, hi)
         if a >= b:
@@ -509,6 +514,7 @@ class Engine:
 
     def read_rows(self, side, host, r0, r1, blocking=True, wait_for=None):
         """Download rows ``[r0, r1)`` of ``side``'s factor (held here) into ``host[r0:r1]``."""
+        self._unrotate()
         lo, hi = self.frange[side]
         if not (lo <= r0 <= r1 <= hi):
             raise ValueError(f"rows {r0}..{r1} of {side} are not held on device {self.index}")
@@ -550,8 +556,13 @@ class Engine:
             raise ValueError(f"the {side} half-step reduces partial normal equations here: "
                              "use clmf.engine.reduce.pipelined()")
         self.keep(cl.enqueue_copy(q, self.status, self._ok, is_blocking=False))
+        gram = None
         if self.implicit:      # G = (other side)ᵀ(other side), once per half-step
             self._gram(side, kern, cfg)
+            if RT.applies(self, side, cfg, exchange):       # in G's eigenbasis: Λ for G
+                self.rotation = self.rotation or RT.Rotation(self)
+                self.rotation.rotate(side)
+                gram = 2
         publisher = (Publisher(exchange, self.index)
                      if exchange is not None and exchange.needed else None)
         events, stream_events, copy_events = [], [], []
@@ -570,7 +581,7 @@ class Engine:
                     kern, q, cfg, v, fs, bset["indptr"], bset["indices"], bset["data"],
                     self.factors[other], b["A"], b["B"], b["G"], self.factors[side],
                     self.status, row0, n, r0 - lo, regularization, weighted, self.implicit,
-                    self.alpha, self.offset, wait_for=batch.wait)
+                    self.alpha, self.offset, wait_for=batch.wait, gram=gram)
             batch.done = e3 or ec or e2 or e1
             events.append((e1, e2, e3, ec))
             if publisher is not None:
@@ -581,6 +592,11 @@ class Engine:
                 publisher.put(ev, g0, g0 + n)
         self._finish_half_step(side, regularization, publisher, exchange, t0, events,
                                stream_events, copy_events)
+
+    def _unrotate(self):
+        """Factors in the original basis again (after half-steps in a Gram eigenbasis)."""
+        if self.rotation is not None:
+            self.rotation.undo()
 
     def _gram(self, side, kern, cfg):
         """Enqueue G = Σ y yᵀ over the fixed side's rows held here (timed alone when
@@ -750,6 +766,9 @@ class Engine:
             buf.release()
         if isinstance(getattr(self, "status", None), holder):
             self.status.release()
+        if self.rotation is not None:
+            self.rotation.release()
+            self.rotation = None
         self._metric_bufs, self._staging, self.buf, self.factors = {}, [], {}, {}
         self._half_stage = {}
         self._factor_hosts = {}

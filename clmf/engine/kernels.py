@@ -207,6 +207,21 @@ def _reduce_source(mirror):
     return render("reduce.cl.j2", mirror=bool(mirror))
 
 
+ROTATE_ROWS = 8    # rows per tile of the rotation kernel (rotate.cl.j2's RT_ROWS)
+
+
+def rotate_program(context):
+    """The program rotating factor rows in place by an f × f matrix (``rt_rotate``: f, the row
+    stride and the tile's local memory are arguments; one program per context)."""
+    return build(context, _rotate_source())
+
+
+@functools.lru_cache(maxsize=1)
+def _rotate_source():
+    """``rotate.cl.j2`` rendered with :data:`ROTATE_ROWS` rows per tile."""
+    return render("rotate.cl.j2", rows=ROTATE_ROWS)
+
+
 def render_metrics(f, storage="float32", ldf=None, wg=128, biased=False):
     return render("metrics.cl.j2", f=f, ldf=ldf or f, storage=storage, wg=wg, implicit=False,
                   biased=biased, config_str=f"metrics wg={wg}")

@@ -57,11 +57,15 @@ def launch_batch(kern, q, cfg, v, fs, indptr, indices, data, Yother, A, B, G, Xo
     returns the (S1, S2, S3) events (None for a stage the variant fuses or skips).
 
     ``solve=False`` stops after S2 (partial normal equations in ``A``/``B``: pass
-    ``regularization=0`` and ``gram=False``); ``gram`` (default: ``implicit``) adds ``G``."""
+    ``regularization=0`` and ``gram=False``); ``gram`` (default: ``implicit``) adds ``G``;
+    ``gram=2`` (the dims form only): ``G`` holds the Gram matrix's diagonal (F floats: a
+    half-step in its eigenbasis, :mod:`clmf.engine.rotate`)."""
     s1_local = cfg.s1_local_size(fs)
     groups = cfg.s1_groups(fs, n)
     fused = cfg.solver == "fusedcg"
     add_gram = implicit if gram is None else gram
+    if add_gram == 2 and not (cfg.dims and solve):
+        raise ValueError("a diagonal Gram matrix is for the fused CG's dimensions form only")
     if fused and not solve:
         raise ValueError("the fused CG solver builds no normal equations to reduce")
     if cfg.fused_solve and solve:
@@ -89,7 +93,8 @@ def launch_batch(kern, q, cfg, v, fs, indptr, indices, data, Yother, A, B, G, Xo
         # the fused CG's dimensions form: b formed in its first pass (no S2 above)
         swg = cfg.swg(fs)
         e3 = kern["s3_fcg"](q, (n * swg,), (swg,), indptr, indices, data, Yother, G,
-                            np.int32(1 if add_gram else 0), Xout, status, np.int32(row0),
+                            np.int32(2 if add_gram == 2 else 1 if add_gram else 0), Xout,
+                            status, np.int32(row0),
                             np.int32(n), np.float32(regularization),
                             np.int32(1 if weighted else 0), np.float32(alpha),
                             np.float32(offset), np.int32(xoff), wait_for=wait_for)

@@ -1,0 +1,102 @@
+"""Implicit half-steps in their Gram matrix's eigenbasis (:mod:`clmf.engine.rotate`): the
+rotation kernel against NumPy on every device (tiles cut short, f not a multiple of 4, padded
+rows left alone, no rows), fits that rotate against the NumPy reference and against the same
+fit unrotated (``CLMF_GRAM_ROTATION=0``) over several iterations, factors read back in the
+original basis, and where the rotation does not apply."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import random_ratings, rel_err
+
+import clmf
+from clmf import reference as ref
+from clmf.engine import kernels as K
+from clmf.engine import rotate as RT
+
+DIMS = "batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=8,nnz_batch=3"
+
+
+@pytest.mark.parametrize("f,rows", [(1, 1), (5, 9), (17, 8), (17, 23), (33, 0), (64, 17)])
+def test_rotate_kernel_matches_numpy(cl_device, f, rows):
+    import pyopencl as cl
+    ctx = cl.Context([cl_device])
+    q = cl.CommandQueue(ctx)
+    ldf = f + 3                                   # padding columns must stay as they are
+    rng = np.random.default_rng(f + rows)
+    X = rng.standard_normal((max(rows, 1), ldf)).astype(np.float32)
+    V = np.linalg.qr(rng.standard_normal((f, f)))[0].astype(np.float32)
+    mf = cl.mem_flags
+    xb = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=X)
+    vb = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=V)
+    kern = K.rotate_program(ctx).kernels["rt_rotate"]
+    for wg, groups in ((8, 2), (1, 1), (4, 64)):   # tiles taken in turn; more groups than tiles
+        cl.enqueue_copy(q, xb, X)
+        kern(q, (groups * wg,), (wg,), xb, np.int64(rows), np.int32(f), np.int32(ldf), vb,
+             cl.LocalMemory(4 * K.ROTATE_ROWS * f))
+        out = np.empty_like(X)
+        cl.enqueue_copy(q, out, xb)
+        want = X.copy()
+        want[:rows, :f] = X[:rows, :f].astype(np.float64) @ V.astype(np.float64)
+        assert rel_err(out[:, :f], want[:, :f]) <= 1e-5
+        assert np.array_equal(out[:, f:], X[:, f:])
+        assert np.array_equal(out[rows:], X[rows:])
+
+
+def _problem(f, users=61, items=43):
+    R = random_ratings(users, items, 0.25, seed=f, empty_rows=[2], empty_cols=[5])
+    return R, ref.start_factors(users, items, f, 1)
+
+
+def _counted(monkeypatch):
+    """Count the engine's rotations (the installed module's class, patched)."""
+    calls = []
+    orig = RT.Rotation.rotate
+
+    def rotate(self, side):
+        calls.append(side)
+        return orig(self, side)
+    monkeypatch.setattr(RT.Rotation, "rotate", rotate)
+    return calls
+
+
+@pytest.mark.parametrize("f", [4, 17])
+def test_rotated_fit_matches_reference_and_unrotated(cl_device, f, monkeypatch):
+    R, init = _problem(f)
+    calls = _counted(monkeypatch)
+    kw = dict(device=cl_device, variant=DIMS, feedback="implicit", alpha=2.0, solver="fusedcg")
+    m = clmf.ALS(f, 0.1, 3, **kw).fit(R, init=init, show_progress=False)
+    assert calls == ["users"] * 3               # the longer side, once per iteration
+    Xr, Yr = ref.als(R, f, 0.1, 3, weighted=False, init=init, implicit_alpha=2.0,
+                     solver="fusedcg", cg_steps=3)
+    assert rel_err(m.user_factors_, Xr) <= 1e-4 and rel_err(m.item_factors_, Yr) <= 1e-4
+    monkeypatch.setenv(RT.ENV, "0")
+    u = clmf.ALS(f, 0.1, 3, **kw).fit(R, init=init, show_progress=False)
+    assert calls == ["users"] * 3               # none more
+    assert rel_err(m.user_factors_, u.user_factors_) <= 1e-4
+    assert rel_err(m.item_factors_, u.item_factors_) <= 1e-4
+
+
+def test_items_rotate_when_they_are_the_longer_side(cl_device, monkeypatch):
+    R, init = _problem(6, users=31, items=57)
+    calls = _counted(monkeypatch)
+    m = clmf.ALS(6, 0.1, 2, device=cl_device, variant=DIMS, feedback="implicit", alpha=2.0,
+                 solver="fusedcg").fit(R, init=init, show_progress=False)
+    assert calls == ["items"] * 2
+    Xr, Yr = ref.als(R, 6, 0.1, 2, weighted=False, init=init, implicit_alpha=2.0,
+                     solver="fusedcg", cg_steps=3)
+    assert rel_err(m.user_factors_, Xr) <= 1e-4 and rel_err(m.item_factors_, Yr) <= 1e-4
+
+
+@pytest.mark.parametrize("kw", [dict(feedback="explicit"), dict(biases=True),
+                                dict(feedback="implicit", alpha=2.0, storage="float16"),
+                                dict(feedback="implicit", alpha=2.0,
+                                     variant="batch+vec4+syrk:bx=4,ks=2,nnz_batch=5")])
+def test_no_rotation_where_it_does_not_apply(cl_device, kw, monkeypatch):
+    R, init = _problem(5)
+    calls = _counted(monkeypatch)
+    kw = {"variant": DIMS, "solver": "fusedcg", **kw}
+    if "syrk" in kw["variant"]:
+        kw["solver"] = "cg"
+    clmf.ALS(5, 0.1, 1, device=cl_device, **kw).fit(R, init=init, show_progress=False)
+    assert calls == []
