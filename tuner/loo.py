@@ -38,8 +38,8 @@ import sys
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LooCell", "cells_of", "device_infos", "refusals", "pick_ratio", "bridged_times", "offline_loo",
-           "summary", "markdown", "main", "chosen_configs"]
+__all__ = ["LooCell", "cells_of", "device_infos", "refusals", "pick_ratio", "bridged_times",
+           "offline_loo", "summary", "markdown", "main", "chosen_configs"]
 
 _DEVICE_KEYS = ("platform", "vendor", "type", "device")
 
