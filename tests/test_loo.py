@@ -74,3 +74,28 @@ def test_offline_leave_one_out_rejects_what_the_device_refused(tmp_path):
     with pytest.warns(tuning.TuningFallbackWarning, match="refused by this device"):
         r = _rows(db)[128]
     assert r["pick"] == str(KernelConfig.parse(B)) and r["verdict"] == "hit", r
+
+
+def test_an_older_runs_time_is_set_against_the_cells_newest_best():
+    """The pick P was timed only by an older run of the cell (1.07× that run's best A); the
+    newest run timed A again beside M, 1.2× faster: P's time relative to the cell's best is
+    1.07 × 1.2, not the older run's 1.07 (the on-device check times P against M)."""
+    from clmf.tuning import model as M
+    loo = _loo()
+    cfg = {v: KernelConfig.parse(v) for v in (A, B, "batch:tx=4,ty=4")}
+    P, M_ = cfg[B], cfg["batch:tx=4,ty=4"]
+    measured = {}
+    for side in ("users", "items"):
+        measured[("old", side)] = {M.config_key(cfg[A]): (2.0, cfg[A]),
+                                   M.config_key(P): (2.14, P)}
+        measured[("new", side)] = {M.config_key(cfg[A]): (2.2, cfg[A]),
+                                   M.config_key(M_): (2.2 / 1.2, M_)}
+    cell = loo.LooCell({}, 64, "explicit", "float32", dict(DS), ["new", "old"])
+    ratio, per = loo.pick_ratio(cell, {"users": P, "items": P}, measured,
+                                {("new", s): M.config_key(M_) for s in ("users", "items")})
+    assert ratio == pytest.approx(1.07 * 1.2) and per["users"] == (pytest.approx(1.07 * 1.2),
+                                                                   "old")
+    # a run sharing no configuration with the newer ones is left out: P unmeasured
+    measured[("old", "users")].pop(M.config_key(cfg[A]))
+    ratio, per = loo.pick_ratio(cell, {"users": P, "items": P}, measured)
+    assert ratio is None and per["users"] is None

@@ -186,3 +186,31 @@ def test_the_dims_form_across_a_partial_float4_slice_counts_less():
     assert M.align_d2(KernelConfig.parse(dims), 64, "explicit", 64, "biased") == M.ALIGN_D2
     assert M.align_d2(KernelConfig.parse(dims), 96, "biased", 64, "biased") == 0.0
     assert M.align_d2(KernelConfig.parse(syrk), 64, "explicit", 64, "biased") == 0.0
+
+
+def _sampled(records, rows, nnz):
+    """``records`` as a run that timed its sides on a sample of ``rows`` rows and ``nnz``
+    ratings (the tuner's ``sample``)."""
+    return [r | {"sample": {"fraction": rows / r["dataset"]["rows"], "rows": rows, "nnz": nnz,
+                            "full_rows": r["dataset"]["rows"], "full_nnz": r["dataset"]["nnz"]}}
+            for r in records]
+
+
+def test_a_sample_too_small_to_fill_the_device_counts_less(dbenv):  # noqa: F811
+    """A run that timed f = 64 on 40 of 2,000 rows (fewer than fill the device: 8 compute units
+    × FILL_GROUPS) ranked B first; a whole-side run at f = 80 ranked A first: a fit of the whole
+    side takes the latter's ranking (the lookup passes the device's fill)."""
+    info = fake_info()
+    ds = {"m": 2000, "n": 1000, "nnz": 40000}
+    recs = _sampled(run(info, 64, {B: 1.0, A: 1.5}, "sampled"), 40, 800) \
+        + run(info, 80, {A: 1.0, B: 1.5}, "whole")
+    gs = groups(recs, info)
+    fill = M.fill_rows(info.compute_units)
+    assert 40 < fill < 1000
+    assert {g.ran for g in gs if g.run_id == "sampled"} == {40}
+    feats = M.features(2000, 1000, 40000)
+    best = lambda fill: str(M.rank(gs, 64, "explicit", "users", feats, fill=fill)[0][0][2])  # noqa: E731
+    assert best(fill) == A
+    assert best(None) == B                       # without the fill: the nearest f's ranking
+    write(dbenv["env"], recs)
+    assert tuning.choose(info, 64, "users", stats("users", ds)).config == KernelConfig.parse(A)

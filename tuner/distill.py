@@ -49,7 +49,7 @@ import sys
 
 from clmf.tuning.database import read_database, records_bytes
 from clmf.tuning.lookup import newest_first, record_cases
-from clmf.tuning.model import top_records
+from clmf.tuning.model import shape_fields, top_records
 from clmf.tuning.schema import SCHEMA_VERSION, SIDES, norm_text, record_mode
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,6 @@ TOP = 32                     # ranked configurations kept per (device type, mode
 # the keys of a measurement record the lookup (and its record checks) read
 _MEASUREMENT_KEYS = ("schema_version", "kind", "status", "side", "mode", "device", "f", "storage",
                      "run_id", "config", "seconds", "date", "commit")
-_DATASET_KEYS = ("m", "n", "nnz", "rows", "cols")     # the selection model's shape features
 
 
 def _blob_id(data):
@@ -174,8 +173,7 @@ def distill(sources, names=None, blobs=None, top=TOP):
             elif (i, j) in meas:
                 m = {k: r[k] for k in _MEASUREMENT_KEYS if k in r}
                 if (i, j) in model and isinstance(r.get("dataset"), dict):
-                    m["dataset"] = {k: r["dataset"][k] for k in _DATASET_KEYS
-                                    if k in r["dataset"]}
+                    m.update(shape_fields(r))
                 body.append(m)
             elif r.get("kind") == "topk":     # top-k tunings (clmf.inference.topk), compact
                 body.append({k: v for k, v in r.items() if k not in _TOPK_RAW})

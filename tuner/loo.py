@@ -10,8 +10,11 @@ any run) rejected, as the on-device check rejects a pick that fails to build. Th
 is then read from the cell's own measurements:
 
 * per side, the newest run of the cell that timed the pick's configuration (or an equal one:
-  the same :func:`clmf.tuning.model.config_key`) gives its time relative to that run's best of
-  the side (kernels change between runs: each run's times are compared among themselves);
+  the same :func:`clmf.tuning.model.case_key`) gives its time, relative to the best of the
+  side in the cell's newest run (what ``auto`` runs there) through the configurations both
+  runs timed (kernels change between runs: an older run's times are compared with the newest
+  run's only through such anchors, :func:`bridged_times`, never with the older run's own best,
+  which newer kernels may beat);
 * the pair's ratio weighs the sides by their best times (an iteration is the two half-steps);
 * a cell whose pick was never timed there on a side is ``unmeasured``: not counted as a hit
   nor as a miss; the list of them is what a device must time.
@@ -35,8 +38,8 @@ import sys
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LooCell", "cells_of", "device_infos", "refusals", "pick_ratio", "offline_loo",
-           "summary", "markdown", "main", "chosen_configs"]
+__all__ = ["LooCell", "cells_of", "device_infos", "refusals", "pick_ratio", "bridged_times",
+           "offline_loo", "summary", "markdown", "main", "chosen_configs"]
 
 _DEVICE_KEYS = ("platform", "vendor", "type", "device")
 
@@ -168,17 +171,62 @@ def refusals(records):
     return out
 
 
+def _run_times(raw, key):
+    """``{key: seconds}`` of one run's side (``raw``: {config key: (seconds, KernelConfig)}),
+    equal configurations (the same ``key``) at their fastest."""
+    times = {}
+    for _k, (t, c) in raw.items():
+        kc = key(c)
+        times[kc] = min(t, times.get(kc, t))
+    return times
+
+
+def bridged_times(runs, side, measured, key):
+    """``(base run, {run: {key: seconds}})`` of the runs ``runs`` (newest first) on ``side``,
+    every run's times in the units of the base run — the newest that measured the side: a run
+    is scaled by the median ratio of the configurations it shares with the runs already
+    scaled (the anchors a newer run re-times), and a run sharing none is left out. Each run's
+    sampled estimates are compared among themselves only through such anchors, so a
+    configuration an older run timed is set against the cell's newest best, not that older
+    run's best (kernels change between runs: an older run may never have measured what
+    beats it now)."""
+    per = [(run, _run_times(measured[(run, side)], key)) for run in runs
+           if measured.get((run, side))]
+    if not per:
+        return None, {}
+    out = {per[0][0]: per[0][1]}
+    left = per[1:]
+    while left:
+        rest = []
+        for run, times in left:
+            ratios = sorted(t0 / times[k] for other in out.values() for k, t0 in other.items()
+                            if k in times)
+            if not ratios:
+                rest.append((run, times))
+                continue
+            n = len(ratios)
+            scale = ratios[n // 2] if n % 2 else (ratios[n // 2 - 1] * ratios[n // 2]) ** 0.5
+            out[run] = {k: t * scale for k, t in times.items()}
+        if len(rest) == len(left):
+            log.debug("runs %s share no configuration with %s on %s: left out",
+                      [r for r, _ in rest], per[0][0], side)
+            break
+        left = rest
+    return per[0][0], out
+
+
 def pick_ratio(cell, pick, measured, chosen=None, key=None):
     """``(ratio, {side: (relative time, run)})`` of the pair ``pick`` ({side: KernelConfig}) in
     ``cell`` from ``measured`` ({(run, side): {config key: (seconds, KernelConfig)}}): per side
     the newest run of the cell that timed it — or an equal configuration, the same ``key``
     (default :func:`clmf.tuning.model.config_key`; the offline check passes
-    :func:`clmf.tuning.model.case_key`, the model's own) — relative to that run's reference for
-    the side: the time of the configuration the run chose (``chosen``: {(run, side): config
-    key}, its best record's, which the tuner re-timed on the whole data side by side with what
-    ``auto`` ran before), else its fastest estimate; the pair's ratio weighs the sides by those
-    references. ``ratio`` is None when a side's pick was never timed in the cell (the sides
-    then name None for it)."""
+    :func:`clmf.tuning.model.case_key`, the model's own) — with its time in the units of the
+    cell's newest run (:func:`bridged_times`), relative to the newest run's reference for the
+    side: the time of the configuration it chose (``chosen``: {(run, side): config key}, its
+    best record's, which the tuner re-timed on the whole data side by side with what ``auto``
+    ran before, and what ``auto`` runs in the cell), else its fastest estimate; the pair's
+    ratio weighs the sides by those references. ``ratio`` is None when a side's pick was never
+    timed in the cell (the sides then name None for it)."""
     from clmf.tuning import model as M
     key = key or M.config_key
     chosen = chosen or {}
@@ -186,19 +234,15 @@ def pick_ratio(cell, pick, measured, chosen=None, key=None):
     for side, cfg in pick.items():
         want = key(cfg)
         per[side] = None
+        base, times = bridged_times(cell.runs, side, measured, key)
+        if base is None:
+            continue
+        ch = measured[(base, side)].get(chosen.get((base, side)))
+        ref = times[base][key(ch[1])] if ch else min(times[base].values())
         for run in cell.runs:
-            raw = measured.get((run, side))
-            if not raw:
-                continue
-            times = {}
-            for _k, (t, c) in raw.items():
-                kc = key(c)
-                times[kc] = min(t, times.get(kc, t))
-            if want in times:
-                ch = raw.get(chosen.get((run, side)))
-                ref = times[key(ch[1])] if ch else min(times.values())
-                per[side] = (times[want] / ref, run)
-                num += times[want]
+            if want in times.get(run, ()):
+                per[side] = (times[run][want] / ref, run)
+                num += times[run][want]
                 den += ref
                 break
     if any(v is None for v in per.values()):

@@ -30,13 +30,12 @@ _memo: dict = {}
 _lock = threading.Lock()
 
 
-_INDEX_FORMAT = 5              # 2: "topk" records kept beside "best" ones; 3: ok measurements'
+_INDEX_FORMAT = 6              # 2: "topk" records kept beside "best" ones; 3: ok measurements'
                                # whole device keys (they verify a configuration on that device);
                                # 4: their storage, date and data-set shape (the selection model's);
-                               # 5: the selection model's own index
+                               # 5: the selection model's own index; 6: the sampled rows/ratings
 _MEASUREMENT_KEYS = ("kind", "status", "side", "mode", "f", "run_id", "config", "seconds",
                      "storage", "date")
-_DATASET_KEYS = ("m", "n", "nnz", "rows", "cols")
 _DEVICE_KEYS = ("platform", "vendor", "type", "device", "driver")
 
 
@@ -48,9 +47,9 @@ def _slim(r):
     if r.get("kind") == "best":
         return r
     out = {k: r[k] for k in _MEASUREMENT_KEYS if k in r}
-    ds = r.get("dataset")
-    if r.get("status") == "ok" and isinstance(ds, dict):
-        out["dataset"] = {k: ds[k] for k in _DATASET_KEYS if k in ds}
+    if r.get("status") == "ok":
+        from .model import shape_fields
+        out.update(shape_fields(r))
     dev = r.get("device")
     keys = _DEVICE_KEYS if r.get("status") == "ok" else ("type",)
     out["device"] = {k: dev[k] for k in keys if k in dev} if isinstance(dev, dict) else dev

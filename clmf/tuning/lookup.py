@@ -491,7 +491,8 @@ def _predict(info, f, storage, ds, mode, sources, finalize, usable, tries=8):
              "items": M.features(ds["n"], ds["m"], ds["nnz"])}
     ranked, near = {}, {}
     for side in SIDES:
-        ranked[side], near[side] = M.rank(groups, f, mode, side, feats[side], storage)
+        ranked[side], near[side] = M.rank(groups, f, mode, side, feats[side], storage,
+                                          M.fill_rows(info.compute_units))
         if not ranked[side]:
             return None
     refused = set()            # configurations the check refused (rejected here, failed probe)

@@ -52,8 +52,9 @@ from .schema import SIDES, norm_text, record_mode
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TOP_K", "Group", "groups_of", "newest", "distance", "weight", "rank", "features",
-           "config_key", "case_key", "runs_s1", "align_d2", "MAX_D2", "top_records", "describe"]
+__all__ = ["TOP_K", "SAMPLE_KEYS", "shape_fields", "Group", "groups_of", "newest", "distance",
+           "weight", "rank", "features", "config_key", "case_key", "fill_rows", "runs_s1",
+           "align_d2", "MAX_D2", "top_records", "describe"]
 
 TOP_K = 8               # fastest configurations of a group the model reads (and distill keeps)
 PRIOR = math.log(1.5)    # prior relative time of any configuration ...
@@ -69,6 +70,8 @@ OLDER_D2 = 1.0           # per newer run of the same case (it measured the curre
 AGE_D2 = 1.0             # per day a run is older than the device's newest (kernels change
                          # between tuning campaigns; a run re-measures earlier bests as anchors)
 MAX_D2 = 6.0             # groups farther than this are ignored (weight < 0.3 %)
+FILL_GROUPS = 32         # resident work-groups per compute unit (NVIDIA SMs hold 32 blocks):
+                         # a half-step's rows past this many per compute unit fill the device
 
 
 @dataclasses.dataclass
@@ -87,6 +90,7 @@ class Group:
     date: str = ""          # of its fastest record
     age: int = 0            # newer runs of the same cell (:func:`newest`)
     days: float = 0.0       # days older than the device's newest group (:func:`newest`)
+    ran: int = 0            # rows its half-steps ran over (the sample's; 0: the side's)
 
     def cell(self):
         """What two runs of the same case share: f, mode, storage, side and shape."""
@@ -97,6 +101,22 @@ class Group:
 def features(rows, cols, nnz):
     """The shape features of one side: rows, columns and ratings (at least 1 each)."""
     return {"rows": max(1, int(rows)), "cols": max(1, int(cols)), "nnz": max(1, int(nnz))}
+
+
+SAMPLE_KEYS = ("rows", "nnz")     # of a measurement's ``sample``: the rows its kernels ran on
+
+
+def shape_fields(r):
+    """The fields of measurement ``r`` the model reads its shape from (:func:`_record_features`):
+    ``{"dataset": {...}, "sample": {...}}`` where present — what the lookup's index and the
+    distilled databases keep of it."""
+    out = {}
+    ds, sm = r.get("dataset"), r.get("sample")
+    if isinstance(ds, dict):
+        out["dataset"] = {k: ds[k] for k in ("m", "n", "nnz", "rows", "cols") if k in ds}
+    if isinstance(sm, dict) and all(k in sm for k in SAMPLE_KEYS):
+        out["sample"] = {k: sm[k] for k in SAMPLE_KEYS}
+    return out
 
 
 def _record_features(r):
@@ -117,13 +137,35 @@ def _record_features(r):
         return None
 
 
-def distance(g, f, mode, side, feats, storage="float32"):
-    """Squared distance of group ``g`` from a case (see the module docstring)."""
+def _sampled_rows(r, rows):
+    """The rows a measurement's half-step ran over: its ``sample``'s where the run sampled the
+    side, else ``rows`` (the whole side's)."""
+    sm = r.get("sample")
+    try:
+        return max(1, min(rows, int(sm["rows"]))) if isinstance(sm, dict) else rows
+    except (KeyError, TypeError, ValueError):
+        return rows
+
+
+def fill_rows(compute_units):
+    """The rows a half-step needs to fill a device of ``compute_units``: :data:`FILL_GROUPS`
+    work-groups (a row each) per compute unit."""
+    return max(1, int(compute_units or 0)) * FILL_GROUPS
+
+
+def distance(g, f, mode, side, feats, storage="float32", fill=None):
+    """Squared distance of group ``g`` from a case (see the module docstring); ``fill``: the
+    rows that fill the device (:func:`fill_rows`), where known."""
     d2 = (math.log(g.f / f) / F_SCALE) ** 2
     rpr = lambda x: x["nnz"] / x["rows"]                       # noqa: E731 (ratings per row)
     sh = [math.log(g.feats["rows"] / feats["rows"]), math.log(g.feats["cols"] / feats["cols"]),
           math.log(rpr(g.feats) / rpr(feats))]
     d2 += sum(x * x for x in sh) / len(sh) / SHAPE_SCALE ** 2
+    if fill:
+        # a sample of fewer rows than fill the device ranks the configurations otherwise than
+        # the whole side (a row per work-group: the few longest rows set a launch's time)
+        ran = min(g.ran or g.feats["rows"], fill) / min(feats["rows"], fill)
+        d2 += (math.log(ran) / SHAPE_SCALE) ** 2
     if g.mode != mode:
         d2 += MODE_D2.get(frozenset((g.mode, mode)), IMPLICIT_D2)
     if g.side != side:
@@ -228,7 +270,8 @@ def groups_of(records, device, exclude_runs=()):
             rel[key] = float(r["seconds"]) / t0
             cfgs[key] = c
         out.append(Group(run, side, f, record_mode(r0), r0.get("storage", "float32"), feats, rel,
-                         max(rel.values()), cfgs, r0.get("device"), str(r0.get("date", ""))))
+                         max(rel.values()), cfgs, r0.get("device"), str(r0.get("date", "")),
+                         ran=_sampled_rows(r0, feats["rows"])))
     return newest(out)
 
 
@@ -343,7 +386,7 @@ def weight(d2):
     return math.exp(-d2)
 
 
-def rank(groups, f, mode, side, feats, storage="float32"):
+def rank(groups, f, mode, side, feats, storage="float32", fill=None):
     """``[(score, key, KernelConfig, support, device)]`` of every configuration in the top-K of
     a group within :data:`MAX_D2` of the case (``key``: its :func:`case_key`), lowest predicted
     log relative time first (``support``: the summed weight of the groups that measured it
@@ -357,7 +400,7 @@ def rank(groups, f, mode, side, feats, storage="float32"):
     ``[(d², group)]`` nearest first."""
     near = []
     for g in groups:
-        d2 = distance(g, f, mode, side, feats, storage)
+        d2 = distance(g, f, mode, side, feats, storage, fill)
         if d2 <= MAX_D2:
             near.append((d2, g))
     near.sort(key=lambda t: (t[0], t[1].run_id, t[1].side))
