@@ -1,7 +1,8 @@
-"""The reduce mode's pipeline (issue 28): packed systems (pack / unpack kernels against NumPy),
-the host's segments and sums (:class:`clmf.parallel.reducer.Reducer`, no device), and fits whose
-reduced side wraps the device's ring, has fewer rows than devices, or whose fixed side has a
-device block without ratings, each against the one-device fit."""
+"""The reduce mode's pipeline (issue 28): packed systems (pack / unpack / add kernels against
+NumPy), the host's segments, sums and hand-overs (:class:`clmf.parallel.reducer.Reducer`, no
+device, both sum modes), and fits whose reduced side wraps the device's ring, has fewer rows
+than devices, uneven blocks, or whose fixed side has a device block without ratings, each
+against the one-device fit (and NumPy's), in both sum modes (device, host), which agree."""
 from __future__ import annotations
 
 import threading
@@ -17,6 +18,7 @@ from clmf.parallel.reducer import Reducer, cut_segments, segment_rows
 
 MODES = {"explicit": {}, "implicit": dict(implicit_alpha=2.0),
          "biased": dict(biased=True, offset=3.0)}
+SUMS = ("device", "host")
 
 
 def _packed(A, B):
@@ -76,6 +78,37 @@ def test_pack_and_unpack_kernels_match_numpy(cl_device, fs):
         assert np.array_equal(gotB, B[2:5])
 
 
+@pytest.mark.parametrize("fs", [7, 13])
+def test_add_kernel_matches_numpy(cl_device, fs):
+    """add_systems adds a staged copy's rows to the ring's rows from an offset, wrapping at the
+    ring's end, in both program forms and any geometry; no other ring row changes."""
+    import pyopencl as cl
+
+    from clmf.engine.device import get_context
+    from clmf.engine.kernels import build, render
+    ctx, q = get_context(cl_device)
+    rng = np.random.default_rng(fs)
+    ring, n, w = 6, 4, packed_width(fs)
+    S0 = rng.standard_normal((ring, w)).astype(np.float32)
+    T = rng.standard_normal((n + 1, w)).astype(np.float32)     # a row past the copy: unread
+    mf = cl.mem_flags
+    dT = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=T)
+    dS = cl.Buffer(ctx, mf.READ_WRITE, size=S0.nbytes)
+    progs = [build(ctx, render("reduce.cl.j2", mirror=m)).kernels for m in (False, True)]
+    got = np.empty_like(S0)
+    for k, (s0, rows, groups, wg) in ((k, c) for k in progs
+                                      for c in ((0, 4, 4, 1), (4, 4, 2, 8), (5, 1, 1, 64),
+                                                (3, 3, 3, 32))):
+        cl.enqueue_copy(q, dS, S0)
+        k["add_systems"](q, (groups * wg,), (wg,), dS, np.int64(s0), np.int64(ring), dT,
+                         np.int32(rows), np.int32(fs))
+        cl.enqueue_copy(q, got, dS)
+        want = S0.copy()
+        for b in range(rows):
+            want[(s0 + b) % ring] += T[b]
+        assert np.array_equal(got, want), (s0, rows, groups, wg)
+
+
 def test_segments_cut_each_block_in_order():
     """Segments lie inside one device's block each, in row order, none for an empty block;
     their size is capped by every device's batch and gives each block several."""
@@ -92,8 +125,8 @@ def test_reducer_sums_each_segment_once_every_device_landed():
     any order of landings; each owner takes its own in row order, an owner of an empty block
     none; a failure wakes a waiting owner with an error."""
     n, rows, fs = 3, 10, 3
-    rd = Reducer("items", rows, [0, 4, 4, 10], fs, [2, 3, 5], lambda d, shape: np.zeros(shape,
-                                                                                   np.float32))
+    rd = Reducer("items", rows, [0, 4, 4, 10], fs, [2, 3, 5],
+                 lambda d, shape: np.zeros(shape, np.float32), sums="host")
     try:
         rng = np.random.default_rng(0)
         parts = [rng.standard_normal(h.shape).astype(np.float32) for h in rd.host]
@@ -130,6 +163,61 @@ def test_reducer_sums_each_segment_once_every_device_landed():
         rd.close()
 
 
+def test_reducer_device_sums_hand_over_each_copy_in_order():
+    """Device sums: the host sums nothing; each owner takes its segments' copies as they land,
+    its own first, then its peers' in index order (a copy landed out of order waits for those
+    before it), an owner of an empty block nothing; the exposed wait runs from the last landing
+    to the last owner's sum; a failure wakes a waiting owner with an error."""
+    n, rows, fs = 3, 10, 3
+    rd = Reducer("items", rows, [0, 4, 4, 10], fs, [2, 3, 5],
+                 lambda d, shape: np.zeros(shape, np.float32))
+    try:
+        assert rd.device_sums and Reducer.__init__.__defaults__[-1] == "device"
+        with pytest.raises(ValueError, match="sums"):
+            Reducer("items", rows, [0, 10], fs, [2], lambda d, s: np.zeros(s), sums="gpu")
+        ports = [rd.port(d) for d in range(n)]
+        for h in rd.host:
+            h[...] = 1.0
+        assert ports[1].take(block=False) is None             # an empty block: nothing to take
+        segs = rd.segments
+        k0 = [k for k, s in enumerate(segs) if s[2] == 2][0]     # device 2's first segment
+        a, b, _ = segs[k0]
+        ports[1].landed(k0)                  # a peer before the owner: not handed over yet
+        assert ports[2].take(block=False) == []
+        ports[2].landed(k0)                  # the owner's own, then device 1's: 0 still missing
+        assert ports[2].take(block=False) == [(a, b, 2)]
+        assert ports[2].take(block=False) == []
+        ports[0].landed(k0)
+        assert ports[2].take(block=False) == [(a, b, 0), (a, b, 1)]
+        got = []
+        for d, k in [(d, k) for k in reversed(range(len(segs))) for d in range(n)
+                     if k != k0]:
+            ports[d].landed(k)
+        while (t := ports[2].take(block=True)) is not None:
+            got += t
+        assert got == [(*segs[k][:2], e) for k in range(k0 + 1, len(segs)) if segs[k][2] == 2
+                       for e in (2, 0, 1)]
+        got = []
+        while (t := ports[0].take(block=True)) is not None:
+            got += t
+        assert got == [(*s[:2], e) for s in segs if s[2] == 0 for e in (0, 1, 2)]
+        assert all(np.all(h == 1.0) for h in rd.host)           # nothing summed on the host
+        import time
+        ports[2].summed(time.perf_counter() + 0.5, 0.25)
+        done = rd.finish()
+        assert done["sum"] == 0.25 and 0.4 < done["wait"] < 5
+        rd.start()
+        assert rd.finish() == {"sum": 0.0, "wait": 0.0}
+        err = []
+        t = threading.Thread(target=lambda: err.append(_raises(ports[2].take, True)))
+        t.start()
+        ports[0].fail(ValueError("boom"))
+        t.join(5)
+        assert err and "boom" in err[0]
+    finally:
+        rd.close()
+
+
 def _raises(fn, *args):
     """The message of the error ``fn(*args)`` raises (or None)."""
     try:
@@ -139,41 +227,54 @@ def _raises(fn, *args):
     return None
 
 
-def _fit_pair(devs, R, f, modes, cfg, extra, check=None, iterations=2):
-    """Factors (with biases) after ``iterations`` on one device and on ``devs`` with ``modes``
-    (``check(engine)`` called on the multi-device one)."""
+def _fits(devs, R, f, modes, cfg, extra, check=None, iterations=2, sums=SUMS, shares=None):
+    """Factors (with biases) after ``iterations`` on one device (``"one"``) and on ``devs``
+    with ``modes`` in each way of summing of ``sums`` (``check(engine)`` called on each
+    multi-device one)."""
     from clmf.parallel import MultiEngine, make_backend
     X0, Y0 = reference.start_factors(*R.shape, f, 0)
-    out = []
-    for many in (False, True):
-        e = (MultiEngine(devs, R, f, [(cfg, cfg)] * len(devs), pinned=True,
-                         modes=dict(zip(("users", "items"), modes)), **extra) if many
-             else make_backend(devs[:1], R, f, [(cfg, cfg)], **extra))
+    out = {}
+    for key in ("one", *sums):
+        e = (make_backend(devs[:1], R, f, [(cfg, cfg)], **extra) if key == "one"
+             else MultiEngine(devs, R, f, [(cfg, cfg)] * len(devs), pinned=True,
+                              modes=dict(zip(("users", "items"), modes)), reduce_sum=key,
+                              shares=shares, **extra))
         try:
-            if many and check is not None:
+            if key != "one" and check is not None:
                 check(e)
             e.set_factors("users", X0)
             e.set_factors("items", Y0)
             for _ in range(iterations):
                 e.iteration(0.1, "implicit_alpha" not in extra)
-            out.append((e.get_factors("users", True), e.get_factors("items", True)))
+            out[key] = (e.get_factors("users", True), e.get_factors("items", True))
         finally:
             e.release()
     return out
 
 
-def _close(out):
-    (x1, b1), (y1, c1) = out[0]
-    (x2, b2), (y2, c2) = out[1]
-    assert rel_err(x2, x1) <= 1e-4 and rel_err(y2, y1) <= 1e-4
-    assert np.allclose(b2, b1, rtol=1e-4, atol=1e-5) and np.allclose(c2, c1, rtol=1e-4, atol=1e-5)
+def _close(a, b, tol=1e-4):
+    """Two fits' factors and biases agree within ``tol`` (relative)."""
+    (x1, b1), (y1, c1) = a
+    (x2, b2), (y2, c2) = b
+    assert rel_err(x2, x1) <= tol and rel_err(y2, y1) <= tol, (rel_err(x2, x1), rel_err(y2, y1))
+    assert rel_err(b2, b1) <= tol and rel_err(c2, c1) <= tol
+
+
+def _agree(out):
+    """Each way of summing gives the one-device factors; the two ways the same ones."""
+    for key in SUMS:
+        if key in out:
+            _close(out["one"], out[key])
+    if all(k in out for k in SUMS):
+        _close(out["host"], out["device"], 1e-6)
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_ring_smaller_than_the_block_wraps(cl_device, monkeypatch, mode):
     """A scratch cap leaves each device a ring of summed systems smaller than its block: the
-    uploads wrap it, waiting for the unpacks of the rows they overwrite; two devices give the
-    one-device answer (f = 7)."""
+    uploads wrap it, waiting for the unpacks of the rows they overwrite (device sums: the own
+    rows past the ring's first pass go through the host), and segments cut the batches; two
+    devices give the one-device answer in both sum modes (f = 7)."""
     from clmf.engine import memory
     from clmf.engine.config import KernelConfig
     from clmf.parallel import MultiEngine
@@ -189,10 +290,15 @@ def test_ring_smaller_than_the_block_wraps(cl_device, monkeypatch, mode):
         rings = [w.buf["items"]["ring"] for w in e.workers]
         blocks = [w.share.blocks["items"] for w in e.workers]
         assert all(r < b - a for r, (a, b) in zip(rings, blocks)), (rings, blocks)
+        seg = e.reducers["items"].seg
+        assert all(w.batch_rows["items"] % seg or blocks[0][1] % seg for w in e.workers)
+        assert all(seg <= w.buf["items"]["staged"] for w in e.workers)
+        assert all(e.dplans[d].bytes["staging_items"] == 4 * packed_width(fs) * w.buf["items"][
+            "staged"] for d, w in enumerate(e.workers))
     finally:
         e.release()
     for modes in (("replicate", "reduce"), ("reduce", "replicate")):
-        _close(_fit_pair([cl_device] * 2, R, f, modes, cfg, MODES[mode]))
+        _agree(_fits([cl_device] * 2, R, f, modes, cfg, MODES[mode]))
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
@@ -213,18 +319,58 @@ def test_reduced_side_with_fewer_rows_than_devices(cl_device, mode):
             assert e.layout[side].rows == 3 and len(e.workers) == 4
             assert any(a == b for a, b in (e.plan[side].block(d) for d in range(4)))
             assert e.sources[3][side].nnz == 0           # the fixed side's last block: empty
-        _close(_fit_pair([cl_device] * 4, data, 3, modes, cfg, MODES[mode], check))
+        _agree(_fits([cl_device] * 4, data, 3, modes, cfg, MODES[mode], check))
 
 
-def test_time_split_reports_the_reduce(cl_device):
-    """With profiling, an iteration's split holds the reduce's host sums (threads' seconds),
-    the devices' copies of the reduced systems and the exposed wait (also ``reduce``)."""
+def _reference(R, f, mode, iterations):
+    """NumPy's factors and biases after ``iterations`` from the fits' start factors (biased:
+    the offset is the ratings' mean)."""
+    X0, Y0 = reference.start_factors(*R.shape, f, 0)
+    if mode == "biased":
+        X, Y, bu, bi, _mu = reference.als_biased(R, f, 0.1, iterations, init=(X0, Y0))
+        return (X, bu), (Y, bi)
+    X, Y = reference.als(R, f, 0.1, iterations, weighted=mode != "implicit", init=(X0, Y0),
+                         implicit_alpha=2.0 if mode == "implicit" else None)
+    return (X, np.zeros(len(X))), (Y, np.zeros(len(Y)))
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_uneven_blocks_four_devices_match_numpy(cl_device, mode):
+    """Four devices of uneven shares (one block several times another's) reduce the items in
+    segments that cut batches of 5 rows: both sum modes give NumPy's factors and biases."""
+    from clmf.engine.config import KernelConfig
+    f = 5
+    R = random_ratings(90, 70, 0.15, seed=31, empty_rows=(4,), empty_cols=(11,))
+    extra = dict(MODES[mode])
+    if mode == "biased":
+        extra["offset"] = float(R.data.mean())
+    cfg = KernelConfig.parse("batch+reg:solver=cholesky,batch_rows=5")
+
+    def check(e):
+        sizes = np.diff(e.plan["items"].bounds)
+        assert sizes.max() >= 3 * max(1, sizes.min()), sizes
+        assert len(e.reducers["items"].segments) > len(e.workers)
+    out = _fits([cl_device] * 4, R, f, ("replicate", "reduce"), cfg, extra, check,
+                shares=[4.0, 1.0, 0.5, 2.0])
+    _agree(out)
+    want = _reference(R, f, mode, 2)
+    for key in SUMS:
+        _close(want, out[key], 1e-3)
+
+
+@pytest.mark.parametrize("sums", SUMS)
+def test_time_split_reports_the_reduce(cl_device, sums):
+    """With profiling, an iteration's split holds the reduce's sums (host: the threads'
+    seconds; device: the add kernels' device seconds, counted with the pack kernels), the
+    devices' copies of the reduced systems and the exposed wait (also ``reduce``). With device
+    sums an owner's own rows never reach the host (its host array's rows stay zero), and none
+    is left out of the ring's first pass here."""
     from clmf.engine.config import KernelConfig
     from clmf.parallel import MultiEngine
     R = random_ratings(120, 90, 0.15, seed=29)
     cfg = KernelConfig.parse("batch+reg:solver=cholesky,batch_rows=16")
     e = MultiEngine([cl_device] * 2, R, 6, [(cfg, cfg)] * 2, profile=True,
-                    modes={"users": "replicate", "items": "reduce"})
+                    modes={"users": "replicate", "items": "reduce"}, reduce_sum=sums)
     try:
         X0, Y0 = reference.start_factors(*R.shape, 6, 0)
         e.set_factors("users", X0)
@@ -234,7 +380,22 @@ def test_time_split_reports_the_reduce(cl_device):
         assert sp_["reduce_sum"] > 0 and sp_["reduce_copies"] > 0
         assert 0 <= sp_["reduce_wait"] == sp_["reduce"] <= sp_["wall"]
         assert all(w.stage_times["pack"] > 0 for w in e.workers)
+        rd = e.reducers["items"]
+        for d, w in enumerate(e.workers):
+            a, b = w.share.blocks["items"]
+            assert b - a <= w.buf["items"]["ring"]
+            own, other = rd.host[d][a:b], np.delete(rd.host[d], np.s_[a:b], axis=0)
+            assert np.any(other != 0)
+            assert np.all(own == 0) == (sums == "device")
+            assert ("T" in w.buf["items"]) == (sums == "device")
         e.reset_times()
         assert e.time_split()["reduce_sum"] == 0.0
     finally:
         e.release()
+
+
+def test_reduce_sum_is_checked():
+    """An unknown way of summing is refused before any device work."""
+    from clmf.parallel import MultiEngine
+    with pytest.raises(ValueError, match="reduce_sum"):
+        MultiEngine([], random_ratings(5, 5), 2, [], reduce_sum="gpu")
