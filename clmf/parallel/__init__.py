@@ -37,10 +37,10 @@ worker processes and exchanges through Dask instead of host memory):
       the segment in its ring, uploads each other device's copy as it lands on the host and
       adds it there; with ``reduce_sum="host"`` host threads sum the devices' copies and the
       owner uploads the sum. The owner unpacks (λ·n_r and the Gram matrix added) and solves
-      the segment while the others still compute, then exchanges its rows like ``half_step``. The Dask backend runs the same
-      pipeline in two phases (``pipelined(..., partials=False)`` for the second), the packed
-      systems summed between its tasks (:class:`~clmf.parallel.reducer.PartialsPort`,
-      :class:`~clmf.parallel.reducer.SummedPort`);
+      the segment while the others still compute, then exchanges its rows like ``half_step``.
+      The Dask backend runs the same pipeline in two phases (``pipelined(...,
+      partials=False)`` for the second), the packed systems summed between its tasks
+      (:class:`~clmf.parallel.reducer.PartialsPort`, :class:`~clmf.parallel.reducer.SummedPort`);
     - ``squared_error(key, users, items, ratings, offset)``, ``finish()``, ``release()``,
       ``times``.
 ``backend`` — :func:`make_backend` chooses: one device runs one :class:`clmf.engine.Engine` on
