@@ -293,8 +293,8 @@ def test_canary_api_misuse_is_reported(oclgrind):
 
 @pytest.mark.parametrize("fs", [1, 3, 17])
 def test_reduce_kernels_clean_under_oclgrind(oclgrind, fs):
-    """The reduce mode's kernels (pack, the device sums' add with a ring wrap, unpack; both
-    forms, work-groups narrower and wider than a row) run clean and match NumPy."""
+    """The reduce mode's kernels (pack; unpack alone and summing peers' rings, the device sums;
+    both forms, work-groups narrower and wider than a row) run clean and match NumPy."""
     proc, diags, log = run_helper(oclgrind, f"reduce-f{fs}", "--reduce", str(fs))
     assert proc.returncode == 0, _excerpt(proc.stdout + proc.stderr)
     assert OK_MARK in proc.stdout.splitlines()[-1]

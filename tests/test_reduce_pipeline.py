@@ -1,8 +1,9 @@
-"""The reduce mode's pipeline (issue 28): packed systems (pack / unpack / add kernels against
-NumPy), the host's segments, sums and hand-overs (:class:`clmf.parallel.reducer.Reducer`, no
-device, both sum modes), and fits whose reduced side wraps the device's ring, has fewer rows
-than devices, uneven blocks, or whose fixed side has a device block without ratings, each
-against the one-device fit (and NumPy's), in both sum modes (device, host), which agree."""
+"""The reduce mode's pipeline (issue 28): packed systems (pack / unpack kernels, the unpack
+summing the peers' copies, against NumPy), the host's segments, sums and hand-overs
+(:class:`clmf.parallel.reducer.Reducer`, no device, both sum modes), and fits whose reduced
+side wraps the device's ring, has fewer rows than devices, uneven blocks, or whose fixed side
+has a device block without ratings, each against the one-device fit (and NumPy's), in both sum
+modes (device, host), which agree."""
 from __future__ import annotations
 
 import threading
@@ -65,9 +66,9 @@ def test_pack_and_unpack_kernels_match_numpy(cl_device, fs):
     outB = cl.Buffer(ctx, mf.READ_WRITE, size=4 * 3 * fs)
     for k, (weighted, gram, groups, wg) in ((k, c) for k in progs
                                             for c in ((1, 0, 3, 64), (0, 1, 2, 8), (1, 1, 3, 1))):
-        k["unpack_systems"](q, (groups * wg,), (wg,), dS, np.int64(2), np.int32(3), ip,
-                            np.int32(1), np.float32(0.5), np.int32(weighted), dG, np.int32(gram),
-                            outA, outB, np.int32(fs))
+        k["unpack_systems"](q, (groups * wg,), (wg,), dS, np.int64(2), np.int32(3), dS,
+                            np.int32(0), np.int64(0), ip, np.int32(1), np.float32(0.5),
+                            np.int32(weighted), dG, np.int32(gram), outA, outB, np.int32(fs))
         gotA, gotB = np.empty((3, fs, fs), np.float32), np.empty((3, fs), np.float32)
         cl.enqueue_copy(q, gotA, outA)
         cl.enqueue_copy(q, gotB, outB)
@@ -79,34 +80,46 @@ def test_pack_and_unpack_kernels_match_numpy(cl_device, fs):
 
 
 @pytest.mark.parametrize("fs", [7, 13])
-def test_add_kernel_matches_numpy(cl_device, fs):
-    """add_systems adds a staged copy's rows to the ring's rows from an offset, wrapping at the
-    ring's end, in both program forms and any geometry; no other ring row changes."""
+def test_unpack_sums_the_peers_copies(cl_device, fs):
+    """With device sums unpack_systems sums a row's own packed system and its peers' copies
+    (each peer's ring ``pstride`` floats after the last; own first, then the peers in order:
+    the host's sums, to the bit), in both forms and any geometry; rows outside are unread."""
     import pyopencl as cl
 
     from clmf.engine.device import get_context
     from clmf.engine.kernels import build, render
     ctx, q = get_context(cl_device)
     rng = np.random.default_rng(fs)
-    ring, n, w = 6, 4, packed_width(fs)
-    S0 = rng.standard_normal((ring, w)).astype(np.float32)
-    T = rng.standard_normal((n + 1, w)).astype(np.float32)     # a row past the copy: unread
+    ring, w, peers = 6, packed_width(fs), 3
+    own = rng.standard_normal((ring, w)).astype(np.float32)
+    rings = rng.standard_normal((peers, ring, w)).astype(np.float32)
+    total = own.copy()
+    for p in rings:
+        np.add(total, p, out=total)                        # the host's order
+    counts = np.arange(0, 2 * ring + 2, 2, dtype=np.int64)
     mf = cl.mem_flags
-    dT = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=T)
-    dS = cl.Buffer(ctx, mf.READ_WRITE, size=S0.nbytes)
+
+    def const(a):
+        return cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a))
+    dS, dT, ip = const(own), const(rings), const(counts)
+    dG = const(np.zeros((fs, fs), np.float32))
+    outA = cl.Buffer(ctx, mf.READ_WRITE, size=4 * 4 * fs * fs)
+    outB = cl.Buffer(ctx, mf.READ_WRITE, size=4 * 4 * fs)
     progs = [build(ctx, render("reduce.cl.j2", mirror=m)).kernels for m in (False, True)]
-    got = np.empty_like(S0)
+    i, j = np.tril_indices(fs)
     for k, (s0, rows, groups, wg) in ((k, c) for k in progs
-                                      for c in ((0, 4, 4, 1), (4, 4, 2, 8), (5, 1, 1, 64),
-                                                (3, 3, 3, 32))):
-        cl.enqueue_copy(q, dS, S0)
-        k["add_systems"](q, (groups * wg,), (wg,), dS, np.int64(s0), np.int64(ring), dT,
-                         np.int32(rows), np.int32(fs))
-        cl.enqueue_copy(q, got, dS)
-        want = S0.copy()
-        for b in range(rows):
-            want[(s0 + b) % ring] += T[b]
-        assert np.array_equal(got, want), (s0, rows, groups, wg)
+                                      for c in ((2, 4, 4, 1), (0, 3, 2, 8), (5, 1, 1, 64))):
+        k["unpack_systems"](q, (groups * wg,), (wg,), dS, np.int64(s0), np.int32(rows), dT,
+                            np.int32(peers), np.int64(ring * w), ip, np.int32(0),
+                            np.float32(0.0), np.int32(0), dG, np.int32(0), outA, outB,
+                            np.int32(fs))
+        gotA, gotB = np.empty((rows, fs, fs), np.float32), np.empty((rows, fs), np.float32)
+        cl.enqueue_copy(q, gotA, outA)
+        cl.enqueue_copy(q, gotB, outB)
+        want = total[s0:s0 + rows]
+        assert np.array_equal(gotA[:, i, j], want[:, :len(i)]), (s0, rows, groups, wg)
+        assert np.array_equal(gotA[:, j, i], want[:, :len(i)])
+        assert np.array_equal(gotB, want[:, len(i):])
 
 
 def test_segments_cut_each_block_in_order():
@@ -163,11 +176,10 @@ def test_reducer_sums_each_segment_once_every_device_landed():
         rd.close()
 
 
-def test_reducer_device_sums_hand_over_each_copy_in_order():
-    """Device sums: the host sums nothing; each owner takes its segments' copies as they land,
-    its own first, then its peers' in index order (a copy landed out of order waits for those
-    before it), an owner of an empty block nothing; the exposed wait runs from the last landing
-    to the last owner's sum; a failure wakes a waiting owner with an error."""
+def test_reducer_device_sums_hand_over_each_copy_as_it_lands():
+    """Device sums: the host sums nothing; each owner takes the copies of its segments as they
+    land (any device, any order), an owner of an empty block nothing; the exposed wait runs
+    from the last landing to the last owner's sum; a failure wakes a waiting owner."""
     n, rows, fs = 3, 10, 3
     rd = Reducer("items", rows, [0, 4, 4, 10], fs, [2, 3, 5],
                  lambda d, shape: np.zeros(shape, np.float32))
@@ -182,25 +194,23 @@ def test_reducer_device_sums_hand_over_each_copy_in_order():
         segs = rd.segments
         k0 = [k for k, s in enumerate(segs) if s[2] == 2][0]     # device 2's first segment
         a, b, _ = segs[k0]
-        ports[1].landed(k0)                  # a peer before the owner: not handed over yet
         assert ports[2].take(block=False) == []
-        ports[2].landed(k0)                  # the owner's own, then device 1's: 0 still missing
-        assert ports[2].take(block=False) == [(a, b, 2)]
-        assert ports[2].take(block=False) == []
+        ports[1].landed(k0)                  # a peer before the owner: handed over at once
+        assert ports[2].take(block=False) == [(a, b, 1)]
+        ports[2].landed(k0)
         ports[0].landed(k0)
-        assert ports[2].take(block=False) == [(a, b, 0), (a, b, 1)]
-        got = []
-        for d, k in [(d, k) for k in reversed(range(len(segs))) for d in range(n)
-                     if k != k0]:
+        assert ports[2].take(block=False) == [(a, b, 2), (a, b, 0)]
+        order = [(d, k) for k in reversed(range(len(segs))) for d in range(n) if k != k0]
+        for d, k in order:
             ports[d].landed(k)
+        got = []
         while (t := ports[2].take(block=True)) is not None:
             got += t
-        assert got == [(*segs[k][:2], e) for k in range(k0 + 1, len(segs)) if segs[k][2] == 2
-                       for e in (2, 0, 1)]
+        assert got == [(*segs[k][:2], d) for d, k in order if segs[k][2] == 2]
         got = []
         while (t := ports[0].take(block=True)) is not None:
             got += t
-        assert got == [(*s[:2], e) for s in segs if s[2] == 0 for e in (0, 1, 2)]
+        assert sorted(got) == sorted((*s[:2], e) for s in segs if s[2] == 0 for e in range(n))
         assert all(np.all(h == 1.0) for h in rd.host)           # nothing summed on the host
         import time
         ports[2].summed(time.perf_counter() + 0.5, 0.25)
@@ -271,10 +281,11 @@ def _agree(out):
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_ring_smaller_than_the_block_wraps(cl_device, monkeypatch, mode):
-    """A scratch cap leaves each device a ring of summed systems smaller than its block: the
-    uploads wrap it, waiting for the unpacks of the rows they overwrite (device sums: the own
-    rows past the ring's first pass go through the host), and segments cut the batches; two
-    devices give the one-device answer in both sum modes (f = 7)."""
+    """A scratch cap leaves each device a ring of summed systems smaller than its block (device
+    sums: a ring of the peer's copies as large): the uploads wrap them, waiting for the unpacks
+    of the rows they overwrite (device sums: the own rows past the ring's first pass go through
+    the host), and segments cut the batches; two devices give the one-device answer in both sum
+    modes (f = 7)."""
     from clmf.engine import memory
     from clmf.engine.config import KernelConfig
     from clmf.parallel import MultiEngine
@@ -292,9 +303,9 @@ def test_ring_smaller_than_the_block_wraps(cl_device, monkeypatch, mode):
         assert all(r < b - a for r, (a, b) in zip(rings, blocks)), (rings, blocks)
         seg = e.reducers["items"].seg
         assert all(w.batch_rows["items"] % seg or blocks[0][1] % seg for w in e.workers)
-        assert all(seg <= w.buf["items"]["staged"] for w in e.workers)
-        assert all(e.dplans[d].bytes["staging_items"] == 4 * packed_width(fs) * w.buf["items"][
-            "staged"] for d, w in enumerate(e.workers))
+        assert all(w.buf["items"]["peers"] == 1 for w in e.workers)
+        assert all(e.dplans[d].bytes["staging_items"] == e.dplans[d].bytes["sums_items"]
+                   for d in range(2))
     finally:
         e.release()
     for modes in (("replicate", "reduce"), ("reduce", "replicate")):
@@ -361,7 +372,7 @@ def test_uneven_blocks_four_devices_match_numpy(cl_device, mode):
 @pytest.mark.parametrize("sums", SUMS)
 def test_time_split_reports_the_reduce(cl_device, sums):
     """With profiling, an iteration's split holds the reduce's sums (host: the threads'
-    seconds; device: the add kernels' device seconds, counted with the pack kernels), the
+    seconds; device: the summing unpack kernels' device seconds, counted with the packs), the
     devices' copies of the reduced systems and the exposed wait (also ``reduce``). With device
     sums an owner's own rows never reach the host (its host array's rows stay zero), and none
     is left out of the ring's first pass here."""

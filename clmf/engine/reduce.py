@@ -9,9 +9,10 @@ row order, and each *segment* of rows (a piece of one device's block) is summed 
 land, then unpacked on the device that solves it with the regularisation and the Gram matrix
 added, and solved, while the others still compute; only the last segment's sum is exposed. The
 sums are made on the owner device (its own partials stay in its ring, each peer's copy is
-uploaded as it lands and added there) or by host threads (the summed segment uploaded):
-:class:`clmf.parallel.reducer.Reducer`'s ``sums``. The Dask backend runs the same pipeline in
-two phases, the packed systems summed between its tasks (:func:`pipelined`'s ``partials``).
+uploaded into a ring of its own as it lands, and the unpack sums them) or by host threads (the
+summed segment uploaded): :class:`clmf.parallel.reducer.Reducer`'s ``sums``. The Dask backend
+runs the same pipeline in two phases, the packed systems summed between its tasks
+(:func:`pipelined`'s ``partials``).
 """
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ def buffers(eng, side):
     """The pipelined reduce's device buffers of ``side`` where its memory plan has them (else
     none): two batch buffers of packed systems taken in turn (``P``, ``P2``: a batch's
     systems packed for the copy to the host), a ring of ``ring`` rows of summed packed
-    systems of the device's own rows (``S``) and, with device sums, a staging buffer of
-    ``staged`` rows (``T``: a peer's copy of a segment, uploaded to be added to the ring)."""
+    systems of the device's own rows (``S``) and, with device sums, one such ring for each of
+    its ``peers`` (``T``: the other devices' copies of its rows, in index order, uploaded as
+    they land, summed with ``S`` by the unpack)."""
     size = eng.dplan.bytes.get(f"packed_{side}")
     if size is None:
         return {}
@@ -46,7 +48,7 @@ def buffers(eng, side):
            "S": cl.Buffer(eng.ctx, mf.READ_WRITE, size=sums), "ring": sums // row}
     staging = eng.dplan.bytes.get(f"staging_{side}")
     if staging is not None:
-        out.update(T=cl.Buffer(eng.ctx, mf.READ_WRITE, size=staging), staged=staging // row)
+        out.update(T=cl.Buffer(eng.ctx, mf.READ_WRITE, size=staging), peers=staging // sums)
     return out
 
 
@@ -82,12 +84,13 @@ class _Pipeline:
     launches of up to a batch: enqueued once a batch of them is summed, and each time a
     segment is summed once this device's partials have all landed. Host sums: the summed
     segments, handed over in order by ``port.take``, are uploaded into the ring (``stream``
-    queue) as they come. Device sums: ``port.take`` hands over the copies to add in order
-    (per segment its own, then its peers' in index order); the own copy of a segment past
-    the ring's first pass is uploaded into the ring, each peer's into the staging buffer
-    ``T`` and added to the ring (``stream`` queue; a segment's adds wait for its own copy,
-    each upload into ``T`` for the add reading it before). Own rows ``[un, up)`` (relative
-    to the block) are summed and not yet unpacked."""
+    queue) as they come. Device sums: ``port.take`` hands over the copies of this device's
+    segments as they land, and each is uploaded (``stream`` queue: copies only, never held
+    behind kernels) into the ring of its device in ``T`` (an own copy of a segment past the
+    ring's first pass into ``S``); a segment is summed once every device's copy of it is on
+    the device, by the unpack (own, then the peers in index order: the host sums' order). A
+    copy whose ring slots still hold rows not unpacked waits (``pending``) until they are.
+    Own rows ``[un, up)`` (relative to the block) are summed and not yet unpacked."""
 
     def __init__(self, eng, side, port, regularization, weighted, exchange):
         self.eng, self.side, self.port = eng, side, port
@@ -104,19 +107,22 @@ class _Pipeline:
         self.landing = collections.deque()       # (segment or None, its last copy's event)
         self.gram_pending = False                # this device's Gram not reported landed
         self.events, self.stream_events, self.copy_events = [], [], []
-        self.bus, self.packs = [], []            # the reduce's copies; pack/unpack/add kernels
+        self.bus, self.packs, self.unpacks = [], [], []  # the reduce's copies; its kernels
         self.publisher = None
         self.device_sums = bool(port.device_sums)
+        self.npeers = 0
         if self.device_sums:
-            if "T" not in self.b:
-                raise RuntimeError(f"the {side}' memory plan has no staging buffer for the "
-                                   "device sums (plan_fit(..., device_sums=True))")
-            self.me = port.d
-            n = len(port.hosts)
-            self.last_peer = max(e for e in range(n) if e != self.me)
+            self.me, n = port.d, len(port.hosts)
+            if self.b.get("peers") != n - 1:
+                raise RuntimeError(f"the {side}' memory plan has no ring for the {n - 1} "
+                                   "peers' copies (plan_fit(..., device_sums=True))")
+            self.npeers = n - 1
+            self.segs = [(a, e) for a, e, o in port.segments if o == self.me]
+            self.left = {a: n for a, _e in self.segs}   # copies of a segment not yet uploaded
+            self.next = 0                        # own segments summed so far
             self.own = {}                        # own segment's first row -> its ring copy
-            self.seg_ev = self.staged_ev = None  # the ring's last write; T's last reader
-            self.adds = []
+            self.pending = []                    # copies waiting for their ring slots
+            self.last_stream = None              # the last upload enqueued
 
     def run(self, partials=True):
         """Partials (unless not ``partials``), landings, uploads, sums and solves of the
@@ -133,6 +139,8 @@ class _Pipeline:
         while (got := self.port.take(block=True)) is not None:
             self._receive(got)
             self._flush()
+        if self.device_sums and (self.pending or self.un < self.r1 - self.r0):
+            raise RuntimeError(f"the {self.side}' reduce ended with rows not summed")
         watcher = self._watch() if self.device_sums else None
         try:
             eng._finish_half_step(self.side, self.lam, self.publisher, self.exchange, t0,
@@ -227,23 +235,25 @@ class _Pipeline:
 
     def _receive(self, got):
         """What ``port.take`` handed over: summed segments to upload, or (device sums) copies
-        to add."""
+        to upload."""
         if self.device_sums:
-            self._add(got)
+            self._stage(got)
         else:
             self._upload(got)
 
     def _upload(self, segments):
         """Upload summed segments ``[(a, b)]`` (global rows, in order) into the ring."""
         for a, e in segments:
-            self.last_upload = self._to_ring(self.port.host, a - self.r0, e - self.r0)
+            self.last_upload = self._to_ring(self.b["S"], 0, self.port.host, a - self.r0,
+                                             e - self.r0)
             self.up = e - self.r0
         if segments:
             self.eng.q["stream"].flush()
 
-    def _to_ring(self, host, x, end):
+    def _to_ring(self, buf, base, host, x, end):
         """Upload the block's rows ``[x, end)`` of ``host`` (indexed by global row) into their
-        ring slots, once the rows there before are unpacked; the last copy's event."""
+        slots of the ring starting at row ``base`` of ``buf``, once the rows there before are
+        unpacked; the last copy's event."""
         eng, cl, ring = self.eng, self.cl, self.ring
         if end - self.un > ring:
             self._flush()                       # the ring's rows to overwrite are unpacked
@@ -253,47 +263,52 @@ class _Pipeline:
             pos = x % ring
             m = min(end - x, ring - pos)
             ev = eng.keep(cl.enqueue_copy(
-                eng.q["stream"], self.b["S"], host[self.r0 + x:self.r0 + x + m],
-                dst_offset=pos * 4 * self.w, is_blocking=False, wait_for=wait))
+                eng.q["stream"], buf, host[self.r0 + x:self.r0 + x + m],
+                dst_offset=(base + pos) * 4 * self.w, is_blocking=False, wait_for=wait))
             self.bus.append(ev)
             x += m
         return ev
 
-    def _add(self, copies):
-        """Device sums: add copies ``[(a, b, e)]`` (segment rows, global; device ``e``'s
-        copy), in order, into the ring (a segment's own copy first, then its peers')."""
-        eng, cl, b = self.eng, self.cl, self.b
-        stream = eng.q["stream"]
-        for a, e_, src in copies:
-            x, end = a - self.r0, e_ - self.r0
-            if src == self.me:
-                self.seg_ev = (self.own.pop(a) if end <= self.ring
-                               else self._to_ring(self.port.host, x, end))
-            else:
-                m = end - x
-                if m > b["staged"]:
-                    raise RuntimeError(f"a segment of {m} rows exceeds the staging buffer's "
-                                       f"{b['staged']}")
-                up = eng.keep(cl.enqueue_copy(
-                    stream, b["T"], self.port.hosts[src][a:e_], is_blocking=False,
-                    wait_for=None if self.staged_ev is None else [self.staged_ev]))
-                self.bus.append(up)
-                ea = self.rk["add_systems"](
-                    stream, *K.reduce_launch(eng.info, m), b["S"], np.int64(x % self.ring),
-                    np.int64(self.ring), b["T"], np.int32(m), np.int32(eng.fs),
-                    wait_for=[up, self.seg_ev])
-                self.packs.append(ea)
-                self.adds.append(ea)
-                self.seg_ev = self.staged_ev = ea
-            if src == self.last_peer:           # the segment is summed
-                self.up, self.last_upload = end, self.seg_ev
+    def _stage(self, copies):
+        """Device sums: upload copies ``[(a, b, e)]`` (segment rows, global; device ``e``'s
+        copy) as they come, each once its ring slots are free (their rows unpacked, or to be
+        unpacked now: the rows ``ring`` before summed)."""
+        self.pending.extend(copies)
+        while self.pending:
+            rest = []
+            for a, e_, src in self.pending:
+                if e_ - self.r0 - self.ring > self.up:
+                    rest.append((a, e_, src))
+                else:
+                    self._place(a, e_, src)
+            if len(rest) == len(self.pending):
+                break
+            self.pending = rest
         if copies:
-            stream.flush()
+            self.eng.q["stream"].flush()
+
+    def _place(self, a, e_, src):
+        """Device sums: device ``src``'s copy of segment ``[a, e_)`` into its ring (none to
+        upload for an own copy already there); the summed segments' rows ready to unpack."""
+        x, end = a - self.r0, e_ - self.r0
+        if src != self.me:
+            self.last_stream = self._to_ring(self.b["T"], (src - (src > self.me)) * self.ring,
+                                             self.port.hosts[src], x, end)
+        elif end <= self.ring:
+            self.own.pop(a)                     # copied on the compute queue, before unpacks
+        else:
+            self.last_stream = self._to_ring(self.b["S"], 0, self.port.host, x, end)
+        self.left[a] -= 1
+        while self.next < len(self.segs) and self.left[self.segs[self.next][0]] == 0:
+            self.up = self.segs[self.next][1] - self.r0
+            self.last_upload = self.last_stream     # the stream queue is in order
+            self.next += 1
 
     def _watch(self):
-        """Device sums: a thread reporting when this device's last segment is summed (and,
-        profiled, its adds' device seconds) to the port; None without segments."""
-        last, adds = self.last_upload, self.adds
+        """Device sums: a thread reporting when this device's last segment is summed (its
+        last unpack ended) and, profiled, the unpacks' device seconds to the port; None
+        without segments."""
+        last, unpacks = self.last_unpack, self.unpacks
         if last is None:
             return None
         port, profile = self.port, self.eng.profile
@@ -303,7 +318,7 @@ class _Pipeline:
                 last.wait()
             except Exception:  # noqa: BLE001 - the half-step's own wait reports the failure
                 return
-            secs = (sum((e.profile.end - e.profile.start) * 1e-9 for e in adds)
+            secs = (sum((e.profile.end - e.profile.start) * 1e-9 for e in unpacks)
                     if profile else 0.0)
             port.summed(time.perf_counter(), secs)
         t = threading.Thread(target=watch, daemon=True, name="clmf-reduce-watch")
@@ -327,11 +342,13 @@ class _Pipeline:
             pos = self.un % ring
             n = min(eng.batch_rows[self.side], self.up - self.un, ring - pos)
             eu = self.rk["unpack_systems"](
-                q, *K.reduce_launch(eng.info, n), b["S"], np.int64(pos), np.int32(n), b["counts"],
+                q, *K.reduce_launch(eng.info, n), b["S"], np.int64(pos), np.int32(n),
+                b.get("T", b["S"]), np.int32(self.npeers), np.int64(ring * self.w), b["counts"],
                 np.int32(self.un), np.float32(self.lam), np.int32(1 if self.weighted else 0),
                 b["G"], np.int32(1 if eng.implicit else 0), b["A"], b["B"], np.int32(fs),
                 wait_for=wait or None)
             self.packs.append(eu)
+            self.unpacks.append(eu)
             self.last_unpack = eu
             e3 = launch_solve(self.kern, q, eng.configs[self.side], fs, b["counts"], b["A"],
                               b["B"], eng.factors[self.side], eng.status, self.un, n,
@@ -347,8 +364,7 @@ class _Pipeline:
         q.flush()
 
     def _account(self):
-        """Add the device seconds of the reduce's copies and of the pack / unpack / add
-        kernels."""
+        """Add the device seconds of the reduce's copies and of the pack / unpack kernels."""
         eng = self.eng
 
         def busy(evs):

@@ -108,8 +108,8 @@ def plan_fit(infos, layout, plan, fs, ldf, itemsize, config_pairs, implicit=Fals
     DeviceMemoryError before device work. ``sources[d][side]``: the partial layout of a
     reduced side on device ``d``; ``pipelined``: its systems are reduced packed, in a
     pipeline (:func:`clmf.engine.reduce.pipelined`), else in full between two phases;
-    ``device_sums``: the pipeline's sums are made on the owner devices (a staging buffer
-    each)."""
+    ``device_sums``: the pipeline's sums are made on the owner devices (each with a ring of
+    its peers' copies)."""
     from .. import engine
     n = len(infos)
     out = []
@@ -139,7 +139,7 @@ def plan_fit(infos, layout, plan, fs, ldf, itemsize, config_pairs, implicit=Fals
             reduced=reduced,
             packed={s: plan[s].block(d)[1] - plan[s].block(d)[0] for s in reduced
                     if pipelined},
-            staged=reduced if pipelined and device_sums else (),
+            staged={s: n - 1 for s in reduced} if pipelined and device_sums else None,
             max_device_memory=max_device_memory, force_stream=force_stream))
     return out
 

@@ -5,11 +5,10 @@ into its own host array. The rows are cut into *segments*, each inside one devic
 rows that device solves). Two places to sum them (``sums``, :data:`SUM_MODES`):
 
 ``"device"`` (the default): the owner keeps its own partials of a segment on the device and
-    uploads each peer's copy as soon as it lands, in a fixed order (the segments in row order,
-    each one's peers in index order: the sums do not depend on the landings' order), adding it
-    on the device; the host only counts landings and hands each owner its ready copies in order
-    (:meth:`Port.take`: ``[(a, b, device)]``). Only the last segment's uploads and adds wait
-    for the last device.
+    uploads each peer's copy as soon as it lands; its unpack sums them (own, then the peers in
+    index order, whatever the landings' order); the host only hands each owner the copies of
+    its segments as they land (:meth:`Port.take`: ``[(a, b, device)]``). Only the last
+    segment's uploads wait for the last device.
 ``"host"``: when every device's copy of a segment has landed, host threads sum the devices'
     rows of it into the owner's array (in cache-sized jobs, the devices in index order); the
     owner takes its summed segments in order (:meth:`Port.take`: ``[(a, b)]``) and uploads them
@@ -72,13 +71,13 @@ class Port:
         self.reducer.landed(self.d, k)
 
     def take(self, block):
-        """This device's next summed segments or, device sums, copies to add (see
+        """This device's next summed segments or, device sums, copies to upload (see
         :meth:`Reducer.take`)."""
         return self.reducer.take(self.d, block)
 
     def summed(self, at, seconds):
         """Device sums: this device's last segment was summed at ``at`` (``perf_counter``),
-        its adds took ``seconds`` of device time (0 unless profiled)."""
+        its unpacks (which sum) took ``seconds`` of device time (0 unless profiled)."""
         self.reducer.device_summed(at, seconds)
 
     def gram_total(self):
@@ -169,11 +168,7 @@ class Reducer:
         self.segments = cut_segments(bounds, self.seg)
         self.owned = [[k for k, s in enumerate(self.segments) if s[2] == d]
                       for d in range(self.n)]
-        # device sums: what each owner adds, in order (its own partials first, then its
-        # peers' in index order; the host sums' order too)
-        self.sequence = [[(k, e) for k in self.owned[d]
-                          for e in [d] + [x for x in range(self.n) if x != d]]
-                         for d in range(self.n)]
+        self.copies = [self.n * len(own) for own in self.owned]    # device sums: to hand over
         shapes = [(max(1, self.rows), self.w)] * self.n
         run = pool.map if pool is not None else map      # each device's array in its thread
         self.host = list(run(alloc, range(self.n), shapes))
@@ -193,7 +188,8 @@ class Reducer:
         with self.cond:
             s = len(self.segments)
             self.count = [0] * s          # devices whose copy of the segment landed
-            self.got = [[False] * self.n for _ in range(s)]    # device sums: which landed
+            self.ready = [[] for _ in range(self.n)]   # device sums: copies not handed over
+            self.given = [0] * self.n
             self.left = [0] * s           # its sum jobs not done
             self.summed = [False] * s
             self.next = [0] * self.n      # each owner's next segment to hand over
@@ -217,7 +213,8 @@ class Reducer:
             if self.landings == self.n * len(self.segments):
                 self.t_landed = time.perf_counter()
             if self.device_sums:
-                self.got[k][d] = True
+                a, b, o = self.segments[k]
+                self.ready[o].append((a, b, d))
                 self.cond.notify_all()
                 return
             if self.count[k] < self.n:
@@ -250,9 +247,9 @@ class Reducer:
 
     def take(self, d, block):
         """``[(a, b)]``: device ``d``'s segments summed since its last call, in order (device
-        sums: ``[(a, b, e)]``, the copies of device ``e`` of its segments ready to add, in
-        :attr:`sequence` order); empty when none is ready and not ``block`` (with ``block``
-        waits for one); None once every one has been handed over."""
+        sums: ``[(a, b, e)]``, the copies of device ``e`` of its segments landed since, in
+        landing order); empty when none is ready and not ``block`` (with ``block`` waits for
+        one); None once every one has been handed over."""
         if self.device_sums:
             return self._take_copies(d, block)
         with self.cond:
@@ -275,22 +272,17 @@ class Reducer:
         with self.cond:
             while True:
                 self._raise()
-                seq, i = self.sequence[d], self.next[d]
-                if i == len(seq):
+                if self.given[d] == self.copies[d]:
                     return None
-                ready = []
-                while i < len(seq) and self.got[seq[i][0]][seq[i][1]]:
-                    k, e = seq[i]
-                    ready.append((*self.segments[k][:2], e))
-                    i += 1
-                self.next[d] = i
+                ready, self.ready[d] = self.ready[d], []
+                self.given[d] += len(ready)
                 if ready or not block:
                     return ready
                 self.cond.wait(timeout=1.0)
 
     def device_summed(self, at, seconds):
-        """Device sums: an owner's last segment was summed at ``at``; its adds took
-        ``seconds`` of device time."""
+        """Device sums: an owner's last segment was summed at ``at``; its unpacks (which sum)
+        took ``seconds`` of device time."""
         with self.cond:
             self.t_summed = max(self.t_summed or at, at)
             self.sum_s += seconds
@@ -317,9 +309,9 @@ class Reducer:
 
     def finish(self):
         """This half-step's seconds: ``sum`` (the host's sum jobs' time, all threads; device
-        sums: the owners' add kernels' device time when profiled, else 0) and ``wait`` (from
-        the last device's last landed copy to the last segment summed, on the host or on its
-        owner device: exposed)."""
+        sums: the owners' unpack kernels' device time, which sums, when profiled, else 0) and
+        ``wait`` (from the last device's last landed copy to the last segment summed, on the
+        host or by its owner's unpack: exposed)."""
         with self.cond:
             wait = (max(0.0, self.t_summed - self.t_landed)
                     if self.t_landed is not None and self.t_summed is not None else 0.0)
