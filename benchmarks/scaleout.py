@@ -23,8 +23,8 @@ without generating them twice). ``--shape`` overrides the preset's shape and rat
 ``--reduce-sum`` runs each count of several devices once per way of summing the reduce mode's
 partial systems (``host``: host threads; ``device``: on the owner devices, the default), one
 after the other (side by side in one command; the one-device run once).
-The summary's reduce column (the reduce mode's split, seconds per iteration): the sums
-(host threads' seconds, overlapped; device sums: the add kernels' device seconds), the devices'
+The summary's reduce column (the reduce mode's split, seconds per iteration): the host's sums
+(threads' seconds, overlapped; 0 with device sums, made by the unpack kernels), the devices'
 copies of the reduced systems, the exposed wait; its backend column names the sums.
 """
 from __future__ import annotations

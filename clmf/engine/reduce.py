@@ -107,7 +107,7 @@ class _Pipeline:
         self.landing = collections.deque()       # (segment or None, its last copy's event)
         self.gram_pending = False                # this device's Gram not reported landed
         self.events, self.stream_events, self.copy_events = [], [], []
-        self.bus, self.packs, self.unpacks = [], [], []  # the reduce's copies; its kernels
+        self.bus, self.packs = [], []            # the reduce's copies; pack/unpack kernels
         self.publisher = None
         self.device_sums = bool(port.device_sums)
         self.npeers = 0
@@ -305,22 +305,19 @@ class _Pipeline:
             self.next += 1
 
     def _watch(self):
-        """Device sums: a thread reporting when this device's last segment is summed (its
-        last unpack ended) and, profiled, the unpacks' device seconds to the port; None
-        without segments."""
-        last, unpacks = self.last_unpack, self.unpacks
+        """Device sums: a thread reporting to the port when this device's last segment's
+        copies are all on the device (the last upload ended: its sum is the unpack's, which
+        both sum modes run); None without segments."""
+        last, port = self.last_upload, self.port
         if last is None:
             return None
-        port, profile = self.port, self.eng.profile
 
         def watch():
             try:
                 last.wait()
             except Exception:  # noqa: BLE001 - the half-step's own wait reports the failure
                 return
-            secs = (sum((e.profile.end - e.profile.start) * 1e-9 for e in unpacks)
-                    if profile else 0.0)
-            port.summed(time.perf_counter(), secs)
+            port.summed(time.perf_counter())
         t = threading.Thread(target=watch, daemon=True, name="clmf-reduce-watch")
         t.start()
         return t
@@ -348,7 +345,6 @@ class _Pipeline:
                 b["G"], np.int32(1 if eng.implicit else 0), b["A"], b["B"], np.int32(fs),
                 wait_for=wait or None)
             self.packs.append(eu)
-            self.unpacks.append(eu)
             self.last_unpack = eu
             e3 = launch_solve(self.kern, q, eng.configs[self.side], fs, b["counts"], b["A"],
                               b["B"], eng.factors[self.side], eng.status, self.un, n,

@@ -340,11 +340,12 @@ class MultiEngine:
 
     def time_split(self):
         """Seconds per iteration so far: wall, compute and exchange tail (slowest device); the
-        reduce mode's sums (``reduce_sum``: the host's summing threads' seconds, overlapped
-        with the devices' work, or with device sums the owners' add kernels' device seconds
-        when profiled) and its exposed part (``reduce_wait``, also ``reduce``: from the last
-        device's last partial systems on the host to the last segment summed); with profiling
-        the devices' busy times (kernels, the reduce's pack / unpack / add kernels among them,
+        reduce mode's host sums (``reduce_sum``: the summing threads' seconds, overlapped with
+        the devices' work; 0 with device sums, which the unpack kernels make) and its exposed
+        part (``reduce_wait``, also ``reduce``: from the last device's last partial systems on
+        the host to the last segment summed, or with device sums to its last copy on its owner
+        device); with profiling the devices' busy times (kernels, the reduce's pack / unpack
+        kernels among them,
         streamed copies, exchange copies, ``reduce_copies``: the reduced systems' copies to
         the host, back and within the device)."""
         it = max(1, self.times["iterations"])

@@ -75,10 +75,10 @@ class Port:
         :meth:`Reducer.take`)."""
         return self.reducer.take(self.d, block)
 
-    def summed(self, at, seconds):
-        """Device sums: this device's last segment was summed at ``at`` (``perf_counter``),
-        its unpacks (which sum) took ``seconds`` of device time (0 unless profiled)."""
-        self.reducer.device_summed(at, seconds)
+    def summed(self, at):
+        """Device sums: every copy of this device's last segment was on the device at ``at``
+        (``perf_counter``; its unpack sums them)."""
+        self.reducer.device_summed(at)
 
     def gram_total(self):
         """The Gram matrix summed over the devices (waits for it)."""
@@ -280,12 +280,10 @@ class Reducer:
                     return ready
                 self.cond.wait(timeout=1.0)
 
-    def device_summed(self, at, seconds):
-        """Device sums: an owner's last segment was summed at ``at``; its unpacks (which sum)
-        took ``seconds`` of device time."""
+    def device_summed(self, at):
+        """Device sums: every copy of an owner's last segment was on the device at ``at``."""
         with self.cond:
             self.t_summed = max(self.t_summed or at, at)
-            self.sum_s += seconds
 
     def gram_total(self):
         """Σ over the devices of their Gram matrices (waits until every one landed)."""
@@ -308,10 +306,11 @@ class Reducer:
             raise RuntimeError(f"the reduce failed: {self.error}") from self.error
 
     def finish(self):
-        """This half-step's seconds: ``sum`` (the host's sum jobs' time, all threads; device
-        sums: the owners' unpack kernels' device time, which sums, when profiled, else 0) and
-        ``wait`` (from the last device's last landed copy to the last segment summed, on the
-        host or by its owner's unpack: exposed)."""
+        """This half-step's seconds: ``sum`` (the host's sum jobs' time, all threads; 0 with
+        device sums, made by the owners' unpack kernels, whose seconds count with the pack
+        stage's) and ``wait`` (exposed: from the last device's last landed copy to the last
+        segment summed on the host, or with device sums to the last copy of the last segment
+        on its owner device, which the unpack both modes run then sums)."""
         with self.cond:
             wait = (max(0.0, self.t_summed - self.t_landed)
                     if self.t_landed is not None and self.t_summed is not None else 0.0)
