@@ -35,8 +35,8 @@ worker processes and exchanges through Dask instead of host memory):
       :class:`~clmf.parallel.reducer.Reducer` hands each segment to the device that solves it:
       by default (``MultiEngine(reduce_sum="device")``) that device keeps its own partials of
       the segment in its ring, uploads each other device's copy as it lands on the host and
-      adds it there; with ``reduce_sum="host"`` host threads sum the devices' copies and the
-      owner uploads the sum. The owner unpacks (λ·n_r and the Gram matrix added) and solves
+      sums them as it unpacks; with ``reduce_sum="host"`` host threads sum the devices' copies
+      and the owner uploads the sum. The owner unpacks (λ·n_r and the Gram matrix added) and solves
       the segment while the others still compute, then exchanges its rows like ``half_step``.
       The Dask backend runs the same pipeline in two phases (``pipelined(...,
       partials=False)`` for the second), the packed systems summed between its tasks

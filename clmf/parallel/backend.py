@@ -147,7 +147,8 @@ def plan_fit(infos, layout, plan, fs, ldf, itemsize, config_pairs, implicit=Fals
 class MultiEngine:
     """A fit over several devices (or one device out of core), see :mod:`clmf.parallel`.
     ``reduce_sum``: where a reduced side's partial systems are summed, ``"device"`` (each
-    owner adds its peers' copies on the device, the default) or ``"host"`` (host threads)."""
+    owner uploads its peers' copies as they land and sums them as it unpacks, the default)
+    or ``"host"`` (host threads)."""
 
     def __init__(self, devices, R, f, configs, *, implicit_alpha=None, biased=False, offset=0.0,
                  max_device_memory=None, profile=False, force_stream=(), modes=None,
