@@ -87,7 +87,8 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     A = [rng.random((rows, fs, fs), np.float32) for _ in range(n)]
     B = [rng.random((rows, fs), np.float32) for _ in range(n)]
-    rd = Reducer("items", rows, bounds, fs, [rows], lambda d, shape: np.zeros(shape, np.float32))
+    rd = Reducer("items", rows, bounds, fs, [rows], lambda d, shape: np.zeros(shape, np.float32),
+                 sums="host")
     if args.threads:
         rd.threads.shutdown()
         rd.threads = concurrent.futures.ThreadPoolExecutor(args.threads)

@@ -4,6 +4,7 @@
     python benchmarks/scaleout.py OUTDIR --preset netflix [--fraction 1] [--gpus 1,2,4]
         [--factors 100] [--iterations 4] [--budget 40] [--tag new] [--cache DIR]
         [--shape USERSxITEMSxRATINGS] [--modes USERS,ITEMS] [--solver cg] [--devices cpu]
+        [--reduce-sum host,device]
 
 For each device count: :func:`clmf.parallel.scaling.timed_fit` (build, one warm-up iteration,
 then up to ``--iterations`` timed ones within ``--budget`` seconds): build and warm-up seconds,
@@ -19,8 +20,12 @@ layout as ``.npy`` files (memory-mapped on the next run: both versions read the 
 without generating them twice). ``--shape`` overrides the preset's shape and ratings (before
 ``--fraction``), ``--modes`` the partition rule's replicate / reduce choice (e.g.
 ``replicate,reduce``: the items' partial systems reduced), for small runs on CPU devices.
+``--reduce-sum`` runs each count of several devices once per way of summing the reduce mode's
+partial systems (``host``: host threads; ``device``: on the owner devices, the default), one
+after the other (side by side in one command; the one-device run once).
 The summary's reduce column (the reduce mode's split, seconds per iteration): the host's sums
-(threads' seconds, overlapped), the devices' copies of the reduced systems, the exposed wait.
+(threads' seconds, overlapped; 0 with device sums, made by the unpack kernels), the devices'
+copies of the reduced systems, the exposed wait; its backend column names the sums.
 """
 from __future__ import annotations
 
@@ -71,7 +76,7 @@ def load_layout(preset, fraction, cache, shape=None):
     return layout
 
 
-def fit_with_fallback(devs, layout, args, label):
+def fit_with_fallback(devs, layout, args, label, reduce_sum=None):
     """:func:`timed_fit` with the lookup's configurations; one that a device's kernel limits
     refuse is rejected (:func:`clmf.tuning.fallback.reject`, as a fit does) and the lookup asked
     again (at most 6 times)."""
@@ -86,7 +91,8 @@ def fit_with_fallback(devs, layout, args, label):
             return timed_fit(devs, layout, args.factors, iterations=args.iterations,
                              budget_s=args.budget, regularization=args.regularization, say=say,
                              label=label, configs=cfgs,
-                             modes=args.modes if len(devs) > 1 else None)
+                             modes=args.modes if len(devs) > 1 else None,
+                             **({} if reduce_sum is None else {"reduce_sum": reduce_sum}))
         except InvalidConfigError as e:
             k = int(getattr(e, "device_index", 0) or 0)
             side = getattr(e, "side", None)
@@ -132,7 +138,16 @@ def main(argv=None):
     ap.add_argument("--packed-batch-mb", type=int, default=None,
                     help="the pipelined reduce's batch of packed systems, MiB (default: "
                     "clmf.engine.memory.PACKED_BATCH_BYTES)")
+    ap.add_argument("--reduce-sum", default=None,
+                    help="where the reduce mode sums, comma-separated to run each: host, device "
+                    "(default: the library's)")
     args = ap.parse_args(argv)
+    sums = [None]                   # the library's default (an older clmf: no such option)
+    if args.reduce_sum:
+        from clmf.parallel.reducer import SUM_MODES
+        sums = args.reduce_sum.split(",")
+        if not set(sums) <= set(SUM_MODES):
+            ap.error(f"--reduce-sum takes {' / '.join(SUM_MODES)}, comma-separated")
     if args.packed_batch_mb:
         from clmf.engine import memory
         memory.PACKED_BATCH_BYTES = args.packed_batch_mb << 20
@@ -167,15 +182,20 @@ def main(argv=None):
                            "reduce sum / copies / wait s | backend |\n"
                            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     base = None
-    for k in counts:
-        rec = {"tag": args.tag, "set": label, "nnz": int(layout.nnz),
+    runs = [(k, m) for k in counts for m in (sums[:1] if k == 1 else sums)]
+    for k, mode in runs:
+        rec = {"tag": args.tag, "reduce_sum": mode if k > 1 else None, "set": label,
+               "nnz": int(layout.nnz),
                "shape": list(layout.shape), "f": args.factors, "devices": k,
                "device": f"{info.platform} | {info.name}", "driver": info.driver,
                "commit": commit(), "clmf_path": os.path.dirname(clmf.__file__),
                "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
         try:
-            r = fit_with_fallback(devs[:k], layout, args, f"{label} [{args.tag}] {k} device(s)")
+            what = f" {mode} sums" if mode and k > 1 else ""
+            r = fit_with_fallback(devs[:k], layout, args,
+                                  f"{label} [{args.tag}] {k} device(s){what}",
+                                  reduce_sum=mode if k > 1 else None)
         except Exception as e:        # noqa: BLE001 - record it, go on with the next count
             rec["error"] = f"{type(e).__name__}: {e}"
             say(f"{label} {k} device(s): FAILED {rec['error']}")
@@ -186,6 +206,7 @@ def main(argv=None):
         rec.update(r)
         s = r["s_per_it"]
         base = base if base is not None else (s if k == 1 else None)
+        backend = r["backend"] + (f" ({mode} sums)" if mode and k > 1 else "")
         rec["speedup"] = base / s if base else None
         rec["efficiency"] = base / s / k if base else None
         with (out / "scaleout.jsonl").open("a") as fh:
@@ -200,7 +221,7 @@ def main(argv=None):
                      + f"{r.get('warmup_s', float('nan')):.2f} | {r['build_s']:.1f} | "
                      f"{sp.get('compute', float('nan')):.4f} | "
                      f"{sp.get('exchange', float('nan')):.4f} | {kern:.4f} | "
-                     f"{_reduce_cell(sp)} | {r['backend']} |\n")
+                     f"{_reduce_cell(sp)} | {backend} |\n")
     say(f"{label} [{args.tag}]: written to {out}")
 
 

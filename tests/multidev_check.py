@@ -7,8 +7,10 @@ the OpenCL ICD loader starts, hence the subprocess).
 Prints one JSON line per (devices, mode) with the relative Frobenius differences of the factors
 after one iteration and of the RMSE after three, against the first PoCL device alone, and the
 results of partial_fit_users / recommend on the multi-device model; then one per (devices, mode,
-reduced side) of a :class:`MultiEngine` that reduces that side (``"reduce"``: the side; f = 7,
-batches of 16 rows), two iterations against the first PoCL device's engine.
+reduced side, way of summing) of a :class:`MultiEngine` that reduces that side (``"reduce"``: the
+side; ``"sums"``: on the owner devices or the host; f = 7, batches of 16 rows, segments cutting
+them; the device sums also with a ring smaller than the blocks, ``"ring"``), two iterations
+against the first PoCL device's engine (``"vs_host"``: the device sums against the host's).
 """
 import json
 import sys
@@ -45,36 +47,51 @@ def fit(R, device, mode, iterations, **kw):
 def reduce_rows(R, base, spec):
     """The reduce mode of each side on the devices of ``spec`` against one device (JSON rows)."""
     from clmf import reference
+    from clmf.engine import memory
     from clmf.engine.config import KernelConfig
     from clmf.engine.device import select_devices
     from clmf.parallel import MultiEngine, make_backend
     devs = select_devices(spec)
     cfg = KernelConfig.parse("batch+reg:solver=cholesky,batch_rows=16")
     X0, Y0 = reference.start_factors(*R.shape, 7, 0)
+    budget = memory.SCRATCH_BUDGET
     for mode, kw in (("explicit", {}), ("implicit", dict(implicit_alpha=2.0)),
                      ("biased", dict(biased=True, offset=3.0))):
+        fs = 8 if mode == "biased" else 7
         for side in ("users", "items"):
-            got = []
-            for many in (False, True):
-                e = (MultiEngine(devs, R, 7, [(cfg, cfg)] * len(devs), **kw,
+            got = {}
+            for key in ("one", "host", "device", "ring"):
+                # "ring": a scratch cap leaves each device a ring smaller than its block
+                memory.SCRATCH_BUDGET = 8 * 4 * (fs * fs + fs) if key == "ring" else budget
+                e = (make_backend(select_devices(base), R, 7, [(cfg, cfg)], **kw)
+                     if key == "one" else
+                     MultiEngine(devs, R, 7, [(cfg, cfg)] * len(devs), **kw,
                                  modes={side: "reduce", ("items" if side == "users"
-                                                         else "users"): "replicate"})
-                     if many else make_backend(select_devices(base), R, 7, [(cfg, cfg)], **kw))
+                                                         else "users"): "replicate"},
+                                 reduce_sum="host" if key == "host" else "device"))
                 try:
+                    if key == "ring":
+                        assert any(w.buf[side]["ring"] < w.share.blocks[side][1]
+                                   - w.share.blocks[side][0] for w in e.workers)
                     e.set_factors("users", X0)
                     e.set_factors("items", Y0)
                     for _ in range(2):
                         e.iteration(0.1, mode != "implicit")
-                    got.append((e.get_factors("users", True), e.get_factors("items", True)))
+                    got[key] = (e.get_factors("users", True), e.get_factors("items", True))
                 finally:
                     e.release()
-            (x1, b1), (y1, c1) = got[0]
-            (x2, b2), (y2, c2) = got[1]
-            out = {"spec": spec, "mode": mode, "reduce": side, "devices": len(devs),
-                   "x": rel(x2, x1), "y": rel(y2, y1)}
-            if mode == "biased":
-                out["bias"] = max(rel(b2, b1), rel(c2, c1))
-            print(json.dumps(out), flush=True)
+                    memory.SCRATCH_BUDGET = budget
+            (x1, b1), (y1, c1) = got["one"]
+            for key in ("host", "device", "ring"):
+                (x2, b2), (y2, c2) = got[key]
+                out = {"spec": spec, "mode": mode, "reduce": side, "sums": key,
+                       "devices": len(devs), "x": rel(x2, x1), "y": rel(y2, y1)}
+                if mode == "biased":
+                    out["bias"] = max(rel(b2, b1), rel(c2, c1))
+                if key == "device":
+                    (x3, _), (y3, _) = got["host"]
+                    out["vs_host"] = max(rel(x2, x3), rel(y2, y3))
+                print(json.dumps(out), flush=True)
 
 
 def main():

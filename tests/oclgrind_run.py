@@ -9,6 +9,7 @@ reference, or when it cannot run at all.
     python tests/oclgrind_run.py --variant "batch:tx=4,ty=4,solve_wg=16" --f 5 --case empty
     python tests/oclgrind_run.py --variant "batch+vec4+syrk:bx=4,solver=cg" --f 9 --mode implicit
     python tests/oclgrind_run.py --canary race      # must be reported as a data race
+    python tests/oclgrind_run.py --reduce 5         # the reduce mode's kernels at f = 5
     python tests/oclgrind_run.py --list-cases
 
 Exit status: 0 fit matches (or canary ran), 1 mismatch, 2 usage, 3 not on Oclgrind, 4 clmf
@@ -182,6 +183,81 @@ def run_fit(variant, f, case, device, lam=0.1, seed=0, mode="explicit"):
     return 1
 
 
+def run_reduce(fs, device):
+    """The reduce mode's kernels (``reduce.cl.j2``, both forms: GPUs' and CPUs' unpack) on
+    exactly sized buffers, against NumPy: ``pack_systems``; ``unpack_systems`` with λ·n and the
+    Gram matrix from a ring offset, alone (host sums) and summing two peers' rings (device
+    sums); work-groups fewer than the rows and wider than a row. (The in-process pipeline runs
+    its engines in threads, which Oclgrind's simulator does not support: its kernels run
+    here.)"""
+    import pyopencl as cl
+
+    from clmf.engine.device import select_device
+    from clmf.engine.kernels import render
+    from clmf.engine.memory import packed_width
+    _quiet_pyopencl_nv_probe()
+    dev = select_device(device)
+    _check_device(dev)
+    ctx = cl.Context([dev])
+    q = cl.CommandQueue(ctx)
+    mf = cl.mem_flags
+    rng = np.random.default_rng(fs)
+    n, w, peers = 5, packed_width(fs), 2
+    M = rng.standard_normal((n, fs, fs)).astype(np.float32)
+    A = (M + M.transpose(0, 2, 1)).astype(np.float32)
+    B = rng.standard_normal((n, fs)).astype(np.float32)
+    i, j = np.tril_indices(fs)
+    packed = np.concatenate([A[:, i, j], B], axis=1)
+    rings = rng.standard_normal((peers, n, w)).astype(np.float32)
+    G = rng.standard_normal((fs, fs)).astype(np.float32)
+    G = G + G.T
+    counts = np.array([0, 3, 3, 7, 9, 12, 15], np.int64)
+
+    def const(a):
+        return cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a))
+    dA, dB, dG, ip, dR = const(A), const(B), const(G), const(counts), const(rings)
+    # every buffer made once: Oclgrind 21.10's uninitialised-value plugin keeps stale shadow
+    # state in device memory a released buffer leaves to a new one (see run_topk)
+    dP = cl.Buffer(ctx, mf.READ_WRITE, size=packed.nbytes)
+    oA = cl.Buffer(ctx, mf.READ_WRITE, size=4 * 3 * fs * fs)
+    oB = cl.Buffer(ctx, mf.READ_WRITE, size=4 * 3 * fs)
+    bad = []
+    for mirror in (False, True):
+        prog = cl.Program(ctx, render("reduce.cl.j2", mirror=mirror)).build()
+        pack, unpack = (cl.Kernel(prog, x) for x in ("pack_systems", "unpack_systems"))
+        for groups, wg in ((n, 1), (2, 4), (3, 16)):
+            geo = ((groups * wg,), (wg,))
+            pack(q, *geo, dA, dB, dP, np.int32(n), np.int32(fs))
+            P = np.empty_like(packed)
+            cl.enqueue_copy(q, P, dP)
+            if not np.array_equal(P, packed):
+                bad.append(f"pack mirror={mirror} {groups}x{wg}")
+            # rows 1..3 of the ring (block rows 2..4 of the row pointers), alone and summed
+            # with the peers' rings
+            for npeers in (0, peers):
+                unpack(q, *geo, dP, np.int64(1), np.int32(3), dR if npeers else dP,
+                       np.int32(npeers), np.int64(n * w), ip, np.int32(2), np.float32(0.5),
+                       np.int32(1), dG, np.int32(1), oA, oB, np.int32(fs))
+                gA, gB = np.empty((3, fs, fs), np.float32), np.empty((3, fs), np.float32)
+                cl.enqueue_copy(q, gA, oA)
+                cl.enqueue_copy(q, gB, oB)
+                rows = packed[1:4] + (rings[0, 1:4] + rings[1, 1:4] if npeers else 0)
+                S = np.zeros((3, fs, fs), np.float32)
+                S[:, i, j] = rows[:, :len(i)]
+                S[:, j, i] = rows[:, :len(i)]
+                diag = 0.5 * np.diff(counts)[2:5]
+                wantA = S + G + diag[:, None, None] * np.eye(fs, dtype=np.float32)
+                if not (np.allclose(gA, wantA, rtol=1e-5, atol=1e-5)
+                        and np.allclose(gB, rows[:, len(i):], rtol=1e-6, atol=1e-6)):
+                    bad.append(f"unpack mirror={mirror} {groups}x{wg} peers={npeers}")
+            q.finish()
+    if bad:
+        print(f"MISMATCH reduce kernels f={fs}: {bad}", file=sys.stderr)
+        return 1
+    print(f"{OK_MARK} reduce kernels f={fs}")
+    return 0
+
+
 # ----- canaries: planted bugs the check must report ---------------------------------------------
 CANARY_SRC = r"""
 #define N 16
@@ -327,7 +403,11 @@ def main(argv=None):
     ap.add_argument("--topk", help="run the device top-k with this TopKConfig string instead")
     ap.add_argument("--topk-case", choices=sorted(TOPK_CASES), default="all")
     ap.add_argument("--list-cases", action="store_true")
+    ap.add_argument("--reduce", type=int, metavar="F",
+                    help="run the reduce mode's kernels at F unknowns instead")
     a = ap.parse_args(argv)
+    if a.reduce:
+        return run_reduce(a.reduce, a.device)
     if a.topk:
         return run_topk(a.topk, a.topk_case, a.device)
     if a.list_cases:

@@ -291,6 +291,16 @@ def test_canary_api_misuse_is_reported(oclgrind):
     assert "CL_INVALID_WORK_GROUP_SIZE" in text or "runtime error" in text, text[:3000]
 
 
+@pytest.mark.parametrize("fs", [1, 3, 17])
+def test_reduce_kernels_clean_under_oclgrind(oclgrind, fs):
+    """The reduce mode's kernels (pack; unpack alone and summing peers' rings, the device sums;
+    both forms, work-groups narrower and wider than a row) run clean and match NumPy."""
+    proc, diags, log = run_helper(oclgrind, f"reduce-f{fs}", "--reduce", str(fs))
+    assert proc.returncode == 0, _excerpt(proc.stdout + proc.stderr)
+    assert OK_MARK in proc.stdout.splitlines()[-1]
+    assert not diags, "Oclgrind reported:\n" + _excerpt("\n".join(diags))
+
+
 TOPK_CONFIGS = (
     "topk:wx=4,wy=2,rm=2,rnv=1,v=4,tk=2,cap=2,qres=0,yt=0",     # staged items, overflow rounds
     "topk:wx=4,wy=2,rm=2,rnv=2,v=1,tk=4,cap=16,qres=1,yt=0",    # staged query block, scalar

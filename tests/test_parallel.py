@@ -446,8 +446,9 @@ def _run_check(pocl_devices, *specs):
     rows = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     fits = [r for r in rows if "reduce" not in r]
     assert len(fits) == 3 * len(specs), res.stdout + res.stderr[-2000:]
-    # each side reduced by a MultiEngine on the same devices, in each mode
-    assert len(rows) - len(fits) == 6 * len(specs), res.stdout + res.stderr[-2000:]
+    # each side reduced by a MultiEngine on the same devices, in each mode, summed on the host,
+    # on the devices and on the devices through a small ring
+    assert len(rows) - len(fits) == 18 * len(specs), res.stdout + res.stderr[-2000:]
     return rows
 
 
@@ -455,7 +456,7 @@ def _check_rows(rows, n_devices):
     for r in rows:
         if "reduce" in r:
             assert r["devices"] == n_devices and r["x"] <= 1e-4 and r["y"] <= 1e-4, r
-            assert r.get("bias", 0.0) <= 1e-4, r
+            assert r.get("bias", 0.0) <= 1e-4 and r.get("vs_host", 0.0) <= 1e-6, r
             continue
         assert isinstance(r["devices"], list) and len(r["devices"]) == n_devices, r
         assert r["x"] <= 1e-4 and r["y"] <= 1e-4, r

@@ -348,7 +348,7 @@ class Engine:
             # word leaves the factors reported as uninitialised)
             word = np.zeros(1, np.float32)
             for b in self.buf.values():
-                for key in ("A", "B", "A2", "B2", "Av", "Bp", "G", "P", "P2", "S"):
+                for key in ("A", "B", "A2", "B2", "Av", "Bp", "G", "P", "P2", "S", "T"):
                     if key in b:
                         cl.enqueue_fill_buffer(self.queue, b[key], word, 0, 4)
 

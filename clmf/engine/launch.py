@@ -238,9 +238,9 @@ def warm(eng, programs):
                 P, geo = zeros(4 * packed_width(fs)), reduce_launch(eng.info, 1)
                 k = reduce_program(eng.ctx, eng.info).kernels
                 k["pack_systems"](q, *geo, A, B, P, np.int32(1), np.int32(fs))
-                k["unpack_systems"](q, *geo, P, np.int64(0), np.int32(1), ip, np.int32(0),
-                                    np.float32(1.0), np.int32(1), G, np.int32(0), A, B,
-                                    np.int32(fs))
+                k["unpack_systems"](q, *geo, P, np.int64(0), np.int32(1), P, np.int32(0),
+                                    np.int64(0), ip, np.int32(0), np.float32(1.0), np.int32(1),
+                                    G, np.int32(0), A, B, np.int32(fs))
                 q.finish()
                 P.release()
     q.finish()

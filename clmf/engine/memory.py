@@ -33,7 +33,7 @@ __all__ = ["MemoryPlan", "SplitPlan", "plan_fit", "plan_split", "split_threshold
            "gram_tiled", "gram_virtual_rows", "GRAM_VIRTUAL_ROWS",
            "DevicePlan", "SideMemory",
            "plan_device", "device_budget", "scratch_rows", "chunk_rows", "MAX_CHUNK_ROWS",
-           "packed_width", "PACKED_BATCH_BYTES"]
+           "packed_width", "PACKED_BATCH_BYTES", "SEGMENT_BYTES"]
 
 SCRATCH_BUDGET = 512 << 20      # default cap on per-side hermitian scratch
 MAX_BATCH_ROWS = 1 << 16
@@ -41,6 +41,9 @@ MAX_BATCH_ROWS = 1 << 16
 # f = 100, results/bench/x4-38/) 64 MiB batches (3,258 rows) made S1's long-row launches 27 %
 # slower than 256 MiB (13,030 rows, about the hermitian scratch's own cap): 0.659 vs 0.592 s/it
 PACKED_BATCH_BYTES = 256 << 20
+# a reduced side's segment (the rows summed and handed to their owner at once) of packed systems
+# on one device, at most (:func:`clmf.parallel.reducer.segment_rows`)
+SEGMENT_BYTES = 8 << 20
 DEVICE_FRACTION = 0.9           # of the device's global memory a fit may plan to use
 HOST_FRACTION = 0.9             # of the host's available memory
 SPLIT_FLOOR = 4096              # automatic split: never pieces shorter than this
@@ -492,7 +495,7 @@ def _mib(x):
 
 def plan_device(name, global_mem, max_alloc, *, f, ldf, itemsize, blocks, factor_rows,
                 batch_rows=None, implicit=False, other_rows=None, splits=None, skew=0,
-                reduced=(), packed=None, max_device_memory=None, force_stream=()):
+                reduced=(), packed=None, staged=None, max_device_memory=None, force_stream=()):
     """Plan one device's memory.
 
     Parameters
@@ -518,6 +521,10 @@ def plan_device(name, global_mem, max_alloc, *, f, ldf, itemsize, blocks, factor
         pair, two batch buffers of packed systems (``packed_``) and a ring of the summed
         systems of its own rows (``sums_``: all of them, up to the scratch's size); batches of
         at most :data:`PACKED_BATCH_BYTES` of packed systems.
+    staged : packed side -> the number of its peers (the other devices), for sides whose sums
+        are made on this device (:func:`clmf.engine.reduce.pipelined` with device sums: the
+        peers' copies of its rows uploaded as they land, summed by its unpack): a ring of each
+        peer's copies as large as its own (``staging_``: peers × ``sums_``).
     max_device_memory : the user's cap (bytes, or fraction ≤ 1 of global memory).
     force_stream : sides to stream even when they fit (tests).
 
@@ -539,14 +546,15 @@ def plan_device(name, global_mem, max_alloc, *, f, ldf, itemsize, blocks, factor
                          blocks=blocks, factor_rows=factor_rows, batch_rows=batch_rows,
                          implicit=implicit, other_rows=other_rows, force_stream=force_stream,
                          splits=splits if k == 0 else {}, skew=skew, reduced=reduced,
-                         packed=packed or {})
+                         packed=packed or {}, staged=staged or {})
         except DeviceMemoryError:
             if k == len(caps) - 1:
                 raise
 
 
 def _plan(name, budget, alloc, scratch_cap, *, f, ldf, itemsize, blocks, factor_rows,
-          batch_rows, implicit, other_rows, force_stream, splits, skew, reduced=(), packed=None):
+          batch_rows, implicit, other_rows, force_stream, splits, skew, reduced=(), packed=None,
+          staged=None):
     """:func:`plan_device` at one scratch size."""
     import numpy as np
     batch_rows = batch_rows or {}
@@ -574,6 +582,13 @@ def _plan(name, budget, alloc, scratch_cap, *, f, ldf, itemsize, blocks, factor_
             w = 4 * packed_width(f)
             fixed[f"packed_{s}"] = 2 * w * br
             fixed[f"sums_{s}"] = w * max(1, min(int(packed[s]), max(br, scratch_cap // w)))
+            if (staged or {}).get(s):
+                fixed[f"staging_{s}"] = int(staged[s]) * fixed[f"sums_{s}"]
+                if fixed[f"staging_{s}"] > alloc:     # a smaller scratch cap: a smaller ring
+                    raise DeviceMemoryError(
+                        f"{name}: the {s}' peers' ring needs {_mib(fixed[f'staging_{s}'])} in "
+                        f"one buffer, more than the largest allocation ({_mib(alloc)})",
+                        needed=fixed[f"staging_{s}"], available=int(alloc))
         elif s in reduced:
             fixed[f"scratch2_{s}"] = fixed[f"scratch_{s}"]
     fixed["status"] = 16

@@ -5,15 +5,19 @@ solve of the device's own rows once they are summed over the devices.
 Two forms. :func:`pipelined` (the in-process fit, :class:`clmf.parallel.MultiEngine`): the
 systems cross the bus packed (:func:`clmf.engine.memory.packed_width`: the hermitian's lower
 triangle and the right side, about half of f² + f floats), every device computes them in the same
-row order, and each *segment* of rows (a piece of one device's block) is summed on the host as
-soon as every device's copy of it has landed, uploaded to the device that solves it while the
-others still compute, unpacked there with the regularisation and the Gram matrix added, and
-solved; only the last segment's sum is exposed. The Dask backend runs the same pipeline in two
-phases, the packed systems summed between its tasks (:func:`pipelined`'s ``partials``).
+row order, and each *segment* of rows (a piece of one device's block) is summed as its copies
+land, then unpacked on the device that solves it with the regularisation and the Gram matrix
+added, and solved, while the others still compute; only the last segment's sum is exposed. The
+sums are made on the owner device (its own partials stay in its ring, each peer's copy is
+uploaded into a ring of its own as it lands, and the unpack sums them) or by host threads (the
+summed segment uploaded): :class:`clmf.parallel.reducer.Reducer`'s ``sums``. The Dask backend
+runs the same pipeline in two phases, the packed systems summed between its tasks
+(:func:`pipelined`'s ``partials``).
 """
 from __future__ import annotations
 
 import collections
+import threading
 import time
 
 import numpy as np
@@ -29,17 +33,23 @@ __all__ = ["pipelined", "buffers"]
 def buffers(eng, side):
     """The pipelined reduce's device buffers of ``side`` where its memory plan has them (else
     none): two batch buffers of packed systems taken in turn (``P``, ``P2``: a batch's
-    systems packed for the copy to the host) and a ring of ``ring`` rows of summed packed
-    systems of the device's own rows (``S``), uploaded by the host."""
+    systems packed for the copy to the host), a ring of ``ring`` rows of summed packed
+    systems of the device's own rows (``S``) and, with device sums, one such ring for each of
+    its ``peers`` (``T``: the other devices' copies of its rows, in index order, uploaded as
+    they land, summed with ``S`` by the unpack)."""
     size = eng.dplan.bytes.get(f"packed_{side}")
     if size is None:
         return {}
     cl, mf = eng.cl, eng.cl.mem_flags
     row = 4 * packed_width(eng.fs)
     sums = eng.dplan.bytes[f"sums_{side}"]
-    return {"P": cl.Buffer(eng.ctx, mf.READ_WRITE, size=size // 2),
-            "P2": cl.Buffer(eng.ctx, mf.READ_WRITE, size=size // 2),
-            "S": cl.Buffer(eng.ctx, mf.READ_WRITE, size=sums), "ring": sums // row}
+    out = {"P": cl.Buffer(eng.ctx, mf.READ_WRITE, size=size // 2),
+           "P2": cl.Buffer(eng.ctx, mf.READ_WRITE, size=size // 2),
+           "S": cl.Buffer(eng.ctx, mf.READ_WRITE, size=sums), "ring": sums // row}
+    staging = eng.dplan.bytes.get(f"staging_{side}")
+    if staging is not None:
+        out.update(T=cl.Buffer(eng.ctx, mf.READ_WRITE, size=staging), peers=staging // sums)
+    return out
 
 
 def pipelined(eng, side, port, regularization, weighted, exchange, partials=True):
@@ -47,7 +57,9 @@ def pipelined(eng, side, port, regularization, weighted, exchange, partials=True
     through ``port`` (the host's side, :class:`clmf.parallel.reducer.Reducer`'s port: ``host``
     (rows × packed width, this device's partial systems), ``gram`` (f × f), ``segments``
     (``[(a, b, owner)]`` in row order), ``landed(k)`` (``None``: the Gram),
-    ``take(block)``, ``gram_total()``, ``fail(e)``). Solved rows are exchanged as
+    ``take(block)``, ``gram_total()``, ``fail(e)``, ``device_sums``; with device sums also
+    ``d`` (this device), ``hosts`` (every device's ``host``) and ``summed(at, seconds)``).
+    Solved rows are exchanged as
     :meth:`Engine.half_step` does. In two phases (the Dask backend's tasks per half-step, the
     sums made between them): a port whose ``take`` hands over nothing computes the partial
     systems only; ``partials=False`` then solves the summed ones a port hands over."""
@@ -65,12 +77,20 @@ class _Pipeline:
     Partials: batch k's S1 and S2 into the scratch pair, packed into ``P``/``P2`` in turn (the
     pack of batch k + 2 waits for the copies of batch k), copied to ``port.host`` cut at the
     segments' ends (``out`` queue); each segment is reported landed once its last copy ended.
-    Solves: the summed segments of the device's rows, handed over in order by ``port.take``,
-    are uploaded into the ring ``S`` (``stream`` queue) as they come, then unpacked (the
-    regularisation and the Gram matrix added) and solved on the compute queue after the
-    partials (in order on the queue), in launches of up to a batch: enqueued once a batch of
-    them is uploaded, and each time a segment comes once this device's partials have all
-    landed. Own rows ``[un, up)`` (relative to the block) are uploaded and not yet unpacked."""
+    With device sums the rows of a segment this device owns that fit the ring's first pass
+    are copied from ``P`` into the ring ``S`` instead (compute queue) and reported at once.
+    Solves: the device's rows, summed, are unpacked (the regularisation and the Gram matrix
+    added) and solved on the compute queue after the partials (in order on the queue), in
+    launches of up to a batch: enqueued once a batch of them is summed, and each time a
+    segment is summed once this device's partials have all landed. Host sums: the summed
+    segments, handed over in order by ``port.take``, are uploaded into the ring (``stream``
+    queue) as they come. Device sums: ``port.take`` hands over the copies of this device's
+    segments as they land, and each is uploaded (``stream`` queue: copies only, never held
+    behind kernels) into the ring of its device in ``T`` (an own copy of a segment past the
+    ring's first pass into ``S``); a segment is summed once every device's copy of it is on
+    the device, by the unpack (own, then the peers in index order: the host sums' order). A
+    copy whose ring slots still hold rows not unpacked waits (``pending``) until they are.
+    Own rows ``[un, up)`` (relative to the block) are summed and not yet unpacked."""
 
     def __init__(self, eng, side, port, regularization, weighted, exchange):
         self.eng, self.side, self.port = eng, side, port
@@ -85,13 +105,28 @@ class _Pipeline:
         self.un = self.up = 0
         self.last_upload = self.last_unpack = self.gram_up = None
         self.landing = collections.deque()       # (segment or None, its last copy's event)
+        self.gram_pending = False                # this device's Gram not reported landed
         self.events, self.stream_events, self.copy_events = [], [], []
         self.bus, self.packs = [], []            # the reduce's copies; pack/unpack kernels
         self.publisher = None
+        self.device_sums = bool(port.device_sums)
+        self.npeers = 0
+        if self.device_sums:
+            self.me, n = port.d, len(port.hosts)
+            if self.b.get("peers") != n - 1:
+                raise RuntimeError(f"the {side}' memory plan has no ring for the {n - 1} "
+                                   "peers' copies (plan_fit(..., device_sums=True))")
+            self.npeers = n - 1
+            self.segs = [(a, e) for a, e, o in port.segments if o == self.me]
+            self.left = {a: n for a, _e in self.segs}   # copies of a segment not yet uploaded
+            self.next = 0                        # own segments summed so far
+            self.own = {}                        # own segment's first row -> its ring copy
+            self.pending = []                    # copies waiting for their ring slots
+            self.last_stream = None              # the last upload enqueued
 
     def run(self, partials=True):
-        """Partials (unless not ``partials``), landings, uploads and solves of the half-step;
-        then wait for all."""
+        """Partials (unless not ``partials``), landings, uploads, sums and solves of the
+        half-step; then wait for all."""
         eng, cl = self.eng, self.cl
         t0 = time.perf_counter()
         eng.keep(cl.enqueue_copy(eng.queue, eng.status, eng._ok, is_blocking=False))
@@ -102,16 +137,30 @@ class _Pipeline:
         self._land(block=True)
         self._flush()
         while (got := self.port.take(block=True)) is not None:
-            self._upload(got)
+            self._receive(got)
             self._flush()
-        eng._finish_half_step(self.side, self.lam, self.publisher, self.exchange, t0,
-                              self.events, self.stream_events, self.copy_events)
+        if self.device_sums and (self.pending or self.un < self.r1 - self.r0):
+            raise RuntimeError(f"the {self.side}' reduce ended with rows not summed")
+        watcher = self._watch() if self.device_sums else None
+        try:
+            eng._finish_half_step(self.side, self.lam, self.publisher, self.exchange, t0,
+                                  self.events, self.stream_events, self.copy_events)
+        finally:
+            if watcher is not None:
+                watcher.join()
         if eng.profile:
             self._account()
 
+    def _direct(self, k):
+        """Whether segment ``k``'s rows stay on this device (device sums, own, inside the
+        ring's first pass: its slots are free until they are unpacked)."""
+        a, b, o = self.port.segments[k]
+        return self.device_sums and o == self.me and b - self.r0 <= self.ring
+
     def _partials(self):
         """Enqueue the Gram (implicit) and every batch's partial systems, packed and copied to
-        the host; report the landed segments as the copies end."""
+        the host (or, own rows with device sums, into the ring); report the landed segments
+        as the copies end."""
         eng, cl, b, port = self.eng, self.cl, self.b, self.port
         q, out, fs = eng.queue, eng.q["out"], eng.fs
         cfg, v = eng.configs[self.side], eng.vars[self.side]
@@ -124,8 +173,9 @@ class _Pipeline:
                                           wait_for=[e]))
             self.bus.append(ev)
             self.landing.append((None, ev))
+            self.gram_pending = True
         segs, k, row = port.segments, 0, 4 * self.w
-        copied = [None, None]
+        readers = [None, None]                   # the copies reading P / P2 last
         for j, batch in enumerate(eng._batches(self.side, self.stream_events)):
             n, g0 = batch.rows, batch.r0 + batch.row0
             P = b["P2"] if j % 2 else b["P"]
@@ -136,65 +186,144 @@ class _Pipeline:
                                gram=False)
             batch.done = evs[1] or evs[0]
             self.events.append((evs[0], evs[1], None, None))
-            prev = copied[j % 2]
             ep = self.rk["pack_systems"](q, *K.reduce_launch(eng.info, n), b["A"], b["B"], P,
-                                         np.int32(n), np.int32(fs),
-                                         wait_for=None if prev is None else [prev])
+                                         np.int32(n), np.int32(fs), wait_for=readers[j % 2])
             self.packs.append(ep)
-            g, wait = g0, [ep]
+            g, reads = g0, []
             while g < g0 + n:
                 while segs[k][1] <= g:
                     k += 1
                 c = min(g0 + n, segs[k][1])
-                ev = eng.keep(cl.enqueue_copy(out, port.host[g:c], P, src_offset=(g - g0) * row,
-                                              is_blocking=False, wait_for=wait))
+                if self._direct(k):              # into the ring's slots (first pass)
+                    ev = eng.keep(cl.enqueue_copy(q, b["S"], P, src_offset=(g - g0) * row,
+                                                  dst_offset=(g - self.r0) * row,
+                                                  byte_count=(c - g) * row, wait_for=[ep]))
+                    if c == segs[k][1]:
+                        self.own[segs[k][0]] = ev
+                        port.landed(k)
+                else:
+                    ev = eng.keep(cl.enqueue_copy(out, port.host[g:c], P,
+                                                  src_offset=(g - g0) * row,
+                                                  is_blocking=False, wait_for=[ep]))
+                    if c == segs[k][1]:
+                        self.landing.append((k, ev))
                 self.bus.append(ev)
-                if c == segs[k][1]:
-                    self.landing.append((k, ev))
-                g, wait = c, None
-            copied[j % 2] = ev
+                reads.append(ev)
+                g = c
+            readers[j % 2] = reads
             q.flush()
             out.flush()
             self._land(block=False)
 
     def _land(self, block):
         """Report the segments whose copies have ended (all of them with ``block``), then
-        upload the summed segments of this device's rows that are ready."""
+        take in what is ready of this device's rows (summed segments, or copies to add)."""
         done = self.cl.command_execution_status.COMPLETE
         while self.landing and (block or
                                 self.landing[0][1].command_execution_status == done):
             k, ev = self.landing.popleft()
             ev.wait()
             self.port.landed(k)
+            self.gram_pending = self.gram_pending and k is not None
             if block:
-                self._upload(self.port.take(block=False) or [])
-        self._upload(self.port.take(block=False) or [])
+                self._receive(self.port.take(block=False) or [])
+        if self.gram_pending:
+            return       # a flush waits for the summed Gram: not before this device's landed
+        self._receive(self.port.take(block=False) or [])
         if self.up - self.un >= self.eng.batch_rows[self.side]:
             self._flush()
 
+    def _receive(self, got):
+        """What ``port.take`` handed over: summed segments to upload, or (device sums) copies
+        to upload."""
+        if self.device_sums:
+            self._stage(got)
+        else:
+            self._upload(got)
+
     def _upload(self, segments):
         """Upload summed segments ``[(a, b)]`` (global rows, in order) into the ring."""
-        eng, cl, b, ring = self.eng, self.cl, self.b, self.ring
         for a, e in segments:
-            x, end = a - self.r0, e - self.r0
-            if end - self.un > ring:
-                self._flush()                   # the ring's rows to overwrite are unpacked
-            wait = [self.last_unpack] if end > ring and self.last_unpack is not None else None
-            while x < end:
-                pos = x % ring
-                m = min(end - x, ring - pos)
-                ev = eng.keep(cl.enqueue_copy(
-                    eng.q["stream"], b["S"], self.port.host[self.r0 + x:self.r0 + x + m],
-                    dst_offset=pos * 4 * self.w, is_blocking=False, wait_for=wait))
-                self.bus.append(ev)
-                self.last_upload, wait = ev, None
-                x += m
-            self.up = end
+            self.last_upload = self._to_ring(self.b["S"], 0, self.port.host, a - self.r0,
+                                             e - self.r0)
+            self.up = e - self.r0
         if segments:
-            eng.q["stream"].flush()
+            self.eng.q["stream"].flush()
+
+    def _to_ring(self, buf, base, host, x, end):
+        """Upload the block's rows ``[x, end)`` of ``host`` (indexed by global row) into their
+        slots of the ring starting at row ``base`` of ``buf``, once the rows there before are
+        unpacked; the last copy's event."""
+        eng, cl, ring = self.eng, self.cl, self.ring
+        if end - self.un > ring:
+            self._flush()                       # the ring's rows to overwrite are unpacked
+        wait = [self.last_unpack] if end > ring and self.last_unpack is not None else None
+        ev = None
+        while x < end:
+            pos = x % ring
+            m = min(end - x, ring - pos)
+            ev = eng.keep(cl.enqueue_copy(
+                eng.q["stream"], buf, host[self.r0 + x:self.r0 + x + m],
+                dst_offset=(base + pos) * 4 * self.w, is_blocking=False, wait_for=wait))
+            self.bus.append(ev)
+            x += m
+        return ev
+
+    def _stage(self, copies):
+        """Device sums: upload copies ``[(a, b, e)]`` (segment rows, global; device ``e``'s
+        copy) as they come, each once its ring slots are free (their rows unpacked, or to be
+        unpacked now: the rows ``ring`` before summed)."""
+        self.pending.extend(copies)
+        while self.pending:
+            rest = []
+            for a, e_, src in self.pending:
+                if e_ - self.r0 - self.ring > self.up:
+                    rest.append((a, e_, src))
+                else:
+                    self._place(a, e_, src)
+            if len(rest) == len(self.pending):
+                break
+            self.pending = rest
+        if copies:
+            self.eng.q["stream"].flush()
+
+    def _place(self, a, e_, src):
+        """Device sums: device ``src``'s copy of segment ``[a, e_)`` into its ring (none to
+        upload for an own copy already there); the summed segments' rows ready to unpack."""
+        x, end = a - self.r0, e_ - self.r0
+        if src != self.me:
+            self.last_stream = self._to_ring(self.b["T"], (src - (src > self.me)) * self.ring,
+                                             self.port.hosts[src], x, end)
+        elif end <= self.ring:
+            self.own.pop(a)                     # copied on the compute queue, before unpacks
+        else:
+            self.last_stream = self._to_ring(self.b["S"], 0, self.port.host, x, end)
+        self.left[a] -= 1
+        while self.next < len(self.segs) and self.left[self.segs[self.next][0]] == 0:
+            self.up = self.segs[self.next][1] - self.r0
+            self.last_upload = self.last_stream     # the stream queue is in order
+            self.next += 1
+
+    def _watch(self):
+        """Device sums: a thread reporting to the port when this device's last segment's
+        copies are all on the device (the last upload ended: its sum is the unpack's, which
+        both sum modes run); None without segments."""
+        last, port = self.last_upload, self.port
+        if last is None:
+            return None
+
+        def watch():
+            try:
+                last.wait()
+            except Exception:  # noqa: BLE001 - the half-step's own wait reports the failure
+                return
+            port.summed(time.perf_counter())
+        t = threading.Thread(target=watch, daemon=True, name="clmf-reduce-watch")
+        t.start()
+        return t
 
     def _flush(self):
-        """Unpack and solve the uploaded rows (launches of up to a batch, none across the
+        """Unpack and solve the summed rows (launches of up to a batch, none across the
         ring's end) and publish them."""
         if self.un >= self.up:
             return
@@ -204,16 +333,17 @@ class _Pipeline:
             self.gram_up = eng.keep(cl.enqueue_copy(eng.q["stream"], b["G"],
                                                     self.port.gram_total(), is_blocking=False))
             self.bus.append(self.gram_up)
-            self.last_upload = self.gram_up     # the stream queue is in order
         lo = eng.frange[self.side][0]
+        wait = [e for e in (self.last_upload, self.gram_up) if e is not None]
         while self.un < self.up:
             pos = self.un % ring
             n = min(eng.batch_rows[self.side], self.up - self.un, ring - pos)
             eu = self.rk["unpack_systems"](
-                q, *K.reduce_launch(eng.info, n), b["S"], np.int64(pos), np.int32(n), b["counts"],
+                q, *K.reduce_launch(eng.info, n), b["S"], np.int64(pos), np.int32(n),
+                b.get("T", b["S"]), np.int32(self.npeers), np.int64(ring * self.w), b["counts"],
                 np.int32(self.un), np.float32(self.lam), np.int32(1 if self.weighted else 0),
                 b["G"], np.int32(1 if eng.implicit else 0), b["A"], b["B"], np.int32(fs),
-                wait_for=[self.last_upload])
+                wait_for=wait or None)
             self.packs.append(eu)
             self.last_unpack = eu
             e3 = launch_solve(self.kern, q, eng.configs[self.side], fs, b["counts"], b["A"],

@@ -31,14 +31,16 @@ worker processes and exchanges through Dask instead of host memory):
     - reduce mode (the fixed factor partitioned), in process: :func:`clmf.engine.reduce.pipelined`
       computes the partial normal equations of every row of ``side`` over the device's block of
       the fixed side (its ``sources[side]``, from :func:`partial_layout`), packed (the
-      hermitian's lower triangle and the right side), segment by segment into a host array;
-      ``reducer`` — :class:`~clmf.parallel.reducer.Reducer` sums each segment over the devices
-      as soon as every copy of it landed and hands it to the device that solves it, which
-      uploads, unpacks (λ·n_r and the Gram matrix added) and solves it while the others still
-      compute, then exchanges its rows like ``half_step``. The Dask backend runs the same
-      pipeline in two phases (``pipelined(..., partials=False)`` for the second), the packed
-      systems summed between its tasks (:class:`~clmf.parallel.reducer.PartialsPort`,
-      :class:`~clmf.parallel.reducer.SummedPort`);
+      hermitian's lower triangle and the right side), segment by segment; ``reducer`` —
+      :class:`~clmf.parallel.reducer.Reducer` hands each segment to the device that solves it:
+      by default (``MultiEngine(reduce_sum="device")``) that device keeps its own partials of
+      the segment in its ring, uploads each other device's copy as it lands on the host and
+      sums them as it unpacks; with ``reduce_sum="host"`` host threads sum the devices' copies
+      and the owner uploads the sum. The owner unpacks (λ·n_r and the Gram matrix added) and solves
+      the segment while the others still compute, then exchanges its rows like ``half_step``.
+      The Dask backend runs the same pipeline in two phases (``pipelined(...,
+      partials=False)`` for the second), the packed systems summed between its tasks
+      (:class:`~clmf.parallel.reducer.PartialsPort`, :class:`~clmf.parallel.reducer.SummedPort`);
     - ``squared_error(key, users, items, ratings, offset)``, ``finish()``, ``release()``,
       ``times``.
 ``backend`` — :func:`make_backend` chooses: one device runs one :class:`clmf.engine.Engine` on

@@ -21,7 +21,7 @@ from ..interrupts import deferred_interrupts
 from ..tuning.spec import common_ldf, row_width, unknowns
 from .layout import Layout, SideLayout, transpose_csr
 from .partition import choose_modes, make_plan
-from .reducer import Reducer
+from .reducer import SUM_MODES, Reducer
 from .worker import SIDES, Exchange, device_engine, other_side
 
 log = logging.getLogger(__name__)
@@ -100,18 +100,22 @@ def make_backend(devices, R, f, configs, *, implicit_alpha=None, biased=False, o
 
 
 def plan_fit(infos, layout, plan, fs, ldf, itemsize, config_pairs, implicit=False,
-             max_device_memory=None, force_stream=(), sources=None, pipelined=False):
+             max_device_memory=None, force_stream=(), sources=None, pipelined=False,
+             device_sums=False):
     """The memory plan of every device of a fit (a list of
     :class:`~clmf.engine.memory.DevicePlan`, :func:`plan_device` on each device's share: long
     rows of the sides it solves from the whole layout cut as on one device); raises
     DeviceMemoryError before device work. ``sources[d][side]``: the partial layout of a
     reduced side on device ``d``; ``pipelined``: its systems are reduced packed, in a
-    pipeline (:func:`clmf.engine.reduce.pipelined`), else in full between two phases."""
+    pipeline (:func:`clmf.engine.reduce.pipelined`), else in full between two phases;
+    ``device_sums``: the pipeline's sums are made on the owner devices (each with a ring of
+    its peers' copies)."""
     from .. import engine
     n = len(infos)
     out = []
     for d, info in enumerate(infos):
         blocks, splits = {}, {}
+        reduced = [s for s in SIDES if (sources or [{}] * n)[d].get(s) is not None]
         for k, s in enumerate(SIDES):
             src = (sources or [{}] * n)[d].get(s)
             blocks[s] = ((src.indptr, 0, src.rows) if src is not None
@@ -132,23 +136,30 @@ def plan_fit(infos, layout, plan, fs, ldf, itemsize, config_pairs, implicit=Fals
             itemsize=itemsize, blocks=blocks, factor_rows=frows,
             batch_rows={s: splits[s].batch_rows for s in SIDES}, implicit=implicit,
             splits=splits, skew=engine.upload.host_align(info),
-            reduced=[s for s in SIDES if (sources or [{}] * n)[d].get(s) is not None],
-            packed={s: plan[s].block(d)[1] - plan[s].block(d)[0] for s in SIDES
-                    if pipelined and (sources or [{}] * n)[d].get(s) is not None},
+            reduced=reduced,
+            packed={s: plan[s].block(d)[1] - plan[s].block(d)[0] for s in reduced
+                    if pipelined},
+            staged={s: n - 1 for s in reduced} if pipelined and device_sums else None,
             max_device_memory=max_device_memory, force_stream=force_stream))
     return out
 
 
 class MultiEngine:
-    """A fit over several devices (or one device out of core), see :mod:`clmf.parallel`."""
+    """A fit over several devices (or one device out of core), see :mod:`clmf.parallel`.
+    ``reduce_sum``: where a reduced side's partial systems are summed, ``"device"`` (each
+    owner uploads its peers' copies as they land and sums them as it unpacks, the default)
+    or ``"host"`` (host threads)."""
 
     def __init__(self, devices, R, f, configs, *, implicit_alpha=None, biased=False, offset=0.0,
                  max_device_memory=None, profile=False, force_stream=(), modes=None,
-                 shares=None, pinned=None, exchange_dtype=None):
+                 shares=None, pinned=None, exchange_dtype=None, reduce_sum=SUM_MODES[0]):
         from ..engine.device import device_info
         if exchange_dtype not in (None, "float32", "float16"):
             raise ValueError(f"exchange_dtype must be None, 'float32' or 'float16', not "
                              f"{exchange_dtype!r}")
+        if reduce_sum not in SUM_MODES:
+            raise ValueError(f"reduce_sum must be one of {SUM_MODES}, not {reduce_sum!r}")
+        self.reduce_sum = reduce_sum
         self.layout = R if isinstance(R, Layout) else Layout.from_csr(R)
         self.shape = self.layout.shape
         self.f = int(f)
@@ -185,7 +196,8 @@ class MultiEngine:
         # memory plans of every device before any device work
         self.dplans = plan_fit(self.infos, L, self.plan, self.fs, self.ldf, itemsize,
                                self.config_pairs, self.implicit, max_device_memory, force_stream,
-                               self.sources, pipelined=True)
+                               self.sources, pipelined=True,
+                               device_sums=reduce_sum == "device")
         for p in self.dplans:
             log.info("memory plan: %s", p.describe())
         self.memory = {"total": max(p.total for p in self.dplans),
@@ -239,7 +251,7 @@ class MultiEngine:
                 if self.plan[s].mode == "reduce" and n > 1:
                     self.reducers[s] = Reducer(s, L[s].rows, self.plan[s].bounds, self.fs,
                                                [w.batch_rows[s] for w in self.workers],
-                                               self._host_array, self.pool)
+                                               self._host_array, self.pool, reduce_sum)
         except BaseException:
             self.release()
             raise
@@ -330,10 +342,13 @@ class MultiEngine:
     def time_split(self):
         """Seconds per iteration so far: wall, compute and exchange tail (slowest device); the
         reduce mode's host sums (``reduce_sum``: the summing threads' seconds, overlapped with
-        the devices' work) and its exposed part (``reduce_wait``, also ``reduce``: from the last
-        device's last partial systems on the host to the last sum); with profiling the devices'
-        busy times (kernels, streamed copies, exchange copies, ``reduce_copies``: the reduced
-        systems to the host and back)."""
+        the devices' work; 0 with device sums, which the unpack kernels make) and its exposed
+        part (``reduce_wait``, also ``reduce``: from the last device's last partial systems on
+        the host to the last segment summed, or with device sums to its last copy on its owner
+        device); with profiling the devices' busy times (kernels, the reduce's pack / unpack
+        kernels among them,
+        streamed copies, exchange copies, ``reduce_copies``: the reduced systems' copies to
+        the host, back and within the device)."""
         it = max(1, self.times["iterations"])
         out = {"wall": self.times["wall"] / it, "compute": self.times["compute"] / it,
                "exchange": self.times["exchange"] / it,

@@ -2,10 +2,20 @@
 
 Each device computes the packed partial systems of every row of a reduced side, in row order,
 into its own host array. The rows are cut into *segments*, each inside one device's block (the
-rows that device solves). When every device's copy of a segment has landed, host threads sum
-the devices' rows of it into the owner's array (in cache-sized jobs, the devices in index
-order); the owner takes its summed segments in order (:meth:`Port.take`) and uploads them while
-the others still compute. Only the last segment's sum waits for the last device.
+rows that device solves). Two places to sum them (``sums``, :data:`SUM_MODES`):
+
+``"device"`` (the default): the owner keeps its own partials of a segment on the device and
+    uploads each peer's copy as soon as it lands; its unpack sums them (own, then the peers in
+    index order, whatever the landings' order); the host only hands each owner the copies of
+    its segments as they land (:meth:`Port.take`: ``[(a, b, device)]``). Only the last
+    segment's uploads wait for the last device.
+``"host"``: when every device's copy of a segment has landed, host threads sum the devices'
+    rows of it into the owner's array (in cache-sized jobs, the devices in index order); the
+    owner takes its summed segments in order (:meth:`Port.take`: ``[(a, b)]``) and uploads them
+    while the others still compute. Only the last segment's sum waits for the last device.
+
+Both add the same numbers in the same order (the owner's own partials, then its peers' in
+index order): the two modes give the same sums.
 """
 from __future__ import annotations
 
@@ -16,11 +26,12 @@ import time
 
 import numpy as np
 
-from ..engine.memory import packed_width
+from ..engine.memory import SEGMENT_BYTES, packed_width
 
-__all__ = ["Reducer", "Port", "PartialsPort", "SummedPort", "segment_rows", "cut_segments"]
+__all__ = ["Reducer", "Port", "PartialsPort", "SummedPort", "segment_rows", "cut_segments",
+           "SUM_MODES"]
 
-SEGMENT_BYTES = 8 << 20     # a segment's packed systems on one device, at most
+SUM_MODES = ("device", "host")      # where the in-process reduce sums: the owner device, threads
 SUM_BYTES = 1 << 20         # one host sum job's rows on one device, at most
 
 
@@ -50,15 +61,24 @@ class Port:
     def __init__(self, reducer, d):
         self.reducer, self.d = reducer, d
         self.host, self.gram = reducer.host[d], reducer.gram[d]
+        self.hosts = reducer.host                 # every device's (device sums: the peers')
         self.segments = reducer.segments
+        self.device_sums = reducer.device_sums
 
     def landed(self, k):
-        """This device's copy of segment ``k`` (None: its Gram matrix) is on the host."""
+        """This device's copy of segment ``k`` (None: its Gram matrix) is on the host (device
+        sums: its own partials of a segment it owns are on the device, in its ring)."""
         self.reducer.landed(self.d, k)
 
     def take(self, block):
-        """This device's next summed segments (see :meth:`Reducer.take`)."""
+        """This device's next summed segments or, device sums, copies to upload (see
+        :meth:`Reducer.take`)."""
         return self.reducer.take(self.d, block)
+
+    def summed(self, at):
+        """Device sums: every copy of this device's last segment was on the device at ``at``
+        (``perf_counter``; its unpack sums them)."""
+        self.reducer.device_summed(at)
 
     def gram_total(self):
         """The Gram matrix summed over the devices (waits for it)."""
@@ -74,6 +94,8 @@ class PartialsPort:
     with the Dask backend's tasks per half-step): the device's packed partial systems of every
     row into ``host`` (rows × packed width) and its Gram into ``gram``; nothing is summed or
     handed over here (the caller sums between the phases)."""
+
+    device_sums = False          # the partial systems are summed between the phases
 
     def __init__(self, host, gram):
         """Write into ``host`` and ``gram``."""
@@ -100,6 +122,8 @@ class SummedPort:
     over at once, as segments of :func:`segment_rows` rows, from ``host`` (their summed packed
     systems; indexed by global row, e.g. :class:`clmf.parallel.dask_tasks.Rows`) with the
     summed Gram ``gram``."""
+
+    device_sums = False          # the partial systems are summed between the phases
 
     def __init__(self, host, gram, r0, r1, seg):
         """Hand over rows ``[r0, r1)`` of ``host`` in pieces of ``seg`` rows."""
@@ -129,17 +153,22 @@ class Reducer:
     """The host arrays, segments and summing threads of one reduced side.
 
     ``alloc(d, shape)``: a float32 host array for device ``d`` (page-locked in its context on
-    GPUs). Per half-step: :meth:`start`, the devices' ports (:meth:`port`), :meth:`finish`
-    (the host's seconds of it)."""
+    GPUs); ``sums``: where the segments are summed (:data:`SUM_MODES`). Per half-step:
+    :meth:`start`, the devices' ports (:meth:`port`), :meth:`finish` (the seconds of its
+    sums)."""
 
-    def __init__(self, side, rows, bounds, fs, batch_rows, alloc, pool=None):
+    def __init__(self, side, rows, bounds, fs, batch_rows, alloc, pool=None, sums=SUM_MODES[0]):
+        if sums not in SUM_MODES:
+            raise ValueError(f"sums must be one of {SUM_MODES}, not {sums!r}")
         self.side, self.rows, self.fs = side, int(rows), int(fs)
+        self.device_sums = sums == "device"
         self.n = len(bounds) - 1
         self.w = packed_width(self.fs)
         self.seg = segment_rows(self.rows, self.n, self.fs, batch_rows)
         self.segments = cut_segments(bounds, self.seg)
         self.owned = [[k for k, s in enumerate(self.segments) if s[2] == d]
                       for d in range(self.n)]
+        self.copies = [self.n * len(own) for own in self.owned]    # device sums: to hand over
         shapes = [(max(1, self.rows), self.w)] * self.n
         run = pool.map if pool is not None else map      # each device's array in its thread
         self.host = list(run(alloc, range(self.n), shapes))
@@ -159,6 +188,8 @@ class Reducer:
         with self.cond:
             s = len(self.segments)
             self.count = [0] * s          # devices whose copy of the segment landed
+            self.ready = [[] for _ in range(self.n)]   # device sums: copies not handed over
+            self.given = [0] * self.n
             self.left = [0] * s           # its sum jobs not done
             self.summed = [False] * s
             self.next = [0] * self.n      # each owner's next segment to hand over
@@ -181,6 +212,11 @@ class Reducer:
             self.landings += 1
             if self.landings == self.n * len(self.segments):
                 self.t_landed = time.perf_counter()
+            if self.device_sums:
+                a, b, o = self.segments[k]
+                self.ready[o].append((a, b, d))
+                self.cond.notify_all()
+                return
             if self.count[k] < self.n:
                 return
             a, b, _o = self.segments[k]
@@ -210,9 +246,12 @@ class Reducer:
             self.fail(e)
 
     def take(self, d, block):
-        """``[(a, b)]``: device ``d``'s segments summed since its last call, in order (empty
-        when none is ready and not ``block``; with ``block`` waits for one); None once every
-        one has been handed over."""
+        """``[(a, b)]``: device ``d``'s segments summed since its last call, in order (device
+        sums: ``[(a, b, e)]``, the copies of device ``e`` of its segments landed since, in
+        landing order); empty when none is ready and not ``block`` (with ``block`` waits for
+        one); None once every one has been handed over."""
+        if self.device_sums:
+            return self._take_copies(d, block)
         with self.cond:
             while True:
                 self._raise()
@@ -227,6 +266,24 @@ class Reducer:
                 if ready or not block:
                     return ready
                 self.cond.wait(timeout=1.0)
+
+    def _take_copies(self, d, block):
+        """:meth:`take` with device sums."""
+        with self.cond:
+            while True:
+                self._raise()
+                if self.given[d] == self.copies[d]:
+                    return None
+                ready, self.ready[d] = self.ready[d], []
+                self.given[d] += len(ready)
+                if ready or not block:
+                    return ready
+                self.cond.wait(timeout=1.0)
+
+    def device_summed(self, at):
+        """Device sums: every copy of an owner's last segment was on the device at ``at``."""
+        with self.cond:
+            self.t_summed = max(self.t_summed or at, at)
 
     def gram_total(self):
         """Σ over the devices of their Gram matrices (waits until every one landed)."""
@@ -249,8 +306,11 @@ class Reducer:
             raise RuntimeError(f"the reduce failed: {self.error}") from self.error
 
     def finish(self):
-        """This half-step's host seconds: ``sum`` (the sum jobs' time, all threads) and
-        ``wait`` (from the last device's last landed copy to the last sum: exposed)."""
+        """This half-step's seconds: ``sum`` (the host's sum jobs' time, all threads; 0 with
+        device sums, made by the owners' unpack kernels, whose seconds count with the pack
+        stage's) and ``wait`` (exposed: from the last device's last landed copy to the last
+        segment summed on the host, or with device sums to the last copy of the last segment
+        on its owner device, which the unpack both modes run then sums)."""
         with self.cond:
             wait = (max(0.0, self.t_summed - self.t_landed)
                     if self.t_landed is not None and self.t_summed is not None else 0.0)

@@ -29,9 +29,9 @@ def configs_for(devices, layout, f, solver="auto", regularization=0.05):
     return out
 
 
-def _build(devices, data, layout, f, cfgs, single, max_device_memory, modes):
+def _build(devices, data, layout, f, cfgs, single, max_device_memory, modes, reduce_sum=None):
     """The timed backend: one device's engine (``single`` or one device, nothing forced) or a
-    :class:`MultiEngine`."""
+    :class:`MultiEngine` (``reduce_sum``: its reduce's sums, None the default)."""
     import scipy.sparse as sp
 
     from .backend import MultiEngine, make_backend
@@ -41,8 +41,9 @@ def _build(devices, data, layout, f, cfgs, single, max_device_memory, modes):
              sp.csr_matrix((layout.users.data, layout.users.indices, layout.users.indptr),
                            shape=layout.shape))
         return make_backend(devices[:1], R, f, cfgs[:1], profile=True)
+    extra = {} if reduce_sum is None else {"reduce_sum": reduce_sum}
     return MultiEngine(devices, layout, f, cfgs, max_device_memory=max_device_memory,
-                       profile=True, modes=modes)
+                       profile=True, modes=modes, **extra)
 
 
 def sample_triples(layout, k=1_000_000, seed=0):
@@ -56,7 +57,7 @@ def sample_triples(layout, k=1_000_000, seed=0):
 
 def timed_fit(devices, data, f, iterations=5, budget_s=120.0, single=None,
               max_device_memory=None, modes=None, regularization=0.05, say=None, label="",
-              configs=None):
+              configs=None, reduce_sum=None):
     """Build the backend of a fit of ``data`` (a Layout or a scipy CSR) on ``devices``, run a
     warm-up iteration and up to ``iterations`` timed ones within ``budget_s``.
 
@@ -65,7 +66,8 @@ def timed_fit(devices, data, f, iterations=5, budget_s=120.0, single=None,
     seconds, per-iteration seconds and their median ``s_per_it``, the split (compute, exchange
     tail, device busy times), memory plan, configurations and a sampled train RMSE. A
     looked-up configuration that the device's kernel limits refuse is rejected and the lookup
-    asked again, as a fit does (``configs`` given: refused)."""
+    asked again, as a fit does (``configs`` given: refused). ``reduce_sum``: a
+    :class:`MultiEngine`'s reduce sums (``"device"`` or ``"host"``; None: its default)."""
     from .. import reference
     from ..engine.core import Engine
     from ..engine.device import device_info
@@ -79,7 +81,8 @@ def timed_fit(devices, data, f, iterations=5, budget_s=120.0, single=None,
     cfgs = configs or configs_for(devices, layout, f, regularization=regularization)
     for _attempt in range(8):
         try:
-            eng = _build(devices, data, layout, f, cfgs, single, max_device_memory, modes)
+            eng = _build(devices, data, layout, f, cfgs, single, max_device_memory, modes,
+                         reduce_sum)
             break
         except InvalidConfigError as e:
             if given:
