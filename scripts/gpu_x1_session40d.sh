@@ -3,7 +3,8 @@
 # (clmf/engine/rotate.py: the dims-form CG's Gram term diagonal, f per application instead of
 # f²) against the same code with CLMF_GRAM_ROTATION=0, side by side on one machine: auto's
 # implicit fits at f = 32 .. 256 on the Netflix shape (rotation on, off, on again: the order's
-# effect shows), explicit auto at the same f for the ratio, then the `implicit` library at f = 256.
+# effect shows), explicit auto at the same f for the ratio, the `implicit` library at f = 256;
+# then the leave-one-out picks that the model of loo2 (81b4689) changed and nobody timed.
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session40d.sh
 set -u
 OUT=${OUT:-/tmp/out}
@@ -22,8 +23,14 @@ auto() {  # auto DIR ROTATION MODES FACTORS SECONDS [more args]
 auto rot1 1 implicit 32,64,100,128,256 110
 auto rot0 0 implicit 32,64,100,128,256 110
 auto explicit 1 explicit 32,64,100,128,256 100
-auto rot1b 1 implicit 32,64,100,128,256 110
 CLMF_GRAM_ROTATION=1 python3 "$R/scripts/gpu_implicit.py" --out "$OUT/peers" --phases peers \
     --factors 256 --modes implicit --peer-factors 256 --iterations 6 --max-seconds 60 2>&1 \
     | grep -v "$G"
+cov() {  # cov DIR MODES FACTORS SECONDS
+    python3 "$R/scripts/gpu_implicit.py" --out "$OUT/$1" --phases coverage --factors "$3" \
+        --modes "$2" --iterations 5 --max-seconds "$4" 2>&1 | grep -v "$G"
+}
+cov loo-e explicit 64,100 60
+cov loo-b biased 64 40
+cov loo-i implicit 256 50
 echo "done at $((SECONDS - T0)) s"
