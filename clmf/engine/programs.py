@@ -21,6 +21,7 @@ from ..errors import InvalidConfigError
 from . import kernels as K
 from .blocks import SIDES
 from .device import thread_safe
+from .rotate import may_apply
 from .transpose import layout_program
 
 __all__ = ["Builds", "fit_programs", "build_threads", "chains", "BUILD_THREADS",
@@ -70,6 +71,8 @@ def fit_programs(ctx, device, info, configs, fs, *, implicit, biased, storage, l
     if layout:                               # first: the transpose waits for it
         out["layout"] = lambda: layout_program(ctx)
     out.update({s: side(s, c) for s, c in zip(SIDES, configs)})
+    if any(may_apply(implicit, biased, storage, c) for c in configs):
+        out["rotate"] = lambda: K.rotate_program(ctx)      # memoized for the Rotation
     if not implicit:                         # the training RMSE's program (explicit fits use it)
         out["metrics"] = lambda: K.metrics_program(ctx, fs, storage, ldf, biased=biased)
     return out

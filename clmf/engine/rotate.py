@@ -28,7 +28,7 @@ import numpy as np
 from . import kernels as K
 from .blocks import other_side
 
-__all__ = ["ENV", "enabled", "applies", "Rotation"]
+__all__ = ["ENV", "enabled", "may_apply", "applies", "Rotation"]
 
 ENV = "CLMF_GRAM_ROTATION"
 
@@ -39,11 +39,17 @@ def enabled():
     return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")
 
 
+def may_apply(implicit, biased, storage, cfg):
+    """Whether a fit of this kind (feedback, biases, factor storage) with configuration ``cfg``
+    for a side may run that side's half-steps rotated (the engine's set-up builds the rotation's
+    program then, beside the others)."""
+    return enabled() and implicit and not biased and storage == "float32" and cfg.dims
+
+
 def applies(eng, side, cfg, exchange):
     """Whether ``eng``'s half-step of ``side`` with configuration ``cfg`` runs rotated."""
     other = other_side(side)
-    return (enabled() and eng.implicit and not eng.biased and cfg.dims
-            and eng.np_store == np.float32 and exchange is None
+    return (may_apply(eng.implicit, eng.biased, eng.storage, cfg) and exchange is None
             and eng._whole_factor(side) and eng._whole_factor(other)
             and eng.side_rows(side) >= eng.side_rows(other)
             and not eng.splits[side].active)
