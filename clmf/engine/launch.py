@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels import als_variables, reduce_launch, reduce_program
+from .blocks import SIDES
+from .kernels import ROTATE_ROWS, als_variables, reduce_launch, reduce_program, rotate_program
 from .memory import gram_geometry, gram_tiled, gram_virtual_rows, packed_width, split_pays
+from .rotate import may_apply
 
 __all__ = ["launch_gram", "gram_buffers", "launch_batch", "split_rows",
            "launch_split_batch", "launch_solve", "warm"]
@@ -243,6 +245,14 @@ def warm(eng, programs):
                                     G, np.int32(0), A, B, np.int32(fs))
                 q.finish()
                 P.release()
+    if any(may_apply(eng.implicit, eng.biased, eng.storage, eng.configs[s]) for s in SIDES):
+        # the Gram eigenbasis's rotation (clmf.engine.rotate) on a one-row problem
+        Vm = zeros(4 * eng.f * eng.f)
+        rotate_program(eng.ctx).kernels["rt_rotate"](
+            q, (1,), (1,), X, np.int64(1), np.int32(eng.f), np.int32(eng.ldf), Vm,
+            cl.LocalMemory(4 * ROTATE_ROWS * eng.f))
+        q.finish()
+        Vm.release()
     q.finish()
     for b in (ip, one, idx, val, Y, X, A, B, G, st):
         b.release()
