@@ -100,3 +100,18 @@ def test_no_rotation_where_it_does_not_apply(cl_device, kw, monkeypatch):
         kw["solver"] = "cg"
     clmf.ALS(5, 0.1, 1, device=cl_device, **kw).fit(R, init=init, show_progress=False)
     assert calls == []
+
+
+def test_no_eigendecomposition_runs_the_half_step_unrotated(cl_device, monkeypatch):
+    R, init = _problem(5)
+    calls = _counted(monkeypatch)
+
+    def fail(*a, **k):
+        raise np.linalg.LinAlgError("planted")
+    monkeypatch.setattr(np.linalg, "eigh", fail)
+    m = clmf.ALS(5, 0.1, 2, device=cl_device, variant=DIMS, feedback="implicit", alpha=2.0,
+                 solver="fusedcg").fit(R, init=init, show_progress=False)
+    assert calls == ["users"] * 2               # asked, declined: G used as it is
+    Xr, Yr = ref.als(R, 5, 0.1, 2, weighted=False, init=init, implicit_alpha=2.0,
+                     solver="fusedcg", cg_steps=3)
+    assert rel_err(m.user_factors_, Xr) <= 1e-4 and rel_err(m.item_factors_, Yr) <= 1e-4

@@ -561,8 +561,7 @@ class Engine:
             self._gram(side, kern, cfg)
             if RT.applies(self, side, cfg, exchange):       # in G's eigenbasis: Λ for G
                 self.rotation = self.rotation or RT.Rotation(self)
-                self.rotation.rotate(side)
-                gram = 2
+                gram = 2 if self.rotation.rotate(side) else None
         publisher = (Publisher(exchange, self.index)
                      if exchange is not None and exchange.needed else None)
         events, stream_events, copy_events = [], [], []

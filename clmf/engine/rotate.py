@@ -25,6 +25,7 @@ import os
 
 import numpy as np
 
+from ..interrupts import deferred_interrupts
 from . import kernels as K
 from .blocks import other_side
 
@@ -72,30 +73,38 @@ class Rotation:
     def rotate(self, side):
         """Wait for the Gram matrix of ``side``'s half-step (in its buffer ``G``), turn both
         factor matrices into its eigenbasis and leave its eigenvalues in ``G``'s first f
-        floats (the half-step then launches with ``gram=2``)."""
+        floats; True then (the half-step launches with ``gram=2``). False, nothing changed,
+        where G is not finite or has no eigendecomposition (the half-step then runs with G as
+        an unrotated one does, and reports what its solves find)."""
         eng, cl, f = self.eng, self.eng.cl, self.eng.f
         G = np.empty((f, f), np.float32)
         cl.enqueue_copy(eng.queue, G, eng.buf[side]["G"], is_blocking=True)
         if not np.all(np.isfinite(G)):
-            raise FloatingPointError(f"the {other_side(side)} factors' Gram matrix is not finite")
-        w, V = np.linalg.eigh(G.astype(np.float64))
+            return False
+        try:
+            w, V = np.linalg.eigh(G.astype(np.float64))
+        except np.linalg.LinAlgError:
+            return False
         V32 = np.ascontiguousarray(V, dtype=np.float32)
-        self._apply(V32)
         lam = w.astype(np.float32)
-        self._hosts.append(lam)
-        eng.keep(cl.enqueue_copy(eng.queue, eng.buf[side]["G"], lam, is_blocking=False))
         V64 = V32.astype(np.float64)
-        self.R = V64 if self.R is None else self.R @ V64
+        with deferred_interrupts():      # both matrices rotated and R updated, or neither
+            self._apply(V32)
+            self._hosts.append(lam)
+            eng.keep(cl.enqueue_copy(eng.queue, eng.buf[side]["G"], lam, is_blocking=False))
+            self.R = V64 if self.R is None else self.R @ V64
         self.count += 1
+        return True
 
     def undo(self):
         """Turn both factor matrices back into the original basis (nothing if they are)."""
         if self.R is None:
             return
         inv = np.ascontiguousarray(np.linalg.inv(self.R), dtype=np.float32)
-        self.R = None
-        self._apply(inv)
-        self.eng.queue.finish()
+        with deferred_interrupts():      # both matrices turned back and R reset, or neither
+            self._apply(inv)
+            self.R = None
+            self.eng.queue.finish()
         self._hosts = []
 
     def _apply(self, M):
