@@ -16,7 +16,8 @@ factors (:meth:`Engine.get_factors` and the rest) first turns them back (``X ←
 Where (:func:`applies`): implicit, unbiased fits on one device (both factors whole, no
 exchange), float32 factors, a dimensions-form fused CG for the side, whose rows are at least
 as many as the fixed side's (the half-step the Gram term costs most; the other half-step runs
-in the current basis with its full Gram matrix), and no rows split for S1.
+in the current basis with its full Gram matrix), no rows split for S1, and a rotation tile
+(:data:`clmf.engine.kernels.ROTATE_ROWS` rows of f floats) that fits the local memory.
 ``CLMF_GRAM_ROTATION=0`` turns it off (a side-by-side benchmark, or a suspected bug).
 """
 from __future__ import annotations
@@ -53,7 +54,8 @@ def applies(eng, side, cfg, exchange):
     return (may_apply(eng.implicit, eng.biased, eng.storage, cfg) and exchange is None
             and eng._whole_factor(side) and eng._whole_factor(other)
             and eng.side_rows(side) >= eng.side_rows(other)
-            and not eng.splits[side].active)
+            and not eng.splits[side].active
+            and 4 * K.ROTATE_ROWS * eng.f <= eng.info.local_mem)    # rt_rotate's tile
 
 
 class Rotation:
