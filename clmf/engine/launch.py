@@ -9,7 +9,7 @@ import numpy as np
 from .blocks import SIDES
 from .kernels import ROTATE_ROWS, als_variables, reduce_launch, reduce_program, rotate_program
 from .memory import gram_geometry, gram_tiled, gram_virtual_rows, packed_width, split_pays
-from .rotate import may_apply
+from .rotate import may_apply, tile_fits
 
 __all__ = ["launch_gram", "gram_buffers", "launch_batch", "split_rows",
            "launch_split_batch", "launch_solve", "warm"]
@@ -245,7 +245,8 @@ def warm(eng, programs):
                                     G, np.int32(0), A, B, np.int32(fs))
                 q.finish()
                 P.release()
-    if any(may_apply(eng.implicit, eng.biased, eng.storage, eng.configs[s]) for s in SIDES):
+    if tile_fits(eng.info, eng.f) and any(
+            may_apply(eng.implicit, eng.biased, eng.storage, eng.configs[s]) for s in SIDES):
         # the Gram eigenbasis's rotation (clmf.engine.rotate) on a one-row problem
         Vm = zeros(4 * eng.f * eng.f)
         rotate_program(eng.ctx).kernels["rt_rotate"](

@@ -30,7 +30,7 @@ from ..interrupts import deferred_interrupts
 from . import kernels as K
 from .blocks import other_side
 
-__all__ = ["ENV", "enabled", "may_apply", "applies", "Rotation"]
+__all__ = ["ENV", "enabled", "may_apply", "tile_fits", "applies", "Rotation"]
 
 ENV = "CLMF_GRAM_ROTATION"
 
@@ -48,6 +48,12 @@ def may_apply(implicit, biased, storage, cfg):
     return enabled() and implicit and not biased and storage == "float32" and cfg.dims
 
 
+def tile_fits(info, f):
+    """Whether ``rt_rotate``'s tile (:data:`clmf.engine.kernels.ROTATE_ROWS` rows of ``f``
+    floats) fits the local memory of the device ``info`` describes."""
+    return 4 * K.ROTATE_ROWS * f <= info.local_mem
+
+
 def applies(eng, side, cfg, exchange):
     """Whether ``eng``'s half-step of ``side`` with configuration ``cfg`` runs rotated."""
     other = other_side(side)
@@ -55,7 +61,7 @@ def applies(eng, side, cfg, exchange):
             and eng._whole_factor(side) and eng._whole_factor(other)
             and eng.side_rows(side) >= eng.side_rows(other)
             and not eng.splits[side].active
-            and 4 * K.ROTATE_ROWS * eng.f <= eng.info.local_mem)    # rt_rotate's tile
+            and tile_fits(eng.info, eng.f))
 
 
 class Rotation:
