@@ -115,3 +115,11 @@ def test_no_eigendecomposition_runs_the_half_step_unrotated(cl_device, monkeypat
     Xr, Yr = ref.als(R, 5, 0.1, 2, weighted=False, init=init, implicit_alpha=2.0,
                      solver="fusedcg", cg_steps=3)
     assert rel_err(m.user_factors_, Xr) <= 1e-4 and rel_err(m.item_factors_, Yr) <= 1e-4
+
+
+def test_the_tile_must_fit_the_local_memory(cl_device):
+    import dataclasses
+
+    from clmf.engine.device import device_info
+    info = dataclasses.replace(device_info(cl_device), local_mem=4 * K.ROTATE_ROWS * 100)
+    assert RT.tile_fits(info, 100) and not RT.tile_fits(info, 101)
