@@ -166,12 +166,7 @@ def test_reducer_sums_each_segment_once_every_device_landed():
         assert np.allclose(rd.host[0][0:4], want[0:4]) and np.allclose(rd.host[2][4:], want[4:])
         assert rd.finish()["sum"] > 0
         rd.start()
-        err = []
-        t = threading.Thread(target=lambda: err.append(_raises(ports[2].take, True)))
-        t.start()
-        ports[0].fail(ValueError("boom"))
-        t.join(5)
-        assert err and "boom" in err[0]
+        _assert_failure_wakes(ports[2], ports[0])
     finally:
         rd.close()
 
@@ -218,14 +213,20 @@ def test_reducer_device_sums_hand_over_each_copy_as_it_lands():
         assert done["sum"] == 0.0 and 0.4 < done["wait"] < 5
         rd.start()
         assert rd.finish() == {"sum": 0.0, "wait": 0.0}
-        err = []
-        t = threading.Thread(target=lambda: err.append(_raises(ports[2].take, True)))
-        t.start()
-        ports[0].fail(ValueError("boom"))
-        t.join(5)
-        assert err and "boom" in err[0]
+        _assert_failure_wakes(ports[2], ports[0])
     finally:
         rd.close()
+
+
+def _assert_failure_wakes(waiter, failing):
+    """A device failing (``failing.fail``) wakes an owner blocked in ``waiter.take``, which
+    raises with the failure's message."""
+    err = []
+    t = threading.Thread(target=lambda: err.append(_raises(waiter.take, True)))
+    t.start()
+    failing.fail(ValueError("boom"))
+    t.join(5)
+    assert err and "boom" in err[0]
 
 
 def _raises(fn, *args):

@@ -62,9 +62,7 @@ def earlier_bests(case, exclude_runs=(), limit=6):
     dev = case.key
 
     def same(d):
-        return all(tuning.schema.norm_text(d.get(k, "")).lower()
-                   == tuning.schema.norm_text(dev.get(k, "")).lower()
-                   for k in ("platform", "vendor", "type", "device"))
+        return tuning.schema.same_device(d, dev)
 
     runs = {}
     for _origin, path in tuning.database_paths():

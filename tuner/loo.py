@@ -41,13 +41,10 @@ log = logging.getLogger(__name__)
 __all__ = ["LooCell", "cells_of", "device_infos", "refusals", "pick_ratio", "bridged_times",
            "offline_loo", "summary", "markdown", "main", "chosen_configs"]
 
-_DEVICE_KEYS = ("platform", "vendor", "type", "device")
-
-
 def _dev_key(d):
     """The device of a record as a hashable key (platform, vendor, type, name; no driver)."""
-    from clmf.tuning.schema import norm_text
-    return tuple(norm_text((d or {}).get(k, "")).lower() for k in _DEVICE_KEYS)
+    from clmf.tuning.schema import device_identity
+    return device_identity(d)
 
 
 @dataclasses.dataclass

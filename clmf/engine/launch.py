@@ -95,8 +95,7 @@ def launch_batch(kern, q, cfg, v, fs, indptr, indices, data, Yother, A, B, G, Xo
         # the fused CG's dimensions form: b formed in its first pass (no S2 above)
         swg = cfg.swg(fs)
         e3 = kern["s3_fcg"](q, (n * swg,), (swg,), indptr, indices, data, Yother, G,
-                            np.int32(2 if add_gram == 2 else 1 if add_gram else 0), Xout,
-                            status, np.int32(row0),
+                            np.int32(int(add_gram)), Xout, status, np.int32(row0),
                             np.int32(n), np.float32(regularization),
                             np.int32(1 if weighted else 0), np.float32(alpha),
                             np.float32(offset), np.int32(xoff), wait_for=wait_for)

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..interrupts import deferred_interrupts
 from . import kernels as K
-from .blocks import other_side
+from .blocks import SIDES, other_side
 
 __all__ = ["ENV", "enabled", "may_apply", "tile_fits", "applies", "Rotation"]
 
@@ -125,7 +125,7 @@ class Rotation:
         wg = min(128 if gpu else 8, eng.info.max_work_group_size)
         cap = 65536 if gpu else 4 * max(1, eng.info.compute_units)
         tile = cl.LocalMemory(4 * K.ROTATE_ROWS * eng.f)
-        for s in ("users", "items"):
+        for s in SIDES:
             rows = eng.side_rows(s)
             if rows == 0:
                 continue

@@ -85,6 +85,7 @@ from .schema import (
     SIDES,
     Choice,
     TuningDatabaseWarning,
+    device_identity,
     device_record,
     factor_width,
     kernel_factors,
@@ -461,7 +462,7 @@ def _model_groups(sources, dev):
     lists = [model_records(p) or [] for _o, p, _r in sources]
     runs = getattr(sources, "exclude_runs", frozenset())
     key = (tuple(id(x) for x in lists), runs,
-           tuple(norm_text(dev.get(k, "")).lower() for k in ("platform", "vendor", "type", "device")))
+           device_identity(dev))
     hit = _groups_memo.get(key)
     if hit is not None and all(a is b for a, b in zip(hit[0], lists)):
         return hit[1]

@@ -48,7 +48,7 @@ import math
 
 from ..engine.config import KernelConfig
 from ..errors import InvalidConfigError
-from .schema import SIDES, norm_text, record_mode
+from .schema import SIDES, device_identity, record_mode
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +240,7 @@ def groups_of(records, device, exclude_runs=()):
     """The :class:`Group` s of ``device``'s (platform, vendor, type, name) ok measurements in
     ``records``, leaving out the runs ``exclude_runs``."""
     keys = ("platform", "vendor", "type", "device")
-    want = tuple(norm_text(device.get(k, "")).lower() for k in keys)
+    want = device_identity(device)
     same = {}                 # the records' raw device strings → whether they are this device
     mine = []
     for r in records:
@@ -250,7 +250,7 @@ def groups_of(records, device, exclude_runs=()):
         raw = tuple(d.get(k, "") for k in keys)
         hit = same.get(raw)
         if hit is None:
-            hit = same[raw] = tuple(norm_text(x).lower() for x in raw) == want
+            hit = same[raw] = device_identity(d) == want
         if hit:
             mine.append(r)
     out = []

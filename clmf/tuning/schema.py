@@ -68,11 +68,16 @@ def device_slug(key):
     return re.sub(r"[^a-z0-9]+", "-", s).strip("-")
 
 
+def device_identity(key):
+    """A device key's platform, vendor, type and name, normalised and lower-cased (the driver
+    left out): what two records of one device share."""
+    return tuple(norm_text((key or {}).get(k, "")).lower() for k in _DEVICE_KEYS)
+
+
 def same_device(a, b):
     """Whether two device keys name the same device (platform, vendor, type and name; the driver
     is not matched)."""
-    return all(norm_text(a.get(k, "")).lower() == norm_text(b.get(k, "")).lower()
-               for k in ("platform", "vendor", "type", "device"))
+    return device_identity(a) == device_identity(b)
 
 
 # ----- checking one record: records are untrusted input -------------------------------------------
