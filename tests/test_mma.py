@@ -2,6 +2,8 @@
 devices that have tensor cores (NVIDIA, compute capability ≥ 8.0), and through its emulation
 (same staging, guards, split-K reduction and write-back; the mma replaced by per-lane sums) on
 every other device. Elsewhere it is filtered out of the tuning lookup, never failing a fit."""
+import dataclasses
+
 import numpy as np
 import pytest
 from conftest import random_ratings, rel_err
@@ -23,13 +25,16 @@ VARIANTS = ["batch+vec4+mma:tx=1,ks=1,nnz_batch=8",
             "batch+vec4+mma:tx=4,ks=2,nnz_batch=16,precision=tf32",
             # the CG in the S1 work-group (systems kept in local memory), b aug / apart
             "batch+vec4+mma:tx=2,ks=2,nnz_batch=16,solver=cg,fused_solve=1,batch_rows=9",
-            "batch+vec4+mma:tx=3,ks=1,nnz_batch=8,solver=cg,cg_steps=2,fused_solve=1"]
+            "batch+vec4+mma:tx=3,ks=1,nnz_batch=8,solver=cg,cg_steps=2,fused_solve=1",
+            # the hermitian written from the warps' registers (no packed triangle), b aug / apart
+            "batch+vec4+mma:tx=3,nnz_batch=16,direct=1,batch_rows=9",
+            "batch+vec4+mma:tx=2,nnz_batch=8,solver=cg,direct=1"]
 # on a GPU every f of the issue, with the shapes that hold the largest f (one variant per path:
 # split-K, CG, float16 storage, TF32, the fused solve); on CPUs (the emulation is slow) all
 # shapes at a few f
 GPU_SKIP = {VARIANTS[0]}
 CPU_F = [1, 3, 16, 17]
-GPU_F = [8, 10, 16, 17, 32, 50, 64, 100, 128]
+GPU_F = [8, 10, 16, 17, 32, 50, 64, 100, 128, 256]
 
 
 def _info(cl_device):
@@ -124,7 +129,8 @@ def test_mma_implicit_matches_reference(mma_device, variant):
     assert errs and max(errs.values()) <= _tol(variant), errs
 
 
-@pytest.mark.parametrize("variant", [VARIANTS[0], VARIANTS[1], VARIANTS[4], VARIANTS[5]])
+@pytest.mark.parametrize("variant", [VARIANTS[0], VARIANTS[1], VARIANTS[4], VARIANTS[5],
+                                     VARIANTS[7]])
 def test_mma_biased_matches_reference(mma_device, variant):
     dev, fs = mma_device
     cfg = KernelConfig.parse(variant)
@@ -203,3 +209,41 @@ def test_tuner_space_offers_mma_only_with_tensor_cores(cl_device):
     with pytest.raises(InvalidConfigError):
         from clmf.autotune.space import prune
         prune(KernelConfig.parse("batch+vec4+mma:tx=16"), 10, nv)     # 16 warps for 1 block
+
+
+@pytest.mark.parametrize("mode", [{}, dict(feedback="implicit", alpha=2.0),
+                                  dict(biases=True)], ids=["explicit", "implicit", "biased"])
+def test_mma_direct_equals_packed(mma_device, mode):
+    """The registers' write-back gives the packed triangle's values bit for bit (one slice):
+    the lower triangle and its mirror, the diagonal and G added alike, row F as b."""
+    dev, _ = mma_device
+    for f in (3, 17):                    # b rides along as row F (explicit) / is summed apart
+        R, init = problem(f)
+        got = [clmf.ALS(f, 0.1, 2, device=dev, variant=f"batch+vec4+mma:tx=2,nnz_batch=16,"
+                        f"direct={d}", **mode).fit(R, init=init, show_progress=False)
+               for d in (0, 1)]
+        for name in ("user_factors_", "item_factors_"):
+            np.testing.assert_array_equal(getattr(got[1], name), getattr(got[0], name))
+        assert got[1].config_["items"].config.direct
+
+
+def test_mma_direct_holds_f_whose_triangle_does_not_fit(cl_device, monkeypatch):
+    """At f = 256 the packed triangle (136 blocks, 139 KB) exceeds local memory: refused with a
+    typed reason, while the direct form stages only the chunk; direct needs ks = 1 and no
+    fused solve."""
+    monkeypatch.setenv("CLMF_MMA_EMULATION", "1")
+    # this device's limits with an H100's 48 KB of local memory (CPU runtimes report more)
+    info = dataclasses.replace(_info(cl_device), local_mem=48 * 1024)
+    packed = KernelConfig.parse("batch+vec4+mma:tx=16,nnz_batch=16")
+    direct = packed.replace(direct=True)
+    assert direct.local_mem_bytes(256) < info.local_mem < packed.local_mem_bytes(256)
+    with pytest.raises(InvalidConfigError) as e:
+        validate(packed, 256, info)
+    assert e.value.reason == "local_memory"
+    assert validate(direct, 256, info)
+    for bad in ("batch+vec4+mma:tx=2,ks=2,direct=1",
+                "batch+vec4+mma:tx=2,solver=cg,fused_solve=1,direct=1",
+                "batch+vec4+syrk:direct=1"):
+        with pytest.raises(InvalidConfigError) as e:
+            KernelConfig.parse(bad)
+        assert e.value.reason == "direct"

@@ -57,7 +57,7 @@ PARAM_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "so
 # tail it makes is short, and the automatic rule splits nothing on the data sizes CPUs take
 SPLIT_GRID = [0, 8192, 32768, SPLIT_NEVER]
 _MUTABLE = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec", "cg_steps",
-            "split", "fused_solve", "fused_dims", "dims_q", "dims_p")
+            "split", "fused_solve", "fused_dims", "dims_q", "dims_p", "direct")
 
 
 def flags_of(cfg):
@@ -209,6 +209,7 @@ class Space:
             # accuracy it trades (an explicit request or an accuracy-checked run chooses it)
             out = ["tx", "ks", "nnz_batch", "solve_wg", "solver"] + split
             out += ["fused_solve"] if solver == "cg" else []
+            out += ["direct"] if "direct" in self.grid else []   # (ks = 1, not fused only)
             return out + (["cg_steps"] if solver != "cholesky" else [])
         if syrk:
             out = ["bx", "ks", "nnz_batch", "solve_wg", "solver"] + split
@@ -433,7 +434,7 @@ def make_space(name, f, info, storage="float32", solvers=None, mode="explicit"):
                     ks=_pow2s(1, min(128, cap)),
                     solve_wg=_pow2s(1, min(f, maxwg, 256)), solver=solvers,
                     solve_vec=[0, 4, 8, 16] if info.type == "CPU" else [0],
-                    fused_solve=[False, True], fused_dims=[False, True],
+                    fused_solve=[False, True], fused_dims=[False, True], direct=[False, True],
                     cg_steps=list(MODE_CG_STEPS.get(mode, [KernelConfig.cg_steps])))
         if info.type != "CPU":
             grid["split"] = list(SPLIT_GRID)
@@ -477,6 +478,7 @@ def _default_space(f, info, storage="float32", mode="explicit"):
                           and (gpu or w <= f)],
                 solve_vec=[0] if gpu else [0, 8, 16],
                 solver=["cholesky", "cg", "fusedcg"], fused_solve=[False, True],
+                direct=[False, True],
                 cg_steps=list(MODE_CG_STEPS.get(mode, [KernelConfig.cg_steps])))
     if gpu:
         grid["split"] = list(SPLIT_GRID)

@@ -51,7 +51,7 @@ _NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?(\+gemm
 _INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec",
                "cg_steps", "batch_rows", "split", "dims_q", "dims_p")
 _BOOL_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "mma", "triangle", "fused_solve",
-                "fused_dims")
+                "fused_dims", "direct")
 # hard bounds of every integer field, checked whenever a configuration is made (the bounds that
 # depend on f and the device, e.g. cg_steps ≤ f or the work-group limits, are checked by
 # clmf.kernels.validate where both are known)
@@ -110,6 +110,10 @@ class KernelConfig:
         ``SPLIT_NEVER`` - 1 = that many, ``SPLIT_NEVER`` (2^31 - 1) = never split. The fused CG
         solver and ``fused_solve`` build no hermitians and ignore it; so do multi-device fits
     fused_solve : ``mma`` with ``solver="cg"`` only: the CG runs in the S1 work-group
+    direct : ``mma`` with ``ks = 1`` and no ``fused_solve`` only: each warp writes its blocks of
+        the hermitian to global memory from its registers (both triangles), so local memory holds
+        only the staged chunk and not the packed f × f triangle — the form for f whose triangle
+        does not fit (at 48 KB: f > 144, e.g. 256)
     fused_dims : with ``solver="fusedcg"`` (ignored with the other solvers: :attr:`dims`) and
         ``vec4`` (the S1 flags serve only implicit feedback's Gram matrix, as with every fused
         CG): the fused CG's dimensions form for GPUs
@@ -156,6 +160,7 @@ class KernelConfig:
     split: int = 0
     fused_solve: bool = False
     fused_dims: bool = False
+    direct: bool = False
     dims_q: int = 1
     dims_p: int = 1
 
@@ -223,6 +228,9 @@ class KernelConfig:
             if self.tx > 32:
                 raise InvalidConfigError(f"mma tx (warps per slice) must be ≤ 32, not {self.tx}",
                                          "tx")
+        if self.direct and not (self.mma and self.ks == 1 and not self.fused_solve):
+            raise InvalidConfigError("direct (the hermitian written from the warps' registers) is "
+                                     "an mma parameter with ks=1 and no fused_solve", "direct")
         if self.fused_solve and not (self.mma and self.solver == "cg"):
             raise InvalidConfigError("fused_solve (CG in the S1 work-group, the system kept in "
                                      "local memory) is an mma parameter with solver=cg",
@@ -483,7 +491,7 @@ class KernelConfig:
         wg = 32 * wb * self.ks
         nb = self.nnz_batch
         staged = (nb // 8) * (fp * 8 + 8) + 2 * nb
-        packed = 256 * nblk
+        packed = 0 if self.direct else 256 * nblk
         p2 = 1 << (wg - 1).bit_length()            # the fused CG's reduction tree
         solve = 4 * fp + p2 if self.fused_solve else 0
         tri = [(i, j) for i in range(ntb) for j in range(i + 1)]

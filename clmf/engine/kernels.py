@@ -118,7 +118,7 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
         variant_name=config.name, reg=config.reg, local=config.local, vec=config.vec,
         tile=config.tile, gemm=config.gemm, syrk=config.syrk, mma=config.mma,
         precision=config.precision, mma_emulate=config.mma and not mma_supported(device_info),
-        fused_solve=config.fused_solve, fused_dims=config.dims,
+        fused_solve=config.fused_solve, fused_dims=config.dims, direct=config.direct,
         triangle=config.triangle, tx=config.tx, ty=config.ty, tz=config.tz,
         bx=bx, by=by, nnz_batch=config.nnz_batch, s1_wg=config.s1_local_size(f),
         s2_wg=min(_next_pow2(f), 256),

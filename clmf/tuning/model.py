@@ -308,7 +308,7 @@ def _stamp(date):
 # the fields only the S1 kernel (the hermitians' build) reads: a configuration that never
 # launches it runs the same kernels whatever they hold
 _S1_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "mma", "tx", "ty", "bx", "by", "tz", "ks",
-              "triangle", "split", "fused_solve", "precision")
+              "triangle", "split", "fused_solve", "precision", "direct")
 _S1_DEFAULTS = {k: f.default for k, f in KernelConfig.__dataclass_fields__.items()
                 if k in _S1_FIELDS}
 _case_memo: dict = {}
