@@ -28,7 +28,7 @@ VARIANTS = ["batch+vec4+mma:tx=1,ks=1,nnz_batch=8",
             "batch+vec4+mma:tx=3,ks=1,nnz_batch=8,solver=cg,cg_steps=2,fused_solve=1",
             # the hermitian written from the warps' registers (no packed triangle), b aug / apart
             "batch+vec4+mma:tx=3,nnz_batch=16,direct=1,batch_rows=9",
-            "batch+vec4+mma:tx=2,nnz_batch=8,solver=cg,direct=1"]
+            "batch+vec4+mma:tx=2,nnz_batch=8,solver=cg,direct=3"]
 # on a GPU every f of the issue, with the shapes that hold the largest f (one variant per path:
 # split-K, CG, float16 storage, TF32, the fused solve); on CPUs (the emulation is slow) all
 # shapes at a few f
@@ -214,17 +214,20 @@ def test_tuner_space_offers_mma_only_with_tensor_cores(cl_device):
 @pytest.mark.parametrize("mode", [{}, dict(feedback="implicit", alpha=2.0),
                                   dict(biases=True)], ids=["explicit", "implicit", "biased"])
 def test_mma_direct_equals_packed(mma_device, mode):
-    """The registers' write-back gives the packed triangle's values bit for bit (one slice):
-    the lower triangle and its mirror, the diagonal and G added alike, row F as b."""
+    """The registers' write-back gives the packed triangle's values bit for bit (one slice), in
+    one work-group per row or several: the lower triangle and its mirror, the diagonal and G
+    added alike, row F as b."""
     dev, _ = mma_device
     for f in (3, 17):                    # b rides along as row F (explicit) / is summed apart
         R, init = problem(f)
-        got = [clmf.ALS(f, 0.1, 2, device=dev, variant=f"batch+vec4+mma:tx=2,nnz_batch=16,"
+        # one group per row; three (more warps than f = 3's one block: idle warps)
+        got = [clmf.ALS(f, 0.1, 2, device=dev, variant=f"batch+vec4+mma:tx=1,nnz_batch=16,"
                         f"direct={d}", **mode).fit(R, init=init, show_progress=False)
-               for d in (0, 1)]
-        for name in ("user_factors_", "item_factors_"):
-            np.testing.assert_array_equal(getattr(got[1], name), getattr(got[0], name))
-        assert got[1].config_["items"].config.direct
+               for d in (0, 1, 3)]
+        for m in got[1:]:
+            for name in ("user_factors_", "item_factors_"):
+                np.testing.assert_array_equal(getattr(m, name), getattr(got[0], name))
+        assert got[2].config_["items"].config.direct == 3
 
 
 def test_mma_direct_holds_f_whose_triangle_does_not_fit(cl_device, monkeypatch):
@@ -235,7 +238,7 @@ def test_mma_direct_holds_f_whose_triangle_does_not_fit(cl_device, monkeypatch):
     # this device's limits with an H100's 48 KB of local memory (CPU runtimes report more)
     info = dataclasses.replace(_info(cl_device), local_mem=48 * 1024)
     packed = KernelConfig.parse("batch+vec4+mma:tx=16,nnz_batch=16")
-    direct = packed.replace(direct=True)
+    direct = packed.replace(direct=1)
     assert direct.local_mem_bytes(256) < info.local_mem < packed.local_mem_bytes(256)
     with pytest.raises(InvalidConfigError) as e:
         validate(packed, 256, info)
@@ -243,6 +246,7 @@ def test_mma_direct_holds_f_whose_triangle_does_not_fit(cl_device, monkeypatch):
     assert validate(direct, 256, info)
     for bad in ("batch+vec4+mma:tx=2,ks=2,direct=1",
                 "batch+vec4+mma:tx=2,solver=cg,fused_solve=1,direct=1",
+                "batch+vec4+mma:tx=16,direct=8",
                 "batch+vec4+syrk:direct=1"):
         with pytest.raises(InvalidConfigError) as e:
             KernelConfig.parse(bad)

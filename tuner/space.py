@@ -51,7 +51,7 @@ MODE_SOLVERS = {"implicit": ("cholesky", "cg", "fusedcg")}
 # iterations); the tuner keeps the solver's default number of steps
 MODE_CG_STEPS = {"implicit": [3]}
 PARAM_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec", "solver",
-                "cg_steps", "split", "dims_q", "dims_p")
+                "cg_steps", "split", "dims_q", "dims_p", "direct")
 # the GPU presets' long-row piece lengths: automatic (0), fixed lengths, never split. A long row is
 # one work-group's work unsplit; on a CPU (a few compute units, work-groups run as loops) the
 # tail it makes is short, and the automatic rule splits nothing on the data sizes CPUs take
@@ -141,9 +141,9 @@ def prune(cfg: KernelConfig, f: int, info):
     vw = cfg.vec or 1
     if cfg.mma:
         g = cfg.s1_geometry(f)
-        if cfg.tx > g["nblk"]:
-            raise InvalidConfigError(f"{cfg.tx} warps per slice for {g['nblk']} blocks",
-                                     "idle_work_items")
+        if cfg.tx * g["parts"] > g["nblk"]:
+            raise InvalidConfigError(f"{cfg.tx * g['parts']} warps per slice for {g['nblk']} "
+                                     "blocks", "idle_work_items")
         if cfg.nnz_batch < 8 * cfg.ks:
             raise InvalidConfigError(f"{cfg.ks} slices for {cfg.nnz_batch // 8} k-groups per "
                                      "chunk", "idle_work_items")
@@ -434,7 +434,7 @@ def make_space(name, f, info, storage="float32", solvers=None, mode="explicit"):
                     ks=_pow2s(1, min(128, cap)),
                     solve_wg=_pow2s(1, min(f, maxwg, 256)), solver=solvers,
                     solve_vec=[0, 4, 8, 16] if info.type == "CPU" else [0],
-                    fused_solve=[False, True], fused_dims=[False, True], direct=[False, True],
+                    fused_solve=[False, True], fused_dims=[False, True], direct=[0, 1, 2, 4],
                     cg_steps=list(MODE_CG_STEPS.get(mode, [KernelConfig.cg_steps])))
         if info.type != "CPU":
             grid["split"] = list(SPLIT_GRID)
@@ -478,7 +478,7 @@ def _default_space(f, info, storage="float32", mode="explicit"):
                           and (gpu or w <= f)],
                 solve_vec=[0] if gpu else [0, 8, 16],
                 solver=["cholesky", "cg", "fusedcg"], fused_solve=[False, True],
-                direct=[False, True],
+                direct=[0, 1, 2, 4],
                 cg_steps=list(MODE_CG_STEPS.get(mode, [KernelConfig.cg_steps])))
     if gpu:
         grid["split"] = list(SPLIT_GRID)

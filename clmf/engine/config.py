@@ -49,9 +49,9 @@ STORAGES = ("float32", "float16")
 PRECISIONS = ("fp32", "tf32")
 _NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?(\+gemm)?(\+syrk)?(\+mma)?$")
 _INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec",
-               "cg_steps", "batch_rows", "split", "dims_q", "dims_p")
+               "cg_steps", "batch_rows", "split", "dims_q", "dims_p", "direct")
 _BOOL_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "mma", "triangle", "fused_solve",
-                "fused_dims", "direct")
+                "fused_dims")
 # hard bounds of every integer field, checked whenever a configuration is made (the bounds that
 # depend on f and the device, e.g. cg_steps ≤ f or the work-group limits, are checked by
 # clmf.kernels.validate where both are known)
@@ -63,7 +63,8 @@ INT_RANGES = {"vec": (0, 16), "tx": (1, 1 << 14), "ty": (1, 1 << 14), "tz": (1, 
               "bx": (0, 1 << 16), "by": (0, 1 << 16), "ks": (1, 1 << 10),
               "nnz_batch": (1, 1 << 20), "solve_wg": (0, 1 << 14), "solve_vec": (0, 16),
               "cg_steps": (1, MAX_CG_STEPS), "batch_rows": (0, (1 << 31) - 1),
-              "split": (0, SPLIT_NEVER), "dims_q": (1, 16), "dims_p": (0, 1 << 14)}
+              "split": (0, SPLIT_NEVER), "dims_q": (1, 16), "dims_p": (0, 1 << 14),
+              "direct": (0, 64)}
 _DIGITS = re.compile(r"^[0-9]{1,12}$")      # ASCII digits only (int() takes "1_0", "１", " +3")
 _TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
 
@@ -110,10 +111,13 @@ class KernelConfig:
         ``SPLIT_NEVER`` - 1 = that many, ``SPLIT_NEVER`` (2^31 - 1) = never split. The fused CG
         solver and ``fused_solve`` build no hermitians and ignore it; so do multi-device fits
     fused_solve : ``mma`` with ``solver="cg"`` only: the CG runs in the S1 work-group
-    direct : ``mma`` with ``ks = 1`` and no ``fused_solve`` only: each warp writes its blocks of
+    direct : ``mma`` with ``ks = 1`` and no ``fused_solve`` only: 0 = the slices' sums go
+        through the packed f × f triangle in local memory; N ≥ 1 = each warp writes its blocks of
         the hermitian to global memory from its registers (both triangles), so local memory holds
-        only the staged chunk and not the packed f × f triangle — the form for f whose triangle
-        does not fit (at 48 KB: f > 144, e.g. 256)
+        only the staged chunk — the form for f whose triangle does not fit (at 48 KB: f > 144,
+        e.g. 256) —, and a row's blocks are shared by N work-groups (each stages the row's
+        entries, mostly from L2: the groups of a row run side by side), so fewer accumulators
+        per work-item at large f
     fused_dims : with ``solver="fusedcg"`` (ignored with the other solvers: :attr:`dims`) and
         ``vec4`` (the S1 flags serve only implicit feedback's Gram matrix, as with every fused
         CG): the fused CG's dimensions form for GPUs
@@ -160,7 +164,7 @@ class KernelConfig:
     split: int = 0
     fused_solve: bool = False
     fused_dims: bool = False
-    direct: bool = False
+    direct: int = 0
     dims_q: int = 1
     dims_p: int = 1
 
@@ -231,6 +235,9 @@ class KernelConfig:
         if self.direct and not (self.mma and self.ks == 1 and not self.fused_solve):
             raise InvalidConfigError("direct (the hermitian written from the warps' registers) is "
                                      "an mma parameter with ks=1 and no fused_solve", "direct")
+        if self.direct and self.tx * self.direct > 64:
+            raise InvalidConfigError(f"mma direct={self.direct} work-groups of {self.tx} warps: at "
+                                     "most 64 warps per row", "direct")
         if self.fused_solve and not (self.mma and self.solver == "cg"):
             raise InvalidConfigError("fused_solve (CG in the S1 work-group, the system kept in "
                                      "local memory) is an mma parameter with solver=cg",
@@ -488,6 +495,7 @@ class KernelConfig:
         ntb = fp // 16
         nblk = ntb * (ntb + 1) // 2
         wb = self.tx
+        parts = max(1, self.direct)                # work-groups per row
         wg = 32 * wb * self.ks
         nb = self.nnz_batch
         staged = (nb // 8) * (fp * 8 + 8) + 2 * nb
@@ -495,17 +503,20 @@ class KernelConfig:
         p2 = 1 << (wg - 1).bit_length()            # the fused CG's reduction tree
         solve = 4 * fp + p2 if self.fused_solve else 0
         tri = [(i, j) for i in range(ntb) for j in range(i + 1)]
-        warp_blocks = [[list(tri[p]) for p in range(w * nblk // wb, (w + 1) * nblk // wb)]
-                       for w in range(wb)]        # warp w's contiguous range (as the kernel's)
+        nw = wb * parts                            # a row's warps (slices' aside)
+        warp_blocks = [[list(tri[p]) for p in range(w * nblk // nw, (w + 1) * nblk // nw)]
+                       for w in range(nw)]        # warp w's contiguous range (as the kernel's)
         return dict(vw=4, bx=f, by=f, fp=fp, ntb=ntb, nblk=nblk, wb=wb, ks=self.ks, wg=wg,
-                    packed_floats=packed, p2=p2, warp_blocks=warp_blocks,
-                    slots=-(-nblk // wb), lds_floats=max(staged, packed + solve), nt=1, tz_eff=1,
+                    parts=parts, packed_floats=packed, p2=p2, warp_blocks=warp_blocks,
+                    slots=-(-nblk // nw), lds_floats=max(staged, packed + solve), nt=1, tz_eff=1,
                     tri_tiles=True, spt=-(-(nb * fp // 4) // wg), ept=-(-nb // wg),
                     qb=-(-f // wg))
 
     def s1_groups(self, f, nrows):
         """Number of S1 work-groups for a batch of ``nrows`` rows."""
-        if self.syrk or self.mma:
+        if self.mma:
+            return nrows * max(1, self.direct)
+        if self.syrk:
             return nrows
         if not (self.reg or self.local or self.vec or self.tile or self.gemm):
             return nrows
