@@ -159,6 +159,46 @@ def test_fused_dims_gpu_geometry_matches_reference(cl_device, mode):
     check(cl_device, DIMS_GPU_GEOMETRY, 130, mode, single_row=11)
 
 
+# the butterfly over an entry's D lanes (clmf.engine.kernels.dims_shuffle): PTX shuffles on
+# NVIDIA, elsewhere their emulation through local memory in the same pairwise order. D = 2
+# (f = 17, 4 slices per work-item: slices past F4 read as 0), 4 (f = 50: the last slice
+# partial) and 4 at one slice per work-item (f = 15; biased 16), 2 and 3 entries per group
+DIMS_SHUFFLE = [("batch+vec4:solver=fusedcg,fused_dims=1,dims_q=4,solve_wg=32,nnz_batch=3", 17),
+                ("batch+vec4:solver=fusedcg,fused_dims=1,dims_q=4,solve_wg=32,nnz_batch=3", 50),
+                ("batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=64,nnz_batch=2,batch_rows=7",
+                 15)]
+
+
+@pytest.mark.parametrize("variant,f", DIMS_SHUFFLE)
+@pytest.mark.parametrize("mode", ["explicit", "implicit", "biased"])
+def test_fused_dims_shuffle_matches_reference(cl_device, monkeypatch, variant, f, mode):
+    from clmf.engine.device import device_info, platform_short, select_device
+    from clmf.engine.kernels import dims_shuffle
+    info = device_info(select_device(cl_device))
+    native = platform_short(info.platform) == "nvidia"
+    if not native:
+        monkeypatch.setenv("CLMF_SHFL_EMULATION", "1")
+    kf = f + 1 if mode == "biased" else f
+    assert dims_shuffle(KernelConfig.parse(variant), kf, info) == (1 if native else 2)
+    check(cl_device, variant, f, mode, single_row=11)
+
+
+def test_fused_dims_shuffle_where_it_applies(monkeypatch):
+    from test_tuning_db import fake_info
+
+    from clmf.engine.kernels import dims_shuffle, render_als
+    nv = fake_info(platform="NVIDIA CUDA")
+    cfg = KernelConfig.parse("batch+vec4:solver=fusedcg,fused_dims=1,dims_q=4,solve_wg=256,"
+                             "nnz_batch=4")
+    assert dims_shuffle(cfg, 256, nv) == 1 and "shfl.sync" in render_als(cfg, 256, nv)
+    assert dims_shuffle(cfg, 130, nv) == 0            # D = 9: not a power of two
+    assert dims_shuffle(cfg.replace(solve_wg=16), 64, nv) == 0     # not whole warps
+    assert dims_shuffle(cfg.replace(fused_dims=False, dims_q=1), 256, nv) == 0
+    assert dims_shuffle(cfg, 256, fake_info(platform="Intel(R) OpenCL")) == 0
+    monkeypatch.setenv("CLMF_DIMS_SHUFFLE", "0")
+    assert dims_shuffle(cfg, 256, nv) == 0 and "shfl.sync" not in render_als(cfg, 256, nv)
+
+
 # the hermitian path of implicit feedback (YᵀY once per half-step plus Σ (c − 1) y yᵀ through the
 # S1 kernels) and of biases (issue 27): one variant of each S1 family in CI at f = 33 (above 32,
 # no multiple of a vector width) and every S1 variant × Cholesky / CG at f = 8 … 128 in the slow

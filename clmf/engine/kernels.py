@@ -130,6 +130,8 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
     v.update(config.s1_geometry(f))
     v.update(config.fcg_geometry(f))
     v["fd_gsum_tree"] = gsum_tree_ok(device_info)
+    v["fd_shfl"] = dims_shuffle(config, f, device_info)
+    v["fd_shfl_masks"] = [1 << i for i in range(max(0, v["fd_d"].bit_length() - 1))]
     v["gram_tiled"] = gram_tiled(device_info.type if device_info else "GPU")
     geo = gram_geometry(f, 1, device_info.max_work_group_size if device_info else 256)
     v["gram_lg"], v["gram_r"] = geo.lg, geo.r
@@ -327,6 +329,24 @@ def validate(config: KernelConfig, f: int, device_info):
             raise InvalidConfigError(f"{regs} register accumulators per work-item is too many",
                                      "geometry")
     return True
+
+
+def dims_shuffle(config, f, device_info):
+    """How the fused CG dimensions form sums an entry's D parts (``solve_fcgdims.cl.j2``'s
+    ``fd_shfl``): 1 a PTX butterfly (``shfl.sync``) on NVIDIA's platform, 2 its emulation through
+    local memory (``CLMF_SHFL_EMULATION=1``, tests), 0 the local-memory phases. The butterfly
+    needs D a power of two ≤ 32 (a segment within one warp) and whole warps (SWG a multiple of
+    32); ``CLMF_DIMS_SHUFFLE=0`` turns it off (comparisons)."""
+    if not config.dims or os.environ.get("CLMF_DIMS_SHUFFLE", "") == "0":
+        return 0
+    d = config.fcg_geometry(f)["fd_d"]
+    if d > 32 or d & (d - 1) or config.swg(f) % 32:
+        return 0
+    if os.environ.get("CLMF_SHFL_EMULATION", "") == "1":
+        return 2
+    from .device import platform_short
+    nv = device_info is not None and platform_short(device_info.platform) == "nvidia"
+    return 1 if nv else 0
 
 
 def gsum_tree_ok(device_info):
