@@ -700,6 +700,19 @@ def test_gpu_spaces_offer_the_dims_geometries():
             m = sp_.mutate(c, rng, gpu)
             assert m is None or prune(m, 256, gpu) is m
     assert {q for q, _ in seen} == {1, 2, 4} and {p for _, p in seen} == {0, 1}
+    # on NVIDIA also the entry sums as warp shuffles (their dims_p canonical: not used)
+    nv = fake_info(platform="NVIDIA CUDA", type_="GPU", max_work_group_size=1024)
+    assert "dims_shfl" not in sp_.grid
+    sp_nv = make_space("default", 256, nv, mode="implicit")
+    assert sp_nv.grid["dims_shfl"] == [False, True]
+    shfl = set()
+    for _ in range(600):
+        c = sp_nv.sample(rng, nv)
+        if c is not None and c.dims:
+            assert prune(c, 256, nv) is c and canonical(c, "implicit") == c
+            shfl.add(c.dims_shfl)
+            assert not c.dims_shfl or c.dims_p == 1
+    assert shfl == {False, True}
 
 
 def test_fused_dims_group_sums_tree_everywhere_but_pocl():

@@ -163,10 +163,12 @@ def test_fused_dims_gpu_geometry_matches_reference(cl_device, mode):
 # NVIDIA, elsewhere their emulation through local memory in the same pairwise order. D = 2
 # (f = 17, 4 slices per work-item: slices past F4 read as 0), 4 (f = 50: the last slice
 # partial) and 4 at one slice per work-item (f = 15; biased 16), 2 and 3 entries per group
-DIMS_SHUFFLE = [("batch+vec4:solver=fusedcg,fused_dims=1,dims_q=4,solve_wg=32,nnz_batch=3", 17),
-                ("batch+vec4:solver=fusedcg,fused_dims=1,dims_q=4,solve_wg=32,nnz_batch=3", 50),
-                ("batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=64,nnz_batch=2,batch_rows=7",
-                 15)]
+DIMS_SHUFFLE = [("batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_q=4,solve_wg=32,"
+                 "nnz_batch=3", 17),
+                ("batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_q=4,solve_wg=32,"
+                 "nnz_batch=3", 50),
+                ("batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,solve_wg=64,nnz_batch=2,"
+                 "batch_rows=7", 15)]
 
 
 @pytest.mark.parametrize("variant,f", DIMS_SHUFFLE)
@@ -186,17 +188,26 @@ def test_fused_dims_shuffle_matches_reference(cl_device, monkeypatch, variant, f
 def test_fused_dims_shuffle_where_it_applies(monkeypatch):
     from test_tuning_db import fake_info
 
-    from clmf.engine.kernels import dims_shuffle, render_als
+    from clmf.engine.kernels import dims_shuffle, render_als, validate
     nv = fake_info(platform="NVIDIA CUDA")
-    cfg = KernelConfig.parse("batch+vec4:solver=fusedcg,fused_dims=1,dims_q=4,solve_wg=256,"
-                             "nnz_batch=4")
-    assert dims_shuffle(cfg, 256, nv) == 1 and "shfl.sync" in render_als(cfg, 256, nv)
-    assert dims_shuffle(cfg, 130, nv) == 0            # D = 9: not a power of two
-    assert dims_shuffle(cfg.replace(solve_wg=16), 64, nv) == 0     # not whole warps
-    assert dims_shuffle(cfg.replace(fused_dims=False, dims_q=1), 256, nv) == 0
-    assert dims_shuffle(cfg, 256, fake_info(platform="Intel(R) OpenCL")) == 0
-    monkeypatch.setenv("CLMF_DIMS_SHUFFLE", "0")
-    assert dims_shuffle(cfg, 256, nv) == 0 and "shfl.sync" not in render_als(cfg, 256, nv)
+    cfg = KernelConfig.parse("batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_q=4,"
+                             "solve_wg=256,nnz_batch=4")
+    assert validate(cfg, 256, nv) and dims_shuffle(cfg, 256, nv) == 1
+    assert "shfl.sync" in render_als(cfg, 256, nv)
+    off = cfg.replace(dims_shfl=False)
+    assert dims_shuffle(off, 256, nv) == 0 and "shfl.sync" not in render_als(off, 256, nv)
+    for c, f, reason in ((cfg, 130, "geometry"),                   # D = 9: no power of two
+                         (cfg.replace(solve_wg=16), 64, "geometry"),  # not whole warps
+                         (cfg, 256, "unsupported_device")):         # not NVIDIA (below)
+        info = nv if reason == "geometry" else fake_info(platform="Intel(R) OpenCL")
+        with pytest.raises(InvalidConfigError) as e:
+            validate(c, f, info)
+        assert e.value.reason == reason
+    with pytest.raises(InvalidConfigError):
+        KernelConfig.parse("batch+vec4:solver=cg,dims_shfl=1")     # a fused_dims parameter
+    monkeypatch.setenv("CLMF_SHFL_EMULATION", "1")
+    assert validate(cfg, 256, fake_info(platform="Intel(R) OpenCL"))
+    assert dims_shuffle(cfg, 256, nv) == 2
 
 
 # the hermitian path of implicit feedback (YᵀY once per half-step plus Σ (c − 1) y yᵀ through the

@@ -51,13 +51,13 @@ MODE_SOLVERS = {"implicit": ("cholesky", "cg", "fusedcg")}
 # iterations); the tuner keeps the solver's default number of steps
 MODE_CG_STEPS = {"implicit": [3]}
 PARAM_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec", "solver",
-                "cg_steps", "split", "dims_q", "dims_p", "direct")
+                "cg_steps", "split", "dims_q", "dims_p", "direct", "dims_shfl")
 # the GPU presets' long-row piece lengths: automatic (0), fixed lengths, never split. A long row is
 # one work-group's work unsplit; on a CPU (a few compute units, work-groups run as loops) the
 # tail it makes is short, and the automatic rule splits nothing on the data sizes CPUs take
 SPLIT_GRID = [0, 8192, 32768, SPLIT_NEVER]
 _MUTABLE = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec", "cg_steps",
-            "split", "fused_solve", "fused_dims", "dims_q", "dims_p", "direct")
+            "split", "fused_solve", "fused_dims", "dims_q", "dims_p", "direct", "dims_shfl")
 
 
 def flags_of(cfg):
@@ -90,7 +90,10 @@ def canonical(cfg: KernelConfig, mode="explicit") -> KernelConfig:
         kw = {}
     if cfg.fused_dims and not cfg.dims:
         # the dimensions form of the fused CG solver only, its geometry with it
-        kw.update(fused_dims=False, dims_q=KernelConfig.dims_q, dims_p=KernelConfig.dims_p)
+        kw.update(fused_dims=False, dims_q=KernelConfig.dims_q, dims_p=KernelConfig.dims_p,
+                  dims_shfl=False)
+    elif cfg.dims and cfg.dims_shfl:  # the shuffles sum an entry's parts: no dims_p
+        kw["dims_p"] = KernelConfig.dims_p
     if not (cfg.local or cfg.gemm or cfg.syrk or cfg.mma or cfg.dims):
         kw["nnz_batch"] = KernelConfig.nnz_batch
     if not (cfg.tile or cfg.gemm or cfg.syrk or cfg.mma):
@@ -221,7 +224,7 @@ class Space:
         if dims:                      # the fused CG's dimensions form, entries per group
             out.append("fused_dims")
             # its slices per work-item and work-items per entry's sum, where the space has them
-            out += [k for k in ("dims_q", "dims_p") if k in self.grid]
+            out += [k for k in ("dims_q", "dims_p", "dims_shfl") if k in self.grid]
         if local or gemm or dims:
             out.append("nnz_batch")
         if gemm:
@@ -237,6 +240,7 @@ class Space:
         kw = dict(vals)
         if not kw.get("fused_dims"):  # (the dimensions form's geometry with it only)
             kw.pop("dims_q", None)
+            kw.pop("dims_shfl", None)
             kw.pop("dims_p", None)
         if (self.grid.get("square_tiles") or gemm) and "bx" in kw:
             kw["by"] = kw["bx"]
@@ -440,7 +444,7 @@ def make_space(name, f, info, storage="float32", solvers=None, mode="explicit"):
             grid["split"] = list(SPLIT_GRID)
             grid["nnz_batch"] = [2, 4] + grid["nnz_batch"]        # the fused CG's groups
             grid["solve_wg"] = _pow2s(1, min(maxwg, 256))          # (its form takes > f)
-            grid.update(_dims_grid(f))
+            grid.update(_dims_grid(f, info))
         return Space("full", f, flags, grid, storage, mode)
     raise ValueError(f"unknown space {name!r}; choose from {SPACES}")
 
@@ -483,15 +487,20 @@ def _default_space(f, info, storage="float32", mode="explicit"):
     if gpu:
         grid["split"] = list(SPLIT_GRID)
         grid["fused_dims"] = [False, True]
-        grid.update(_dims_grid(f))
+        grid.update(_dims_grid(f, info))
     return Space("default", f, flags, grid, storage, mode)
 
 
-def _dims_grid(f):
+def _dims_grid(f, info=None):
     """The fused CG dimensions form's geometry on GPUs: one work-item per entry's sum of parts
     or as many as fit (``dims_p``); from f = 64 (16 float4 slices) also 2 or 4 slices per
-    work-item (``dims_q``: fewer work-items per entry, more entries at once)."""
-    return dict(dims_p=[1, 0], dims_q=[1, 2, 4] if f >= 64 else [1])
+    work-item (``dims_q``: fewer work-items per entry, more entries at once); on NVIDIA the
+    entry sums as warp shuffles or not (``dims_shfl``)."""
+    from clmf.engine.device import platform_short
+    g = dict(dims_p=[1, 0], dims_q=[1, 2, 4] if f >= 64 else [1])
+    if info is not None and platform_short(info.platform) == "nvidia":
+        g["dims_shfl"] = [False, True]
+    return g
 
 
 SPACES = ("default", "bounded", "full")

@@ -51,7 +51,7 @@ _NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?(\+gemm
 _INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec",
                "cg_steps", "batch_rows", "split", "dims_q", "dims_p", "direct")
 _BOOL_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "mma", "triangle", "fused_solve",
-                "fused_dims")
+                "fused_dims", "dims_shfl")
 # hard bounds of every integer field, checked whenever a configuration is made (the bounds that
 # depend on f and the device, e.g. cg_steps ≤ f or the work-group limits, are checked by
 # clmf.kernels.validate where both are known)
@@ -125,6 +125,10 @@ class KernelConfig:
         entry's factor row into float4 slices and the row's entries into groups, so each CG step
         gathers a row once, coalesced, and the right-hand side is formed in the first pass (S2
         is not launched); ``nnz_batch`` entries per group are held in registers per chunk
+    dims_shfl : ``fused_dims`` only, NVIDIA (PTX): an entry's D parts of ``y·v`` summed by a
+        butterfly of warp shuffles over its D lanes instead of through local memory (no
+        barriers in the chunk loop; D a power of two ≤ 32, whole warps; dims_p then does not
+        apply): :func:`clmf.engine.kernels.dims_shuffle`
     dims_q : ``fused_dims`` only: float4 slices of every vector per work-item, at least (more
         where ``solve_wg`` work-items with this many do not cover f; at most f/4 rounded up), so
         ``f/4/dims_q`` work-items share an entry and the work-group holds more entry groups;
@@ -165,6 +169,7 @@ class KernelConfig:
     fused_solve: bool = False
     fused_dims: bool = False
     direct: int = 0
+    dims_shfl: bool = False
     dims_q: int = 1
     dims_p: int = 1
 
@@ -245,6 +250,9 @@ class KernelConfig:
         if self.dims and self.vec != 4:
             raise InvalidConfigError("fused_dims (the fused CG in float4 slices of the factor "
                                      "rows) takes +vec4 (rows padded to whole float4s)", "vec")
+        if self.dims_shfl and not self.fused_dims:
+            raise InvalidConfigError("dims_shfl (the entry sums as warp shuffles) is a parameter "
+                                     "of fused_dims", "fused_dims")
         if (self.dims_q != 1 or self.dims_p != 1) and not self.fused_dims:
             raise InvalidConfigError("dims_q and dims_p (slices per work-item, work-items per "
                                      "entry's sum) are parameters of fused_dims", "fused_dims")

@@ -290,6 +290,8 @@ def validate(config: KernelConfig, f: int, device_info):
             raise InvalidConfigError("16-wide float vectors (vec16 / solve_vec=16) abort this "
                                      "OpenCL runtime's compiler (checked once in a child "
                                      "process); use vector widths up to 8", "unsupported_device")
+    if config.dims and config.dims_shfl:
+        _check_dims_shuffle(config, f, device_info)
     if config.mma:
         if not (mma_supported(device_info) or mma_emulation()):
             raise InvalidConfigError("the mma variant needs NVIDIA tensor cores (compute "
@@ -333,20 +335,28 @@ def validate(config: KernelConfig, f: int, device_info):
 
 def dims_shuffle(config, f, device_info):
     """How the fused CG dimensions form sums an entry's D parts (``solve_fcgdims.cl.j2``'s
-    ``fd_shfl``): 1 a PTX butterfly (``shfl.sync``) on NVIDIA's platform, 2 its emulation through
-    local memory (``CLMF_SHFL_EMULATION=1``, tests), 0 the local-memory phases. The butterfly
-    needs D a power of two ≤ 32 (a segment within one warp) and whole warps (SWG a multiple of
-    32); ``CLMF_DIMS_SHUFFLE=0`` turns it off (comparisons)."""
-    if not config.dims or os.environ.get("CLMF_DIMS_SHUFFLE", "") == "0":
+    ``fd_shfl``): 0 through local memory (the phases), 1 a PTX butterfly (``shfl.sync``: the
+    config's ``dims_shfl`` on NVIDIA's platform), 2 its emulation through local memory in the
+    same order (``dims_shfl`` with ``CLMF_SHFL_EMULATION=1``: tests on other devices)."""
+    if not (config.dims and config.dims_shfl):
         return 0
+    return 2 if os.environ.get("CLMF_SHFL_EMULATION", "") == "1" else 1
+
+
+def _check_dims_shuffle(config, f, device_info):
+    """Raise :class:`InvalidConfigError` where ``dims_shfl`` cannot build: not NVIDIA (and no
+    emulation asked for), D not a power of two ≤ 32 (a segment inside one warp) or the
+    work-group not whole warps."""
+    from .device import platform_short
+    native = device_info is not None and platform_short(device_info.platform) == "nvidia"
+    if not native and os.environ.get("CLMF_SHFL_EMULATION", "") != "1":
+        raise InvalidConfigError("dims_shfl sums with PTX warp shuffles: NVIDIA's platform only",
+                                 "unsupported_device")
     d = config.fcg_geometry(f)["fd_d"]
     if d > 32 or d & (d - 1) or config.swg(f) % 32:
-        return 0
-    if os.environ.get("CLMF_SHFL_EMULATION", "") == "1":
-        return 2
-    from .device import platform_short
-    nv = device_info is not None and platform_short(device_info.platform) == "nvidia"
-    return 1 if nv else 0
+        raise InvalidConfigError(f"dims_shfl needs the {d} work-items of an entry to be a power "
+                                 f"of two ≤ 32 and solve_wg ({config.swg(f)}) whole warps of 32",
+                                 "geometry")
 
 
 def gsum_tree_ok(device_info):
