@@ -455,3 +455,7 @@ def test_pinned_staging_of_the_workers_rows_gives_the_same_model(ml100k, monkeyp
         cluster.close()
     assert "page-locked staging on 2 of 2 workers" in caplog.text
     _check_close(dm, _one_device(R, iterations=3))
+    loop = dm.fit_times_["loop"]              # each iteration's parts, on both workers
+    assert len(loop) == 3 and all(len(per) == 2 for per in loop)
+    assert all(p["publish_copy"] > 0 and p["seconds"] >= p["compute"] > 0
+               for per in loop for p in per)

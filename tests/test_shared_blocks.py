@@ -122,6 +122,14 @@ def _drain(ex, d):
             return got
 
 
+def _drain_until(ex, d):
+    """The first chunks ``ex.take`` hands worker ``d``."""
+    while True:
+        new, _seen, done = ex.take(d, 0)
+        if new or done:
+            return new
+
+
 def test_rows_published_on_a_board_reach_the_peer_in_order_half_step_after_half_step():
     bounds = {"users": np.array([0, 4, 10]), "items": np.array([0, 2, 5])}
     segs, atts, (b0, b1) = _boards("clmf-test-board", bounds)
@@ -222,10 +230,17 @@ def test_staged_rows_go_through_page_locked_arrays_both_ways(monkeypatch, limit)
         assert (e0.host[3:5] == 7).all() and (e0.host[5:6] == 0).all()
         e1.finish(1)
         assert _drain(e0, 0) == [(1, 3, 5)]
-        e0.host[0:3][:] = 5.0                      # worker 0's rows, in its segment
-        up = e1.host[0:3]                          # what worker 1's device uploads
+        e0.host[0:2][:] = 5.0                      # worker 0's rows, in its segment
+        e0.publish(0, 0, 2)
+        assert _drain_until(e1, 1) == [(0, 0, 2)]  # handed out once copied in
+        up = e1.host[0:2]                          # what worker 1's device uploads
         assert (up == 5).all()
         assert np.shares_memory(up, made[0]) == (limit > 8)
+        e0.host[2:3][:] = 6.0
+        e0.publish(0, 2, 3)
+        e0.finish(0)
+        assert _drain(e1, 1) == [(0, 2, 3)] and (e1.host[2:3] == 6).all()
+        assert b1.times["take"] > 0
     finally:
         b1.close()
         _close(segs, atts)

@@ -281,6 +281,7 @@ class DaskEngine:
         self.phase = "set-up"
         self.user_counts, self.item_counts = data.user_counts, data.item_counts
         self.started = start is not None
+        self.splits = []       # per iteration of the workers' loop, each worker's parts (s)
         # the row bounds: the counts alone decide them (make_plan below cuts the same)
         bounds = {"users": balanced_blocks(data.user_counts, self.n, self.fs),
                   "items": balanced_blocks(data.item_counts, self.n, self.fs)}
@@ -489,7 +490,8 @@ class DaskEngine:
         worker that runs them whole (:func:`~clmf.parallel.dask_tasks.iterate`, where
         :meth:`_board` allowed it: :attr:`loop`); returns per iteration ``(seconds, {key:
         (sse, count)}, seconds of the metrics)``, the slowest worker's seconds and the workers'
-        sums. Else (one iteration, None returned) the half-steps' tasks are submitted at once
+        sums (each worker's parts of each iteration appended to :attr:`splits`). Else (one
+        iteration, None returned) the half-steps' tasks are submitted at once
         (Dask orders them by their dependencies; the solved blocks go straight from worker to
         worker) and waited for once, for the last blocks installed everywhere."""
         count = int(count)
@@ -504,6 +506,7 @@ class DaskEngine:
                 scores = {k: (float(sum(p[1][k][0] for p in per)),
                               int(sum(p[1][k][1] for p in per))) for k in metrics}
                 out.append((max(p[0] for p in per), scores, max(p[2] for p in per)))
+                self.splits.append([{"seconds": p[0], **p[3]} for p in per])
             return out
         if count != 1 or metrics:
             raise ValueError("several iterations in one call need the workers' own loop "

@@ -544,20 +544,34 @@ def iterate(fit_id, regularization, weighted, count=1, metrics=()):
     exchanged with the other workers of the fit through their boards while the kernels run
     (one task for a group of iterations instead of one per half-step and an install), with
     the squared errors of the keys ``metrics`` (:func:`squared_error`) after each; returns per
-    iteration ``(seconds, {key: (sse, count)}, seconds of the metrics)`` measured here."""
+    iteration ``(seconds, {key: (sse, count)}, seconds of the metrics, {part: seconds})``
+    measured here (the parts: :func:`_split`)."""
     st = _state(fit_id)
     w, board = st["worker"], st.get("board")
     if board is None and st["plan"].devices > 1:
         raise RuntimeError(f"fit {fit_id} has no board on this worker (board_connect first)")
     out = []
     for _ in range(int(count)):
+        before = _split(w, board)
         t0 = time.perf_counter()
         for side in SIDES:
             ex = board.exchange(side) if board is not None else None
             w.half_step(side, float(regularization), bool(weighted), ex)
         t1 = time.perf_counter()
+        split = {k: v - before[k] for k, v in _split(w, board).items()}
         scores = {key: squared_error(fit_id, key) for key in metrics}
-        out.append((t1 - t0, scores, time.perf_counter() - t1))
+        out.append((t1 - t0, scores, time.perf_counter() - t1, split))
+    return out
+
+
+def _split(w, board):
+    """The running sums of an iteration's parts on this worker: the engine's ``compute`` (to
+    its own kernels' end) and ``exchange`` (after it, the peers' last rows), the board's
+    ``take`` (the driving thread waiting for the peers' rows and their copies) and
+    ``publish_copy`` (its own rows into its segment) — seconds."""
+    out = {k: float(w.times.get(k, 0.0)) for k in ("compute", "exchange")}
+    if board is not None:
+        out.update(board.times)
     return out
 
 

@@ -29,11 +29,13 @@ unlinked by the others' release (every segment's name starts with the fit's id:
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import mmap
 import os
 import secrets
+import time
 
 import numpy as np
 
@@ -280,6 +282,8 @@ _HEADER = 4
 _CAPACITY = 4096              # records per half-step (more chunks: the rest as one record)
 _BANK = 1 + 3 * _CAPACITY
 PIN_LIMIT = 4 << 30           # largest page-locked mirror of a side's rows
+POLL_FIRST, POLL_LAST = 20e-6, 200e-6    # a waiting reader's first and longest sleep (s)
+COPY_THREADS = 4              # most host threads of a worker fetching peers' rows (and publishing)
 ENV_TIMEOUT = "CLMF_DASK_EXCHANGE_TIMEOUT"
 
 
@@ -301,8 +305,9 @@ class BlockHost:
     """One side's rows as ``host[a:b]`` in global numbering, each block in its owner's row
     segment (what :class:`~clmf.engine.Engine` reads and writes through an exchange's
     ``host``; a slice never crosses two blocks). With a page-locked ``mirror`` of every row,
-    a slice is the mirror's, another worker's rows copied into it first (host threads of
-    ``pool``): the device's copies then run from page-locked memory."""
+    a slice is the mirror's: the device's copies then run from page-locked memory, another
+    worker's rows copied into it first by :meth:`fetch` (host threads of ``pool``, while the
+    kernels run: :meth:`BoardExchange.take` hands a chunk out once its copy is done)."""
 
     def __init__(self, bounds, arrays, mirror=None, own=None, pool=None):
         """``arrays[d]`` holds rows ``[bounds[d], bounds[d + 1])``; ``own``: this worker's
@@ -315,33 +320,68 @@ class BlockHost:
         """Worker ``d``'s rows ``(r0, r1)``."""
         return int(self.bounds[d]), int(self.bounds[d + 1])
 
+    def _locate(self, a, b):
+        """``(worker, its array's rows)`` of global rows ``[a, b)`` inside one block."""
+        d = int(np.searchsorted(self.bounds, a, side="right")) - 1
+        r0 = int(self.bounds[d])
+        if d < 0 or b > int(self.bounds[d + 1]):
+            raise IndexError(f"rows {a}..{b} cross the workers' blocks")
+        return d, self.arrays[d][a - r0:b - r0]
+
     def __getitem__(self, key):
-        """The rows of a slice inside one worker's block."""
+        """The rows of a slice inside one worker's block (the mirror's, where there is one)."""
         if not isinstance(key, slice) or key.step not in (None, 1):
             raise TypeError("BlockHost takes a contiguous slice of global rows")
-        d = int(np.searchsorted(self.bounds, key.start, side="right")) - 1
-        r0 = int(self.bounds[d])
-        if d < 0 or key.stop > int(self.bounds[d + 1]):
-            raise IndexError(f"rows {key.start}..{key.stop} cross the workers' blocks")
-        rows = self.arrays[d][key.start - r0:key.stop - r0]
-        if self.mirror is None:
-            return rows
-        out = self.mirror[key.start:key.stop]
-        if d != self.own:
-            copy_rows(self.pool, out, rows)
-        return out
+        _d, rows = self._locate(key.start, key.stop)
+        return rows if self.mirror is None else self.mirror[key.start:key.stop]
+
+    def fetch(self, a, b):
+        """Start copying another worker's rows ``[a, b)`` from its segment into the mirror:
+        the copies' futures (none without a mirror: the rows are read where they lie)."""
+        d, rows = self._locate(a, b)
+        if self.mirror is None or d == self.own:
+            return []
+        return copy_rows_async(self.pool, self.mirror[a:b], rows)
+
+
+COPY_PART = 1 << 20           # bytes a host thread copies at least (smaller: one part)
+
+
+def _parts(src):
+    """Row cuts of ``src`` into up to four parts of :data:`COPY_PART` bytes or more."""
+    parts = min(4, max(1, src.nbytes // COPY_PART), len(src))
+    return np.linspace(0, len(src), parts + 1).astype(np.int64)
+
+
+def copy_rows_async(pool, dst, src):
+    """Start ``dst[...] = src`` in host threads of ``pool`` (a
+    :class:`concurrent.futures.Executor`), up to four parts: the futures of the parts."""
+    cuts = _parts(src)
+    return [pool.submit(np.copyto, dst[a:b], src[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
 
 
 def copy_rows(pool, dst, src):
-    """``dst[...] = src``, in up to four host threads of ``pool`` (a
-    :class:`concurrent.futures.Executor` or None), 4 MB and more each."""
-    parts = min(4, max(1, src.nbytes >> 22), len(src))
-    if parts <= 1 or pool is None:
+    """``dst[...] = src``: the first of up to four parts of 1 MB or more in this thread, the
+    others in host threads of ``pool`` (a :class:`concurrent.futures.Executor` or None: all
+    here)."""
+    cuts = _parts(src)
+    if pool is None or len(cuts) <= 2:
         np.copyto(dst, src)
         return
-    cuts = np.linspace(0, len(src), parts + 1).astype(np.int64)
-    list(pool.map(lambda k: np.copyto(dst[cuts[k]:cuts[k + 1]], src[cuts[k]:cuts[k + 1]]),
-                  range(parts)))
+    futs = [pool.submit(np.copyto, dst[a:b], src[a:b]) for a, b in zip(cuts[1:-1], cuts[2:])]
+    np.copyto(dst[:cuts[1]], src[:cuts[1]])
+    for fu in futs:
+        fu.result()
+
+
+def copy_threads(workers):
+    """Host threads each of ``workers`` workers on this host copies rows with: its share of
+    the cores it may run on, 1 to :data:`COPY_THREADS`."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(COPY_THREADS, cores // max(1, int(workers))))
 
 
 def board_create(segments, bounds, d, ldf, dtype):
@@ -375,13 +415,18 @@ class Board:
         asynchronous, where a copy into pageable memory would hold the launches up; the
         exchange copies them on into the row segment before announcing them) and from which
         it uploads the other workers' rows (copied in from their segments by host threads)."""
-        import concurrent.futures
         self.d, self.n = int(d), len(handles)
         self.controls = [attached.array(h["control"]) for h in handles]
         self.segment = {}             # side -> this worker's row segment
         self.host = {}                # side -> BlockHost the engine reads and writes
-        self.pool = (concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="clmf-board")
-                     if staging is not None else None)
+        threads = copy_threads(self.n)
+        pool = concurrent.futures.ThreadPoolExecutor
+        # the peers' rows copied in by one pool, this worker's own rows out by the publishing
+        # thread and another (never queued behind the fetches: the peers wait for them)
+        self.pool = (pool(threads, thread_name_prefix="clmf-fetch") if staging is not None
+                     else None)
+        self.publish_pool = (pool(threads - 1, thread_name_prefix="clmf-publish")
+                             if staging is not None and threads > 1 else None)
         self.mirrored = []
         for s, b in bounds.items():
             arrays = [attached.array(h[s])[:int(b[e + 1] - b[e])] for e, h in enumerate(handles)]
@@ -398,11 +443,13 @@ class Board:
         self.staged = staging is not None
         self.abort = abort
         self.k = 0
+        self.times = dict.fromkeys(("take", "publish_copy"), 0.0)   # seconds, summed
 
     def close(self):
         """Stop the copying threads."""
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
+        for pool in (self.pool, self.publish_pool):
+            if pool is not None:
+                pool.shutdown(wait=True)
 
     def exchange(self, side):
         """The exchange of the next half-step (of ``side``)."""
@@ -486,14 +533,17 @@ class BoardExchange:
         self.pending = None           # rows past the records' capacity: one record at the end
         self.seen = {e: 0 for e in range(board.n) if e != board.d}
         self.done = set()
+        self.copying = []             # (chunk, futures of its copy into the mirror)
 
     def publish(self, device, r0, r1):
         """Rows ``[r0, r1)`` of this worker are in its row segment (or in its staging array:
         then copied on first)."""
         if self.board.staged:
+            t = time.perf_counter()
             b0 = self.host.block(self.board.d)[0]
-            copy_rows(self.board.pool, self.board.segment[self.side][r0 - b0:r1 - b0],
+            copy_rows(self.board.publish_pool, self.board.segment[self.side][r0 - b0:r1 - b0],
                       self.host[r0:r1])
+            self.board.times["publish_copy"] += time.perf_counter() - t
         if self.count < _CAPACITY - 1:
             self.count += 1
             self.board.announce(self.k, self.count, False, (r0, r1))
@@ -516,24 +566,48 @@ class BoardExchange:
     def take(self, device, seen):
         """The peers' new chunks ``(chunks, seen, all_done)`` (``seen`` is kept here), waiting
         for some (a dead or failed peer raises :class:`PeerLostError`; no news for
-        :func:`exchange_timeout` seconds raises too)."""
-        import time
-        sleep, t_news = 20e-6, time.monotonic()
+        :func:`exchange_timeout` seconds raises too). With a mirror, a chunk's copy into it
+        starts as soon as its record is read and the chunk is handed out once the copy is
+        done: several chunks copy at once, and the device uploads each as it lands."""
+        t_in = time.perf_counter()
+        try:
+            return self._take(seen)
+        finally:
+            self.board.times["take"] += time.perf_counter() - t_in
+
+    def _take(self, seen):
+        """:meth:`take`'s loop."""
+        sleep, t_news = POLL_FIRST, time.monotonic()
         t_check = t_news
         limit = exchange_timeout()
         while True:
             self.board.check_failed()
-            new = []
+            ready = []
             for e in self.seen:
                 if e in self.done:
                     continue
                 got, self.seen[e], fin = self.board.read(e, self.k, self.seen[e])
-                new += got
+                for chunk in got:
+                    futs = self.host.fetch(chunk[1], chunk[2])
+                    if futs:
+                        self.copying.append((chunk, futs))
+                    else:
+                        ready.append(chunk)
                 if fin:
                     self.done.add(e)
-            finished = len(self.done) == len(self.seen)
-            if new or finished:
-                return new, seen, finished and not new
+            if self.copying:
+                still = []
+                for chunk, futs in self.copying:
+                    if all(fu.done() for fu in futs):
+                        for fu in futs:
+                            fu.result()           # a failed copy raises here
+                        ready.append(chunk)
+                    else:
+                        still.append((chunk, futs))
+                self.copying = still
+            finished = len(self.done) == len(self.seen) and not self.copying
+            if ready or finished:
+                return ready, seen, finished and not ready
             now = time.monotonic()
             if now - t_check > 1.0:
                 self.board.check_peers()
@@ -542,5 +616,8 @@ class BoardExchange:
                     raise PeerLostError(f"no rows from the other workers for {limit:.0f} s "
                                         f"(half-step {self.k}, {self.side}; "
                                         f"{ENV_TIMEOUT} sets the limit)")
-            time.sleep(sleep)
-            sleep = min(2 * sleep, 1e-3)
+            if self.copying:              # until the oldest chunk is copied in, or a poll
+                concurrent.futures.wait(self.copying[0][1], timeout=sleep)
+            else:
+                time.sleep(sleep)
+            sleep = min(2 * sleep, POLL_LAST)
