@@ -408,9 +408,12 @@ def test_bad_input_is_a_clear_error(client):
     with pytest.raises(ValueError, match="duplicate"):
         clmf.dask.ALS(client=client, iterations=1, device=POCL, **KW).fit(
             dup, show_progress=False)
-    # the failed set-up left nothing on the workers (blocks being built, engines)
+    # the failed set-up left nothing on the workers (blocks being built, engines) nor in the
+    # host's shared memory (the pieces of ratings it had routed through it)
     from clmf.parallel import dask_tasks as T
+    from clmf.parallel import shared_blocks as shm
     assert set(client.run(lambda: len(T._PENDING) + len(T._STATE)).values()) == {0}
+    assert [x for x in os.listdir(shm.SHM_DIR) if "-set-up" in x] == []
     with pytest.raises(ValueError, match="on_worker_lost"):
         clmf.dask.ALS(client=client, iterations=1, device=POCL, **KW).fit(
             df, on_worker_lost="resume", show_progress=False)

@@ -299,7 +299,7 @@ class DaskEngine:
             if facts is None:
                 facts = device_facts(client, self.addrs, ranks, specs)
             sfut = client.scatter([static], broadcast=True, workers=self.addrs, hash=False)[0]
-            pieces = self._route(data.parts, bounds)
+            pieces = self._route(data.parts, bounds, shared=self._shared_set_up())
             blocks = [self._on(d, T.blocks, self.fit_id, d, sfut, len(pieces),
                                *[pieces[p][d] for p in range(len(pieces))],
                                *[pieces[p][self.n + d] for p in range(len(pieces))])
@@ -427,12 +427,26 @@ class DaskEngine:
                                   pure=False, priority=priority,
                                   key=f"{fn.__name__}-{self.fit_id}-{uuid.uuid4().hex}")
 
-    def _route(self, parts, bounds=None):
+    def _shared_set_up(self):
+        """A future telling whether the set-up's pieces may go through shared memory (every
+        worker maps every other's probe: :func:`~clmf.parallel.dask_tasks.setup_probe`);
+        False with one worker (its pieces never leave it). No round trip to the client: the
+        splits wait for it."""
+        if self.n < 2:
+            return False
+        prefix = T.setup_prefix(self.fit_id)
+        probes = [self._on(d, T.setup_probe, prefix, priority=5) for d in range(self.n)]
+        checks = [self._on(d, T.setup_check, *probes, priority=5) for d in range(self.n)]
+        return self.client.submit(T.all_of, *checks, pure=False, priority=5)
+
+    def _route(self, parts, bounds=None, shared=False):
         """Per partition, futures of its ``2n`` pieces (users blocks, then items blocks) by the
-        row ``bounds`` (side → bounds; default: the plan's)."""
+        row ``bounds`` (side → bounds; default: the plan's); ``shared``: whether (or a future
+        of whether) they go through shared memory (:meth:`_shared_set_up`)."""
         bounds = bounds or {s: self.plan[s].bounds for s in SIDES}
         bu, bi = bounds["users"], bounds["items"]
-        splits = self.client.map(T.split, parts, bounds_u=bu, bounds_i=bi, pure=False)
+        splits = self.client.map(T.split, parts, bounds_u=bu, bounds_i=bi,
+                                 prefix=T.setup_prefix(self.fit_id), shared=shared, pure=False)
         return [[self.client.submit(T.pick, s, k, pure=False) for k in range(2 * self.n)]
                 for s in splits]
 
@@ -583,6 +597,8 @@ class DaskEngine:
                 Event(self._abort_name(), client=self.client).clear()
             except Exception:         # noqa: BLE001, S110 - a name left on the scheduler
                 pass
+        from .shared_blocks import unlink_fit
         if getattr(self, "transport", None) == "shared memory":
-            from .shared_blocks import unlink_fit
             unlink_fit(self.fit_id)   # a client on the workers' host: what lost workers left
+        else:
+            unlink_fit(T.setup_prefix(self.fit_id))     # (the set-up's, likewise)

@@ -20,6 +20,12 @@ Safety rests on three rules:
   the next solve of that side, which Dask runs only after every worker installed the blocks of
   the half-step between (each install finishes its uploads before it returns).
 
+The set-up uses the same path for the ratings: each partition's pieces (the triples of each
+worker's rows) are copied into a segment by the worker that split them (:func:`share_arrays`)
+and read by their owner, which unlinks the segment once its blocks are built — where every
+worker maps the others' probe (checked before the split), instead of 12 bytes a rating through
+the comms.
+
 Segments are files of ``/dev/shm`` mapped with :mod:`mmap` (not
 :mod:`multiprocessing.shared_memory`, whose resource tracker, shared by a LocalCluster's worker
 processes, mixes up owners and readers and prints KeyErrors). They are unmapped and unlinked by
@@ -42,8 +48,8 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 __all__ = ["SharedBlock", "Segments", "Attached", "enabled", "probe_create", "probe_check",
-           "resolve", "unlink_fit", "switched_off", "OFF_WORDS", "Board", "BoardExchange",
-           "BlockHost", "board_create", "PeerLostError"]
+           "resolve", "unlink_fit", "share_arrays", "segment_names", "unlink", "switched_off",
+           "OFF_WORDS", "Board", "BoardExchange", "BlockHost", "board_create", "PeerLostError"]
 
 SHM_DIR = "/dev/shm"
 ENV = "CLMF_DASK_SHARED_MEMORY"
@@ -239,6 +245,50 @@ def probe_check(attached, probes):
         if not ok:
             return False
     return True
+
+
+# ----- the set-up's pieces of ratings: from the splitting worker to the owner ------------------
+def share_arrays(prefix, arrays):
+    """Copy ``arrays`` into one new segment named ``prefix-<random>`` (kept after this process
+    unmaps it, until its reader unlinks it): a tuple of :class:`SharedBlock`, one per array —
+    or None (the arrays then travel through Dask's comms) without room for it."""
+    offsets, total = [], 0
+    for a in arrays:
+        offsets.append(total)
+        total += -(-a.nbytes // 64) * 64
+    if _free_bytes() < 2 * total:
+        return None
+    seg = _Mapped(f"{prefix}-{secrets.token_hex(8)}", max(1, total))
+    try:
+        for a, off in zip(arrays, offsets):
+            np.ndarray(a.shape, a.dtype, buffer=seg.map, offset=off)[...] = a
+    except BaseException:
+        seg.close()
+        seg.unlink()
+        raise
+    seg.close()
+    return tuple(SharedBlock(seg.name, off, tuple(int(x) for x in a.shape), a.dtype.str)
+                 for a, off in zip(arrays, offsets))
+
+
+def segment_names(x):
+    """The segment names of every :class:`SharedBlock` in ``x`` (tuples and lists too)."""
+    if isinstance(x, SharedBlock):
+        return {x.name}
+    if isinstance(x, (tuple, list)):
+        return set().union(*(segment_names(v) for v in x)) if x else set()
+    return set()
+
+
+def unlink(names):
+    """Unlink the segments ``names`` of this host (those already gone are skipped)."""
+    for name in names:
+        if os.sep in name or name.startswith("."):
+            raise ValueError(f"not a segment name: {name!r}")
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+        except FileNotFoundError:
+            pass
 
 
 def unlink_fit(fit_id):
