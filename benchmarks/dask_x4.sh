@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# clmf.dask against the in-process fit on one host, one Dask worker per GPU (issue 28, branch
+# dask): this checkout's clmf ("after") and the branch's base commit ("before", built from git
+# when the history is there, else skipped) side by side, alternating, each step's results
+# written under $OUT/after and $OUT/before as it ends; the whole run stays under 9 minutes
+# (later steps get what time is left, 4 x Netflix last):
+#   1-2. Netflix shape, f = 100: in-process s/it and Dask s/it (workers' loop through shared
+#        memory, each iteration's parts per worker: compute, exchange, take, publish_copy),
+#        time to the first iteration  (benchmarks/dask_gpu_runs.py)
+#   3-4. Netflix: time to the first iteration with a new cluster per fit, in-process alongside,
+#        the set-up's stages per worker  (benchmarks/dask_setup.py --fresh)
+#   5-6. 4 x Netflix as 1-2 (the "before" Dask fit only, if time is left)
+#
+#   source .whl/gpu-opencl.sh activate && OUT=$OUT bash benchmarks/dask_x4.sh
+#
+# CPU smoke test (PoCL + Intel, tiny; a few minutes on 2 cores):
+#   POCL_DEVICES="pthread pthread" DEVICES=cpu FRACTION=0.002 FACTORS=8 PY=.venv/bin/python \
+#       OUT=/tmp/dask-x4 bash benchmarks/dask_x4.sh
+set -u
+OUT=${OUT:-/tmp/out}
+DEVICES=${DEVICES:-gpu}
+FRACTION=${FRACTION:-1}
+FACTORS=${FACTORS:-100}
+PY=${PY:-python3}
+BASE=${BASE:-4599dc7}          # main when the branch started
+BUDGET=${BUDGET:-530}          # seconds for the whole run
+START=$(date +%s)
+mkdir -p "$OUT/after" "$OUT/before" .data/parquet
+export PYTHONUNBUFFERED=1
+PKG=$(mktemp -d)
+trap 'rm -rf "$PKG"' EXIT
+
+pkg() {
+  # pkg NAME REV: clmf laid out as its wheel installs it (kernels, tuner, shipped tunings) in
+  # $PKG/NAME, from the working tree (REV "worktree") or from git
+  local dst=$PKG/$1 src
+  mkdir -p "$dst"
+  if [ "$2" = worktree ]; then
+    src=.
+  else
+    git archive "$2" clmf cl_kernels tuner results/tuning/shipped | tar -x -C "$dst" || return 1
+    src=$dst
+  fi
+  [ "$src" = . ] && cp -r clmf "$dst/"
+  cp -r "$src/cl_kernels" "$dst/clmf/cl_kernels"
+  cp -r "$src/tuner" "$dst/clmf/autotune"
+  rm -rf "$dst/clmf/tuning/shipped" && cp -r "$src/results/tuning/shipped" "$dst/clmf/tuning/shipped"
+  [ "$src" = . ] || rm -rf "$dst/cl_kernels" "$dst/tuner" "$dst/results"
+  find "$dst" -name __pycache__ -prune -exec rm -rf {} +
+}
+
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+
+step() {
+  # step NAME SECONDS LOG ARGS...: run one benchmark with that package, within its share
+  local name=$1 want=$2 log=$3 t
+  shift 3
+  t=$(left)
+  [ "$t" -gt "$want" ] && t=$want
+  if [ "$t" -lt 30 ]; then echo "[$name] skipped: ${t}s left" | tee -a "$log"; return; fi
+  echo "[$name] $(date -u +%H:%M:%S) timeout ${t}s: $*" | tee -a "$log"
+  PYTHONPATH=$PKG/$name timeout "$t" "$PY" "$@" >> "$log" 2>&1
+  echo "[$name] exit $? at +$(( $(date +%s) - START ))s" | tee -a "$log"
+}
+
+pkg after worktree
+if git cat-file -e "$BASE^{commit}" 2>/dev/null && pkg before "$BASE"; then
+  BEFORE=1
+else
+  BEFORE=0
+  echo "no git history for $BASE here: the 'before' runs are skipped" | tee "$OUT/before/SKIPPED"
+fi
+echo "after: $(git rev-parse --short HEAD 2>/dev/null || echo '?') (+ working tree), before: $BASE" \
+  > "$OUT/packages.txt"
+
+COMMON=(--factors "$FACTORS" --fraction "$FRACTION" --devices "$DEVICES" --data-dir .data/parquet)
+run() {   # run NAME SECONDS PRESET [extra args]: dask_gpu_runs.py
+  local name=$1 want=$2 preset=$3
+  shift 3
+  step "$name" "$want" "$OUT/$name/log.txt" benchmarks/dask_gpu_runs.py "$OUT/$name/runs" \
+    --preset "$preset" --transport shm --iterations 8 --budget 10 "${COMMON[@]}" "$@"
+}
+setup() {   # setup NAME SECONDS: dask_setup.py --fresh
+  local name=$1 want=$2
+  step "$name" "$want" "$OUT/$name/log.txt" benchmarks/dask_setup.py "$OUT/$name/setup" \
+    --devices "$DEVICES" --preset netflix --fraction "$FRACTION" --factors "$FACTORS" \
+    --rounds 2 --fresh --data-dir .data/parquet
+}
+
+run after 80 netflix
+[ $BEFORE = 1 ] && run before 80 netflix
+setup after 90
+[ $BEFORE = 1 ] && setup before 90
+run after 150 netflix-4x
+[ $BEFORE = 1 ] && run before 120 netflix-4x --skip-inprocess
+
+for name in after before; do
+  for f in "$OUT/$name/runs/summary.md" "$OUT/$name/setup/README.md"; do
+    [ -f "$f" ] && { echo "== $name: $f"; head -12 "$f"; }
+  done
+  grep -h "loop parts" "$OUT/$name/log.txt" 2>/dev/null
+done | tee "$OUT/summary.txt"
