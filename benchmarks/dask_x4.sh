@@ -6,7 +6,8 @@
 # (later steps get what time is left, 4 x Netflix last):
 #   1-2. Netflix shape, f = 100: in-process s/it and Dask s/it (workers' loop through shared
 #        memory, each iteration's parts per worker: compute, exchange, take, publish_copy),
-#        time to the first iteration  (benchmarks/dask_gpu_runs.py)
+#        time to the first iteration  (benchmarks/dask_gpu_runs.py); then "after-1t": the
+#        Dask fit again with CLMF_DASK_COPY_THREADS=1 (rows copied in turn, no copy threads)
 #   3-4. Netflix: time to the first iteration with a new cluster per fit, in-process alongside,
 #        the set-up's stages per worker  (benchmarks/dask_setup.py --fresh)
 #   5-6. 4 x Netflix as 1-2 (the "before" Dask fit only, if time is left)
@@ -25,7 +26,7 @@ PY=${PY:-python3}
 BASE=${BASE:-4599dc7}          # main when the branch started
 BUDGET=${BUDGET:-530}          # seconds for the whole run
 START=$(date +%s)
-mkdir -p "$OUT/after" "$OUT/before" .data/parquet
+mkdir -p "$OUT/after" "$OUT/before" "$OUT/after-1t" .data/parquet
 export PYTHONUNBUFFERED=1
 PKG=$(mktemp -d)
 trap 'rm -rf "$PKG"' EXIT
@@ -52,14 +53,17 @@ pkg() {
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 
 step() {
-  # step NAME SECONDS LOG ARGS...: run one benchmark with that package, within its share
-  local name=$1 want=$2 log=$3 t
+  # step NAME SECONDS LOG ARGS...: run one benchmark with package NAME ("after-1t": after,
+  # each worker copying rows with one thread), within its share of the time left
+  local name=$1 want=$2 log=$3 t threads=
   shift 3
   t=$(left)
   [ "$t" -gt "$want" ] && t=$want
   if [ "$t" -lt 30 ]; then echo "[$name] skipped: ${t}s left" | tee -a "$log"; return; fi
   echo "[$name] $(date -u +%H:%M:%S) timeout ${t}s: $*" | tee -a "$log"
-  PYTHONPATH=$PKG/$name timeout "$t" "$PY" "$@" >> "$log" 2>&1
+  [ "$name" = after-1t ] && threads=1
+  CLMF_DASK_COPY_THREADS=$threads PYTHONPATH=$PKG/${name%-1t} timeout "$t" "$PY" "$@" \
+    >> "$log" 2>&1
   echo "[$name] exit $? at +$(( $(date +%s) - START ))s" | tee -a "$log"
 }
 
@@ -89,12 +93,13 @@ setup() {   # setup NAME SECONDS: dask_setup.py --fresh
 
 run after 80 netflix
 [ $BEFORE = 1 ] && run before 80 netflix
+run after-1t 60 netflix --skip-inprocess
 setup after 90
 [ $BEFORE = 1 ] && setup before 90
 run after 150 netflix-4x
 [ $BEFORE = 1 ] && run before 120 netflix-4x --skip-inprocess
 
-for name in after before; do
+for name in after before after-1t; do
   for f in "$OUT/$name/runs/summary.md" "$OUT/$name/setup/README.md"; do
     [ -f "$f" ] && { echo "== $name: $f"; head -12 "$f"; }
   done

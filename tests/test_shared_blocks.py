@@ -202,13 +202,16 @@ def test_a_failed_dead_or_called_off_peer_ends_the_wait(monkeypatch):
         _close(segs, atts)
 
 
+@pytest.mark.parametrize("threads", [1, 3], ids=["copies-in-turn", "copy-threads"])
 @pytest.mark.parametrize("limit", [1 << 30, 8], ids=["mirror", "own-rows-only"])
-def test_staged_rows_go_through_page_locked_arrays_both_ways(monkeypatch, limit):
+def test_staged_rows_go_through_page_locked_arrays_both_ways(monkeypatch, limit, threads):
     """With staging (page-locked arrays, on GPUs) the engine's copies of its own rows land in
     them and publishing copies them on into the row segment the peers read; the peers' rows are
     copied from their segments into the side's mirror before the device uploads them (a side
     over the pinning limit stages only this worker's rows)."""
     monkeypatch.setattr(shm, "PIN_LIMIT", limit)
+    monkeypatch.setattr(shm, "copy_threads", lambda workers: threads)
+    monkeypatch.setattr(shm, "COPY_PART", 8)           # (rows of 8 bytes: a part each)
     bounds = {"users": np.array([0, 3, 6]), "items": np.array([0, 1, 2])}
     segs = [shm.Segments(f"clmf-test-stage-{d}") for d in range(2)]
     handles = [shm.board_create(segs[d], bounds, d, 2, np.float32) for d in range(2)]
@@ -244,3 +247,12 @@ def test_staged_rows_go_through_page_locked_arrays_both_ways(monkeypatch, limit)
     finally:
         b1.close()
         _close(segs, atts)
+
+
+def test_copy_threads_are_a_workers_share_of_the_cores_or_as_set(monkeypatch):
+    monkeypatch.delenv(shm.ENV_COPY_THREADS, raising=False)
+    cores = len(os.sched_getaffinity(0))
+    assert shm.copy_threads(1) == max(1, min(shm.COPY_THREADS, cores))
+    assert shm.copy_threads(10 * cores) == 1
+    monkeypatch.setenv(shm.ENV_COPY_THREADS, "3")
+    assert shm.copy_threads(10 * cores) == 3

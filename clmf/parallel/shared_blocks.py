@@ -335,6 +335,7 @@ PIN_LIMIT = 4 << 30           # largest page-locked mirror of a side's rows
 POLL_FIRST, POLL_LAST = 20e-6, 200e-6    # a waiting reader's first and longest sleep (s)
 COPY_THREADS = 4              # most host threads of a worker fetching peers' rows (and publishing)
 ENV_TIMEOUT = "CLMF_DASK_EXCHANGE_TIMEOUT"
+ENV_COPY_THREADS = "CLMF_DASK_COPY_THREADS"
 
 
 class PeerLostError(RuntimeError):
@@ -387,9 +388,13 @@ class BlockHost:
 
     def fetch(self, a, b):
         """Start copying another worker's rows ``[a, b)`` from its segment into the mirror:
-        the copies' futures (none without a mirror: the rows are read where they lie)."""
+        the copies' futures (none without a mirror: the rows are read where they lie; none
+        without a ``pool``: copied here and now)."""
         d, rows = self._locate(a, b)
         if self.mirror is None or d == self.own:
+            return []
+        if self.pool is None:
+            np.copyto(self.mirror[a:b], rows)
             return []
         return copy_rows_async(self.pool, self.mirror[a:b], rows)
 
@@ -426,7 +431,12 @@ def copy_rows(pool, dst, src):
 
 def copy_threads(workers):
     """Host threads each of ``workers`` workers on this host copies rows with: its share of
-    the cores it may run on, 1 to :data:`COPY_THREADS`."""
+    the cores it may run on, 1 to :data:`COPY_THREADS` (``CLMF_DASK_COPY_THREADS`` in the
+    workers' environment sets it)."""
+    try:
+        return max(1, int(os.environ[ENV_COPY_THREADS]))
+    except (KeyError, ValueError):
+        pass
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -469,14 +479,15 @@ class Board:
         self.controls = [attached.array(h["control"]) for h in handles]
         self.segment = {}             # side -> this worker's row segment
         self.host = {}                # side -> BlockHost the engine reads and writes
-        threads = copy_threads(self.n)
+        threads = copy_threads(self.n) if staging is not None else 1
         pool = concurrent.futures.ThreadPoolExecutor
-        # the peers' rows copied in by one pool, this worker's own rows out by the publishing
-        # thread and another (never queued behind the fetches: the peers wait for them)
-        self.pool = (pool(threads, thread_name_prefix="clmf-fetch") if staging is not None
-                     else None)
+        # with cores to spare, the peers' rows copied in by one pool (several chunks at once,
+        # while the driving thread hands the copied ones to the device), this worker's own
+        # rows out by the publishing thread and another pool (never queued behind the
+        # fetches: the peers wait for them); else both in the thread asking, as they come
+        self.pool = pool(threads, thread_name_prefix="clmf-fetch") if threads > 1 else None
         self.publish_pool = (pool(threads - 1, thread_name_prefix="clmf-publish")
-                             if staging is not None and threads > 1 else None)
+                             if threads > 1 else None)
         self.mirrored = []
         for s, b in bounds.items():
             arrays = [attached.array(h[s])[:int(b[e + 1] - b[e])] for e, h in enumerate(handles)]
