@@ -109,13 +109,17 @@ def test_encoder_maps_consecutive_integer_ids_by_a_subtraction():
     np.testing.assert_array_equal(T._codes(enc, np.array(["10", "a"], object)), [-1, -1])
 
 
-def test_pieces_through_shared_memory_are_the_split_and_their_reader_unlinks_them():
+@pytest.mark.parametrize("threads", [False, True], ids=["gathers", "threaded-gathers"])
+def test_pieces_through_shared_memory_are_the_split_and_their_reader_unlinks_them(threads,
+                                                                                  monkeypatch):
     """On one host the split's pieces go to their owners through shared-memory segments
     (handles instead of 12 bytes a rating through the comms): the same triples, every segment
     unlinked once read (or by the fit's release, probes included)."""
     import os
 
     from clmf.parallel import shared_blocks as shm
+    if threads:
+        monkeypatch.setattr(T, "GATHER_THREADS_FROM", 0)
     rng = np.random.default_rng(3)
     u, i, r, (m, n) = _triples(rng)
     bu, bi = np.array([0, m // 2, m]), np.array([0, n // 3, n])
@@ -125,8 +129,13 @@ def test_pieces_through_shared_memory_are_the_split_and_their_reader_unlinks_the
         return sorted(x for x in os.listdir(shm.SHM_DIR) if x.startswith(prefix))
     probes = [T.setup_probe(prefix) for _ in range(2)]
     assert T.setup_check(*probes) and not T.setup_check(probes[0], None)
-    shared = T.split((u, i, r), bu, bi, prefix=prefix, shared=True)
-    plain = T.split((u, i, r), bu, bi)
+    by_user = np.lexsort((i, u))                     # the users' side: slices, not gathers
+    triples = [np.concatenate([x, x[by_user]]) for x in (u, i, r)]
+    triples[0][:len(u)] = np.sort(u)                  # (its users in order: slices)
+    triples[0][len(u):] += m                          # distinct ratings, rows past m
+    bu = np.array([0, m // 2, m, 2 * m])
+    shared = T.split(tuple(triples), bu, bi, prefix=prefix, shared=True)
+    plain = T.split(tuple(triples), bu, bi)
     assert all(isinstance(b, shm.SharedBlock) for t in shared for b in t)
     assert len(names()) == 2 + len(plain)            # the probes and one segment a piece
     att = shm.Attached()

@@ -446,7 +446,8 @@ class DaskEngine:
         bounds = bounds or {s: self.plan[s].bounds for s in SIDES}
         bu, bi = bounds["users"], bounds["items"]
         splits = self.client.map(T.split, parts, bounds_u=bu, bounds_i=bi,
-                                 prefix=T.setup_prefix(self.fit_id), shared=shared, pure=False)
+                                 prefix=T.setup_prefix(self.fit_id), shared=shared,
+                                 owners=self.addrs, pure=False)
         return [[self.client.submit(T.pick, s, k, pure=False) for k in range(2 * self.n)]
                 for s in splits]
 

@@ -166,17 +166,60 @@ def stable_order(keys, span):
     return order[stable_order(keys[order] >> 16, (int(span) >> 16) + 1)]
 
 
-def split(codes, bounds_u, bounds_i, prefix=None, shared=False):
+def split(codes, bounds_u, bounds_i, prefix=None, shared=False, owners=None):
     """A partition's triples split by owning worker: ``2n`` triples, first by the users' blocks
     then by the items' blocks (unknown ids, -1, are dropped); each worker's triples keep their
     order in the partition. ``shared`` (the workers share a host: :func:`setup_check`): each
-    triple is copied into a shared-memory segment named ``prefix-...`` and its handles returned
-    instead (:func:`clmf.parallel.shared_blocks.share_arrays`; the arrays where there is no
-    room), which the owner reads and unlinks (:func:`blocks`)."""
-    out = _split(codes, bounds_u, bounds_i)
-    if shared:
-        out = [shm.share_arrays(prefix, t) or t for t in out]
+    triple for another worker than this one (``owners``: the workers' addresses) is written
+    into a shared-memory segment named ``prefix-...`` (gathered straight into it) and its
+    handles returned instead (:func:`clmf.parallel.shared_blocks.share_arrays`; the arrays
+    where there is no room), which the owner reads and unlinks (:func:`blocks`)."""
+    uir, pieces = _split(codes, bounds_u, bounds_i)
+    n = len(bounds_u) - 1
+    here = _address() if shared and owners else None
+    out, gathered = [], {}
+    for j, (order, a, b) in enumerate(pieces):
+        if shared and (owners is None or owners[j % n] != here):
+            got = shm.share_arrays(prefix, [(b - a, x.dtype) for x in uir],
+                                   lambda views, o=order, a=a, b=b: _take(uir, o, a, b, views))
+            if got is not None:
+                out.append(got)
+                continue
+        if order is None:
+            out.append(tuple(x[a:b] for x in uir))
+        else:                         # one gather of the side, sliced
+            if id(order) not in gathered:
+                gathered[id(order)] = gather(order, *uir)
+            out.append(tuple(x[a:b] for x in gathered[id(order)]))
     return out
+
+
+def _address():
+    """This Dask worker's address (None outside a worker)."""
+    try:
+        from distributed import get_worker
+        return get_worker().address
+    except (ImportError, ValueError):
+        return None
+
+
+def _take(arrays, order, a, b, out):
+    """``out[k][...] = arrays[k][order[a:b]]`` (``order`` None: ``arrays[k][a:b]``), the arrays
+    in threads of their own when long (as :func:`gather`)."""
+    def one(k):
+        """Array ``k``."""
+        if order is None:
+            np.copyto(out[k], arrays[k][a:b])
+        else:
+            np.take(arrays[k], order[a:b], out=out[k])
+    if b - a < GATHER_THREADS_FROM:
+        for k in range(len(arrays)):
+            one(k)
+        return
+    import concurrent.futures
+    with concurrent.futures.ThreadPoolExecutor(len(arrays),
+                                               thread_name_prefix="clmf-gather") as pool:
+        list(pool.map(one, range(len(arrays))))
 
 
 def setup_probe(prefix):
@@ -187,7 +230,8 @@ def setup_probe(prefix):
         return None
     token = os.urandom(16)
     try:
-        got = shm.share_arrays(f"{prefix}-probe", [np.frombuffer(token, np.uint8)])
+        got = shm.share_arrays(f"{prefix}-probe", [((16,), np.uint8)],
+                               lambda views: np.copyto(views[0], np.frombuffer(token, np.uint8)))
     except OSError as e:
         log.info("shared memory unavailable (%s): the ratings go through Dask's comms", e)
         return None
@@ -209,7 +253,9 @@ def all_of(*flags):
 
 
 def _split(codes, bounds_u, bounds_i):
-    """:func:`split`'s triples as arrays."""
+    """``((u, i, r), pieces)``: the partition's known triples and, per piece of :func:`split`,
+    ``(order, a, b)``: entries ``order[a:b]`` of the triples (``order`` None: ``a:b``, the
+    side already in owner order), one order array per side."""
     u, i, r = codes
     ok = (u >= 0) & (i >= 0)
     if not ok.all():
@@ -220,14 +266,13 @@ def _split(codes, bounds_u, bounds_i):
         owner = (np.searchsorted(bounds, key, side="right") - 1).astype(np.int32)
         if len(owner) < 2 or bool(np.all(owner[1:] >= owner[:-1])):
             cuts = np.searchsorted(owner, np.arange(n + 1))        # already in owner order
-            out += [(u[a:b], i[a:b], r[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+            out += [(None, a, b) for a, b in zip(cuts[:-1], cuts[1:])]
             continue
         order = stable_order(owner, n)
         cuts = np.zeros(n + 1, np.int64)
         np.cumsum(np.bincount(owner, minlength=n), out=cuts[1:])
-        uo, io, ro = gather(order, u, i, r)
-        out += [(uo[a:b], io[a:b], ro[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
-    return out
+        out += [(order, a, b) for a, b in zip(cuts[:-1], cuts[1:])]
+    return (u, i, r), out
 
 
 def heldout(codes, mean, user_counts, item_counts, to_mean):

@@ -248,27 +248,31 @@ def probe_check(attached, probes):
 
 
 # ----- the set-up's pieces of ratings: from the splitting worker to the owner ------------------
-def share_arrays(prefix, arrays):
-    """Copy ``arrays`` into one new segment named ``prefix-<random>`` (kept after this process
+def share_arrays(prefix, specs, fill):
+    """Arrays of ``specs`` (``(shape, dtype)`` each) in one new segment named
+    ``prefix-<random>``, written by ``fill(arrays)`` (the segment is kept after this process
     unmaps it, until its reader unlinks it): a tuple of :class:`SharedBlock`, one per array —
-    or None (the arrays then travel through Dask's comms) without room for it."""
+    or None (nothing made: the caller's arrays then travel through Dask's comms) without room
+    for it."""
+    specs = [((int(shape),) if np.ndim(shape) == 0 else tuple(int(x) for x in shape),
+              np.dtype(dt)) for shape, dt in specs]
     offsets, total = [], 0
-    for a in arrays:
+    for shape, dt in specs:
         offsets.append(total)
-        total += -(-a.nbytes // 64) * 64
+        total += -(-int(np.prod(shape, dtype=np.int64)) * dt.itemsize // 64) * 64
     if _free_bytes() < 2 * total:
         return None
     seg = _Mapped(f"{prefix}-{secrets.token_hex(8)}", max(1, total))
     try:
-        for a, off in zip(arrays, offsets):
-            np.ndarray(a.shape, a.dtype, buffer=seg.map, offset=off)[...] = a
+        fill([np.ndarray(shape, dt, buffer=seg.map, offset=off)
+              for (shape, dt), off in zip(specs, offsets)])
     except BaseException:
         seg.close()
         seg.unlink()
         raise
     seg.close()
-    return tuple(SharedBlock(seg.name, off, tuple(int(x) for x in a.shape), a.dtype.str)
-                 for a, off in zip(arrays, offsets))
+    return tuple(SharedBlock(seg.name, off, shape, dt.str)
+                 for (shape, dt), off in zip(specs, offsets))
 
 
 def segment_names(x):
