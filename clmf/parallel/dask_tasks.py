@@ -11,6 +11,7 @@ module level (only :func:`get_worker` inside a task); the client side is
 """
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import threading
@@ -204,19 +205,19 @@ def _address():
 
 
 def _take(arrays, order, a, b, out):
-    """``out[k][...] = arrays[k][order[a:b]]`` (``order`` None: ``arrays[k][a:b]``), the arrays
-    in threads of their own when long (as :func:`gather`)."""
+    """``out[k][...] = arrays[k][order[a:b]]`` (``order`` None: ``arrays[k][a:b]``), each array
+    in a thread of its own where there are :data:`GATHER_THREADS_FROM` entries or more (NumPy
+    releases the GIL: a worker's cores gather its pieces and blocks together)."""
     def one(k):
         """Array ``k``."""
         if order is None:
             np.copyto(out[k], arrays[k][a:b])
         else:
             np.take(arrays[k], order[a:b], out=out[k])
-    if b - a < GATHER_THREADS_FROM:
+    if len(arrays) < 2 or b - a < GATHER_THREADS_FROM:
         for k in range(len(arrays)):
             one(k)
         return
-    import concurrent.futures
     with concurrent.futures.ThreadPoolExecutor(len(arrays),
                                                thread_name_prefix="clmf-gather") as pool:
         list(pool.map(one, range(len(arrays))))
@@ -361,14 +362,10 @@ def probe(spec, rank, fit, stats):
 
 # ----- a fit's blocks and device worker (the owning worker) -----------------------------------
 def gather(order, *arrays):
-    """``[a[order] for a in arrays]``, each in a thread of its own where ``order`` is long
-    (NumPy releases the GIL: a worker's cores gather its blocks together)."""
-    if len(arrays) < 2 or len(order) < GATHER_THREADS_FROM:
-        return [a[order] for a in arrays]
-    import concurrent.futures
-    with concurrent.futures.ThreadPoolExecutor(len(arrays),
-                                               thread_name_prefix="clmf-gather") as pool:
-        return list(pool.map(lambda a: np.take(a, order), arrays))
+    """``[a[order] for a in arrays]`` (in threads where long: :func:`_take`)."""
+    out = [np.empty(len(order), a.dtype) for a in arrays]
+    _take(arrays, order, 0, len(order), out)
+    return out
 
 
 def _block(pieces, key, indptr, r0, r1):
@@ -422,7 +419,6 @@ def blocks(fit_id, d, static, n_user_pieces, *pieces):
     the fit draws them, so that only a seed crosses the network — and return at once: the
     worker meanwhile resolves its device's configuration and builds its programs
     (:func:`probe`); :func:`build` takes the blocks."""
-    import concurrent.futures
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clmf-blocks")
     fut = pool.submit(_blocks, d, static, pieces[:n_user_pieces], pieces[n_user_pieces:])
     pool.shutdown(wait=False)
@@ -459,7 +455,6 @@ def _blocks_of(d, static, user_pieces, item_pieces):
         ip[s] = np.zeros(rows + 1, np.int64)
         np.cumsum(counts, out=ip[s][1:])
     bounds = static["bounds"]
-    import concurrent.futures
 
     def drawn():
         """The start factors and the seconds they took."""
@@ -485,8 +480,6 @@ def _prebuild(dev, setup, d):
     """A future of the ALS programs of worker ``d``'s configurations, built (or loaded from the
     on-disk cache) in a thread: the engine then finds them built. A configuration that fails
     to build is left to the engine to report (with the side and device it names)."""
-    import concurrent.futures
-
     from ..engine.device import device_info, get_context
     from ..engine.kernels import als_program
     from ..tuning.spec import unknowns
