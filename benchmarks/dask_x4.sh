@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # clmf.dask against the in-process fit on one host, one Dask worker per GPU (issue 28, branch
-# dask): this checkout's clmf ("after") and the branch's base commit ("before", built from git
-# when the history is there, else skipped) side by side, alternating, each step's results
+# dask): this checkout's clmf ("after") and the same with the four Dask modules of the branch's
+# base commit ("before", from git when the history is there, else skipped) side by side,
+# alternating, each step's results
 # written under $OUT/after and $OUT/before as it ends; the whole run stays under 9 minutes
 # (later steps get what time is left, 4 x Netflix last):
 #   1-2. Netflix shape, f = 100: in-process s/it and Dask s/it (workers' loop through shared
@@ -32,21 +33,21 @@ PKG=$(mktemp -d)
 trap 'rm -rf "$PKG"' EXIT
 
 pkg() {
-  # pkg NAME REV: clmf laid out as its wheel installs it (kernels, tuner, shipped tunings) in
-  # $PKG/NAME, from the working tree (REV "worktree") or from git
-  local dst=$PKG/$1 src
+  # pkg NAME [REV]: clmf laid out as its wheel installs it (kernels, tuner, shipped tunings)
+  # from the working tree in $PKG/NAME; with REV, the Dask modules this branch changed taken
+  # from git at REV (so "before" differs from "after" by this branch's changes alone, whatever
+  # else the tree holds by then)
+  local dst=$PKG/$1 f
   mkdir -p "$dst"
-  if [ "$2" = worktree ]; then
-    src=.
-  else
-    git archive "$2" clmf cl_kernels tuner results/tuning/shipped | tar -x -C "$dst" || return 1
-    src=$dst
+  cp -r clmf "$dst/"
+  cp -r cl_kernels "$dst/clmf/cl_kernels"
+  cp -r tuner "$dst/clmf/autotune"
+  rm -rf "$dst/clmf/tuning/shipped" && cp -r results/tuning/shipped "$dst/clmf/tuning/shipped"
+  if [ $# -gt 1 ]; then
+    for f in $DASK_FILES; do
+      git show "$2:$f" > "$dst/$f" || return 1
+    done
   fi
-  [ "$src" = . ] && cp -r clmf "$dst/"
-  cp -r "$src/cl_kernels" "$dst/clmf/cl_kernels"
-  cp -r "$src/tuner" "$dst/clmf/autotune"
-  rm -rf "$dst/clmf/tuning/shipped" && cp -r "$src/results/tuning/shipped" "$dst/clmf/tuning/shipped"
-  [ "$src" = . ] || rm -rf "$dst/cl_kernels" "$dst/tuner" "$dst/results"
   find "$dst" -name __pycache__ -prune -exec rm -rf {} +
 }
 
@@ -67,15 +68,17 @@ step() {
   echo "[$name] exit $? at +$(( $(date +%s) - START ))s" | tee -a "$log"
 }
 
-pkg after worktree
+DASK_FILES="clmf/dask.py clmf/parallel/dask_backend.py clmf/parallel/dask_tasks.py
+            clmf/parallel/shared_blocks.py"
+pkg after
 if git cat-file -e "$BASE^{commit}" 2>/dev/null && pkg before "$BASE"; then
   BEFORE=1
 else
   BEFORE=0
   echo "no git history for $BASE here: the 'before' runs are skipped" | tee "$OUT/before/SKIPPED"
 fi
-echo "after: $(git rev-parse --short HEAD 2>/dev/null || echo '?') (+ working tree), before: $BASE" \
-  > "$OUT/packages.txt"
+echo "after: $(git rev-parse --short HEAD 2>/dev/null || echo '?') (+ working tree); before: the" \
+  "same with $DASK_FILES of $BASE" > "$OUT/packages.txt"
 
 COMMON=(--factors "$FACTORS" --fraction "$FRACTION" --devices "$DEVICES" --data-dir .data/parquet)
 run() {   # run NAME SECONDS PRESET [extra args]: dask_gpu_runs.py
