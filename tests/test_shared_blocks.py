@@ -256,3 +256,17 @@ def test_copy_threads_are_a_workers_share_of_the_cores_or_as_set(monkeypatch):
     assert shm.copy_threads(10 * cores) == 1
     monkeypatch.setenv(shm.ENV_COPY_THREADS, "3")
     assert shm.copy_threads(10 * cores) == 3
+
+
+def test_a_full_shared_memory_is_the_comms_not_a_crash(monkeypatch):
+    """Workers that saw the same free space race for it: a new segment's pages are allocated
+    at once, and ENOSPC there sends the arrays through the comms (never SIGBUS on a write)."""
+    import errno
+
+    def full(fd, offset, size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    assert shm.share_arrays("clmf-test-full2", [((4,), np.float32)], lambda v: None) is None
+    seg = shm.Segments("clmf-test-full3")
+    assert seg.array("solve-users", (4, 2), np.float32) is None
+    assert _names("clmf-test-full2") == [] and _names("clmf-test-full3") == []

@@ -15,7 +15,9 @@ Safety rests on three rules:
   comms. ``CLMF_DASK_SHARED_MEMORY=0`` turns the transport off.
 - **Room checked before a segment is made.** A tmpfs that is too small would kill the writer
   with SIGBUS, so :class:`Segments` asks ``statvfs`` first and returns ``None`` (the caller then
-  returns the array itself, through the comms) when the free space is under twice the request.
+  returns the array itself, through the comms) when the free space is under twice the request,
+  and a new segment's pages are allocated at once (``posix_fallocate``: workers racing for the
+  last room get ENOSPC there, and the comms, rather than SIGBUS).
 - **Overwritten only after every reader is done.** A worker rewrites its segment of a side in
   the next solve of that side, which Dask runs only after every worker installed the blocks of
   the half-step between (each install finishes its uploads before it returns).
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import errno
 import logging
 import mmap
 import os
@@ -95,6 +98,26 @@ def _free_bytes():
     return st.f_bavail * st.f_frsize
 
 
+def _reserve(fd, size):
+    """Allocate a new segment's pages now (``posix_fallocate``): a full shared-memory file
+    system then fails here with ENOSPC (an :class:`OSError`, the block goes through Dask's
+    comms) instead of killing the writer with SIGBUS later — several workers may have seen
+    the same free space."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except AttributeError:          # pragma: no cover - not on this platform
+        pass
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):     # a file system without it
+            return
+        raise
+
+
+def _full(e):
+    """Whether ``e`` says the shared-memory file system has no room."""
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.ENOMEM)
+
+
 class _Mapped:
     """One segment file of ``/dev/shm`` mapped in this process."""
 
@@ -106,6 +129,7 @@ class _Mapped:
         try:
             if size is not None:
                 os.ftruncate(fd, size)
+                _reserve(fd, size)
             self.size = os.fstat(fd).st_size
             self.map = mmap.mmap(fd, self.size)
         except BaseException:
@@ -153,7 +177,13 @@ class Segments:
                          "through Dask's comms", nbytes, tag, _free_bytes(), SHM_DIR)
                 return None
             self._drop(tag)
-            seg = _Mapped(f"{self.prefix}-{tag}-{secrets.token_hex(4)}", nbytes)
+            try:
+                seg = _Mapped(f"{self.prefix}-{tag}-{secrets.token_hex(4)}", nbytes)
+            except OSError as e:
+                if not _full(e):
+                    raise
+                log.info("shared memory full (%s): the block goes through Dask's comms", e)
+                return None
             self.owned[tag] = seg
         arr = np.ndarray(shape, dtype, buffer=seg.map)
         return arr, SharedBlock(seg.name, 0, tuple(int(s) for s in shape), dtype.str)
@@ -262,7 +292,13 @@ def share_arrays(prefix, specs, fill):
         total += -(-int(np.prod(shape, dtype=np.int64)) * dt.itemsize // 64) * 64
     if _free_bytes() < 2 * total:
         return None
-    seg = _Mapped(f"{prefix}-{secrets.token_hex(8)}", max(1, total))
+    try:
+        seg = _Mapped(f"{prefix}-{secrets.token_hex(8)}", max(1, total))
+    except OSError as e:
+        if not _full(e):
+            raise
+        log.info("shared memory full (%s): the arrays go through Dask's comms", e)
+        return None
     try:
         fill([np.ndarray(shape, dt, buffer=seg.map, offset=off)
               for (shape, dt), off in zip(specs, offsets)])
