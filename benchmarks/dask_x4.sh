@@ -14,6 +14,7 @@
 #   5-6. 4 x Netflix as 1-2 (the "before" Dask fit only, if time is left)
 #
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash benchmarks/dask_x4.sh
+#   (4 x Netflix whole, in a second command: PARTS=netflix-4x OUT=$OUT bash benchmarks/dask_x4.sh)
 #
 # CPU smoke test (PoCL + Intel, tiny; a few minutes on 2 cores):
 #   POCL_DEVICES="pthread pthread" DEVICES=cpu FRACTION=0.002 FACTORS=8 PY=.venv/bin/python \
@@ -25,7 +26,8 @@ FRACTION=${FRACTION:-1}
 FACTORS=${FACTORS:-100}
 PY=${PY:-python3}
 BASE=${BASE:-4599dc7}          # main when the branch started
-BUDGET=${BUDGET:-530}          # seconds for the whole run
+BUDGET=${BUDGET:-535}          # seconds for the whole run
+PARTS=${PARTS:-netflix setup netflix-4x}   # which steps (a second command: PARTS=netflix-4x)
 START=$(date +%s)
 mkdir -p "$OUT/after" "$OUT/before" "$OUT/after-1t" .data/parquet
 export PYTHONUNBUFFERED=1
@@ -94,13 +96,19 @@ setup() {   # setup NAME SECONDS: dask_setup.py --fresh
     --rounds 2 --fresh --data-dir .data/parquet
 }
 
-run after 80 netflix
-[ $BEFORE = 1 ] && run before 80 netflix
-run after-1t 60 netflix --skip-inprocess
-setup after 90
-[ $BEFORE = 1 ] && setup before 90
-run after 150 netflix-4x
-[ $BEFORE = 1 ] && run before 120 netflix-4x --skip-inprocess
+if [[ " $PARTS " == *" netflix "* ]]; then
+  run after 80 netflix
+  [ $BEFORE = 1 ] && run before 80 netflix
+  run after-1t 60 netflix --skip-inprocess
+fi
+if [[ " $PARTS " == *" setup "* ]]; then
+  setup after 90
+  [ $BEFORE = 1 ] && setup before 90
+fi
+if [[ " $PARTS " == *" netflix-4x "* ]]; then
+  run after 240 netflix-4x
+  [ $BEFORE = 1 ] && run before 200 netflix-4x --skip-inprocess
+fi
 
 for name in after before after-1t; do
   for f in "$OUT/$name/runs/summary.md" "$OUT/$name/setup/README.md"; do
