@@ -101,7 +101,15 @@ def dask_fit(args, pdir, workers, transport, label, loop=True):
                / max(1, len(secs) - 1),
                "devices": model.device_, "train_rmse": model.history_[-1]["train_rmse"],
                "modes": {s: model.plan_[s].mode for s in ("users", "items")},
-               "memory": model.memory_}
+               "memory": model.memory_, "clmf": clmf.__file__}
+        loop_parts = model.fit_times_.get("loop", [])[1:]      # (this branch on: the parts)
+        if loop_parts:
+            # per iteration after the first, the slowest worker's part; medians (s)
+            rec["loop_parts"] = {k: float(np.median([max(p[k] for p in per)
+                                                     for per in loop_parts]))
+                                 for k in loop_parts[0][0]}
+            say(f"{label}: workers' loop parts (median s/it) " + ", ".join(
+                f"{k} {v:.4f}" for k, v in rec["loop_parts"].items()))
         say(f"{label}: {rec['s_per_it']:.4f} s/it through {model.transport_}, first "
             f"iteration after {model.time_to_first_iteration_:.1f} s")
         return rec

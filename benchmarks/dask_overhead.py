@@ -4,7 +4,7 @@ same devices (``clmf.ALS(device=[...])``), the workers' own loop (``CLMF_DASK_WO
 one task per iteration) and the tasks per half-step (``=0``) alternately, on one data set.
 
     POCL_DEVICES="pthread pthread" python benchmarks/dask_overhead.py --rounds 3 \
-        --iterations 8 [--data ml100k|synthetic]
+        --iterations 8 [--data ml100k|synthetic|wide] [--staging] [--paths inprocess,dask_loop]
 
 The in-process fit takes the first ``--workers`` devices of the platform named by ``--device``;
 each Dask worker the ``rank``-th (``device="cpu"`` picks by type: give the workers only those
@@ -26,7 +26,9 @@ import numpy as np
 
 
 def data(kind, seed=0):
-    """The ratings: ML-100K from the shared data, or a synthetic 1M-rating set."""
+    """The ratings: ML-100K from the shared data, a synthetic 1M-rating set, or a wide one
+    (``wide``: 400K users × 4K items, 2M ratings — many factor rows to exchange per rating, as
+    the Netflix shape's users on GPUs)."""
     import scipy.sparse as sp
     if kind == "ml100k":
         import pandas as pd
@@ -35,7 +37,7 @@ def data(kind, seed=0):
         u, i = raw.user.to_numpy() - 1, raw.item.to_numpy() - 1
         return sp.csr_matrix((raw.rating.to_numpy(np.float32), (u, i)))
     rng = np.random.default_rng(seed)
-    m, n, nnz = 20_000, 2_000, 1_000_000
+    m, n, nnz = (400_000, 4_000, 2_000_000) if kind == "wide" else (20_000, 2_000, 1_000_000)
     keys = np.unique(rng.integers(0, m * n, int(nnz * 1.05)))[:nnz]
     return sp.csr_matrix((rng.uniform(1, 5, len(keys)).astype(np.float32),
                           (keys // n, keys % n)), shape=(m, n))
@@ -44,14 +46,21 @@ def data(kind, seed=0):
 def main(argv=None):
     """Run the comparison; see the module docstring."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default="ml100k", choices=["ml100k", "synthetic"])
+    ap.add_argument("--data", default="ml100k", choices=["ml100k", "synthetic", "wide"])
     ap.add_argument("--factors", type=int, default=32)
     ap.add_argument("--iterations", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--device", default="Portable")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--paths", default="inprocess,dask_loop,dask_halfsteps",
+                    help="which fits, comma-separated (inprocess, dask_loop, dask_halfsteps)")
+    ap.add_argument("--staging", action="store_true",
+                    help="the workers' rows through page-locked staging arrays, as on GPUs "
+                         "(CLMF_DASK_PINNED_STAGING=1 in the workers' environment)")
     args = ap.parse_args(argv)
+    if args.staging:
+        os.environ["CLMF_DASK_PINNED_STAGING"] = "1"
     logging.basicConfig(level=logging.WARNING)
     import distributed
     import pyopencl as cl
@@ -69,7 +78,8 @@ def main(argv=None):
     cluster = distributed.LocalCluster(n_workers=args.workers, threads_per_worker=1,
                                        processes=True, dashboard_address=None, silence_logs=40)
     client = distributed.Client(cluster)
-    runs = {"inprocess": [], "dask_loop": [], "dask_halfsteps": []}
+    runs = {k: [] for k in args.paths.split(",")}
+    parts = []           # the workers' loop: per iteration after the first, the slowest's parts
     rmse = {}
     # the workers' loop: the client's wall around each call against the workers' own seconds
     # (iterations and metrics) — what a group costs beyond the workers' work
@@ -95,6 +105,8 @@ def main(argv=None):
                         R, show_progress=False)
                 secs = [h["seconds"] for h in m.history_][1:]
                 runs[key] += secs
+                for per in getattr(m, "fit_times_", {}).get("loop", [])[1:]:
+                    parts.append({k: max(p[k] for p in per) for k in per[0]})
                 rmse[key] = float(m.history_[-1].get("train_rmse", np.nan))
                 print(f"round {r} {key}: median {np.median(secs) * 1e3:.2f} ms/it",
                       flush=True)
@@ -102,16 +114,23 @@ def main(argv=None):
         client.close()
         cluster.close()
     med = {k: float(np.median(v)) for k, v in runs.items()}
+    ref = med.get("inprocess", np.nan)
     rec = {"data": args.data, "shape": list(R.shape), "nnz": int(R.nnz),
            "factors": args.factors, "workers": args.workers, "device": args.device,
            "s_per_it": med, "train_rmse": rmse,
-           "overhead_ms": {k: 1e3 * (med[k] - med["inprocess"]) for k in med},
+           "overhead_ms": {k: 1e3 * (med[k] - ref) for k in med},
            "loop_beyond_workers_ms": 1e3 * float(np.median(beyond)) if beyond else None,
-           "ratio": {k: med[k] / med["inprocess"] for k in med},
+           "loop_parts_ms": ({k: 1e3 * float(np.median([p[k] for p in parts]))
+                              for k in parts[0]} if parts else None),
+           "staging": bool(args.staging), "clmf": __import__("clmf").__file__,
+           "ratio": {k: med[k] / ref for k in med},
            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     for k in med:
         print(f"{k:15s} {med[k] * 1e3:8.2f} ms/it  ×{rec['ratio'][k]:.2f}  "
               f"+{rec['overhead_ms'][k]:.2f} ms/it  rmse {rmse[k]:.5f}")
+    if parts:
+        print("workers' loop, median of the slowest worker's parts (ms/it): " + ", ".join(
+            f"{k} {v:.2f}" for k, v in rec["loop_parts_ms"].items()))
     if beyond:
         print(f"workers' loop: {rec['loop_beyond_workers_ms']:.2f} ms/it of client wall beyond "
               "the workers' own time (groups after the first iteration)")

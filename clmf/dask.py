@@ -50,7 +50,9 @@ class ALS(_ALS):
     the end of the first iteration) and ``fit_times_`` (the set-up's stages in seconds:
     ``prepare_s`` and ``prepare``, the ratings encoded on the workers; ``set_up_s`` and
     ``engine``, the rest as the client saw it; ``probe``, each probed worker's lookup and
-    builds, one worker per kind of device; ``workers``, each worker's own stages).
+    builds, one worker per kind of device; ``workers``, each worker's own stages; ``loop``,
+    per iteration run in the workers' own loop each worker's parts of it: ``seconds``,
+    ``compute``, ``exchange``, ``take``, ``publish_copy``).
     """
 
     _repr_name = "clmf.dask.ALS"
@@ -303,6 +305,8 @@ class _DaskTrainer(Trainer):
                            early_stopping_rounds=early_stopping_rounds,
                            show_progress=show_progress, origin=t_start)
             memory = dict(engine.memory)
+            if engine.splits:
+                fit_times["loop"] = engine.splits
         except WorkerLostError as e:
             raise WorkerLostError(f"{e}. The fit cannot go on without that worker's blocks. "
                                   + _resume_hint(checkpoint)) from e

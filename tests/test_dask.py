@@ -408,9 +408,12 @@ def test_bad_input_is_a_clear_error(client):
     with pytest.raises(ValueError, match="duplicate"):
         clmf.dask.ALS(client=client, iterations=1, device=POCL, **KW).fit(
             dup, show_progress=False)
-    # the failed set-up left nothing on the workers (blocks being built, engines)
+    # the failed set-up left nothing on the workers (blocks being built, engines) nor in the
+    # host's shared memory (the pieces of ratings it had routed through it)
     from clmf.parallel import dask_tasks as T
+    from clmf.parallel import shared_blocks as shm
     assert set(client.run(lambda: len(T._PENDING) + len(T._STATE)).values()) == {0}
+    assert [x for x in os.listdir(shm.SHM_DIR) if "-set-up" in x] == []
     with pytest.raises(ValueError, match="on_worker_lost"):
         clmf.dask.ALS(client=client, iterations=1, device=POCL, **KW).fit(
             df, on_worker_lost="resume", show_progress=False)
@@ -455,3 +458,7 @@ def test_pinned_staging_of_the_workers_rows_gives_the_same_model(ml100k, monkeyp
         cluster.close()
     assert "page-locked staging on 2 of 2 workers" in caplog.text
     _check_close(dm, _one_device(R, iterations=3))
+    loop = dm.fit_times_["loop"]              # each iteration's parts, on both workers
+    assert len(loop) == 3 and all(len(per) == 2 for per in loop)
+    assert all(p["publish_copy"] > 0 and p["seconds"] >= p["compute"] > 0
+               for per in loop for p in per)

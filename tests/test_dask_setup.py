@@ -50,9 +50,13 @@ def test_split_keeps_each_workers_triples_in_partition_order():
         np.testing.assert_array_equal(got[d][2], sr[sel])
 
 
+@pytest.mark.parametrize("threads", [False, True], ids=["gathers", "threaded-gathers"])
 @pytest.mark.parametrize("order", ["shuffled", "by user", "by item"])
 @pytest.mark.parametrize("key", ["users", "items"])
-def test_block_is_the_csr_of_its_rows_whatever_the_pieces_order(order, key):
+def test_block_is_the_csr_of_its_rows_whatever_the_pieces_order(order, key, threads,
+                                                                 monkeypatch):
+    if threads:
+        monkeypatch.setattr(T, "GATHER_THREADS_FROM", 0)
     rng = np.random.default_rng(1)
     u, i, r, (m, n) = _triples(rng)
     if order != "shuffled":
@@ -83,6 +87,9 @@ def test_block_refuses_duplicates_and_missing_ratings():
         T._block([(u, i, r)], "users", indptr, 0, 2)
     with pytest.raises(RuntimeError, match="received 3 ratings, expected 4"):
         T._block([(u[:3], i[:3], r[:3])], "users", indptr, 0, 2)
+    # as many ratings as counted, but of other rows (out of order: sorted by the counts)
+    with pytest.raises(RuntimeError, match="other rows than counted"):
+        T._block([(u[[1, 0, 0, 0]], i, r)], "users", indptr, 0, 2)
 
 
 def test_encoder_maps_consecutive_integer_ids_by_a_subtraction():
@@ -93,3 +100,50 @@ def test_encoder_maps_consecutive_integer_ids_by_a_subtraction():
     np.testing.assert_array_equal(enc.get_indexer(vals), dense.get_indexer(vals))
     for other in (pd.Index([1, 2, 4]), pd.Index(["a", "b"]), pd.Index([1.0, 2.0])):
         assert _encoder(other) is other
+    # the workers' encoding: the subtraction gives what get_indexer gives, whatever the dtype
+    for dt in (np.int32, np.int64, np.uint32, np.uint64):
+        v = np.array([12, 10, 15, 11, 99, 9, 0, 16], dt)
+        np.testing.assert_array_equal(T._codes(enc, v), dense.get_indexer(v))
+    np.testing.assert_array_equal(T._codes(enc, np.array([-3, 10], np.int64)), [-1, 0])
+    np.testing.assert_array_equal(T._codes(enc, np.array([10.0, 10.5])), [0, -1])
+    np.testing.assert_array_equal(T._codes(enc, np.array(["10", "a"], object)), [-1, -1])
+
+
+@pytest.mark.parametrize("threads", [False, True], ids=["gathers", "threaded-gathers"])
+def test_pieces_through_shared_memory_are_the_split_and_their_reader_unlinks_them(threads,
+                                                                                  monkeypatch):
+    """On one host the split's pieces go to their owners through shared-memory segments
+    (handles instead of 12 bytes a rating through the comms): the same triples, every segment
+    unlinked once read (or by the fit's release, probes included)."""
+    import os
+
+    from clmf.parallel import shared_blocks as shm
+    if threads:
+        monkeypatch.setattr(T, "GATHER_THREADS_FROM", 0)
+    rng = np.random.default_rng(3)
+    u, i, r, (m, n) = _triples(rng)
+    bu, bi = np.array([0, m // 2, m]), np.array([0, n // 3, n])
+    prefix = T.setup_prefix("clmf-testsetup0")
+
+    def names():
+        return sorted(x for x in os.listdir(shm.SHM_DIR) if x.startswith(prefix))
+    probes = [T.setup_probe(prefix) for _ in range(2)]
+    assert T.setup_check(*probes) and not T.setup_check(probes[0], None)
+    by_user = np.lexsort((i, u))                     # the users' side: slices, not gathers
+    triples = [np.concatenate([x, x[by_user]]) for x in (u, i, r)]
+    triples[0][:len(u)] = np.sort(u)                  # (its users in order: slices)
+    triples[0][len(u):] += m                          # distinct ratings, rows past m
+    bu = np.array([0, m // 2, m, 2 * m])
+    shared = T.split(tuple(triples), bu, bi, prefix=prefix, shared=True)
+    plain = T.split(tuple(triples), bu, bi)
+    assert all(isinstance(b, shm.SharedBlock) for t in shared for b in t)
+    assert len(names()) == 2 + len(plain)            # the probes and one segment a piece
+    att = shm.Attached()
+    for got, want in zip(shm.resolve(shared, att), plain):
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+            assert a.dtype == b.dtype
+    att.close()
+    shm.unlink(shm.segment_names(shared))           # what the owner does once its blocks are built
+    assert len(names()) == 2
+    assert T.release("clmf-testsetup0") is False and names() == []

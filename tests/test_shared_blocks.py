@@ -122,6 +122,14 @@ def _drain(ex, d):
             return got
 
 
+def _drain_until(ex, d):
+    """The first chunks ``ex.take`` hands worker ``d``."""
+    while True:
+        new, _seen, done = ex.take(d, 0)
+        if new or done:
+            return new
+
+
 def test_rows_published_on_a_board_reach_the_peer_in_order_half_step_after_half_step():
     bounds = {"users": np.array([0, 4, 10]), "items": np.array([0, 2, 5])}
     segs, atts, (b0, b1) = _boards("clmf-test-board", bounds)
@@ -194,13 +202,16 @@ def test_a_failed_dead_or_called_off_peer_ends_the_wait(monkeypatch):
         _close(segs, atts)
 
 
+@pytest.mark.parametrize("threads", [1, 3], ids=["copies-in-turn", "copy-threads"])
 @pytest.mark.parametrize("limit", [1 << 30, 8], ids=["mirror", "own-rows-only"])
-def test_staged_rows_go_through_page_locked_arrays_both_ways(monkeypatch, limit):
+def test_staged_rows_go_through_page_locked_arrays_both_ways(monkeypatch, limit, threads):
     """With staging (page-locked arrays, on GPUs) the engine's copies of its own rows land in
     them and publishing copies them on into the row segment the peers read; the peers' rows are
     copied from their segments into the side's mirror before the device uploads them (a side
     over the pinning limit stages only this worker's rows)."""
     monkeypatch.setattr(shm, "PIN_LIMIT", limit)
+    monkeypatch.setattr(shm, "copy_threads", lambda workers: threads)
+    monkeypatch.setattr(shm, "COPY_PART", 8)           # (rows of 8 bytes: a part each)
     bounds = {"users": np.array([0, 3, 6]), "items": np.array([0, 1, 2])}
     segs = [shm.Segments(f"clmf-test-stage-{d}") for d in range(2)]
     handles = [shm.board_create(segs[d], bounds, d, 2, np.float32) for d in range(2)]
@@ -222,10 +233,40 @@ def test_staged_rows_go_through_page_locked_arrays_both_ways(monkeypatch, limit)
         assert (e0.host[3:5] == 7).all() and (e0.host[5:6] == 0).all()
         e1.finish(1)
         assert _drain(e0, 0) == [(1, 3, 5)]
-        e0.host[0:3][:] = 5.0                      # worker 0's rows, in its segment
-        up = e1.host[0:3]                          # what worker 1's device uploads
+        e0.host[0:2][:] = 5.0                      # worker 0's rows, in its segment
+        e0.publish(0, 0, 2)
+        assert _drain_until(e1, 1) == [(0, 0, 2)]  # handed out once copied in
+        up = e1.host[0:2]                          # what worker 1's device uploads
         assert (up == 5).all()
         assert np.shares_memory(up, made[0]) == (limit > 8)
+        e0.host[2:3][:] = 6.0
+        e0.publish(0, 2, 3)
+        e0.finish(0)
+        assert _drain(e1, 1) == [(0, 2, 3)] and (e1.host[2:3] == 6).all()
+        assert b1.times["take"] > 0
     finally:
         b1.close()
         _close(segs, atts)
+
+
+def test_copy_threads_are_a_workers_share_of_the_cores_or_as_set(monkeypatch):
+    monkeypatch.delenv(shm.ENV_COPY_THREADS, raising=False)
+    cores = len(os.sched_getaffinity(0))
+    assert shm.copy_threads(1) == max(1, min(shm.COPY_THREADS, cores))
+    assert shm.copy_threads(10 * cores) == 1
+    monkeypatch.setenv(shm.ENV_COPY_THREADS, "3")
+    assert shm.copy_threads(10 * cores) == 3
+
+
+def test_a_full_shared_memory_is_the_comms_not_a_crash(monkeypatch):
+    """Workers that saw the same free space race for it: a new segment's pages are allocated
+    at once, and ENOSPC there sends the arrays through the comms (never SIGBUS on a write)."""
+    import errno
+
+    def full(fd, offset, size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    assert shm.share_arrays("clmf-test-full2", [((4,), np.float32)], lambda v: None) is None
+    seg = shm.Segments("clmf-test-full3")
+    assert seg.array("solve-users", (4, 2), np.float32) is None
+    assert _names("clmf-test-full2") == [] and _names("clmf-test-full3") == []

@@ -281,6 +281,7 @@ class DaskEngine:
         self.phase = "set-up"
         self.user_counts, self.item_counts = data.user_counts, data.item_counts
         self.started = start is not None
+        self.splits = []       # per iteration of the workers' loop, each worker's parts (s)
         # the row bounds: the counts alone decide them (make_plan below cuts the same)
         bounds = {"users": balanced_blocks(data.user_counts, self.n, self.fs),
                   "items": balanced_blocks(data.item_counts, self.n, self.fs)}
@@ -298,7 +299,7 @@ class DaskEngine:
             if facts is None:
                 facts = device_facts(client, self.addrs, ranks, specs)
             sfut = client.scatter([static], broadcast=True, workers=self.addrs, hash=False)[0]
-            pieces = self._route(data.parts, bounds)
+            pieces = self._route(data.parts, bounds, shared=self._shared_set_up())
             blocks = [self._on(d, T.blocks, self.fit_id, d, sfut, len(pieces),
                                *[pieces[p][d] for p in range(len(pieces))],
                                *[pieces[p][self.n + d] for p in range(len(pieces))])
@@ -426,12 +427,27 @@ class DaskEngine:
                                   pure=False, priority=priority,
                                   key=f"{fn.__name__}-{self.fit_id}-{uuid.uuid4().hex}")
 
-    def _route(self, parts, bounds=None):
+    def _shared_set_up(self):
+        """A future telling whether the set-up's pieces may go through shared memory (every
+        worker maps every other's probe: :func:`~clmf.parallel.dask_tasks.setup_probe`);
+        False with one worker (its pieces never leave it). No round trip to the client: the
+        splits wait for it."""
+        if self.n < 2:
+            return False
+        prefix = T.setup_prefix(self.fit_id)
+        probes = [self._on(d, T.setup_probe, prefix, priority=5) for d in range(self.n)]
+        checks = [self._on(d, T.setup_check, *probes, priority=5) for d in range(self.n)]
+        return self.client.submit(T.all_of, *checks, pure=False, priority=5)
+
+    def _route(self, parts, bounds=None, shared=False):
         """Per partition, futures of its ``2n`` pieces (users blocks, then items blocks) by the
-        row ``bounds`` (side → bounds; default: the plan's)."""
+        row ``bounds`` (side → bounds; default: the plan's); ``shared``: whether (or a future
+        of whether) they go through shared memory (:meth:`_shared_set_up`)."""
         bounds = bounds or {s: self.plan[s].bounds for s in SIDES}
         bu, bi = bounds["users"], bounds["items"]
-        splits = self.client.map(T.split, parts, bounds_u=bu, bounds_i=bi, pure=False)
+        splits = self.client.map(T.split, parts, bounds_u=bu, bounds_i=bi,
+                                 prefix=T.setup_prefix(self.fit_id), shared=shared,
+                                 owners=self.addrs, pure=False)
         return [[self.client.submit(T.pick, s, k, pure=False) for k in range(2 * self.n)]
                 for s in splits]
 
@@ -489,7 +505,8 @@ class DaskEngine:
         worker that runs them whole (:func:`~clmf.parallel.dask_tasks.iterate`, where
         :meth:`_board` allowed it: :attr:`loop`); returns per iteration ``(seconds, {key:
         (sse, count)}, seconds of the metrics)``, the slowest worker's seconds and the workers'
-        sums. Else (one iteration, None returned) the half-steps' tasks are submitted at once
+        sums (each worker's parts of each iteration appended to :attr:`splits`). Else (one
+        iteration, None returned) the half-steps' tasks are submitted at once
         (Dask orders them by their dependencies; the solved blocks go straight from worker to
         worker) and waited for once, for the last blocks installed everywhere."""
         count = int(count)
@@ -504,6 +521,7 @@ class DaskEngine:
                 scores = {k: (float(sum(p[1][k][0] for p in per)),
                               int(sum(p[1][k][1] for p in per))) for k in metrics}
                 out.append((max(p[0] for p in per), scores, max(p[2] for p in per)))
+                self.splits.append([{"seconds": p[0], **p[3]} for p in per])
             return out
         if count != 1 or metrics:
             raise ValueError("several iterations in one call need the workers' own loop "
@@ -580,6 +598,8 @@ class DaskEngine:
                 Event(self._abort_name(), client=self.client).clear()
             except Exception:         # noqa: BLE001, S110 - a name left on the scheduler
                 pass
+        from .shared_blocks import unlink_fit
         if getattr(self, "transport", None) == "shared memory":
-            from .shared_blocks import unlink_fit
             unlink_fit(self.fit_id)   # a client on the workers' host: what lost workers left
+        else:
+            unlink_fit(T.setup_prefix(self.fit_id))     # (the set-up's, likewise)

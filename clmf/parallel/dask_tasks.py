@@ -11,6 +11,7 @@ module level (only :func:`get_worker` inside a task); the client side is
 """
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import threading
@@ -31,6 +32,7 @@ _PENDING = {}          # fit id → future of the blocks being built (see blocks
 # "auto": where the engine pins its host buffers, i.e. on GPUs; see shared_blocks.Board)
 ENV_STAGING = "CLMF_DASK_PINNED_STAGING"
 _LOCK = threading.Lock()
+GATHER_THREADS_FROM = 1 << 20     # entries from which a block's gathers run in threads
 
 
 class BlockSide(SideLayout):
@@ -99,7 +101,7 @@ def encode(df, columns, user_index, item_index, shift=0.0):
         if index is None:
             codes = np.asarray(vals, dtype=np.int64)
         else:
-            codes = index.get_indexer(vals)
+            codes = _codes(index, vals)
         out.append(codes.astype(np.int32))
     r = df[rcol].to_numpy(dtype=np.float64 if shift else np.float32)
     if shift:
@@ -107,15 +109,33 @@ def encode(df, columns, user_index, item_index, shift=0.0):
     return out[0], out[1], r
 
 
+def _codes(index, vals):
+    """Dense indices of the raw ids ``vals`` in ``index`` (-1: not in it); a
+    :class:`pandas.RangeIndex` of step 1 over integer ids (:func:`~clmf.parallel.dask_backend.
+    _encoder`) by a subtraction and a range check, several times faster than its
+    ``get_indexer``."""
+    import pandas as pd
+    if not (isinstance(index, pd.RangeIndex) and index.step == 1
+            and getattr(vals, "dtype", np.dtype(object)).kind in "iu"):
+        return index.get_indexer(vals)
+    codes = np.subtract(vals, index.start, dtype=np.int64)
+    bad = (codes < 0) | (codes >= len(index))
+    if bad.any():
+        codes[bad] = -1
+    return codes
+
+
 def tally(codes, m, n):
     """Per-row counts of both sides, the ratings' sum, minimum, any non-finite count and
     maximum."""
     u, i, r = codes
     ok = (u >= 0) & (i >= 0)
-    if (u[ok] >= m).any() or (i[ok] >= n).any():
+    if not ok.all():
+        u, i = u[ok], i[ok]
+    if u.size and (int(u.max()) >= m or int(i.max()) >= n):
         raise ValueError("an index lies outside the matrix shape")
-    return (np.bincount(u[ok], minlength=m).astype(np.int64),
-            np.bincount(i[ok], minlength=n).astype(np.int64),
+    return (np.bincount(u, minlength=m).astype(np.int64),
+            np.bincount(i, minlength=n).astype(np.int64),
             float(r.astype(np.float64).sum()), float(r.min()) if r.size else np.inf,
             int((~np.isfinite(r)).sum()), float(r.max()) if r.size else -np.inf)
 
@@ -147,10 +167,96 @@ def stable_order(keys, span):
     return order[stable_order(keys[order] >> 16, (int(span) >> 16) + 1)]
 
 
-def split(codes, bounds_u, bounds_i):
+def split(codes, bounds_u, bounds_i, prefix=None, shared=False, owners=None):
     """A partition's triples split by owning worker: ``2n`` triples, first by the users' blocks
     then by the items' blocks (unknown ids, -1, are dropped); each worker's triples keep their
-    order in the partition."""
+    order in the partition. ``shared`` (the workers share a host: :func:`setup_check`): each
+    triple for another worker than this one (``owners``: the workers' addresses) is written
+    into a shared-memory segment named ``prefix-...`` (gathered straight into it) and its
+    handles returned instead (:func:`clmf.parallel.shared_blocks.share_arrays`; the arrays
+    where there is no room), which the owner reads and unlinks (:func:`blocks`)."""
+    uir, pieces = _split(codes, bounds_u, bounds_i)
+    n = len(bounds_u) - 1
+    here = _address() if shared and owners else None
+    out, gathered = [], {}
+    for j, (order, a, b) in enumerate(pieces):
+        if shared and (owners is None or owners[j % n] != here):
+            got = shm.share_arrays(prefix, [(b - a, x.dtype) for x in uir],
+                                   lambda views, o=order, a=a, b=b: _take(uir, o, a, b, views))
+            if got is not None:
+                out.append(got)
+                continue
+        if order is None:
+            out.append(tuple(x[a:b] for x in uir))
+        else:                         # one gather of the side, sliced
+            if id(order) not in gathered:
+                gathered[id(order)] = gather(order, *uir)
+            out.append(tuple(x[a:b] for x in gathered[id(order)]))
+    return out
+
+
+def _address():
+    """This Dask worker's address (None outside a worker)."""
+    try:
+        from distributed import get_worker
+        return get_worker().address
+    except (ImportError, ValueError):
+        return None
+
+
+def _take(arrays, order, a, b, out):
+    """``out[k][...] = arrays[k][order[a:b]]`` (``order`` None: ``arrays[k][a:b]``), each array
+    in a thread of its own where there are :data:`GATHER_THREADS_FROM` entries or more (NumPy
+    releases the GIL: a worker's cores gather its pieces and blocks together)."""
+    def one(k):
+        """Array ``k``."""
+        if order is None:
+            np.copyto(out[k], arrays[k][a:b])
+        else:
+            np.take(arrays[k], order[a:b], out=out[k])
+    if len(arrays) < 2 or b - a < GATHER_THREADS_FROM:
+        for k in range(len(arrays)):
+            one(k)
+        return
+    with concurrent.futures.ThreadPoolExecutor(len(arrays),
+                                               thread_name_prefix="clmf-gather") as pool:
+        list(pool.map(one, range(len(arrays))))
+
+
+def setup_probe(prefix):
+    """This worker's probe segment for the set-up's shared pieces (``prefix-probe-...``,
+    unlinked with the fit's segments at :func:`release`): ``(SharedBlock, token)``, or None
+    where shared memory is off or unavailable."""
+    if not shm.enabled():
+        return None
+    token = os.urandom(16)
+    try:
+        got = shm.share_arrays(f"{prefix}-probe", [((16,), np.uint8)],
+                               lambda views: np.copyto(views[0], np.frombuffer(token, np.uint8)))
+    except OSError as e:
+        log.info("shared memory unavailable (%s): the ratings go through Dask's comms", e)
+        return None
+    return None if got is None else (got[0], token)
+
+
+def setup_check(*probes):
+    """Whether every worker's set-up probe maps here with its token."""
+    att = shm.Attached()
+    try:
+        return shm.probe_check(att, probes)
+    finally:
+        att.close()
+
+
+def all_of(*flags):
+    """Whether every flag is true."""
+    return all(flags)
+
+
+def _split(codes, bounds_u, bounds_i):
+    """``((u, i, r), pieces)``: the partition's known triples and, per piece of :func:`split`,
+    ``(order, a, b)``: entries ``order[a:b]`` of the triples (``order`` None: ``a:b``, the
+    side already in owner order), one order array per side."""
     u, i, r = codes
     ok = (u >= 0) & (i >= 0)
     if not ok.all():
@@ -161,14 +267,13 @@ def split(codes, bounds_u, bounds_i):
         owner = (np.searchsorted(bounds, key, side="right") - 1).astype(np.int32)
         if len(owner) < 2 or bool(np.all(owner[1:] >= owner[:-1])):
             cuts = np.searchsorted(owner, np.arange(n + 1))        # already in owner order
-            out += [(u[a:b], i[a:b], r[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+            out += [(None, a, b) for a, b in zip(cuts[:-1], cuts[1:])]
             continue
         order = stable_order(owner, n)
         cuts = np.zeros(n + 1, np.int64)
         np.cumsum(np.bincount(owner, minlength=n), out=cuts[1:])
-        uo, io, ro = u[order], i[order], r[order]
-        out += [(uo[a:b], io[a:b], ro[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
-    return out
+        out += [(order, a, b) for a, b in zip(cuts[:-1], cuts[1:])]
+    return (u, i, r), out
 
 
 def heldout(codes, mean, user_counts, item_counts, to_mean):
@@ -256,6 +361,13 @@ def probe(spec, rank, fit, stats):
 
 
 # ----- a fit's blocks and device worker (the owning worker) -----------------------------------
+def gather(order, *arrays):
+    """``[a[order] for a in arrays]`` (in threads where long: :func:`_take`)."""
+    out = [np.empty(len(order), a.dtype) for a in arrays]
+    _take(arrays, order, 0, len(order), out)
+    return out
+
+
 def _block(pieces, key, indptr, r0, r1):
     """The CSR of rows ``[r0, r1)`` of one side from the triples sent to this worker (sorted by
     row, then column: radix passes over the column and the row, skipped where the pieces are in
@@ -279,12 +391,17 @@ def _block(pieces, key, indptr, r0, r1):
     if not in_order(rows, cols):
         rel = rows - np.int32(r0)
         if not bool(np.all(rel[1:] >= rel[:-1])):      # by row, keeping the columns' order
+            counts = np.diff(indptr[r0:r1 + 1])
+            if not np.array_equal(np.bincount(rel, minlength=r1 - r0), counts):
+                raise RuntimeError(f"{key} block {r0}..{r1} received other rows than counted "
+                                   "(a partition changed between passes over the data?)")
             order = stable_order(rel, max(1, r1 - r0))
-            rows, cols, r = rows[order], cols[order], r[order]
+            cols, r = gather(order, cols, r)
+            rows = np.repeat(np.arange(r0, r1, dtype=np.int32), counts)   # rows[order]
         if not in_order(rows, cols):                    # by column first, then by row
             order = stable_order(cols, int(cols.max()) + 1)
             order = order[stable_order(rows[order] - np.int32(r0), max(1, r1 - r0))]
-            rows, cols, r = rows[order], cols[order], r[order]
+            rows, cols, r = gather(order, rows, cols, r)
             dup = (rows[1:] == rows[:-1]) & (cols[1:] == cols[:-1])
             if dup.any():
                 k = int(np.flatnonzero(dup)[0])
@@ -302,7 +419,6 @@ def blocks(fit_id, d, static, n_user_pieces, *pieces):
     the fit draws them, so that only a seed crosses the network — and return at once: the
     worker meanwhile resolves its device's configuration and builds its programs
     (:func:`probe`); :func:`build` takes the blocks."""
-    import concurrent.futures
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clmf-blocks")
     fut = pool.submit(_blocks, d, static, pieces[:n_user_pieces], pieces[n_user_pieces:])
     pool.shutdown(wait=False)
@@ -312,7 +428,22 @@ def blocks(fit_id, d, static, n_user_pieces, *pieces):
 
 
 def _blocks(d, static, user_pieces, item_pieces):
-    """``(Layout of this worker's blocks, start factors or None, seconds per stage)``."""
+    """``(Layout of this worker's blocks, start factors or None, seconds per stage)``; pieces
+    in shared memory (:func:`split`) are read there, their segments unlinked after."""
+    names = shm.segment_names(list(user_pieces) + list(item_pieces))
+    if not names:
+        return _blocks_of(d, static, user_pieces, item_pieces)
+    att = shm.Attached()
+    try:
+        return _blocks_of(d, static, shm.resolve(list(user_pieces), att),
+                          shm.resolve(list(item_pieces), att))
+    finally:
+        att.close()
+        shm.unlink(names)
+
+
+def _blocks_of(d, static, user_pieces, item_pieces):
+    """:func:`_blocks` on pieces in this process's memory."""
     from ..engine.device import get_context
     laps = Laps()
     get_context(worker_device(*static["devices"][d]))     # (a fresh worker: its context)
@@ -324,15 +455,24 @@ def _blocks(d, static, user_pieces, item_pieces):
         ip[s] = np.zeros(rows + 1, np.int64)
         np.cumsum(counts, out=ip[s][1:])
     bounds = static["bounds"]
-    users = _block(user_pieces, "users", ip["users"], *bounds["users"][d:d + 2])
-    items = _block(item_pieces, "items", ip["items"], *bounds["items"][d:d + 2])
-    laps.lap("blocks")
-    start = None
-    if static.get("start") is not None:
+
+    def drawn():
+        """The start factors and the seconds they took."""
         from .. import reference
+        t = time.perf_counter()
         rule, f, seed = static["start"]
-        start = reference.start_factors(m, nn, f, seed, init=rule)
-        laps.lap("start_factors")
+        return reference.start_factors(m, nn, f, seed, init=rule), time.perf_counter() - t
+    # both blocks and the start factors at once (NumPy's sorts, gathers and draws release the
+    # GIL: a GPU host gives each worker several cores)
+    with concurrent.futures.ThreadPoolExecutor(3, thread_name_prefix="clmf-blocks") as pool:
+        start = pool.submit(drawn) if static.get("start") is not None else None
+        users = pool.submit(_block, user_pieces, "users", ip["users"], *bounds["users"][d:d + 2])
+        items = pool.submit(_block, item_pieces, "items", ip["items"], *bounds["items"][d:d + 2])
+        users, items = users.result(), items.result()
+        laps.lap("blocks")
+        if start is not None:
+            start, laps.times["start_factors"] = start.result()
+            laps.lap("start_wait")
     return Layout((m, nn), users, items), start, laps.times
 
 
@@ -340,8 +480,6 @@ def _prebuild(dev, setup, d):
     """A future of the ALS programs of worker ``d``'s configurations, built (or loaded from the
     on-disk cache) in a thread: the engine then finds them built. A configuration that fails
     to build is left to the engine to report (with the side and device it names)."""
-    import concurrent.futures
-
     from ..engine.device import device_info, get_context
     from ..engine.kernels import als_program
     from ..tuning.spec import unknowns
@@ -544,20 +682,34 @@ def iterate(fit_id, regularization, weighted, count=1, metrics=()):
     exchanged with the other workers of the fit through their boards while the kernels run
     (one task for a group of iterations instead of one per half-step and an install), with
     the squared errors of the keys ``metrics`` (:func:`squared_error`) after each; returns per
-    iteration ``(seconds, {key: (sse, count)}, seconds of the metrics)`` measured here."""
+    iteration ``(seconds, {key: (sse, count)}, seconds of the metrics, {part: seconds})``
+    measured here (the parts: :func:`_loop_parts`)."""
     st = _state(fit_id)
     w, board = st["worker"], st.get("board")
     if board is None and st["plan"].devices > 1:
         raise RuntimeError(f"fit {fit_id} has no board on this worker (board_connect first)")
     out = []
     for _ in range(int(count)):
+        before = _loop_parts(w, board)
         t0 = time.perf_counter()
         for side in SIDES:
             ex = board.exchange(side) if board is not None else None
             w.half_step(side, float(regularization), bool(weighted), ex)
         t1 = time.perf_counter()
+        split = {k: v - before[k] for k, v in _loop_parts(w, board).items()}
         scores = {key: squared_error(fit_id, key) for key in metrics}
-        out.append((t1 - t0, scores, time.perf_counter() - t1))
+        out.append((t1 - t0, scores, time.perf_counter() - t1, split))
+    return out
+
+
+def _loop_parts(w, board):
+    """The running sums of an iteration's parts on this worker: the engine's ``compute`` (to
+    its own kernels' end) and ``exchange`` (after it, the peers' last rows), the board's
+    ``take`` (the driving thread waiting for the peers' rows and their copies) and
+    ``publish_copy`` (its own rows into its segment) — seconds."""
+    out = {k: float(w.times.get(k, 0.0)) for k in ("compute", "exchange")}
+    if board is not None:
+        out.update(board.times)
     return out
 
 
@@ -672,7 +824,13 @@ def release(fit_id):
         _release_state(st)
         if shared:                # the segments of workers that died with the fit
             shm.unlink_fit(fit_id)
+    shm.unlink_fit(setup_prefix(fit_id))     # probes, and pieces a failed set-up left
     return st is not None or pending is not None
+
+
+def setup_prefix(fit_id):
+    """The start of the names of a fit's set-up segments (probes and pieces)."""
+    return f"{fit_id}-set-up"
 
 
 def _release_state(st):

@@ -15,10 +15,18 @@ Safety rests on three rules:
   comms. ``CLMF_DASK_SHARED_MEMORY=0`` turns the transport off.
 - **Room checked before a segment is made.** A tmpfs that is too small would kill the writer
   with SIGBUS, so :class:`Segments` asks ``statvfs`` first and returns ``None`` (the caller then
-  returns the array itself, through the comms) when the free space is under twice the request.
+  returns the array itself, through the comms) when the free space is under twice the request,
+  and a new segment's pages are allocated at once (``posix_fallocate``: workers racing for the
+  last room get ENOSPC there, and the comms, rather than SIGBUS).
 - **Overwritten only after every reader is done.** A worker rewrites its segment of a side in
   the next solve of that side, which Dask runs only after every worker installed the blocks of
   the half-step between (each install finishes its uploads before it returns).
+
+The set-up uses the same path for the ratings: each partition's pieces (the triples of each
+worker's rows) are copied into a segment by the worker that split them (:func:`share_arrays`)
+and read by their owner, which unlinks the segment once its blocks are built — where every
+worker maps the others' probe (checked before the split), instead of 12 bytes a rating through
+the comms.
 
 Segments are files of ``/dev/shm`` mapped with :mod:`mmap` (not
 :mod:`multiprocessing.shared_memory`, whose resource tracker, shared by a LocalCluster's worker
@@ -29,19 +37,22 @@ unlinked by the others' release (every segment's name starts with the fit's id:
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import errno
 import logging
 import mmap
 import os
 import secrets
+import time
 
 import numpy as np
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SharedBlock", "Segments", "Attached", "enabled", "probe_create", "probe_check",
-           "resolve", "unlink_fit", "switched_off", "OFF_WORDS", "Board", "BoardExchange",
-           "BlockHost", "board_create", "PeerLostError"]
+           "resolve", "unlink_fit", "share_arrays", "segment_names", "unlink", "switched_off",
+           "OFF_WORDS", "Board", "BoardExchange", "BlockHost", "board_create", "PeerLostError"]
 
 SHM_DIR = "/dev/shm"
 ENV = "CLMF_DASK_SHARED_MEMORY"
@@ -87,6 +98,26 @@ def _free_bytes():
     return st.f_bavail * st.f_frsize
 
 
+def _reserve(fd, size):
+    """Allocate a new segment's pages now (``posix_fallocate``): a full shared-memory file
+    system then fails here with ENOSPC (an :class:`OSError`, the block goes through Dask's
+    comms) instead of killing the writer with SIGBUS later — several workers may have seen
+    the same free space."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except AttributeError:          # pragma: no cover - not on this platform
+        pass
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):     # a file system without it
+            return
+        raise
+
+
+def _full(e):
+    """Whether ``e`` says the shared-memory file system has no room."""
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.ENOMEM)
+
+
 class _Mapped:
     """One segment file of ``/dev/shm`` mapped in this process."""
 
@@ -98,6 +129,7 @@ class _Mapped:
         try:
             if size is not None:
                 os.ftruncate(fd, size)
+                _reserve(fd, size)
             self.size = os.fstat(fd).st_size
             self.map = mmap.mmap(fd, self.size)
         except BaseException:
@@ -145,7 +177,13 @@ class Segments:
                          "through Dask's comms", nbytes, tag, _free_bytes(), SHM_DIR)
                 return None
             self._drop(tag)
-            seg = _Mapped(f"{self.prefix}-{tag}-{secrets.token_hex(4)}", nbytes)
+            try:
+                seg = _Mapped(f"{self.prefix}-{tag}-{secrets.token_hex(4)}", nbytes)
+            except OSError as e:
+                if not _full(e):
+                    raise
+                log.info("shared memory full (%s): the block goes through Dask's comms", e)
+                return None
             self.owned[tag] = seg
         arr = np.ndarray(shape, dtype, buffer=seg.map)
         return arr, SharedBlock(seg.name, 0, tuple(int(s) for s in shape), dtype.str)
@@ -239,6 +277,60 @@ def probe_check(attached, probes):
     return True
 
 
+# ----- the set-up's pieces of ratings: from the splitting worker to the owner ------------------
+def share_arrays(prefix, specs, fill):
+    """Arrays of ``specs`` (``(shape, dtype)`` each) in one new segment named
+    ``prefix-<random>``, written by ``fill(arrays)`` (the segment is kept after this process
+    unmaps it, until its reader unlinks it): a tuple of :class:`SharedBlock`, one per array —
+    or None (nothing made: the caller's arrays then travel through Dask's comms) without room
+    for it."""
+    specs = [((int(shape),) if np.ndim(shape) == 0 else tuple(int(x) for x in shape),
+              np.dtype(dt)) for shape, dt in specs]
+    offsets, total = [], 0
+    for shape, dt in specs:
+        offsets.append(total)
+        total += -(-int(np.prod(shape, dtype=np.int64)) * dt.itemsize // 64) * 64
+    if _free_bytes() < 2 * total:
+        return None
+    try:
+        seg = _Mapped(f"{prefix}-{secrets.token_hex(8)}", max(1, total))
+    except OSError as e:
+        if not _full(e):
+            raise
+        log.info("shared memory full (%s): the arrays go through Dask's comms", e)
+        return None
+    try:
+        fill([np.ndarray(shape, dt, buffer=seg.map, offset=off)
+              for (shape, dt), off in zip(specs, offsets)])
+    except BaseException:
+        seg.close()
+        seg.unlink()
+        raise
+    seg.close()
+    return tuple(SharedBlock(seg.name, off, shape, dt.str)
+                 for (shape, dt), off in zip(specs, offsets))
+
+
+def segment_names(x):
+    """The segment names of every :class:`SharedBlock` in ``x`` (tuples and lists too)."""
+    if isinstance(x, SharedBlock):
+        return {x.name}
+    if isinstance(x, (tuple, list)):
+        return set().union(*(segment_names(v) for v in x)) if x else set()
+    return set()
+
+
+def unlink(names):
+    """Unlink the segments ``names`` of this host (those already gone are skipped)."""
+    for name in names:
+        if os.sep in name or name.startswith("."):
+            raise ValueError(f"not a segment name: {name!r}")
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+        except FileNotFoundError:
+            pass
+
+
 def unlink_fit(fit_id):
     """Unlink every segment of fit ``fit_id`` left in this host's shared memory (those of a
     worker that died with the fit); returns how many."""
@@ -280,7 +372,10 @@ _HEADER = 4
 _CAPACITY = 4096              # records per half-step (more chunks: the rest as one record)
 _BANK = 1 + 3 * _CAPACITY
 PIN_LIMIT = 4 << 30           # largest page-locked mirror of a side's rows
+POLL_FIRST, POLL_LAST = 20e-6, 200e-6    # a waiting reader's first and longest sleep (s)
+COPY_THREADS = 4              # most host threads of a worker fetching peers' rows (and publishing)
 ENV_TIMEOUT = "CLMF_DASK_EXCHANGE_TIMEOUT"
+ENV_COPY_THREADS = "CLMF_DASK_COPY_THREADS"
 
 
 class PeerLostError(RuntimeError):
@@ -301,8 +396,9 @@ class BlockHost:
     """One side's rows as ``host[a:b]`` in global numbering, each block in its owner's row
     segment (what :class:`~clmf.engine.Engine` reads and writes through an exchange's
     ``host``; a slice never crosses two blocks). With a page-locked ``mirror`` of every row,
-    a slice is the mirror's, another worker's rows copied into it first (host threads of
-    ``pool``): the device's copies then run from page-locked memory."""
+    a slice is the mirror's: the device's copies then run from page-locked memory, another
+    worker's rows copied into it first by :meth:`fetch` (host threads of ``pool``, while the
+    kernels run: :meth:`BoardExchange.take` hands a chunk out once its copy is done)."""
 
     def __init__(self, bounds, arrays, mirror=None, own=None, pool=None):
         """``arrays[d]`` holds rows ``[bounds[d], bounds[d + 1])``; ``own``: this worker's
@@ -315,33 +411,77 @@ class BlockHost:
         """Worker ``d``'s rows ``(r0, r1)``."""
         return int(self.bounds[d]), int(self.bounds[d + 1])
 
+    def _locate(self, a, b):
+        """``(worker, its array's rows)`` of global rows ``[a, b)`` inside one block."""
+        d = int(np.searchsorted(self.bounds, a, side="right")) - 1
+        r0 = int(self.bounds[d])
+        if d < 0 or b > int(self.bounds[d + 1]):
+            raise IndexError(f"rows {a}..{b} cross the workers' blocks")
+        return d, self.arrays[d][a - r0:b - r0]
+
     def __getitem__(self, key):
-        """The rows of a slice inside one worker's block."""
+        """The rows of a slice inside one worker's block (the mirror's, where there is one)."""
         if not isinstance(key, slice) or key.step not in (None, 1):
             raise TypeError("BlockHost takes a contiguous slice of global rows")
-        d = int(np.searchsorted(self.bounds, key.start, side="right")) - 1
-        r0 = int(self.bounds[d])
-        if d < 0 or key.stop > int(self.bounds[d + 1]):
-            raise IndexError(f"rows {key.start}..{key.stop} cross the workers' blocks")
-        rows = self.arrays[d][key.start - r0:key.stop - r0]
-        if self.mirror is None:
-            return rows
-        out = self.mirror[key.start:key.stop]
-        if d != self.own:
-            copy_rows(self.pool, out, rows)
-        return out
+        _d, rows = self._locate(key.start, key.stop)
+        return rows if self.mirror is None else self.mirror[key.start:key.stop]
+
+    def fetch(self, a, b):
+        """Start copying another worker's rows ``[a, b)`` from its segment into the mirror:
+        the copies' futures (none without a mirror: the rows are read where they lie; none
+        without a ``pool``: copied here and now)."""
+        d, rows = self._locate(a, b)
+        if self.mirror is None or d == self.own:
+            return []
+        if self.pool is None:
+            np.copyto(self.mirror[a:b], rows)
+            return []
+        return copy_rows_async(self.pool, self.mirror[a:b], rows)
+
+
+COPY_PART = 1 << 20           # bytes a host thread copies at least (smaller: one part)
+
+
+def _parts(src):
+    """Row cuts of ``src`` into up to four parts of :data:`COPY_PART` bytes or more."""
+    parts = min(4, max(1, src.nbytes // COPY_PART), len(src))
+    return np.linspace(0, len(src), parts + 1).astype(np.int64)
+
+
+def copy_rows_async(pool, dst, src):
+    """Start ``dst[...] = src`` in host threads of ``pool`` (a
+    :class:`concurrent.futures.Executor`), up to four parts: the futures of the parts."""
+    cuts = _parts(src)
+    return [pool.submit(np.copyto, dst[a:b], src[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
 
 
 def copy_rows(pool, dst, src):
-    """``dst[...] = src``, in up to four host threads of ``pool`` (a
-    :class:`concurrent.futures.Executor` or None), 4 MB and more each."""
-    parts = min(4, max(1, src.nbytes >> 22), len(src))
-    if parts <= 1 or pool is None:
+    """``dst[...] = src``: the first of up to four parts of 1 MB or more in this thread, the
+    others in host threads of ``pool`` (a :class:`concurrent.futures.Executor` or None: all
+    here)."""
+    cuts = _parts(src)
+    if pool is None or len(cuts) <= 2:
         np.copyto(dst, src)
         return
-    cuts = np.linspace(0, len(src), parts + 1).astype(np.int64)
-    list(pool.map(lambda k: np.copyto(dst[cuts[k]:cuts[k + 1]], src[cuts[k]:cuts[k + 1]]),
-                  range(parts)))
+    futs = [pool.submit(np.copyto, dst[a:b], src[a:b]) for a, b in zip(cuts[1:-1], cuts[2:])]
+    np.copyto(dst[:cuts[1]], src[:cuts[1]])
+    for fu in futs:
+        fu.result()
+
+
+def copy_threads(workers):
+    """Host threads each of ``workers`` workers on this host copies rows with: its share of
+    the cores it may run on, 1 to :data:`COPY_THREADS` (``CLMF_DASK_COPY_THREADS`` in the
+    workers' environment sets it)."""
+    try:
+        return max(1, int(os.environ[ENV_COPY_THREADS]))
+    except (KeyError, ValueError):
+        pass
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(COPY_THREADS, cores // max(1, int(workers))))
 
 
 def board_create(segments, bounds, d, ldf, dtype):
@@ -375,13 +515,19 @@ class Board:
         asynchronous, where a copy into pageable memory would hold the launches up; the
         exchange copies them on into the row segment before announcing them) and from which
         it uploads the other workers' rows (copied in from their segments by host threads)."""
-        import concurrent.futures
         self.d, self.n = int(d), len(handles)
         self.controls = [attached.array(h["control"]) for h in handles]
         self.segment = {}             # side -> this worker's row segment
         self.host = {}                # side -> BlockHost the engine reads and writes
-        self.pool = (concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="clmf-board")
-                     if staging is not None else None)
+        threads = copy_threads(self.n) if staging is not None else 1
+        pool = concurrent.futures.ThreadPoolExecutor
+        # with cores to spare, the peers' rows copied in by one pool (several chunks at once,
+        # while the driving thread hands the copied ones to the device), this worker's own
+        # rows out by the publishing thread and another pool (never queued behind the
+        # fetches: the peers wait for them); else both in the thread asking, as they come
+        self.pool = pool(threads, thread_name_prefix="clmf-fetch") if threads > 1 else None
+        self.publish_pool = (pool(threads - 1, thread_name_prefix="clmf-publish")
+                             if threads > 1 else None)
         self.mirrored = []
         for s, b in bounds.items():
             arrays = [attached.array(h[s])[:int(b[e + 1] - b[e])] for e, h in enumerate(handles)]
@@ -398,11 +544,13 @@ class Board:
         self.staged = staging is not None
         self.abort = abort
         self.k = 0
+        self.times = dict.fromkeys(("take", "publish_copy"), 0.0)   # seconds, summed
 
     def close(self):
         """Stop the copying threads."""
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
+        for pool in (self.pool, self.publish_pool):
+            if pool is not None:
+                pool.shutdown(wait=True)
 
     def exchange(self, side):
         """The exchange of the next half-step (of ``side``)."""
@@ -486,14 +634,17 @@ class BoardExchange:
         self.pending = None           # rows past the records' capacity: one record at the end
         self.seen = {e: 0 for e in range(board.n) if e != board.d}
         self.done = set()
+        self.copying = []             # (chunk, futures of its copy into the mirror)
 
     def publish(self, device, r0, r1):
         """Rows ``[r0, r1)`` of this worker are in its row segment (or in its staging array:
         then copied on first)."""
         if self.board.staged:
+            t = time.perf_counter()
             b0 = self.host.block(self.board.d)[0]
-            copy_rows(self.board.pool, self.board.segment[self.side][r0 - b0:r1 - b0],
+            copy_rows(self.board.publish_pool, self.board.segment[self.side][r0 - b0:r1 - b0],
                       self.host[r0:r1])
+            self.board.times["publish_copy"] += time.perf_counter() - t
         if self.count < _CAPACITY - 1:
             self.count += 1
             self.board.announce(self.k, self.count, False, (r0, r1))
@@ -516,24 +667,48 @@ class BoardExchange:
     def take(self, device, seen):
         """The peers' new chunks ``(chunks, seen, all_done)`` (``seen`` is kept here), waiting
         for some (a dead or failed peer raises :class:`PeerLostError`; no news for
-        :func:`exchange_timeout` seconds raises too)."""
-        import time
-        sleep, t_news = 20e-6, time.monotonic()
+        :func:`exchange_timeout` seconds raises too). With a mirror, a chunk's copy into it
+        starts as soon as its record is read and the chunk is handed out once the copy is
+        done: several chunks copy at once, and the device uploads each as it lands."""
+        t_in = time.perf_counter()
+        try:
+            return self._take(seen)
+        finally:
+            self.board.times["take"] += time.perf_counter() - t_in
+
+    def _take(self, seen):
+        """:meth:`take`'s loop."""
+        sleep, t_news = POLL_FIRST, time.monotonic()
         t_check = t_news
         limit = exchange_timeout()
         while True:
             self.board.check_failed()
-            new = []
+            ready = []
             for e in self.seen:
                 if e in self.done:
                     continue
                 got, self.seen[e], fin = self.board.read(e, self.k, self.seen[e])
-                new += got
+                for chunk in got:
+                    futs = self.host.fetch(chunk[1], chunk[2])
+                    if futs:
+                        self.copying.append((chunk, futs))
+                    else:
+                        ready.append(chunk)
                 if fin:
                     self.done.add(e)
-            finished = len(self.done) == len(self.seen)
-            if new or finished:
-                return new, seen, finished and not new
+            if self.copying:
+                still = []
+                for chunk, futs in self.copying:
+                    if all(fu.done() for fu in futs):
+                        for fu in futs:
+                            fu.result()           # a failed copy raises here
+                        ready.append(chunk)
+                    else:
+                        still.append((chunk, futs))
+                self.copying = still
+            finished = len(self.done) == len(self.seen) and not self.copying
+            if ready or finished:
+                return ready, seen, finished and not ready
             now = time.monotonic()
             if now - t_check > 1.0:
                 self.board.check_peers()
@@ -542,5 +717,8 @@ class BoardExchange:
                     raise PeerLostError(f"no rows from the other workers for {limit:.0f} s "
                                         f"(half-step {self.k}, {self.side}; "
                                         f"{ENV_TIMEOUT} sets the limit)")
-            time.sleep(sleep)
-            sleep = min(2 * sleep, 1e-3)
+            if self.copying:              # until the oldest chunk is copied in, or a poll
+                concurrent.futures.wait(self.copying[0][1], timeout=sleep)
+            else:
+                time.sleep(sleep)
+            sleep = min(2 * sleep, POLL_LAST)

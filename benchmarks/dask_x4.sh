@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# clmf.dask against the in-process fit on one host, one Dask worker per GPU (issue 28, branch
+# dask): this checkout's clmf ("after") and the same with the four Dask modules of the branch's
+# base commit ("before", from git when the history is there, else skipped) side by side,
+# alternating, each step's results
+# written under $OUT/after and $OUT/before as it ends; the whole run stays under 9 minutes
+# (later steps get what time is left, 4 x Netflix last):
+#   1-2. Netflix shape, f = 100: in-process s/it and Dask s/it (workers' loop through shared
+#        memory, each iteration's parts per worker: compute, exchange, take, publish_copy),
+#        time to the first iteration  (benchmarks/dask_gpu_runs.py); then "after-1t": the
+#        Dask fit again with CLMF_DASK_COPY_THREADS=1 (rows copied in turn, no copy threads)
+#   3-4. Netflix: time to the first iteration with a new cluster per fit, in-process alongside,
+#        the set-up's stages per worker  (benchmarks/dask_setup.py --fresh)
+#   5-6. 4 x Netflix as 1-2 (the "before" Dask fit only, if time is left)
+#
+#   source .whl/gpu-opencl.sh activate && OUT=$OUT bash benchmarks/dask_x4.sh
+#   (4 x Netflix whole, in a second command: PARTS=netflix-4x OUT=$OUT bash benchmarks/dask_x4.sh)
+#
+# CPU smoke test (PoCL + Intel, tiny; a few minutes on 2 cores):
+#   POCL_DEVICES="pthread pthread" DEVICES=cpu FRACTION=0.002 FACTORS=8 PY=.venv/bin/python \
+#       OUT=/tmp/dask-x4 bash benchmarks/dask_x4.sh
+set -u
+OUT=${OUT:-/tmp/out}
+DEVICES=${DEVICES:-gpu}
+FRACTION=${FRACTION:-1}
+FACTORS=${FACTORS:-100}
+PY=${PY:-python3}
+BASE=${BASE:-4599dc7}          # main when the branch started
+BUDGET=${BUDGET:-535}          # seconds for the whole run
+PARTS=${PARTS:-netflix setup netflix-4x}   # which steps (a second command: PARTS=netflix-4x)
+START=$(date +%s)
+mkdir -p "$OUT/after" "$OUT/before" "$OUT/after-1t" .data/parquet
+export PYTHONUNBUFFERED=1
+PKG=$(mktemp -d)
+trap 'rm -rf "$PKG"' EXIT
+
+pkg() {
+  # pkg NAME [REV]: clmf laid out as its wheel installs it (kernels, tuner, shipped tunings)
+  # from the working tree in $PKG/NAME; with REV, the Dask modules this branch changed taken
+  # from git at REV (so "before" differs from "after" by this branch's changes alone, whatever
+  # else the tree holds by then)
+  local dst=$PKG/$1 f
+  mkdir -p "$dst"
+  cp -r clmf "$dst/"
+  cp -r cl_kernels "$dst/clmf/cl_kernels"
+  cp -r tuner "$dst/clmf/autotune"
+  rm -rf "$dst/clmf/tuning/shipped" && cp -r results/tuning/shipped "$dst/clmf/tuning/shipped"
+  if [ $# -gt 1 ]; then
+    for f in $DASK_FILES; do
+      git show "$2:$f" > "$dst/$f" || return 1
+    done
+  fi
+  find "$dst" -name __pycache__ -prune -exec rm -rf {} +
+}
+
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+
+step() {
+  # step NAME SECONDS LOG ARGS...: run one benchmark with package NAME ("after-1t": after,
+  # each worker copying rows with one thread), within its share of the time left
+  local name=$1 want=$2 log=$3 t threads=
+  shift 3
+  t=$(left)
+  [ "$t" -gt "$want" ] && t=$want
+  if [ "$t" -lt 30 ]; then echo "[$name] skipped: ${t}s left" | tee -a "$log"; return; fi
+  echo "[$name] $(date -u +%H:%M:%S) timeout ${t}s: $*" | tee -a "$log"
+  [ "$name" = after-1t ] && threads=1
+  CLMF_DASK_COPY_THREADS=$threads PYTHONPATH=$PKG/${name%-1t} timeout "$t" "$PY" "$@" \
+    >> "$log" 2>&1
+  echo "[$name] exit $? at +$(( $(date +%s) - START ))s" | tee -a "$log"
+}
+
+DASK_FILES="clmf/dask.py clmf/parallel/dask_backend.py clmf/parallel/dask_tasks.py
+            clmf/parallel/shared_blocks.py"
+pkg after
+if git cat-file -e "$BASE^{commit}" 2>/dev/null && pkg before "$BASE"; then
+  BEFORE=1
+else
+  BEFORE=0
+  echo "no git history for $BASE here: the 'before' runs are skipped" | tee "$OUT/before/SKIPPED"
+fi
+echo "after: $(git rev-parse --short HEAD 2>/dev/null || echo '?') (+ working tree); before: the" \
+  "same with $DASK_FILES of $BASE" > "$OUT/packages.txt"
+
+COMMON=(--factors "$FACTORS" --fraction "$FRACTION" --devices "$DEVICES" --data-dir .data/parquet)
+run() {   # run NAME SECONDS PRESET [extra args]: dask_gpu_runs.py
+  local name=$1 want=$2 preset=$3
+  shift 3
+  step "$name" "$want" "$OUT/$name/log.txt" benchmarks/dask_gpu_runs.py "$OUT/$name/runs" \
+    --preset "$preset" --transport shm --iterations 8 --budget 10 "${COMMON[@]}" "$@"
+}
+setup() {   # setup NAME SECONDS: dask_setup.py --fresh
+  local name=$1 want=$2
+  step "$name" "$want" "$OUT/$name/log.txt" benchmarks/dask_setup.py "$OUT/$name/setup" \
+    --devices "$DEVICES" --preset netflix --fraction "$FRACTION" --factors "$FACTORS" \
+    --rounds 2 --fresh --data-dir .data/parquet
+}
+
+if [[ " $PARTS " == *" netflix "* ]]; then
+  run after 80 netflix
+  [ $BEFORE = 1 ] && run before 80 netflix
+  run after-1t 60 netflix --skip-inprocess
+fi
+if [[ " $PARTS " == *" setup "* ]]; then
+  setup after 90
+  [ $BEFORE = 1 ] && setup before 90
+fi
+if [[ " $PARTS " == *" netflix-4x "* ]]; then
+  run after 240 netflix-4x
+  [ $BEFORE = 1 ] && run before 200 netflix-4x --skip-inprocess
+fi
+
+for name in after before after-1t; do
+  for f in "$OUT/$name/runs/summary.md" "$OUT/$name/setup/README.md"; do
+    [ -f "$f" ] && { echo "== $name: $f"; head -12 "$f"; }
+  done
+  grep -h "loop parts" "$OUT/$name/log.txt" 2>/dev/null
+done | tee "$OUT/summary.txt"
