@@ -65,7 +65,7 @@ step() {
   if [ "$t" -lt 30 ]; then echo "[$name] skipped: ${t}s left" | tee -a "$log"; return; fi
   echo "[$name] $(date -u +%H:%M:%S) timeout ${t}s: $*" | tee -a "$log"
   [ "$name" = after-1t ] && threads=1
-  CLMF_DASK_COPY_THREADS=$threads PYTHONPATH=$PKG/${name%-1t} timeout "$t" "$PY" "$@" \
+  CLMF_DASK_COPY_THREADS=$threads PYTHONPATH=$PKG/${name%-1t}${PYTHONPATH:+:$PYTHONPATH} timeout "$t" "$PY" "$@" \
     >> "$log" 2>&1
   echo "[$name] exit $? at +$(( $(date +%s) - START ))s" | tee -a "$log"
 }
