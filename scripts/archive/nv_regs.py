@@ -24,6 +24,7 @@ def main(argv=None):
     ap.add_argument("-f", "--factors", type=int, nargs="+", default=[100])
     ap.add_argument("--variant", nargs="+", required=True)
     ap.add_argument("--implicit", action="store_true")
+    ap.add_argument("--kernel", default="s1", help="kernel name prefix (e.g. s3_fcg)")
     a = ap.parse_args(argv)
     dev = select_device(a.device)
     info = device_info(dev)
@@ -41,7 +42,7 @@ def main(argv=None):
             prg = cl.Program(ctx, src).build(options=opts)
             log = prg.get_build_info(dev, cl.program_build_info.LOG)
             for k in prg.all_kernels():
-                if not k.function_name.startswith("s1"):
+                if not k.function_name.startswith(a.kernel):
                     continue
                 wg = k.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, dev)
                 priv = k.get_work_group_info(cl.kernel_work_group_info.PRIVATE_MEM_SIZE, dev)
