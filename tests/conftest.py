@@ -21,6 +21,9 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 # shared variant checks (reference, Oclgrind) cover its staging, guards and reductions there; the
 # tuning lookup never picks it on such devices (tests/test_mma.py checks both)
 os.environ.setdefault("CLMF_MMA_EMULATION", "1")
+# likewise the fused CG dimensions form's warp-shuffle entry sums (dims_shfl, PTX on NVIDIA): its
+# emulation through local memory elsewhere, in the same pairwise order
+os.environ.setdefault("CLMF_SHFL_EMULATION", "1")
 
 
 def _list_devices():

@@ -395,7 +395,18 @@ def test_worker_lost_midway_keeps_the_fitted_model(client, ml100k, monkeypatch, 
     assert np.isfinite(dm.rmse(raw.iloc[:50_000]))
 
 
-def test_bad_input_is_a_clear_error(client):
+def test_bad_input_is_a_clear_error(client, monkeypatch):
+    import uuid
+
+    # this test's fits' ids (the check below must not see the segments of fits that other test
+    # processes run meanwhile)
+    made, real = [], uuid.uuid4
+
+    def recorded():
+        u = real()
+        made.append(u.hex[:12])
+        return u
+    monkeypatch.setattr(uuid, "uuid4", recorded)
     df = pd.DataFrame({"user": [1, 2, 2], "item": ["a", "b", "a"], "rating": [4.0, 5.0, 3.0]})
     with pytest.raises(ValueError, match="no column"):
         clmf.dask.ALS(client=client, iterations=1, device=POCL, **KW).fit(
@@ -413,7 +424,8 @@ def test_bad_input_is_a_clear_error(client):
     from clmf.parallel import dask_tasks as T
     from clmf.parallel import shared_blocks as shm
     assert set(client.run(lambda: len(T._PENDING) + len(T._STATE)).values()) == {0}
-    assert [x for x in os.listdir(shm.SHM_DIR) if "-set-up" in x] == []
+    assert made and [x for x in os.listdir(shm.SHM_DIR) if "-set-up" in x
+                      and any(x.startswith(f"clmf-{h}") for h in made)] == []
     with pytest.raises(ValueError, match="on_worker_lost"):
         clmf.dask.ALS(client=client, iterations=1, device=POCL, **KW).fit(
             df, on_worker_lost="resume", show_progress=False)

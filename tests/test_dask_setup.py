@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 
+from clmf.parallel import dask_prepare as P
 from clmf.parallel import dask_tasks as T
 from clmf.parallel.dask_backend import _encoder
 
@@ -56,7 +57,7 @@ def test_split_keeps_each_workers_triples_in_partition_order():
 def test_block_is_the_csr_of_its_rows_whatever_the_pieces_order(order, key, threads,
                                                                  monkeypatch):
     if threads:
-        monkeypatch.setattr(T, "GATHER_THREADS_FROM", 0)
+        monkeypatch.setattr(P, "GATHER_THREADS_FROM", 0)
     rng = np.random.default_rng(1)
     u, i, r, (m, n) = _triples(rng)
     if order != "shuffled":
@@ -103,10 +104,10 @@ def test_encoder_maps_consecutive_integer_ids_by_a_subtraction():
     # the workers' encoding: the subtraction gives what get_indexer gives, whatever the dtype
     for dt in (np.int32, np.int64, np.uint32, np.uint64):
         v = np.array([12, 10, 15, 11, 99, 9, 0, 16], dt)
-        np.testing.assert_array_equal(T._codes(enc, v), dense.get_indexer(v))
-    np.testing.assert_array_equal(T._codes(enc, np.array([-3, 10], np.int64)), [-1, 0])
-    np.testing.assert_array_equal(T._codes(enc, np.array([10.0, 10.5])), [0, -1])
-    np.testing.assert_array_equal(T._codes(enc, np.array(["10", "a"], object)), [-1, -1])
+        np.testing.assert_array_equal(P._codes(enc, v), dense.get_indexer(v))
+    np.testing.assert_array_equal(P._codes(enc, np.array([-3, 10], np.int64)), [-1, 0])
+    np.testing.assert_array_equal(P._codes(enc, np.array([10.0, 10.5])), [0, -1])
+    np.testing.assert_array_equal(P._codes(enc, np.array(["10", "a"], object)), [-1, -1])
 
 
 @pytest.mark.parametrize("threads", [False, True], ids=["gathers", "threaded-gathers"])
@@ -119,7 +120,7 @@ def test_pieces_through_shared_memory_are_the_split_and_their_reader_unlinks_the
 
     from clmf.parallel import shared_blocks as shm
     if threads:
-        monkeypatch.setattr(T, "GATHER_THREADS_FROM", 0)
+        monkeypatch.setattr(P, "GATHER_THREADS_FROM", 0)
     rng = np.random.default_rng(3)
     u, i, r, (m, n) = _triples(rng)
     bu, bi = np.array([0, m // 2, m]), np.array([0, n // 3, n])

@@ -178,8 +178,7 @@ def test_fused_dims_shuffle_matches_reference(cl_device, monkeypatch, variant, f
     from clmf.engine.kernels import dims_shuffle
     info = device_info(select_device(cl_device))
     native = platform_short(info.platform) == "nvidia"
-    if not native:
-        monkeypatch.setenv("CLMF_SHFL_EMULATION", "1")
+    monkeypatch.setenv("CLMF_SHFL_EMULATION", "1")         # (conftest sets it too)
     kf = f + 1 if mode == "biased" else f
     assert dims_shuffle(KernelConfig.parse(variant), kf, info) == (1 if native else 2)
     check(cl_device, variant, f, mode, single_row=11)
@@ -187,6 +186,7 @@ def test_fused_dims_shuffle_matches_reference(cl_device, monkeypatch, variant, f
 
 def test_fused_dims_shuffle_where_it_applies(monkeypatch):
     from test_tuning_db import fake_info
+    monkeypatch.delenv("CLMF_SHFL_EMULATION", raising=False)
 
     from clmf.engine.kernels import dims_shuffle, render_als, validate
     nv = fake_info(platform="NVIDIA CUDA")
@@ -205,9 +205,10 @@ def test_fused_dims_shuffle_where_it_applies(monkeypatch):
         assert e.value.reason == reason
     with pytest.raises(InvalidConfigError):
         KernelConfig.parse("batch+vec4:solver=cg,dims_shfl=1")     # a fused_dims parameter
-    monkeypatch.setenv("CLMF_SHFL_EMULATION", "1")
-    assert validate(cfg, 256, fake_info(platform="Intel(R) OpenCL"))
-    assert dims_shuffle(cfg, 256, nv) == 2
+    monkeypatch.setenv("CLMF_SHFL_EMULATION", "1")         # (tests: the emulation elsewhere)
+    intel = fake_info(platform="Intel(R) OpenCL")
+    assert validate(cfg, 256, intel) and dims_shuffle(cfg, 256, intel) == 2
+    assert dims_shuffle(cfg, 256, nv) == 1                 # PTX wherever it runs
 
 
 # the hermitian path of implicit feedback (YᵀY once per half-step plus Σ (c − 1) y yᵀ through the

@@ -599,6 +599,11 @@ def representative_variants(f=None):
         # tensor cores (NVIDIA; elsewhere its emulation, CLMF_MMA_EMULATION=1)
         "batch+vec4+mma:tx=2,ks=2,nnz_batch=16,batch_rows=7",
         "batch+vec4+mma:tx=3,nnz_batch=8,solver=cg,fused_solve=1",
+        # ... its blocks written from the registers, two work-groups a row
+        "batch+vec4+mma:tx=2,nnz_batch=8,direct=2",
+        # the dims form's entry sums as warp shuffles (NVIDIA; elsewhere their emulation,
+        # CLMF_SHFL_EMULATION=1; refused where f makes D no power of two)
+        "batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_q=2,solve_wg=32,nnz_batch=2",
         # long rows cut into pieces of 3 (resp. 5) entries, pieces and batches interleaved
         "batch:tx=4,ty=4,split=3,batch_rows=4",
         "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5,split=5,batch_rows=7",

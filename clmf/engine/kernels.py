@@ -337,10 +337,13 @@ def dims_shuffle(config, f, device_info):
     """How the fused CG dimensions form sums an entry's D parts (``solve_fcgdims.cl.j2``'s
     ``fd_shfl``): 0 through local memory (the phases), 1 a PTX butterfly (``shfl.sync``: the
     config's ``dims_shfl`` on NVIDIA's platform), 2 its emulation through local memory in the
-    same order (``dims_shfl`` with ``CLMF_SHFL_EMULATION=1``: tests on other devices)."""
+    same order (``dims_shfl`` elsewhere, which :func:`validate` allows only with
+    ``CLMF_SHFL_EMULATION=1``: tests on other devices)."""
     if not (config.dims and config.dims_shfl):
         return 0
-    return 2 if os.environ.get("CLMF_SHFL_EMULATION", "") == "1" else 1
+    from .device import platform_short
+    native = device_info is not None and platform_short(device_info.platform) == "nvidia"
+    return 1 if native else 2
 
 
 def _check_dims_shuffle(config, f, device_info):
