@@ -496,9 +496,9 @@ def _dims_grid(f, info=None):
     or as many as fit (``dims_p``); from f = 64 (16 float4 slices) also 2 or 4 slices per
     work-item (``dims_q``: fewer work-items per entry, more entries at once); on NVIDIA the
     entry sums as warp shuffles or not (``dims_shfl``)."""
-    from clmf.engine.device import platform_short
+    from clmf.engine.kernels import ptx_supported
     g = dict(dims_p=[1, 0], dims_q=[1, 2, 4] if f >= 64 else [1])
-    if info is not None and platform_short(info.platform) == "nvidia":
+    if ptx_supported(info):
         g["dims_shfl"] = [False, True]
     return g
 

@@ -150,13 +150,19 @@ def _comb_wg(device_info):
     return max(1, min(64, device_info.max_work_group_size if device_info else 64))
 
 
+def ptx_supported(device_info):
+    """True when the device's compiler takes inline PTX (NVIDIA's platform). The platform name
+    decides, never a device-name substring."""
+    from .device import platform_short
+    return device_info is not None and platform_short(device_info.platform) == "nvidia"
+
+
 def mma_supported(device_info):
-    """True when the device runs PTX ``mma.sync`` TF32 (NVIDIA's platform, compute capability
-    ≥ 8.0). The platform name decides, never a device-name substring."""
-    if device_info is None:
+    """True when the device runs PTX ``mma.sync`` TF32 (inline PTX, compute capability ≥ 8.0)."""
+    if not ptx_supported(device_info):
         return False
     cc = getattr(device_info, "compute_capability", (0, 0)) or (0, 0)
-    return "nvidia" in device_info.platform.lower() and tuple(cc) >= (8, 0)
+    return tuple(cc) >= (8, 0)
 
 
 def mma_emulation():
@@ -341,18 +347,14 @@ def dims_shuffle(config, f, device_info):
     ``CLMF_SHFL_EMULATION=1``: tests on other devices)."""
     if not (config.dims and config.dims_shfl):
         return 0
-    from .device import platform_short
-    native = device_info is not None and platform_short(device_info.platform) == "nvidia"
-    return 1 if native else 2
+    return 1 if ptx_supported(device_info) else 2
 
 
 def _check_dims_shuffle(config, f, device_info):
     """Raise :class:`InvalidConfigError` where ``dims_shfl`` cannot build: not NVIDIA (and no
     emulation asked for), D not a power of two ≤ 32 (a segment inside one warp) or the
     work-group not whole warps."""
-    from .device import platform_short
-    native = device_info is not None and platform_short(device_info.platform) == "nvidia"
-    if not native and os.environ.get("CLMF_SHFL_EMULATION", "") != "1":
+    if not ptx_supported(device_info) and os.environ.get("CLMF_SHFL_EMULATION", "") != "1":
         raise InvalidConfigError("dims_shfl sums with PTX warp shuffles: NVIDIA's platform only",
                                  "unsupported_device")
     d = config.fcg_geometry(f)["fd_d"]
