@@ -704,7 +704,7 @@ def test_gpu_spaces_offer_the_dims_geometries():
     nv = fake_info(platform="NVIDIA CUDA", type_="GPU", max_work_group_size=1024)
     assert "dims_shfl" not in sp_.grid
     sp_nv = make_space("default", 256, nv, mode="implicit")
-    assert sp_nv.grid["dims_shfl"] == [False, True]
+    assert sp_nv.grid["dims_shfl"] == [False, True] == sp_nv.grid["dims_wshfl"]
     shfl = set()
     for _ in range(600):
         c = sp_nv.sample(rng, nv)
@@ -712,6 +712,7 @@ def test_gpu_spaces_offer_the_dims_geometries():
             assert prune(c, 256, nv) is c and canonical(c, "implicit") == c
             shfl.add(c.dims_shfl)
             assert not c.dims_shfl or c.dims_p == 1
+            assert not c.dims_wshfl or c.dims_shfl
     assert shfl == {False, True}
 
 

@@ -168,7 +168,10 @@ DIMS_SHUFFLE = [("batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_q=4,so
                 ("batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_q=4,solve_wg=32,"
                  "nnz_batch=3", 50),
                 ("batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,solve_wg=64,nnz_batch=2,"
-                 "batch_rows=7", 15)]
+                 "batch_rows=7", 15),
+                # the weights loaded by one lane each and shared by shuffles (2 entries, 4 lanes)
+                ("batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_wshfl=1,dims_q=4,"
+                 "solve_wg=32,nnz_batch=2", 50)]
 
 
 @pytest.mark.parametrize("variant,f", DIMS_SHUFFLE)
@@ -182,6 +185,24 @@ def test_fused_dims_shuffle_matches_reference(cl_device, monkeypatch, variant, f
     kf = f + 1 if mode == "biased" else f
     assert dims_shuffle(KernelConfig.parse(variant), kf, info) == (1 if native else 2)
     check(cl_device, variant, f, mode, single_row=11)
+
+
+@pytest.mark.parametrize("mode", ["explicit", "implicit", "biased"])
+def test_fused_dims_shared_weights_equal_per_lane_weights(cl_device, mode):
+    """dims_wshfl takes each entry's weight factors from the one lane that loaded them: the same
+    values, so the same factors bit for bit (3 entries per group, 4 lanes an entry)."""
+    R = random_ratings(61, 43, 0.3, seed=5, empty_rows=[2], empty_cols=[5])
+    kw = dict(feedback="implicit", alpha=2.0) if mode == "implicit" else \
+        dict(biases=True) if mode == "biased" else {}
+    base = "batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_q=4,solve_wg=32,nnz_batch=3"
+    rng = np.random.default_rng(5)
+    init = (rng.standard_normal((61, 50)).astype(np.float32),
+            rng.standard_normal((43, 50)).astype(np.float32))
+    got = [clmf.ALS(50, 0.1, 2, device=cl_device, variant=base + w, **kw).fit(
+        R, init=init, show_progress=False) for w in ("", ",dims_wshfl=1")]
+    for name in ("user_factors_", "item_factors_"):
+        np.testing.assert_array_equal(getattr(got[1], name), getattr(got[0], name))
+    assert got[1].config_["users"].config.dims_wshfl
 
 
 def test_fused_dims_shuffle_where_it_applies(monkeypatch):
@@ -205,6 +226,13 @@ def test_fused_dims_shuffle_where_it_applies(monkeypatch):
         assert e.value.reason == reason
     with pytest.raises(InvalidConfigError):
         KernelConfig.parse("batch+vec4:solver=cg,dims_shfl=1")     # a fused_dims parameter
+    with pytest.raises(InvalidConfigError):
+        KernelConfig.parse("batch+vec4:solver=fusedcg,fused_dims=1,dims_wshfl=1")  # of dims_shfl
+    with pytest.raises(InvalidConfigError) as e:                   # 8 entries, 4 lanes an entry
+        validate(cfg.replace(dims_wshfl=True, nnz_batch=8), 64, nv)
+    assert e.value.reason == "geometry"
+    assert validate(cfg.replace(dims_wshfl=True), 256, nv)        # 4 entries, 16 lanes
+    assert "shfl.sync.idx" in render_als(cfg.replace(dims_wshfl=True), 256, nv)
     monkeypatch.setenv("CLMF_SHFL_EMULATION", "1")         # (tests: the emulation elsewhere)
     intel = fake_info(platform="Intel(R) OpenCL")
     assert validate(cfg, 256, intel) and dims_shuffle(cfg, 256, intel) == 2

@@ -51,7 +51,7 @@ _NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?(\+gemm
 _INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec",
                "cg_steps", "batch_rows", "split", "dims_q", "dims_p", "direct")
 _BOOL_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "mma", "triangle", "fused_solve",
-                "fused_dims", "dims_shfl")
+                "fused_dims", "dims_shfl", "dims_wshfl")
 # hard bounds of every integer field, checked whenever a configuration is made (the bounds that
 # depend on f and the device, e.g. cg_steps ≤ f or the work-group limits, are checked by
 # clmf.kernels.validate where both are known)
@@ -129,6 +129,10 @@ class KernelConfig:
         butterfly of warp shuffles over its D lanes instead of through local memory (no
         barriers in the chunk loop; D a power of two ≤ 32, whole warps; dims_p then does not
         apply): :func:`clmf.engine.kernels.dims_shuffle`
+    dims_wshfl : ``dims_shfl`` only: lane d of an entry's D lanes loads the weight factors of its
+        group's entry d (so nnz_batch ≤ D) and the lanes take them by shuffles after the sums,
+        instead of every lane loading every entry's (one load and two registers per lane
+        instead of nnz_batch each; the same values)
     dims_q : ``fused_dims`` only: float4 slices of every vector per work-item, at least (more
         where ``solve_wg`` work-items with this many do not cover f; at most f/4 rounded up), so
         ``f/4/dims_q`` work-items share an entry and the work-group holds more entry groups;
@@ -170,6 +174,7 @@ class KernelConfig:
     fused_dims: bool = False
     direct: int = 0
     dims_shfl: bool = False
+    dims_wshfl: bool = False
     dims_q: int = 1
     dims_p: int = 1
 
@@ -250,6 +255,9 @@ class KernelConfig:
         if self.dims and self.vec != 4:
             raise InvalidConfigError("fused_dims (the fused CG in float4 slices of the factor "
                                      "rows) takes +vec4 (rows padded to whole float4s)", "vec")
+        if self.dims_wshfl and not self.dims_shfl:
+            raise InvalidConfigError("dims_wshfl (the weights shared by shuffles) is a parameter "
+                                     "of dims_shfl", "dims_shfl")
         if self.dims_shfl and not self.fused_dims:
             raise InvalidConfigError("dims_shfl (the entry sums as warp shuffles) is a parameter "
                                      "of fused_dims", "fused_dims")
@@ -604,6 +612,8 @@ def representative_variants(f=None):
         # the dims form's entry sums as warp shuffles (NVIDIA; elsewhere their emulation,
         # CLMF_SHFL_EMULATION=1; refused where f makes D no power of two)
         "batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_q=2,solve_wg=32,nnz_batch=2",
+        "batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_wshfl=1,dims_q=2,solve_wg=32,"
+        "nnz_batch=2",
         # long rows cut into pieces of 3 (resp. 5) entries, pieces and batches interleaved
         "batch:tx=4,ty=4,split=3,batch_rows=4",
         "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5,split=5,batch_rows=7",

@@ -131,6 +131,7 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
     v.update(config.fcg_geometry(f))
     v["fd_gsum_tree"] = gsum_tree_ok(device_info)
     v["fd_shfl"] = dims_shuffle(config, f, device_info)
+    v["fd_wshfl"] = bool(v["fd_shfl"] and config.dims_wshfl)
     v["fd_shfl_masks"] = [1 << i for i in range(max(0, v["fd_d"].bit_length() - 1))]
     v["gram_tiled"] = gram_tiled(device_info.type if device_info else "GPU")
     geo = gram_geometry(f, 1, device_info.max_work_group_size if device_info else 256)
@@ -361,6 +362,10 @@ def _check_dims_shuffle(config, f, device_info):
     if d > 32 or d & (d - 1) or config.swg(f) % 32:
         raise InvalidConfigError(f"dims_shfl needs the {d} work-items of an entry to be a power "
                                  f"of two ≤ 32 and solve_wg ({config.swg(f)}) whole warps of 32",
+                                 "geometry")
+    if config.dims_wshfl and config.nnz_batch > d:
+        raise InvalidConfigError(f"dims_wshfl loads entry k's weight in lane k of the entry's {d} "
+                                 f"lanes: nnz_batch ({config.nnz_batch}) must be at most {d}",
                                  "geometry")
 
 
