@@ -2,7 +2,7 @@
 # One H100 command (stop 41, second): the fused CG dimensions form with the entry sums as PTX
 # butterflies (`solve_fcgdims.cl.j2` fd_shfl, clmf.engine.kernels.dims_shuffle): its tests
 # against NumPy on the GPU, then per-side times with the shuffles off (CLMF_DIMS_SHUFFLE=0) and
-# on, one after the other, at f = 64 / 100 / 256 (implicit, explicit).
+# on, one after the other, at f = 64 / 100 / 256 (implicit, explicit; FACTORS=... others).
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session41b.sh
 set -u
 OUT=${OUT:-/tmp/out}
@@ -21,7 +21,7 @@ F="batch+vec4:solver=fusedcg,fused_dims=1"
 V="$F,solve_wg=256,nnz_batch=4,dims_q=4,dims_p=0;$F,dims_q=2,solve_wg=128,nnz_batch=8"
 for sh in 0 1; do
     CLMF_DIMS_SHUFFLE=$sh timeout 200 python3 "$R/benchmarks/side_profile.py" --device gpu \
-        --out "$OUT/sp-shfl$sh" --factors 64,100,256 --modes implicit,explicit --variants "$V" \
+        --out "$OUT/sp-shfl$sh" --factors "${FACTORS:-64,100,256}" --modes implicit,explicit --variants "$V" \
         --iterations 3 --max-seconds 170 2>&1 | grep -v "CompilerWarning\|lambda: self\|prg.build" \
         | grep -v "best pair" | tail -20
     echo "shuffle=$sh at $((SECONDS - T0)) s"

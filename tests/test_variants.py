@@ -178,12 +178,13 @@ DIMS_SHUFFLE = [("batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_q=4,so
 @pytest.mark.parametrize("mode", ["explicit", "implicit", "biased"])
 def test_fused_dims_shuffle_matches_reference(cl_device, monkeypatch, variant, f, mode):
     from clmf.engine.device import device_info, platform_short, select_device
-    from clmf.engine.kernels import dims_shuffle
+    from clmf.engine.kernels import dims_shuffle, validate
     info = device_info(select_device(cl_device))
     native = platform_short(info.platform) == "nvidia"
     monkeypatch.setenv("CLMF_SHFL_EMULATION", "1")         # (conftest sets it too)
     kf = f + 1 if mode == "biased" else f
-    assert dims_shuffle(KernelConfig.parse(variant), kf, info) == (1 if native else 2)
+    cfg = KernelConfig.parse(variant)
+    assert validate(cfg, kf, info) and dims_shuffle(cfg, info) == (1 if native else 2)
     check(cl_device, variant, f, mode, single_row=11)
 
 
@@ -213,10 +214,10 @@ def test_fused_dims_shuffle_where_it_applies(monkeypatch):
     nv = fake_info(platform="NVIDIA CUDA")
     cfg = KernelConfig.parse("batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_q=4,"
                              "solve_wg=256,nnz_batch=4")
-    assert validate(cfg, 256, nv) and dims_shuffle(cfg, 256, nv) == 1
+    assert validate(cfg, 256, nv) and dims_shuffle(cfg, nv) == 1
     assert "shfl.sync" in render_als(cfg, 256, nv)
     off = cfg.replace(dims_shfl=False)
-    assert dims_shuffle(off, 256, nv) == 0 and "shfl.sync" not in render_als(off, 256, nv)
+    assert dims_shuffle(off, nv) == 0 and "shfl.sync" not in render_als(off, 256, nv)
     for c, f, reason in ((cfg, 130, "geometry"),                   # D = 9: no power of two
                          (cfg.replace(solve_wg=16), 64, "geometry"),  # not whole warps
                          (cfg, 256, "unsupported_device")):         # not NVIDIA (below)
@@ -235,8 +236,8 @@ def test_fused_dims_shuffle_where_it_applies(monkeypatch):
     assert "shfl.sync.idx" in render_als(cfg.replace(dims_wshfl=True), 256, nv)
     monkeypatch.setenv("CLMF_SHFL_EMULATION", "1")         # (tests: the emulation elsewhere)
     intel = fake_info(platform="Intel(R) OpenCL")
-    assert validate(cfg, 256, intel) and dims_shuffle(cfg, 256, intel) == 2
-    assert dims_shuffle(cfg, 256, nv) == 1                 # PTX wherever it runs
+    assert validate(cfg, 256, intel) and dims_shuffle(cfg, intel) == 2
+    assert dims_shuffle(cfg, nv) == 1                 # PTX wherever it runs
 
 
 # the hermitian path of implicit feedback (YᵀY once per half-step plus Σ (c − 1) y yᵀ through the

@@ -59,7 +59,7 @@ PARAM_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "so
 SPLIT_GRID = [0, 8192, 32768, SPLIT_NEVER]
 _MUTABLE = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec", "cg_steps",
             "split", "fused_solve", "fused_dims", "dims_q", "dims_p", "direct", "dims_shfl",
-                "dims_wshfl")
+            "dims_wshfl")
 
 
 def flags_of(cfg):

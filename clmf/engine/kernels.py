@@ -130,7 +130,7 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
     v.update(config.s1_geometry(f))
     v.update(config.fcg_geometry(f))
     v["fd_gsum_tree"] = gsum_tree_ok(device_info)
-    v["fd_shfl"] = dims_shuffle(config, f, device_info)
+    v["fd_shfl"] = dims_shuffle(config, device_info)
     v["fd_wshfl"] = bool(v["fd_shfl"] and config.dims_wshfl)
     v["fd_shfl_masks"] = [1 << i for i in range(max(0, v["fd_d"].bit_length() - 1))]
     v["gram_tiled"] = gram_tiled(device_info.type if device_info else "GPU")
@@ -171,6 +171,12 @@ def mma_emulation():
     cores (``CLMF_MMA_EMULATION=1``: tests of its staging, guards and reduction on CPUs only;
     never chosen by the tuning lookup)."""
     return os.environ.get("CLMF_MMA_EMULATION", "") == "1"
+
+
+def shfl_emulation():
+    """True when the environment asks for the dims form's warp-shuffle emulation on devices
+    without PTX (``CLMF_SHFL_EMULATION=1``: tests of its order, guards and barriers on CPUs)."""
+    return os.environ.get("CLMF_SHFL_EMULATION", "") == "1"
 
 
 def _check_ldf(config, width, ldf):
@@ -340,12 +346,12 @@ def validate(config: KernelConfig, f: int, device_info):
     return True
 
 
-def dims_shuffle(config, f, device_info):
+def dims_shuffle(config, device_info):
     """How the fused CG dimensions form sums an entry's D parts (``solve_fcgdims.cl.j2``'s
     ``fd_shfl``): 0 through local memory (the phases), 1 a PTX butterfly (``shfl.sync``: the
     config's ``dims_shfl`` on NVIDIA's platform), 2 its emulation through local memory in the
     same order (``dims_shfl`` elsewhere, which :func:`validate` allows only with
-    ``CLMF_SHFL_EMULATION=1``: tests on other devices)."""
+    :func:`shfl_emulation`: tests on other devices)."""
     if not (config.dims and config.dims_shfl):
         return 0
     return 1 if ptx_supported(device_info) else 2
@@ -355,7 +361,7 @@ def _check_dims_shuffle(config, f, device_info):
     """Raise :class:`InvalidConfigError` where ``dims_shfl`` cannot build: not NVIDIA (and no
     emulation asked for), D not a power of two ≤ 32 (a segment inside one warp) or the
     work-group not whole warps."""
-    if not ptx_supported(device_info) and os.environ.get("CLMF_SHFL_EMULATION", "") != "1":
+    if not (ptx_supported(device_info) or shfl_emulation()):
         raise InvalidConfigError("dims_shfl sums with PTX warp shuffles: NVIDIA's platform only",
                                  "unsupported_device")
     d = config.fcg_geometry(f)["fd_d"]
