@@ -171,7 +171,15 @@ DIMS_SHUFFLE = [("batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_q=4,so
                  "batch_rows=7", 15),
                 # the weights loaded by one lane each and shared by shuffles (2 entries, 4 lanes)
                 ("batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_wshfl=1,dims_q=4,"
-                 "solve_wg=32,nnz_batch=2", 50)]
+                 "solve_wg=32,nnz_batch=2", 50),
+                # the entry sums reduce-scattered (4 lanes: 2 entries, one halving level and a
+                # butterfly level; 4 entries, two halving levels; 1 entry, butterflies only)
+                ("batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_rsum=1,dims_q=4,"
+                 "solve_wg=32,nnz_batch=2", 50),
+                ("batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_rsum=1,dims_q=4,"
+                 "solve_wg=32,nnz_batch=4", 50),
+                ("batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_rsum=1,solve_wg=64,"
+                 "nnz_batch=1,batch_rows=7", 15)]
 
 
 @pytest.mark.parametrize("variant,f", DIMS_SHUFFLE)
@@ -234,6 +242,16 @@ def test_fused_dims_shuffle_where_it_applies(monkeypatch):
     assert e.value.reason == "geometry"
     assert validate(cfg.replace(dims_wshfl=True), 256, nv)        # 4 entries, 16 lanes
     assert "shfl.sync.idx" in render_als(cfg.replace(dims_wshfl=True), 256, nv)
+    rs = cfg.replace(dims_rsum=True)                               # 4 entries, 16 lanes
+    assert validate(rs, 256, nv) and "pcl_rsum(yv" in render_als(rs, 256, nv)
+    assert "pcl_rsum(yv" not in render_als(cfg, 256, nv)
+    for bad in (rs.replace(nnz_batch=3), rs.replace(nnz_batch=8)):  # no power of two; 8 > 4
+        with pytest.raises(InvalidConfigError) as e:
+            validate(bad, 64 if bad.nnz_batch == 8 else 256, nv)
+        assert e.value.reason == "geometry"
+    for text in ("dims_rsum=1", "dims_shfl=1,dims_wshfl=1,dims_rsum=1"):  # of dims_shfl, alone
+        with pytest.raises(InvalidConfigError):
+            KernelConfig.parse(f"batch+vec4:solver=fusedcg,fused_dims=1,{text}")
     monkeypatch.setenv("CLMF_SHFL_EMULATION", "1")         # (tests: the emulation elsewhere)
     intel = fake_info(platform="Intel(R) OpenCL")
     assert validate(cfg, 256, intel) and dims_shuffle(cfg, intel) == 2

@@ -51,7 +51,7 @@ _NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?(\+gemm
 _INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec",
                "cg_steps", "batch_rows", "split", "dims_q", "dims_p", "direct")
 _BOOL_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "mma", "triangle", "fused_solve",
-                "fused_dims", "dims_shfl", "dims_wshfl")
+                "fused_dims", "dims_shfl", "dims_wshfl", "dims_rsum")
 # hard bounds of every integer field, checked whenever a configuration is made (the bounds that
 # depend on f and the device, e.g. cg_steps ≤ f or the work-group limits, are checked by
 # clmf.kernels.validate where both are known)
@@ -133,6 +133,12 @@ class KernelConfig:
         group's entry d (so nnz_batch ≤ D) and the lanes take them by shuffles after the sums,
         instead of every lane loading every entry's (one load and two registers per lane
         instead of nnz_batch each; the same values)
+    dims_rsum : ``dims_shfl`` only (not with ``dims_wshfl``, whose loads it replaces): the
+        entry group's sums as a reduce-scatter over its D lanes (nnz_batch a power of two ≤ D):
+        each lane ends with one entry's sum, forms its weight (the factors loaded by that lane)
+        and hands it to the others: 2·nnz_batch - 1 + log2(D/nnz_batch) shuffles per chunk
+        instead of nnz_batch·log2(D) and more (a different summation order: not bit for bit
+        the butterflies)
     dims_q : ``fused_dims`` only: float4 slices of every vector per work-item, at least (more
         where ``solve_wg`` work-items with this many do not cover f; at most f/4 rounded up), so
         ``f/4/dims_q`` work-items share an entry and the work-group holds more entry groups;
@@ -175,6 +181,7 @@ class KernelConfig:
     direct: int = 0
     dims_shfl: bool = False
     dims_wshfl: bool = False
+    dims_rsum: bool = False
     dims_q: int = 1
     dims_p: int = 1
 
@@ -258,6 +265,12 @@ class KernelConfig:
         if self.dims_wshfl and not self.dims_shfl:
             raise InvalidConfigError("dims_wshfl (the weights shared by shuffles) is a parameter "
                                      "of dims_shfl", "dims_shfl")
+        if self.dims_rsum and not self.dims_shfl:
+            raise InvalidConfigError("dims_rsum (the entry sums reduce-scattered by shuffles) is "
+                                     "a parameter of dims_shfl", "dims_shfl")
+        if self.dims_rsum and self.dims_wshfl:
+            raise InvalidConfigError("dims_rsum loads each entry's weight in the lane that sums "
+                                     "it: dims_wshfl does not apply", "dims_wshfl")
         if self.dims_shfl and not self.fused_dims:
             raise InvalidConfigError("dims_shfl (the entry sums as warp shuffles) is a parameter "
                                      "of fused_dims", "fused_dims")
@@ -613,6 +626,8 @@ def representative_variants(f=None):
         # CLMF_SHFL_EMULATION=1; refused where f makes D no power of two)
         "batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_q=2,solve_wg=32,nnz_batch=2",
         "batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_wshfl=1,dims_q=2,solve_wg=32,"
+        "nnz_batch=2",
+        "batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_rsum=1,dims_q=2,solve_wg=32,"
         "nnz_batch=2",
         # long rows cut into pieces of 3 (resp. 5) entries, pieces and batches interleaved
         "batch:tx=4,ty=4,split=3,batch_rows=4",

@@ -132,7 +132,9 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
     v["fd_gsum_tree"] = gsum_tree_ok(device_info)
     v["fd_shfl"] = dims_shuffle(config, device_info)
     v["fd_wshfl"] = bool(v["fd_shfl"] and config.dims_wshfl)
+    v["fd_rsum"] = bool(v["fd_shfl"] and config.dims_rsum)
     v["fd_shfl_masks"] = [1 << i for i in range(max(0, v["fd_d"].bit_length() - 1))]
+    v["fd_rs_levels"], v["fd_rs_masks"] = rsum_levels(v["fd_d"], v["fd_nb"])
     v["gram_tiled"] = gram_tiled(device_info.type if device_info else "GPU")
     geo = gram_geometry(f, 1, device_info.max_work_group_size if device_info else 256)
     v["gram_lg"], v["gram_r"] = geo.lg, geo.r
@@ -369,10 +371,26 @@ def _check_dims_shuffle(config, f, device_info):
         raise InvalidConfigError(f"dims_shfl needs the {d} work-items of an entry to be a power "
                                  f"of two ≤ 32 and solve_wg ({config.swg(f)}) whole warps of 32",
                                  "geometry")
+    nb = config.nnz_batch
+    if config.dims_rsum and (nb > d or nb & (nb - 1)):
+        raise InvalidConfigError(f"dims_rsum reduce-scatters an entry group's sums over its {d} "
+                                 f"lanes: nnz_batch ({nb}) must be a power of two at most {d}",
+                                 "geometry")
     if config.dims_wshfl and config.nnz_batch > d:
         raise InvalidConfigError(f"dims_wshfl loads entry k's weight in lane k of the entry's {d} "
                                  f"lanes: nnz_batch ({config.nnz_batch}) must be at most {d}",
                                  "geometry")
+
+
+def rsum_levels(d, nb):
+    """The dims form's reduce-scatter (``dims_rsum``) of nb values over a segment of d lanes
+    (powers of two, nb ≤ d): its halving levels ``(mask, values before)`` from mask d/2 down,
+    then the butterfly masks that complete each lane's entry, from d/(2·nb) down to 1."""
+    levels, m, n = [], d // 2, nb
+    while n > 1 and m >= 1:
+        levels.append((m, n))
+        m, n = m // 2, n // 2
+    return levels, [1 << i for i in range(m.bit_length() - 1, -1, -1)] if m >= 1 else []
 
 
 def gsum_tree_ok(device_info):
