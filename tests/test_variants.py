@@ -214,6 +214,44 @@ def test_fused_dims_shared_weights_equal_per_lane_weights(cl_device, mode):
     assert got[1].config_["users"].config.dims_wshfl
 
 
+@pytest.mark.parametrize("mode", ["explicit", "implicit", "biased"])
+@pytest.mark.parametrize("base", [
+    "batch+vec4:solver=fusedcg,fused_dims=1,dims_q=2,solve_wg=16,nnz_batch=3",
+    "batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_rsum=1,dims_q=4,solve_wg=32,"
+    "nnz_batch=2"])
+def test_fused_dims_pipelined_gathers_equal_unpipelined(cl_device, mode, base):
+    """dims_pipe gathers each chunk's rows while the previous chunk is summed: the same
+    arithmetic, so the same factors bit for bit (rows of 0 .. 30 entries: chunks of 1, 2 and
+    more, the last one partial)."""
+    R = random_ratings(61, 43, 0.3, seed=7, empty_rows=[2], empty_cols=[5])
+    kw = dict(feedback="implicit", alpha=2.0) if mode == "implicit" else \
+        dict(biases=True) if mode == "biased" else {}
+    rng = np.random.default_rng(7)
+    init = (rng.standard_normal((61, 50)).astype(np.float32),
+            rng.standard_normal((43, 50)).astype(np.float32))
+    got = [clmf.ALS(50, 0.1, 2, device=cl_device, variant=base + w, **kw).fit(
+        R, init=init, show_progress=False) for w in ("", ",dims_pipe=1")]
+    for name in ("user_factors_", "item_factors_"):
+        np.testing.assert_array_equal(getattr(got[1], name), getattr(got[0], name))
+    assert got[1].config_["users"].config.dims_pipe
+
+
+def test_fused_dims_pipe_registers_counted():
+    """dims_pipe holds two chunks' rows: refused where they pass the 16 float4s."""
+    from test_tuning_db import fake_info
+
+    from clmf.engine.kernels import validate
+    nv = fake_info(platform="NVIDIA CUDA")
+    cfg = KernelConfig.parse("batch+vec4:solver=fusedcg,fused_dims=1,dims_q=4,solve_wg=256,"
+                             "nnz_batch=4")
+    assert validate(cfg, 256, nv) and validate(cfg.replace(nnz_batch=2, dims_pipe=True), 256, nv)
+    with pytest.raises(InvalidConfigError) as e:
+        validate(cfg.replace(dims_pipe=True), 256, nv)
+    assert e.value.reason == "geometry" and "dims_pipe" in str(e.value)
+    with pytest.raises(InvalidConfigError):
+        KernelConfig.parse("batch+vec4:solver=fusedcg,dims_pipe=1")   # a fused_dims parameter
+
+
 def test_fused_dims_shuffle_where_it_applies(monkeypatch):
     from test_tuning_db import fake_info
     monkeypatch.delenv("CLMF_SHFL_EMULATION", raising=False)

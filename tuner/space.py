@@ -52,14 +52,14 @@ MODE_SOLVERS = {"implicit": ("cholesky", "cg", "fusedcg")}
 MODE_CG_STEPS = {"implicit": [3]}
 PARAM_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec", "solver",
                 "cg_steps", "split", "dims_q", "dims_p", "direct", "dims_shfl",
-                "dims_wshfl", "dims_rsum")
+                "dims_wshfl", "dims_rsum", "dims_pipe")
 # the GPU presets' long-row piece lengths: automatic (0), fixed lengths, never split. A long row is
 # one work-group's work unsplit; on a CPU (a few compute units, work-groups run as loops) the
 # tail it makes is short, and the automatic rule splits nothing on the data sizes CPUs take
 SPLIT_GRID = [0, 8192, 32768, SPLIT_NEVER]
 _MUTABLE = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec", "cg_steps",
             "split", "fused_solve", "fused_dims", "dims_q", "dims_p", "direct", "dims_shfl",
-            "dims_wshfl", "dims_rsum")
+            "dims_wshfl", "dims_rsum", "dims_pipe")
 
 
 def flags_of(cfg):
@@ -93,7 +93,8 @@ def canonical(cfg: KernelConfig, mode="explicit") -> KernelConfig:
     if cfg.fused_dims and not cfg.dims:
         # the dimensions form of the fused CG solver only, its geometry with it
         kw.update(fused_dims=False, dims_q=KernelConfig.dims_q, dims_p=KernelConfig.dims_p,
-                  dims_shfl=False, dims_wshfl=False, dims_rsum=False)
+                  dims_shfl=False, dims_wshfl=False, dims_rsum=False,
+                  dims_pipe=False)
     elif cfg.dims and cfg.dims_shfl:  # the shuffles sum an entry's parts: no dims_p
         kw["dims_p"] = KernelConfig.dims_p
     if not (cfg.local or cfg.gemm or cfg.syrk or cfg.mma or cfg.dims):
@@ -226,8 +227,8 @@ class Space:
         if dims:                      # the fused CG's dimensions form, entries per group
             out.append("fused_dims")
             # its slices per work-item and work-items per entry's sum, where the space has them
-            out += [k for k in ("dims_q", "dims_p", "dims_shfl", "dims_wshfl", "dims_rsum")
-                    if k in self.grid]
+            out += [k for k in ("dims_q", "dims_p", "dims_shfl", "dims_wshfl", "dims_rsum",
+                                "dims_pipe") if k in self.grid]
         if local or gemm or dims:
             out.append("nnz_batch")
         if gemm:
@@ -246,6 +247,7 @@ class Space:
             kw.pop("dims_shfl", None)
             kw.pop("dims_wshfl", None)
             kw.pop("dims_rsum", None)
+            kw.pop("dims_pipe", None)
             kw.pop("dims_p", None)
         if (self.grid.get("square_tiles") or gemm) and "bx" in kw:
             kw["by"] = kw["bx"]
@@ -502,7 +504,7 @@ def _dims_grid(f, info=None):
     work-item (``dims_q``: fewer work-items per entry, more entries at once); on NVIDIA the
     entry sums as warp shuffles or not (``dims_shfl``)."""
     from clmf.engine.kernels import ptx_supported
-    g = dict(dims_p=[1, 0], dims_q=[1, 2, 4] if f >= 64 else [1])
+    g = dict(dims_p=[1, 0], dims_q=[1, 2, 4] if f >= 64 else [1], dims_pipe=[False, True])
     if ptx_supported(info):
         g["dims_shfl"] = [False, True]
         g["dims_wshfl"] = [False, True]

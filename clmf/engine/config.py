@@ -51,7 +51,7 @@ _NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?(\+gemm
 _INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec",
                "cg_steps", "batch_rows", "split", "dims_q", "dims_p", "direct")
 _BOOL_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "mma", "triangle", "fused_solve",
-                "fused_dims", "dims_shfl", "dims_wshfl", "dims_rsum")
+                "fused_dims", "dims_shfl", "dims_wshfl", "dims_rsum", "dims_pipe")
 # hard bounds of every integer field, checked whenever a configuration is made (the bounds that
 # depend on f and the device, e.g. cg_steps ≤ f or the work-group limits, are checked by
 # clmf.kernels.validate where both are known)
@@ -139,6 +139,9 @@ class KernelConfig:
         and hands it to the others: 2·nnz_batch - 1 + log2(D/nnz_batch) shuffles per chunk
         instead of nnz_batch·log2(D) and more (a different summation order: not bit for bit
         the butterflies)
+    dims_pipe : ``fused_dims`` only: the gathers software-pipelined — each chunk's rows loaded
+        while the previous chunk's are summed and applied (twice the gathered rows in registers,
+        so ``2·q·nnz_batch`` ≤ 16 float4s; the same arithmetic and values)
     dims_q : ``fused_dims`` only: float4 slices of every vector per work-item, at least (more
         where ``solve_wg`` work-items with this many do not cover f; at most f/4 rounded up), so
         ``f/4/dims_q`` work-items share an entry and the work-group holds more entry groups;
@@ -182,6 +185,7 @@ class KernelConfig:
     dims_shfl: bool = False
     dims_wshfl: bool = False
     dims_rsum: bool = False
+    dims_pipe: bool = False
     dims_q: int = 1
     dims_p: int = 1
 
@@ -271,6 +275,9 @@ class KernelConfig:
         if self.dims_rsum and self.dims_wshfl:
             raise InvalidConfigError("dims_rsum loads each entry's weight in the lane that sums "
                                      "it: dims_wshfl does not apply", "dims_wshfl")
+        if self.dims_pipe and not self.fused_dims:
+            raise InvalidConfigError("dims_pipe (the gathers pipelined) is a parameter of "
+                                     "fused_dims", "fused_dims")
         if self.dims_shfl and not self.fused_dims:
             raise InvalidConfigError("dims_shfl (the entry sums as warp shuffles) is a parameter "
                                      "of fused_dims", "fused_dims")
@@ -629,6 +636,10 @@ def representative_variants(f=None):
         "nnz_batch=2",
         "batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_rsum=1,dims_q=2,solve_wg=32,"
         "nnz_batch=2",
+        # the gathers pipelined a chunk ahead, with the local-memory sums and with the shuffles
+        "batch+vec4:solver=fusedcg,fused_dims=1,dims_pipe=1,dims_q=2,solve_wg=16,nnz_batch=3",
+        "batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_rsum=1,dims_pipe=1,dims_q=2,"
+        "solve_wg=32,nnz_batch=2",
         # long rows cut into pieces of 3 (resp. 5) entries, pieces and batches interleaved
         "batch:tx=4,ty=4,split=3,batch_rows=4",
         "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5,split=5,batch_rows=7",

@@ -133,6 +133,7 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
     v["fd_shfl"] = dims_shuffle(config, device_info)
     v["fd_wshfl"] = bool(v["fd_shfl"] and config.dims_wshfl)
     v["fd_rsum"] = bool(v["fd_shfl"] and config.dims_rsum)
+    v["fd_pipe"] = bool(config.dims and config.dims_pipe)
     v["fd_shfl_masks"] = [1 << i for i in range(max(0, v["fd_d"].bit_length() - 1))]
     v["fd_rs_levels"], v["fd_rs_masks"] = rsum_levels(v["fd_d"], v["fd_nb"])
     v["gram_tiled"] = gram_tiled(device_info.type if device_info else "GPU")
@@ -416,7 +417,8 @@ def fcg_dims_registers(config, f):
     accumulators and the applied vector's result), the next chunk's ``nb`` column indices and a
     fixed 24 for offsets and scalars."""
     g = config.fcg_geometry(f)
-    return 4 * g["fd_q"] * (g["fd_nb"] + 6) + g["fd_nb"] + 24
+    nb = g["fd_nb"] * (2 if config.dims_pipe else 1)          # dims_pipe: two chunks' rows
+    return 4 * g["fd_q"] * (nb + 6) + nb + 24
 
 
 # the most registers a GPU work-item holds (NVIDIA: 255) and a GPU compute unit's register file
@@ -429,10 +431,12 @@ def _validate_fcg_dims(config, f, device_info):
     """The fused CG dimensions form's constraints: gathered rows held in registers, registers
     (GPUs), local memory, the work-group size (raise InvalidConfigError)."""
     g = config.fcg_geometry(f)
-    if g["fd_q"] * g["fd_nb"] > 16:
-        raise InvalidConfigError(f"fused_dims would hold {g['fd_q'] * g['fd_nb']} float4s of "
-                                 f"gathered rows per work-item ({g['fd_q']} slices × nnz_batch "
-                                 f"{g['fd_nb']}); at most 16", "geometry")
+    rows = g["fd_q"] * g["fd_nb"] * (2 if config.dims_pipe else 1)
+    if rows > 16:
+        raise InvalidConfigError(f"fused_dims would hold {rows} float4s of gathered rows per "
+                                 f"work-item ({g['fd_q']} slices × nnz_batch {g['fd_nb']}"
+                                 f"{' × 2 chunks (dims_pipe)' if config.dims_pipe else ''}); at "
+                                 "most 16", "geometry")
     if getattr(device_info, "type", "GPU") != "CPU":
         regs, swg = fcg_dims_registers(config, f), config.swg(f)
         if regs > GPU_MAX_REGISTERS or regs * swg > GPU_REGISTER_FILE:
