@@ -23,6 +23,7 @@ in the current basis with its full Gram matrix), no rows split for S1, and a rot
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
@@ -64,6 +65,19 @@ def applies(eng, side, cfg, exchange):
             and tile_fits(eng.info, eng.f))
 
 
+def eigh(G):
+    """``G = VΛVᵀ`` of a small symmetric float32 matrix, in float64 on one BLAS thread where
+    threadpoolctl is installed (a 256 × 256 eigendecomposition is slower on many threads, and
+    far slower where they compete with other work)."""
+    G = G.astype(np.float64)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return np.linalg.eigh(G)
+    with threadpool_limits(limits=1, user_api="blas"):
+        return np.linalg.eigh(G)
+
+
 class Rotation:
     """One engine's rotation state: the accumulated rotation ``R`` (float64; None: the
     original basis), the device's f × f matrix buffer and the rotation kernel."""
@@ -89,10 +103,13 @@ class Rotation:
         cl.enqueue_copy(eng.queue, G, eng.buf[side]["G"], is_blocking=True)
         if not np.all(np.isfinite(G)):
             return False
+        t = time.perf_counter()
         try:
-            w, V = np.linalg.eigh(G.astype(np.float64))
+            w, V = eigh(G)
         except np.linalg.LinAlgError:
             return False
+        if eng.profile:
+            eng.stage_times["eigh"] = eng.stage_times.get("eigh", 0.0) + time.perf_counter() - t
         V32 = np.ascontiguousarray(V, dtype=np.float32)
         lam = w.astype(np.float32)
         V64 = V32.astype(np.float64)
@@ -125,13 +142,19 @@ class Rotation:
         wg = min(128 if gpu else 8, eng.info.max_work_group_size)
         cap = 65536 if gpu else 4 * max(1, eng.info.compute_units)
         tile = cl.LocalMemory(4 * K.ROTATE_ROWS * eng.f)
+        events = []
         for s in SIDES:
             rows = eng.side_rows(s)
             if rows == 0:
                 continue
             groups = min(-(-rows // K.ROTATE_ROWS), cap)
-            self.kern(eng.queue, (groups * wg,), (wg,), eng.factors[s], np.int64(rows),
-                      np.int32(eng.f), np.int32(eng.ldf), self.V, tile)
+            events.append(self.kern(eng.queue, (groups * wg,), (wg,), eng.factors[s],
+                                    np.int64(rows), np.int32(eng.f), np.int32(eng.ldf), self.V,
+                                    tile))
+        if eng.profile:                    # the kernels' device seconds, a stage of their own
+            cl.wait_for_events(events)
+            eng.stage_times["rotate"] = eng.stage_times.get("rotate", 0.0) + sum(
+                (e.profile.end - e.profile.start) * 1e-9 for e in events)
 
     def release(self):
         """Free the matrix buffer."""
