@@ -705,15 +705,19 @@ def test_gpu_spaces_offer_the_dims_geometries():
     assert "dims_shfl" not in sp_.grid
     sp_nv = make_space("default", 256, nv, mode="implicit")
     assert sp_nv.grid["dims_shfl"] == [False, True] == sp_nv.grid["dims_wshfl"]
+    assert sp_nv.grid["dims_rsum"] == [False, True] == sp_nv.grid["dims_pipe"]
     shfl = set()
-    for _ in range(600):
+    for _ in range(6000):         # (few random configurations are valid dims forms at f = 256)
         c = sp_nv.sample(rng, nv)
         if c is not None and c.dims:
             assert prune(c, 256, nv) is c and canonical(c, "implicit") == c
-            shfl.add(c.dims_shfl)
+            shfl.add((c.dims_shfl, c.dims_wshfl, c.dims_rsum, c.dims_pipe))
             assert not c.dims_shfl or c.dims_p == 1
-            assert not c.dims_wshfl or c.dims_shfl
-    assert shfl == {False, True}
+            assert not (c.dims_wshfl or c.dims_rsum) or c.dims_shfl
+            assert not (c.dims_wshfl and c.dims_rsum)
+    assert {s[0] for s in shfl} == {False, True}
+    assert any(s[1] for s in shfl) and any(s[2] for s in shfl)
+    assert {s[3] for s in shfl} == {False, True}
 
 
 def test_fused_dims_group_sums_tree_everywhere_but_pocl():
