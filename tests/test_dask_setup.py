@@ -99,8 +99,9 @@ def test_encoder_maps_consecutive_integer_ids_by_a_subtraction():
     enc = _encoder(dense)
     assert isinstance(enc, pd.RangeIndex)
     np.testing.assert_array_equal(enc.get_indexer(vals), dense.get_indexer(vals))
-    for other in (pd.Index([1, 2, 4]), pd.Index(["a", "b"]), pd.Index([1.0, 2.0])):
+    for other in (pd.Index(["a", "b"]), pd.Index([1.0, 2.0]), pd.Index([1, 2, 4 << 40])):
         assert _encoder(other) is other
+    assert isinstance(_encoder(pd.Index([1, 2, 4])), P.IdTable)     # gaps: an array lookup
     # the workers' encoding: the subtraction gives what get_indexer gives, whatever the dtype
     for dt in (np.int32, np.int64, np.uint32, np.uint64):
         v = np.array([12, 10, 15, 11, 99, 9, 0, 16], dt)

@@ -171,9 +171,10 @@ def _partitions(client, X, columns, n_parts):
                     f"or clmf.data.Ratings, not {type(X).__name__}")
 
 
-def _sorted_index(ids, what="ids"):
-    """A pandas Index of the distinct raw ids, sorted; missing ids (None, NaN) and text mixed
-    with numbers are refused as :meth:`clmf.data.Ratings.from_triples` refuses them
+def _sorted_index(ids, what="ids", counts=None):
+    """A pandas Index of the distinct raw ids, sorted (and ``counts``, one per id, in the same
+    order: ``(index, counts)``); missing ids (None, NaN) and text mixed with numbers are
+    refused as :meth:`clmf.data.Ratings.from_triples` refuses them
     (:func:`clmf.data._ids.check_raw_ids`: one rule for both paths)."""
     import pandas as pd
 
@@ -181,50 +182,71 @@ def _sorted_index(ids, what="ids"):
     ids = np.asarray(ids)
     check_raw_ids(ids, what)
     try:
-        ids = np.sort(ids)
+        order = np.argsort(ids, kind="stable")
+        ids = ids[order]
     except TypeError:          # other unorderable objects: first-seen order
-        pass
-    return pd.Index(ids)
+        order = None
+    if counts is None:
+        return pd.Index(ids)
+    return pd.Index(ids), (np.asarray(counts) if order is None else np.asarray(counts)[order])
 
 
 def _encoder(index):
     """The index that maps a column's raw ids to dense indices on the workers: a sorted run of
     consecutive integers (ids that are dense indices already, or an offset of them) as a
     :class:`pandas.RangeIndex`, whose lookup is a subtraction (no hash table to ship and probe);
-    any other ``index`` itself."""
+    other sorted integers of a modest span (:func:`~clmf.parallel.dask_prepare._span_limit`)
+    as an :class:`~clmf.parallel.dask_prepare.IdTable` (an array lookup); any other ``index``
+    itself."""
     import pandas as pd
-    if (len(index) and index.dtype.kind in "iu" and index.is_monotonic_increasing
-            and int(index[-1]) - int(index[0]) + 1 == len(index)):
+
+    from .dask_prepare import IdTable, _span_limit
+    if not (len(index) and index.dtype.kind in "iu" and index.is_monotonic_increasing):
+        return index
+    span = int(index[-1]) - int(index[0]) + 1
+    if span == len(index) and int(index[-1]) < 2**63:
         return pd.RangeIndex(int(index[0]), int(index[-1]) + 1)
+    if span <= _span_limit(len(index)):
+        return IdTable(np.asarray(index))
     return index
 
 
+def _tree(client, fn, futs, width=8):
+    """A future of ``fn`` over ``futs`` reduced on the workers, ``width`` at a time."""
+    while len(futs) > width:
+        futs = [client.submit(fn, *futs[k:k + width]) for k in range(0, len(futs), width)]
+    return client.submit(fn, *futs)
+
+
 def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=None, shift=0.0):
-    """Encode ratings on the cluster: distinct ids per partition reduced on the workers, sorted
-    into the id maps (or the given ``maps`` of a fitted model: ids unknown to it become -1),
-    every partition mapped to dense indices where it lies. Nothing but ids comes to the
-    client. ``shift`` is added to the ratings on the workers (``total`` and ``minimum`` are of
-    the ratings as given). Returns a :class:`DistRatings` (counts filled when ``maps`` is
-    None)."""
+    """Encode ratings on the cluster. Raw ids of a fit (``maps`` None): one pass over the
+    partitions where they lie (:func:`~clmf.parallel.dask_prepare.scan`: each id column's
+    distinct values with their counts, by a ``bincount`` for integer ids of a modest span, and
+    the ratings' sums), reduced on the workers into the sorted id maps and the per-row counts;
+    the encoding of every partition to dense indices is then submitted, not waited for (the
+    blocks' split takes it). Ids of a fitted model (``maps``): ids unknown to it become -1.
+    Nothing but ids and counts comes to the client. ``shift`` is added to the ratings on the
+    workers (``total`` and ``minimum`` are of the ratings as given). Returns a
+    :class:`DistRatings` (counts filled when ``maps`` is None)."""
     laps = T.Laps()
     n_parts = n_parts or len(client.nthreads())
     parts, known = _partitions(client, X, tuple(columns), n_parts)
+    counted = None
     if known is not None and maps is None:
         shape, uids, iids = known
         codes = client.map(T.encode, parts, columns=tuple(columns), user_index=None,
                            item_index=None, shift=shift)
     else:
         if maps is None:
-            unions = []
-            for col in columns[:2]:         # both columns' trees of unions at once
-                uniq = client.map(T.unique_ids, parts, column=col)
-                while len(uniq) > 8:        # a tree of unions on the workers
-                    uniq = [client.submit(T.union_ids, *uniq[k:k + 8])
-                            for k in range(0, len(uniq), 8)]
-                unions.append(client.submit(T.union_ids, *uniq))
-            uidx, iidx = (_sorted_index(fu.result(), f"column {col!r}")
-                          for fu, col in zip(unions, columns[:2]))
-            laps.lap("ids")
+            scanned = _tree(client, T.merge_scans,
+                            client.map(T.scan, parts, columns=tuple(columns), shift=shift))
+            uform, iform, *counted = scanned.result()
+            (uidx, uc), (iidx, ic) = (_sorted_index(T.ids_and_counts(form)[0], f"column {col!r}",
+                                                    T.ids_and_counts(form)[1])
+                                      for form, col in zip((uform, iform), columns[:2]))
+            del scanned
+            counted = [uc, ic, *counted]
+            laps.lap("ids_and_counts")
         else:
             import pandas as pd
             uidx, iidx = (m if isinstance(m, pd.Index) else pd.Index(m) for m in maps)
@@ -235,12 +257,11 @@ def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=No
         uids, iids = np.asarray(uidx), np.asarray(iidx)
     out = DistRatings(codes, shape, uids, iids, times=laps.times)
     if maps is None:
-        tallies = client.map(T.tally, codes, m=shape[0], n=shape[1])
-        while len(tallies) > 8:
-            tallies = [client.submit(T.sum_tallies, *tallies[k:k + 8])
-                       for k in range(0, len(tallies), 8)]
-        uc, ic, s, lo, bad, hi = client.submit(T.sum_tallies, *tallies).result()
-        laps.lap("encode_and_counts")
+        if counted is None:            # dense indices given: counted from the encoded parts
+            counted = list(_tree(client, T.sum_tallies,
+                                 client.map(T.tally, codes, m=shape[0], n=shape[1])).result())
+            laps.lap("encode_and_counts")
+        uc, ic, s, lo, bad, hi = counted
         if bad:
             raise ValueError(f"the ratings contain {bad} NaN/inf value(s)")
         out.user_counts, out.item_counts = uc, ic

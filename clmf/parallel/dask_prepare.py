@@ -19,18 +19,151 @@ GATHER_THREADS_FROM = 1 << 20     # entries from which a block's gathers run in 
 
 
 # ----- data preparation (any worker) ------------------------------------------------------
-def unique_ids(df, column):
-    """The distinct values of one column of a partition (a NumPy array)."""
-    import pandas as pd
-    return pd.unique(df[column].to_numpy())
+ID_SPAN_MIN = 1 << 20     # integer ids spanning up to this many values are tallied by bincount
+ID_SPAN_MAX = 1 << 24     # ... or up to 4 × the ratings counted, at most this many
 
 
-def union_ids(*parts):
-    """The distinct values of several partitions' distinct values."""
+def _span_limit(entries):
+    """The widest range of integer ids whose counts are kept as one array (a bin per value)
+    for ``entries`` ratings: no more cells than a few times the ratings themselves."""
+    return max(ID_SPAN_MIN, min(4 * int(entries), ID_SPAN_MAX))
+
+
+def id_counts(vals):
+    """The distinct values of an id column of a partition and how often each occurs:
+    ``("bins", lo, counts, dtype)`` (integer ids within :func:`_span_limit` of each other:
+    ``counts[k]`` ratings of id ``lo + k``, by one ``bincount``, no hashing) or ``("values",
+    ids, counts)`` (any other ids, in first-seen order as :func:`pandas.unique` gives them;
+    missing ids kept, for :func:`clmf.data._ids.check_raw_ids` to refuse)."""
     import pandas as pd
-    if not parts:
-        return np.zeros(0)
-    return pd.unique(np.concatenate([np.asarray(p) for p in parts]))
+    vals = np.asarray(vals)
+    if vals.dtype.kind in "iu" and vals.size:
+        lo, hi = int(vals.min()), int(vals.max())
+        if hi - lo < _span_limit(vals.size):
+            return ("bins", lo, np.bincount(_offsets(vals, lo), minlength=hi - lo + 1),
+                    vals.dtype.str)
+    codes, uniq = pd.factorize(vals, use_na_sentinel=False)
+    return ("values", np.asarray(uniq), np.bincount(codes, minlength=len(uniq)))
+
+
+def _offsets(vals, lo):
+    """``vals - lo`` as array indices, for integer ids ``vals`` from ``lo`` to a modest span
+    above it (exact whatever their type: 64-bit arithmetic, wrapping where it wraps)."""
+    if vals.dtype.kind == "u":
+        rel = (vals.astype(np.uint64) - np.uint64(lo) if lo >= 0
+               else vals.astype(np.uint64) + np.uint64(-lo))
+    else:
+        rel = vals.astype(np.int64) - np.int64(lo)
+    return rel.astype(np.intp)
+
+
+def _bin_values(form):
+    """The ids of a ``"bins"`` form of :func:`id_counts` that occur, ascending, and their
+    counts."""
+    _kind, lo, counts, dt = form
+    dt = np.dtype(dt)
+    nz = np.flatnonzero(counts)
+    ids = (nz.astype(np.uint64) + np.uint64(lo) if dt.kind == "u"
+           else nz.astype(np.int64) + np.int64(lo))
+    return ids.astype(dt), counts[nz]
+
+
+def merge_id_counts(*forms):
+    """The :func:`id_counts` of several partitions together (counts of the same id summed;
+    bins kept where the union's span allows, else values in first-seen order)."""
+    import pandas as pd
+    forms = [f for f in forms if f is not None]
+    if all(f[0] == "bins" for f in forms):
+        lo = min(f[1] for f in forms)
+        hi = max(f[1] + len(f[2]) for f in forms)
+        if hi - lo <= _span_limit(sum(int(f[2].sum()) for f in forms)):
+            out = np.zeros(hi - lo, np.int64)
+            for _k, a, c, _dt in forms:
+                out[a - lo:a - lo + len(c)] += c
+            return ("bins", lo, out, np.result_type(*[np.dtype(f[3]) for f in forms]).str)
+    pairs = [_bin_values(f) if f[0] == "bins" else f[1:] for f in forms]
+    codes, uniq = pd.factorize(np.concatenate([p[0] for p in pairs]), use_na_sentinel=False)
+    counts = np.zeros(len(uniq), np.int64)
+    np.add.at(counts, codes, np.concatenate([p[1] for p in pairs]).astype(np.int64))
+    return ("values", np.asarray(uniq), counts)
+
+
+def ids_and_counts(form):
+    """``(distinct ids, their counts)`` of a (merged) :func:`id_counts` form, in the order
+    :func:`id_counts` describes."""
+    return _bin_values(form) if form[0] == "bins" else (form[1], form[2])
+
+
+def _ratings(df, column, shift):
+    """A partition's ratings as float32 plus ``shift`` (added in float64)."""
+    r = df[column].to_numpy(dtype=np.float64 if shift else np.float32)
+    return (r + shift).astype(np.float32) if shift else r
+
+
+def _stats(r):
+    """The ratings' sum (float64), minimum, non-finite count and maximum."""
+    return (float(r.astype(np.float64).sum()), float(r.min()) if r.size else np.inf,
+            int((~np.isfinite(r)).sum()), float(r.max()) if r.size else -np.inf)
+
+
+def scan(df, columns, shift=0.0):
+    """One pass over a partition of raw-id ratings: both id columns' :func:`id_counts` and the
+    ratings' (plus ``shift``) sum, minimum, non-finite count and maximum — what the id maps,
+    the per-row counts and the checks of a fit need, before any encoding."""
+    from ..data.frames import check_columns
+    ucol, icol, rcol = check_columns(df, columns)
+    return (id_counts(df[ucol].to_numpy()), id_counts(df[icol].to_numpy()),
+            *_stats(_ratings(df, rcol, shift)))
+
+
+def merge_scans(*parts):
+    """The :func:`scan` of several partitions together (the sums added in order, as
+    :func:`sum_tallies`)."""
+    s, lo, bad, hi = parts[0][2:]
+    for p in parts[1:]:
+        s += p[2]
+        lo = min(lo, p[3])
+        bad += p[4]
+        hi = max(hi, p[5])
+    return (merge_id_counts(*[p[0] for p in parts]), merge_id_counts(*[p[1] for p in parts]),
+            s, lo, bad, hi)
+
+
+class IdTable:
+    """The map of integer raw ids within a modest span to dense indices as an array (a cell per
+    value in the span, -1 where no id): the workers' lookup is an index, no hash table."""
+
+    def __init__(self, ids):
+        """The table of the sorted distinct integer ``ids``."""
+        ids = np.asarray(ids)
+        self.dtype = ids.dtype
+        self.lo = int(ids[0])
+        span = int(ids[-1]) - self.lo + 1
+        self.table = np.full(span, -1, np.int32 if len(ids) < 2**31 else np.int64)
+        self.table[_offsets(ids, self.lo)] = np.arange(len(ids))
+
+    def __len__(self):
+        """The span of the table."""
+        return len(self.table)
+
+    def codes(self, vals):
+        """Dense indices of the raw ids ``vals`` (-1: not a known id)."""
+        vals = np.asarray(vals)
+        if vals.dtype.kind not in "iu":
+            import pandas as pd
+            return pd.Index(self.ids()).get_indexer(vals)
+        ok = (vals >= self.lo) & (vals < self.lo + len(self.table))    # exact (NumPy 2)
+        out = np.full(len(vals), -1, np.int64)
+        if ok.all():
+            return self.table[_offsets(vals, self.lo)]
+        if ok.any():
+            out[ok] = self.table[_offsets(vals[ok], self.lo)]
+        return out
+
+    def ids(self):
+        """The distinct ids, ascending."""
+        return _bin_values(("bins", self.lo, (self.table >= 0).astype(np.int64),
+                            self.dtype.str))[0]
 
 
 def encode(df, columns, user_index, item_index, shift=0.0):
@@ -47,10 +180,7 @@ def encode(df, columns, user_index, item_index, shift=0.0):
         else:
             codes = _codes(index, vals)
         out.append(codes.astype(np.int32))
-    r = df[rcol].to_numpy(dtype=np.float64 if shift else np.float32)
-    if shift:
-        r = (r + shift).astype(np.float32)
-    return out[0], out[1], r
+    return out[0], out[1], _ratings(df, rcol, shift)
 
 
 def _codes(index, vals):
@@ -59,13 +189,16 @@ def _codes(index, vals):
     _encoder`) by a subtraction and a range check, several times faster than its
     ``get_indexer``."""
     import pandas as pd
+    if isinstance(index, IdTable):
+        return index.codes(vals)
     if not (isinstance(index, pd.RangeIndex) and index.step == 1
             and getattr(vals, "dtype", np.dtype(object)).kind in "iu"):
         return index.get_indexer(vals)
-    codes = np.subtract(vals, index.start, dtype=np.int64)
-    bad = (codes < 0) | (codes >= len(index))
-    if bad.any():
-        codes[bad] = -1
+    ok = (vals >= index.start) & (vals < index.stop)           # exact (NumPy 2)
+    if ok.all():
+        return _offsets(vals, index.start)
+    codes = np.full(len(vals), -1, np.int64)
+    codes[ok] = _offsets(vals[ok], index.start)
     return codes
 
 
@@ -79,9 +212,7 @@ def tally(codes, m, n):
     if u.size and (int(u.max()) >= m or int(i.max()) >= n):
         raise ValueError("an index lies outside the matrix shape")
     return (np.bincount(u, minlength=m).astype(np.int64),
-            np.bincount(i, minlength=n).astype(np.int64),
-            float(r.astype(np.float64).sum()), float(r.min()) if r.size else np.inf,
-            int((~np.isfinite(r)).sum()), float(r.max()) if r.size else -np.inf)
+            np.bincount(i, minlength=n).astype(np.int64), *_stats(r))
 
 
 def sum_tallies(*parts):

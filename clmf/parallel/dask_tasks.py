@@ -27,14 +27,15 @@ from .dask_prepare import (  # noqa: F401 - the data preparation's tasks, for th
     encode,
     gather,
     heldout,
+    ids_and_counts,
+    merge_scans,
+    scan,
     setup_check,
     setup_probe,
     split,
     stable_order,
     sum_tallies,
     tally,
-    union_ids,
-    unique_ids,
 )
 from .layout import Layout, SideLayout
 from .worker import SIDES, Exchange, other_side
