@@ -27,7 +27,7 @@ def _triples(rng, m=300, n=120, nnz=4_000):
             rng.uniform(1, 5, nnz).astype(np.float32), (m, n))
 
 
-def test_split_keeps_each_workers_triples_in_partition_order():
+def test_split_gives_each_worker_its_triples_by_row_ties_in_partition_order():
     rng = np.random.default_rng(0)
     u, i, r, (m, n) = _triples(rng)
     u[:5] = -1                                   # unknown ids are dropped
@@ -37,11 +37,12 @@ def test_split_keeps_each_workers_triples_in_partition_order():
     keep = u >= 0
     for k, (key, bounds) in enumerate(((u, bu), (i, bi))):
         for d in range(len(bounds) - 1):
-            sel = keep & (key >= bounds[d]) & (key < bounds[d + 1])
+            sel = np.flatnonzero(keep & (key >= bounds[d]) & (key < bounds[d + 1]))
+            sel = sel[np.argsort(key[sel], kind="stable")]     # by row, ties as they came
             got = out[(0 if k == 0 else 3) + d]
             for a, b in zip(got, (u[sel], i[sel], r[sel])):
-                np.testing.assert_array_equal(a, b)   # same triples, same order
-    # already in owner order (a user-sorted partition): the users' pieces are slices of it
+                np.testing.assert_array_equal(a, b)
+    # already in row order (a user-sorted partition): the users' pieces are slices of it
     order = np.lexsort((i, u))
     su, si, sr = u[order], i[order], r[order]
     got = T.split((su, si, sr), bu, bi)

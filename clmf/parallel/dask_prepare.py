@@ -244,12 +244,13 @@ def stable_order(keys, span):
 
 def split(codes, bounds_u, bounds_i, prefix=None, shared=False, owners=None):
     """A partition's triples split by owning worker: ``2n`` triples, first by the users' blocks
-    then by the items' blocks (unknown ids, -1, are dropped); each worker's triples keep their
-    order in the partition. ``shared`` (the workers share a host: :func:`setup_check`): each
-    triple for another worker than this one (``owners``: the workers' addresses) is written
-    into a shared-memory segment named ``prefix-...`` (gathered straight into it) and its
-    handles returned instead (:func:`clmf.parallel.shared_blocks.share_arrays`; the arrays
-    where there is no room), which the owner reads and unlinks (:func:`blocks`)."""
+    then by the items' blocks (unknown ids, -1, are dropped); each worker's triples sorted by
+    the side's row, stably (a row's triples keep their order in the partition). ``shared``
+    (the workers share a host: :func:`setup_check`): each triple for another worker than this
+    one (``owners``: the workers' addresses) is written into a shared-memory segment named
+    ``prefix-...`` (gathered straight into it) and its handles returned instead
+    (:func:`clmf.parallel.shared_blocks.share_arrays`; the arrays where there is no room),
+    which the owner reads and unlinks (:func:`blocks`)."""
     uir, pieces = _split(codes, bounds_u, bounds_i)
     n = len(bounds_u) - 1
     here = _address() if shared and owners else None
@@ -331,22 +332,25 @@ def all_of(*flags):
 def _split(codes, bounds_u, bounds_i):
     """``((u, i, r), pieces)``: the partition's known triples and, per piece of :func:`split`,
     ``(order, a, b)``: entries ``order[a:b]`` of the triples (``order`` None: ``a:b``, the
-    side already in owner order), one order array per side."""
+    side already in row order), one order array per side: the stable order by the side's row
+    (a radix sort), so that each piece runs by row and its owner merges them without sorting
+    (:func:`clmf.parallel.dask_tasks._block`)."""
     u, i, r = codes
     ok = (u >= 0) & (i >= 0)
     if not ok.all():
         u, i, r = u[ok], i[ok], r[ok]
     out = []
     for key, bounds in ((u, bounds_u), (i, bounds_i)):
-        n = len(bounds) - 1
-        owner = (np.searchsorted(bounds, key, side="right") - 1).astype(np.int32)
-        if len(owner) < 2 or bool(np.all(owner[1:] >= owner[:-1])):
-            cuts = np.searchsorted(owner, np.arange(n + 1))        # already in owner order
+        bounds = np.asarray(bounds, np.int64)
+        if len(key) < 2 or bool(np.all(key[1:] >= key[:-1])):
+            cuts = np.searchsorted(key, bounds)              # already in row order
             out += [(None, a, b) for a, b in zip(cuts[:-1], cuts[1:])]
             continue
-        order = stable_order(owner, n)
-        cuts = np.zeros(n + 1, np.int64)
-        np.cumsum(np.bincount(owner, minlength=n), out=cuts[1:])
+        span = max(1, int(bounds[-1]))
+        order = stable_order(key, span)
+        ends = np.zeros(span + 1, np.int64)
+        np.cumsum(np.bincount(key, minlength=span), out=ends[1:])
+        cuts = ends[bounds]
         out += [(order, a, b) for a, b in zip(cuts[:-1], cuts[1:])]
     return (u, i, r), out
 

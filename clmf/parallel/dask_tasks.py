@@ -128,6 +128,7 @@ def probe(spec, rank, fit, stats):
     from ..engine.kernels import als_program
     from ..errors import InvalidConfigError
     from ..tuning import fallback, resolve
+    _leave_pool()          # the worker's splits go on meanwhile (the builds wait on the driver)
     laps = Laps()
     dev = worker_device(spec, rank)
     info = device_info(dev)
@@ -156,49 +157,100 @@ def probe(spec, rank, fit, stats):
                              "kernel_work_group_size")
 
 
+def _leave_pool():
+    """Inside a Dask worker, take this task's thread out of the worker's pool
+    (:func:`distributed.secede`): the worker runs its next tasks meanwhile."""
+    try:
+        from distributed import get_worker, secede
+        get_worker()
+    except (ImportError, ValueError):
+        return
+    secede()
+
+
 # ----- a fit's blocks and device worker (the owning worker) -----------------------------------
 def _block(pieces, key, indptr, r0, r1):
     """The CSR of rows ``[r0, r1)`` of one side from the triples sent to this worker (sorted by
-    row, then column: radix passes over the column and the row, skipped where the pieces are in
-    that order already, as user-ordered files give the users' side and then each item's users);
-    duplicate entries are refused."""
-    def cat(k, dt):
-        """Field ``k`` of every piece, in order."""
-        return np.concatenate([p[k] for p in pieces]) if pieces else np.zeros(0, dt)
-    u, i, r = cat(0, np.int32), cat(1, np.int32), cat(2, np.float32)
-    rows, cols = (u, i) if key == "users" else (i, u)
+    row, then column): pieces that each run by row (:func:`~clmf.parallel.dask_prepare.split`
+    sorts them) are merged by writing each piece's rows after the earlier pieces' entries of
+    the same rows (no sort); other pieces are sorted by radix passes over the row, and rows
+    whose columns are then out of order by passes over the column and the row (as files in
+    no order give); duplicate entries are refused."""
+    k_rows = 0 if key == "users" else 1
+    got = sum(len(p[k_rows]) for p in pieces)
     want = int(indptr[r1] - indptr[r0])
-    if len(rows) != want:
-        raise RuntimeError(f"{key} block {r0}..{r1} received {len(rows)} ratings, expected "
+    if got != want:
+        raise RuntimeError(f"{key} block {r0}..{r1} received {got} ratings, expected "
                            f"{want} (a partition changed between passes over the data?)")
-
-    def in_order(rows, cols):
-        """Whether the entries run by row, then strictly by column within a row."""
-        return bool(np.all((rows[1:] > rows[:-1]) | ((rows[1:] == rows[:-1])
-                                                     & (cols[1:] > cols[:-1]))))
-
-    if not in_order(rows, cols):
-        rel = rows - np.int32(r0)
-        if not bool(np.all(rel[1:] >= rel[:-1])):      # by row, keeping the columns' order
-            counts = np.diff(indptr[r0:r1 + 1])
-            if not np.array_equal(np.bincount(rel, minlength=r1 - r0), counts):
-                raise RuntimeError(f"{key} block {r0}..{r1} received other rows than counted "
-                                   "(a partition changed between passes over the data?)")
-            order = stable_order(rel, max(1, r1 - r0))
-            cols, r = gather(order, cols, r)
-            rows = np.repeat(np.arange(r0, r1, dtype=np.int32), counts)   # rows[order]
-        if not in_order(rows, cols):                    # by column first, then by row
-            order = stable_order(cols, int(cols.max()) + 1)
-            order = order[stable_order(rows[order] - np.int32(r0), max(1, r1 - r0))]
-            rows, cols, r = gather(order, rows, cols, r)
-            dup = (rows[1:] == rows[:-1]) & (cols[1:] == cols[:-1])
-            if dup.any():
-                k = int(np.flatnonzero(dup)[0])
-                raise ValueError(f"the ratings have {int(dup.sum())} duplicate (user, item) "
-                                 f"entries (first: {key[:-1]} index {int(rows[k])}, other "
-                                 f"index {int(cols[k])})")
+    counts = np.diff(indptr[r0:r1 + 1])
+    merged = _merge_rows(pieces, k_rows, counts, r0, r1, key)
+    if merged is not None:
+        cols, r = merged
+    else:
+        def cat(k, dt):
+            """Field ``k`` of every piece, in order."""
+            return np.concatenate([p[k] for p in pieces]) if pieces else np.zeros(0, dt)
+        rel = cat(k_rows, np.int32) - np.int32(r0)
+        cols, r = cat(1 - k_rows, np.int32), cat(2, np.float32)
+        if not np.array_equal(np.bincount(rel, minlength=r1 - r0), counts):
+            raise _other_rows(key, r0, r1)
+        order = stable_order(rel, max(1, r1 - r0))       # by row, keeping the columns' order
+        cols, r = gather(order, cols, r)
+    starts = indptr[r0:r1 + 1] - indptr[r0]
+    brk = np.zeros(len(cols), bool)                      # where a new row starts
+    brk[starts[1:-1][starts[1:-1] < len(cols)]] = True
+    if not bool(np.all((cols[1:] > cols[:-1]) | brk[1:])):     # by column, then by row
+        rows = np.repeat(np.arange(r0, r1, dtype=np.int32), counts)
+        order = stable_order(cols, int(cols.max()) + 1)
+        order = order[stable_order(rows[order] - np.int32(r0), max(1, r1 - r0))]
+        rows, cols, r = gather(order, rows, cols, r)
+        dup = (rows[1:] == rows[:-1]) & (cols[1:] == cols[:-1])
+        if dup.any():
+            k = int(np.flatnonzero(dup)[0])
+            raise ValueError(f"the ratings have {int(dup.sum())} duplicate (user, item) "
+                             f"entries (first: {key[:-1]} index {int(rows[k])}, other "
+                             f"index {int(cols[k])})")
     return BlockSide(indptr, r0, r1, np.ascontiguousarray(cols, dtype=np.int32),
                      np.ascontiguousarray(r, dtype=np.float32))
+
+
+def _other_rows(key, r0, r1):
+    """The error of a block whose pieces hold other rows than the counts said."""
+    return RuntimeError(f"{key} block {r0}..{r1} received other rows than counted (a "
+                        "partition changed between passes over the data?)")
+
+
+def _merge_rows(pieces, k_rows, counts, r0, r1, key):
+    """``(columns, values)`` of rows ``[r0, r1)`` (``counts`` entries each) by row, each row's
+    entries in piece order, from pieces that each run by row (field ``k_rows``): every piece's
+    entries written after the earlier pieces' entries of the same rows (a scatter that runs
+    forward, no sort); None when a piece does not run by row."""
+    span = r1 - r0
+    per = []
+    for p in pieces:
+        rel = p[k_rows] - np.int32(r0)
+        if len(rel) and (rel[0] < 0 or rel[-1] >= span or not bool(np.all(rel[1:] >= rel[:-1]))):
+            return None
+        per.append(np.bincount(rel, minlength=span) if len(rel) else None)
+    total = np.zeros(span, np.int64)
+    for c in per:
+        if c is not None:
+            total += c
+    if not np.array_equal(total, counts):
+        raise _other_rows(key, r0, r1)
+    n = int(counts.sum())
+    cols, vals = np.empty(n, np.int32), np.empty(n, np.float32)
+    at = np.zeros(span, np.int64)                        # where each row's next entry goes
+    np.cumsum(counts[:-1], out=at[1:])
+    for p, c in zip(pieces, per):
+        if c is None:
+            continue
+        first = np.cumsum(c) - c                         # each row's first entry in the piece
+        dest = np.repeat(at - first, c) + np.arange(len(p[k_rows]))
+        cols[dest] = p[1 - k_rows]
+        vals[dest] = p[2]
+        at += c
+    return cols, vals
 
 
 def blocks(fit_id, d, static, n_user_pieces, *pieces):
