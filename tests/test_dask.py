@@ -94,6 +94,19 @@ def test_ml100k_parquet_two_pocl_workers(client, ml100k):
     assert abs(d_rmse - l_rmse) <= 1e-3 * l_rmse
 
 
+def test_integer_ids_with_gaps_fit_like_dense_ones(client, ml100k):
+    """Integer ids with gaps (mapped on the workers through an array, not a hash table) give
+    the model of the same ratings under dense ids; the counts come from the same one pass."""
+    _path, R, raw = ml100k
+    gapped = raw.assign(user=raw.user * 7 + 3, item=(raw.item * 5 + 1).astype(np.int32))
+    dm = clmf.dask.ALS(client=client, iterations=1, device=POCL, **KW).fit(
+        dd.from_pandas(gapped[["user", "item", "rating"]], npartitions=3), show_progress=False)
+    np.testing.assert_array_equal(dm.user_ids_, np.sort(gapped.user.unique()))
+    np.testing.assert_array_equal(dm.item_ids_, np.sort(gapped.item.unique()))
+    np.testing.assert_array_equal(dm.user_counts_, np.diff(R.indptr))
+    _check_close(dm, _one_device(R, iterations=1))
+
+
 def test_workers_loop_runs_groups_of_iterations_like_the_half_step_tasks(client, ml100k,
                                                                          monkeypatch):
     """The workers' own loop (one task per group of iterations, rows through their boards)

@@ -125,6 +125,7 @@ class DistRatings:
     maximum: float = -np.inf
     nnz: int = 0
     times: dict = dataclasses.field(default_factory=dict)   # seconds of the stages
+    where: list = None       # per part, the workers holding its raw partition (or None)
 
     def release(self):
         """Drop the futures (the cluster frees the partitions)."""
@@ -211,6 +212,17 @@ def _encoder(index):
     return index
 
 
+def _map_where(client, fn, futs, where, **kwargs):
+    """``client.map(fn, futs, **kwargs)``, each task placed with the worker(s) ``where[k]``
+    holding its part where known (a loose restriction: anywhere if they leave). Dask treats
+    a group of tasks sharing broadcast arguments as root tasks, placed without regard to
+    where their data lies; a partition moving between workers costs more than the task."""
+    if not where or not all(where):
+        return client.map(fn, futs, pure=False, **kwargs)
+    return [client.submit(fn, fu, workers=list(w), allow_other_workers=True, pure=False,
+                          **kwargs) for fu, w in zip(futs, where)]
+
+
 def _tree(client, fn, futs, width=8):
     """A future of ``fn`` over ``futs`` reduced on the workers, ``width`` at a time."""
     while len(futs) > width:
@@ -231,7 +243,7 @@ def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=No
     laps = T.Laps()
     n_parts = n_parts or len(client.nthreads())
     parts, known = _partitions(client, X, tuple(columns), n_parts)
-    counted = None
+    counted = where = None
     if known is not None and maps is None:
         shape, uids, iids = known
         codes = client.map(T.encode, parts, columns=tuple(columns), user_index=None,
@@ -251,11 +263,14 @@ def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=No
             import pandas as pd
             uidx, iidx = (m if isinstance(m, pd.Index) else pd.Index(m) for m in maps)
         uf, if_ = client.scatter([_encoder(uidx), _encoder(iidx)], broadcast=True, hash=False)
-        codes = client.map(T.encode, parts, columns=tuple(columns), user_index=uf,
-                           item_index=if_, shift=shift)
+        if counted is not None:      # the partitions are in memory: encoded where they lie
+            held = client.who_has(parts)
+            where = [held.get(fu.key) for fu in parts]
+        codes = _map_where(client, T.encode, parts, where, columns=tuple(columns),
+                           user_index=uf, item_index=if_, shift=shift)
         shape = (len(uidx), len(iidx))
         uids, iids = np.asarray(uidx), np.asarray(iidx)
-    out = DistRatings(codes, shape, uids, iids, times=laps.times)
+    out = DistRatings(codes, shape, uids, iids, times=laps.times, where=where)
     if maps is None:
         if counted is None:            # dense indices given: counted from the encoded parts
             counted = list(_tree(client, T.sum_tallies,
@@ -320,7 +335,8 @@ class DaskEngine:
             if facts is None:
                 facts = device_facts(client, self.addrs, ranks, specs)
             sfut = client.scatter([static], broadcast=True, workers=self.addrs, hash=False)[0]
-            pieces = self._route(data.parts, bounds, shared=self._shared_set_up())
+            pieces = self._route(data.parts, bounds, shared=self._shared_set_up(),
+                                 where=data.where)
             blocks = [self._on(d, T.blocks, self.fit_id, d, sfut, len(pieces),
                                *[pieces[p][d] for p in range(len(pieces))],
                                *[pieces[p][self.n + d] for p in range(len(pieces))])
@@ -460,15 +476,16 @@ class DaskEngine:
         checks = [self._on(d, T.setup_check, *probes, priority=5) for d in range(self.n)]
         return self.client.submit(T.all_of, *checks, pure=False, priority=5)
 
-    def _route(self, parts, bounds=None, shared=False):
+    def _route(self, parts, bounds=None, shared=False, where=None):
         """Per partition, futures of its ``2n`` pieces (users blocks, then items blocks) by the
         row ``bounds`` (side → bounds; default: the plan's); ``shared``: whether (or a future
-        of whether) they go through shared memory (:meth:`_shared_set_up`)."""
+        of whether) they go through shared memory (:meth:`_shared_set_up`); ``where``: per
+        partition, the workers holding it (:attr:`DistRatings.where`: split there)."""
         bounds = bounds or {s: self.plan[s].bounds for s in SIDES}
         bu, bi = bounds["users"], bounds["items"]
-        splits = self.client.map(T.split, parts, bounds_u=bu, bounds_i=bi,
-                                 prefix=T.setup_prefix(self.fit_id), shared=shared,
-                                 owners=self.addrs, pure=False)
+        splits = _map_where(self.client, T.split, parts, where, bounds_u=bu, bounds_i=bi,
+                            prefix=T.setup_prefix(self.fit_id), shared=shared,
+                            owners=self.addrs)
         return [[self.client.submit(T.pick, s, k, pure=False) for k in range(2 * self.n)]
                 for s in splits]
 
