@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # clmf.dask against the in-process fit on one host, one Dask worker per GPU (issue 28, branch
-# dask): this checkout's clmf ("after") and the same with the four Dask modules of the branch's
-# base commit ("before", from git when the history is there, else skipped) side by side,
-# alternating, each step's results
+# dask, dask2): this checkout's clmf ("after") and the same with the five Dask modules of
+# the branch's base commit ("before", from git when the history is there, else skipped) side
+# by side, alternating, each step's results
 # written under $OUT/after and $OUT/before as it ends; the whole run stays under 9 minutes
 # (later steps get what time is left, 4 x Netflix last):
 #   1-2. Netflix shape, f = 100: in-process s/it and Dask s/it (workers' loop through shared
@@ -25,9 +25,10 @@ DEVICES=${DEVICES:-gpu}
 FRACTION=${FRACTION:-1}
 FACTORS=${FACTORS:-100}
 PY=${PY:-python3}
-BASE=${BASE:-4599dc7}          # main when the branch started
+BASE=${BASE:-69dcf02}          # main when the branch (dask2) started
 BUDGET=${BUDGET:-535}          # seconds for the whole run
 PARTS=${PARTS:-netflix setup netflix-4x}   # which steps (a second command: PARTS=netflix-4x)
+ROUNDS=${ROUNDS:-2}            # dask_setup.py's rounds (the first a warm-up)
 START=$(date +%s)
 mkdir -p "$OUT/after" "$OUT/before" "$OUT/after-1t" .data/parquet
 export PYTHONUNBUFFERED=1
@@ -71,7 +72,7 @@ step() {
 }
 
 DASK_FILES="clmf/dask.py clmf/parallel/dask_backend.py clmf/parallel/dask_tasks.py
-            clmf/parallel/shared_blocks.py"
+            clmf/parallel/dask_prepare.py clmf/parallel/shared_blocks.py"
 pkg after
 if git cat-file -e "$BASE^{commit}" 2>/dev/null && pkg before "$BASE"; then
   BEFORE=1
@@ -93,7 +94,7 @@ setup() {   # setup NAME SECONDS: dask_setup.py --fresh
   local name=$1 want=$2
   step "$name" "$want" "$OUT/$name/log.txt" benchmarks/dask_setup.py "$OUT/$name/setup" \
     --devices "$DEVICES" --preset netflix --fraction "$FRACTION" --factors "$FACTORS" \
-    --rounds 2 --fresh --data-dir .data/parquet
+    --rounds "$ROUNDS" --fresh --data-dir .data/parquet
 }
 
 if [[ " $PARTS " == *" netflix "* ]]; then

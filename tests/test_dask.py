@@ -468,6 +468,23 @@ def test_blocks_through_the_comms_match_shared_memory(ml100k, monkeypatch):
     _check_close(dm, _one_device(R, iterations=2))
 
 
+def test_splits_run_at_once_on_a_worker_give_the_same_model(ml100k, monkeypatch):
+    """A worker running its partitions' splits at once (each out of its pool, three at a time:
+    ``CLMF_DASK_SPLIT_THREADS``, as a GPU host's cores allow) builds the same blocks; every
+    worker reports its splits' seconds."""
+    path, R, _raw = ml100k
+    monkeypatch.setenv("CLMF_DASK_SPLIT_THREADS", "3")     # inherited by the new workers
+    cluster, c = _cluster()
+    try:
+        dm = clmf.dask.ALS(client=c, iterations=1, device=POCL, **KW).fit(
+            dd.read_parquet(path).repartition(npartitions=6), show_progress=False)
+    finally:
+        c.close()
+        cluster.close()
+    _check_close(dm, _one_device(R, iterations=1))
+    assert all(w["split"] > 0 and w["split_wall"] > 0 for w in dm.fit_times_["workers"])
+
+
 def test_pinned_staging_of_the_workers_rows_gives_the_same_model(ml100k, monkeypatch, caplog):
     """The GPU path of the workers' loop on CPU devices (``CLMF_DASK_PINNED_STAGING=1``: rows
     through page-locked mirrors both ways) gives the one-device model."""

@@ -114,7 +114,8 @@ def wait_alive(client, addrs, futs, what, phase, poll=1.0):
 @dataclasses.dataclass
 class DistRatings:
     """Ratings resident on the cluster as futures of encoded partitions."""
-    parts: list              # futures of (users int32, items int32, ratings float32)
+    parts: list              # futures of (users int32, items int32, ratings float32), or of
+                             # raw frames where ``encoding`` is set
     shape: tuple
     user_ids: object         # raw id of every user index (None: the indices are the ids)
     item_ids: object
@@ -126,6 +127,7 @@ class DistRatings:
     nnz: int = 0
     times: dict = dataclasses.field(default_factory=dict)   # seconds of the stages
     where: list = None       # per part, the workers holding its raw partition (or None)
+    encoding: dict = None    # parts are raw frames, encoded by the split with these arguments
 
     def release(self):
         """Drop the futures (the cluster frees the partitions)."""
@@ -235,15 +237,16 @@ def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=No
     partitions where they lie (:func:`~clmf.parallel.dask_prepare.scan`: each id column's
     distinct values with their counts, by a ``bincount`` for integer ids of a modest span, and
     the ratings' sums), reduced on the workers into the sorted id maps and the per-row counts;
-    the encoding of every partition to dense indices is then submitted, not waited for (the
-    blocks' split takes it). Ids of a fitted model (``maps``): ids unknown to it become -1.
+    the partitions are then encoded to dense indices by the blocks' split, on the workers
+    holding them (:attr:`DistRatings.encoding`, :attr:`DistRatings.where`). Ids of a fitted
+    model (``maps``): encoded at once, ids unknown to it become -1.
     Nothing but ids and counts comes to the client. ``shift`` is added to the ratings on the
     workers (``total`` and ``minimum`` are of the ratings as given). Returns a
     :class:`DistRatings` (counts filled when ``maps`` is None)."""
     laps = T.Laps()
     n_parts = n_parts or len(client.nthreads())
     parts, known = _partitions(client, X, tuple(columns), n_parts)
-    counted = where = None
+    counted = where = encoding = None
     if known is not None and maps is None:
         shape, uids, iids = known
         codes = client.map(T.encode, parts, columns=tuple(columns), user_index=None,
@@ -263,14 +266,19 @@ def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=No
             import pandas as pd
             uidx, iidx = (m if isinstance(m, pd.Index) else pd.Index(m) for m in maps)
         uf, if_ = client.scatter([_encoder(uidx), _encoder(iidx)], broadcast=True, hash=False)
-        if counted is not None:      # the partitions are in memory: encoded where they lie
+        if counted is not None:      # in memory: encoded by the blocks' split where they lie
             held = client.who_has(parts)
             where = [held.get(fu.key) for fu in parts]
-        codes = _map_where(client, T.encode, parts, where, columns=tuple(columns),
-                           user_index=uf, item_index=if_, shift=shift)
+            encoding = {"columns": tuple(columns), "user_index": uf, "item_index": if_,
+                        "shift": shift}
+            codes = parts
+        else:
+            codes = client.map(T.encode, parts, columns=tuple(columns), user_index=uf,
+                               item_index=if_, shift=shift)
         shape = (len(uidx), len(iidx))
         uids, iids = np.asarray(uidx), np.asarray(iidx)
-    out = DistRatings(codes, shape, uids, iids, times=laps.times, where=where)
+    out = DistRatings(codes, shape, uids, iids, times=laps.times, where=where,
+                      encoding=encoding)
     if maps is None:
         if counted is None:            # dense indices given: counted from the encoded parts
             counted = list(_tree(client, T.sum_tallies,
@@ -336,7 +344,7 @@ class DaskEngine:
                 facts = device_facts(client, self.addrs, ranks, specs)
             sfut = client.scatter([static], broadcast=True, workers=self.addrs, hash=False)[0]
             pieces = self._route(data.parts, bounds, shared=self._shared_set_up(),
-                                 where=data.where)
+                                 where=data.where, encoding=data.encoding)
             blocks = [self._on(d, T.blocks, self.fit_id, d, sfut, len(pieces),
                                *[pieces[p][d] for p in range(len(pieces))],
                                *[pieces[p][self.n + d] for p in range(len(pieces))])
@@ -476,16 +484,18 @@ class DaskEngine:
         checks = [self._on(d, T.setup_check, *probes, priority=5) for d in range(self.n)]
         return self.client.submit(T.all_of, *checks, pure=False, priority=5)
 
-    def _route(self, parts, bounds=None, shared=False, where=None):
+    def _route(self, parts, bounds=None, shared=False, where=None, encoding=None):
         """Per partition, futures of its ``2n`` pieces (users blocks, then items blocks) by the
         row ``bounds`` (side → bounds; default: the plan's); ``shared``: whether (or a future
         of whether) they go through shared memory (:meth:`_shared_set_up`); ``where``: per
-        partition, the workers holding it (:attr:`DistRatings.where`: split there)."""
+        partition, the workers holding it (:attr:`DistRatings.where`: split there);
+        ``encoding``: the split's arguments that encode raw partitions
+        (:attr:`DistRatings.encoding`)."""
         bounds = bounds or {s: self.plan[s].bounds for s in SIDES}
         bu, bi = bounds["users"], bounds["items"]
         splits = _map_where(self.client, T.split, parts, where, bounds_u=bu, bounds_i=bi,
                             prefix=T.setup_prefix(self.fit_id), shared=shared,
-                            owners=self.addrs)
+                            owners=self.addrs, **(encoding or {}))
         return [[self.client.submit(T.pick, s, k, pure=False) for k in range(2 * self.n)]
                 for s in splits]
 

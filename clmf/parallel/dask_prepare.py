@@ -6,8 +6,11 @@ these for the client (:mod:`clmf.parallel.dask_backend`)."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import os
+import threading
+import time
 
 import numpy as np
 
@@ -16,6 +19,14 @@ from . import shared_blocks as shm
 log = logging.getLogger(__name__)
 
 GATHER_THREADS_FROM = 1 << 20     # entries from which a block's gathers run in threads
+# splits a worker runs at once, each in a thread of its own: "auto" (its host's cores shared by
+# the fit's workers there, at most SPLIT_THREADS_MAX) or a number (1: in turn, in the worker's
+# own thread)
+ENV_SPLIT_THREADS = "CLMF_DASK_SPLIT_THREADS"
+SPLIT_THREADS_MAX = 4
+_SPLITS = {}              # set-up prefix → [seconds summed, first start, last end] of splits here
+_SPLIT_LOCK = threading.Lock()
+_SPLIT_SLOTS = []         # the semaphore bounding the splits run at once in this process
 
 
 # ----- data preparation (any worker) ------------------------------------------------------
@@ -242,15 +253,80 @@ def stable_order(keys, span):
     return order[stable_order(keys[order] >> 16, (int(span) >> 16) + 1)]
 
 
-def split(codes, bounds_u, bounds_i, prefix=None, shared=False, owners=None):
+def split(codes, bounds_u, bounds_i, prefix=None, shared=False, owners=None, columns=None,
+          user_index=None, item_index=None, shift=0.0):
     """A partition's triples split by owning worker: ``2n`` triples, first by the users' blocks
     then by the items' blocks (unknown ids, -1, are dropped); each worker's triples sorted by
-    the side's row, stably (a row's triples keep their order in the partition). ``shared``
-    (the workers share a host: :func:`setup_check`): each triple for another worker than this
-    one (``owners``: the workers' addresses) is written into a shared-memory segment named
-    ``prefix-...`` (gathered straight into it) and its handles returned instead
-    (:func:`clmf.parallel.shared_blocks.share_arrays`; the arrays where there is no room),
-    which the owner reads and unlinks (:func:`blocks`)."""
+    the side's row, stably (a row's triples keep their order in the partition). ``columns``
+    given: ``codes`` is the raw partition, encoded here first (:func:`encode` with the
+    ``*_index`` and ``shift``). ``shared`` (the workers share a host: :func:`setup_check`):
+    each triple for another worker than this one (``owners``: the workers' addresses) is
+    written into a shared-memory segment named ``prefix-...`` (gathered straight into it) and
+    its handles returned instead (:func:`clmf.parallel.shared_blocks.share_arrays`; the arrays
+    where there is no room), which the owner reads and unlinks (:func:`blocks`). A worker runs
+    several splits at once where its host has the cores (:func:`split_threads`); the seconds
+    they took are kept for the blocks' stages (:func:`split_times`)."""
+    with _split_slot(owners):
+        t0 = time.perf_counter()
+        if columns is not None:
+            codes = encode(codes, columns, user_index, item_index, shift)
+        out = _split_into(codes, bounds_u, bounds_i, prefix, shared, owners)
+        t1 = time.perf_counter()
+        with _SPLIT_LOCK:
+            rec = _SPLITS.setdefault(prefix, [0.0, t0, t1])
+            rec[0] += t1 - t0
+            rec[1], rec[2] = min(rec[1], t0), max(rec[2], t1)
+    return out
+
+
+def split_times(prefix):
+    """``{"split": seconds summed, "split_wall": first start to last end}`` of this process's
+    splits of the set-up ``prefix`` (forgotten here), or ``{}``."""
+    with _SPLIT_LOCK:
+        rec = _SPLITS.pop(prefix, None)
+    return {} if rec is None else {"split": rec[0], "split_wall": rec[2] - rec[1]}
+
+
+def split_threads(owners):
+    """How many splits this worker runs at once: ``CLMF_DASK_SPLIT_THREADS``, else its host's
+    cores over the fit's workers on the host (``owners``: their addresses), at most
+    :data:`SPLIT_THREADS_MAX`; 1 outside a Dask worker."""
+    here = _address()
+    if here is None:
+        return 1
+    want = os.environ.get(ENV_SPLIT_THREADS, "auto").strip().lower()
+    if want not in ("", "auto"):
+        return max(1, int(want))
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:                 # pragma: no cover - not on this platform
+        cores = os.cpu_count() or 1
+    host = here.rsplit(":", 1)[0]
+    local = sum(1 for o in owners or () if o.rsplit(":", 1)[0] == host) or 1
+    return max(1, min(SPLIT_THREADS_MAX, cores // local))
+
+
+@contextlib.contextmanager
+def _split_slot(owners):
+    """Run the enclosed split out of the worker's pool (:func:`distributed.secede`: the worker
+    starts its next split meanwhile) holding one of :func:`split_threads` slots of this
+    process; in the worker's own thread where that is 1."""
+    k = split_threads(owners)
+    if k <= 1:
+        yield
+        return
+    from distributed import secede
+    with _SPLIT_LOCK:
+        if not _SPLIT_SLOTS:
+            _SPLIT_SLOTS.append(threading.BoundedSemaphore(k))
+        slots = _SPLIT_SLOTS[0]
+    secede()
+    with slots:
+        yield
+
+
+def _split_into(codes, bounds_u, bounds_i, prefix, shared, owners):
+    """:func:`split` of encoded triples."""
     uir, pieces = _split(codes, bounds_u, bounds_i)
     n = len(bounds_u) - 1
     here = _address() if shared and owners else None

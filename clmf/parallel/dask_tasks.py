@@ -33,6 +33,7 @@ from .dask_prepare import (  # noqa: F401 - the data preparation's tasks, for th
     setup_check,
     setup_probe,
     split,
+    split_times,
     stable_order,
     sum_tallies,
     tally,
@@ -261,32 +262,35 @@ def blocks(fit_id, d, static, n_user_pieces, *pieces):
     worker meanwhile resolves its device's configuration and builds its programs
     (:func:`probe`); :func:`build` takes the blocks."""
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clmf-blocks")
-    fut = pool.submit(_blocks, d, static, pieces[:n_user_pieces], pieces[n_user_pieces:])
+    fut = pool.submit(_blocks, d, static, pieces[:n_user_pieces], pieces[n_user_pieces:],
+                      split_times(setup_prefix(fit_id)))      # (every split is done by now)
     pool.shutdown(wait=False)
     with _LOCK:
         _PENDING[fit_id] = fut
     return None
 
 
-def _blocks(d, static, user_pieces, item_pieces):
-    """``(Layout of this worker's blocks, start factors or None, seconds per stage)``; pieces
-    in shared memory (:func:`split`) are read there, their segments unlinked after."""
+def _blocks(d, static, user_pieces, item_pieces, times=None):
+    """``(Layout of this worker's blocks, start factors or None, seconds per stage)`` (those
+    of ``times`` first: the splits'); pieces in shared memory (:func:`split`) are read there,
+    their segments unlinked after."""
     names = shm.segment_names(list(user_pieces) + list(item_pieces))
     if not names:
-        return _blocks_of(d, static, user_pieces, item_pieces)
+        return _blocks_of(d, static, user_pieces, item_pieces, times)
     att = shm.Attached()
     try:
         return _blocks_of(d, static, shm.resolve(list(user_pieces), att),
-                          shm.resolve(list(item_pieces), att))
+                          shm.resolve(list(item_pieces), att), times)
     finally:
         att.close()
         shm.unlink(names)
 
 
-def _blocks_of(d, static, user_pieces, item_pieces):
+def _blocks_of(d, static, user_pieces, item_pieces, times=None):
     """:func:`_blocks` on pieces in this process's memory."""
     from ..engine.device import get_context
     laps = Laps()
+    laps.times.update(times or {})
     get_context(worker_device(*static["devices"][d]))     # (a fresh worker: its context)
     laps.lap("context")
     m, nn = static["shape"]
@@ -666,6 +670,7 @@ def release(fit_id):
         if shared:                # the segments of workers that died with the fit
             shm.unlink_fit(fit_id)
     shm.unlink_fit(setup_prefix(fit_id))     # probes, and pieces a failed set-up left
+    split_times(setup_prefix(fit_id))        # (the held-out ratings' splits)
     return st is not None or pending is not None
 
 
