@@ -307,7 +307,7 @@ class DaskEngine:
         counts alone decide, while one worker per kind of device resolves the configuration
         and builds its programs (:func:`~clmf.parallel.dask_tasks.probe`); the others take its
         choice. ``start``: ``(rule, seed)`` when the fit draws its start factors (each worker
-        draws them beside its blocks, :func:`clmf.reference.start_factors`: nothing but the
+        draws them while its splits run, :func:`clmf.reference.start_factors`: nothing but the
         seed is sent), else None (:meth:`set_factors` then). ``facts``: the futures of
         :func:`device_facts`, where the caller submitted them already."""
         from ..tuning.spec import unknowns
@@ -343,13 +343,16 @@ class DaskEngine:
             if facts is None:
                 facts = device_facts(client, self.addrs, ranks, specs)
             sfut = client.scatter([static], broadcast=True, workers=self.addrs, hash=False)[0]
+            # each worker's context and start factors in a thread, while the splits run
+            warm = [self._on(d, T.warm_up, self.fit_id, d, sfut, priority=6)
+                    for d in range(self.n)]
             pieces = self._route(data.parts, bounds, shared=self._shared_set_up(),
                                  where=data.where, encoding=data.encoding)
-            blocks = [self._on(d, T.blocks, self.fit_id, d, sfut, len(pieces),
+            blocks = [self._on(d, T.blocks, self.fit_id, d, sfut, warm[d], len(pieces),
                                *[pieces[p][d] for p in range(len(pieces))],
                                *[pieces[p][self.n + d] for p in range(len(pieces))])
                       for d in range(self.n)]
-            self._setup_futs = blocks
+            self._setup_futs = blocks + warm
             self.phase = "the device probe"
             facts = self._wait(facts)
             self.times["facts"] = time.perf_counter() - t0

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 _STATE = {}            # fit id → dict (this worker's share of the fit)
 _PENDING = {}          # fit id → future of the blocks being built (see blocks)
+_WARM = {}             # fit id → future of the context and start factors (see warm_up)
 # "1"/"0": the workers' own rows pass through page-locked staging arrays or not (default
 # "auto": where the engine pins its host buffers, i.e. on GPUs; see shared_blocks.Board)
 ENV_STAGING = "CLMF_DASK_PINNED_STAGING"
@@ -254,45 +255,72 @@ def _merge_rows(pieces, k_rows, counts, r0, r1, key):
     return cols, vals
 
 
-def blocks(fit_id, d, static, n_user_pieces, *pieces):
+def blocks(fit_id, d, static, _warmed, n_user_pieces, *pieces):
     """Start building this worker's blocks in a thread of its own (users rows by the users'
     bounds, items rows by the items'; ``static``: the fit's shape, counts, bounds and start
-    rule, see :meth:`~clmf.parallel.dask_backend.DaskEngine`) — with the start factors, where
-    the fit draws them, so that only a seed crosses the network — and return at once: the
+    rule, see :meth:`~clmf.parallel.dask_backend.DaskEngine`) and return at once: the
     worker meanwhile resolves its device's configuration and builds its programs
-    (:func:`probe`); :func:`build` takes the blocks."""
+    (:func:`probe`); :func:`build` takes the blocks. ``_warmed``: the :func:`warm_up` task's
+    result (it orders the two), whose context and start factors (where the fit draws them: only
+    a seed crosses the network) the blocks' thread takes."""
+    with _LOCK:
+        warm = _WARM.pop(fit_id, None)
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clmf-blocks")
     fut = pool.submit(_blocks, d, static, pieces[:n_user_pieces], pieces[n_user_pieces:],
-                      split_times(setup_prefix(fit_id)))      # (every split is done by now)
+                      split_times(setup_prefix(fit_id)), warm)   # (every split is done by now)
     pool.shutdown(wait=False)
     with _LOCK:
         _PENDING[fit_id] = fut
     return None
 
 
-def _blocks(d, static, user_pieces, item_pieces, times=None):
+def warm_up(fit_id, d, static):
+    """Start, in a thread of its own, what this worker's set-up needs besides its blocks: its
+    device's context and, where the fit draws them, the start factors (``static``: as for
+    :func:`blocks`) — submitted with the splits, which it overlaps; :func:`blocks` takes it."""
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clmf-warm-up")
+    fut = pool.submit(_warm_up, d, static)
+    pool.shutdown(wait=False)
+    with _LOCK:
+        _WARM[fit_id] = fut
+
+
+def _warm_up(d, static):
+    """``(start factors or None, seconds per stage)`` of :func:`warm_up`."""
+    from .. import reference
+    from ..engine.device import get_context
+    laps = Laps()
+    get_context(worker_device(*static["devices"][d]))     # (a fresh worker: its context)
+    laps.lap("context")
+    if static.get("start") is None:
+        return None, laps.times
+    rule, f, seed = static["start"]
+    start = reference.start_factors(*static["shape"], f, seed, init=rule)
+    laps.lap("start_factors")
+    return start, laps.times
+
+
+def _blocks(d, static, user_pieces, item_pieces, times=None, warm=None):
     """``(Layout of this worker's blocks, start factors or None, seconds per stage)`` (those
-    of ``times`` first: the splits'); pieces in shared memory (:func:`split`) are read there,
+    of ``times`` first: the splits'; ``warm``: the future of :func:`warm_up`, else the context
+    and start factors are made here); pieces in shared memory (:func:`split`) are read there,
     their segments unlinked after."""
     names = shm.segment_names(list(user_pieces) + list(item_pieces))
     if not names:
-        return _blocks_of(d, static, user_pieces, item_pieces, times)
+        return _blocks_of(d, static, user_pieces, item_pieces, times, warm)
     att = shm.Attached()
     try:
         return _blocks_of(d, static, shm.resolve(list(user_pieces), att),
-                          shm.resolve(list(item_pieces), att), times)
+                          shm.resolve(list(item_pieces), att), times, warm)
     finally:
         att.close()
         shm.unlink(names)
 
 
-def _blocks_of(d, static, user_pieces, item_pieces, times=None):
+def _blocks_of(d, static, user_pieces, item_pieces, times=None, warm=None):
     """:func:`_blocks` on pieces in this process's memory."""
-    from ..engine.device import get_context
     laps = Laps()
     laps.times.update(times or {})
-    get_context(worker_device(*static["devices"][d]))     # (a fresh worker: its context)
-    laps.lap("context")
     m, nn = static["shape"]
     ip = {}
     for s, rows, counts in (("users", m, static["user_counts"]),
@@ -300,25 +328,17 @@ def _blocks_of(d, static, user_pieces, item_pieces, times=None):
         ip[s] = np.zeros(rows + 1, np.int64)
         np.cumsum(counts, out=ip[s][1:])
     bounds = static["bounds"]
-
-    def drawn():
-        """The start factors and the seconds they took."""
-        from .. import reference
-        t = time.perf_counter()
-        rule, f, seed = static["start"]
-        return reference.start_factors(m, nn, f, seed, init=rule), time.perf_counter() - t
-    # both blocks and the start factors at once (NumPy's sorts, gathers and draws release the
-    # GIL: a GPU host gives each worker several cores)
+    # both blocks at once, and the context and start factors unless warm_up makes them
+    # (NumPy's sorts, gathers and draws release the GIL: a GPU host gives each worker cores)
     with concurrent.futures.ThreadPoolExecutor(3, thread_name_prefix="clmf-blocks") as pool:
-        start = pool.submit(drawn) if static.get("start") is not None else None
+        warm = warm or pool.submit(_warm_up, d, static)
         users = pool.submit(_block, user_pieces, "users", ip["users"], *bounds["users"][d:d + 2])
         items = pool.submit(_block, item_pieces, "items", ip["items"], *bounds["items"][d:d + 2])
         users, items = users.result(), items.result()
         laps.lap("blocks")
-        if start is not None:
-            start, laps.times["start_factors"] = start.result()
-            laps.lap("start_wait")
-    return Layout((m, nn), users, items), start, laps.times
+        start, warm_times = warm.result()
+        laps.lap("start_wait")
+    return Layout((m, nn), users, items), start, {**laps.times, **warm_times}
 
 
 def _prebuild(dev, setup, d):
@@ -662,8 +682,10 @@ def release(fit_id):
     with _LOCK:
         st = _STATE.pop(fit_id, None)
         pending = _PENDING.pop(fit_id, None)
-    if pending is not None:       # blocks never taken by build (the set-up failed)
-        pending.cancel()
+        warm = _WARM.pop(fit_id, None)
+    for fut in (pending, warm):   # blocks never taken by build (the set-up failed)
+        if fut is not None:
+            fut.cancel()
     if st is not None:
         shared = st["shm"]
         _release_state(st)
