@@ -114,8 +114,10 @@ def pick(seq, k):
 
 def facts(spec, rank):
     """``(label, DeviceInfo)`` of this worker's device (``spec``, ``rank``: as
-    :func:`worker_device`): what the client groups the workers' devices by."""
+    :func:`worker_device`): what the client groups the workers' devices by. Out of the
+    worker's pool (a fresh worker reads its partitions meanwhile)."""
     from ..engine.device import device_info, device_label
+    _leave_pool()
     dev = worker_device(spec, rank)
     return device_label(dev), device_info(dev)
 
