@@ -29,6 +29,7 @@ BASE=${BASE:-69dcf02}          # main when the branch (dask2) started
 BUDGET=${BUDGET:-535}          # seconds for the whole run
 PARTS=${PARTS:-netflix setup netflix-4x}   # which steps (a second command: PARTS=netflix-4x)
 ROUNDS=${ROUNDS:-2}            # dask_setup.py's rounds (the first a warm-up)
+SETUP_S=${SETUP_S:-90}         # seconds for each dask_setup.py step
 START=$(date +%s)
 mkdir -p "$OUT/after" "$OUT/before" "$OUT/after-1t" .data/parquet
 export PYTHONUNBUFFERED=1
@@ -103,8 +104,8 @@ if [[ " $PARTS " == *" netflix "* ]]; then
   run after-1t 60 netflix --skip-inprocess
 fi
 if [[ " $PARTS " == *" setup "* ]]; then
-  setup after 90
-  [ $BEFORE = 1 ] && setup before 90
+  setup after "$SETUP_S"
+  [ $BEFORE = 1 ] && setup before "$SETUP_S"
 fi
 if [[ " $PARTS " == *" netflix-4x "* ]]; then
   run after 240 netflix-4x

@@ -51,21 +51,36 @@ def id_counts(vals):
     if vals.dtype.kind in "iu" and vals.size:
         lo, hi = int(vals.min()), int(vals.max())
         if hi - lo < _span_limit(vals.size):
-            return ("bins", lo, np.bincount(_offsets(vals, lo), minlength=hi - lo + 1),
+            return ("bins", lo, np.bincount(_offsets(vals, lo, hi - lo + 1),
+                                            minlength=hi - lo + 1),
                     vals.dtype.str)
     codes, uniq = pd.factorize(vals, use_na_sentinel=False)
     return ("values", np.asarray(uniq), np.bincount(codes, minlength=len(uniq)))
 
 
-def _offsets(vals, lo):
+def _offsets(vals, lo, span=None):
     """``vals - lo`` as array indices, for integer ids ``vals`` from ``lo`` to a modest span
-    above it (exact whatever their type: 64-bit arithmetic, wrapping where it wraps)."""
-    if vals.dtype.kind == "u":
+    above it (exact whatever their type: in the column's own type where the ``span`` fits it,
+    else 64-bit arithmetic, wrapping where it wraps)."""
+    dt = vals.dtype
+    if span is not None and dt.itemsize <= 4:
+        info = np.iinfo(dt)
+        if info.min <= lo <= info.max and span - 1 <= info.max:
+            return vals - dt.type(lo)            # the difference fits: exact in this type
+    if dt.kind == "u":
         rel = (vals.astype(np.uint64) - np.uint64(lo) if lo >= 0
                else vals.astype(np.uint64) + np.uint64(-lo))
     else:
         rel = vals.astype(np.int64) - np.int64(lo)
-    return rel.astype(np.intp)
+    return rel.astype(np.intp, copy=False)
+
+
+def _in_span(vals, lo, span):
+    """Whether every integer id of ``vals`` lies in ``[lo, lo + span)``, else a mask of those
+    that do (NumPy 2 compares Python integers of any size exactly)."""
+    if not len(vals) or (int(vals.min()) >= lo and int(vals.max()) < lo + span):
+        return True
+    return (vals >= lo) & (vals < lo + span)
 
 
 def _bin_values(form):
@@ -163,12 +178,13 @@ class IdTable:
         if vals.dtype.kind not in "iu":
             import pandas as pd
             return pd.Index(self.ids()).get_indexer(vals)
-        ok = (vals >= self.lo) & (vals < self.lo + len(self.table))    # exact (NumPy 2)
+        span = len(self.table)
+        ok = _in_span(vals, self.lo, span)
+        if ok is True:
+            return self.table[_offsets(vals, self.lo, span)]
         out = np.full(len(vals), -1, np.int64)
-        if ok.all():
-            return self.table[_offsets(vals, self.lo)]
         if ok.any():
-            out[ok] = self.table[_offsets(vals[ok], self.lo)]
+            out[ok] = self.table[_offsets(vals[ok], self.lo, span)]
         return out
 
     def ids(self):
@@ -190,7 +206,7 @@ def encode(df, columns, user_index, item_index, shift=0.0):
             codes = np.asarray(vals, dtype=np.int64)
         else:
             codes = _codes(index, vals)
-        out.append(codes.astype(np.int32))
+        out.append(codes.astype(np.int32, copy=False))
     return out[0], out[1], _ratings(df, rcol, shift)
 
 
@@ -205,11 +221,12 @@ def _codes(index, vals):
     if not (isinstance(index, pd.RangeIndex) and index.step == 1
             and getattr(vals, "dtype", np.dtype(object)).kind in "iu"):
         return index.get_indexer(vals)
-    ok = (vals >= index.start) & (vals < index.stop)           # exact (NumPy 2)
-    if ok.all():
-        return _offsets(vals, index.start)
+    span = len(index)
+    ok = _in_span(vals, index.start, span)
+    if ok is True:
+        return _offsets(vals, index.start, span)
     codes = np.full(len(vals), -1, np.int64)
-    codes[ok] = _offsets(vals[ok], index.start)
+    codes[ok] = _offsets(vals[ok], index.start, span)
     return codes
 
 
@@ -412,8 +429,8 @@ def _split(codes, bounds_u, bounds_i):
     (a radix sort), so that each piece runs by row and its owner merges them without sorting
     (:func:`clmf.parallel.dask_tasks._block`)."""
     u, i, r = codes
-    ok = (u >= 0) & (i >= 0)
-    if not ok.all():
+    if len(u) and (u.min() < 0 or i.min() < 0):
+        ok = (u >= 0) & (i >= 0)
         u, i, r = u[ok], i[ok], r[ok]
     out = []
     for key, bounds in ((u, bounds_u), (i, bounds_i)):
