@@ -194,6 +194,11 @@ def _sorted_index(ids, what="ids", counts=None):
     return pd.Index(ids), (np.asarray(counts) if order is None else np.asarray(counts)[order])
 
 
+def _pair(ids_counts, col):
+    """:func:`_sorted_index`'s arguments for a column's ``(ids, counts)``."""
+    return ids_counts[0], f"column {col!r}", ids_counts[1]
+
+
 def _encoder(index):
     """The index that maps a column's raw ids to dense indices on the workers: a sorted run of
     consecutive integers (ids that are dense indices already, or an offset of them) as a
@@ -256,8 +261,7 @@ def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=No
             scanned = _tree(client, T.merge_scans,
                             client.map(T.scan, parts, columns=tuple(columns), shift=shift))
             uform, iform, *counted = scanned.result()
-            (uidx, uc), (iidx, ic) = (_sorted_index(T.ids_and_counts(form)[0], f"column {col!r}",
-                                                    T.ids_and_counts(form)[1])
+            (uidx, uc), (iidx, ic) = (_sorted_index(*_pair(T.ids_and_counts(form), col))
                                       for form, col in zip((uform, iform), columns[:2]))
             del scanned
             counted = [uc, ic, *counted]

@@ -109,9 +109,9 @@ def merge_id_counts(*forms):
             return ("bins", lo, out, np.result_type(*[np.dtype(f[3]) for f in forms]).str)
     pairs = [_bin_values(f) if f[0] == "bins" else f[1:] for f in forms]
     codes, uniq = pd.factorize(np.concatenate([p[0] for p in pairs]), use_na_sentinel=False)
-    counts = np.zeros(len(uniq), np.int64)
-    np.add.at(counts, codes, np.concatenate([p[1] for p in pairs]).astype(np.int64))
-    return ("values", np.asarray(uniq), counts)
+    counts = np.bincount(codes, weights=np.concatenate([p[1] for p in pairs]),
+                         minlength=len(uniq))                  # (exact below 2**53)
+    return ("values", np.asarray(uniq), counts.astype(np.int64))
 
 
 def ids_and_counts(form):
@@ -374,13 +374,19 @@ def _address():
 
 
 def _take(arrays, order, a, b, out):
-    """``out[k][...] = arrays[k][order[a:b]]`` (``order`` None: ``arrays[k][a:b]``), each array
-    in a thread of its own where there are :data:`GATHER_THREADS_FROM` entries or more (NumPy
-    releases the GIL: a worker's cores gather its pieces and blocks together)."""
+    """``out[k][...] = arrays[k][order[a:b]]`` (``order`` None: ``arrays[k][a:b]``; a
+    :class:`_Sorted`: its permutation, its sorted field copied), each array in a thread of its
+    own where there are :data:`GATHER_THREADS_FROM` entries or more (NumPy releases the GIL: a
+    worker's cores gather its pieces and blocks together)."""
     def one(k):
         """Array ``k``."""
         if order is None:
             np.copyto(out[k], arrays[k][a:b])
+        elif isinstance(order, _Sorted):
+            if k == order.field:
+                np.copyto(out[k], order.keys[a:b])
+            else:
+                np.take(arrays[k], order.perm[a:b], out=out[k])
         else:
             np.take(arrays[k], order[a:b], out=out[k])
     if len(arrays) < 2 or b - a < GATHER_THREADS_FROM:
@@ -425,27 +431,39 @@ def all_of(*flags):
 def _split(codes, bounds_u, bounds_i):
     """``((u, i, r), pieces)``: the partition's known triples and, per piece of :func:`split`,
     ``(order, a, b)``: entries ``order[a:b]`` of the triples (``order`` None: ``a:b``, the
-    side already in row order), one order array per side: the stable order by the side's row
-    (a radix sort), so that each piece runs by row and its owner merges them without sorting
-    (:func:`clmf.parallel.dask_tasks._block`)."""
+    side already in row order), one order per side (a :class:`_Sorted`): the stable order by
+    the side's row (a radix sort), so that each piece runs by row and its owner merges them
+    without sorting (:func:`clmf.parallel.dask_tasks._block`)."""
     u, i, r = codes
     if len(u) and (u.min() < 0 or i.min() < 0):
         ok = (u >= 0) & (i >= 0)
         u, i, r = u[ok], i[ok], r[ok]
     out = []
-    for key, bounds in ((u, bounds_u), (i, bounds_i)):
+    for field, (key, bounds) in enumerate(((u, bounds_u), (i, bounds_i))):
         bounds = np.asarray(bounds, np.int64)
         if len(key) < 2 or bool(np.all(key[1:] >= key[:-1])):
             cuts = np.searchsorted(key, bounds)              # already in row order
             out += [(None, a, b) for a, b in zip(cuts[:-1], cuts[1:])]
             continue
         span = max(1, int(bounds[-1]))
-        order = stable_order(key, span)
+        counts = np.bincount(key, minlength=span)
         ends = np.zeros(span + 1, np.int64)
-        np.cumsum(np.bincount(key, minlength=span), out=ends[1:])
+        np.cumsum(counts, out=ends[1:])
+        order = _Sorted(stable_order(key, span), field,
+                        np.repeat(np.arange(span, dtype=key.dtype), counts))
         cuts = ends[bounds]
         out += [(order, a, b) for a, b in zip(cuts[:-1], cuts[1:])]
     return (u, i, r), out
+
+
+class _Sorted:
+    """A side's sorting permutation ``perm`` of the triples, with the sorted keys (field
+    ``field``) written out from their counts: the gathers then read only the other fields at
+    random (:func:`_take`)."""
+
+    def __init__(self, perm, field, keys):
+        """Keep the permutation, which field it sorts and that field sorted."""
+        self.perm, self.field, self.keys = perm, field, keys
 
 
 def heldout(codes, mean, user_counts, item_counts, to_mean):
@@ -466,7 +484,9 @@ def heldout(codes, mean, user_counts, item_counts, to_mean):
 
 
 def gather(order, *arrays):
-    """``[a[order] for a in arrays]`` (in threads where long: :func:`_take`)."""
-    out = [np.empty(len(order), a.dtype) for a in arrays]
-    _take(arrays, order, 0, len(order), out)
+    """``[a[order] for a in arrays]`` (in threads where long: :func:`_take`; ``order`` may be
+    a :class:`_Sorted`)."""
+    size = len(order.perm if isinstance(order, _Sorted) else order)
+    out = [np.empty(size, a.dtype) for a in arrays]
+    _take(arrays, order, 0, size, out)
     return out
