@@ -350,8 +350,9 @@ class DaskEngine:
             # each worker's context and start factors in a thread, while the splits run
             warm = [self._on(d, T.warm_up, self.fit_id, d, sfut, priority=6)
                     for d in range(self.n)]
-            pieces = self._route(data.parts, bounds, shared=self._shared_set_up(),
-                                 where=data.where, encoding=data.encoding)
+            self._shared = self._shared_set_up()
+            pieces = self._route(data.parts, bounds, shared=self._shared, where=data.where,
+                                 encoding=data.encoding)
             blocks = [self._on(d, T.blocks, self.fit_id, d, sfut, warm[d], len(pieces),
                                *[pieces[p][d] for p in range(len(pieces))],
                                *[pieces[p][self.n + d] for p in range(len(pieces))])
@@ -371,7 +372,8 @@ class DaskEngine:
                      "specs": list(specs), "ranks": list(ranks), "offset": float(offset)}
             sfut = client.scatter([setup], broadcast=True, workers=self.addrs, hash=False)[0]
             # (each after its worker's blocks task: it takes the blocks that task started)
-            futs = [self._on(d, T.build, self.fit_id, d, sfut, blocks[d]) for d in range(self.n)]
+            futs = [self._on(d, T.build, self.fit_id, d, sfut, blocks[d], self._shared)
+                    for d in range(self.n)]
             self.memory_plans = self._wait(futs)
             self._setup_futs = []
             t1 = time.perf_counter()
@@ -434,15 +436,13 @@ class DaskEngine:
         self.metric_by = T.metric_side(self.plan)
 
     def _transport(self):
-        """How solved blocks move: "shared memory" when every worker maps every other worker's
-        probe segment (one host, :mod:`clmf.parallel.shared_blocks`), else "dask comms"."""
+        """How solved blocks move: "shared memory" when every worker mapped every other
+        worker's set-up probe segment (one host, :meth:`_shared_set_up`; the workers' build
+        took the same answer), else "dask comms"."""
         if self.n < 2:
             return "none"
         self.phase = "checking shared memory"
-        probes = self._wait([self._on(d, T.shm_probe, self.fit_id) for d in range(self.n)])
-        on = all(self._wait([self._on(d, T.shm_check, self.fit_id, *probes)
-                             for d in range(self.n)]))
-        self._wait([self._on(d, T.shm_use, self.fit_id, on) for d in range(self.n)])
+        on = self._wait([self._shared])[0] if hasattr(self._shared, "key") else self._shared
         return "shared memory" if on else "dask comms"
 
     def _board(self):
@@ -459,11 +459,11 @@ class DaskEngine:
                 or any(self.plan[s].mode != "replicate" for s in SIDES)):
             return False
         self.phase = "making the workers' boards"
-        handles = self._wait([self._on(d, T.board_make, self.fit_id) for d in range(self.n)])
-        if any(h is None for h in handles):
-            return False
+        handles = [self._on(d, T.board_make, self.fit_id) for d in range(self.n)]
         staged = self._wait([self._on(d, T.board_connect, self.fit_id, self._abort_name(),
                                       *handles) for d in range(self.n)])
+        if any(x is None for x in staged):       # a worker without room: no board anywhere
+            return False
         log.info("fit %s: workers' own rows through page-locked staging on %d of %d workers",
                  self.fit_id, sum(map(bool, staged)), self.n)
         return True

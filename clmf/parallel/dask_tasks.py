@@ -367,11 +367,13 @@ def _prebuild(dev, setup, d):
     return fut
 
 
-def build(fit_id, d, setup, _after=None):
+def build(fit_id, d, setup, _after=None, shared=False):
     """This worker's memory plan and :class:`~clmf.engine.Engine` on the blocks :func:`blocks`
     built (waited for here) and, where it drew them, its start factors uploaded; returns a
     summary of the memory plan with the seconds of the set-up's stages on this worker
-    (``_after``: the :func:`blocks` task's result, which orders the two)."""
+    (``_after``: the :func:`blocks` task's result, which orders the two; ``shared``: whether
+    every worker maps every other's segments, :func:`setup_check`: solved blocks then go
+    through shared memory)."""
     from ..tuning.spec import unknowns
     from .backend import partial_layout, plan_fit
     from .worker import device_engine
@@ -408,7 +410,8 @@ def build(fit_id, d, setup, _after=None):
     with _LOCK:
         old = _STATE.pop(fit_id, None)
         _STATE[fit_id] = {"worker": w, "layout": layout, "plan": plan, "d": d, "triples": {},
-                          "ldf": setup["ldf"], "store": w.np_store, "shm": False,
+                          "ldf": setup["ldf"], "store": w.np_store,
+                          "shm": bool(shared) and plan.devices > 1,
                           "segments": shm.Segments(f"{fit_id}-{d}"), "attached": shm.Attached()}
     if old is not None:
         _release_state(old)
@@ -436,23 +439,6 @@ def _state(fit_id):
     if st is None:
         raise RuntimeError(f"this worker holds no blocks of fit {fit_id} (was it restarted?)")
     return st
-
-
-def shm_probe(fit_id):
-    """This worker's shared-memory probe for the fit (see :func:`clmf.parallel.shared_blocks.
-    probe_create`), or None."""
-    return shm.probe_create(_state(fit_id)["segments"])
-
-
-def shm_check(fit_id, *probes):
-    """Whether every worker's probe maps here with its token."""
-    return shm.probe_check(_state(fit_id)["attached"], probes)
-
-
-def shm_use(fit_id, on):
-    """Pass solved blocks through shared memory from now on (``on``: every worker agreed)."""
-    _state(fit_id)["shm"] = bool(on)
-    return bool(on)
 
 
 def _out_buffer(st, tag, shape, dtype):
@@ -519,8 +505,12 @@ def board_make(fit_id):
 
 
 def board_connect(fit_id, abort, *handles):
-    """Map every worker's board (``handles`` in worker order); ``abort``: the name of the
-    :class:`distributed.Event` that calls the fit off (asked while a peer's rows are late)."""
+    """Map every worker's board (``handles`` in worker order, :func:`board_make`'s results;
+    None where one had no room: then no board here either, None returned); ``abort``: the
+    name of the :class:`distributed.Event` that calls the fit off (asked while a peer's rows
+    are late). Returns whether this worker's own rows pass through page-locked staging."""
+    if any(h is None for h in handles):
+        return None
     st = _state(fit_id)
     bounds = {s: st["plan"][s].bounds for s in SIDES}
     w = st["worker"]
