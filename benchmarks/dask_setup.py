@@ -69,13 +69,29 @@ def inprocess_fit(R, devs, kw):
 
 
 def dask_fit(client, pdir, device, kw):
-    """The Dask fit from parquet: ``(time to the first iteration's end, fit_times_)``."""
+    """The Dask fit from parquet: ``(time to the first iteration's end, fit_times_)``, the
+    latter with ``tasks``: per kind of task (its key's prefix) and action (``compute``, or
+    ``transfer``: its inputs fetched from other workers) ``[kind, action, count, summed
+    seconds, first start, last end]`` from ``fit`` entry (Dask's task stream)."""
     import dask.dataframe as dd
+    import distributed
 
     import clmf.dask
-    m = clmf.dask.ALS(client=client, device=device, iterations=1, **kw).fit(
-        dd.read_parquet(str(pdir)), show_progress=False)
-    return m.time_to_first_iteration_, m.fit_times_
+    with distributed.get_task_stream(client) as ts:
+        t0 = time.time()
+        m = clmf.dask.ALS(client=client, device=device, iterations=1, **kw).fit(
+            dd.read_parquet(str(pdir)), show_progress=False)
+    tasks = {}
+    for t in ts.data:
+        key = t["key"] if isinstance(t["key"], str) else str(t["key"][0])
+        kind = key.split("-")[0].strip("('")
+        for s in t["startstops"]:
+            n, total, first, last = tasks.get((kind, s["action"]), (0, 0.0, float("inf"), 0.0))
+            tasks[(kind, s["action"])] = (n + 1, total + s["stop"] - s["start"],
+                                          min(first, s["start"] - t0), max(last, s["stop"] - t0))
+    stages = dict(m.fit_times_)
+    stages["tasks"] = sorted(([k[0], k[1], *v] for k, v in tasks.items()), key=lambda r: r[4])
+    return m.time_to_first_iteration_, stages
 
 
 def table(rec):
@@ -117,6 +133,13 @@ def table(rec):
               "|---|" + "---|" * len(ws)]
     lines += [f"| {k} | " + " | ".join(f"{w.get(k, 0.0):.3f}" for w in ws) + " |"
               for k in keys]
+    if last.get("tasks"):
+        lines += ["", "The last round's Dask tasks by kind (Dask's task stream; seconds from `fit` "
+                  "entry; `transfer`: inputs fetched from other workers):", "",
+                  "| task | action | n | summed s | first start | last end |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {k} | {a} | {n} | {tot:.3f} | {first:.3f} | {end:.3f} |"
+                  for k, a, n, tot, first, end in last["tasks"]]
     lines += ["", "In-process set-up stages of the last round (s):", "", "| stage | s |",
               "|---|---|"] + [f"| {k} | {v:.3f} |"
                               for k, v in rec["rounds"][-1]["inprocess_stages"].items()]

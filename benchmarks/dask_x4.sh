@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # clmf.dask against the in-process fit on one host, one Dask worker per GPU (issue 28, branch
-# dask): this checkout's clmf ("after") and the same with the four Dask modules of the branch's
-# base commit ("before", from git when the history is there, else skipped) side by side,
-# alternating, each step's results
+# dask, dask2): this checkout's clmf ("after") and the same with the five Dask modules of
+# the branch's base commit ("before", from git when the history is there, else skipped) side
+# by side, alternating, each step's results
 # written under $OUT/after and $OUT/before as it ends; the whole run stays under 9 minutes
 # (later steps get what time is left, 4 x Netflix last):
 #   1-2. Netflix shape, f = 100: in-process s/it and Dask s/it (workers' loop through shared
@@ -10,7 +10,9 @@
 #        time to the first iteration  (benchmarks/dask_gpu_runs.py); then "after-1t": the
 #        Dask fit again with CLMF_DASK_COPY_THREADS=1 (rows copied in turn, no copy threads)
 #   3-4. Netflix: time to the first iteration with a new cluster per fit, in-process alongside,
-#        the set-up's stages per worker  (benchmarks/dask_setup.py --fresh)
+#        the set-up's stages per worker and the last fit's tasks (benchmarks/dask_setup.py
+#        --fresh); with "setup-1s" in PARTS then "after-1s": the same with
+#        CLMF_DASK_SPLIT_THREADS=1 (each worker's splits in turn, not several at once)
 #   5-6. 4 x Netflix as 1-2 (the "before" Dask fit only, if time is left)
 #
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash benchmarks/dask_x4.sh
@@ -25,11 +27,13 @@ DEVICES=${DEVICES:-gpu}
 FRACTION=${FRACTION:-1}
 FACTORS=${FACTORS:-100}
 PY=${PY:-python3}
-BASE=${BASE:-4599dc7}          # main when the branch started
+BASE=${BASE:-69dcf02}          # main when the branch (dask2) started
 BUDGET=${BUDGET:-535}          # seconds for the whole run
 PARTS=${PARTS:-netflix setup netflix-4x}   # which steps (a second command: PARTS=netflix-4x)
+ROUNDS=${ROUNDS:-2}            # dask_setup.py's rounds (the first a warm-up)
+SETUP_S=${SETUP_S:-90}         # seconds for each dask_setup.py step
 START=$(date +%s)
-mkdir -p "$OUT/after" "$OUT/before" "$OUT/after-1t" .data/parquet
+mkdir -p "$OUT/after" "$OUT/before" "$OUT/after-1t" "$OUT/after-1s" .data/parquet
 export PYTHONUNBUFFERED=1
 PKG=$(mktemp -d)
 trap 'rm -rf "$PKG"' EXIT
@@ -57,21 +61,23 @@ left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 
 step() {
   # step NAME SECONDS LOG ARGS...: run one benchmark with package NAME ("after-1t": after,
-  # each worker copying rows with one thread), within its share of the time left
-  local name=$1 want=$2 log=$3 t threads=
+  # each worker copying rows with one thread; "after-1s": after, each worker's splits in
+  # turn), within its share of the time left
+  local name=$1 want=$2 log=$3 t threads= splits=auto
   shift 3
   t=$(left)
   [ "$t" -gt "$want" ] && t=$want
   if [ "$t" -lt 30 ]; then echo "[$name] skipped: ${t}s left" | tee -a "$log"; return; fi
   echo "[$name] $(date -u +%H:%M:%S) timeout ${t}s: $*" | tee -a "$log"
   [ "$name" = after-1t ] && threads=1
-  CLMF_DASK_COPY_THREADS=$threads PYTHONPATH=$PKG/${name%-1t}${PYTHONPATH:+:$PYTHONPATH} timeout "$t" "$PY" "$@" \
-    >> "$log" 2>&1
+  [ "$name" = after-1s ] && splits=1
+  CLMF_DASK_COPY_THREADS=$threads CLMF_DASK_SPLIT_THREADS=$splits \
+    PYTHONPATH=$PKG/${name%-1[ts]}${PYTHONPATH:+:$PYTHONPATH} timeout "$t" "$PY" "$@" >> "$log" 2>&1
   echo "[$name] exit $? at +$(( $(date +%s) - START ))s" | tee -a "$log"
 }
 
 DASK_FILES="clmf/dask.py clmf/parallel/dask_backend.py clmf/parallel/dask_tasks.py
-            clmf/parallel/shared_blocks.py"
+            clmf/parallel/dask_prepare.py clmf/parallel/shared_blocks.py"
 pkg after
 if git cat-file -e "$BASE^{commit}" 2>/dev/null && pkg before "$BASE"; then
   BEFORE=1
@@ -93,7 +99,7 @@ setup() {   # setup NAME SECONDS: dask_setup.py --fresh
   local name=$1 want=$2
   step "$name" "$want" "$OUT/$name/log.txt" benchmarks/dask_setup.py "$OUT/$name/setup" \
     --devices "$DEVICES" --preset netflix --fraction "$FRACTION" --factors "$FACTORS" \
-    --rounds 2 --fresh --data-dir .data/parquet
+    --rounds "$ROUNDS" --fresh --data-dir .data/parquet
 }
 
 if [[ " $PARTS " == *" netflix "* ]]; then
@@ -102,15 +108,18 @@ if [[ " $PARTS " == *" netflix "* ]]; then
   run after-1t 60 netflix --skip-inprocess
 fi
 if [[ " $PARTS " == *" setup "* ]]; then
-  setup after 90
-  [ $BEFORE = 1 ] && setup before 90
+  setup after "$SETUP_S"
+  [ $BEFORE = 1 ] && setup before "$SETUP_S"
+fi
+if [[ " $PARTS " == *" setup-1s "* ]]; then
+  setup after-1s "$SETUP_S"
 fi
 if [[ " $PARTS " == *" netflix-4x "* ]]; then
   run after 240 netflix-4x
   [ $BEFORE = 1 ] && run before 200 netflix-4x --skip-inprocess
 fi
 
-for name in after before after-1t; do
+for name in after before after-1t after-1s; do
   for f in "$OUT/$name/runs/summary.md" "$OUT/$name/setup/README.md"; do
     [ -f "$f" ] && { echo "== $name: $f"; head -12 "$f"; }
   done

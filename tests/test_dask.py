@@ -94,6 +94,19 @@ def test_ml100k_parquet_two_pocl_workers(client, ml100k):
     assert abs(d_rmse - l_rmse) <= 1e-3 * l_rmse
 
 
+def test_integer_ids_with_gaps_fit_like_dense_ones(client, ml100k):
+    """Integer ids with gaps (mapped on the workers through an array, not a hash table) give
+    the model of the same ratings under dense ids; the counts come from the same one pass."""
+    _path, R, raw = ml100k
+    gapped = raw.assign(user=raw.user * 7 + 3, item=(raw.item * 5 + 1).astype(np.int32))
+    dm = clmf.dask.ALS(client=client, iterations=1, device=POCL, **KW).fit(
+        dd.from_pandas(gapped[["user", "item", "rating"]], npartitions=3), show_progress=False)
+    np.testing.assert_array_equal(dm.user_ids_, np.sort(gapped.user.unique()))
+    np.testing.assert_array_equal(dm.item_ids_, np.sort(gapped.item.unique()))
+    np.testing.assert_array_equal(dm.user_counts_, np.diff(R.indptr))
+    _check_close(dm, _one_device(R, iterations=1))
+
+
 def test_workers_loop_runs_groups_of_iterations_like_the_half_step_tasks(client, ml100k,
                                                                          monkeypatch):
     """The workers' own loop (one task per group of iterations, rows through their boards)
@@ -453,6 +466,23 @@ def test_blocks_through_the_comms_match_shared_memory(ml100k, monkeypatch):
         cluster.close()
     assert dm.transport_ == "dask comms"
     _check_close(dm, _one_device(R, iterations=2))
+
+
+def test_splits_run_at_once_on_a_worker_give_the_same_model(ml100k, monkeypatch):
+    """A worker running its partitions' splits at once (each out of its pool, three at a time:
+    ``CLMF_DASK_SPLIT_THREADS``, as a GPU host's cores allow) builds the same blocks; every
+    worker reports its splits' seconds."""
+    path, R, _raw = ml100k
+    monkeypatch.setenv("CLMF_DASK_SPLIT_THREADS", "3")     # inherited by the new workers
+    cluster, c = _cluster()
+    try:
+        dm = clmf.dask.ALS(client=c, iterations=1, device=POCL, **KW).fit(
+            dd.read_parquet(path).repartition(npartitions=6), show_progress=False)
+    finally:
+        c.close()
+        cluster.close()
+    _check_close(dm, _one_device(R, iterations=1))
+    assert all(w["split"] > 0 and w["split_wall"] > 0 for w in dm.fit_times_["workers"])
 
 
 def test_pinned_staging_of_the_workers_rows_gives_the_same_model(ml100k, monkeypatch, caplog):

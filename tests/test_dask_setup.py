@@ -27,7 +27,7 @@ def _triples(rng, m=300, n=120, nnz=4_000):
             rng.uniform(1, 5, nnz).astype(np.float32), (m, n))
 
 
-def test_split_keeps_each_workers_triples_in_partition_order():
+def test_split_gives_each_worker_its_triples_by_row_ties_in_partition_order():
     rng = np.random.default_rng(0)
     u, i, r, (m, n) = _triples(rng)
     u[:5] = -1                                   # unknown ids are dropped
@@ -37,11 +37,12 @@ def test_split_keeps_each_workers_triples_in_partition_order():
     keep = u >= 0
     for k, (key, bounds) in enumerate(((u, bu), (i, bi))):
         for d in range(len(bounds) - 1):
-            sel = keep & (key >= bounds[d]) & (key < bounds[d + 1])
+            sel = np.flatnonzero(keep & (key >= bounds[d]) & (key < bounds[d + 1]))
+            sel = sel[np.argsort(key[sel], kind="stable")]     # by row, ties as they came
             got = out[(0 if k == 0 else 3) + d]
             for a, b in zip(got, (u[sel], i[sel], r[sel])):
-                np.testing.assert_array_equal(a, b)   # same triples, same order
-    # already in owner order (a user-sorted partition): the users' pieces are slices of it
+                np.testing.assert_array_equal(a, b)
+    # already in row order (a user-sorted partition): the users' pieces are slices of it
     order = np.lexsort((i, u))
     su, si, sr = u[order], i[order], r[order]
     got = T.split((su, si, sr), bu, bi)
@@ -99,8 +100,9 @@ def test_encoder_maps_consecutive_integer_ids_by_a_subtraction():
     enc = _encoder(dense)
     assert isinstance(enc, pd.RangeIndex)
     np.testing.assert_array_equal(enc.get_indexer(vals), dense.get_indexer(vals))
-    for other in (pd.Index([1, 2, 4]), pd.Index(["a", "b"]), pd.Index([1.0, 2.0])):
+    for other in (pd.Index(["a", "b"]), pd.Index([1.0, 2.0]), pd.Index([1, 2, 4 << 40])):
         assert _encoder(other) is other
+    assert isinstance(_encoder(pd.Index([1, 2, 4])), P.IdTable)     # gaps: an array lookup
     # the workers' encoding: the subtraction gives what get_indexer gives, whatever the dtype
     for dt in (np.int32, np.int64, np.uint32, np.uint64):
         v = np.array([12, 10, 15, 11, 99, 9, 0, 16], dt)
@@ -148,3 +150,74 @@ def test_pieces_through_shared_memory_are_the_split_and_their_reader_unlinks_the
     shm.unlink(shm.segment_names(shared))           # what the owner does once its blocks are built
     assert len(names()) == 2
     assert T.release("clmf-testsetup0") is False and names() == []
+
+
+@pytest.mark.parametrize("ids", ["dense", "offset", "gaps", "wide", "negative", "uint64-high",
+                                 "strings"])
+def test_one_pass_ids_and_counts_match_unique_and_value_counts(ids):
+    """The fit's first pass (:func:`~clmf.parallel.dask_prepare.scan` per partition, merged in a
+    tree): the distinct ids, sorted, with their counts — a bincount for integers of a modest
+    span, hashing otherwise — equal pandas' unique and value counts, whatever the ids; the
+    encoder then maps them as the index does."""
+    from clmf.parallel.dask_backend import _sorted_index
+    rng = np.random.default_rng(7)
+    base = rng.integers(0, 500, 6_000)
+    vals = {"dense": base.astype(np.int32), "offset": (base + 10_000).astype(np.int64),
+            "gaps": (base * 7 + 3).astype(np.int64), "wide": base * (1 << 40),
+            "negative": (base - 250).astype(np.int16),
+            "uint64-high": base.astype(np.uint64) + np.uint64(2**64 - 1000),
+            "strings": np.array([f"u{x}" for x in base], object)}[ids]
+    r = rng.uniform(1, 5, len(vals)).astype(np.float32)
+    frames = [pd.DataFrame({"user": v, "item": v[::-1], "rating": w})
+              for v, w in zip(np.array_split(vals, 5), np.array_split(r, 5))]
+    scans = [P.scan(f, ("user", "item", "rating")) for f in frames]
+    got = P.merge_scans(P.merge_scans(*scans[:2]), P.merge_scans(*scans[2:]))
+    assert (got[0][0] == "bins") == (ids in ("dense", "offset", "gaps", "negative",
+                                             "uint64-high"))
+    index, counts = _sorted_index(P.ids_and_counts(got[0])[0], "user",
+                                  P.ids_and_counts(got[0])[1])
+    want = pd.Series(vals).value_counts().sort_index()
+    np.testing.assert_array_equal(index, want.index)
+    assert index.dtype == pd.Index(vals).dtype
+    np.testing.assert_array_equal(counts, want.to_numpy())
+    assert got[2] == pytest.approx(float(r.astype(np.float64).sum()), rel=1e-12)
+    assert (got[3], got[5]) == (r.min(), r.max()) and got[4] == 0
+    enc = _encoder(index)
+    probe = np.concatenate([vals[:50], vals[:3] if ids == "strings" else
+                            np.array([1], vals.dtype)])
+    np.testing.assert_array_equal(P._codes(enc, probe), index.get_indexer(probe))
+
+
+def test_dense_uint64_ids_above_the_int64_range_are_encoded():
+    """Consecutive uint64 ids past 2**63 (hashed ids) are found, not an OverflowError."""
+    index = pd.Index(np.arange(5, dtype=np.uint64) + np.uint64(2**63 + 10))
+    vals = np.array([2**63 + 12, 3, 2**63 + 10, 2**64 - 1], np.uint64)
+    np.testing.assert_array_equal(P._codes(_encoder(index), vals), [2, -1, 0, -1])
+    dense = pd.RangeIndex(10, 20)           # a RangeIndex probed with such ids
+    np.testing.assert_array_equal(P._codes(dense, vals), [-1, -1, -1, -1])
+
+
+def test_block_merges_pieces_that_each_run_by_row():
+    """Pieces sorted by row (what the split sends) interleaving rows, their columns out of
+    order across pieces: the block is the CSR of its rows; a piece with other rows than
+    counted is refused."""
+    rng = np.random.default_rng(5)
+    u, i, r, (m, n) = _triples(rng, nnz=6_000)
+    R = sp.csr_matrix((r, (i, u)), shape=(n, m))
+    R.sort_indices()
+    parts = np.array_split(rng.permutation(len(u)), 4)     # partitions in no order
+    pieces = []
+    r0, r1 = 10, n - 5
+    for p in parts:
+        sel = p[(i[p] >= r0) & (i[p] < r1)]
+        sel = sel[np.argsort(i[sel], kind="stable")]
+        pieces.append((u[sel], i[sel], r[sel]))
+    indptr = R.indptr.astype(np.int64)
+    B = T._block(pieces, "items", indptr, r0, r1)
+    ip, idx, val = B.entries(r0, r1)
+    np.testing.assert_array_equal(ip, R.indptr[r0:r1 + 1] - R.indptr[r0])
+    np.testing.assert_array_equal(idx, R.indices[R.indptr[r0]:R.indptr[r1]])
+    np.testing.assert_array_equal(val, R.data[R.indptr[r0]:R.indptr[r1]])
+    bad = [(p[0], np.where(p[1] == r0, r0 + 1, p[1]), p[2]) for p in pieces]
+    with pytest.raises(RuntimeError, match="other rows than counted"):
+        T._block(bad, "items", indptr, r0, r1)

@@ -114,7 +114,8 @@ def wait_alive(client, addrs, futs, what, phase, poll=1.0):
 @dataclasses.dataclass
 class DistRatings:
     """Ratings resident on the cluster as futures of encoded partitions."""
-    parts: list              # futures of (users int32, items int32, ratings float32)
+    parts: list              # futures of (users int32, items int32, ratings float32), or of
+                             # raw frames where ``encoding`` is set
     shape: tuple
     user_ids: object         # raw id of every user index (None: the indices are the ids)
     item_ids: object
@@ -125,6 +126,8 @@ class DistRatings:
     maximum: float = -np.inf
     nnz: int = 0
     times: dict = dataclasses.field(default_factory=dict)   # seconds of the stages
+    where: list = None       # per part, the workers holding its raw partition (or None)
+    encoding: dict = None    # parts are raw frames, encoded by the split with these arguments
 
     def release(self):
         """Drop the futures (the cluster frees the partitions)."""
@@ -171,9 +174,10 @@ def _partitions(client, X, columns, n_parts):
                     f"or clmf.data.Ratings, not {type(X).__name__}")
 
 
-def _sorted_index(ids, what="ids"):
-    """A pandas Index of the distinct raw ids, sorted; missing ids (None, NaN) and text mixed
-    with numbers are refused as :meth:`clmf.data.Ratings.from_triples` refuses them
+def _sorted_index(ids, what="ids", counts=None):
+    """A pandas Index of the distinct raw ids, sorted (and ``counts``, one per id, in the same
+    order: ``(index, counts)``); missing ids (None, NaN) and text mixed with numbers are
+    refused as :meth:`clmf.data.Ratings.from_triples` refuses them
     (:func:`clmf.data._ids.check_raw_ids`: one rule for both paths)."""
     import pandas as pd
 
@@ -181,66 +185,110 @@ def _sorted_index(ids, what="ids"):
     ids = np.asarray(ids)
     check_raw_ids(ids, what)
     try:
-        ids = np.sort(ids)
+        order = np.argsort(ids, kind="stable")
+        ids = ids[order]
     except TypeError:          # other unorderable objects: first-seen order
-        pass
-    return pd.Index(ids)
+        order = None
+    if counts is None:
+        return pd.Index(ids)
+    return pd.Index(ids), (np.asarray(counts) if order is None else np.asarray(counts)[order])
+
+
+def _pair(ids_counts, col):
+    """:func:`_sorted_index`'s arguments for a column's ``(ids, counts)``."""
+    return ids_counts[0], f"column {col!r}", ids_counts[1]
 
 
 def _encoder(index):
     """The index that maps a column's raw ids to dense indices on the workers: a sorted run of
     consecutive integers (ids that are dense indices already, or an offset of them) as a
     :class:`pandas.RangeIndex`, whose lookup is a subtraction (no hash table to ship and probe);
-    any other ``index`` itself."""
+    other sorted integers of a modest span (:func:`~clmf.parallel.dask_prepare._span_limit`)
+    as an :class:`~clmf.parallel.dask_prepare.IdTable` (an array lookup); any other ``index``
+    itself."""
     import pandas as pd
-    if (len(index) and index.dtype.kind in "iu" and index.is_monotonic_increasing
-            and int(index[-1]) - int(index[0]) + 1 == len(index)):
+
+    from .dask_prepare import IdTable, _span_limit
+    if not (len(index) and index.dtype.kind in "iu" and index.is_monotonic_increasing):
+        return index
+    span = int(index[-1]) - int(index[0]) + 1
+    if span == len(index) and int(index[-1]) < 2**63:
         return pd.RangeIndex(int(index[0]), int(index[-1]) + 1)
+    if span <= _span_limit(len(index)):
+        return IdTable(np.asarray(index))
     return index
 
 
+def _map_where(client, fn, futs, where, **kwargs):
+    """``client.map(fn, futs, **kwargs)``, each task placed with the worker(s) ``where[k]``
+    holding its part where known (a loose restriction: anywhere if they leave). Dask treats
+    a group of tasks sharing broadcast arguments as root tasks, placed without regard to
+    where their data lies; a partition moving between workers costs more than the task."""
+    if not where or not all(where):
+        return client.map(fn, futs, pure=False, **kwargs)
+    return [client.submit(fn, fu, workers=list(w), allow_other_workers=True, pure=False,
+                          **kwargs) for fu, w in zip(futs, where)]
+
+
+def _tree(client, fn, futs, width=8):
+    """A future of ``fn`` over ``futs`` reduced on the workers, ``width`` at a time."""
+    while len(futs) > width:
+        futs = [client.submit(fn, *futs[k:k + width]) for k in range(0, len(futs), width)]
+    return client.submit(fn, *futs)
+
+
 def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=None, shift=0.0):
-    """Encode ratings on the cluster: distinct ids per partition reduced on the workers, sorted
-    into the id maps (or the given ``maps`` of a fitted model: ids unknown to it become -1),
-    every partition mapped to dense indices where it lies. Nothing but ids comes to the
-    client. ``shift`` is added to the ratings on the workers (``total`` and ``minimum`` are of
-    the ratings as given). Returns a :class:`DistRatings` (counts filled when ``maps`` is
-    None)."""
+    """Encode ratings on the cluster. Raw ids of a fit (``maps`` None): one pass over the
+    partitions where they lie (:func:`~clmf.parallel.dask_prepare.scan`: each id column's
+    distinct values with their counts, by a ``bincount`` for integer ids of a modest span, and
+    the ratings' sums), reduced on the workers into the sorted id maps and the per-row counts;
+    the partitions are then encoded to dense indices by the blocks' split, on the workers
+    holding them (:attr:`DistRatings.encoding`, :attr:`DistRatings.where`). Ids of a fitted
+    model (``maps``): encoded at once, ids unknown to it become -1.
+    Nothing but ids and counts comes to the client. ``shift`` is added to the ratings on the
+    workers (``total`` and ``minimum`` are of the ratings as given). Returns a
+    :class:`DistRatings` (counts filled when ``maps`` is None)."""
     laps = T.Laps()
     n_parts = n_parts or len(client.nthreads())
     parts, known = _partitions(client, X, tuple(columns), n_parts)
+    counted = where = encoding = None
     if known is not None and maps is None:
         shape, uids, iids = known
         codes = client.map(T.encode, parts, columns=tuple(columns), user_index=None,
                            item_index=None, shift=shift)
     else:
         if maps is None:
-            unions = []
-            for col in columns[:2]:         # both columns' trees of unions at once
-                uniq = client.map(T.unique_ids, parts, column=col)
-                while len(uniq) > 8:        # a tree of unions on the workers
-                    uniq = [client.submit(T.union_ids, *uniq[k:k + 8])
-                            for k in range(0, len(uniq), 8)]
-                unions.append(client.submit(T.union_ids, *uniq))
-            uidx, iidx = (_sorted_index(fu.result(), f"column {col!r}")
-                          for fu, col in zip(unions, columns[:2]))
-            laps.lap("ids")
+            scanned = _tree(client, T.merge_scans,
+                            client.map(T.scan, parts, columns=tuple(columns), shift=shift))
+            uform, iform, *counted = scanned.result()
+            (uidx, uc), (iidx, ic) = (_sorted_index(*_pair(T.ids_and_counts(form), col))
+                                      for form, col in zip((uform, iform), columns[:2]))
+            del scanned
+            counted = [uc, ic, *counted]
+            laps.lap("ids_and_counts")
         else:
             import pandas as pd
             uidx, iidx = (m if isinstance(m, pd.Index) else pd.Index(m) for m in maps)
         uf, if_ = client.scatter([_encoder(uidx), _encoder(iidx)], broadcast=True, hash=False)
-        codes = client.map(T.encode, parts, columns=tuple(columns), user_index=uf,
-                           item_index=if_, shift=shift)
+        if counted is not None:      # in memory: encoded by the blocks' split where they lie
+            held = client.who_has(parts)
+            where = [held.get(fu.key) for fu in parts]
+            encoding = {"columns": tuple(columns), "user_index": uf, "item_index": if_,
+                        "shift": shift}
+            codes = parts
+        else:
+            codes = client.map(T.encode, parts, columns=tuple(columns), user_index=uf,
+                               item_index=if_, shift=shift)
         shape = (len(uidx), len(iidx))
         uids, iids = np.asarray(uidx), np.asarray(iidx)
-    out = DistRatings(codes, shape, uids, iids, times=laps.times)
+    out = DistRatings(codes, shape, uids, iids, times=laps.times, where=where,
+                      encoding=encoding)
     if maps is None:
-        tallies = client.map(T.tally, codes, m=shape[0], n=shape[1])
-        while len(tallies) > 8:
-            tallies = [client.submit(T.sum_tallies, *tallies[k:k + 8])
-                       for k in range(0, len(tallies), 8)]
-        uc, ic, s, lo, bad, hi = client.submit(T.sum_tallies, *tallies).result()
-        laps.lap("encode_and_counts")
+        if counted is None:            # dense indices given: counted from the encoded parts
+            counted = list(_tree(client, T.sum_tallies,
+                                 client.map(T.tally, codes, m=shape[0], n=shape[1])).result())
+            laps.lap("encode_and_counts")
+        uc, ic, s, lo, bad, hi = counted
         if bad:
             raise ValueError(f"the ratings contain {bad} NaN/inf value(s)")
         out.user_counts, out.item_counts = uc, ic
@@ -263,7 +311,7 @@ class DaskEngine:
         counts alone decide, while one worker per kind of device resolves the configuration
         and builds its programs (:func:`~clmf.parallel.dask_tasks.probe`); the others take its
         choice. ``start``: ``(rule, seed)`` when the fit draws its start factors (each worker
-        draws them beside its blocks, :func:`clmf.reference.start_factors`: nothing but the
+        draws them while its splits run, :func:`clmf.reference.start_factors`: nothing but the
         seed is sent), else None (:meth:`set_factors` then). ``facts``: the futures of
         :func:`device_facts`, where the caller submitted them already."""
         from ..tuning.spec import unknowns
@@ -299,12 +347,17 @@ class DaskEngine:
             if facts is None:
                 facts = device_facts(client, self.addrs, ranks, specs)
             sfut = client.scatter([static], broadcast=True, workers=self.addrs, hash=False)[0]
-            pieces = self._route(data.parts, bounds, shared=self._shared_set_up())
-            blocks = [self._on(d, T.blocks, self.fit_id, d, sfut, len(pieces),
+            # each worker's context and start factors in a thread, while the splits run
+            warm = [self._on(d, T.warm_up, self.fit_id, d, sfut, priority=6)
+                    for d in range(self.n)]
+            self._shared = self._shared_set_up()
+            pieces = self._route(data.parts, bounds, shared=self._shared, where=data.where,
+                                 encoding=data.encoding)
+            blocks = [self._on(d, T.blocks, self.fit_id, d, sfut, warm[d], len(pieces),
                                *[pieces[p][d] for p in range(len(pieces))],
                                *[pieces[p][self.n + d] for p in range(len(pieces))])
                       for d in range(self.n)]
-            self._setup_futs = blocks
+            self._setup_futs = blocks + warm
             self.phase = "the device probe"
             facts = self._wait(facts)
             self.times["facts"] = time.perf_counter() - t0
@@ -319,7 +372,8 @@ class DaskEngine:
                      "specs": list(specs), "ranks": list(ranks), "offset": float(offset)}
             sfut = client.scatter([setup], broadcast=True, workers=self.addrs, hash=False)[0]
             # (each after its worker's blocks task: it takes the blocks that task started)
-            futs = [self._on(d, T.build, self.fit_id, d, sfut, blocks[d]) for d in range(self.n)]
+            futs = [self._on(d, T.build, self.fit_id, d, sfut, blocks[d], self._shared)
+                    for d in range(self.n)]
             self.memory_plans = self._wait(futs)
             self._setup_futs = []
             t1 = time.perf_counter()
@@ -382,15 +436,13 @@ class DaskEngine:
         self.metric_by = T.metric_side(self.plan)
 
     def _transport(self):
-        """How solved blocks move: "shared memory" when every worker maps every other worker's
-        probe segment (one host, :mod:`clmf.parallel.shared_blocks`), else "dask comms"."""
+        """How solved blocks move: "shared memory" when every worker mapped every other
+        worker's set-up probe segment (one host, :meth:`_shared_set_up`; the workers' build
+        took the same answer), else "dask comms"."""
         if self.n < 2:
             return "none"
         self.phase = "checking shared memory"
-        probes = self._wait([self._on(d, T.shm_probe, self.fit_id) for d in range(self.n)])
-        on = all(self._wait([self._on(d, T.shm_check, self.fit_id, *probes)
-                             for d in range(self.n)]))
-        self._wait([self._on(d, T.shm_use, self.fit_id, on) for d in range(self.n)])
+        on = self._wait([self._shared])[0] if hasattr(self._shared, "key") else self._shared
         return "shared memory" if on else "dask comms"
 
     def _board(self):
@@ -407,11 +459,11 @@ class DaskEngine:
                 or any(self.plan[s].mode != "replicate" for s in SIDES)):
             return False
         self.phase = "making the workers' boards"
-        handles = self._wait([self._on(d, T.board_make, self.fit_id) for d in range(self.n)])
-        if any(h is None for h in handles):
-            return False
+        handles = [self._on(d, T.board_make, self.fit_id) for d in range(self.n)]
         staged = self._wait([self._on(d, T.board_connect, self.fit_id, self._abort_name(),
                                       *handles) for d in range(self.n)])
+        if any(x is None for x in staged):       # a worker without room: no board anywhere
+            return False
         log.info("fit %s: workers' own rows through page-locked staging on %d of %d workers",
                  self.fit_id, sum(map(bool, staged)), self.n)
         return True
@@ -439,15 +491,18 @@ class DaskEngine:
         checks = [self._on(d, T.setup_check, *probes, priority=5) for d in range(self.n)]
         return self.client.submit(T.all_of, *checks, pure=False, priority=5)
 
-    def _route(self, parts, bounds=None, shared=False):
+    def _route(self, parts, bounds=None, shared=False, where=None, encoding=None):
         """Per partition, futures of its ``2n`` pieces (users blocks, then items blocks) by the
         row ``bounds`` (side → bounds; default: the plan's); ``shared``: whether (or a future
-        of whether) they go through shared memory (:meth:`_shared_set_up`)."""
+        of whether) they go through shared memory (:meth:`_shared_set_up`); ``where``: per
+        partition, the workers holding it (:attr:`DistRatings.where`: split there);
+        ``encoding``: the split's arguments that encode raw partitions
+        (:attr:`DistRatings.encoding`)."""
         bounds = bounds or {s: self.plan[s].bounds for s in SIDES}
         bu, bi = bounds["users"], bounds["items"]
-        splits = self.client.map(T.split, parts, bounds_u=bu, bounds_i=bi,
-                                 prefix=T.setup_prefix(self.fit_id), shared=shared,
-                                 owners=self.addrs, pure=False)
+        splits = _map_where(self.client, T.split, parts, where, bounds_u=bu, bounds_i=bi,
+                            prefix=T.setup_prefix(self.fit_id), shared=shared,
+                            owners=self.addrs, **(encoding or {}))
         return [[self.client.submit(T.pick, s, k, pure=False) for k in range(2 * self.n)]
                 for s in splits]
 

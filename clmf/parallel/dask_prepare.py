@@ -6,8 +6,11 @@ these for the client (:mod:`clmf.parallel.dask_backend`)."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import os
+import threading
+import time
 
 import numpy as np
 
@@ -16,21 +19,178 @@ from . import shared_blocks as shm
 log = logging.getLogger(__name__)
 
 GATHER_THREADS_FROM = 1 << 20     # entries from which a block's gathers run in threads
+# splits a worker runs at once, each in a thread of its own: "auto" (its host's cores shared by
+# the fit's workers there, at most SPLIT_THREADS_MAX) or a number (1: in turn, in the worker's
+# own thread)
+ENV_SPLIT_THREADS = "CLMF_DASK_SPLIT_THREADS"
+SPLIT_THREADS_MAX = 4
+_SPLITS = {}              # set-up prefix → [seconds summed, first start, last end] of splits here
+_SPLIT_LOCK = threading.Lock()
+_SPLIT_SLOTS = []         # the semaphore bounding the splits run at once in this process
 
 
 # ----- data preparation (any worker) ------------------------------------------------------
-def unique_ids(df, column):
-    """The distinct values of one column of a partition (a NumPy array)."""
-    import pandas as pd
-    return pd.unique(df[column].to_numpy())
+ID_SPAN_MIN = 1 << 20     # integer ids spanning up to this many values are tallied by bincount
+ID_SPAN_MAX = 1 << 24     # ... or up to 4 × the ratings counted, at most this many
 
 
-def union_ids(*parts):
-    """The distinct values of several partitions' distinct values."""
+def _span_limit(entries):
+    """The widest range of integer ids whose counts are kept as one array (a bin per value)
+    for ``entries`` ratings: no more cells than a few times the ratings themselves."""
+    return max(ID_SPAN_MIN, min(4 * int(entries), ID_SPAN_MAX))
+
+
+def id_counts(vals):
+    """The distinct values of an id column of a partition and how often each occurs:
+    ``("bins", lo, counts, dtype)`` (integer ids within :func:`_span_limit` of each other:
+    ``counts[k]`` ratings of id ``lo + k``, by one ``bincount``, no hashing) or ``("values",
+    ids, counts)`` (any other ids, in first-seen order as :func:`pandas.unique` gives them;
+    missing ids kept, for :func:`clmf.data._ids.check_raw_ids` to refuse)."""
     import pandas as pd
-    if not parts:
-        return np.zeros(0)
-    return pd.unique(np.concatenate([np.asarray(p) for p in parts]))
+    vals = np.asarray(vals)
+    if vals.dtype.kind in "iu" and vals.size:
+        lo, hi = int(vals.min()), int(vals.max())
+        if hi - lo < _span_limit(vals.size):
+            return ("bins", lo, np.bincount(_offsets(vals, lo, hi - lo + 1),
+                                            minlength=hi - lo + 1),
+                    vals.dtype.str)
+    codes, uniq = pd.factorize(vals, use_na_sentinel=False)
+    return ("values", np.asarray(uniq), np.bincount(codes, minlength=len(uniq)))
+
+
+def _offsets(vals, lo, span=None):
+    """``vals - lo`` as array indices, for integer ids ``vals`` from ``lo`` to a modest span
+    above it (exact whatever their type: in the column's own type where the ``span`` fits it,
+    else 64-bit arithmetic, wrapping where it wraps)."""
+    dt = vals.dtype
+    if span is not None and dt.itemsize <= 4:
+        info = np.iinfo(dt)
+        if info.min <= lo <= info.max and span - 1 <= info.max:
+            return vals - dt.type(lo)            # the difference fits: exact in this type
+    if dt.kind == "u":
+        rel = (vals.astype(np.uint64) - np.uint64(lo) if lo >= 0
+               else vals.astype(np.uint64) + np.uint64(-lo))
+    else:
+        rel = vals.astype(np.int64) - np.int64(lo)
+    return rel.astype(np.intp, copy=False)
+
+
+def _in_span(vals, lo, span):
+    """Whether every integer id of ``vals`` lies in ``[lo, lo + span)``, else a mask of those
+    that do (NumPy 2 compares Python integers of any size exactly)."""
+    if not len(vals) or (int(vals.min()) >= lo and int(vals.max()) < lo + span):
+        return True
+    return (vals >= lo) & (vals < lo + span)
+
+
+def _bin_values(form):
+    """The ids of a ``"bins"`` form of :func:`id_counts` that occur, ascending, and their
+    counts."""
+    _kind, lo, counts, dt = form
+    dt = np.dtype(dt)
+    nz = np.flatnonzero(counts)
+    ids = (nz.astype(np.uint64) + np.uint64(lo) if dt.kind == "u"
+           else nz.astype(np.int64) + np.int64(lo))
+    return ids.astype(dt), counts[nz]
+
+
+def merge_id_counts(*forms):
+    """The :func:`id_counts` of several partitions together (counts of the same id summed;
+    bins kept where the union's span allows, else values in first-seen order)."""
+    import pandas as pd
+    forms = [f for f in forms if f is not None]
+    if all(f[0] == "bins" for f in forms):
+        lo = min(f[1] for f in forms)
+        hi = max(f[1] + len(f[2]) for f in forms)
+        if hi - lo <= _span_limit(sum(int(f[2].sum()) for f in forms)):
+            out = np.zeros(hi - lo, np.int64)
+            for _k, a, c, _dt in forms:
+                out[a - lo:a - lo + len(c)] += c
+            return ("bins", lo, out, np.result_type(*[np.dtype(f[3]) for f in forms]).str)
+    pairs = [_bin_values(f) if f[0] == "bins" else f[1:] for f in forms]
+    codes, uniq = pd.factorize(np.concatenate([p[0] for p in pairs]), use_na_sentinel=False)
+    counts = np.bincount(codes, weights=np.concatenate([p[1] for p in pairs]),
+                         minlength=len(uniq))                  # (exact below 2**53)
+    return ("values", np.asarray(uniq), counts.astype(np.int64))
+
+
+def ids_and_counts(form):
+    """``(distinct ids, their counts)`` of a (merged) :func:`id_counts` form, in the order
+    :func:`id_counts` describes."""
+    return _bin_values(form) if form[0] == "bins" else (form[1], form[2])
+
+
+def _ratings(df, column, shift):
+    """A partition's ratings as float32 plus ``shift`` (added in float64)."""
+    r = df[column].to_numpy(dtype=np.float64 if shift else np.float32)
+    return (r + shift).astype(np.float32) if shift else r
+
+
+def _stats(r):
+    """The ratings' sum (float64), minimum, non-finite count and maximum."""
+    return (float(r.astype(np.float64).sum()), float(r.min()) if r.size else np.inf,
+            int((~np.isfinite(r)).sum()), float(r.max()) if r.size else -np.inf)
+
+
+def scan(df, columns, shift=0.0):
+    """One pass over a partition of raw-id ratings: both id columns' :func:`id_counts` and the
+    ratings' (plus ``shift``) sum, minimum, non-finite count and maximum — what the id maps,
+    the per-row counts and the checks of a fit need, before any encoding."""
+    from ..data.frames import check_columns
+    ucol, icol, rcol = check_columns(df, columns)
+    return (id_counts(df[ucol].to_numpy()), id_counts(df[icol].to_numpy()),
+            *_stats(_ratings(df, rcol, shift)))
+
+
+def merge_scans(*parts):
+    """The :func:`scan` of several partitions together (the sums added in order, as
+    :func:`sum_tallies`)."""
+    s, lo, bad, hi = parts[0][2:]
+    for p in parts[1:]:
+        s += p[2]
+        lo = min(lo, p[3])
+        bad += p[4]
+        hi = max(hi, p[5])
+    return (merge_id_counts(*[p[0] for p in parts]), merge_id_counts(*[p[1] for p in parts]),
+            s, lo, bad, hi)
+
+
+class IdTable:
+    """The map of integer raw ids within a modest span to dense indices as an array (a cell per
+    value in the span, -1 where no id): the workers' lookup is an index, no hash table."""
+
+    def __init__(self, ids):
+        """The table of the sorted distinct integer ``ids``."""
+        ids = np.asarray(ids)
+        self.dtype = ids.dtype
+        self.lo = int(ids[0])
+        span = int(ids[-1]) - self.lo + 1
+        self.table = np.full(span, -1, np.int32 if len(ids) < 2**31 else np.int64)
+        self.table[_offsets(ids, self.lo)] = np.arange(len(ids))
+
+    def __len__(self):
+        """The span of the table."""
+        return len(self.table)
+
+    def codes(self, vals):
+        """Dense indices of the raw ids ``vals`` (-1: not a known id)."""
+        vals = np.asarray(vals)
+        if vals.dtype.kind not in "iu":
+            import pandas as pd
+            return pd.Index(self.ids()).get_indexer(vals)
+        span = len(self.table)
+        ok = _in_span(vals, self.lo, span)
+        if ok is True:
+            return self.table[_offsets(vals, self.lo, span)]
+        out = np.full(len(vals), -1, np.int64)
+        if ok.any():
+            out[ok] = self.table[_offsets(vals[ok], self.lo, span)]
+        return out
+
+    def ids(self):
+        """The distinct ids, ascending."""
+        return _bin_values(("bins", self.lo, (self.table >= 0).astype(np.int64),
+                            self.dtype.str))[0]
 
 
 def encode(df, columns, user_index, item_index, shift=0.0):
@@ -46,11 +206,8 @@ def encode(df, columns, user_index, item_index, shift=0.0):
             codes = np.asarray(vals, dtype=np.int64)
         else:
             codes = _codes(index, vals)
-        out.append(codes.astype(np.int32))
-    r = df[rcol].to_numpy(dtype=np.float64 if shift else np.float32)
-    if shift:
-        r = (r + shift).astype(np.float32)
-    return out[0], out[1], r
+        out.append(codes.astype(np.int32, copy=False))
+    return out[0], out[1], _ratings(df, rcol, shift)
 
 
 def _codes(index, vals):
@@ -59,13 +216,17 @@ def _codes(index, vals):
     _encoder`) by a subtraction and a range check, several times faster than its
     ``get_indexer``."""
     import pandas as pd
+    if isinstance(index, IdTable):
+        return index.codes(vals)
     if not (isinstance(index, pd.RangeIndex) and index.step == 1
             and getattr(vals, "dtype", np.dtype(object)).kind in "iu"):
         return index.get_indexer(vals)
-    codes = np.subtract(vals, index.start, dtype=np.int64)
-    bad = (codes < 0) | (codes >= len(index))
-    if bad.any():
-        codes[bad] = -1
+    span = len(index)
+    ok = _in_span(vals, index.start, span)
+    if ok is True:
+        return _offsets(vals, index.start, span)
+    codes = np.full(len(vals), -1, np.int64)
+    codes[ok] = _offsets(vals[ok], index.start, span)
     return codes
 
 
@@ -79,9 +240,7 @@ def tally(codes, m, n):
     if u.size and (int(u.max()) >= m or int(i.max()) >= n):
         raise ValueError("an index lies outside the matrix shape")
     return (np.bincount(u, minlength=m).astype(np.int64),
-            np.bincount(i, minlength=n).astype(np.int64),
-            float(r.astype(np.float64).sum()), float(r.min()) if r.size else np.inf,
-            int((~np.isfinite(r)).sum()), float(r.max()) if r.size else -np.inf)
+            np.bincount(i, minlength=n).astype(np.int64), *_stats(r))
 
 
 def sum_tallies(*parts):
@@ -111,14 +270,80 @@ def stable_order(keys, span):
     return order[stable_order(keys[order] >> 16, (int(span) >> 16) + 1)]
 
 
-def split(codes, bounds_u, bounds_i, prefix=None, shared=False, owners=None):
+def split(codes, bounds_u, bounds_i, prefix=None, shared=False, owners=None, columns=None,
+          user_index=None, item_index=None, shift=0.0):
     """A partition's triples split by owning worker: ``2n`` triples, first by the users' blocks
-    then by the items' blocks (unknown ids, -1, are dropped); each worker's triples keep their
-    order in the partition. ``shared`` (the workers share a host: :func:`setup_check`): each
-    triple for another worker than this one (``owners``: the workers' addresses) is written
-    into a shared-memory segment named ``prefix-...`` (gathered straight into it) and its
-    handles returned instead (:func:`clmf.parallel.shared_blocks.share_arrays`; the arrays
-    where there is no room), which the owner reads and unlinks (:func:`blocks`)."""
+    then by the items' blocks (unknown ids, -1, are dropped); each worker's triples sorted by
+    the side's row, stably (a row's triples keep their order in the partition). ``columns``
+    given: ``codes`` is the raw partition, encoded here first (:func:`encode` with the
+    ``*_index`` and ``shift``). ``shared`` (the workers share a host: :func:`setup_check`):
+    each triple for another worker than this one (``owners``: the workers' addresses) is
+    written into a shared-memory segment named ``prefix-...`` (gathered straight into it) and
+    its handles returned instead (:func:`clmf.parallel.shared_blocks.share_arrays`; the arrays
+    where there is no room), which the owner reads and unlinks (:func:`blocks`). A worker runs
+    several splits at once where its host has the cores (:func:`split_threads`); the seconds
+    they took are kept for the blocks' stages (:func:`split_times`)."""
+    with _split_slot(owners):
+        t0 = time.perf_counter()
+        if columns is not None:
+            codes = encode(codes, columns, user_index, item_index, shift)
+        out = _split_into(codes, bounds_u, bounds_i, prefix, shared, owners)
+        t1 = time.perf_counter()
+        with _SPLIT_LOCK:
+            rec = _SPLITS.setdefault(prefix, [0.0, t0, t1])
+            rec[0] += t1 - t0
+            rec[1], rec[2] = min(rec[1], t0), max(rec[2], t1)
+    return out
+
+
+def split_times(prefix):
+    """``{"split": seconds summed, "split_wall": first start to last end}`` of this process's
+    splits of the set-up ``prefix`` (forgotten here), or ``{}``."""
+    with _SPLIT_LOCK:
+        rec = _SPLITS.pop(prefix, None)
+    return {} if rec is None else {"split": rec[0], "split_wall": rec[2] - rec[1]}
+
+
+def split_threads(owners):
+    """How many splits this worker runs at once: ``CLMF_DASK_SPLIT_THREADS``, else its host's
+    cores over the fit's workers on the host (``owners``: their addresses), at most
+    :data:`SPLIT_THREADS_MAX`; 1 outside a Dask worker."""
+    here = _address()
+    if here is None:
+        return 1
+    want = os.environ.get(ENV_SPLIT_THREADS, "auto").strip().lower()
+    if want not in ("", "auto"):
+        return max(1, int(want))
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:                 # pragma: no cover - not on this platform
+        cores = os.cpu_count() or 1
+    host = here.rsplit(":", 1)[0]
+    local = sum(1 for o in owners or () if o.rsplit(":", 1)[0] == host) or 1
+    return max(1, min(SPLIT_THREADS_MAX, cores // local))
+
+
+@contextlib.contextmanager
+def _split_slot(owners):
+    """Run the enclosed split out of the worker's pool (:func:`distributed.secede`: the worker
+    starts its next split meanwhile) holding one of :func:`split_threads` slots of this
+    process; in the worker's own thread where that is 1."""
+    k = split_threads(owners)
+    if k <= 1:
+        yield
+        return
+    from distributed import secede
+    with _SPLIT_LOCK:
+        if not _SPLIT_SLOTS:
+            _SPLIT_SLOTS.append(threading.BoundedSemaphore(k))
+        slots = _SPLIT_SLOTS[0]
+    secede()
+    with slots:
+        yield
+
+
+def _split_into(codes, bounds_u, bounds_i, prefix, shared, owners):
+    """:func:`split` of encoded triples."""
     uir, pieces = _split(codes, bounds_u, bounds_i)
     n = len(bounds_u) - 1
     here = _address() if shared and owners else None
@@ -149,13 +374,19 @@ def _address():
 
 
 def _take(arrays, order, a, b, out):
-    """``out[k][...] = arrays[k][order[a:b]]`` (``order`` None: ``arrays[k][a:b]``), each array
-    in a thread of its own where there are :data:`GATHER_THREADS_FROM` entries or more (NumPy
-    releases the GIL: a worker's cores gather its pieces and blocks together)."""
+    """``out[k][...] = arrays[k][order[a:b]]`` (``order`` None: ``arrays[k][a:b]``; a
+    :class:`_Sorted`: its permutation, its sorted field copied), each array in a thread of its
+    own where there are :data:`GATHER_THREADS_FROM` entries or more (NumPy releases the GIL: a
+    worker's cores gather its pieces and blocks together)."""
     def one(k):
         """Array ``k``."""
         if order is None:
             np.copyto(out[k], arrays[k][a:b])
+        elif isinstance(order, _Sorted):
+            if k == order.field:
+                np.copyto(out[k], order.keys[a:b])
+            else:
+                np.take(arrays[k], order.perm[a:b], out=out[k])
         else:
             np.take(arrays[k], order[a:b], out=out[k])
     if len(arrays) < 2 or b - a < GATHER_THREADS_FROM:
@@ -200,24 +431,39 @@ def all_of(*flags):
 def _split(codes, bounds_u, bounds_i):
     """``((u, i, r), pieces)``: the partition's known triples and, per piece of :func:`split`,
     ``(order, a, b)``: entries ``order[a:b]`` of the triples (``order`` None: ``a:b``, the
-    side already in owner order), one order array per side."""
+    side already in row order), one order per side (a :class:`_Sorted`): the stable order by
+    the side's row (a radix sort), so that each piece runs by row and its owner merges them
+    without sorting (:func:`clmf.parallel.dask_tasks._block`)."""
     u, i, r = codes
-    ok = (u >= 0) & (i >= 0)
-    if not ok.all():
+    if len(u) and (u.min() < 0 or i.min() < 0):
+        ok = (u >= 0) & (i >= 0)
         u, i, r = u[ok], i[ok], r[ok]
     out = []
-    for key, bounds in ((u, bounds_u), (i, bounds_i)):
-        n = len(bounds) - 1
-        owner = (np.searchsorted(bounds, key, side="right") - 1).astype(np.int32)
-        if len(owner) < 2 or bool(np.all(owner[1:] >= owner[:-1])):
-            cuts = np.searchsorted(owner, np.arange(n + 1))        # already in owner order
+    for field, (key, bounds) in enumerate(((u, bounds_u), (i, bounds_i))):
+        bounds = np.asarray(bounds, np.int64)
+        if len(key) < 2 or bool(np.all(key[1:] >= key[:-1])):
+            cuts = np.searchsorted(key, bounds)              # already in row order
             out += [(None, a, b) for a, b in zip(cuts[:-1], cuts[1:])]
             continue
-        order = stable_order(owner, n)
-        cuts = np.zeros(n + 1, np.int64)
-        np.cumsum(np.bincount(owner, minlength=n), out=cuts[1:])
+        span = max(1, int(bounds[-1]))
+        counts = np.bincount(key, minlength=span)
+        ends = np.zeros(span + 1, np.int64)
+        np.cumsum(counts, out=ends[1:])
+        order = _Sorted(stable_order(key, span), field,
+                        np.repeat(np.arange(span, dtype=key.dtype), counts))
+        cuts = ends[bounds]
         out += [(order, a, b) for a, b in zip(cuts[:-1], cuts[1:])]
     return (u, i, r), out
+
+
+class _Sorted:
+    """A side's sorting permutation ``perm`` of the triples, with the sorted keys (field
+    ``field``) written out from their counts: the gathers then read only the other fields at
+    random (:func:`_take`)."""
+
+    def __init__(self, perm, field, keys):
+        """Keep the permutation, which field it sorts and that field sorted."""
+        self.perm, self.field, self.keys = perm, field, keys
 
 
 def heldout(codes, mean, user_counts, item_counts, to_mean):
@@ -238,7 +484,9 @@ def heldout(codes, mean, user_counts, item_counts, to_mean):
 
 
 def gather(order, *arrays):
-    """``[a[order] for a in arrays]`` (in threads where long: :func:`_take`)."""
-    out = [np.empty(len(order), a.dtype) for a in arrays]
-    _take(arrays, order, 0, len(order), out)
+    """``[a[order] for a in arrays]`` (in threads where long: :func:`_take`; ``order`` may be
+    a :class:`_Sorted`)."""
+    size = len(order.perm if isinstance(order, _Sorted) else order)
+    out = [np.empty(size, a.dtype) for a in arrays]
+    _take(arrays, order, 0, size, out)
     return out

@@ -27,14 +27,16 @@ from .dask_prepare import (  # noqa: F401 - the data preparation's tasks, for th
     encode,
     gather,
     heldout,
+    ids_and_counts,
+    merge_scans,
+    scan,
     setup_check,
     setup_probe,
     split,
+    split_times,
     stable_order,
     sum_tallies,
     tally,
-    union_ids,
-    unique_ids,
 )
 from .layout import Layout, SideLayout
 from .worker import SIDES, Exchange, other_side
@@ -43,6 +45,7 @@ log = logging.getLogger(__name__)
 
 _STATE = {}            # fit id → dict (this worker's share of the fit)
 _PENDING = {}          # fit id → future of the blocks being built (see blocks)
+_WARM = {}             # fit id → future of the context and start factors (see warm_up)
 # "1"/"0": the workers' own rows pass through page-locked staging arrays or not (default
 # "auto": where the engine pins its host buffers, i.e. on GPUs; see shared_blocks.Board)
 ENV_STAGING = "CLMF_DASK_PINNED_STAGING"
@@ -111,8 +114,10 @@ def pick(seq, k):
 
 def facts(spec, rank):
     """``(label, DeviceInfo)`` of this worker's device (``spec``, ``rank``: as
-    :func:`worker_device`): what the client groups the workers' devices by."""
+    :func:`worker_device`): what the client groups the workers' devices by. Out of the
+    worker's pool (a fresh worker reads its partitions meanwhile)."""
     from ..engine.device import device_info, device_label
+    _leave_pool()
     dev = worker_device(spec, rank)
     return device_label(dev), device_info(dev)
 
@@ -127,6 +132,7 @@ def probe(spec, rank, fit, stats):
     from ..engine.kernels import als_program
     from ..errors import InvalidConfigError
     from ..tuning import fallback, resolve
+    _leave_pool()          # the worker's splits go on meanwhile (the builds wait on the driver)
     laps = Laps()
     dev = worker_device(spec, rank)
     info = device_info(dev)
@@ -155,87 +161,168 @@ def probe(spec, rank, fit, stats):
                              "kernel_work_group_size")
 
 
+def _leave_pool():
+    """Inside a Dask worker, take this task's thread out of the worker's pool
+    (:func:`distributed.secede`): the worker runs its next tasks meanwhile."""
+    try:
+        from distributed import get_worker, secede
+        get_worker()
+    except (ImportError, ValueError):
+        return
+    secede()
+
+
 # ----- a fit's blocks and device worker (the owning worker) -----------------------------------
 def _block(pieces, key, indptr, r0, r1):
     """The CSR of rows ``[r0, r1)`` of one side from the triples sent to this worker (sorted by
-    row, then column: radix passes over the column and the row, skipped where the pieces are in
-    that order already, as user-ordered files give the users' side and then each item's users);
-    duplicate entries are refused."""
-    def cat(k, dt):
-        """Field ``k`` of every piece, in order."""
-        return np.concatenate([p[k] for p in pieces]) if pieces else np.zeros(0, dt)
-    u, i, r = cat(0, np.int32), cat(1, np.int32), cat(2, np.float32)
-    rows, cols = (u, i) if key == "users" else (i, u)
+    row, then column): pieces that each run by row (:func:`~clmf.parallel.dask_prepare.split`
+    sorts them) are merged by writing each piece's rows after the earlier pieces' entries of
+    the same rows (no sort); other pieces are sorted by radix passes over the row, and rows
+    whose columns are then out of order by passes over the column and the row (as files in
+    no order give); duplicate entries are refused."""
+    k_rows = 0 if key == "users" else 1
+    got = sum(len(p[k_rows]) for p in pieces)
     want = int(indptr[r1] - indptr[r0])
-    if len(rows) != want:
-        raise RuntimeError(f"{key} block {r0}..{r1} received {len(rows)} ratings, expected "
+    if got != want:
+        raise RuntimeError(f"{key} block {r0}..{r1} received {got} ratings, expected "
                            f"{want} (a partition changed between passes over the data?)")
-
-    def in_order(rows, cols):
-        """Whether the entries run by row, then strictly by column within a row."""
-        return bool(np.all((rows[1:] > rows[:-1]) | ((rows[1:] == rows[:-1])
-                                                     & (cols[1:] > cols[:-1]))))
-
-    if not in_order(rows, cols):
-        rel = rows - np.int32(r0)
-        if not bool(np.all(rel[1:] >= rel[:-1])):      # by row, keeping the columns' order
-            counts = np.diff(indptr[r0:r1 + 1])
-            if not np.array_equal(np.bincount(rel, minlength=r1 - r0), counts):
-                raise RuntimeError(f"{key} block {r0}..{r1} received other rows than counted "
-                                   "(a partition changed between passes over the data?)")
-            order = stable_order(rel, max(1, r1 - r0))
-            cols, r = gather(order, cols, r)
-            rows = np.repeat(np.arange(r0, r1, dtype=np.int32), counts)   # rows[order]
-        if not in_order(rows, cols):                    # by column first, then by row
-            order = stable_order(cols, int(cols.max()) + 1)
-            order = order[stable_order(rows[order] - np.int32(r0), max(1, r1 - r0))]
-            rows, cols, r = gather(order, rows, cols, r)
-            dup = (rows[1:] == rows[:-1]) & (cols[1:] == cols[:-1])
-            if dup.any():
-                k = int(np.flatnonzero(dup)[0])
-                raise ValueError(f"the ratings have {int(dup.sum())} duplicate (user, item) "
-                                 f"entries (first: {key[:-1]} index {int(rows[k])}, other "
-                                 f"index {int(cols[k])})")
+    counts = np.diff(indptr[r0:r1 + 1])
+    merged = _merge_rows(pieces, k_rows, counts, r0, r1, key)
+    if merged is not None:
+        cols, r = merged
+    else:
+        def cat(k, dt):
+            """Field ``k`` of every piece, in order."""
+            return np.concatenate([p[k] for p in pieces]) if pieces else np.zeros(0, dt)
+        rel = cat(k_rows, np.int32) - np.int32(r0)
+        cols, r = cat(1 - k_rows, np.int32), cat(2, np.float32)
+        if not np.array_equal(np.bincount(rel, minlength=r1 - r0), counts):
+            raise _other_rows(key, r0, r1)
+        order = stable_order(rel, max(1, r1 - r0))       # by row, keeping the columns' order
+        cols, r = gather(order, cols, r)
+    starts = indptr[r0:r1 + 1] - indptr[r0]
+    brk = np.zeros(len(cols), bool)                      # where a new row starts
+    brk[starts[1:-1][starts[1:-1] < len(cols)]] = True
+    if not bool(np.all((cols[1:] > cols[:-1]) | brk[1:])):     # by column, then by row
+        rows = np.repeat(np.arange(r0, r1, dtype=np.int32), counts)
+        order = stable_order(cols, int(cols.max()) + 1)
+        order = order[stable_order(rows[order] - np.int32(r0), max(1, r1 - r0))]
+        rows, cols, r = gather(order, rows, cols, r)
+        dup = (rows[1:] == rows[:-1]) & (cols[1:] == cols[:-1])
+        if dup.any():
+            k = int(np.flatnonzero(dup)[0])
+            raise ValueError(f"the ratings have {int(dup.sum())} duplicate (user, item) "
+                             f"entries (first: {key[:-1]} index {int(rows[k])}, other "
+                             f"index {int(cols[k])})")
     return BlockSide(indptr, r0, r1, np.ascontiguousarray(cols, dtype=np.int32),
                      np.ascontiguousarray(r, dtype=np.float32))
 
 
-def blocks(fit_id, d, static, n_user_pieces, *pieces):
+def _other_rows(key, r0, r1):
+    """The error of a block whose pieces hold other rows than the counts said."""
+    return RuntimeError(f"{key} block {r0}..{r1} received other rows than counted (a "
+                        "partition changed between passes over the data?)")
+
+
+def _merge_rows(pieces, k_rows, counts, r0, r1, key):
+    """``(columns, values)`` of rows ``[r0, r1)`` (``counts`` entries each) by row, each row's
+    entries in piece order, from pieces that each run by row (field ``k_rows``): every piece's
+    entries written after the earlier pieces' entries of the same rows (a scatter that runs
+    forward, no sort); None when a piece does not run by row."""
+    span = r1 - r0
+    per = []
+    for p in pieces:
+        rel = p[k_rows] - np.int32(r0)
+        if len(rel) and (rel[0] < 0 or rel[-1] >= span or not bool(np.all(rel[1:] >= rel[:-1]))):
+            return None
+        per.append(np.bincount(rel, minlength=span) if len(rel) else None)
+    total = np.zeros(span, np.int64)
+    for c in per:
+        if c is not None:
+            total += c
+    if not np.array_equal(total, counts):
+        raise _other_rows(key, r0, r1)
+    n = int(counts.sum())
+    cols, vals = np.empty(n, np.int32), np.empty(n, np.float32)
+    at = np.zeros(span, np.int64)                        # where each row's next entry goes
+    np.cumsum(counts[:-1], out=at[1:])
+    for p, c in zip(pieces, per):
+        if c is None:
+            continue
+        first = np.cumsum(c) - c                         # each row's first entry in the piece
+        dest = np.repeat(at - first, c) + np.arange(len(p[k_rows]))
+        cols[dest] = p[1 - k_rows]
+        vals[dest] = p[2]
+        at += c
+    return cols, vals
+
+
+def blocks(fit_id, d, static, _warmed, n_user_pieces, *pieces):
     """Start building this worker's blocks in a thread of its own (users rows by the users'
     bounds, items rows by the items'; ``static``: the fit's shape, counts, bounds and start
-    rule, see :meth:`~clmf.parallel.dask_backend.DaskEngine`) — with the start factors, where
-    the fit draws them, so that only a seed crosses the network — and return at once: the
+    rule, see :meth:`~clmf.parallel.dask_backend.DaskEngine`) and return at once: the
     worker meanwhile resolves its device's configuration and builds its programs
-    (:func:`probe`); :func:`build` takes the blocks."""
+    (:func:`probe`); :func:`build` takes the blocks. ``_warmed``: the :func:`warm_up` task's
+    result (it orders the two), whose context and start factors (where the fit draws them: only
+    a seed crosses the network) the blocks' thread takes."""
+    with _LOCK:
+        warm = _WARM.pop(fit_id, None)
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clmf-blocks")
-    fut = pool.submit(_blocks, d, static, pieces[:n_user_pieces], pieces[n_user_pieces:])
+    fut = pool.submit(_blocks, d, static, pieces[:n_user_pieces], pieces[n_user_pieces:],
+                      split_times(setup_prefix(fit_id)), warm)   # (every split is done by now)
     pool.shutdown(wait=False)
     with _LOCK:
         _PENDING[fit_id] = fut
     return None
 
 
-def _blocks(d, static, user_pieces, item_pieces):
-    """``(Layout of this worker's blocks, start factors or None, seconds per stage)``; pieces
-    in shared memory (:func:`split`) are read there, their segments unlinked after."""
+def warm_up(fit_id, d, static):
+    """Start, in a thread of its own, what this worker's set-up needs besides its blocks: its
+    device's context and, where the fit draws them, the start factors (``static``: as for
+    :func:`blocks`) — submitted with the splits, which it overlaps; :func:`blocks` takes it."""
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clmf-warm-up")
+    fut = pool.submit(_warm_up, d, static)
+    pool.shutdown(wait=False)
+    with _LOCK:
+        _WARM[fit_id] = fut
+
+
+def _warm_up(d, static):
+    """``(start factors or None, seconds per stage)`` of :func:`warm_up`."""
+    from .. import reference
+    from ..engine.device import get_context
+    laps = Laps()
+    get_context(worker_device(*static["devices"][d]))     # (a fresh worker: its context)
+    laps.lap("context")
+    if static.get("start") is None:
+        return None, laps.times
+    rule, f, seed = static["start"]
+    start = reference.start_factors(*static["shape"], f, seed, init=rule)
+    laps.lap("start_factors")
+    return start, laps.times
+
+
+def _blocks(d, static, user_pieces, item_pieces, times=None, warm=None):
+    """``(Layout of this worker's blocks, start factors or None, seconds per stage)`` (those
+    of ``times`` first: the splits'; ``warm``: the future of :func:`warm_up`, else the context
+    and start factors are made here); pieces in shared memory (:func:`split`) are read there,
+    their segments unlinked after."""
     names = shm.segment_names(list(user_pieces) + list(item_pieces))
     if not names:
-        return _blocks_of(d, static, user_pieces, item_pieces)
+        return _blocks_of(d, static, user_pieces, item_pieces, times, warm)
     att = shm.Attached()
     try:
         return _blocks_of(d, static, shm.resolve(list(user_pieces), att),
-                          shm.resolve(list(item_pieces), att))
+                          shm.resolve(list(item_pieces), att), times, warm)
     finally:
         att.close()
         shm.unlink(names)
 
 
-def _blocks_of(d, static, user_pieces, item_pieces):
+def _blocks_of(d, static, user_pieces, item_pieces, times=None, warm=None):
     """:func:`_blocks` on pieces in this process's memory."""
-    from ..engine.device import get_context
     laps = Laps()
-    get_context(worker_device(*static["devices"][d]))     # (a fresh worker: its context)
-    laps.lap("context")
+    laps.times.update(times or {})
     m, nn = static["shape"]
     ip = {}
     for s, rows, counts in (("users", m, static["user_counts"]),
@@ -243,25 +330,17 @@ def _blocks_of(d, static, user_pieces, item_pieces):
         ip[s] = np.zeros(rows + 1, np.int64)
         np.cumsum(counts, out=ip[s][1:])
     bounds = static["bounds"]
-
-    def drawn():
-        """The start factors and the seconds they took."""
-        from .. import reference
-        t = time.perf_counter()
-        rule, f, seed = static["start"]
-        return reference.start_factors(m, nn, f, seed, init=rule), time.perf_counter() - t
-    # both blocks and the start factors at once (NumPy's sorts, gathers and draws release the
-    # GIL: a GPU host gives each worker several cores)
+    # both blocks at once, and the context and start factors unless warm_up makes them
+    # (NumPy's sorts, gathers and draws release the GIL: a GPU host gives each worker cores)
     with concurrent.futures.ThreadPoolExecutor(3, thread_name_prefix="clmf-blocks") as pool:
-        start = pool.submit(drawn) if static.get("start") is not None else None
+        warm = warm or pool.submit(_warm_up, d, static)
         users = pool.submit(_block, user_pieces, "users", ip["users"], *bounds["users"][d:d + 2])
         items = pool.submit(_block, item_pieces, "items", ip["items"], *bounds["items"][d:d + 2])
         users, items = users.result(), items.result()
         laps.lap("blocks")
-        if start is not None:
-            start, laps.times["start_factors"] = start.result()
-            laps.lap("start_wait")
-    return Layout((m, nn), users, items), start, laps.times
+        start, warm_times = warm.result()
+        laps.lap("start_wait")
+    return Layout((m, nn), users, items), start, {**laps.times, **warm_times}
 
 
 def _prebuild(dev, setup, d):
@@ -288,11 +367,13 @@ def _prebuild(dev, setup, d):
     return fut
 
 
-def build(fit_id, d, setup, _after=None):
+def build(fit_id, d, setup, _after=None, shared=False):
     """This worker's memory plan and :class:`~clmf.engine.Engine` on the blocks :func:`blocks`
     built (waited for here) and, where it drew them, its start factors uploaded; returns a
     summary of the memory plan with the seconds of the set-up's stages on this worker
-    (``_after``: the :func:`blocks` task's result, which orders the two)."""
+    (``_after``: the :func:`blocks` task's result, which orders the two; ``shared``: whether
+    every worker maps every other's segments, :func:`setup_check`: solved blocks then go
+    through shared memory)."""
     from ..tuning.spec import unknowns
     from .backend import partial_layout, plan_fit
     from .worker import device_engine
@@ -329,7 +410,8 @@ def build(fit_id, d, setup, _after=None):
     with _LOCK:
         old = _STATE.pop(fit_id, None)
         _STATE[fit_id] = {"worker": w, "layout": layout, "plan": plan, "d": d, "triples": {},
-                          "ldf": setup["ldf"], "store": w.np_store, "shm": False,
+                          "ldf": setup["ldf"], "store": w.np_store,
+                          "shm": bool(shared) and plan.devices > 1,
                           "segments": shm.Segments(f"{fit_id}-{d}"), "attached": shm.Attached()}
     if old is not None:
         _release_state(old)
@@ -357,23 +439,6 @@ def _state(fit_id):
     if st is None:
         raise RuntimeError(f"this worker holds no blocks of fit {fit_id} (was it restarted?)")
     return st
-
-
-def shm_probe(fit_id):
-    """This worker's shared-memory probe for the fit (see :func:`clmf.parallel.shared_blocks.
-    probe_create`), or None."""
-    return shm.probe_create(_state(fit_id)["segments"])
-
-
-def shm_check(fit_id, *probes):
-    """Whether every worker's probe maps here with its token."""
-    return shm.probe_check(_state(fit_id)["attached"], probes)
-
-
-def shm_use(fit_id, on):
-    """Pass solved blocks through shared memory from now on (``on``: every worker agreed)."""
-    _state(fit_id)["shm"] = bool(on)
-    return bool(on)
 
 
 def _out_buffer(st, tag, shape, dtype):
@@ -440,8 +505,12 @@ def board_make(fit_id):
 
 
 def board_connect(fit_id, abort, *handles):
-    """Map every worker's board (``handles`` in worker order); ``abort``: the name of the
-    :class:`distributed.Event` that calls the fit off (asked while a peer's rows are late)."""
+    """Map every worker's board (``handles`` in worker order, :func:`board_make`'s results;
+    None where one had no room: then no board here either, None returned); ``abort``: the
+    name of the :class:`distributed.Event` that calls the fit off (asked while a peer's rows
+    are late). Returns whether this worker's own rows pass through page-locked staging."""
+    if any(h is None for h in handles):
+        return None
     st = _state(fit_id)
     bounds = {s: st["plan"][s].bounds for s in SIDES}
     w = st["worker"]
@@ -605,14 +674,17 @@ def release(fit_id):
     with _LOCK:
         st = _STATE.pop(fit_id, None)
         pending = _PENDING.pop(fit_id, None)
-    if pending is not None:       # blocks never taken by build (the set-up failed)
-        pending.cancel()
+        warm = _WARM.pop(fit_id, None)
+    for fut in (pending, warm):   # blocks never taken by build (the set-up failed)
+        if fut is not None:
+            fut.cancel()
     if st is not None:
         shared = st["shm"]
         _release_state(st)
         if shared:                # the segments of workers that died with the fit
             shm.unlink_fit(fit_id)
     shm.unlink_fit(setup_prefix(fit_id))     # probes, and pieces a failed set-up left
+    split_times(setup_prefix(fit_id))        # (the held-out ratings' splits)
     return st is not None or pending is not None
 
 

@@ -9,8 +9,9 @@ the other workers map and upload from directly.
 
 Safety rests on three rules:
 
-- **Proved before use.** :func:`probe_create` / :func:`probe_check` run once per fit: every
-  worker maps every other worker's probe segment and checks its token. A cluster spread over
+- **Proved before use.** A probe segment per worker (:func:`probe_create`, or the set-up's
+  :func:`share_arrays`) and :func:`probe_check` run once per fit: every worker maps every
+  other worker's probe segment and checks its token. A cluster spread over
   hosts (or containers with separate ``/dev/shm``) fails the check and the fit keeps Dask's
   comms. ``CLMF_DASK_SHARED_MEMORY=0`` turns the transport off.
 - **Room checked before a segment is made.** A tmpfs that is too small would kill the writer
