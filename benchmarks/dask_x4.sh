@@ -2,7 +2,8 @@
 # clmf.dask against the in-process fit on one host, one Dask worker per GPU (issue 28, branch
 # dask, dask2): this checkout's clmf ("after") and the same with the five Dask modules of
 # the branch's base commit ("before", from git when the history is there, else skipped) side
-# by side, alternating, each step's results
+# by side, alternating (the base's files from git, or from BASE_DIR, default .base-dask/, where
+# the copy has no history: `git show BASE:FILE` of each into it, carried), each step's results
 # written under $OUT/after and $OUT/before as it ends; the whole run stays under 9 minutes
 # (later steps get what time is left, 4 x Netflix last):
 #   1-2. Netflix shape, f = 100: in-process s/it and Dask s/it (workers' loop through shared
@@ -80,6 +81,9 @@ DASK_FILES="clmf/dask.py clmf/parallel/dask_backend.py clmf/parallel/dask_tasks.
             clmf/parallel/dask_prepare.py clmf/parallel/shared_blocks.py"
 pkg after
 if git cat-file -e "$BASE^{commit}" 2>/dev/null && pkg before "$BASE"; then
+  BEFORE=1
+elif [ -d "${BASE_DIR:-.base-dask}" ]; then   # the base's Dask files carried in (no git there)
+  pkg before && for f in $DASK_FILES; do cp "${BASE_DIR:-.base-dask}/$f" "$PKG/before/$f"; done
   BEFORE=1
 else
   BEFORE=0
