@@ -46,7 +46,6 @@ def id_counts(vals):
     ``counts[k]`` ratings of id ``lo + k``, by one ``bincount``, no hashing) or ``("values",
     ids, counts)`` (any other ids, in first-seen order as :func:`pandas.unique` gives them;
     missing ids kept, for :func:`clmf.data._ids.check_raw_ids` to refuse)."""
-    import pandas as pd
     vals = np.asarray(vals)
     if vals.dtype.kind in "iu" and vals.size:
         lo, hi = int(vals.min()), int(vals.max())
@@ -54,6 +53,7 @@ def id_counts(vals):
             return ("bins", lo, np.bincount(_offsets(vals, lo, hi - lo + 1),
                                             minlength=hi - lo + 1),
                     vals.dtype.str)
+    import pandas as pd  # (only here: a fresh worker reading integer ids skips it)
     codes, uniq = pd.factorize(vals, use_na_sentinel=False)
     return ("values", np.asarray(uniq), np.bincount(codes, minlength=len(uniq)))
 
@@ -97,7 +97,6 @@ def _bin_values(form):
 def merge_id_counts(*forms):
     """The :func:`id_counts` of several partitions together (counts of the same id summed;
     bins kept where the union's span allows, else values in first-seen order)."""
-    import pandas as pd
     forms = [f for f in forms if f is not None]
     if all(f[0] == "bins" for f in forms):
         lo = min(f[1] for f in forms)
@@ -107,6 +106,7 @@ def merge_id_counts(*forms):
             for _k, a, c, _dt in forms:
                 out[a - lo:a - lo + len(c)] += c
             return ("bins", lo, out, np.result_type(*[np.dtype(f[3]) for f in forms]).str)
+    import pandas as pd
     pairs = [_bin_values(f) if f[0] == "bins" else f[1:] for f in forms]
     codes, uniq = pd.factorize(np.concatenate([p[0] for p in pairs]), use_na_sentinel=False)
     counts = np.bincount(codes, weights=np.concatenate([p[1] for p in pairs]),
@@ -120,9 +120,55 @@ def ids_and_counts(form):
     return _bin_values(form) if form[0] == "bins" else (form[1], form[2])
 
 
+def read_parquet_file(path, columns, storage_options=None):
+    """The ``columns`` of one parquet file (a local path or an fsspec URL) as a pyarrow Table,
+    what :func:`scan` and :func:`split` read: a fresh worker then imports neither
+    ``dask.dataframe`` nor pandas before its first partition (more than a second of a fit's
+    set-up); a pandas DataFrame where a column has missing values (as ``dd.read_parquet``
+    gives them, refused later by the same checks)."""
+    import pyarrow.parquet as pq
+    columns = list(columns)
+    if "://" in str(path):
+        import fsspec
+        with fsspec.open(path, "rb", **(storage_options or {})) as fh:
+            table = pq.ParquetFile(fh).read(columns=columns)
+    else:
+        table = pq.ParquetFile(path).read(columns=columns)
+    if any(table.column(c).null_count for c in columns):
+        return table.to_pandas()
+    return table
+
+
+def _values(df, column, dtype=None):
+    """A column of a partition (a pandas DataFrame, or a pyarrow Table read by
+    :func:`read_parquet_file`) as a NumPy array (of ``dtype`` where given)."""
+    c = df[column]
+    if hasattr(c, "null_count"):                   # pyarrow: no nulls (read_parquet_file)
+        return np.asarray(_arrow_values(c), dtype=dtype)
+    return c.to_numpy(dtype=dtype)
+
+
+_ARROW_FLOATS = {"halffloat": np.float16, "float": np.float32, "double": np.float64}
+
+
+def _arrow_values(c):
+    """A pyarrow ChunkedArray of integers or floats without nulls as a NumPy array, read from
+    its buffers (pyarrow's own ``to_numpy`` imports pandas, a third of a second on a fresh worker);
+    other types by ``to_numpy``."""
+    name = str(c.type)
+    if name not in _ARROW_FLOATS and not name.startswith(("int", "uint")):
+        return c.to_numpy()
+    dt = np.dtype(_ARROW_FLOATS.get(name, name))
+    parts = [np.frombuffer(k.buffers()[1], dt, len(k), k.offset * dt.itemsize)
+             for k in c.chunks if len(k)]
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.empty(0, dt)
+
+
 def _ratings(df, column, shift):
     """A partition's ratings as float32 plus ``shift`` (added in float64)."""
-    r = df[column].to_numpy(dtype=np.float64 if shift else np.float32)
+    r = _values(df, column, np.float64 if shift else np.float32)
     return (r + shift).astype(np.float32) if shift else r
 
 
@@ -138,7 +184,7 @@ def scan(df, columns, shift=0.0):
     the per-row counts and the checks of a fit need, before any encoding."""
     from ..data.frames import check_columns
     ucol, icol, rcol = check_columns(df, columns)
-    return (id_counts(df[ucol].to_numpy()), id_counts(df[icol].to_numpy()),
+    return (id_counts(_values(df, ucol)), id_counts(_values(df, icol)),
             *_stats(_ratings(df, rcol, shift)))
 
 
@@ -201,7 +247,7 @@ def encode(df, columns, user_index, item_index, shift=0.0):
     ucol, icol, rcol = check_columns(df, columns)
     out = []
     for col, index in ((ucol, user_index), (icol, item_index)):
-        vals = df[col].to_numpy()
+        vals = _values(df, col)
         if index is None:
             codes = np.asarray(vals, dtype=np.int64)
         else:
