@@ -98,8 +98,8 @@ def test_encoder_maps_consecutive_integer_ids_by_a_subtraction():
     vals = np.array([12, 10, 15, 11, 99, 9], np.int64)
     dense = pd.Index(np.arange(10, 16))
     enc = _encoder(dense)
-    assert isinstance(enc, pd.RangeIndex)
-    np.testing.assert_array_equal(enc.get_indexer(vals), dense.get_indexer(vals))
+    assert isinstance(enc, P.IdRange) and len(enc) == 6
+    np.testing.assert_array_equal(enc.codes(vals), dense.get_indexer(vals))
     for other in (pd.Index(["a", "b"]), pd.Index([1.0, 2.0]), pd.Index([1, 2, 4 << 40])):
         assert _encoder(other) is other
     assert isinstance(_encoder(pd.Index([1, 2, 4])), P.IdTable)     # gaps: an array lookup
@@ -233,7 +233,7 @@ def _parquet_dir(tmp_path, files=3, rows=50, **extra):
     folder = tmp_path / "ratings"
     folder.mkdir(parents=True)
     for k in range(files):
-        df.iloc[k * rows:(k + 1) * rows].to_parquet(folder / f"part-{k}.parquet")
+        df.iloc[k * rows:(k + 1) * rows].to_parquet(folder / f"part-{k * 5}.parquet")
     (folder / "_SUCCESS").write_text("")           # not a parquet file: skipped, as dask does
     return folder, df
 
@@ -244,7 +244,7 @@ def test_parquet_files_the_workers_read_themselves(tmp_path):
     folder, df = _parquet_dir(tmp_path)
     cols = ("user", "item", "rating")
     names, _opts = _parquet_files(str(folder), cols, 2)
-    assert [p.rsplit("/", 1)[1] for p in names] == [f"part-{k}.parquet" for k in range(3)]
+    assert [p.rsplit("/", 1)[1] for p in names] == [f"part-{k}.parquet" for k in (0, 5, 10)]
     assert _parquet_files(dd.read_parquet(str(folder)), cols, 3)[0] == names
     # anything that changes the rows (or fewer files than workers) goes through dask
     assert _parquet_files(dd.read_parquet(str(folder), filters=[("user", ">", 3)]), cols,
@@ -278,13 +278,14 @@ def test_parquet_file_with_missing_ids_reads_as_pandas_refused_later(tmp_path):
     assert isinstance(got, pd.DataFrame) and got["user"].isna().sum() == 1
 
 
-def test_a_fresh_worker_reads_and_scans_parquet_without_dask_dataframe_or_pandas(tmp_path):
+def test_a_fresh_worker_reads_scans_and_encodes_parquet_without_dask_dataframe_or_pandas(tmp_path):
     import subprocess
     import sys
     folder, _df = _parquet_dir(tmp_path)
     code = ("import sys; from clmf.parallel import dask_prepare as P; "
-            f"t = P.read_parquet_file({str(folder / 'part-0.parquet')!r}, "
+            f"t = P.read_parquet_file({str(folder / 'part-5.parquet')!r}, "
             "('user', 'item', 'rating')); P.scan(t, ('user', 'item', 'rating')); "
+            "P.encode(t, ('user', 'item', 'rating'), P.IdRange(0, 40), P.IdRange(7, 30)); "
             "print(sorted(m for m in ('pandas', 'dask.dataframe') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout

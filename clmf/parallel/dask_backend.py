@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import time
 import uuid
 
@@ -222,10 +223,12 @@ def _parquet_files(X, columns, n_parts):
         import pyarrow.parquet as pq
         fs, root = fsspec.core.url_to_fs(path, **(opts or {}))
         if fs.isdir(root):
-            names = sorted(f for f in fs.find(root)
-                           if f.endswith(PARQUET_EXTENSIONS)
-                           and not any(p.startswith(("_", ".")) for p in
-                                       f[len(root.rstrip("/")) + 1:].split("/")))
+            names = sorted((f for f in fs.find(root)
+                            if f.endswith(PARQUET_EXTENSIONS)
+                            and not any(p.startswith(("_", ".")) for p in
+                                        f[len(root.rstrip("/")) + 1:].split("/"))),
+                           key=lambda f: [int(t) if t.isdigit() else t      # part.2 < part.10
+                                          for t in re.split(r"(\d+)", f)])
         else:
             names = [root]
         if len(names) < max(1, n_parts):
@@ -270,18 +273,17 @@ def _pair(ids_counts, col):
 def _encoder(index):
     """The index that maps a column's raw ids to dense indices on the workers: a sorted run of
     consecutive integers (ids that are dense indices already, or an offset of them) as a
-    :class:`pandas.RangeIndex`, whose lookup is a subtraction (no hash table to ship and probe);
-    other sorted integers of a modest span (:func:`~clmf.parallel.dask_prepare._span_limit`)
-    as an :class:`~clmf.parallel.dask_prepare.IdTable` (an array lookup); any other ``index``
+    :class:`~clmf.parallel.dask_prepare.IdRange`, whose lookup is a subtraction (no hash table
+    to ship and probe, no pandas on the workers); other sorted integers of a modest span
+    (:func:`~clmf.parallel.dask_prepare._span_limit`) as an
+    :class:`~clmf.parallel.dask_prepare.IdTable` (an array lookup); any other ``index``
     itself."""
-    import pandas as pd
-
-    from .dask_prepare import IdTable, _span_limit
+    from .dask_prepare import IdRange, IdTable, _span_limit
     if not (len(index) and index.dtype.kind in "iu" and index.is_monotonic_increasing):
         return index
     span = int(index[-1]) - int(index[0]) + 1
     if span == len(index) and int(index[-1]) < 2**63:
-        return pd.RangeIndex(int(index[0]), int(index[-1]) + 1)
+        return IdRange(int(index[0]), int(index[-1]) + 1)
     if span <= _span_limit(len(index)):
         return IdTable(np.asarray(index))
     return index

@@ -256,24 +256,50 @@ def encode(df, columns, user_index, item_index, shift=0.0):
     return out[0], out[1], _ratings(df, rcol, shift)
 
 
+class IdRange:
+    """The map of the consecutive integer raw ids ``start .. stop - 1`` to dense indices: a
+    subtraction and a range check, several times faster than a :class:`pandas.RangeIndex`'s
+    ``get_indexer`` (and a worker needs no pandas to unpickle it)."""
+
+    def __init__(self, start, stop):
+        """The ids ``start`` to ``stop - 1``."""
+        self.start, self.stop = int(start), int(stop)
+
+    def __len__(self):
+        """How many ids."""
+        return self.stop - self.start
+
+    def codes(self, vals):
+        """Dense indices of the raw ids ``vals`` (-1: not in the range)."""
+        vals = np.asarray(vals)
+        if vals.dtype.kind not in "iu":
+            import pandas as pd
+            return pd.RangeIndex(self.start, self.stop).get_indexer(vals)
+        return _range_codes(vals, self.start, len(self))
+
+
+def _range_codes(vals, start, span):
+    """Dense indices of integer ids ``vals`` in ``start .. start + span - 1`` (-1: outside)."""
+    ok = _in_span(vals, start, span)
+    if ok is True:
+        return _offsets(vals, start, span)
+    codes = np.full(len(vals), -1, np.int64)
+    codes[ok] = _offsets(vals[ok], start, span)
+    return codes
+
+
 def _codes(index, vals):
-    """Dense indices of the raw ids ``vals`` in ``index`` (-1: not in it); a
-    :class:`pandas.RangeIndex` of step 1 over integer ids (:func:`~clmf.parallel.dask_backend.
-    _encoder`) by a subtraction and a range check, several times faster than its
+    """Dense indices of the raw ids ``vals`` in ``index`` (-1: not in it): an :class:`IdRange`
+    or :class:`IdTable` (:func:`~clmf.parallel.dask_backend._encoder`), a
+    :class:`pandas.RangeIndex` of step 1 over integer ids by a subtraction, else the index's
     ``get_indexer``."""
-    import pandas as pd
-    if isinstance(index, IdTable):
+    if isinstance(index, (IdTable, IdRange)):
         return index.codes(vals)
+    import pandas as pd
     if not (isinstance(index, pd.RangeIndex) and index.step == 1
             and getattr(vals, "dtype", np.dtype(object)).kind in "iu"):
         return index.get_indexer(vals)
-    span = len(index)
-    ok = _in_span(vals, index.start, span)
-    if ok is True:
-        return _offsets(vals, index.start, span)
-    codes = np.full(len(vals), -1, np.int64)
-    codes[ok] = _offsets(vals[ok], index.start, span)
-    return codes
+    return _range_codes(vals, index.start, len(index))
 
 
 def tally(codes, m, n):

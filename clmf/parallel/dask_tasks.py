@@ -117,15 +117,13 @@ def facts(spec, rank):
     """``(label, DeviceInfo)`` of this worker's device (``spec``, ``rank``: as
     :func:`worker_device`): what the client groups the workers' devices by. Out of the
     worker's pool (a fresh worker reads its partitions meanwhile), it also opens the device's
-    context (the probe and :func:`warm_up` then find it made) and imports pandas (the
-    splits' encoding needs it) while the workers read and scan, before anything waits for
-    them."""
+    context (the probe and :func:`warm_up` then find it made) while the worker reads and
+    scans, before anything waits for it."""
     from ..engine.device import device_info, device_label, get_context
     _leave_pool()
     dev = worker_device(spec, rank)
     out = device_label(dev), device_info(dev)
     get_context(dev)
-    import pandas  # noqa: F401
     return out
 
 
