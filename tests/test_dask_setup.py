@@ -252,6 +252,7 @@ def test_parquet_files_the_workers_read_themselves(tmp_path):
     assert _parquet_files(dd.read_parquet(str(folder)).repartition(npartitions=2), cols,
                           2) is None
     assert _parquet_files(str(folder), cols, 4) is None
+    assert _parquet_files(str(folder / "part-*.parquet"), cols, 2) is None
     assert _parquet_files(str(folder), ("user", "item", "stars"), 2) is None
     texts, _ = _parquet_dir(tmp_path / "t", user_name=["a"] * 150)
     assert _parquet_files(str(texts), ("user_name", "item", "rating"), 2) is None

@@ -222,6 +222,8 @@ def _parquet_files(X, columns, n_parts):
         import pyarrow as pa
         import pyarrow.parquet as pq
         fs, root = fsspec.core.url_to_fs(path, **(opts or {}))
+        if any(ch in root for ch in "*?["):       # a glob: as dask expands it
+            return None
         if fs.isdir(root):
             names = sorted((f for f in fs.find(root)
                             if f.endswith(PARQUET_EXTENSIONS)
