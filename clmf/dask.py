@@ -227,7 +227,8 @@ class _DaskTrainer(Trainer):
         implicit = spec.implicit
         t_start = time.perf_counter()
         facts = device_facts(client, addrs, ranks, specs)   # (while the ratings are prepared)
-        data = prepare(client, X, columns, shift=spec.shift)     # the kernels' view (confidence)
+        data = prepare(client, X, columns, shift=spec.shift,     # the kernels' view (confidence)
+                       workers=addrs)
         fit_times = {"prepare_s": time.perf_counter() - t_start}
         m, n = data.shape
         f = spec.f

@@ -98,8 +98,8 @@ def test_encoder_maps_consecutive_integer_ids_by_a_subtraction():
     vals = np.array([12, 10, 15, 11, 99, 9], np.int64)
     dense = pd.Index(np.arange(10, 16))
     enc = _encoder(dense)
-    assert isinstance(enc, pd.RangeIndex)
-    np.testing.assert_array_equal(enc.get_indexer(vals), dense.get_indexer(vals))
+    assert isinstance(enc, P.IdRange) and len(enc) == 6
+    np.testing.assert_array_equal(enc.codes(vals), dense.get_indexer(vals))
     for other in (pd.Index(["a", "b"]), pd.Index([1.0, 2.0]), pd.Index([1, 2, 4 << 40])):
         assert _encoder(other) is other
     assert isinstance(_encoder(pd.Index([1, 2, 4])), P.IdTable)     # gaps: an array lookup
@@ -221,3 +221,86 @@ def test_block_merges_pieces_that_each_run_by_row():
     bad = [(p[0], np.where(p[1] == r0, r0 + 1, p[1]), p[2]) for p in pieces]
     with pytest.raises(RuntimeError, match="other rows than counted"):
         T._block(bad, "items", indptr, r0, r1)
+
+
+def _parquet_dir(tmp_path, files=3, rows=50, **extra):
+    """``files`` parquet files of (user, item, rating) triples in a folder (plus ``extra``
+    columns), and the frame they hold."""
+    rng = np.random.default_rng(1)
+    df = pd.DataFrame({"user": rng.integers(0, 40, files * rows).astype(np.int64),
+                       "item": rng.integers(7, 30, files * rows).astype(np.int32),
+                       "rating": rng.uniform(1, 5, files * rows).astype(np.float32), **extra})
+    folder = tmp_path / "ratings"
+    folder.mkdir(parents=True)
+    for k in range(files):
+        df.iloc[k * rows:(k + 1) * rows].to_parquet(folder / f"part-{k * 5}.parquet")
+    (folder / "_SUCCESS").write_text("")           # not a parquet file: skipped, as dask does
+    return folder, df
+
+
+def test_parquet_files_the_workers_read_themselves(tmp_path):
+    dd = pytest.importorskip("dask.dataframe")
+    from clmf.parallel.dask_backend import _parquet_files
+    folder, df = _parquet_dir(tmp_path)
+    cols = ("user", "item", "rating")
+    names, _opts = _parquet_files(str(folder), cols, 2)
+    assert [p.rsplit("/", 1)[1] for p in names] == [f"part-{k}.parquet" for k in (0, 5, 10)]
+    assert _parquet_files(dd.read_parquet(str(folder)), cols, 3)[0] == names
+    # anything that changes the rows (or fewer files than workers) goes through dask
+    assert _parquet_files(dd.read_parquet(str(folder), filters=[("user", ">", 3)]), cols,
+                          2) is None
+    assert _parquet_files(dd.read_parquet(str(folder)).repartition(npartitions=2), cols,
+                          2) is None
+    assert _parquet_files(str(folder), cols, 4) is None
+    assert _parquet_files(str(folder / "part-*.parquet"), cols, 2) is None
+    assert _parquet_files(str(folder), ("user", "item", "stars"), 2) is None
+    texts, _ = _parquet_dir(tmp_path / "t", user_name=["a"] * 150)
+    assert _parquet_files(str(texts), ("user_name", "item", "rating"), 2) is None
+    # what the workers read: the columns of each file, scanned as the pandas frame would be
+    got = [P.read_parquet_file(p, cols) for p in names]
+    assert all(hasattr(t, "column_names") for t in got)
+    whole = P.merge_scans(*[P.scan(t, cols) for t in got])
+    ref = P.scan(df, cols)
+    for a, b in zip(whole[:2], ref[:2]):
+        np.testing.assert_array_equal(P.ids_and_counts(a)[0], P.ids_and_counts(b)[0])
+        np.testing.assert_array_equal(P.ids_and_counts(a)[1], P.ids_and_counts(b)[1])
+    assert whole[2] == pytest.approx(ref[2]) and whole[3:] == ref[3:]
+    enc = P.encode(got[0], cols, None, None)
+    np.testing.assert_array_equal(enc[0], df["user"].to_numpy()[:50])
+    np.testing.assert_array_equal(enc[2], df["rating"].to_numpy()[:50])
+
+
+def test_parquet_file_with_missing_ids_reads_as_pandas_refused_later(tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    pd.DataFrame({"user": [1.0, None], "item": [2, 3], "rating": [4.0, 5.0]}).to_parquet(
+        folder / "a.parquet")
+    got = P.read_parquet_file(str(folder / "a.parquet"), ("user", "item", "rating"))
+    assert isinstance(got, pd.DataFrame) and got["user"].isna().sum() == 1
+
+
+def test_a_fresh_worker_reads_scans_and_encodes_parquet_without_dask_dataframe_or_pandas(tmp_path):
+    import subprocess
+    import sys
+    folder, _df = _parquet_dir(tmp_path)
+    code = ("import sys; from clmf.parallel import dask_prepare as P; "
+            f"t = P.read_parquet_file({str(folder / 'part-5.parquet')!r}, "
+            "('user', 'item', 'rating')); P.scan(t, ('user', 'item', 'rating')); "
+            "P.encode(t, ('user', 'item', 'rating'), P.IdRange(0, 40), P.IdRange(7, 30)); "
+            "print(sorted(m for m in ('pandas', 'dask.dataframe') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_arrow_columns_of_several_chunks_read_from_their_buffers():
+    pa = pytest.importorskip("pyarrow")
+    vals = np.arange(30, dtype=np.int64) * 7 - 50
+    col = pa.chunked_array([pa.array(vals[:10]), pa.array(vals[10:10]),
+                            pa.array(vals[5:30]).slice(5)], pa.int64())  # (empty, an offset)
+    table = pa.table({"user": col, "rating": col.cast(pa.float32()),
+                      "when": pa.chunked_array([pa.array([1] * 30).cast(pa.bool_())])})
+    np.testing.assert_array_equal(P._values(table, "user"), vals)
+    np.testing.assert_array_equal(P._values(table, "rating", np.float64),
+                                  vals.astype(np.float32))
+    assert P._values(table, "when").dtype == bool          # other types: pyarrow's to_numpy

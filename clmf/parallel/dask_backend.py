@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import time
 import uuid
 
@@ -134,9 +135,13 @@ class DistRatings:
         self.parts = []
 
 
-def _partitions(client, X, columns, n_parts):
+def _partitions(client, X, columns, n_parts, workers=None):
     """Futures of pandas partitions of ``X`` and ``(shape, user_ids, item_ids)`` when ``X``
-    carries dense indices (scipy.sparse, Ratings) — else ``None`` (raw ids)."""
+    carries dense indices (scipy.sparse, Ratings) — else ``None`` (raw ids). Parquet files of
+    numeric columns (a path, or ``dd.read_parquet`` of one left as read: :func:`_parquet_files`)
+    are read by the workers as pyarrow Tables, a file a task, the ``k``-th file on
+    ``workers[k % len(workers)]`` where given (a loose restriction: the splits then run
+    evenly where the files lie)."""
     import pandas as pd
     import scipy.sparse as sp
 
@@ -156,6 +161,14 @@ def _partitions(client, X, columns, n_parts):
                                 rcol: np.asarray(r[a:b], np.float32)})
                   for a, b in zip(cuts[:-1], cuts[1:])]
         return client.scatter(frames, hash=False), (tuple(int(s) for s in shape), uids, iids)
+    files = _parquet_files(X, columns, n_parts)
+    if files is not None:      # read by the workers themselves, a file each (no dask.dataframe)
+        names, opts = files
+        return [client.submit(T.read_parquet_file, f, columns, opts, pure=False,
+                              key=f"read_parquet_file-{uuid.uuid4().hex}",
+                              **({"workers": [workers[k % len(workers)]],
+                                  "allow_other_workers": True} if workers else {}))
+                for k, f in enumerate(names)], None
     if isinstance(X, str):
         import dask.dataframe as dd
         X = dd.read_parquet(X, columns=list(columns))
@@ -172,6 +185,66 @@ def _partitions(client, X, columns, n_parts):
     raise TypeError("ratings must be a dask or pandas DataFrame of (user, item, rating), a "
                     f"parquet path, a scipy.sparse matrix, a (user_idx, item_idx, ratings) tuple "
                     f"or clmf.data.Ratings, not {type(X).__name__}")
+
+
+PARQUET_EXTENSIONS = (".parq", ".parquet", ".pq")     # the files of a folder read (as dask)
+
+
+def _parquet_files(X, columns, n_parts):
+    """``(file URLs, storage options)`` of parquet data that the workers can read themselves
+    (:func:`~clmf.parallel.dask_prepare.read_parquet_file`): a path, or a dask DataFrame that is
+    ``dd.read_parquet(path)`` as read (no filters, index or other options that change the
+    rows), of at least ``n_parts`` files whose ``columns`` are all integers or floats; else
+    None (the data go through dask.dataframe)."""
+    if isinstance(X, str):
+        path, opts = X, None
+    else:
+        expr = getattr(X, "expr", None)
+        if type(expr).__name__ not in ("ReadParquetFSSpec", "ReadParquetPyarrowFS"):
+            return None
+        try:
+            op = {k: expr.operand(k) for k in ("path", "filters", "index", "categories",
+                                                "_partitions", "_series", "kwargs", "engine",
+                                                "storage_options", "filesystem",
+                                                "parquet_file_extension")}
+        except Exception:          # noqa: BLE001 - another dask version: its own reader
+            return None
+        if (not isinstance(op["path"], str) or op["filters"] or op["index"] is not None
+                or op["categories"] or op["_partitions"] is not None or op["_series"]
+                or any(v is not None for v in (op["kwargs"] or {}).values())
+                or op["engine"] not in (None, "pyarrow")
+                or op["filesystem"] not in (None, "fsspec", "arrow")
+                or tuple(op["parquet_file_extension"] or ()) != PARQUET_EXTENSIONS):
+            return None
+        path, opts = op["path"], op["storage_options"]
+    try:
+        import fsspec
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        fs, root = fsspec.core.url_to_fs(path, **(opts or {}))
+        if any(ch in root for ch in "*?["):       # a glob: as dask expands it
+            return None
+        if fs.isdir(root):
+            names = sorted((f for f in fs.find(root)
+                            if f.endswith(PARQUET_EXTENSIONS)
+                            and not any(p.startswith(("_", ".")) for p in
+                                        f[len(root.rstrip("/")) + 1:].split("/"))),
+                           key=lambda f: [int(t) if t.isdigit() else t      # part.2 < part.10
+                                          for t in re.split(r"(\d+)", f)])
+        else:
+            names = [root]
+        if len(names) < max(1, n_parts):
+            return None
+        with fs.open(names[0], "rb") as fh:
+            schema = pq.read_schema(fh)
+        if not all(c in schema.names and (pa.types.is_integer(schema.field(c).type)
+                                          or pa.types.is_floating(schema.field(c).type))
+                   for c in columns):
+            return None
+    except (ImportError, OSError, ValueError, TypeError):
+        return None
+    local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+    return ([f if local else fs.unstrip_protocol(f) for f in names], opts)
 
 
 def _sorted_index(ids, what="ids", counts=None):
@@ -202,18 +275,17 @@ def _pair(ids_counts, col):
 def _encoder(index):
     """The index that maps a column's raw ids to dense indices on the workers: a sorted run of
     consecutive integers (ids that are dense indices already, or an offset of them) as a
-    :class:`pandas.RangeIndex`, whose lookup is a subtraction (no hash table to ship and probe);
-    other sorted integers of a modest span (:func:`~clmf.parallel.dask_prepare._span_limit`)
-    as an :class:`~clmf.parallel.dask_prepare.IdTable` (an array lookup); any other ``index``
+    :class:`~clmf.parallel.dask_prepare.IdRange`, whose lookup is a subtraction (no hash table
+    to ship and probe, no pandas on the workers); other sorted integers of a modest span
+    (:func:`~clmf.parallel.dask_prepare._span_limit`) as an
+    :class:`~clmf.parallel.dask_prepare.IdTable` (an array lookup); any other ``index``
     itself."""
-    import pandas as pd
-
-    from .dask_prepare import IdTable, _span_limit
+    from .dask_prepare import IdRange, IdTable, _span_limit
     if not (len(index) and index.dtype.kind in "iu" and index.is_monotonic_increasing):
         return index
     span = int(index[-1]) - int(index[0]) + 1
     if span == len(index) and int(index[-1]) < 2**63:
-        return pd.RangeIndex(int(index[0]), int(index[-1]) + 1)
+        return IdRange(int(index[0]), int(index[-1]) + 1)
     if span <= _span_limit(len(index)):
         return IdTable(np.asarray(index))
     return index
@@ -237,7 +309,8 @@ def _tree(client, fn, futs, width=8):
     return client.submit(fn, *futs)
 
 
-def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=None, shift=0.0):
+def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=None, shift=0.0,
+            workers=None):
     """Encode ratings on the cluster. Raw ids of a fit (``maps`` None): one pass over the
     partitions where they lie (:func:`~clmf.parallel.dask_prepare.scan`: each id column's
     distinct values with their counts, by a ``bincount`` for integer ids of a modest span, and
@@ -246,11 +319,12 @@ def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=No
     holding them (:attr:`DistRatings.encoding`, :attr:`DistRatings.where`). Ids of a fitted
     model (``maps``): encoded at once, ids unknown to it become -1.
     Nothing but ids and counts comes to the client. ``shift`` is added to the ratings on the
-    workers (``total`` and ``minimum`` are of the ratings as given). Returns a
+    workers (``total`` and ``minimum`` are of the ratings as given); ``workers``: the fit's
+    workers, over which parquet files are spread (:func:`_partitions`). Returns a
     :class:`DistRatings` (counts filled when ``maps`` is None)."""
     laps = T.Laps()
     n_parts = n_parts or len(client.nthreads())
-    parts, known = _partitions(client, X, tuple(columns), n_parts)
+    parts, known = _partitions(client, X, tuple(columns), n_parts, workers)
     counted = where = encoding = None
     if known is not None and maps is None:
         shape, uids, iids = known
@@ -344,13 +418,14 @@ class DaskEngine:
             # worker 0 (the first of its kind) resolves at once; the others' facts say whether
             # they are of its kind, meanwhile the blocks are routed and built (a thread)
             first = self._on(0, T.probe, specs[0], ranks[0], fit, stats, priority=2)
+            # the splits wait for the shared-memory check: first in the workers' queues
+            self._shared = self._shared_set_up()
             if facts is None:
                 facts = device_facts(client, self.addrs, ranks, specs)
             sfut = client.scatter([static], broadcast=True, workers=self.addrs, hash=False)[0]
             # each worker's context and start factors in a thread, while the splits run
             warm = [self._on(d, T.warm_up, self.fit_id, d, sfut, priority=6)
                     for d in range(self.n)]
-            self._shared = self._shared_set_up()
             pieces = self._route(data.parts, bounds, shared=self._shared, where=data.where,
                                  encoding=data.encoding)
             blocks = [self._on(d, T.blocks, self.fit_id, d, sfut, warm[d], len(pieces),
@@ -487,9 +562,9 @@ class DaskEngine:
         if self.n < 2:
             return False
         prefix = T.setup_prefix(self.fit_id)
-        probes = [self._on(d, T.setup_probe, prefix, priority=5) for d in range(self.n)]
-        checks = [self._on(d, T.setup_check, *probes, priority=5) for d in range(self.n)]
-        return self.client.submit(T.all_of, *checks, pure=False, priority=5)
+        probes = [self._on(d, T.setup_probe, prefix, priority=7) for d in range(self.n)]
+        checks = [self._on(d, T.setup_check, *probes, priority=7) for d in range(self.n)]
+        return self.client.submit(T.all_of, *checks, pure=False, priority=7)
 
     def _route(self, parts, bounds=None, shared=False, where=None, encoding=None):
         """Per partition, futures of its ``2n`` pieces (users blocks, then items blocks) by the

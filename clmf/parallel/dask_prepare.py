@@ -46,7 +46,6 @@ def id_counts(vals):
     ``counts[k]`` ratings of id ``lo + k``, by one ``bincount``, no hashing) or ``("values",
     ids, counts)`` (any other ids, in first-seen order as :func:`pandas.unique` gives them;
     missing ids kept, for :func:`clmf.data._ids.check_raw_ids` to refuse)."""
-    import pandas as pd
     vals = np.asarray(vals)
     if vals.dtype.kind in "iu" and vals.size:
         lo, hi = int(vals.min()), int(vals.max())
@@ -54,6 +53,7 @@ def id_counts(vals):
             return ("bins", lo, np.bincount(_offsets(vals, lo, hi - lo + 1),
                                             minlength=hi - lo + 1),
                     vals.dtype.str)
+    import pandas as pd  # (only here: a fresh worker reading integer ids skips it)
     codes, uniq = pd.factorize(vals, use_na_sentinel=False)
     return ("values", np.asarray(uniq), np.bincount(codes, minlength=len(uniq)))
 
@@ -97,7 +97,6 @@ def _bin_values(form):
 def merge_id_counts(*forms):
     """The :func:`id_counts` of several partitions together (counts of the same id summed;
     bins kept where the union's span allows, else values in first-seen order)."""
-    import pandas as pd
     forms = [f for f in forms if f is not None]
     if all(f[0] == "bins" for f in forms):
         lo = min(f[1] for f in forms)
@@ -107,6 +106,7 @@ def merge_id_counts(*forms):
             for _k, a, c, _dt in forms:
                 out[a - lo:a - lo + len(c)] += c
             return ("bins", lo, out, np.result_type(*[np.dtype(f[3]) for f in forms]).str)
+    import pandas as pd
     pairs = [_bin_values(f) if f[0] == "bins" else f[1:] for f in forms]
     codes, uniq = pd.factorize(np.concatenate([p[0] for p in pairs]), use_na_sentinel=False)
     counts = np.bincount(codes, weights=np.concatenate([p[1] for p in pairs]),
@@ -120,9 +120,55 @@ def ids_and_counts(form):
     return _bin_values(form) if form[0] == "bins" else (form[1], form[2])
 
 
+def read_parquet_file(path, columns, storage_options=None):
+    """The ``columns`` of one parquet file (a local path or an fsspec URL) as a pyarrow Table,
+    what :func:`scan` and :func:`split` read: a fresh worker then imports neither
+    ``dask.dataframe`` nor pandas before its first partition (more than a second of a fit's
+    set-up); a pandas DataFrame where a column has missing values (as ``dd.read_parquet``
+    gives them, refused later by the same checks)."""
+    import pyarrow.parquet as pq
+    columns = list(columns)
+    if "://" in str(path):
+        import fsspec
+        with fsspec.open(path, "rb", **(storage_options or {})) as fh:
+            table = pq.ParquetFile(fh).read(columns=columns)
+    else:
+        table = pq.ParquetFile(path).read(columns=columns)
+    if any(table.column(c).null_count for c in columns):
+        return table.to_pandas()
+    return table
+
+
+def _values(df, column, dtype=None):
+    """A column of a partition (a pandas DataFrame, or a pyarrow Table read by
+    :func:`read_parquet_file`) as a NumPy array (of ``dtype`` where given)."""
+    c = df[column]
+    if hasattr(c, "null_count"):                   # pyarrow: no nulls (read_parquet_file)
+        return np.asarray(_arrow_values(c), dtype=dtype)
+    return c.to_numpy(dtype=dtype)
+
+
+_ARROW_FLOATS = {"halffloat": np.float16, "float": np.float32, "double": np.float64}
+
+
+def _arrow_values(c):
+    """A pyarrow ChunkedArray of integers or floats without nulls as a NumPy array, read from
+    its buffers (pyarrow's own ``to_numpy`` imports pandas, a third of a second on a fresh worker);
+    other types by ``to_numpy``."""
+    name = str(c.type)
+    if name not in _ARROW_FLOATS and not name.startswith(("int", "uint")):
+        return c.to_numpy()
+    dt = np.dtype(_ARROW_FLOATS.get(name, name))
+    parts = [np.frombuffer(k.buffers()[1], dt, len(k), k.offset * dt.itemsize)
+             for k in c.chunks if len(k)]
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.empty(0, dt)
+
+
 def _ratings(df, column, shift):
     """A partition's ratings as float32 plus ``shift`` (added in float64)."""
-    r = df[column].to_numpy(dtype=np.float64 if shift else np.float32)
+    r = _values(df, column, np.float64 if shift else np.float32)
     return (r + shift).astype(np.float32) if shift else r
 
 
@@ -138,7 +184,7 @@ def scan(df, columns, shift=0.0):
     the per-row counts and the checks of a fit need, before any encoding."""
     from ..data.frames import check_columns
     ucol, icol, rcol = check_columns(df, columns)
-    return (id_counts(df[ucol].to_numpy()), id_counts(df[icol].to_numpy()),
+    return (id_counts(_values(df, ucol)), id_counts(_values(df, icol)),
             *_stats(_ratings(df, rcol, shift)))
 
 
@@ -201,7 +247,7 @@ def encode(df, columns, user_index, item_index, shift=0.0):
     ucol, icol, rcol = check_columns(df, columns)
     out = []
     for col, index in ((ucol, user_index), (icol, item_index)):
-        vals = df[col].to_numpy()
+        vals = _values(df, col)
         if index is None:
             codes = np.asarray(vals, dtype=np.int64)
         else:
@@ -210,24 +256,50 @@ def encode(df, columns, user_index, item_index, shift=0.0):
     return out[0], out[1], _ratings(df, rcol, shift)
 
 
+class IdRange:
+    """The map of the consecutive integer raw ids ``start .. stop - 1`` to dense indices: a
+    subtraction and a range check, several times faster than a :class:`pandas.RangeIndex`'s
+    ``get_indexer`` (and a worker needs no pandas to unpickle it)."""
+
+    def __init__(self, start, stop):
+        """The ids ``start`` to ``stop - 1``."""
+        self.start, self.stop = int(start), int(stop)
+
+    def __len__(self):
+        """How many ids."""
+        return self.stop - self.start
+
+    def codes(self, vals):
+        """Dense indices of the raw ids ``vals`` (-1: not in the range)."""
+        vals = np.asarray(vals)
+        if vals.dtype.kind not in "iu":
+            import pandas as pd
+            return pd.RangeIndex(self.start, self.stop).get_indexer(vals)
+        return _range_codes(vals, self.start, len(self))
+
+
+def _range_codes(vals, start, span):
+    """Dense indices of integer ids ``vals`` in ``start .. start + span - 1`` (-1: outside)."""
+    ok = _in_span(vals, start, span)
+    if ok is True:
+        return _offsets(vals, start, span)
+    codes = np.full(len(vals), -1, np.int64)
+    codes[ok] = _offsets(vals[ok], start, span)
+    return codes
+
+
 def _codes(index, vals):
-    """Dense indices of the raw ids ``vals`` in ``index`` (-1: not in it); a
-    :class:`pandas.RangeIndex` of step 1 over integer ids (:func:`~clmf.parallel.dask_backend.
-    _encoder`) by a subtraction and a range check, several times faster than its
+    """Dense indices of the raw ids ``vals`` in ``index`` (-1: not in it): an :class:`IdRange`
+    or :class:`IdTable` (:func:`~clmf.parallel.dask_backend._encoder`), a
+    :class:`pandas.RangeIndex` of step 1 over integer ids by a subtraction, else the index's
     ``get_indexer``."""
-    import pandas as pd
-    if isinstance(index, IdTable):
+    if isinstance(index, (IdTable, IdRange)):
         return index.codes(vals)
+    import pandas as pd
     if not (isinstance(index, pd.RangeIndex) and index.step == 1
             and getattr(vals, "dtype", np.dtype(object)).kind in "iu"):
         return index.get_indexer(vals)
-    span = len(index)
-    ok = _in_span(vals, index.start, span)
-    if ok is True:
-        return _offsets(vals, index.start, span)
-    codes = np.full(len(vals), -1, np.int64)
-    codes[ok] = _offsets(vals[ok], index.start, span)
-    return codes
+    return _range_codes(vals, index.start, len(index))
 
 
 def tally(codes, m, n):

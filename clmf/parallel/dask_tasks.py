@@ -29,6 +29,7 @@ from .dask_prepare import (  # noqa: F401 - the data preparation's tasks, for th
     heldout,
     ids_and_counts,
     merge_scans,
+    read_parquet_file,
     scan,
     setup_check,
     setup_probe,
@@ -115,11 +116,15 @@ def pick(seq, k):
 def facts(spec, rank):
     """``(label, DeviceInfo)`` of this worker's device (``spec``, ``rank``: as
     :func:`worker_device`): what the client groups the workers' devices by. Out of the
-    worker's pool (a fresh worker reads its partitions meanwhile)."""
-    from ..engine.device import device_info, device_label
+    worker's pool (a fresh worker reads its partitions meanwhile), it also opens the device's
+    context (the probe and :func:`warm_up` then find it made) while the worker reads and
+    scans, before anything waits for it."""
+    from ..engine.device import device_info, device_label, get_context
     _leave_pool()
     dev = worker_device(spec, rank)
-    return device_label(dev), device_info(dev)
+    out = device_label(dev), device_info(dev)
+    get_context(dev)
+    return out
 
 
 def probe(spec, rank, fit, stats):
