@@ -1,6 +1,6 @@
 """Medians over every round (warm-ups excluded) of the after/before setup.json files of
-benchmarks/dask_setup.py under a folder, as a Markdown table: python medians.py FOLDER BEFORE AFTER (the
-columns' names); with the task stream's phases (seconds from `fit`)."""
+benchmarks/dask_setup.py under a folder, as a Markdown table: python medians.py FOLDER BEFORE
+AFTER (the columns' names); with the task stream's phases (seconds from `fit`)."""
 import glob
 import json
 import statistics
