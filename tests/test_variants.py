@@ -196,22 +196,28 @@ def test_fused_dims_shuffle_matches_reference(cl_device, monkeypatch, variant, f
     check(cl_device, variant, f, mode, single_row=11)
 
 
+def assert_same_factors_with(cl_device, mode, base, extra, seed):
+    """Fit ``base`` and ``base + extra`` (61 × 43, f = 50, 2 iterations, the same start) in
+    ``mode``: the same factors bit for bit; the second fit's users configuration returned."""
+    R = random_ratings(61, 43, 0.3, seed=seed, empty_rows=[2], empty_cols=[5])
+    kw = dict(feedback="implicit", alpha=2.0) if mode == "implicit" else \
+        dict(biases=True) if mode == "biased" else {}
+    rng = np.random.default_rng(seed)
+    init = (rng.standard_normal((61, 50)).astype(np.float32),
+            rng.standard_normal((43, 50)).astype(np.float32))
+    got = [clmf.ALS(50, 0.1, 2, device=cl_device, variant=base + w, **kw).fit(
+        R, init=init, show_progress=False) for w in ("", extra)]
+    for name in ("user_factors_", "item_factors_"):
+        np.testing.assert_array_equal(getattr(got[1], name), getattr(got[0], name))
+    return got[1].config_["users"].config
+
+
 @pytest.mark.parametrize("mode", ["explicit", "implicit", "biased"])
 def test_fused_dims_shared_weights_equal_per_lane_weights(cl_device, mode):
     """dims_wshfl takes each entry's weight factors from the one lane that loaded them: the same
     values, so the same factors bit for bit (3 entries per group, 4 lanes an entry)."""
-    R = random_ratings(61, 43, 0.3, seed=5, empty_rows=[2], empty_cols=[5])
-    kw = dict(feedback="implicit", alpha=2.0) if mode == "implicit" else \
-        dict(biases=True) if mode == "biased" else {}
     base = "batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_q=4,solve_wg=32,nnz_batch=3"
-    rng = np.random.default_rng(5)
-    init = (rng.standard_normal((61, 50)).astype(np.float32),
-            rng.standard_normal((43, 50)).astype(np.float32))
-    got = [clmf.ALS(50, 0.1, 2, device=cl_device, variant=base + w, **kw).fit(
-        R, init=init, show_progress=False) for w in ("", ",dims_wshfl=1")]
-    for name in ("user_factors_", "item_factors_"):
-        np.testing.assert_array_equal(getattr(got[1], name), getattr(got[0], name))
-    assert got[1].config_["users"].config.dims_wshfl
+    assert assert_same_factors_with(cl_device, mode, base, ",dims_wshfl=1", 5).dims_wshfl
 
 
 @pytest.mark.parametrize("mode", ["explicit", "implicit", "biased"])
@@ -223,17 +229,7 @@ def test_fused_dims_pipelined_gathers_equal_unpipelined(cl_device, mode, base):
     """dims_pipe gathers each chunk's rows while the previous chunk is summed: the same
     arithmetic, so the same factors bit for bit (rows of 0 .. 30 entries: chunks of 1, 2 and
     more, the last one partial)."""
-    R = random_ratings(61, 43, 0.3, seed=7, empty_rows=[2], empty_cols=[5])
-    kw = dict(feedback="implicit", alpha=2.0) if mode == "implicit" else \
-        dict(biases=True) if mode == "biased" else {}
-    rng = np.random.default_rng(7)
-    init = (rng.standard_normal((61, 50)).astype(np.float32),
-            rng.standard_normal((43, 50)).astype(np.float32))
-    got = [clmf.ALS(50, 0.1, 2, device=cl_device, variant=base + w, **kw).fit(
-        R, init=init, show_progress=False) for w in ("", ",dims_pipe=1")]
-    for name in ("user_factors_", "item_factors_"):
-        np.testing.assert_array_equal(getattr(got[1], name), getattr(got[0], name))
-    assert got[1].config_["users"].config.dims_pipe
+    assert assert_same_factors_with(cl_device, mode, base, ",dims_pipe=1", 7).dims_pipe
 
 
 def test_fused_dims_pipe_registers_counted():

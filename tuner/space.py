@@ -33,7 +33,7 @@ import dataclasses
 import itertools
 import math
 
-from clmf.engine.config import SOLVERS, SPLIT_NEVER, KernelConfig
+from clmf.engine.config import DIMS_FIELDS, SOLVERS, SPLIT_NEVER, KernelConfig
 from clmf.engine.kernels import mma_supported, validate
 from clmf.errors import InvalidConfigError
 
@@ -92,9 +92,7 @@ def canonical(cfg: KernelConfig, mode="explicit") -> KernelConfig:
         kw = {}
     if cfg.fused_dims and not cfg.dims:
         # the dimensions form of the fused CG solver only, its geometry with it
-        kw.update(fused_dims=False, dims_q=KernelConfig.dims_q, dims_p=KernelConfig.dims_p,
-                  dims_shfl=False, dims_wshfl=False, dims_rsum=False,
-                  dims_pipe=False)
+        kw.update(fused_dims=False, **{k: getattr(KernelConfig, k) for k in DIMS_FIELDS})
     elif cfg.dims and cfg.dims_shfl:  # the shuffles sum an entry's parts: no dims_p
         kw["dims_p"] = KernelConfig.dims_p
     if not (cfg.local or cfg.gemm or cfg.syrk or cfg.mma or cfg.dims):
@@ -227,8 +225,7 @@ class Space:
         if dims:                      # the fused CG's dimensions form, entries per group
             out.append("fused_dims")
             # its slices per work-item and work-items per entry's sum, where the space has them
-            out += [k for k in ("dims_q", "dims_p", "dims_shfl", "dims_wshfl", "dims_rsum",
-                                "dims_pipe") if k in self.grid]
+            out += [k for k in DIMS_FIELDS if k in self.grid]
         if local or gemm or dims:
             out.append("nnz_batch")
         if gemm:
@@ -243,12 +240,8 @@ class Space:
         reg, local, vec, tile, gemm, syrk, mma = flags
         kw = dict(vals)
         if not kw.get("fused_dims"):  # (the dimensions form's geometry with it only)
-            kw.pop("dims_q", None)
-            kw.pop("dims_shfl", None)
-            kw.pop("dims_wshfl", None)
-            kw.pop("dims_rsum", None)
-            kw.pop("dims_pipe", None)
-            kw.pop("dims_p", None)
+            for k in DIMS_FIELDS:
+                kw.pop(k, None)
         if (self.grid.get("square_tiles") or gemm) and "bx" in kw:
             kw["by"] = kw["bx"]
         return KernelConfig(reg=reg, local=local, vec=vec, tile=tile, gemm=gemm, syrk=syrk,

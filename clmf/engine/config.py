@@ -52,6 +52,8 @@ _INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "sol
                "cg_steps", "batch_rows", "split", "dims_q", "dims_p", "direct")
 _BOOL_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "mma", "triangle", "fused_solve",
                 "fused_dims", "dims_shfl", "dims_wshfl", "dims_rsum", "dims_pipe")
+# the fused CG dimensions form's parameters (meaningful with fused_dims only)
+DIMS_FIELDS = ("dims_q", "dims_p", "dims_shfl", "dims_wshfl", "dims_rsum", "dims_pipe")
 # hard bounds of every integer field, checked whenever a configuration is made (the bounds that
 # depend on f and the device, e.g. cg_steps ≤ f or the work-group limits, are checked by
 # clmf.kernels.validate where both are known)
@@ -430,7 +432,8 @@ class KernelConfig:
     def fcg_geometry(self, f):
         """The fused CG dimensions form's geometry at ``f`` unknowns: float4 slices ``f4``,
         ``q`` per work-item, ``d`` work-items per entry, ``e`` entry groups, ``nb`` entries per
-        group and chunk, ``p`` work-items per entry's sum of parts, ``t`` sums per work-item,
+        group and chunk, ``held`` entries a group holds gathered (two chunks' with
+        ``dims_pipe``), ``p`` work-items per entry's sum of parts, ``t`` sums per work-item,
         ``tree`` the strides of the groups' sums (``fused_dims`` only)."""
         swg = self.swg(f)
         f4 = -(-f // 4)
@@ -440,7 +443,8 @@ class KernelConfig:
         ch = e * self.nnz_batch
         p = self.dims_p or max(1, min(swg // ch, d))
         levels = (e - 1).bit_length()              # the groups' sums: a tree over 2^levels ≥ e
-        return dict(fd_f4=f4, fd_q=q, fd_d=d, fd_e=e, fd_nb=self.nnz_batch, fd_p=p,
+        return dict(fd_f4=f4, fd_q=q, fd_d=d, fd_e=e, fd_nb=self.nnz_batch,
+                    fd_held=self.nnz_batch * (2 if self.dims_pipe else 1), fd_p=p,
                     fd_t=-(-ch * p // swg), fd_tree=[1 << (levels - i) for i in range(1, levels + 1)])
 
     def tile_edges(self, f):

@@ -377,9 +377,9 @@ def _check_dims_shuffle(config, f, device_info):
         raise InvalidConfigError(f"dims_rsum reduce-scatters an entry group's sums over its {d} "
                                  f"lanes: nnz_batch ({nb}) must be a power of two at most {d}",
                                  "geometry")
-    if config.dims_wshfl and config.nnz_batch > d:
+    if config.dims_wshfl and nb > d:
         raise InvalidConfigError(f"dims_wshfl loads entry k's weight in lane k of the entry's {d} "
-                                 f"lanes: nnz_batch ({config.nnz_batch}) must be at most {d}",
+                                 f"lanes: nnz_batch ({nb}) must be at most {d}",
                                  "geometry")
 
 
@@ -417,7 +417,7 @@ def fcg_dims_registers(config, f):
     accumulators and the applied vector's result), the next chunk's ``nb`` column indices and a
     fixed 24 for offsets and scalars."""
     g = config.fcg_geometry(f)
-    nb = g["fd_nb"] * (2 if config.dims_pipe else 1)          # dims_pipe: two chunks' rows
+    nb = g["fd_held"]                                         # dims_pipe: two chunks' rows
     return 4 * g["fd_q"] * (nb + 6) + nb + 24
 
 
@@ -431,7 +431,7 @@ def _validate_fcg_dims(config, f, device_info):
     """The fused CG dimensions form's constraints: gathered rows held in registers, registers
     (GPUs), local memory, the work-group size (raise InvalidConfigError)."""
     g = config.fcg_geometry(f)
-    rows = g["fd_q"] * g["fd_nb"] * (2 if config.dims_pipe else 1)
+    rows = g["fd_q"] * g["fd_held"]
     if rows > 16:
         raise InvalidConfigError(f"fused_dims would hold {rows} float4s of gathered rows per "
                                  f"work-item ({g['fd_q']} slices × nnz_batch {g['fd_nb']}"
