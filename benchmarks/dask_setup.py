@@ -75,20 +75,14 @@ def dask_fit(client, pdir, device, kw):
     seconds, first start, last end]`` from ``fit`` entry (Dask's task stream)."""
     import dask.dataframe as dd
     import distributed
+    from dask_timeline import task_summary  # benchmarks/: one copy
 
     import clmf.dask
     with distributed.get_task_stream(client) as ts:
         t0 = time.time()
         m = clmf.dask.ALS(client=client, device=device, iterations=1, **kw).fit(
             dd.read_parquet(str(pdir)), show_progress=False)
-    tasks = {}
-    for t in ts.data:
-        key = t["key"] if isinstance(t["key"], str) else str(t["key"][0])
-        kind = key.split("-")[0].strip("('")
-        for s in t["startstops"]:
-            n, total, first, last = tasks.get((kind, s["action"]), (0, 0.0, float("inf"), 0.0))
-            tasks[(kind, s["action"])] = (n + 1, total + s["stop"] - s["start"],
-                                          min(first, s["start"] - t0), max(last, s["stop"] - t0))
+    tasks = task_summary(ts.data, t0)
     stages = dict(m.fit_times_)
     stages["tasks"] = sorted(([k[0], k[1], *v] for k, v in tasks.items()), key=lambda r: r[4])
     return m.time_to_first_iteration_, stages

@@ -1,6 +1,7 @@
 """Medians over every round (warm-ups excluded) of the after/before setup.json files of
-benchmarks/dask_setup.py under a folder, as a Markdown table: python medians.py FOLDER BEFORE
-AFTER (the columns' names); with the task stream's phases (seconds from `fit`)."""
+benchmarks/dask_setup.py under a folder, as a Markdown table, with the task stream's phases
+(seconds from `fit`): python benchmarks/dask_setup_medians.py FOLDER BEFORE AFTER (BEFORE and
+AFTER: the columns' names)."""
 import glob
 import json
 import statistics

@@ -15,6 +15,20 @@ import logging
 import time
 
 
+def task_summary(records, t0):
+    """Dask's task-stream ``records`` summed per kind of task (its key's prefix) and action:
+    ``{(kind, action): (count, summed seconds, first start, last end)}``, times from ``t0``."""
+    tasks = {}
+    for t in records:
+        key = t["key"] if isinstance(t["key"], str) else str(t["key"][0])
+        kind = key.split("-")[0].strip("('")
+        for s in t["startstops"]:
+            n, total, first, last = tasks.get((kind, s["action"]), (0, 0.0, float("inf"), 0.0))
+            tasks[(kind, s["action"])] = (n + 1, total + s["stop"] - s["start"],
+                                          min(first, s["start"] - t0), max(last, s["stop"] - t0))
+    return tasks
+
+
 def main(argv=None):
     """Run the fit; see the module docstring."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -43,14 +57,7 @@ def main(argv=None):
     finally:
         client.close()
         cluster.close()
-    tasks = {}
-    for t in ts.data:
-        key = t["key"] if isinstance(t["key"], str) else str(t["key"][0])
-        kind = key.split("-")[0].strip("('")
-        for s in t["startstops"]:
-            n, total, first, last = tasks.get((kind, s["action"]), (0, 0.0, float("inf"), 0.0))
-            tasks[(kind, s["action"])] = (n + 1, total + s["stop"] - s["start"],
-                                          min(first, s["start"] - t0), max(last, s["stop"] - t0))
+    tasks = task_summary(ts.data, t0)
     print(f"{clmf.__file__}: fit {fit_s:.2f} s, first iteration after "
           f"{m.time_to_first_iteration_:.2f} s")
     print({k: v for k, v in m.fit_times_.items() if k not in ("workers", "loop")})
