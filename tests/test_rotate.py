@@ -17,7 +17,8 @@ from clmf.engine import rotate as RT
 DIMS = "batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=8,nnz_batch=3"
 
 
-@pytest.mark.parametrize("f,rows", [(1, 1), (5, 9), (17, 8), (17, 23), (33, 0), (64, 17)])
+@pytest.mark.parametrize("f,rows", [(1, 1), (5, 9), (17, 8), (17, 23), (33, 0), (64, 17),
+                                    (100, 37), (300, 9)])
 def test_rotate_kernel_matches_numpy(cl_device, f, rows):
     import pyopencl as cl
     ctx = cl.Context([cl_device])
@@ -30,10 +31,14 @@ def test_rotate_kernel_matches_numpy(cl_device, f, rows):
     xb = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=X)
     vb = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=V)
     kern = K.rotate_program(ctx).kernels["rt_rotate"]
-    for wg, groups in ((8, 2), (1, 1), (4, 64)):   # tiles taken in turn; more groups than tiles
+    # tiles taken in turn; more groups than tiles; lanes past NR · NC; column chunks (f > 64
+    # with 8 lanes); one lane
+    for wg, groups in ((8, 2), (1, 1), (4, 64), (48, 1), (64, 3)):
+        if wg > cl_device.max_work_group_size:
+            continue
         cl.enqueue_copy(q, xb, X)
         kern(q, (groups * wg,), (wg,), xb, np.int64(rows), np.int32(f), np.int32(ldf), vb,
-             cl.LocalMemory(4 * K.ROTATE_ROWS * f))
+             cl.LocalMemory(4 * K.rotate_tile_rows(wg) * f))
         out = np.empty_like(X)
         cl.enqueue_copy(q, out, xb)
         want = X.copy()
@@ -77,6 +82,54 @@ def test_rotated_fit_matches_reference_and_unrotated(cl_device, f, monkeypatch):
     assert rel_err(m.item_factors_, u.item_factors_) <= 1e-4
 
 
+@pytest.mark.parametrize("head", [1, 7, 60])
+def test_head_rows_solved_before_the_rotation(cl_device, head, monkeypatch):
+    """A GPU's overlapped form (the first rows solved in the current basis with the full Gram
+    matrix while the host takes the eigendecomposition, then rotated with the others) forced on
+    any device: the reference's factors, and the serial form's within float32 rounding."""
+    R, init = _problem(9)
+    calls = _counted(monkeypatch)
+    kw = dict(device=cl_device, variant=DIMS, feedback="implicit", alpha=2.0, solver="fusedcg")
+    serial = clmf.ALS(9, 0.1, 3, **kw).fit(R, init=init, show_progress=False)
+    monkeypatch.setattr(RT.Rotation, "head_rows", lambda self, rows: head)
+    starts = []
+    orig = RT.Rotation.start
+    monkeypatch.setattr(RT.Rotation, "start",
+                        lambda self, side: (starts.append(side), orig(self, side))[1])
+    m = clmf.ALS(9, 0.1, 3, **kw).fit(R, init=init, show_progress=False)
+    assert starts == ["users"] * 3 and calls == ["users"] * 3   # no serial rotation
+    Xr, Yr = ref.als(R, 9, 0.1, 3, weighted=False, init=init, implicit_alpha=2.0,
+                     solver="fusedcg", cg_steps=3)
+    assert rel_err(m.user_factors_, Xr) <= 1e-4 and rel_err(m.item_factors_, Yr) <= 1e-4
+    assert rel_err(m.user_factors_, serial.user_factors_) <= 1e-4
+
+
+def test_head_split_cuts_the_first_launches():
+    from clmf.engine.blocks import Batch, head_split
+
+    def batches(*sizes, nv=()):
+        out, row0 = [], 0
+        for k, n in enumerate(sizes):
+            out.append(Batch({}, 100, row0, n, ["up"] if k == 0 else None, nv=k in nv))
+            row0 += n
+        return out
+
+    def run(src, rows):
+        got = []
+        for b in head_split(iter(src), rows):
+            b.done = f"ev{len(got)}"
+            got.append((b.row0, b.rows, b.head, b.wait))
+        return got
+    src = batches(10, 5)
+    assert run(src, 3) == [(0, 3, True, ["up"]), (3, 7, False, None), (10, 5, False, None)]
+    assert src[0].done == "ev1"                  # the cut launch ends with its tail
+    assert run(batches(10, 5), 10) == [(0, 10, True, ["up"]), (10, 5, False, None)]
+    assert run(batches(4, 5, 6), 6) == [(0, 4, False, ["up"]), (4, 2, True, None),
+                                        (6, 3, False, None), (9, 6, False, None)]
+    # a split launch is not cut: the head ends with it
+    assert run(batches(8, 5, nv=(0,)), 3) == [(0, 8, True, ["up"]), (8, 5, False, None)]
+
+
 def test_items_rotate_when_they_are_the_longer_side(cl_device, monkeypatch):
     R, init = _problem(6, users=31, items=57)
     calls = _counted(monkeypatch)
@@ -117,9 +170,28 @@ def test_no_eigendecomposition_runs_the_half_step_unrotated(cl_device, monkeypat
     assert rel_err(m.user_factors_, Xr) <= 1e-4 and rel_err(m.item_factors_, Yr) <= 1e-4
 
 
+def test_both_sides_rotate_when_asked(cl_device, monkeypatch):
+    R, init = _problem(6)
+    calls = _counted(monkeypatch)
+    monkeypatch.setenv(RT.ENV, "both")
+    m = clmf.ALS(6, 0.1, 2, device=cl_device, variant=DIMS, feedback="implicit", alpha=2.0,
+                 solver="fusedcg").fit(R, init=init, show_progress=False)
+    assert calls == ["users", "items"] * 2
+    Xr, Yr = ref.als(R, 6, 0.1, 2, weighted=False, init=init, implicit_alpha=2.0,
+                     solver="fusedcg", cg_steps=3)
+    assert rel_err(m.user_factors_, Xr) <= 1e-4 and rel_err(m.item_factors_, Yr) <= 1e-4
+
+
 def test_the_tile_must_fit_the_local_memory(cl_device):
     import dataclasses
 
     from clmf.engine.device import device_info
-    info = dataclasses.replace(device_info(cl_device), local_mem=4 * K.ROTATE_ROWS * 100)
-    assert RT.tile_fits(info, 100) and not RT.tile_fits(info, 101)
+    info = device_info(cl_device)
+    wg, rows = K.rotate_geometry(dataclasses.replace(info, local_mem=1 << 30), 100)
+    info = dataclasses.replace(info, local_mem=4 * rows * 100)
+    assert RT.tile_fits(info, 100) and K.rotate_geometry(info, 100) == (wg, rows)
+    assert not RT.tile_fits(dataclasses.replace(info, type="CPU", local_mem=4 * 4 * 100 - 4), 100)
+    # a GPU falls back to narrower groups (smaller tiles) before it refuses
+    gpu = dataclasses.replace(info, type="GPU", max_work_group_size=1024, local_mem=48 * 1024)
+    assert K.rotate_geometry(gpu, 256) == (256, 32) and K.rotate_geometry(gpu, 512) == (128, 16)
+    assert K.rotate_geometry(gpu, 4096) is None

@@ -93,7 +93,8 @@ class Share:
 class Batch:
     """One launch of a half-step: its buffer set, the chunk's first row ``r0``, ``row0`` within
     the chunk, ``rows``, ``wait`` (the upload its first kernel waits for), the pieces ``v0``,
-    ``nv`` of a split launch (``nv`` 0: unsplit); the caller sets ``done``."""
+    ``nv`` of a split launch (``nv`` 0: unsplit), ``head``: the last launch before a rotation
+    (:func:`head_split`); the caller sets ``done``."""
 
     bset: dict
     r0: int
@@ -103,6 +104,27 @@ class Batch:
     v0: int = 0
     nv: int = 0
     done: object = None
+    head: bool = False
+
+
+def head_split(batches, rows):
+    """``batches`` with their first ``rows`` rows as launches of their own, the last of them
+    marked ``head`` (a rotated half-step's rows solved before its rotation: see
+    :mod:`clmf.engine.rotate`). A split launch (``nv``) is not cut: the head then ends with it."""
+    left = rows
+    for b in batches:
+        if left <= 0:
+            yield b
+        elif b.nv or b.rows <= left:
+            left -= b.rows
+            b.head = left <= 0
+            yield b
+        else:
+            yield Batch(b.bset, b.r0, b.row0, left, b.wait, head=True)
+            tail = Batch(b.bset, b.r0, b.row0 + left, b.rows - left, None)
+            yield tail
+            b.done = tail.done         # read by the generator of ``batches`` (its chunk's end)
+            left = 0
 
 
 class Publisher:

@@ -36,7 +36,7 @@ from . import programs as P
 from . import reduce as RD
 from . import rotate as RT
 from . import upload as U
-from .blocks import SIDES, Batch, Publisher, Share, SideData, fill, other_side
+from .blocks import SIDES, Batch, Publisher, Share, SideData, fill, head_split, other_side
 from .device import device_info, get_context, thread_safe
 from .factors import half_rows, host_factor_rows, padded_base, padded_factors, unpadded_factors
 from .launch import (
@@ -556,16 +556,22 @@ class Engine:
             raise ValueError(f"the {side} half-step reduces partial normal equations here: "
                              "use clmf.engine.reduce.pipelined()")
         self.keep(cl.enqueue_copy(q, self.status, self._ok, is_blocking=False))
-        gram = None
+        gram, head, stream_events = None, 0, []
+        batches = self._batches(side, stream_events)
         if self.implicit:      # G = (other side)ᵀ(other side), once per half-step
             self._gram(side, kern, cfg)
             if RT.applies(self, side, cfg, exchange):       # in G's eigenbasis: Λ for G
                 self.rotation = self.rotation or RT.Rotation(self)
-                gram = 2 if self.rotation.rotate(side) else None
+                head = self.rotation.head_rows(self.frange[side][1] - lo)
+                if head:       # solved while the host takes the eigendecomposition
+                    self.rotation.start(side)
+                    batches = head_split(batches, head)
+                else:
+                    gram = 2 if self.rotation.rotate(side) else None
         publisher = (Publisher(exchange, self.index)
                      if exchange is not None and exchange.needed else None)
-        events, stream_events, copy_events = [], [], []
-        for batch in self._batches(side, stream_events):
+        events, copy_events = [], []
+        for batch in batches:
             bset, r0, row0, n = batch.bset, batch.r0, batch.row0, batch.rows
             if batch.nv:
                 e1, e2, ec, e3 = launch_split_batch(
@@ -583,6 +589,8 @@ class Engine:
                     self.alpha, self.offset, wait_for=batch.wait, gram=gram)
             batch.done = e3 or ec or e2 or e1
             events.append((e1, e2, e3, ec))
+            if head and batch.head:    # the head rows enqueued: rotate, Λ for the others
+                gram = 2 if self.rotation.complete() else None
             if publisher is not None:
                 g0 = r0 + row0
                 ev = self.read_rows(side, exchange.host, g0, g0 + n, blocking=False,

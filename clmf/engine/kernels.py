@@ -225,7 +225,28 @@ def _reduce_source(mirror):
     return render("reduce.cl.j2", mirror=bool(mirror))
 
 
-ROTATE_ROWS = 8    # rows per tile of the rotation kernel (rotate.cl.j2's RT_ROWS)
+# rt_rotate's lanes (rotate.cl.j2): up to ROTATE_NC lanes across columns, each lane
+# ROTATE_TR rows by ROTATE_TC columns of a tile
+ROTATE_NC, ROTATE_TR, ROTATE_TC = 32, 4, 8
+
+
+def rotate_tile_rows(wg):
+    """Rows of ``rt_rotate``'s tile for a work-group of ``wg`` lanes (its local memory: that
+    many rows of f floats)."""
+    return (wg // min(ROTATE_NC, wg)) * ROTATE_TR
+
+
+def rotate_geometry(info, f):
+    """``(work-group size, tile rows)`` of ``rt_rotate`` on the device ``info`` describes at
+    ``f`` columns (GPUs: the widest group whose tile fits the local memory; CPUs: 8 lanes), or
+    None where no tile fits."""
+    sizes = (256, 128, 64, 32) if info.type == "GPU" else (8,)
+    for wg in sizes:
+        wg = min(wg, info.max_work_group_size)
+        rows = rotate_tile_rows(wg)
+        if 4 * rows * f <= info.local_mem:
+            return wg, rows
+    return None
 
 
 def rotate_program(context):
@@ -236,8 +257,8 @@ def rotate_program(context):
 
 @functools.lru_cache(maxsize=1)
 def _rotate_source():
-    """``rotate.cl.j2`` rendered with :data:`ROTATE_ROWS` rows per tile."""
-    return render("rotate.cl.j2", rows=ROTATE_ROWS)
+    """``rotate.cl.j2`` rendered with the lanes' geometry (:data:`ROTATE_NC` and the rest)."""
+    return render("rotate.cl.j2", nc=ROTATE_NC, tr=ROTATE_TR, tc=ROTATE_TC)
 
 
 def render_metrics(f, storage="float32", ldf=None, wg=128, biased=False):

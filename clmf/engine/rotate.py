@@ -17,11 +17,18 @@ Where (:func:`applies`): implicit, unbiased fits on one device (both factors who
 exchange), float32 factors, a dimensions-form fused CG for the side, whose rows are at least
 as many as the fixed side's (the half-step the Gram term costs most; the other half-step runs
 in the current basis with its full Gram matrix), no rows split for S1, and a rotation tile
-(:data:`clmf.engine.kernels.ROTATE_ROWS` rows of f floats) that fits the local memory.
-``CLMF_GRAM_ROTATION=0`` turns it off (a side-by-side benchmark, or a suspected bug).
+(:func:`clmf.engine.kernels.rotate_geometry`) that fits the local memory.
+``CLMF_GRAM_ROTATION=0`` turns it off (a side-by-side benchmark, or a suspected bug), ``both``
+rotates both sides' half-steps, ``serial`` solves no head rows before the rotation.
+
+On a GPU the host's eigendecomposition (7–9 ms at f = 256 on the H100's host) need not leave
+the device idle: the half-step's first :data:`HEAD_FRACTION`-th of rows is solved in the
+current basis with the full Gram matrix while the host takes it, then both matrices are
+rotated (solved rows included) and the other rows are solved with ``Λ``.
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -31,15 +38,38 @@ from ..interrupts import deferred_interrupts
 from . import kernels as K
 from .blocks import SIDES, other_side
 
-__all__ = ["ENV", "enabled", "may_apply", "tile_fits", "applies", "Rotation"]
+__all__ = ["ENV", "HEAD_FRACTION", "enabled", "overlapped", "both_sides", "may_apply",
+           "tile_fits", "applies", "Rotation"]
 
 ENV = "CLMF_GRAM_ROTATION"
+
+
+# a GPU's rotated half-step solves 1/HEAD_FRACTION of its rows before the rotation (in the
+# current basis, full Gram term) while the host takes the eigendecomposition
+HEAD_FRACTION = 32
+
+
+def _setting():
+    """``$CLMF_GRAM_ROTATION``, lower-case (default ``1``)."""
+    return os.environ.get(ENV, "1").strip().lower()
 
 
 def enabled():
     """Whether half-steps may run in their Gram matrix's eigenbasis (``$CLMF_GRAM_ROTATION``,
     on unless ``0``/``off``/``false``/``no``)."""
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+    return _setting() not in ("0", "off", "false", "no")
+
+
+def overlapped():
+    """Whether a GPU's rotated half-steps solve their head rows while the host takes the
+    eigendecomposition (``$CLMF_GRAM_ROTATION`` not ``serial``)."""
+    return _setting() != "serial"
+
+
+def both_sides():
+    """Whether both half-steps may run rotated (``$CLMF_GRAM_ROTATION=both``), not only the
+    longer side's."""
+    return _setting() == "both"
 
 
 def may_apply(implicit, biased, storage, cfg):
@@ -50,9 +80,9 @@ def may_apply(implicit, biased, storage, cfg):
 
 
 def tile_fits(info, f):
-    """Whether ``rt_rotate``'s tile (:data:`clmf.engine.kernels.ROTATE_ROWS` rows of ``f``
-    floats) fits the local memory of the device ``info`` describes."""
-    return 4 * K.ROTATE_ROWS * f <= info.local_mem
+    """Whether a tile of ``rt_rotate`` (:func:`clmf.engine.kernels.rotate_geometry`: rows of
+    ``f`` floats) fits the local memory of the device ``info`` describes."""
+    return K.rotate_geometry(info, f) is not None
 
 
 def applies(eng, side, cfg, exchange):
@@ -60,21 +90,32 @@ def applies(eng, side, cfg, exchange):
     other = other_side(side)
     return (may_apply(eng.implicit, eng.biased, eng.storage, cfg) and exchange is None
             and eng._whole_factor(side) and eng._whole_factor(other)
-            and eng.side_rows(side) >= eng.side_rows(other)
+            and (both_sides() or eng.side_rows(side) >= eng.side_rows(other))
             and not eng.splits[side].active
             and tile_fits(eng.info, eng.f))
 
 
-def eigh(G):
-    """``G = VΛVᵀ`` of a small symmetric float32 matrix, in float64 on one BLAS thread where
-    threadpoolctl is installed (a 256 × 256 eigendecomposition is slower on many threads, and
-    far slower where they compete with other work)."""
-    G = G.astype(np.float64)
+@functools.lru_cache(maxsize=1)
+def _blas_controller():
+    """threadpoolctl's controller of the process's BLAS pools (made once: it scans the loaded
+    libraries, about a millisecond), or None without threadpoolctl."""
     try:
-        from threadpoolctl import threadpool_limits
+        from threadpoolctl import ThreadpoolController
     except ImportError:
+        return None
+    return ThreadpoolController()
+
+
+def eigh(G):
+    """``G = VΛVᵀ`` of a small symmetric float32 matrix, in float64 (float32's vectors are
+    orthogonal only to ~1e-4 at f = 256) on one BLAS thread where threadpoolctl is installed (a
+    256 × 256 eigendecomposition is slower on many threads, and far slower where they compete
+    with other work)."""
+    G = G.astype(np.float64)
+    ctl = _blas_controller()
+    if ctl is None:
         return np.linalg.eigh(G)
-    with threadpool_limits(limits=1, user_api="blas"):
+    with ctl.limit(limits=1, user_api="blas"):
         return np.linalg.eigh(G)
 
 
@@ -91,16 +132,40 @@ class Rotation:
         self.R = None
         self.count = 0
         self._hosts = []          # the host arrays of copies in flight
+        self._copied = None       # the last copy into V
+        self._G = self._G_event = self._side = None
 
-    def rotate(self, side):
-        """Wait for the Gram matrix of ``side``'s half-step (in its buffer ``G``), turn both
-        factor matrices into its eigenbasis and leave its eigenvalues in ``G``'s first f
-        floats; True then (the half-step launches with ``gram=2``). False, nothing changed,
-        where G is not finite or has no eigendecomposition (the half-step then runs with G as
-        an unrotated one does, and reports what its solves find)."""
+    def head_rows(self, rows):
+        """Rows of a rotated half-step of ``rows`` rows solved before its rotation, in the
+        current basis with the full Gram matrix, while the host takes the eigendecomposition
+        (:data:`HEAD_FRACTION` of them on GPUs, none on CPUs, whose cores the host's
+        eigendecomposition would take from the device). Sizes alone decide: the fit stays
+        deterministic."""
+        if self.eng.info.type != "GPU" or not overlapped():
+            return 0
+        head = -(-rows // HEAD_FRACTION)
+        return head if head < rows else 0
+
+    def start(self, side):
+        """Enqueue the copy of ``side``'s Gram matrix (its buffer ``G``) to the host, not
+        waiting for it (:meth:`complete` does)."""
         eng, cl, f = self.eng, self.eng.cl, self.eng.f
-        G = np.empty((f, f), np.float32)
-        cl.enqueue_copy(eng.queue, G, eng.buf[side]["G"], is_blocking=True)
+        self._G = np.empty((f, f), np.float32)
+        self._side = side
+        self._G_event = eng.keep(cl.enqueue_copy(eng.queue, self._G, eng.buf[side]["G"],
+                                                 is_blocking=False))
+
+    def complete(self):
+        """Wait for :meth:`start`'s copy, turn both factor matrices into the Gram matrix's
+        eigenbasis (enqueued after the commands before: the head rows' solves) and leave its
+        eigenvalues in ``G``'s first f floats; True then (the rest of the half-step launches
+        with ``gram=2``). False, nothing changed, where G is not finite or has no
+        eigendecomposition (the half-step then runs with G as an unrotated one does, and
+        reports what its solves find)."""
+        eng, cl = self.eng, self.eng.cl
+        self._G_event.wait()
+        G, side = self._G, self._side
+        self._G = self._G_event = None
         if not np.all(np.isfinite(G)):
             return False
         t = time.perf_counter()
@@ -114,12 +179,17 @@ class Rotation:
         lam = w.astype(np.float32)
         V64 = V32.astype(np.float64)
         with deferred_interrupts():      # both matrices rotated and R updated, or neither
-            self._apply(V32)
+            self._apply(V32, finish=False)
             self._hosts.append(lam)
             eng.keep(cl.enqueue_copy(eng.queue, eng.buf[side]["G"], lam, is_blocking=False))
             self.R = V64 if self.R is None else self.R @ V64
         self.count += 1
         return True
+
+    def rotate(self, side):
+        """:meth:`start` and :meth:`complete` at once (no rows solved before the rotation)."""
+        self.start(side)
+        return self.complete()
 
     def undo(self):
         """Turn both factor matrices back into the original basis (nothing if they are)."""
@@ -132,22 +202,25 @@ class Rotation:
             self.eng.queue.finish()
         self._hosts = []
 
-    def _apply(self, M):
-        """Enqueue both factor matrices times ``M`` (f × f float32), in place."""
+    def _apply(self, M, finish=True):
+        """Enqueue both factor matrices times ``M`` (f × f float32), in place (``finish``: after
+        all enqueued commands have ended; else after the previous rotation's only)."""
         eng, cl = self.eng, self.eng.cl
-        eng.queue.finish()                 # the previous copies of M's buffer have ended
+        if finish:
+            eng.queue.finish()             # the previous copies of M's buffer have ended
+        elif self._copied is not None:
+            self._copied.wait()            # the previous matrix's copy (long done) ended
         self._hosts = [M]
-        cl.enqueue_copy(eng.queue, self.V, M, is_blocking=True)
-        gpu = eng.info.type == "GPU"
-        wg = min(128 if gpu else 8, eng.info.max_work_group_size)
-        cap = 65536 if gpu else 4 * max(1, eng.info.compute_units)
-        tile = cl.LocalMemory(4 * K.ROTATE_ROWS * eng.f)
+        self._copied = eng.keep(cl.enqueue_copy(eng.queue, self.V, M, is_blocking=False))
+        wg, rows_per_tile = K.rotate_geometry(eng.info, eng.f)
+        cap = 65536 if eng.info.type == "GPU" else 4 * max(1, eng.info.compute_units)
+        tile = cl.LocalMemory(4 * rows_per_tile * eng.f)
         events = []
         for s in SIDES:
             rows = eng.side_rows(s)
             if rows == 0:
                 continue
-            groups = min(-(-rows // K.ROTATE_ROWS), cap)
+            groups = min(-(-rows // rows_per_tile), cap)
             events.append(self.kern(eng.queue, (groups * wg,), (wg,), eng.factors[s],
                                     np.int64(rows), np.int32(eng.f), np.int32(eng.ldf), self.V,
                                     tile))

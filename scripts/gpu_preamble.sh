@@ -1,0 +1,18 @@
+# Sourced first by the one-off GPU commands (scripts/gpu_x1_session43a.sh and later): $OUT made,
+# $R the checkout, $S its scripts, the GPU's name, driver and memory in $OUT/gpu.csv, the working
+# directory /tmp (the installed clmf is imported, not the checkout's), CLMF_COMMIT kept, Python's
+# fault handler on, and `gpu_tests LIMIT ARGS...`: the checkout's tests run against the installed
+# clmf, stopped after LIMIT seconds.
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+R=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+S=$R/scripts
+export PYTHONFAULTHANDLER=1 CLMF_COMMIT=${CLMF_COMMIT:-}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.csv"
+cd /tmp || exit 1
+gpu_tests() {  # gpu_tests LIMIT PYTEST-ARGS...: quiet, no cache, the checkout's tests
+    local limit=$1; shift
+    CLMF_TEST_INSTALLED=1 timeout "$limit" python3 -m pytest -q -p no:cacheprovider --rootdir="$R" \
+        --import-mode=importlib "$@" 2>&1 | grep -v "CompilerWarning\|lambda: self" | tail -4
+}
