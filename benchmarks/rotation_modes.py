@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The Gram rotation of implicit half-steps (:mod:`clmf.engine.rotate`) timed its ways, side by
 side: off, serial (the device idle while the host takes the eigendecomposition), overlapped
-(the GPU solves the head rows meanwhile; the default) and both sides rotated — whole
+(the GPU solves the head rows meanwhile; the default) — whole
 ``variant="auto"`` fits, round-robin, median s/it after the first iteration. Before them, the
 rotation kernel alone (``rt_rotate`` on an m × f matrix, OpenCL profiling) and the host's
 eigendecomposition (NumPy float64 as clmf takes it, SciPy's float32 drivers) on one thread.
@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 T0 = time.perf_counter()
-SETTINGS = ("0", "serial", "1", "both")
+SETTINGS = ("0", "serial", "1")
 
 
 def log(msg):
@@ -62,7 +62,7 @@ def kernel_times(dev, rows, fs, reps=5):
         secs = []
         for _ in range(reps + 1):
             ev = kern(q, (groups * wg,), (wg,), X, np.int64(rows), np.int32(f), np.int32(f), vb,
-                      cl.LocalMemory(4 * tile * f))
+                      cl.LocalMemory(4 * K.rotate_local_floats(wg, f)))
             ev.wait()
             secs.append((ev.profile.end - ev.profile.start) * 1e-9)
         out[f] = {"seconds": statistics.median(secs[1:]), "wg": wg, "tile_rows": tile,

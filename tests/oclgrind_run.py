@@ -398,7 +398,7 @@ def run_rotate(f, device):
     import pyopencl as cl
 
     from clmf.engine.device import select_device
-    from clmf.engine.kernels import rotate_program, rotate_tile_rows
+    from clmf.engine.kernels import rotate_local_floats, rotate_program
     _quiet_pyopencl_nv_probe()
     dev = select_device(device)
     _check_device(dev)
@@ -418,7 +418,7 @@ def run_rotate(f, device):
     for groups, wg in ((1, 64), (2, 40), (3, 8), (5, 1)):
         cl.enqueue_copy(q, xb, X)
         kern(q, (groups * wg,), (wg,), xb, np.int64(rows), np.int32(f), np.int32(ldf), vb,
-             cl.LocalMemory(4 * rotate_tile_rows(wg) * f))
+             cl.LocalMemory(4 * rotate_local_floats(wg, f)))
         out = np.empty_like(X)
         cl.enqueue_copy(q, out, xb)
         if not (np.allclose(out[:, :f], want[:, :f], rtol=1e-5, atol=1e-5)

@@ -38,7 +38,7 @@ def test_rotate_kernel_matches_numpy(cl_device, f, rows):
             continue
         cl.enqueue_copy(q, xb, X)
         kern(q, (groups * wg,), (wg,), xb, np.int64(rows), np.int32(f), np.int32(ldf), vb,
-             cl.LocalMemory(4 * K.rotate_tile_rows(wg) * f))
+             cl.LocalMemory(4 * K.rotate_local_floats(wg, f)))
         out = np.empty_like(X)
         cl.enqueue_copy(q, out, xb)
         want = X.copy()
@@ -54,14 +54,15 @@ def _problem(f, users=61, items=43):
 
 
 def _counted(monkeypatch):
-    """Count the engine's rotations (the installed module's class, patched)."""
+    """Count the engine's rotations, serial or overlapped (each starts with the Gram matrix's
+    copy: the installed module's class, patched)."""
     calls = []
-    orig = RT.Rotation.rotate
+    orig = RT.Rotation.start
 
-    def rotate(self, side):
+    def start(self, side):
         calls.append(side)
         return orig(self, side)
-    monkeypatch.setattr(RT.Rotation, "rotate", rotate)
+    monkeypatch.setattr(RT.Rotation, "start", start)
     return calls
 
 
@@ -88,16 +89,18 @@ def test_head_rows_solved_before_the_rotation(cl_device, head, monkeypatch):
     matrix while the host takes the eigendecomposition, then rotated with the others) forced on
     any device: the reference's factors, and the serial form's within float32 rounding."""
     R, init = _problem(9)
-    calls = _counted(monkeypatch)
     kw = dict(device=cl_device, variant=DIMS, feedback="implicit", alpha=2.0, solver="fusedcg")
+    monkeypatch.setenv(RT.ENV, "serial")
     serial = clmf.ALS(9, 0.1, 3, **kw).fit(R, init=init, show_progress=False)
+    monkeypatch.delenv(RT.ENV)
     monkeypatch.setattr(RT.Rotation, "head_rows", lambda self, rows: head)
-    starts = []
-    orig = RT.Rotation.start
-    monkeypatch.setattr(RT.Rotation, "start",
-                        lambda self, side: (starts.append(side), orig(self, side))[1])
+    calls, completes = _counted(monkeypatch), []
+    orig = RT.Rotation.complete
+    monkeypatch.setattr(RT.Rotation, "complete",
+                        lambda self: (completes.append(1), orig(self))[1])
+    monkeypatch.setattr(RT.Rotation, "rotate", None)          # no serial rotation
     m = clmf.ALS(9, 0.1, 3, **kw).fit(R, init=init, show_progress=False)
-    assert starts == ["users"] * 3 and calls == ["users"] * 3   # no serial rotation
+    assert calls == ["users"] * 3 and len(completes) == 3
     Xr, Yr = ref.als(R, 9, 0.1, 3, weighted=False, init=init, implicit_alpha=2.0,
                      solver="fusedcg", cg_steps=3)
     assert rel_err(m.user_factors_, Xr) <= 1e-4 and rel_err(m.item_factors_, Yr) <= 1e-4
@@ -170,28 +173,20 @@ def test_no_eigendecomposition_runs_the_half_step_unrotated(cl_device, monkeypat
     assert rel_err(m.user_factors_, Xr) <= 1e-4 and rel_err(m.item_factors_, Yr) <= 1e-4
 
 
-def test_both_sides_rotate_when_asked(cl_device, monkeypatch):
-    R, init = _problem(6)
-    calls = _counted(monkeypatch)
-    monkeypatch.setenv(RT.ENV, "both")
-    m = clmf.ALS(6, 0.1, 2, device=cl_device, variant=DIMS, feedback="implicit", alpha=2.0,
-                 solver="fusedcg").fit(R, init=init, show_progress=False)
-    assert calls == ["users", "items"] * 2
-    Xr, Yr = ref.als(R, 6, 0.1, 2, weighted=False, init=init, implicit_alpha=2.0,
-                     solver="fusedcg", cg_steps=3)
-    assert rel_err(m.user_factors_, Xr) <= 1e-4 and rel_err(m.item_factors_, Yr) <= 1e-4
-
-
 def test_the_tile_must_fit_the_local_memory(cl_device):
     import dataclasses
 
     from clmf.engine.device import device_info
     info = device_info(cl_device)
     wg, rows = K.rotate_geometry(dataclasses.replace(info, local_mem=1 << 30), 100)
-    info = dataclasses.replace(info, local_mem=4 * rows * 100)
+    info = dataclasses.replace(info, local_mem=4 * K.rotate_local_floats(wg, 100))
     assert RT.tile_fits(info, 100) and K.rotate_geometry(info, 100) == (wg, rows)
-    assert not RT.tile_fits(dataclasses.replace(info, type="CPU", local_mem=4 * 4 * 100 - 4), 100)
+    cpu = dataclasses.replace(info, type="CPU", max_work_group_size=1024)
+    need = 4 * K.rotate_local_floats(8, 100)             # 8 rows of 100, a slab of 8 × 64
+    assert need == 4 * (8 * 100 + 8 * 64)
+    assert RT.tile_fits(dataclasses.replace(cpu, local_mem=need), 100)
+    assert not RT.tile_fits(dataclasses.replace(cpu, local_mem=need - 4), 100)
     # a GPU falls back to narrower groups (smaller tiles) before it refuses
     gpu = dataclasses.replace(info, type="GPU", max_work_group_size=1024, local_mem=48 * 1024)
-    assert K.rotate_geometry(gpu, 256) == (256, 32) and K.rotate_geometry(gpu, 512) == (128, 16)
-    assert K.rotate_geometry(gpu, 4096) is None
+    assert K.rotate_geometry(gpu, 256) == (128, 32) and K.rotate_geometry(gpu, 512) == (64, 16)
+    assert K.rotate_geometry(gpu, 1024) == (32, 8) and K.rotate_geometry(gpu, 2048) is None

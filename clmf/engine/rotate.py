@@ -18,8 +18,10 @@ exchange), float32 factors, a dimensions-form fused CG for the side, whose rows 
 as many as the fixed side's (the half-step the Gram term costs most; the other half-step runs
 in the current basis with its full Gram matrix), no rows split for S1, and a rotation tile
 (:func:`clmf.engine.kernels.rotate_geometry`) that fits the local memory.
-``CLMF_GRAM_ROTATION=0`` turns it off (a side-by-side benchmark, or a suspected bug), ``both``
-rotates both sides' half-steps, ``serial`` solves no head rows before the rotation.
+``CLMF_GRAM_ROTATION=0`` turns it off (a side-by-side benchmark, or a suspected bug), ``serial``
+solves no head rows before the rotation. (Both sides rotated — the items' Gram term diagonal
+too, for a second eigendecomposition and rotation an iteration — was slower on the H100:
+0.4273 against 0.4109 s/it at f = 256, ``results/bench/gpu-implicit/run-43``.)
 
 On a GPU the host's eigendecomposition (7–9 ms at f = 256 on the H100's host) need not leave
 the device idle: the half-step's first :data:`HEAD_FRACTION`-th of rows is solved in the
@@ -38,8 +40,8 @@ from ..interrupts import deferred_interrupts
 from . import kernels as K
 from .blocks import SIDES, other_side
 
-__all__ = ["ENV", "HEAD_FRACTION", "enabled", "overlapped", "both_sides", "may_apply",
-           "tile_fits", "applies", "Rotation"]
+__all__ = ["ENV", "HEAD_FRACTION", "enabled", "overlapped", "may_apply", "tile_fits", "applies",
+           "Rotation"]
 
 ENV = "CLMF_GRAM_ROTATION"
 
@@ -66,12 +68,6 @@ def overlapped():
     return _setting() != "serial"
 
 
-def both_sides():
-    """Whether both half-steps may run rotated (``$CLMF_GRAM_ROTATION=both``), not only the
-    longer side's."""
-    return _setting() == "both"
-
-
 def may_apply(implicit, biased, storage, cfg):
     """Whether a fit of this kind (feedback, biases, factor storage) with configuration ``cfg``
     for a side may run that side's half-steps rotated (the engine's set-up builds the rotation's
@@ -90,7 +86,7 @@ def applies(eng, side, cfg, exchange):
     other = other_side(side)
     return (may_apply(eng.implicit, eng.biased, eng.storage, cfg) and exchange is None
             and eng._whole_factor(side) and eng._whole_factor(other)
-            and (both_sides() or eng.side_rows(side) >= eng.side_rows(other))
+            and eng.side_rows(side) >= eng.side_rows(other)
             and not eng.splits[side].active
             and tile_fits(eng.info, eng.f))
 
@@ -214,7 +210,7 @@ class Rotation:
         self._copied = eng.keep(cl.enqueue_copy(eng.queue, self.V, M, is_blocking=False))
         wg, rows_per_tile = K.rotate_geometry(eng.info, eng.f)
         cap = 65536 if eng.info.type == "GPU" else 4 * max(1, eng.info.compute_units)
-        tile = cl.LocalMemory(4 * rows_per_tile * eng.f)
+        tile = cl.LocalMemory(4 * K.rotate_local_floats(wg, eng.f))
         events = []
         for s in SIDES:
             rows = eng.side_rows(s)
