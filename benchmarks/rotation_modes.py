@@ -50,10 +50,9 @@ def kernel_times(dev, rows, fs, reps=5):
     kern = K.rotate_program(ctx).kernels["rt_rotate"]
     out = {}
     for f in fs:
-        geo = K.rotate_geometry(info, f)
-        if geo is None:
+        if 4 * K.ROTATE_ROWS * f > info.local_mem:
             continue
-        wg, tile = geo
+        wg, tile = min(128 if info.type == "GPU" else 8, info.max_work_group_size), K.ROTATE_ROWS
         X = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, size=4 * rows * f)
         V = np.linalg.qr(np.random.default_rng(f).standard_normal((f, f)))[0].astype(np.float32)
         vb = cl.Buffer(ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=V)
@@ -62,7 +61,7 @@ def kernel_times(dev, rows, fs, reps=5):
         secs = []
         for _ in range(reps + 1):
             ev = kern(q, (groups * wg,), (wg,), X, np.int64(rows), np.int32(f), np.int32(f), vb,
-                      cl.LocalMemory(4 * K.rotate_local_floats(wg, f)))
+                      cl.LocalMemory(4 * tile * f))
             ev.wait()
             secs.append((ev.profile.end - ev.profile.start) * 1e-9)
         out[f] = {"seconds": statistics.median(secs[1:]), "wg": wg, "tile_rows": tile,

@@ -10,7 +10,6 @@ reference, or when it cannot run at all.
     python tests/oclgrind_run.py --variant "batch+vec4+syrk:bx=4,solver=cg" --f 9 --mode implicit
     python tests/oclgrind_run.py --canary race      # must be reported as a data race
     python tests/oclgrind_run.py --reduce 5         # the reduce mode's kernels at f = 5
-    python tests/oclgrind_run.py --rotate 70        # the Gram rotation's kernel at f = 70
     python tests/oclgrind_run.py --list-cases
 
 Exit status: 0 fit matches (or canary ran), 1 mismatch, 2 usage, 3 not on Oclgrind, 4 clmf
@@ -391,47 +390,6 @@ def run_topk(config, case, device):
     return 0
 
 
-def run_rotate(f, device):
-    """The Gram rotation's kernel (``rotate.cl.j2``) on exactly sized buffers, against NumPy:
-    GPU-like groups (full and partial lane rows, lanes past NR · NC, column chunks) and CPU-like
-    ones, tiles cut short, more groups than tiles, padding columns left alone."""
-    import pyopencl as cl
-
-    from clmf.engine.device import select_device
-    from clmf.engine.kernels import rotate_local_floats, rotate_program
-    _quiet_pyopencl_nv_probe()
-    dev = select_device(device)
-    _check_device(dev)
-    ctx = cl.Context([dev])
-    q = cl.CommandQueue(ctx)
-    mf = cl.mem_flags
-    rng = np.random.default_rng(f)
-    rows, ldf = 11, f + 2
-    X = rng.standard_normal((rows, ldf)).astype(np.float32)
-    V = np.linalg.qr(rng.standard_normal((f, f)))[0].astype(np.float32)
-    want = X.copy()
-    want[:, :f] = X[:, :f].astype(np.float64) @ V.astype(np.float64)
-    xb = cl.Buffer(ctx, mf.READ_WRITE, size=X.nbytes)
-    vb = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=V)
-    kern = rotate_program(ctx).kernels["rt_rotate"]
-    bad = []
-    for groups, wg in ((1, 64), (2, 40), (3, 8), (5, 1)):
-        cl.enqueue_copy(q, xb, X)
-        kern(q, (groups * wg,), (wg,), xb, np.int64(rows), np.int32(f), np.int32(ldf), vb,
-             cl.LocalMemory(4 * rotate_local_floats(wg, f)))
-        out = np.empty_like(X)
-        cl.enqueue_copy(q, out, xb)
-        if not (np.allclose(out[:, :f], want[:, :f], rtol=1e-5, atol=1e-5)
-                and np.array_equal(out[:, f:], X[:, f:])):
-            bad.append(f"{groups}x{wg}")
-    q.finish()
-    if bad:
-        print(f"MISMATCH rotate kernel f={f}: {bad}", file=sys.stderr)
-        return 1
-    print(f"{OK_MARK} rotate kernel f={f}")
-    return 0
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variant", help="variant string, e.g. 'batch:tx=4,ty=4,solve_wg=16'")
@@ -447,11 +405,7 @@ def main(argv=None):
     ap.add_argument("--list-cases", action="store_true")
     ap.add_argument("--reduce", type=int, metavar="F",
                     help="run the reduce mode's kernels at F unknowns instead")
-    ap.add_argument("--rotate", type=int, metavar="F",
-                    help="run the Gram rotation's kernel at F columns instead")
     a = ap.parse_args(argv)
-    if a.rotate:
-        return run_rotate(a.rotate, a.device)
     if a.reduce:
         return run_reduce(a.reduce, a.device)
     if a.topk:

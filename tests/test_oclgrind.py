@@ -301,16 +301,6 @@ def test_reduce_kernels_clean_under_oclgrind(oclgrind, fs):
     assert not diags, "Oclgrind reported:\n" + _excerpt("\n".join(diags))
 
 
-@pytest.mark.parametrize("f", [3, 70])
-def test_rotate_kernel_clean_under_oclgrind(oclgrind, f):
-    """The Gram rotation's kernel (GPU-like and CPU-like groups, column chunks, short tiles)
-    runs clean and matches NumPy."""
-    proc, diags, log = run_helper(oclgrind, f"rotate-f{f}", "--rotate", str(f))
-    assert proc.returncode == 0, _excerpt(proc.stdout + proc.stderr)
-    assert OK_MARK in proc.stdout.splitlines()[-1]
-    assert not diags, "Oclgrind reported:\n" + _excerpt("\n".join(diags))
-
-
 TOPK_CONFIGS = (
     "topk:wx=4,wy=2,rm=2,rnv=1,v=4,tk=2,cap=2,qres=0,yt=0",     # staged items, overflow rounds
     "topk:wx=4,wy=2,rm=2,rnv=2,v=1,tk=4,cap=16,qres=1,yt=0",    # staged query block, scalar

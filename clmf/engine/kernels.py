@@ -225,32 +225,7 @@ def _reduce_source(mirror):
     return render("reduce.cl.j2", mirror=bool(mirror))
 
 
-# rt_rotate's lanes (rotate.cl.j2): up to ROTATE_NC lanes across columns, each lane
-# ROTATE_TR rows by ROTATE_TC columns of a tile, V's rows staged ROTATE_BK at a time
-ROTATE_NC, ROTATE_TR, ROTATE_TC, ROTATE_BK = 32, 8, 8, 8
-
-
-def rotate_tile_rows(wg):
-    """Rows of ``rt_rotate``'s tile for a work-group of ``wg`` lanes."""
-    return (wg // min(ROTATE_NC, wg)) * ROTATE_TR
-
-
-def rotate_local_floats(wg, f):
-    """Floats of local memory ``rt_rotate`` takes with ``wg`` lanes at ``f`` columns: its tile
-    of rows and V's slab."""
-    return rotate_tile_rows(wg) * f + ROTATE_BK * min(ROTATE_NC, wg) * ROTATE_TC
-
-
-def rotate_geometry(info, f):
-    """``(work-group size, tile rows)`` of ``rt_rotate`` on the device ``info`` describes at
-    ``f`` columns (GPUs: the widest group of at most 128 lanes whose local memory fits; CPUs: 8
-    lanes), or None where none fits."""
-    sizes = (128, 64, 32) if info.type == "GPU" else (8,)
-    for wg in sizes:
-        wg = min(wg, info.max_work_group_size)
-        if 4 * rotate_local_floats(wg, f) <= info.local_mem:
-            return wg, rotate_tile_rows(wg)
-    return None
+ROTATE_ROWS = 8    # rows per tile of the rotation kernel (rotate.cl.j2's RT_ROWS)
 
 
 def rotate_program(context):
@@ -261,8 +236,8 @@ def rotate_program(context):
 
 @functools.lru_cache(maxsize=1)
 def _rotate_source():
-    """``rotate.cl.j2`` rendered with the lanes' geometry (:data:`ROTATE_NC` and the rest)."""
-    return render("rotate.cl.j2", nc=ROTATE_NC, tr=ROTATE_TR, tc=ROTATE_TC, bk=ROTATE_BK)
+    """``rotate.cl.j2`` rendered with :data:`ROTATE_ROWS` rows per tile."""
+    return render("rotate.cl.j2", rows=ROTATE_ROWS)
 
 
 def render_metrics(f, storage="float32", ldf=None, wg=128, biased=False):

@@ -7,8 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .blocks import SIDES
-from .kernels import als_variables, reduce_launch, reduce_program, rotate_program
-from .kernels import rotate_local_floats as rotate_floats
+from .kernels import ROTATE_ROWS, als_variables, reduce_launch, reduce_program, rotate_program
 from .memory import gram_geometry, gram_tiled, gram_virtual_rows, packed_width, split_pays
 from .rotate import may_apply, tile_fits
 
@@ -251,7 +250,7 @@ def warm(eng, programs):
         Vm = zeros(4 * eng.f * eng.f)
         rotate_program(eng.ctx).kernels["rt_rotate"](
             q, (1,), (1,), X, np.int64(1), np.int32(eng.f), np.int32(eng.ldf), Vm,
-            cl.LocalMemory(4 * rotate_floats(1, eng.f)))
+            cl.LocalMemory(4 * ROTATE_ROWS * eng.f))
         q.finish()
         Vm.release()
     q.finish()

@@ -17,11 +17,13 @@ Where (:func:`applies`): implicit, unbiased fits on one device (both factors who
 exchange), float32 factors, a dimensions-form fused CG for the side, whose rows are at least
 as many as the fixed side's (the half-step the Gram term costs most; the other half-step runs
 in the current basis with its full Gram matrix), no rows split for S1, and a rotation tile
-(:func:`clmf.engine.kernels.rotate_geometry`) that fits the local memory.
+(:data:`clmf.engine.kernels.ROTATE_ROWS` rows of f floats) that fits the local memory.
 ``CLMF_GRAM_ROTATION=0`` turns it off (a side-by-side benchmark, or a suspected bug), ``serial``
 solves no head rows before the rotation. (Both sides rotated — the items' Gram term diagonal
 too, for a second eigendecomposition and rotation an iteration — was slower on the H100:
-0.4273 against 0.4109 s/it at f = 256, ``results/bench/gpu-implicit/run-43``.)
+0.4273 against 0.4109 s/it at f = 256; two register-tiled forms of ``rt_rotate`` were no faster
+than its one column of 8 rows per work-item at f = 256: 6.96 and 8.90 ms over the Netflix
+shape's users; ``results/bench/gpu-implicit/run-43``.)
 
 On a GPU the host's eigendecomposition (7–9 ms at f = 256 on the H100's host) need not leave
 the device idle: the half-step's first :data:`HEAD_FRACTION`-th of rows is solved in the
@@ -76,9 +78,9 @@ def may_apply(implicit, biased, storage, cfg):
 
 
 def tile_fits(info, f):
-    """Whether a tile of ``rt_rotate`` (:func:`clmf.engine.kernels.rotate_geometry`: rows of
-    ``f`` floats) fits the local memory of the device ``info`` describes."""
-    return K.rotate_geometry(info, f) is not None
+    """Whether ``rt_rotate``'s tile (:data:`clmf.engine.kernels.ROTATE_ROWS` rows of ``f``
+    floats) fits the local memory of the device ``info`` describes."""
+    return 4 * K.ROTATE_ROWS * f <= info.local_mem
 
 
 def applies(eng, side, cfg, exchange):
@@ -208,15 +210,16 @@ class Rotation:
             self._copied.wait()            # the previous matrix's copy (long done) ended
         self._hosts = [M]
         self._copied = eng.keep(cl.enqueue_copy(eng.queue, self.V, M, is_blocking=False))
-        wg, rows_per_tile = K.rotate_geometry(eng.info, eng.f)
-        cap = 65536 if eng.info.type == "GPU" else 4 * max(1, eng.info.compute_units)
-        tile = cl.LocalMemory(4 * K.rotate_local_floats(wg, eng.f))
+        gpu = eng.info.type == "GPU"
+        wg = min(128 if gpu else 8, eng.info.max_work_group_size)
+        cap = 65536 if gpu else 4 * max(1, eng.info.compute_units)
+        tile = cl.LocalMemory(4 * K.ROTATE_ROWS * eng.f)
         events = []
         for s in SIDES:
             rows = eng.side_rows(s)
             if rows == 0:
                 continue
-            groups = min(-(-rows // rows_per_tile), cap)
+            groups = min(-(-rows // K.ROTATE_ROWS), cap)
             events.append(self.kern(eng.queue, (groups * wg,), (wg,), eng.factors[s],
                                     np.int64(rows), np.int32(eng.f), np.int32(eng.ldf), self.V,
                                     tile))
