@@ -216,19 +216,6 @@ def test_a_sample_too_small_to_fill_the_device_counts_less(dbenv):  # noqa: F811
     assert tuning.choose(info, 64, "users", stats("users", ds)).config == KernelConfig.parse(A)
 
 
-def test_another_held_out_split_of_the_data_is_the_same_case():
-    """Two runs of one data set whose held-out ratings differ (nnz 0.02 % apart) are one cell:
-    the older counts as older (its age), runs of another shape do not."""
-    info = fake_info()
-    recs = run(info, 64, {A: 1.0}, "old", shape=(2000, 1000, 40000),
-               date="2026-11-25T00:00:00+00:00") \
-        + run(info, 64, {B: 1.0}, "new", shape=(2000, 1000, 40008)) \
-        + run(info, 64, {B: 1.0}, "other", shape=(2000, 1000, 80000))
-    age = {(g.run_id, g.side): g.age for g in groups(recs, info)}
-    assert age[("old", "users")] == 1 and age[("new", "users")] == 0
-    assert age[("other", "users")] == 0
-
-
 SYRK = "batch+vec4+syrk:bx=8,ks=2,solver=cg"
 
 

@@ -105,10 +105,9 @@ class Group:
     ran: int = 0            # rows its half-steps ran over (the sample's; 0: the side's)
 
     def cell(self):
-        """What two runs of the same case share: f, mode, storage, side and shape (rows and
-        columns; ratings to 1 %: another held-out split of the same data is the same case)."""
-        return (self.f, self.mode, self.storage, self.side, self.feats["rows"],
-                self.feats["cols"], round(math.log(self.feats["nnz"]), 2))
+        """What two runs of the same case share: f, mode, storage, side and shape."""
+        return (self.f, self.mode, self.storage, self.side,
+                tuple(sorted(self.feats.items())))
 
 
 def features(rows, cols, nnz):
