@@ -57,7 +57,7 @@ import dataclasses
 import logging
 import math
 
-from ..engine.config import KernelConfig
+from ..engine.config import DIMS_FIELDS, VARIANT_FLAGS, KernelConfig
 from ..errors import InvalidConfigError
 from .schema import SIDES, device_identity, record_mode
 
@@ -419,13 +419,12 @@ def _gram_unmeasured(c, g, mode):
     return not gram_tiled((g.device or {}).get("type", "GPU"))
 
 
-_FAMILY_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "mma", "fused_dims", "dims_shfl",
-                  "dims_wshfl", "dims_rsum", "dims_pipe", "solver", "precision")
-
-
 def family(c):
-    """The kernel family of configuration ``c``: the fields that pick its code paths."""
-    return tuple(getattr(c, x) for x in _FAMILY_FIELDS)
+    """The kernel family of configuration ``c``: what picks its code paths — the variant flags
+    (vectors on or off, not their width), the solver and precision, the fused CG's dimensions
+    form and its flags (not its integer geometry)."""
+    return (tuple(bool(getattr(c, x)) for x in VARIANT_FLAGS), c.solver, c.precision,
+            c.fused_dims, tuple(x for x in DIMS_FIELDS if getattr(c, x) is True))
 
 
 _family_memo: dict = {}
