@@ -254,5 +254,8 @@ def test_an_older_run_of_the_cell_is_rebased_through_its_anchors():
     assert rel["old"][b] == pytest.approx(1.6 / 1.02) and rel["old"][a] == pytest.approx(1.6)
     assert rel["new"][a] == pytest.approx(1.6)
     assert rel["apart"][str(KernelConfig.parse(FUSED))] == 1.0 and rel["other"][b] == 1.0
+    before = dict(gs[("old", "users")].rel)       # a second pass (the lookup's merge) is a no-op
+    M.newest(list(gs.values()))
+    assert gs[("old", "users")].rel == pytest.approx(before)
     assert M.anchor_scale([]) is None and M.anchor_scale([4.0, 1.0, 9.0]) == 4.0
     assert M.anchor_scale([1.0, 4.0]) == pytest.approx(2.0)

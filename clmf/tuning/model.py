@@ -293,7 +293,8 @@ def newest(groups):
     newest group. An older run measured older kernels (the ``tuned`` rung prefers the newest
     run; a newer run re-measured the device's earlier bests among its anchors), so it counts
     less (:data:`OLDER_D2` per newer run of its cell, :data:`AGE_D2` per day), but still informs
-    about the configurations the newer ones did not measure."""
+    about the configurations the newer ones did not measure — in the newest run's units
+    (:func:`_bridge`; idempotent: a second call on the same groups rebases nothing)."""
     cells = {}
     for g in groups:
         cells.setdefault(g.cell(), []).append(g)
