@@ -99,3 +99,14 @@ def test_an_older_runs_time_is_set_against_the_cells_newest_best():
     measured[("old", "users")].pop(M.config_key(cfg[A]))
     ratio, per = loo.pick_ratio(cell, {"users": P, "items": P}, measured)
     assert ratio is None and per["users"] is None
+
+
+def test_configurations_running_the_same_kernels_at_the_cells_f_are_one():
+    """A syrk with ``solve_wg=32`` runs the kernels of the one with the default at f = 32 (the
+    default's S3 work-group there), not at f = 64: the offline check reads either's time for
+    the other only where they are one."""
+    key = _loo().same_kernels_key
+    a = KernelConfig.parse("batch+vec4+syrk:bx=8,ks=8,solve_wg=32,solver=cg")
+    b = KernelConfig.parse("batch+vec4+syrk:bx=8,ks=8,solver=cg")
+    assert key(32, "explicit", "GPU")(a) == key(32, "explicit", "GPU")(b)
+    assert key(64, "explicit", "GPU")(a) != key(64, "explicit", "GPU")(b)

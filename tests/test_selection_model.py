@@ -214,3 +214,48 @@ def test_a_sample_too_small_to_fill_the_device_counts_less(dbenv):  # noqa: F811
     assert best(None) == B                       # without the fill: the nearest f's ranking
     write(dbenv["env"], recs)
     assert tuning.choose(info, 64, "users", stats("users", ds)).config == KernelConfig.parse(A)
+
+
+SYRK = "batch+vec4+syrk:bx=8,ks=2,solver=cg"
+
+
+def test_a_group_older_than_a_kernel_family_does_not_set_its_prior():
+    """The nearest group (f = 64, a run before the syrk kernels were timed on the device) found
+    A fastest; a newer run at f = 96 found the syrk 1.25× faster than A. The nearest group never
+    could time the syrk, so its silence does not shrink the syrk towards the prior: the syrk
+    wins at f = 64. Where an older run *had* timed a syrk without reporting it among its
+    fastest, the nearest group's silence counts and A wins."""
+    info = fake_info()
+    near = run(info, 64, {A: 1.0, B: 1.3}, "near", date="2026-11-26T00:00:00+00:00")
+    far = run(info, 96, {SYRK: 1.0, A: 1.25}, "far", date="2026-11-26T06:00:00+00:00")
+    gs = groups(near + far, info)
+    assert M.family_dates(gs)[M.family(KernelConfig.parse(SYRK))] == "2026-11-26T06:00:00+00:00"
+    assert ranked(gs, 64)[0] == str(KernelConfig.parse(SYRK))
+    older = run(info, 32, {SYRK.replace("ks=2", "ks=4"): 1.0}, "older",
+                date="2026-11-25T23:00:00+00:00")
+    assert ranked(groups(near + far + older, info), 64)[0] == A
+
+
+def test_an_older_run_of_the_cell_is_rebased_through_its_anchors():
+    """An older run of the cell found B fastest and A 1.02× slower; the newest found a new
+    configuration C 1.6× faster than A and did not time B: in the newest run's units the older
+    run's B is 1.6 / 1.02 × C, not 1 (its times scaled by the anchors' median ratio); a run of
+    another cell, or one sharing no configuration with the newer runs, keeps its times."""
+    info = fake_info()
+    old = run(info, 64, {B: 1.0, A: 1.02}, "old", date="2026-11-26T00:00:00+00:00")
+    new = run(info, 64, {SYRK: 1.0, A: 1.6}, "new", date="2026-11-26T06:00:00+00:00")
+    apart = run(info, 64, {FUSED: 1.0, "batch:tx=2,ty=2": 1.5}, "apart",
+                date="2026-11-25T00:00:00+00:00")
+    other = run(info, 32, {B: 1.0, A: 1.02}, "other", date="2026-11-25T00:00:00+00:00")
+    gs = {(g.run_id, g.side): g for g in groups(old + new + apart + other, info)}
+    rel = {run_id: {str(g.configs[k]): r for k, r in g.rel.items()}
+           for (run_id, side), g in gs.items() if side == "users"}
+    a, b = str(KernelConfig.parse(A)), str(KernelConfig.parse(B))
+    assert rel["old"][b] == pytest.approx(1.6 / 1.02) and rel["old"][a] == pytest.approx(1.6)
+    assert rel["new"][a] == pytest.approx(1.6)
+    assert rel["apart"][str(KernelConfig.parse(FUSED))] == 1.0 and rel["other"][b] == 1.0
+    before = dict(gs[("old", "users")].rel)       # a second pass (the lookup's merge) is a no-op
+    M.newest(list(gs.values()))
+    assert gs[("old", "users")].rel == pytest.approx(before)
+    assert M.anchor_scale([]) is None and M.anchor_scale([4.0, 1.0, 9.0]) == 4.0
+    assert M.anchor_scale([1.0, 4.0]) == pytest.approx(2.0)

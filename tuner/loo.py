@@ -39,7 +39,7 @@ import sys
 log = logging.getLogger(__name__)
 
 __all__ = ["LooCell", "cells_of", "device_infos", "refusals", "pick_ratio", "bridged_times",
-           "offline_loo", "summary", "markdown", "main", "chosen_configs"]
+           "offline_loo", "summary", "markdown", "main", "chosen_configs", "same_kernels_key"]
 
 def _dev_key(d):
     """The device of a record as a hashable key (platform, vendor, type, name; no driver)."""
@@ -187,6 +187,7 @@ def bridged_times(runs, side, measured, key):
     configuration an older run timed is set against the cell's newest best, not that older
     run's best (kernels change between runs: an older run may never have measured what
     beats it now)."""
+    from clmf.tuning import model as M
     per = [(run, _run_times(measured[(run, side)], key)) for run in runs
            if measured.get((run, side))]
     if not per:
@@ -196,13 +197,11 @@ def bridged_times(runs, side, measured, key):
     while left:
         rest = []
         for run, times in left:
-            ratios = sorted(t0 / times[k] for other in out.values() for k, t0 in other.items()
-                            if k in times)
-            if not ratios:
+            scale = M.anchor_scale([t0 / times[k] for other in out.values()
+                                    for k, t0 in other.items() if k in times])
+            if scale is None:
                 rest.append((run, times))
                 continue
-            n = len(ratios)
-            scale = ratios[n // 2] if n % 2 else (ratios[n // 2 - 1] * ratios[n // 2]) ** 0.5
             out[run] = {k: t * scale for k, t in times.items()}
         if len(rest) == len(left):
             log.debug("runs %s share no configuration with %s on %s: left out",
@@ -260,6 +259,25 @@ def chosen_configs(records):
     return out
 
 
+def same_kernels_key(f, mode, device_type):
+    """The key under which two configurations run the same kernels in a cell of ``f`` and
+    ``mode`` on a device of ``device_type``: :func:`clmf.tuning.model.case_key` with the S3
+    work-group resolved at the cell's unknowns (``solve_wg=0`` is the default's size there:
+    at f = 32 a syrk with ``solve_wg=32`` is the one without it)."""
+    from clmf.errors import InvalidConfigError
+    from clmf.tuning import model as M
+    from clmf.tuning.spec import kernel_factors
+    kf = kernel_factors(f, mode)
+
+    def key(c):
+        try:
+            c = c.replace(solve_wg=c.swg(kf))
+        except (InvalidConfigError, ValueError):
+            pass
+        return M.case_key(c, mode, device_type)
+    return key
+
+
 @contextlib.contextmanager
 def _no_probes():
     """No configuration probed in a child process (there is no device here to probe on)."""
@@ -313,9 +331,8 @@ def offline_loo(paths, device=None, tol=None):
             picks = loo_choices(info, cell.f, cell.stats(), cell.mode, cell.runs, build,
                                 cell.storage, paths=paths)
             pair = {s: ch.config for s, ch in picks.items()}
-            ratio, per = pick_ratio(
-                cell, pair, measured, chosen,
-                lambda c, cell=cell, info=info: M.case_key(c, cell.mode, info.type))
+            ratio, per = pick_ratio(cell, pair, measured, chosen,
+                                    same_kernels_key(cell.f, cell.mode, info.type))
             rules = {ch.rule for ch in picks.values()}
             rows.append({
                 "device": device_label(info), "f": cell.f, "mode": cell.mode,

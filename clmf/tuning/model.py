@@ -3,7 +3,8 @@ predicted from the measurements of that device's tuning runs (the ``model`` rung
 :mod:`clmf.tuning.lookup`).
 
 Every tuning run times many configurations on each side, so each run × side is a *group*: the
-configurations' times relative to the group's fastest (``rel`` ≥ 1). A configuration's merit at
+configurations' times relative to the group's fastest (``rel`` ≥ 1; an older run's rebased onto
+its cell's newest, below). A configuration's merit at
 an unseen case is predicted as a kernel-weighted mean (:func:`weight`) of its log relative time
 over the groups near the case in feature space, where
 
@@ -30,7 +31,17 @@ over the groups near the case in feature space, where
   search samples, and kernels added later were never measured by older runs): the mean is over
   the groups that report it, shrunk towards a prior relative time ``e^PRIOR`` with a weight of
   :data:`PRIOR_SHARE` of the nearest group's, so a configuration that the nearest groups found
-  among their fastest beats one that only far groups did.
+  among their fastest beats one that only far groups did — the nearest that *could* have
+  measured it: a group older than every group reporting the configuration's kernel family
+  (:func:`family`: the fields that pick its code paths; :func:`family_dates`) timed the kernels
+  of its day, so its silence says nothing of a family added later (H100, Netflix shape,
+  implicit f = 256 left out: the nearest group, MovieLens-20M implicit f = 256, predates the
+  ``dims_shfl`` form that Netflix explicit f = 256 found 1.4× faster than the forms it timed);
+* the runs of one cell measure the same thing but with the kernels of their day: an older run's
+  relative times are rebased onto the newest's through the configurations both timed (the
+  anchors a newer run re-times; :func:`_bridge`, as the offline check's
+  ``clmf.autotune.loo.bridged_times``), so its best counts as fast as the newest run found it,
+  not as 1.
 
 The configuration with the lowest predicted log relative time that validates at the case's f on
 the device wins; both sides share the factor rows' padding, so the pair is the best sum over
@@ -46,7 +57,7 @@ import dataclasses
 import logging
 import math
 
-from ..engine.config import KernelConfig
+from ..engine.config import DIMS_FIELDS, VARIANT_FLAGS, KernelConfig
 from ..errors import InvalidConfigError
 from .schema import SIDES, device_identity, record_mode
 
@@ -54,7 +65,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["TOP_K", "SAMPLE_KEYS", "shape_fields", "Group", "groups_of", "newest", "distance",
            "weight", "rank", "features", "config_key", "case_key", "fill_rows", "runs_s1",
-           "align_d2", "MAX_D2", "top_records", "describe"]
+           "align_d2", "family", "family_dates", "anchor_scale", "MAX_D2", "top_records",
+           "describe"]
 
 TOP_K = 8               # fastest configurations of a group the model reads (and distill keeps)
 PRIOR = math.log(1.5)    # prior relative time of any configuration ...
@@ -83,7 +95,7 @@ class Group:
     mode: str
     storage: str
     feats: dict             # rows, cols, nnz of the side
-    rel: dict               # config key -> relative time (≥ 1), the top-K only
+    rel: dict               # config key -> relative time (≥ 1; rebased: :func:`_bridge`), top-K
     kth: float              # the K-th's relative time (the slowest the group reports)
     configs: dict           # config key -> KernelConfig
     device: dict = None     # the device key of its records (driver included)
@@ -281,7 +293,8 @@ def newest(groups):
     newest group. An older run measured older kernels (the ``tuned`` rung prefers the newest
     run; a newer run re-measured the device's earlier bests among its anchors), so it counts
     less (:data:`OLDER_D2` per newer run of its cell, :data:`AGE_D2` per day), but still informs
-    about the configurations the newer ones did not measure."""
+    about the configurations the newer ones did not measure — in the newest run's units
+    (:func:`_bridge`; idempotent: a second call on the same groups rebases nothing)."""
     cells = {}
     for g in groups:
         cells.setdefault(g.cell(), []).append(g)
@@ -289,11 +302,38 @@ def newest(groups):
         gs.sort(key=lambda g: (g.date, g.run_id), reverse=True)
         for i, g in enumerate(gs):
             g.age = i
+        _bridge(gs)
     stamps = [_stamp(g.date) for g in groups]
     known = [t for t in stamps if t is not None]
     for g, t in zip(groups, stamps):
         g.days = (max(known) - t) / 86400.0 if t is not None else 0.0
     return groups
+
+
+def anchor_scale(ratios):
+    """The median of ``ratios`` (of an older run's times to a newer one's, over the
+    configurations both timed; the geometric mean of the middle two for an even count), or None
+    where there are none: the factor that puts the older run's times in the newer's units."""
+    if not ratios:
+        return None
+    r = sorted(ratios)
+    n = len(r)
+    return r[n // 2] if n % 2 else math.sqrt(r[n // 2 - 1] * r[n // 2])
+
+
+def _bridge(gs):
+    """Rebase the older runs of one cell (``gs``, newest first) onto the newest's relative
+    times: each by :func:`anchor_scale` of the configurations it shares with the runs already
+    rebased; one sharing none is left as it is."""
+    done = [gs[0]]
+    for g in gs[1:]:
+        scale = anchor_scale([h.rel[k] / r for h in done for k, r in g.rel.items()
+                              if k in h.rel])
+        if scale is None:
+            continue
+        g.rel = {k: r * scale for k, r in g.rel.items()}
+        g.kth *= scale
+        done.append(g)
 
 
 def _stamp(date):
@@ -380,6 +420,36 @@ def _gram_unmeasured(c, g, mode):
     return not gram_tiled((g.device or {}).get("type", "GPU"))
 
 
+def family(c):
+    """The kernel family of configuration ``c``: what picks its code paths — the variant flags
+    (vectors on or off, not their width), the solver and precision, the fused CG's dimensions
+    form and its flags (not its integer geometry)."""
+    return (tuple(bool(getattr(c, x)) for x in VARIANT_FLAGS), c.solver, c.precision,
+            c.fused_dims, tuple(x for x in DIMS_FIELDS if getattr(c, x) is True))
+
+
+_family_memo: dict = {}
+
+
+def family_dates(groups):
+    """``{family: date}``: the date of the oldest group that reports a configuration of each
+    kernel family (:func:`family`) among its fastest (memoized per groups list)."""
+    key = (id(groups), len(groups))
+    hit = _family_memo.get(key)
+    if hit is not None and hit[0] is groups:
+        return hit[1]
+    first = {}
+    for g in groups:
+        for c in g.configs.values():
+            fam = family(c)
+            if fam not in first or g.date < first[fam]:
+                first[fam] = g.date
+    if len(_family_memo) > 64:
+        _family_memo.clear()
+    _family_memo[key] = (groups, first)
+    return first
+
+
 def weight(d2):
     """A group's weight at squared distance ``d2``: ``e^-d2`` (narrow: many far groups must not
     outvote one near group)."""
@@ -414,9 +484,14 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None):
             c0, where = cands.setdefault(k, (c, None))
             if where is None and g.f == f and (g.mode == "biased") == (mode == "biased"):
                 cands[k] = (c, g.device)
-    w0 = PRIOR_SHARE * weight(near[0][0])
+    first = family_dates(groups)
     out = []
     for k, (c, where) in cands.items():
+        # the prior's weight: a share of the nearest group's that could have timed c (its
+        # kernel family reported by a run no newer than it; an older one's silence says nothing)
+        since = first.get(family(c), "")
+        d0 = next((d2 for d2, g, _v in view if g.date >= since), near[0][0])
+        w0 = PRIOR_SHARE * weight(d0)
         num, sup = w0 * PRIOR, 0.0
         for d2, g, (rel, _cfgs) in view:
             if k in rel and not _gram_unmeasured(c, g, mode):
