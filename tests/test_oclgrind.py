@@ -167,8 +167,6 @@ def _params():
     out = []
     for f in FACTORS:
         for variant in representative_variants(f):
-            if "nv_regs" in variant:        # NVIDIA's register cap: refused before any build
-                continue
             for case in CASES:
                 vid = re.sub(r"[^A-Za-z0-9_+]+", "-", variant).strip("-")
                 out.append(pytest.param(variant, f, case, id=f"{vid}-f{f}-{case}"))

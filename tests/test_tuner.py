@@ -718,29 +718,6 @@ def test_gpu_spaces_offer_the_dims_geometries():
     assert {s[0] for s in shfl} == {False, True}
     assert any(s[1] for s in shfl) and any(s[2] for s in shfl)
     assert {s[3] for s in shfl} == {False, True}
-    assert sp_nv.grid["nv_regs"] == [0, 128] and "nv_regs" not in sp_.grid
-
-
-def test_register_cap_nvidia_only():
-    """``nv_regs``: parsed and printed, bounded, a build option on NVIDIA's platform and refused
-    with its reason elsewhere (before any build)."""
-    from test_tuning_db import fake_info
-
-    from clmf.engine.kernels import BUILD_OPTIONS, build_options, validate
-    cfg = KernelConfig.parse("batch+vec4:solver=fusedcg,fused_dims=1,dims_q=2,solve_wg=128,"
-                             "nnz_batch=8,nv_regs=128")
-    assert cfg.nv_regs == 128 and KernelConfig.parse(str(cfg)) == cfg and "nv_regs=128" in str(cfg)
-    assert build_options(cfg) == BUILD_OPTIONS + ("-cl-nv-maxrregcount=128",)
-    assert build_options(cfg.replace(nv_regs=0)) == BUILD_OPTIONS
-    assert "nv_regs" not in str(cfg.replace(nv_regs=0))
-    assert validate(cfg, 128, fake_info(platform="NVIDIA CUDA", type_="GPU"))
-    for plat in ("Intel(R) OpenCL", "Portable Computing Language"):
-        with pytest.raises(InvalidConfigError) as e:
-            validate(cfg, 128, fake_info(platform=plat))
-        assert e.value.reason == "unsupported_device"
-    for bad in ("nv_regs=16", "nv_regs=256", "nv_regs=-1"):
-        with pytest.raises(InvalidConfigError):
-            KernelConfig.parse(f"batch+vec4:solver=fusedcg,fused_dims=1,{bad}")
 
 
 def test_fused_dims_group_sums_tree_everywhere_but_pocl():

@@ -52,14 +52,14 @@ MODE_SOLVERS = {"implicit": ("cholesky", "cg", "fusedcg")}
 MODE_CG_STEPS = {"implicit": [3]}
 PARAM_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec", "solver",
                 "cg_steps", "split", "dims_q", "dims_p", "direct", "dims_shfl",
-                "dims_wshfl", "dims_rsum", "dims_pipe", "nv_regs")
+                "dims_wshfl", "dims_rsum", "dims_pipe")
 # the GPU presets' long-row piece lengths: automatic (0), fixed lengths, never split. A long row is
 # one work-group's work unsplit; on a CPU (a few compute units, work-groups run as loops) the
 # tail it makes is short, and the automatic rule splits nothing on the data sizes CPUs take
 SPLIT_GRID = [0, 8192, 32768, SPLIT_NEVER]
 _MUTABLE = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec", "cg_steps",
             "split", "fused_solve", "fused_dims", "dims_q", "dims_p", "direct", "dims_shfl",
-            "dims_wshfl", "dims_rsum", "dims_pipe", "nv_regs")
+            "dims_wshfl", "dims_rsum", "dims_pipe")
 
 
 def flags_of(cfg):
@@ -495,15 +495,13 @@ def _dims_grid(f, info=None):
     """The fused CG dimensions form's geometry on GPUs: one work-item per entry's sum of parts
     or as many as fit (``dims_p``); from f = 64 (16 float4 slices) also 2 or 4 slices per
     work-item (``dims_q``: fewer work-items per entry, more entries at once); on NVIDIA the
-    entry sums as warp shuffles or not (``dims_shfl``) and the registers capped at 128 (two
-    work-groups of 256 per multiprocessor) or not (``nv_regs``)."""
+    entry sums as warp shuffles or not (``dims_shfl``)."""
     from clmf.engine.kernels import ptx_supported
     g = dict(dims_p=[1, 0], dims_q=[1, 2, 4] if f >= 64 else [1], dims_pipe=[False, True])
     if ptx_supported(info):
         g["dims_shfl"] = [False, True]
         g["dims_wshfl"] = [False, True]
         g["dims_rsum"] = [False, True]
-        g["nv_regs"] = [0, 128]
     return g
 
 

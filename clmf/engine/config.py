@@ -49,7 +49,7 @@ STORAGES = ("float32", "float16")
 PRECISIONS = ("fp32", "tf32")
 _NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?(\+gemm)?(\+syrk)?(\+mma)?$")
 _INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec",
-               "cg_steps", "batch_rows", "split", "dims_q", "dims_p", "direct", "nv_regs")
+               "cg_steps", "batch_rows", "split", "dims_q", "dims_p", "direct")
 _BOOL_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "mma", "triangle", "fused_solve",
                 "fused_dims", "dims_shfl", "dims_wshfl", "dims_rsum", "dims_pipe")
 # the fused CG dimensions form's parameters (meaningful with fused_dims only)
@@ -66,7 +66,7 @@ INT_RANGES = {"vec": (0, 16), "tx": (1, 1 << 14), "ty": (1, 1 << 14), "tz": (1, 
               "nnz_batch": (1, 1 << 20), "solve_wg": (0, 1 << 14), "solve_vec": (0, 16),
               "cg_steps": (1, MAX_CG_STEPS), "batch_rows": (0, (1 << 31) - 1),
               "split": (0, SPLIT_NEVER), "dims_q": (1, 16), "dims_p": (0, 1 << 14),
-              "direct": (0, 64), "nv_regs": (0, 255)}
+              "direct": (0, 64)}
 _DIGITS = re.compile(r"^[0-9]{1,12}$")      # ASCII digits only (int() takes "1_0", "１", " +3")
 _TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
 
@@ -151,9 +151,6 @@ class KernelConfig:
     dims_p : ``fused_dims`` only: work-items that sum one entry's parts of ``y·v`` (each a
         share, the shares added where the weights are applied); 1 = one work-item per entry
         (the original form), 0 = as many as the work-group holds (at most the parts per entry)
-    nv_regs : NVIDIA's platform only: at most this many registers per work-item in the
-        program's kernels (the compiler option ``-cl-nv-maxrregcount``: more work-groups per
-        multiprocessor for values spilled to memory); 0 = the compiler's choice, else 32 .. 255
 
     Examples
     --------
@@ -193,7 +190,6 @@ class KernelConfig:
     dims_pipe: bool = False
     dims_q: int = 1
     dims_p: int = 1
-    nv_regs: int = 0
 
     def __post_init__(self):
         # a configuration may come from an untrusted tuning record or a --variant string: every
@@ -294,9 +290,6 @@ class KernelConfig:
             raise InvalidConfigError("ks (split-K slices) is a syrk or mma parameter", "ks")
         if self.solve_wg and not _pow2(self.solve_wg):
             raise InvalidConfigError(f"solve_wg must be a power of two, not {self.solve_wg}", "solve_wg")
-        if self.nv_regs and self.nv_regs < 32:
-            raise InvalidConfigError(f"nv_regs must be 0 (the compiler's choice) or 32 .. 255, not "
-                                     f"{self.nv_regs}", "nv_regs")
         if self.solve_vec not in (0, 4, 8, 16):
             raise InvalidConfigError(f"solve_vec must be 0, 4, 8 or 16, not {self.solve_vec}",
                                      "solve_vec")
@@ -651,8 +644,6 @@ def representative_variants(f=None):
         "batch+vec4:solver=fusedcg,fused_dims=1,dims_pipe=1,dims_q=2,solve_wg=16,nnz_batch=3",
         "batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_rsum=1,dims_pipe=1,dims_q=2,"
         "solve_wg=32,nnz_batch=2",
-        # the registers capped (NVIDIA only: refused elsewhere)
-        "batch+vec4:solver=fusedcg,fused_dims=1,dims_q=2,solve_wg=16,nnz_batch=3,nv_regs=40",
         # long rows cut into pieces of 3 (resp. 5) entries, pieces and batches interleaved
         "batch:tx=4,ty=4,split=3,batch_rows=4",
         "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5,split=5,batch_rows=7",

@@ -262,9 +262,6 @@ def validate(config: KernelConfig, f: int, device_info):
     maxwg = device_info.max_work_group_size
     if wg > maxwg:
         raise InvalidConfigError(f"S1 work-group {wg} exceeds the device's {maxwg}", "work_group_size")
-    if config.nv_regs and not ptx_supported(device_info):
-        raise InvalidConfigError("nv_regs caps the registers through NVIDIA's compiler option "
-                                 "-cl-nv-maxrregcount: NVIDIA's platform only", "unsupported_device")
     if config.dims:
         _validate_fcg_dims(config, f, device_info)
     elif config.swg(f) > max(1, f):
@@ -510,19 +507,12 @@ def build(context, source, options=BUILD_OPTIONS):
         done.set()
 
 
-def build_options(config: KernelConfig):
-    """The build options of a configuration's ALS program (:data:`BUILD_OPTIONS`, and NVIDIA's
-    register cap where ``nv_regs`` sets one)."""
-    extra = (f"-cl-nv-maxrregcount={config.nv_regs}",) if config.nv_regs else ()
-    return BUILD_OPTIONS + extra
-
-
 def als_program(context, device, config: KernelConfig, f: int, device_info, implicit=False,
                 biased=False, ldf=None):
     """Validate, render, build and post-check the ALS program of a configuration."""
     validate(config, f, device_info)
     src = render_als(config, f, device_info, implicit, biased, ldf)
-    prog = build(context, src, options=build_options(config))
+    prog = build(context, src)
     s3 = ("s3_fcg" if config.dims else "s3_fused") if config.solver == "fusedcg" else "s3_solve"
     av = als_variables(config, f, device_info)
     needs = {"s1_hermitian": config.s1_local_size(f), s3: config.swg(f),
