@@ -7,7 +7,8 @@ import json
 import statistics
 import sys
 
-WORKER_STAGES = ("split", "split_wall", "blocks", "blocks_wait", "context", "start_factors",
+WORKER_STAGES = ("split", "split_wall", "merge_users", "merge_items", "merge_wait", "blocks",
+                 "blocks_wait", "context", "start_factors",
                  "start_wait", "engine")
 
 # phases of the task stream: (task kinds, 4 = first start / 5 = last end)

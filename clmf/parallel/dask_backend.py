@@ -428,11 +428,14 @@ class DaskEngine:
                     for d in range(self.n)]
             pieces = self._route(data.parts, bounds, shared=self._shared, where=data.where,
                                  encoding=data.encoding)
+            # each partition's pieces handed to their owner as its split ends: the owner
+            # merges them (threads) while the other splits run
+            taken = [[self._on(d, T.take, self.fit_id, d, sfut, len(pieces), p, pieces[p][d],
+                               pieces[p][self.n + d], priority=5) for p in range(len(pieces))]
+                     for d in range(self.n)]
             blocks = [self._on(d, T.blocks, self.fit_id, d, sfut, warm[d], len(pieces),
-                               *[pieces[p][d] for p in range(len(pieces))],
-                               *[pieces[p][self.n + d] for p in range(len(pieces))])
-                      for d in range(self.n)]
-            self._setup_futs = blocks + warm
+                               *taken[d]) for d in range(self.n)]
+            self._setup_futs = blocks + warm + [t for per in taken for t in per]
             self.phase = "the device probe"
             facts = self._wait(facts)
             self.times["facts"] = time.perf_counter() - t0

@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 _STATE = {}            # fit id → dict (this worker's share of the fit)
 _PENDING = {}          # fit id → future of the blocks being built (see blocks)
 _WARM = {}             # fit id → future of the context and start factors (see warm_up)
+_MERGING = {}          # fit id → _Collector merging the pieces of the blocks (see take)
 # "1"/"0": the workers' own rows pass through page-locked staging arrays or not (default
 # "auto": where the engine pins its host buffers, i.e. on GPUs; see shared_blocks.Board)
 ENV_STAGING = "CLMF_DASK_PINNED_STAGING"
@@ -178,13 +179,14 @@ def _leave_pool():
 
 
 # ----- a fit's blocks and device worker (the owning worker) -----------------------------------
-def _block(pieces, key, indptr, r0, r1):
+def _block(pieces, key, indptr, r0, r1, merged=None):
     """The CSR of rows ``[r0, r1)`` of one side from the triples sent to this worker (sorted by
     row, then column): pieces that each run by row (:func:`~clmf.parallel.dask_prepare.split`
     sorts them) are merged by writing each piece's rows after the earlier pieces' entries of
-    the same rows (no sort); other pieces are sorted by radix passes over the row, and rows
-    whose columns are then out of order by passes over the column and the row (as files in
-    no order give); duplicate entries are refused."""
+    the same rows (no sort; ``merged``: that merge's ``(columns, values)`` made already, as
+    the pieces came, :class:`RowMerger`); other pieces are sorted by radix passes over the
+    row, and rows whose columns are then out of order by passes over the column and the row
+    (as files in no order give); duplicate entries are refused."""
     k_rows = 0 if key == "users" else 1
     got = sum(len(p[k_rows]) for p in pieces)
     want = int(indptr[r1] - indptr[r0])
@@ -192,7 +194,8 @@ def _block(pieces, key, indptr, r0, r1):
         raise RuntimeError(f"{key} block {r0}..{r1} received {got} ratings, expected "
                            f"{want} (a partition changed between passes over the data?)")
     counts = np.diff(indptr[r0:r1 + 1])
-    merged = _merge_rows(pieces, k_rows, counts, r0, r1, key)
+    if merged is None:
+        merged = _merge_rows(pieces, k_rows, counts, r0, r1, key)
     if merged is not None:
         cols, r = merged
     else:
@@ -233,48 +236,186 @@ def _merge_rows(pieces, k_rows, counts, r0, r1, key):
     """``(columns, values)`` of rows ``[r0, r1)`` (``counts`` entries each) by row, each row's
     entries in piece order, from pieces that each run by row (field ``k_rows``): every piece's
     entries written after the earlier pieces' entries of the same rows (a scatter that runs
-    forward, no sort); None when a piece does not run by row."""
-    span = r1 - r0
-    per = []
+    forward, no sort); None when a piece does not run by row (:class:`RowMerger`)."""
+    merger = RowMerger(counts, r0, k_rows, key)
     for p in pieces:
-        rel = p[k_rows] - np.int32(r0)
-        if len(rel) and (rel[0] < 0 or rel[-1] >= span or not bool(np.all(rel[1:] >= rel[:-1]))):
+        if not merger.add(p):
             return None
-        per.append(np.bincount(rel, minlength=span) if len(rel) else None)
-    total = np.zeros(span, np.int64)
-    for c in per:
-        if c is not None:
-            total += c
-    if not np.array_equal(total, counts):
-        raise _other_rows(key, r0, r1)
-    n = int(counts.sum())
-    cols, vals = np.empty(n, np.int32), np.empty(n, np.float32)
-    at = np.zeros(span, np.int64)                        # where each row's next entry goes
-    np.cumsum(counts[:-1], out=at[1:])
-    for p, c in zip(pieces, per):
-        if c is None:
-            continue
+    return merger.result()
+
+
+class RowMerger:
+    """One side's block of rows ``[r0, r0 + len(counts))`` merged piece by piece, in piece
+    order, from pieces that each run by row (field ``k_rows`` of each triple): each piece's
+    entries are written after the earlier pieces' entries of the same rows as it comes (a
+    forward scatter into arrays of the block's final size, no sort), so a worker merges its
+    pieces while the other splits still run (:class:`_Collector`)."""
+
+    def __init__(self, counts, r0, k_rows, key):
+        """A block whose row ``r0 + j`` holds ``counts[j]`` entries."""
+        self.counts = np.asarray(counts, np.int64)
+        self.r0, self.k_rows, self.key = int(r0), int(k_rows), key
+        span = len(self.counts)
+        n = int(self.counts.sum())
+        self.cols, self.vals = np.empty(n, np.int32), np.empty(n, np.float32)
+        self.at = np.zeros(span, np.int64)               # where each row's next entry goes
+        np.cumsum(self.counts[:-1], out=self.at[1:])
+        self.end = self.at + self.counts                 # where each row's entries end
+
+    def add(self, piece):
+        """Merge ``piece`` after the earlier ones; False (nothing written) when it does not
+        run by row. A piece with more entries of a row than counted is refused."""
+        span = len(self.counts)
+        rel = piece[self.k_rows] - np.int32(self.r0)
+        if not len(rel):
+            return True
+        if rel[0] < 0 or rel[-1] >= span or not bool(np.all(rel[1:] >= rel[:-1])):
+            return False
+        c = np.bincount(rel, minlength=span)
+        if bool(np.any(self.at + c > self.end)):
+            raise _other_rows(self.key, self.r0, self.r0 + span)
         first = np.cumsum(c) - c                         # each row's first entry in the piece
-        dest = np.repeat(at - first, c) + np.arange(len(p[k_rows]))
-        cols[dest] = p[1 - k_rows]
-        vals[dest] = p[2]
-        at += c
-    return cols, vals
+        dest = np.repeat(self.at - first, c) + np.arange(len(rel))
+        self.cols[dest] = piece[1 - self.k_rows]
+        self.vals[dest] = piece[2]
+        self.at += c
+        return True
+
+    def result(self):
+        """``(columns, values)`` once every piece was added (fewer entries of a row than
+        counted are refused)."""
+        if not np.array_equal(self.at, self.end):
+            raise _other_rows(self.key, self.r0, self.r0 + len(self.counts))
+        return self.cols, self.vals
 
 
-def blocks(fit_id, d, static, _warmed, n_user_pieces, *pieces):
+def take(fit_id, d, static, n_parts, p, user_piece, item_piece):
+    """Hand partition ``p``'s pieces of this worker's blocks (its users rows, its items rows;
+    arrays or shared-memory handles, :func:`split`) to the fit's :class:`_Collector` on this
+    worker (made by the first piece: ``static`` as for :func:`blocks`, ``n_parts`` the
+    partitions), which merges them in partition order, as they come, while the other splits
+    still run; returns at once."""
+    _collector(fit_id, d, static, n_parts).put(p, user_piece, item_piece)
+
+
+def _collector(fit_id, d, static, n_parts):
+    """This worker's :class:`_Collector` of fit ``fit_id`` (made on first use)."""
+    with _LOCK:
+        col = _MERGING.get(fit_id)
+        if col is None:
+            col = _MERGING[fit_id] = _Collector(d, static, n_parts)
+    return col
+
+
+class _Collector:
+    """A worker's pieces of its blocks, merged side by side in threads of their own as they
+    come (:class:`RowMerger`), each side's pieces in partition order (the order that gives a
+    row's entries in the order of the data); a piece that does not run by row, or whose rows
+    differ from the counts, turns the merge of its side off: :func:`_block` then builds that
+    side from every piece as before (and reports the error). Pieces in shared memory are
+    mapped as they come and their segments unlinked at once (the mapping keeps the memory
+    until :meth:`close`)."""
+
+    def __init__(self, d, static, n_parts):
+        """The merges of worker ``d``'s blocks of a fit (``static``: see :func:`blocks`) from
+        ``n_parts`` partitions' pieces, started."""
+        self.n_parts = int(n_parts)
+        self.indptr = {}
+        self.pieces = {s: [None] * self.n_parts for s in SIDES}
+        self.attached = {s: shm.Attached() for s in SIDES}
+        self.cond = threading.Condition()
+        self.cancelled = False
+        self.times = {}
+        for s, rows, counts in (("users", static["shape"][0], static["user_counts"]),
+                                ("items", static["shape"][1], static["item_counts"])):
+            self.indptr[s] = np.zeros(rows + 1, np.int64)
+            np.cumsum(counts, out=self.indptr[s][1:])
+        self.bounds = {s: tuple(int(x) for x in static["bounds"][s][d:d + 2]) for s in SIDES}
+        pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="clmf-merge")
+        self.futs = {s: pool.submit(self._merge, s) for s in SIDES}
+        pool.shutdown(wait=False)
+
+    def put(self, p, user_piece, item_piece):
+        """Partition ``p``'s pieces arrived."""
+        with self.cond:
+            self.pieces["users"][p] = ("new", user_piece)
+            self.pieces["items"][p] = ("new", item_piece)
+            self.cond.notify_all()
+
+    def _next(self, side, p):
+        """Piece ``p`` of ``side`` once it arrived, mapped where it is in shared memory."""
+        with self.cond:
+            while self.pieces[side][p] is None and not self.cancelled:
+                self.cond.wait()
+            if self.cancelled:
+                raise concurrent.futures.CancelledError(f"the {side} blocks' merge")
+            _tag, piece = self.pieces[side][p]
+        names = shm.segment_names(piece)
+        piece = shm.resolve(piece, self.attached[side])
+        shm.unlink(names)
+        self.pieces[side][p] = ("mapped", piece)
+        return piece
+
+    def _merge(self, side):
+        """``(pieces, (columns, values) or None)`` of ``side``: every piece merged as it came
+        (None: the merge turned off, :func:`_block` builds the side from the pieces)."""
+        k_rows = 0 if side == "users" else 1
+        r0, r1 = self.bounds[side]
+        merger = RowMerger(np.diff(self.indptr[side][r0:r1 + 1]), r0, k_rows, side)
+        pieces, seconds = [], 0.0
+        for p in range(self.n_parts):
+            pieces.append(self._next(side, p))
+            if merger is None:
+                continue
+            t = time.perf_counter()
+            try:
+                if not merger.add(pieces[-1]):
+                    merger = None
+            except RuntimeError:     # other rows than counted: _block says so
+                merger = None
+            seconds += time.perf_counter() - t
+        self.times[f"merge_{side}"] = seconds
+        try:
+            return pieces, None if merger is None else merger.result()
+        except RuntimeError:
+            return pieces, None
+
+    def result(self):
+        """``{side: (pieces, merged or None)}`` once every piece is merged."""
+        return {s: fu.result() for s, fu in self.futs.items()}
+
+    def close(self):
+        """Stop waiting for pieces and unmap them (the blocks are built, or the fit went)."""
+        with self.cond:
+            self.cancelled = True
+            self.cond.notify_all()
+        for s, fu in self.futs.items():
+            try:
+                fu.result()
+            except BaseException:    # noqa: BLE001 - cancelled, or reported by the blocks
+                pass
+            self.attached[s].close()
+        for side in SIDES:           # segments of pieces never mapped (a failed set-up)
+            shm.unlink(shm.segment_names([x[1] for x in self.pieces[side]
+                                          if x is not None and x[0] == "new"]))
+
+
+def blocks(fit_id, d, static, _warmed, n_parts, *_taken):
     """Start building this worker's blocks in a thread of its own (users rows by the users'
     bounds, items rows by the items'; ``static``: the fit's shape, counts, bounds and start
-    rule, see :meth:`~clmf.parallel.dask_backend.DaskEngine`) and return at once: the
-    worker meanwhile resolves its device's configuration and builds its programs
-    (:func:`probe`); :func:`build` takes the blocks. ``_warmed``: the :func:`warm_up` task's
-    result (it orders the two), whose context and start factors (where the fit draws them: only
-    a seed crosses the network) the blocks' thread takes."""
+    rule, see :meth:`~clmf.parallel.dask_backend.DaskEngine`) from the pieces of ``n_parts``
+    partitions its :class:`_Collector` merged as they came (``_taken``: the :func:`take`
+    tasks' results, which order the two) and return at once: the worker meanwhile resolves
+    its device's configuration and builds its programs (:func:`probe`); :func:`build` takes
+    the blocks. ``_warmed``: the :func:`warm_up` task's result (it orders the two), whose
+    context and start factors (where the fit draws them: only a seed crosses the network) the
+    blocks' thread takes."""
+    col = _collector(fit_id, d, static, n_parts)
     with _LOCK:
         warm = _WARM.pop(fit_id, None)
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clmf-blocks")
-    fut = pool.submit(_blocks, d, static, pieces[:n_user_pieces], pieces[n_user_pieces:],
-                      split_times(setup_prefix(fit_id)), warm)   # (every split is done by now)
+    fut = pool.submit(_blocks, fit_id, d, static, col, split_times(setup_prefix(fit_id)),
+                      warm)   # (every split is done by now)
     pool.shutdown(wait=False)
     with _LOCK:
         _PENDING[fit_id] = fut
@@ -307,45 +448,33 @@ def _warm_up(d, static):
     return start, laps.times
 
 
-def _blocks(d, static, user_pieces, item_pieces, times=None, warm=None):
+def _blocks(fit_id, d, static, collector, times=None, warm=None):
     """``(Layout of this worker's blocks, start factors or None, seconds per stage)`` (those
     of ``times`` first: the splits'; ``warm``: the future of :func:`warm_up`, else the context
-    and start factors are made here); pieces in shared memory (:func:`split`) are read there,
-    their segments unlinked after."""
-    names = shm.segment_names(list(user_pieces) + list(item_pieces))
-    if not names:
-        return _blocks_of(d, static, user_pieces, item_pieces, times, warm)
-    att = shm.Attached()
-    try:
-        return _blocks_of(d, static, shm.resolve(list(user_pieces), att),
-                          shm.resolve(list(item_pieces), att), times, warm)
-    finally:
-        att.close()
-        shm.unlink(names)
-
-
-def _blocks_of(d, static, user_pieces, item_pieces, times=None, warm=None):
-    """:func:`_blocks` on pieces in this process's memory."""
+    and start factors are made here) from the pieces ``collector`` (:class:`_Collector`)
+    merged; its pieces are unmapped after."""
     laps = Laps()
     laps.times.update(times or {})
     m, nn = static["shape"]
-    ip = {}
-    for s, rows, counts in (("users", m, static["user_counts"]),
-                            ("items", nn, static["item_counts"])):
-        ip[s] = np.zeros(rows + 1, np.int64)
-        np.cumsum(counts, out=ip[s][1:])
-    bounds = static["bounds"]
-    # both blocks at once, and the context and start factors unless warm_up makes them
-    # (NumPy's sorts, gathers and draws release the GIL: a GPU host gives each worker cores)
-    with concurrent.futures.ThreadPoolExecutor(3, thread_name_prefix="clmf-blocks") as pool:
-        warm = warm or pool.submit(_warm_up, d, static)
-        users = pool.submit(_block, user_pieces, "users", ip["users"], *bounds["users"][d:d + 2])
-        items = pool.submit(_block, item_pieces, "items", ip["items"], *bounds["items"][d:d + 2])
-        users, items = users.result(), items.result()
-        laps.lap("blocks")
-        start, warm_times = warm.result()
-        laps.lap("start_wait")
-    return Layout((m, nn), users, items), start, {**laps.times, **warm_times}
+    try:
+        # both blocks at once, and the context and start factors unless warm_up makes them
+        # (NumPy's sorts, gathers and draws release the GIL: a GPU host gives each worker cores)
+        with concurrent.futures.ThreadPoolExecutor(3, thread_name_prefix="clmf-blocks") as pool:
+            warm = warm or pool.submit(_warm_up, d, static)
+            got = collector.result()
+            laps.lap("merge_wait")
+            sides = {s: pool.submit(_block, got[s][0], s, collector.indptr[s],
+                                    *collector.bounds[s], got[s][1]) for s in SIDES}
+            users, items = sides["users"].result(), sides["items"].result()
+            laps.lap("blocks")
+            start, warm_times = warm.result()
+            laps.lap("start_wait")
+    finally:
+        with _LOCK:
+            if _MERGING.get(fit_id) is collector:
+                del _MERGING[fit_id]
+        collector.close()
+    return Layout((m, nn), users, items), start, {**laps.times, **collector.times, **warm_times}
 
 
 def _prebuild(dev, setup, d):
@@ -680,6 +809,9 @@ def release(fit_id):
         st = _STATE.pop(fit_id, None)
         pending = _PENDING.pop(fit_id, None)
         warm = _WARM.pop(fit_id, None)
+        merging = _MERGING.pop(fit_id, None)
+    if merging is not None:       # pieces of a set-up that failed: stop waiting, unmap
+        merging.close()
     for fut in (pending, warm):   # blocks never taken by build (the set-up failed)
         if fut is not None:
             fut.cancel()
