@@ -436,7 +436,8 @@ def test_bad_input_is_a_clear_error(client, monkeypatch):
     # host's shared memory (the pieces of ratings it had routed through it)
     from clmf.parallel import dask_tasks as T
     from clmf.parallel import shared_blocks as shm
-    assert set(client.run(lambda: len(T._PENDING) + len(T._STATE)).values()) == {0}
+    assert set(client.run(lambda: len(T._PENDING) + len(T._STATE) + len(T._MERGING)).values()) \
+        == {0}
     assert made and [x for x in os.listdir(shm.SHM_DIR) if "-set-up" in x
                       and any(x.startswith(f"clmf-{h}") for h in made)] == []
     with pytest.raises(ValueError, match="on_worker_lost"):

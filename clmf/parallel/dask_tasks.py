@@ -803,8 +803,9 @@ def squared_error(fit_id, key):
     return w.squared_error(key, u, i, r, 0.0)
 
 
-def release(fit_id):
-    """Free this worker's share of a fit (no error when it holds none)."""
+def release(fit_id, *_after):
+    """Free this worker's share of a fit (no error when it holds none; ``_after``: results of
+    tasks that must run first)."""
     with _LOCK:
         st = _STATE.pop(fit_id, None)
         pending = _PENDING.pop(fit_id, None)
