@@ -52,7 +52,10 @@ class ALS(_ALS):
     ``engine``, the rest as the client saw it; ``probe``, each probed worker's lookup and
     builds, one worker per kind of device; ``workers``, each worker's own stages; ``loop``,
     per iteration run in the workers' own loop each worker's parts of it: ``seconds``,
-    ``compute``, ``exchange``, ``take``, ``publish_copy``).
+    ``compute``, ``exchange``, ``take``, ``publish_copy`` and where the half-steps' tails after
+    its kernels went, ``publish_tail``, ``peers_tail``, ``fetch_tail``, ``upload_tail``
+    (:func:`clmf.parallel.shared_blocks.tail_parts`); ``board``, each worker's staging and
+    host copy rates, :func:`clmf.parallel.dask_tasks.board_connect`).
     """
 
     _repr_name = "clmf.dask.ALS"
@@ -327,6 +330,8 @@ class _DaskTrainer(Trainer):
             memory = dict(engine.memory)
             if engine.splits:
                 fit_times["loop"] = engine.splits
+            if getattr(engine, "board_facts", None):
+                fit_times["board"] = engine.board_facts
         except WorkerLostError as e:
             raise WorkerLostError(f"{e}. The fit cannot go on without that worker's blocks. "
                                   + _resume_hint(checkpoint)) from e

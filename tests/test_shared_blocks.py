@@ -3,6 +3,7 @@ Dask (segments made, mapped by handle, reused, released; probes that fail; a ful
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -247,6 +248,49 @@ def test_staged_rows_go_through_page_locked_arrays_both_ways(monkeypatch, limit,
     finally:
         b1.close()
         _close(segs, atts)
+
+
+def test_rows_published_by_a_device_read_and_the_tails_marked(monkeypatch):
+    """With a ``reader`` (``CLMF_DASK_PUBLISH=device``) a staged worker's published rows are
+    those its reader copies off the device into its row segment (not its staging array's);
+    the exchange marks when the last rows were published, seen and handed out, which
+    :func:`tail_parts` turns into the tail's parts."""
+    bounds = {"users": np.array([0, 3, 6]), "items": np.array([0, 1, 2])}
+    segs = [shm.Segments(f"clmf-test-read-{d}") for d in range(2)]
+    handles = [shm.board_create(segs[d], bounds, d, 2, np.float32) for d in range(2)]
+    atts = [shm.Attached() for _ in range(2)]
+    reads = []
+
+    def reader(side, dst, r0, r1):
+        """The device's rows: 9."""
+        reads.append((side, r0, r1))
+        dst[...] = 9.0
+    b0 = shm.Board(atts[0], 0, handles, bounds)
+    b1 = shm.Board(atts[1], 1, handles, bounds, staging=lambda shape, dt: np.zeros(shape, dt),
+                   reader=reader)
+    assert shm.Board(atts[0], 0, handles, bounds, reader=reader).reader is None   # unstaged
+    try:
+        e0, e1 = b0.exchange("users"), b1.exchange("users")
+        e1.host[3:6][:] = 7.0                      # the engine's copy into its staging array
+        e1.publish(1, 3, 6)
+        e1.finish(1)
+        assert reads == [("users", 3, 6)] and (e0.host[3:6] == 9).all()
+        t = time.perf_counter()
+        assert _drain(e0, 0) == [(1, 3, 6)]
+        assert e1.marks["published"] <= t <= e0.marks["seen"] <= e0.marks["ready"]
+    finally:
+        b1.close()
+        _close(segs, atts)
+    parts = shm.tail_parts({"published": 3.0, "seen": 2.5, "ready": 4.0}, 2.0, 4.5)
+    assert parts == pytest.approx({"publish_tail": 1.0, "peers_tail": 0.5, "fetch_tail": 1.5,
+                                   "upload_tail": 0.5})
+    # rows seen before this worker's kernels ended: no peers' tail; nothing marked: no tail
+    assert shm.tail_parts({"seen": 1.0, "ready": 1.5}, 2.0, 2.5)["peers_tail"] == 0
+    assert shm.tail_parts({}, 2.0, 2.0) == {"publish_tail": 0.0, "peers_tail": 0.0,
+                                            "fetch_tail": 0.0, "upload_tail": 0.0}
+    monkeypatch.setenv("CLMF_DASK_PUBLISH", "gpu")
+    with pytest.raises(ValueError, match='CLMF_DASK_PUBLISH must be "copy" or "device"'):
+        shm.publish_mode()
 
 
 def test_copy_threads_are_a_workers_share_of_the_cores_or_as_set(monkeypatch):

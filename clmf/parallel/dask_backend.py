@@ -600,8 +600,13 @@ class DaskEngine:
                                       *handles) for d in range(self.n)])
         if any(x is None for x in staged):       # a worker without room: no board anywhere
             return False
-        log.info("fit %s: workers' own rows through page-locked staging on %d of %d workers",
-                 self.fit_id, sum(map(bool, staged)), self.n)
+        log.info("fit %s: workers' own rows through page-locked staging on %d of %d workers "
+                 "(published by %s)%s", self.fit_id, sum(x["staged"] for x in staged), self.n,
+                 staged[0]["publish"], "".join(
+                     f"; worker {d} host copies (GB/s): " + ", ".join(
+                         f"{k} {v:.1f}" for k, v in x["copy_gbs"].items())
+                     for d, x in enumerate(staged) if x["copy_gbs"]))
+        self.board_facts = staged
         return True
 
     def _abort_name(self):

@@ -642,7 +642,10 @@ def board_connect(fit_id, abort, *handles):
     """Map every worker's board (``handles`` in worker order, :func:`board_make`'s results;
     None where one had no room: then no board here either, None returned); ``abort``: the
     name of the :class:`distributed.Event` that calls the fit off (asked while a peer's rows
-    are late). Returns whether this worker's own rows pass through page-locked staging."""
+    are late). Returns ``{"staged": whether this worker's own rows pass through page-locked
+    staging, "publish": how they reach its segment (:func:`~clmf.parallel.shared_blocks.
+    publish_mode`), "copy_gbs": host copy rates out of and into page-locked memory and between
+    pageable arrays (GB/s; staged only)}``."""
     if any(h is None for h in handles):
         return None
     st = _state(fit_id)
@@ -650,9 +653,26 @@ def board_connect(fit_id, abort, *handles):
     w = st["worker"]
     pin = os.environ.get(ENV_STAGING, "auto").strip().lower()
     staged = w.pinned if pin == "auto" else pin not in shm.OFF_WORDS
+    mode = shm.publish_mode()
     st["board"] = shm.Board(st["attached"], st["d"], handles, bounds, abort=_event_check(abort),
-                            staging=w.pinned_array if staged else None)
-    return staged
+                            staging=w.pinned_array if staged else None,
+                            reader=_device_reader(w) if staged and mode == "device" else None)
+    rates = shm.copy_rates(w.pinned_array) if staged else {}
+    return {"staged": staged, "publish": mode if staged else "none", "copy_gbs": rates}
+
+
+def _device_reader(w):
+    """``read(side, dst, r0, r1)``: rows ``[r0, r1)`` of ``side`` (held by engine ``w``) copied
+    from its device into ``dst`` on a queue of their own, blocking (the publishing thread's:
+    the engine's queues hold its copies of later batches)."""
+    q = w.cl.CommandQueue(w.ctx, w.device)
+
+    def read(side, dst, r0, r1):
+        """Copy rows ``[r0, r1)`` of ``side`` into ``dst``, blocking."""
+        lo = w.frange[side][0]
+        w.cl.enqueue_copy(q, dst, w.factors[side], src_offset=(r0 - lo) * w.ldf * w.itemsize,
+                          is_blocking=True)
+    return read
 
 
 def _event_check(name):
@@ -674,7 +694,9 @@ def iterate(fit_id, regularization, weighted, count=1, metrics=()):
     (one task for a group of iterations instead of one per half-step and an install), with
     the squared errors of the keys ``metrics`` (:func:`squared_error`) after each; returns per
     iteration ``(seconds, {key: (sse, count)}, seconds of the metrics, {part: seconds})``
-    measured here (the parts: :func:`_loop_parts`)."""
+    measured here (the parts: :func:`_loop_parts`, and where the tails after this worker's
+    kernels went, :func:`~clmf.parallel.shared_blocks.tail_parts`, summed over the
+    half-steps)."""
     st = _state(fit_id)
     w, board = st["worker"], st.get("board")
     if board is None and st["plan"].devices > 1:
@@ -682,12 +704,20 @@ def iterate(fit_id, regularization, weighted, count=1, metrics=()):
     out = []
     for _ in range(int(count)):
         before = _loop_parts(w, board)
+        tails = {}
         t0 = time.perf_counter()
         for side in SIDES:
             ex = board.exchange(side) if board is not None else None
+            th, c0 = time.perf_counter(), w.times["compute"]
             w.half_step(side, float(regularization), bool(weighted), ex)
+            if ex is not None:
+                end = time.perf_counter()
+                for k, v in shm.tail_parts(ex.marks, th + w.times["compute"] - c0,
+                                           end).items():
+                    tails[k] = tails.get(k, 0.0) + v
         t1 = time.perf_counter()
         parts = {k: v - before[k] for k, v in _loop_parts(w, board).items()}
+        parts.update(tails)
         scores = {key: squared_error(fit_id, key) for key in metrics}
         out.append((t1 - t0, scores, time.perf_counter() - t1, parts))
     return out

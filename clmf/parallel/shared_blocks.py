@@ -53,7 +53,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["SharedBlock", "Segments", "Attached", "enabled", "probe_create", "probe_check",
            "resolve", "unlink_fit", "share_arrays", "segment_names", "unlink", "switched_off",
-           "OFF_WORDS", "Board", "BoardExchange", "BlockHost", "board_create", "PeerLostError"]
+           "OFF_WORDS", "Board", "BoardExchange", "BlockHost", "board_create", "PeerLostError",
+           "tail_parts", "publish_mode", "copy_rates"]
 
 SHM_DIR = "/dev/shm"
 ENV = "CLMF_DASK_SHARED_MEMORY"
@@ -377,11 +378,36 @@ POLL_FIRST, POLL_LAST = 20e-6, 200e-6    # a waiting reader's first and longest 
 COPY_THREADS = 4              # most host threads of a worker fetching peers' rows (and publishing)
 ENV_TIMEOUT = "CLMF_DASK_EXCHANGE_TIMEOUT"
 ENV_COPY_THREADS = "CLMF_DASK_COPY_THREADS"
+# how a worker's own solved rows reach its row segment where they are staged: "copy" (default: a
+# host copy out of the page-locked staging array) or "device" (a second device → host copy
+# straight into the segment, in the publishing thread: no CPU read of page-locked memory)
+ENV_PUBLISH = "CLMF_DASK_PUBLISH"
+
+
+def tail_parts(marks, kernels_end, end):
+    """Where a half-step's tail went (seconds; ``marks``: :attr:`BoardExchange.marks`,
+    ``kernels_end``: when this worker's kernels ended, ``end``: when the half-step returned):
+    ``publish_tail``, its own last rows announced after its kernels ended; ``peers_tail``, the
+    peers' last record read after its kernels ended; ``fetch_tail``, their last chunk copied
+    in after that; ``upload_tail``, the half-step's end after that (the last uploads)."""
+    seen = max(kernels_end, marks.get("seen", kernels_end))
+    ready = max(seen, marks.get("ready", seen))
+    return {"publish_tail": max(0.0, marks.get("published", kernels_end) - kernels_end),
+            "peers_tail": seen - kernels_end, "fetch_tail": ready - seen,
+            "upload_tail": max(0.0, end - ready)}
 
 
 class PeerLostError(RuntimeError):
     """Another worker of the fit died, failed or was told to stop while this one waited for
     its rows."""
+
+
+def publish_mode():
+    """:data:`ENV_PUBLISH` ("copy" or "device"; anything else is an error naming it)."""
+    mode = os.environ.get(ENV_PUBLISH, "copy").strip().lower() or "copy"
+    if mode not in ("copy", "device"):
+        raise ValueError(f'{ENV_PUBLISH} must be "copy" or "device", not {mode!r}')
+    return mode
 
 
 def exchange_timeout():
@@ -470,6 +496,27 @@ def copy_rows(pool, dst, src):
         fu.result()
 
 
+def copy_rates(staging, nbytes=16 << 20, repeats=3):
+    """Host copy rates in GB/s (best of ``repeats`` copies of ``nbytes``): ``pinned_to_pageable``
+    (out of a page-locked array made by ``staging(shape, dtype)``, as a worker publishes its
+    staged rows), ``pageable_to_pinned`` (into it, as the peers' rows are fetched) and
+    ``pageable`` (between ordinary arrays) — a page-locked allocation that the CPU reads
+    slowly (write-combined) shows here."""
+    pinned = staging((nbytes // 4,), np.float32)
+    a, b = np.ones(nbytes // 4, np.float32), np.empty(nbytes // 4, np.float32)
+    out = {}
+    for key, dst, src in (("pinned_to_pageable", b, pinned), ("pageable_to_pinned", pinned, a),
+                          ("pageable", b, a)):
+        np.copyto(dst, src)                           # (pages touched)
+        best = np.inf
+        for _ in range(repeats):
+            t = time.perf_counter()
+            np.copyto(dst, src)
+            best = min(best, time.perf_counter() - t)
+        out[key] = nbytes / max(best, 1e-9) / 1e9
+    return out
+
+
 def copy_threads(workers):
     """Host threads each of ``workers`` workers on this host copies rows with: its share of
     the cores it may run on, 1 to :data:`COPY_THREADS` (``CLMF_DASK_COPY_THREADS`` in the
@@ -507,7 +554,7 @@ class Board:
     """This worker's view of every board of a fit: its own control words, the peers' (to read)
     and each side's :class:`BlockHost`; :meth:`exchange` makes a half-step's exchange."""
 
-    def __init__(self, attached, d, handles, bounds, abort=None, staging=None):
+    def __init__(self, attached, d, handles, bounds, abort=None, staging=None, reader=None):
         """Map the boards ``handles`` (one per worker, as :func:`board_create` returned them);
         ``abort()`` (optional) tells whether the fit was called off (asked every second of
         waiting); ``staging(shape, dtype)`` (optional, GPUs) makes page-locked arrays: each
@@ -515,7 +562,11 @@ class Board:
         exceed :data:`PIN_LIMIT` bytes), into which its device copies its solved rows (truly
         asynchronous, where a copy into pageable memory would hold the launches up; the
         exchange copies them on into the row segment before announcing them) and from which
-        it uploads the other workers' rows (copied in from their segments by host threads)."""
+        it uploads the other workers' rows (copied in from their segments by host threads).
+        ``reader(side, dst, r0, r1)`` (optional, with ``staging``): reads this worker's rows
+        ``[r0, r1)`` of ``side`` from its device into ``dst`` (blocking): each solved chunk is
+        then published by a second device → host copy straight into the row segment instead
+        of a host copy out of the page-locked array (:data:`ENV_PUBLISH`)."""
         self.d, self.n = int(d), len(handles)
         self.controls = [attached.array(h["control"]) for h in handles]
         self.segment = {}             # side -> this worker's row segment
@@ -543,6 +594,7 @@ class Board:
                     arrays[self.d] = staging(seg.shape, seg.dtype)
             self.host[s] = BlockHost(b, arrays, mirror, self.d, self.pool)
         self.staged = staging is not None
+        self.reader = reader if self.staged else None
         self.abort = abort
         self.k = 0
         self.times = dict.fromkeys(("take", "publish_copy"), 0.0)   # seconds, summed
@@ -636,6 +688,10 @@ class BoardExchange:
         self.seen = {e: 0 for e in range(board.n) if e != board.d}
         self.done = set()
         self.copying = []             # (chunk, futures of its copy into the mirror)
+        # when (perf_counter) this worker's last rows were announced ("published"), the peers'
+        # last record was read ("seen") and their last chunk handed to the device ("ready"):
+        # where the half-step's tail after this worker's kernels goes (tail_parts)
+        self.marks = {}
 
     def publish(self, device, r0, r1):
         """Rows ``[r0, r1)`` of this worker are in its row segment (or in its staging array:
@@ -643,8 +699,11 @@ class BoardExchange:
         if self.board.staged:
             t = time.perf_counter()
             b0 = self.host.block(self.board.d)[0]
-            copy_rows(self.board.publish_pool, self.board.segment[self.side][r0 - b0:r1 - b0],
-                      self.host[r0:r1])
+            dst = self.board.segment[self.side][r0 - b0:r1 - b0]
+            if self.board.reader is not None:
+                self.board.reader(self.side, dst, r0, r1)
+            else:
+                copy_rows(self.board.publish_pool, dst, self.host[r0:r1])
             self.board.times["publish_copy"] += time.perf_counter() - t
         if self.count < _CAPACITY - 1:
             self.count += 1
@@ -660,6 +719,7 @@ class BoardExchange:
             self.board.announce(self.k, self.count, True, self.pending)
         else:
             self.board.announce(self.k, self.count, True)
+        self.marks["published"] = time.perf_counter()
 
     def fail(self, exc):
         """This worker failed: its peers stop waiting."""
@@ -689,6 +749,8 @@ class BoardExchange:
                 if e in self.done:
                     continue
                 got, self.seen[e], fin = self.board.read(e, self.k, self.seen[e])
+                if got:
+                    self.marks["seen"] = time.perf_counter()
                 for chunk in got:
                     futs = self.host.fetch(chunk[1], chunk[2])
                     if futs:
@@ -708,6 +770,8 @@ class BoardExchange:
                         still.append((chunk, futs))
                 self.copying = still
             finished = len(self.done) == len(self.seen) and not self.copying
+            if ready:
+                self.marks["ready"] = time.perf_counter()
             if ready or finished:
                 return ready, seen, finished and not ready
             now = time.monotonic()
