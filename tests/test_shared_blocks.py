@@ -204,13 +204,18 @@ def test_a_failed_dead_or_called_off_peer_ends_the_wait(monkeypatch):
 
 
 @pytest.mark.parametrize("threads", [1, 3], ids=["copies-in-turn", "copy-threads"])
-@pytest.mark.parametrize("limit", [1 << 30, 8], ids=["mirror", "own-rows-only"])
+@pytest.mark.parametrize("limit", [1 << 30, 8, "env-0"], ids=["mirror", "own-rows-only",
+                                                              "own-rows-only-env"])
 def test_staged_rows_go_through_page_locked_arrays_both_ways(monkeypatch, limit, threads):
     """With staging (page-locked arrays, on GPUs) the engine's copies of its own rows land in
     them and publishing copies them on into the row segment the peers read; the peers' rows are
     copied from their segments into the side's mirror before the device uploads them (a side
-    over the pinning limit stages only this worker's rows)."""
-    monkeypatch.setattr(shm, "PIN_LIMIT", limit)
+    over the pinning limit, or ``CLMF_DASK_PIN_LIMIT``, stages only this worker's rows)."""
+    if limit == "env-0":
+        monkeypatch.setenv("CLMF_DASK_PIN_LIMIT", "0")
+        limit = 0
+    else:
+        monkeypatch.setattr(shm, "PIN_LIMIT", limit)
     monkeypatch.setattr(shm, "copy_threads", lambda workers: threads)
     monkeypatch.setattr(shm, "COPY_PART", 8)           # (rows of 8 bytes: a part each)
     bounds = {"users": np.array([0, 3, 6]), "items": np.array([0, 1, 2])}
@@ -288,6 +293,9 @@ def test_rows_published_by_a_device_read_and_the_tails_marked(monkeypatch):
     assert shm.tail_parts({"seen": 1.0, "ready": 1.5}, 2.0, 2.5)["peers_tail"] == 0
     assert shm.tail_parts({}, 2.0, 2.0) == {"publish_tail": 0.0, "peers_tail": 0.0,
                                             "fetch_tail": 0.0, "upload_tail": 0.0}
+    monkeypatch.setenv("CLMF_DASK_PIN_LIMIT", "4G")
+    with pytest.raises(ValueError, match="CLMF_DASK_PIN_LIMIT must be a number of bytes"):
+        shm.pin_limit()
     monkeypatch.setenv("CLMF_DASK_PUBLISH", "gpu")
     with pytest.raises(ValueError, match='CLMF_DASK_PUBLISH must be "copy" or "device"'):
         shm.publish_mode()

@@ -632,8 +632,9 @@ class DaskEngine:
         splits = _map_where(self.client, T.split, parts, where, bounds_u=bu, bounds_i=bi,
                             prefix=T.setup_prefix(self.fit_id), shared=shared,
                             owners=self.addrs, **(encoding or {}))
-        return [[self.client.submit(T.pick, s, k, pure=False) for k in range(2 * self.n)]
-                for s in splits]
+        # (ahead of the splits still queued: each piece reaches its owner as its split ends)
+        return [[self.client.submit(T.pick, s, k, pure=False, priority=5)
+                 for k in range(2 * self.n)] for s in splits]
 
     def _wait(self, futs):
         """Results of ``futs`` (see :func:`wait_alive`)."""

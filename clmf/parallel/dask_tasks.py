@@ -274,10 +274,18 @@ class RowMerger:
         c = np.bincount(rel, minlength=span)
         if bool(np.any(self.at + c > self.end)):
             raise _other_rows(self.key, self.r0, self.r0 + span)
-        first = np.cumsum(c) - c                         # each row's first entry in the piece
-        dest = np.repeat(self.at - first, c) + np.arange(len(rel))
-        self.cols[dest] = piece[1 - self.k_rows]
-        self.vals[dest] = piece[2]
+        a, b = int(rel[0]), int(rel[-1]) + 1
+        if np.array_equal((self.at + c)[a:b - 1], self.at[a + 1:b]):
+            # its rows' places follow one another (e.g. whole rows of a file sorted by them):
+            # one slice
+            e0 = int(self.at[a])
+            self.cols[e0:e0 + len(rel)] = piece[1 - self.k_rows]
+            self.vals[e0:e0 + len(rel)] = piece[2]
+        else:
+            first = np.cumsum(c) - c                     # each row's first entry in the piece
+            dest = np.repeat(self.at - first, c) + np.arange(len(rel))
+            self.cols[dest] = piece[1 - self.k_rows]
+            self.vals[dest] = piece[2]
         self.at += c
         return True
 

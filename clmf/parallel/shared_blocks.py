@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 __all__ = ["SharedBlock", "Segments", "Attached", "enabled", "probe_create", "probe_check",
            "resolve", "unlink_fit", "share_arrays", "segment_names", "unlink", "switched_off",
            "OFF_WORDS", "Board", "BoardExchange", "BlockHost", "board_create", "PeerLostError",
-           "tail_parts", "publish_mode", "copy_rates"]
+           "tail_parts", "publish_mode", "copy_rates", "pin_limit"]
 
 SHM_DIR = "/dev/shm"
 ENV = "CLMF_DASK_SHARED_MEMORY"
@@ -373,7 +373,9 @@ _PID, _FAILED = 0, 1
 _HEADER = 4
 _CAPACITY = 4096              # records per half-step (more chunks: the rest as one record)
 _BANK = 1 + 3 * _CAPACITY
-PIN_LIMIT = 4 << 30           # largest page-locked mirror of a side's rows
+PIN_LIMIT = 4 << 30           # largest page-locked mirror of a side's rows (default)
+ENV_PIN_LIMIT = "CLMF_DASK_PIN_LIMIT"     # bytes: sets it (0: the peers' rows uploaded from
+                                          # their segments, only a worker's own rows staged)
 POLL_FIRST, POLL_LAST = 20e-6, 200e-6    # a waiting reader's first and longest sleep (s)
 COPY_THREADS = 4              # most host threads of a worker fetching peers' rows (and publishing)
 ENV_TIMEOUT = "CLMF_DASK_EXCHANGE_TIMEOUT"
@@ -400,6 +402,18 @@ def tail_parts(marks, kernels_end, end):
 class PeerLostError(RuntimeError):
     """Another worker of the fit died, failed or was told to stop while this one waited for
     its rows."""
+
+
+def pin_limit():
+    """The largest page-locked mirror of a side's rows in bytes: ``CLMF_DASK_PIN_LIMIT``, else
+    :data:`PIN_LIMIT` (an unreadable value is an error naming it)."""
+    raw = os.environ.get(ENV_PIN_LIMIT, "").strip()
+    if not raw:
+        return PIN_LIMIT
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_PIN_LIMIT} must be a number of bytes, not {raw!r}") from None
 
 
 def publish_mode():
@@ -559,7 +573,7 @@ class Board:
         ``abort()`` (optional) tells whether the fit was called off (asked every second of
         waiting); ``staging(shape, dtype)`` (optional, GPUs) makes page-locked arrays: each
         side's rows get a page-locked mirror (only this worker's rows where every row would
-        exceed :data:`PIN_LIMIT` bytes), into which its device copies its solved rows (truly
+        exceed :func:`pin_limit` bytes), into which its device copies its solved rows (truly
         asynchronous, where a copy into pageable memory would hold the launches up; the
         exchange copies them on into the row segment before announcing them) and from which
         it uploads the other workers' rows (copied in from their segments by host threads).
@@ -587,7 +601,7 @@ class Board:
             mirror = None
             if staging is not None:
                 shape = (int(b[-1]), *seg.shape[1:])
-                if int(np.prod(shape)) * seg.dtype.itemsize <= PIN_LIMIT:
+                if int(np.prod(shape)) * seg.dtype.itemsize <= pin_limit():
                     mirror = staging(shape, seg.dtype)
                     self.mirrored.append(s)
                 else:
