@@ -557,6 +557,7 @@ def build(fit_id, d, setup, _after=None, shared=False):
                           "segments": shm.Segments(f"{fit_id}-{d}"), "attached": shm.Attached()}
     if old is not None:
         _release_state(old)
+    _stage_ahead(_STATE[fit_id])
     if start is not None:
         from ..engine.factors import padded_factors
         for side, M in zip(SIDES, start):
@@ -659,14 +660,53 @@ def board_connect(fit_id, abort, *handles):
     st = _state(fit_id)
     bounds = {s: st["plan"][s].bounds for s in SIDES}
     w = st["worker"]
-    pin = os.environ.get(ENV_STAGING, "auto").strip().lower()
-    staged = w.pinned if pin == "auto" else pin not in shm.OFF_WORDS
+    staged = _staged(w)
     mode = shm.publish_mode()
+    made, rates = st.pop("ahead").result() if "ahead" in st else ([], None)
+    if staged and rates is None:
+        rates = shm.copy_rates(w.pinned_array)
+
+    def staging(shape, dtype):
+        """The page-locked array of ``shape``: one made ahead (:func:`_stage_ahead`), else a
+        new one."""
+        for k, a in enumerate(made):
+            if a.shape == tuple(max(1, x) for x in shape) and a.dtype == np.dtype(dtype):
+                return made.pop(k)         # (as pinned_array makes it: a row at least)
+        return w.pinned_array(shape, dtype)
     st["board"] = shm.Board(st["attached"], st["d"], handles, bounds, abort=_event_check(abort),
-                            staging=w.pinned_array if staged else None,
+                            staging=staging if staged else None,
                             reader=_device_reader(w) if staged and mode == "device" else None)
-    rates = shm.copy_rates(w.pinned_array) if staged else {}
-    return {"staged": staged, "publish": mode if staged else "none", "copy_gbs": rates}
+    return {"staged": staged, "publish": mode if staged else "none",
+            "copy_gbs": rates if staged else {}}
+
+
+def _staged(w):
+    """Whether engine ``w``'s own rows pass through page-locked staging on a board
+    (``CLMF_DASK_PINNED_STAGING``, default: where the engine pins its host buffers)."""
+    pin = os.environ.get(ENV_STAGING, "auto").strip().lower()
+    return w.pinned if pin == "auto" else pin not in shm.OFF_WORDS
+
+
+def _stage_ahead(st):
+    """Where this worker's share will run the workers' own loop with staging (shared memory,
+    several workers, both factors replicated, the loop not switched off), start making its
+    board's page-locked arrays and measuring its copy rates in a thread (``st["ahead"]``:
+    their future) while the build goes on: :func:`board_connect` then finds them made."""
+    from .dask_backend import ENV_LOOP
+    plan, w = st["plan"], st["worker"]
+    if (not st["shm"] or shm.switched_off(ENV_LOOP) or not _staged(w)
+            or any(plan[s].mode != "replicate" for s in SIDES)):
+        return
+    bounds = {s: plan[s].bounds for s in SIDES}
+    specs = shm.staging_specs(bounds, st["d"], st["ldf"], st["store"])
+
+    def make():
+        """The staging arrays, then the copy rates."""
+        arrays = [w.pinned_array(shape, dt) for shape, dt, _mirror in specs]
+        return arrays, shm.copy_rates(w.pinned_array)
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clmf-stage")
+    st["ahead"] = pool.submit(make)
+    pool.shutdown(wait=False)
 
 
 def _device_reader(w):

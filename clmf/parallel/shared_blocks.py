@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 __all__ = ["SharedBlock", "Segments", "Attached", "enabled", "probe_create", "probe_check",
            "resolve", "unlink_fit", "share_arrays", "segment_names", "unlink", "switched_off",
            "OFF_WORDS", "Board", "BoardExchange", "BlockHost", "board_create", "PeerLostError",
-           "tail_parts", "publish_mode", "copy_rates", "pin_limit"]
+           "tail_parts", "publish_mode", "copy_rates", "pin_limit", "staging_specs"]
 
 SHM_DIR = "/dev/shm"
 ENV = "CLMF_DASK_SHARED_MEMORY"
@@ -564,6 +564,19 @@ def board_create(segments, bounds, d, ldf, dtype):
     return out
 
 
+def staging_specs(bounds, d, ldf, dtype):
+    """``(shape, dtype, mirror)`` of each page-locked array that :class:`Board` asks its
+    ``staging`` for, side by side, on worker ``d`` (``bounds``: side → the workers' row
+    bounds): a mirror of every row of a side (``mirror`` True), or this worker's rows alone
+    where the mirror would exceed :func:`pin_limit`."""
+    out, dtype = [], np.dtype(dtype)
+    for b in bounds.values():
+        shape = (int(b[-1]), int(ldf))
+        mirror = int(np.prod(shape)) * dtype.itemsize <= pin_limit()
+        out.append((shape if mirror else (int(b[d + 1] - b[d]), int(ldf)), dtype, mirror))
+    return out
+
+
 class Board:
     """This worker's view of every board of a fit: its own control words, the peers' (to read)
     and each side's :class:`BlockHost`; :meth:`exchange` makes a half-step's exchange."""
@@ -600,12 +613,12 @@ class Board:
             seg = self.segment[s] = arrays[self.d]
             mirror = None
             if staging is not None:
-                shape = (int(b[-1]), *seg.shape[1:])
-                if int(np.prod(shape)) * seg.dtype.itemsize <= pin_limit():
-                    mirror = staging(shape, seg.dtype)
+                (shape, dt, whole), = staging_specs({s: b}, self.d, seg.shape[1], seg.dtype)
+                if whole:
+                    mirror = staging(shape, dt)
                     self.mirrored.append(s)
                 else:
-                    arrays[self.d] = staging(seg.shape, seg.dtype)
+                    arrays[self.d] = staging(shape, dt)
             self.host[s] = BlockHost(b, arrays, mirror, self.d, self.pool)
         self.staged = staging is not None
         self.reader = reader if self.staged else None
