@@ -15,6 +15,7 @@ WORKER_STAGES = ("split", "split_wall", "merge_users", "merge_items", "merge_wai
 PHASES = {"tasks: first read starts": (("read_parquet", "read_parquet_file"), 4),
           "tasks: merge_scans ends": (("merge_scans",), 5),
           "tasks: first split starts": (("split",), 4),
+          "tasks: last split ends": (("split",), 5),
           "tasks: probe ends": (("probe",), 5),
           "tasks: build ends": (("build",), 5)}
 
