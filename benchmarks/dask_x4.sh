@@ -12,7 +12,8 @@
 #        rates out of and into page-locked memory), time to the first iteration
 #        (benchmarks/dask_gpu_runs.py); then the Dask fit again as "after-dev" (own rows
 #        published by a second device -> host copy, CLMF_DASK_PUBLISH=device) and
-#        "after-nomirror" (the peers' rows uploaded from their segments, CLMF_DASK_PIN_LIMIT=0);
+#        "after-nomirror" (the peers' rows uploaded from their segments, CLMF_DASK_PIN_LIMIT=0)
+#        and "after-devnm" (both: no host copy of rows by the workers at all);
 #        with "netflix-1t" in PARTS also "after-1t" (CLMF_DASK_COPY_THREADS=1: no copy threads)
 #   3-4. Netflix: time to the first iteration with a new cluster per fit, in-process alongside,
 #        the set-up's stages per worker and the last fit's tasks (benchmarks/dask_setup.py
@@ -38,7 +39,7 @@ PARTS=${PARTS:-netflix setup netflix-4x}   # which steps (a second command: PART
 ROUNDS=${ROUNDS:-2}            # dask_setup.py's rounds (the first a warm-up)
 SETUP_S=${SETUP_S:-90}         # seconds for each dask_setup.py step
 START=$(date +%s)
-VARIANTS="after-dev after-nomirror after-1t after-1s"
+VARIANTS="after-dev after-nomirror after-devnm after-1t after-1s"
 for name in after before $VARIANTS; do mkdir -p "$OUT/$name"; done
 mkdir -p .data/parquet
 export PYTHONUNBUFFERED=1
@@ -78,8 +79,8 @@ step() {
   echo "[$name] $(date -u +%H:%M:%S) timeout ${t}s: $*" | tee -a "$log"
   [ "$name" = after-1t ] && threads=1
   [ "$name" = after-1s ] && splits=1
-  [ "$name" = after-dev ] && publish=device
-  [ "$name" = after-nomirror ] && pinlimit=0
+  case $name in after-dev|after-devnm) publish=device ;; esac
+  case $name in after-nomirror|after-devnm) pinlimit=0 ;; esac
   CLMF_DASK_COPY_THREADS=$threads CLMF_DASK_SPLIT_THREADS=$splits CLMF_DASK_PUBLISH=$publish \
     CLMF_DASK_PIN_LIMIT=$pinlimit PYTHONPATH=$PKG/${name%%-*}${PYTHONPATH:+:$PYTHONPATH} \
     timeout "$t" "$PY" "$@" >> "$log" 2>&1
@@ -120,6 +121,7 @@ if [[ " $PARTS " == *" netflix "* ]]; then
   [ $BEFORE = 1 ] && run before 80 netflix
   run after-dev 60 netflix --skip-inprocess
   run after-nomirror 60 netflix --skip-inprocess
+  run after-devnm 60 netflix --skip-inprocess
 fi
 if [[ " $PARTS " == *" netflix-1t "* ]]; then
   run after-1t 60 netflix --skip-inprocess
