@@ -910,8 +910,12 @@ def setup_prefix(fit_id):
 
 
 def _release_state(st):
-    """Free a fit's device worker and its shared segments (mapped and owned)."""
+    """Free a fit's device worker and its shared segments (mapped and owned), once the
+    staging arrays made ahead for its board (:func:`_stage_ahead`) are made."""
     try:
+        ahead = st.pop("ahead", None)
+        if ahead is not None:
+            concurrent.futures.wait([ahead])     # (its failure: no board was made with them)
         if st.get("board") is not None:
             st["board"].close()
         st["worker"].release()
