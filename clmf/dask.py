@@ -54,7 +54,7 @@ class ALS(_ALS):
     per iteration run in the workers' own loop each worker's parts of it: ``seconds``,
     ``compute``, ``exchange``, ``take``, ``publish_copy`` and where the half-steps' tails after
     its kernels went, ``publish_tail``, ``peers_tail``, ``fetch_tail``, ``upload_tail``
-    (:func:`clmf.parallel.shared_blocks.tail_parts`); ``board``, each worker's staging and
+    (:func:`clmf.parallel.dask_board.tail_parts`); ``board``, each worker's staging and
     host copy rates, :func:`clmf.parallel.dask_tasks.board_connect`).
     """
 

@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 
+from clmf.parallel import dask_board as BD
 from clmf.parallel import dask_tasks as T
 from clmf.parallel import shared_blocks as shm
 
@@ -99,9 +100,9 @@ def test_a_release_unlinks_what_a_lost_worker_left():
 def _boards(prefix, bounds, ldf=3, abort=None):
     """Two workers' boards of one fit in this process: ``(segments, attached, boards)``."""
     segs = [shm.Segments(f"{prefix}-{d}") for d in range(2)]
-    handles = [shm.board_create(segs[d], bounds, d, ldf, np.float32) for d in range(2)]
+    handles = [BD.board_create(segs[d], bounds, d, ldf, np.float32) for d in range(2)]
     atts = [shm.Attached() for _ in range(2)]
-    boards = [shm.Board(atts[d], d, handles, bounds, abort=abort) for d in range(2)]
+    boards = [BD.Board(atts[d], d, handles, bounds, abort=abort) for d in range(2)]
     return segs, atts, boards
 
 
@@ -159,8 +160,8 @@ def test_rows_published_on_a_board_reach_the_peer_in_order_half_step_after_half_
 
 
 def test_chunks_past_the_records_capacity_are_announced_as_one_span(monkeypatch):
-    monkeypatch.setattr(shm, "_CAPACITY", 3)
-    monkeypatch.setattr(shm, "_BANK", 1 + 3 * 3)
+    monkeypatch.setattr(BD, "_CAPACITY", 3)
+    monkeypatch.setattr(BD, "_BANK", 1 + 3 * 3)
     bounds = {"users": np.array([0, 5, 20]), "items": np.array([0, 1, 2])}
     segs, atts, (b0, b1) = _boards("clmf-test-cap", bounds)
     try:
@@ -181,23 +182,23 @@ def test_a_failed_dead_or_called_off_peer_ends_the_wait(monkeypatch):
     segs, atts, (b0, b1) = _boards("clmf-test-dead", bounds, abort=lambda: bool(called_off))
     try:
         b1.exchange("users").fail(RuntimeError("boom"))        # a failed half-step
-        with pytest.raises(shm.PeerLostError, match="worker 1 of the fit failed"):
+        with pytest.raises(BD.PeerLostError, match="worker 1 of the fit failed"):
             _drain(b0.exchange("users"), 0)
-        b1.controls[1][shm._FAILED] = 0
+        b1.controls[1][BD._FAILED] = 0
         # a peer process that is gone (pid of a finished child), noticed within a second
         child = subprocess.Popen([sys.executable, "-c", "pass"])
         child.wait()
-        b0.controls[1][shm._PID] = child.pid
-        with pytest.raises(shm.PeerLostError, match=f"pid {child.pid}"):
+        b0.controls[1][BD._PID] = child.pid
+        with pytest.raises(BD.PeerLostError, match=f"pid {child.pid}"):
             _drain(b0.exchange("items"), 0)
         # the client calls the fit off, and no news at all ends in the time limit
-        b0.controls[1][shm._PID] = os.getpid()
+        b0.controls[1][BD._PID] = os.getpid()
         called_off.append(1)
-        with pytest.raises(shm.PeerLostError, match="called off"):
+        with pytest.raises(BD.PeerLostError, match="called off"):
             _drain(b0.exchange("users"), 0)
         called_off.clear()
-        monkeypatch.setenv(shm.ENV_TIMEOUT, "0.5")
-        with pytest.raises(shm.PeerLostError, match="no rows from the other workers"):
+        monkeypatch.setenv(BD.ENV_TIMEOUT, "0.5")
+        with pytest.raises(BD.PeerLostError, match="no rows from the other workers"):
             _drain(b0.exchange("items"), 0)
     finally:
         _close(segs, atts)
@@ -215,12 +216,12 @@ def test_staged_rows_go_through_page_locked_arrays_both_ways(monkeypatch, limit,
         monkeypatch.setenv("CLMF_DASK_PIN_LIMIT", "0")
         limit = 0
     else:
-        monkeypatch.setattr(shm, "PIN_LIMIT", limit)
-    monkeypatch.setattr(shm, "copy_threads", lambda workers: threads)
-    monkeypatch.setattr(shm, "COPY_PART", 8)           # (rows of 8 bytes: a part each)
+        monkeypatch.setattr(BD, "PIN_LIMIT", limit)
+    monkeypatch.setattr(BD, "copy_threads", lambda workers: threads)
+    monkeypatch.setattr(BD, "COPY_PART", 8)           # (rows of 8 bytes: a part each)
     bounds = {"users": np.array([0, 3, 6]), "items": np.array([0, 1, 2])}
     segs = [shm.Segments(f"clmf-test-stage-{d}") for d in range(2)]
-    handles = [shm.board_create(segs[d], bounds, d, 2, np.float32) for d in range(2)]
+    handles = [BD.board_create(segs[d], bounds, d, 2, np.float32) for d in range(2)]
     atts = [shm.Attached() for _ in range(2)]
     made = []
 
@@ -228,8 +229,8 @@ def test_staged_rows_go_through_page_locked_arrays_both_ways(monkeypatch, limit,
         """A plain array standing for a page-locked one."""
         made.append(np.zeros(shape, dtype))
         return made[-1]
-    b0 = shm.Board(atts[0], 0, handles, bounds)
-    b1 = shm.Board(atts[1], 1, handles, bounds, staging=staging)
+    b0 = BD.Board(atts[0], 0, handles, bounds)
+    b1 = BD.Board(atts[1], 1, handles, bounds, staging=staging)
     try:
         assert b1.mirrored == (["users", "items"] if limit > 8 else [])
         e0, e1 = b0.exchange("users"), b1.exchange("users")
@@ -262,7 +263,7 @@ def test_rows_published_by_a_device_read_and_the_tails_marked(monkeypatch):
     :func:`tail_parts` turns into the tail's parts."""
     bounds = {"users": np.array([0, 3, 6]), "items": np.array([0, 1, 2])}
     segs = [shm.Segments(f"clmf-test-read-{d}") for d in range(2)]
-    handles = [shm.board_create(segs[d], bounds, d, 2, np.float32) for d in range(2)]
+    handles = [BD.board_create(segs[d], bounds, d, 2, np.float32) for d in range(2)]
     atts = [shm.Attached() for _ in range(2)]
     reads = []
 
@@ -270,10 +271,10 @@ def test_rows_published_by_a_device_read_and_the_tails_marked(monkeypatch):
         """The device's rows: 9."""
         reads.append((side, r0, r1))
         dst[...] = 9.0
-    b0 = shm.Board(atts[0], 0, handles, bounds)
-    b1 = shm.Board(atts[1], 1, handles, bounds, staging=lambda shape, dt: np.zeros(shape, dt),
+    b0 = BD.Board(atts[0], 0, handles, bounds)
+    b1 = BD.Board(atts[1], 1, handles, bounds, staging=lambda shape, dt: np.zeros(shape, dt),
                    reader=reader)
-    assert shm.Board(atts[0], 0, handles, bounds, reader=reader).reader is None   # unstaged
+    assert BD.Board(atts[0], 0, handles, bounds, reader=reader).reader is None   # unstaged
     try:
         e0, e1 = b0.exchange("users"), b1.exchange("users")
         e1.host[3:6][:] = 7.0                      # the engine's copy into its staging array
@@ -286,28 +287,28 @@ def test_rows_published_by_a_device_read_and_the_tails_marked(monkeypatch):
     finally:
         b1.close()
         _close(segs, atts)
-    parts = shm.tail_parts({"published": 3.0, "seen": 2.5, "ready": 4.0}, 2.0, 4.5)
+    parts = BD.tail_parts({"published": 3.0, "seen": 2.5, "ready": 4.0}, 2.0, 4.5)
     assert parts == pytest.approx({"publish_tail": 1.0, "peers_tail": 0.5, "fetch_tail": 1.5,
                                    "upload_tail": 0.5})
     # rows seen before this worker's kernels ended: no peers' tail; nothing marked: no tail
-    assert shm.tail_parts({"seen": 1.0, "ready": 1.5}, 2.0, 2.5)["peers_tail"] == 0
-    assert shm.tail_parts({}, 2.0, 2.0) == {"publish_tail": 0.0, "peers_tail": 0.0,
+    assert BD.tail_parts({"seen": 1.0, "ready": 1.5}, 2.0, 2.5)["peers_tail"] == 0
+    assert BD.tail_parts({}, 2.0, 2.0) == {"publish_tail": 0.0, "peers_tail": 0.0,
                                             "fetch_tail": 0.0, "upload_tail": 0.0}
     monkeypatch.setenv("CLMF_DASK_PIN_LIMIT", "4G")
     with pytest.raises(ValueError, match="CLMF_DASK_PIN_LIMIT must be a number of bytes"):
-        shm.pin_limit()
+        BD.pin_limit()
     monkeypatch.setenv("CLMF_DASK_PUBLISH", "gpu")
     with pytest.raises(ValueError, match='CLMF_DASK_PUBLISH must be "copy" or "device"'):
-        shm.publish_mode()
+        BD.publish_mode()
 
 
 def test_copy_threads_are_a_workers_share_of_the_cores_or_as_set(monkeypatch):
-    monkeypatch.delenv(shm.ENV_COPY_THREADS, raising=False)
+    monkeypatch.delenv(BD.ENV_COPY_THREADS, raising=False)
     cores = len(os.sched_getaffinity(0))
-    assert shm.copy_threads(1) == max(1, min(shm.COPY_THREADS, cores))
-    assert shm.copy_threads(10 * cores) == 1
-    monkeypatch.setenv(shm.ENV_COPY_THREADS, "3")
-    assert shm.copy_threads(10 * cores) == 3
+    assert BD.copy_threads(1) == max(1, min(BD.COPY_THREADS, cores))
+    assert BD.copy_threads(10 * cores) == 1
+    monkeypatch.setenv(BD.ENV_COPY_THREADS, "3")
+    assert BD.copy_threads(10 * cores) == 3
 
 
 def test_a_full_shared_memory_is_the_comms_not_a_crash(monkeypatch):
@@ -339,7 +340,7 @@ def test_board_takes_the_page_locked_arrays_made_during_the_build(monkeypatch):
     plan = {s: types.SimpleNamespace(mode="replicate", bounds=b) for s, b in bounds.items()}
     w = types.SimpleNamespace(pinned=True, pinned_array=pinned_array)
     segs = [shm.Segments(f"clmf-test-ahead-{d}") for d in range(2)]
-    handles = [shm.board_create(segs[d], bounds, d, 2, np.float32) for d in range(2)]
+    handles = [BD.board_create(segs[d], bounds, d, 2, np.float32) for d in range(2)]
     st = {"plan": plan, "worker": w, "shm": True, "d": 1, "ldf": 2, "store": np.float32,
           "attached": shm.Attached()}
     monkeypatch.setitem(T._STATE, "clmf-test-ahead", st)

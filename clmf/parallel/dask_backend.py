@@ -6,7 +6,7 @@ workers. Only factor blocks (replicate mode) or partial normal equations (reduce
 Dask results between workers. Where the workers share a host and both factors are replicated
 (or there is one worker), each worker instead runs whole iterations in one task
 (:attr:`DaskEngine.loop`, :func:`~clmf.parallel.dask_tasks.iterate`), exchanging its rows
-through shared-memory boards while it computes (:class:`~clmf.parallel.shared_blocks.Board`):
+through shared-memory boards while it computes (:class:`~clmf.parallel.dask_board.Board`):
 no scheduler round trip per half-step. Dask is imported lazily: importing :mod:`clmf` never
 needs it.
 
@@ -26,12 +26,12 @@ import numpy as np
 
 from ..engine.core import padded_factors, unpadded_factors
 from . import dask_tasks as T
+from .dask_board import ENV_LOOP
 from .partition import make_plan
 from .worker import SIDES, other_side
 
 log = logging.getLogger(__name__)
 
-ENV_LOOP = "CLMF_DASK_WORKER_LOOP"
 
 __all__ = ["WorkerLostError", "DaskEngine", "DistRatings", "EarlySetUp", "prepare",
            "fit_workers", "get_client", "wait_alive", "device_facts", "new_fit_id",
