@@ -391,3 +391,9 @@ def test_collector_falls_back_and_reports_pieces_of_other_rows():
     col.close()                                          # pieces 1 and 2 never come
     with pytest.raises(Exception):                       # noqa: B017 - cancelled
         col.result()
+    T.take("clmf-test-late", 0, static, 3, 0, *pieces[0])     # a collector made, waiting
+    assert "clmf-test-late" in T._MERGING
+    T.release("clmf-test-late")                          # stops it; pieces that come late:
+    assert "clmf-test-late" not in T._MERGING            # an error, not a collector for ever
+    with pytest.raises(RuntimeError, match="clmf-test-late was released"):
+        T.take("clmf-test-late", 0, static, 3, 1, *pieces[1])

@@ -167,8 +167,10 @@ class _Collector:
     until :meth:`close`)."""
 
     def __init__(self, d, static, n_parts):
-        """The merges of worker ``d``'s blocks of a fit (``static``: see :func:`blocks`) from
-        ``n_parts`` partitions' pieces, started."""
+        """The merges of worker ``d``'s blocks of a fit (``static``: see
+        :func:`~clmf.parallel.dask_tasks.blocks`) from ``n_parts`` partitions' pieces, started
+        (in daemon threads: a set-up abandoned before its pieces came never holds the worker's
+        exit)."""
         self.n_parts = int(n_parts)
         self.indptr = {}
         self.pieces = {s: [None] * self.n_parts for s in SIDES}
@@ -181,9 +183,17 @@ class _Collector:
             self.indptr[s] = np.zeros(rows + 1, np.int64)
             np.cumsum(counts, out=self.indptr[s][1:])
         self.bounds = {s: tuple(int(x) for x in static["bounds"][s][d:d + 2]) for s in SIDES}
-        pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="clmf-merge")
-        self.futs = {s: pool.submit(self._merge, s) for s in SIDES}
-        pool.shutdown(wait=False)
+        self.futs = {s: concurrent.futures.Future() for s in SIDES}
+        for s in SIDES:
+            threading.Thread(target=self._run, args=(s,), daemon=True,
+                             name=f"clmf-merge-{s}").start()
+
+    def _run(self, side):
+        """:meth:`_merge` of ``side`` into its future."""
+        try:
+            self.futs[side].set_result(self._merge(side))
+        except BaseException as e:   # noqa: BLE001 - the blocks' thread reports it
+            self.futs[side].set_exception(e)
 
     def put(self, p, user_piece, item_piece):
         """Partition ``p``'s pieces arrived."""

@@ -11,6 +11,7 @@ module level (only :func:`get_worker` inside a task); the client side is
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import logging
 import os
@@ -50,6 +51,7 @@ _STATE = {}            # fit id → dict (this worker's share of the fit)
 _PENDING = {}          # fit id → future of the blocks being built (see blocks)
 _WARM = {}             # fit id → future of the context and start factors (see warm_up)
 _MERGING = {}          # fit id → _Collector merging the pieces of the blocks (see take)
+_RELEASED = collections.deque(maxlen=256)     # the fits released here lately (see _collector)
 # "1"/"0": the workers' own rows pass through page-locked staging arrays or not (default
 # "auto": where the engine pins its host buffers, i.e. on GPUs; see dask_board.Board)
 ENV_STAGING = "CLMF_DASK_PINNED_STAGING"
@@ -171,8 +173,11 @@ def take(fit_id, d, static, n_parts, p, user_piece, item_piece):
 
 
 def _collector(fit_id, d, static, n_parts):
-    """This worker's :class:`_Collector` of fit ``fit_id`` (made on first use)."""
+    """This worker's :class:`_Collector` of fit ``fit_id`` (made on first use; a fit released
+    here already, whose pieces come late, is an error, not a collector waiting forever)."""
     with _LOCK:
+        if fit_id in _RELEASED:
+            raise RuntimeError(f"fit {fit_id} was released on this worker")
         col = _MERGING.get(fit_id)
         if col is None:
             col = _MERGING[fit_id] = _Collector(d, static, n_parts)
@@ -659,6 +664,7 @@ def release(fit_id, *_after):
         pending = _PENDING.pop(fit_id, None)
         warm = _WARM.pop(fit_id, None)
         merging = _MERGING.pop(fit_id, None)
+        _RELEASED.append(fit_id)
     if merging is not None:       # pieces of a set-up that failed: stop waiting, unmap
         merging.close()
     for fut in (pending, warm):   # blocks never taken by build (the set-up failed)
