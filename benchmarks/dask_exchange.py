@@ -1,5 +1,5 @@
 """The Dask workers' row exchange alone (issue 28): the shared-memory boards of
-:mod:`clmf.parallel.shared_blocks` between worker processes, with the engine's side of a
+:mod:`clmf.parallel.dask_board` between worker processes, with the engine's side of a
 half-step simulated — no device, no Dask — so that what the exchange adds to a half-step on
 GPUs (copies through page-locked staging, waits) can be timed on any host.
 
@@ -33,18 +33,19 @@ import numpy as np
 
 def worker(d, args, handles_q, all_handles, barrier, out_q):
     """Worker ``d``: make its board, map the others', run the half-steps, report seconds."""
+    from clmf.parallel import dask_board as BD
     from clmf.parallel import shared_blocks as shm
     n, rows, width = args.workers, args.rows, args.width
     bounds = {"users": np.arange(n + 1, dtype=np.int64) * rows}
     segs = shm.Segments(f"clmf-xbench-{args.tag}-{d}")
     atts = shm.Attached()
-    handles_q.put((d, shm.board_create(segs, bounds, d, width, np.float32)))
+    handles_q.put((d, BD.board_create(segs, bounds, d, width, np.float32)))
     handles = all_handles.get()
 
     def staging(shape, dtype):
         """A plain array standing for a page-locked one."""
         return np.zeros(shape, dtype)
-    board = shm.Board(atts, d, handles, bounds, staging=staging if args.staging else None)
+    board = BD.Board(atts, d, handles, bounds, staging=staging if args.staging else None)
     device = np.random.default_rng(d).random((rows, width), dtype=np.float32)   # own rows
     dev_all = np.zeros((n * rows, width), np.float32)      # the "device" buffer of the side
     cuts = np.linspace(0, rows, args.batches + 1).astype(np.int64)

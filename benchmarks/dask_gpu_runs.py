@@ -110,6 +110,10 @@ def dask_fit(args, pdir, workers, transport, label, loop=True):
                                  for k in loop_parts[0][0]}
             say(f"{label}: workers' loop parts (median s/it) " + ", ".join(
                 f"{k} {v:.4f}" for k, v in rec["loop_parts"].items()))
+        for d, b in enumerate(model.fit_times_.get("board") or []):
+            say(f"{label}: worker {d}'s board: staged {b['staged']}, published by "
+                f"{b['publish']}" + "".join(f", {k} {v:.1f} GB/s"
+                                           for k, v in b["copy_gbs"].items()))
         say(f"{label}: {rec['s_per_it']:.4f} s/it through {model.transport_}, first "
             f"iteration after {model.time_to_first_iteration_:.1f} s")
         return rec

@@ -7,13 +7,15 @@ import json
 import statistics
 import sys
 
-WORKER_STAGES = ("split", "split_wall", "blocks", "blocks_wait", "context", "start_factors",
+WORKER_STAGES = ("split", "split_wall", "merge_users", "merge_items", "merge_wait", "blocks",
+                 "blocks_wait", "context", "start_factors",
                  "start_wait", "engine")
 
 # phases of the task stream: (task kinds, 4 = first start / 5 = last end)
 PHASES = {"tasks: first read starts": (("read_parquet", "read_parquet_file"), 4),
           "tasks: merge_scans ends": (("merge_scans",), 5),
           "tasks: first split starts": (("split",), 4),
+          "tasks: last split ends": (("split",), 5),
           "tasks: probe ends": (("probe",), 5),
           "tasks: build ends": (("build",), 5)}
 

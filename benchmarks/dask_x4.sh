@@ -7,9 +7,14 @@
 # written under $OUT/after and $OUT/before as it ends; the whole run stays under 9 minutes
 # (later steps get what time is left, 4 x Netflix last):
 #   1-2. Netflix shape, f = 100: in-process s/it and Dask s/it (workers' loop through shared
-#        memory, each iteration's parts per worker: compute, exchange, take, publish_copy),
-#        time to the first iteration  (benchmarks/dask_gpu_runs.py); then "after-1t": the
-#        Dask fit again with CLMF_DASK_COPY_THREADS=1 (rows copied in turn, no copy threads)
+#        memory, each iteration's parts per worker: compute, exchange, take, publish_copy and
+#        the tails after its kernels: publish, peers, fetch, upload; each worker's host copy
+#        rates out of and into page-locked memory), time to the first iteration
+#        (benchmarks/dask_gpu_runs.py); then the Dask fit again as "after-dev" (own rows
+#        published by a second device -> host copy, CLMF_DASK_PUBLISH=device) and
+#        "after-nomirror" (the peers' rows uploaded from their segments, CLMF_DASK_PIN_LIMIT=0)
+#        and "after-devnm" (both: no host copy of rows by the workers at all);
+#        with "netflix-1t" in PARTS also "after-1t" (CLMF_DASK_COPY_THREADS=1: no copy threads)
 #   3-4. Netflix: time to the first iteration with a new cluster per fit, in-process alongside,
 #        the set-up's stages per worker and the last fit's tasks (benchmarks/dask_setup.py
 #        --fresh); with "setup-1s" in PARTS then "after-1s": the same with
@@ -34,7 +39,9 @@ PARTS=${PARTS:-netflix setup netflix-4x}   # which steps (a second command: PART
 ROUNDS=${ROUNDS:-2}            # dask_setup.py's rounds (the first a warm-up)
 SETUP_S=${SETUP_S:-90}         # seconds for each dask_setup.py step
 START=$(date +%s)
-mkdir -p "$OUT/after" "$OUT/before" "$OUT/after-1t" "$OUT/after-1s" .data/parquet
+VARIANTS="after-dev after-nomirror after-devnm after-1t after-1s"
+for name in after before $VARIANTS; do mkdir -p "$OUT/$name"; done
+mkdir -p .data/parquet
 export PYTHONUNBUFFERED=1
 PKG=$(mktemp -d)
 trap 'rm -rf "$PKG"' EXIT
@@ -64,7 +71,7 @@ step() {
   # step NAME SECONDS LOG ARGS...: run one benchmark with package NAME ("after-1t": after,
   # each worker copying rows with one thread; "after-1s": after, each worker's splits in
   # turn), within its share of the time left
-  local name=$1 want=$2 log=$3 t threads= splits=auto
+  local name=$1 want=$2 log=$3 t threads= splits=auto publish=copy pinlimit=
   shift 3
   t=$(left)
   [ "$t" -gt "$want" ] && t=$want
@@ -72,8 +79,11 @@ step() {
   echo "[$name] $(date -u +%H:%M:%S) timeout ${t}s: $*" | tee -a "$log"
   [ "$name" = after-1t ] && threads=1
   [ "$name" = after-1s ] && splits=1
-  CLMF_DASK_COPY_THREADS=$threads CLMF_DASK_SPLIT_THREADS=$splits \
-    PYTHONPATH=$PKG/${name%-1[ts]}${PYTHONPATH:+:$PYTHONPATH} timeout "$t" "$PY" "$@" >> "$log" 2>&1
+  case $name in after-dev|after-devnm) publish=device ;; esac
+  case $name in after-nomirror|after-devnm) pinlimit=0 ;; esac
+  CLMF_DASK_COPY_THREADS=$threads CLMF_DASK_SPLIT_THREADS=$splits CLMF_DASK_PUBLISH=$publish \
+    CLMF_DASK_PIN_LIMIT=$pinlimit PYTHONPATH=$PKG/${name%%-*}${PYTHONPATH:+:$PYTHONPATH} \
+    timeout "$t" "$PY" "$@" >> "$log" 2>&1
   echo "[$name] exit $? at +$(( $(date +%s) - START ))s" | tee -a "$log"
 }
 
@@ -109,6 +119,11 @@ setup() {   # setup NAME SECONDS: dask_setup.py --fresh
 if [[ " $PARTS " == *" netflix "* ]]; then
   run after 80 netflix
   [ $BEFORE = 1 ] && run before 80 netflix
+  run after-dev 60 netflix --skip-inprocess
+  run after-nomirror 60 netflix --skip-inprocess
+  run after-devnm 60 netflix --skip-inprocess
+fi
+if [[ " $PARTS " == *" netflix-1t "* ]]; then
   run after-1t 60 netflix --skip-inprocess
 fi
 if [[ " $PARTS " == *" setup "* ]]; then
@@ -123,9 +138,9 @@ if [[ " $PARTS " == *" netflix-4x "* ]]; then
   [ $BEFORE = 1 ] && run before 200 netflix-4x --skip-inprocess
 fi
 
-for name in after before after-1t after-1s; do
+for name in after before $VARIANTS; do
   for f in "$OUT/$name/runs/summary.md" "$OUT/$name/setup/README.md"; do
     [ -f "$f" ] && { echo "== $name: $f"; head -12 "$f"; }
   done
-  grep -h "loop parts" "$OUT/$name/log.txt" 2>/dev/null
+  grep -h "loop parts\|board:" "$OUT/$name/log.txt" 2>/dev/null
 done | tee "$OUT/summary.txt"

@@ -52,7 +52,10 @@ class ALS(_ALS):
     ``engine``, the rest as the client saw it; ``probe``, each probed worker's lookup and
     builds, one worker per kind of device; ``workers``, each worker's own stages; ``loop``,
     per iteration run in the workers' own loop each worker's parts of it: ``seconds``,
-    ``compute``, ``exchange``, ``take``, ``publish_copy``).
+    ``compute``, ``exchange``, ``take``, ``publish_copy`` and where the half-steps' tails after
+    its kernels went, ``publish_tail``, ``peers_tail``, ``fetch_tail``, ``upload_tail``
+    (:func:`clmf.parallel.dask_board.tail_parts`); ``board``, each worker's staging and
+    host copy rates, :func:`clmf.parallel.dask_tasks.board_connect`).
     """
 
     _repr_name = "clmf.dask.ALS"
@@ -215,18 +218,37 @@ class _DaskTrainer(Trainer):
     def fit(self, X, *, columns, show_progress, callback, init, validation,
             early_stopping_rounds, checkpoint, checkpoint_every, resume, modes):
         """The fitted attributes of one attempt of :meth:`ALS.fit`."""
-        from . import reference
-        from .parallel.dask_backend import DaskEngine, device_facts, fit_workers, prepare
-        spec, est = self.spec, self.est
+        from .parallel.dask_backend import EarlySetUp, device_facts, fit_workers
+        est = self.est
         client = get_client(est.client)
         addrs, ranks = fit_workers(client, est.workers)
         specs = (list(est.device) if isinstance(est.device, (list, tuple))
                  else [est.device] * len(addrs))
         if len(specs) != len(addrs):
             raise ValueError(f"device lists {len(specs)} devices for {len(addrs)} workers")
-        implicit = spec.implicit
         t_start = time.perf_counter()
         facts = device_facts(client, addrs, ranks, specs)   # (while the ratings are prepared)
+        early = EarlySetUp.start(client, addrs)              # the shared-memory check, likewise
+        try:
+            return self._fit(X, client, addrs, ranks, specs, facts, early, t_start,
+                             columns=columns, show_progress=show_progress, callback=callback,
+                             init=init, validation=validation,
+                             early_stopping_rounds=early_stopping_rounds,
+                             checkpoint=checkpoint, checkpoint_every=checkpoint_every,
+                             resume=resume, modes=modes)
+        except BaseException:
+            if not early.taken:      # failed before the engine took it over (it cleans up)
+                early.abandon(client, addrs)
+            raise
+
+    def _fit(self, X, client, addrs, ranks, specs, facts, early, t_start, *, columns,
+             show_progress, callback, init, validation, early_stopping_rounds, checkpoint,
+             checkpoint_every, resume, modes):
+        """:meth:`fit` once the workers' facts and the fit's early set-up are submitted."""
+        from . import reference
+        from .parallel.dask_backend import DaskEngine, prepare
+        spec, est = self.spec, self.est
+        implicit = spec.implicit
         data = prepare(client, X, columns, shift=spec.shift,     # the kernels' view (confidence)
                        workers=addrs)
         fit_times = {"prepare_s": time.perf_counter() - t_start}
@@ -270,7 +292,7 @@ class _DaskTrainer(Trainer):
             engine = DaskEngine(client, addrs, ranks, specs, data, spec, stats,
                                 offset=global_mean if spec.biased else 0.0,
                                 max_device_memory=est.max_device_memory, modes=modes,
-                                start=drawn, facts=facts)
+                                start=drawn, facts=facts, early=early)
         finally:
             data.release()
         fit_times["prepare"] = dict(data.times)
@@ -308,6 +330,8 @@ class _DaskTrainer(Trainer):
             memory = dict(engine.memory)
             if engine.splits:
                 fit_times["loop"] = engine.splits
+            if getattr(engine, "board_facts", None):
+                fit_times["board"] = engine.board_facts
         except WorkerLostError as e:
             raise WorkerLostError(f"{e}. The fit cannot go on without that worker's blocks. "
                                   + _resume_hint(checkpoint)) from e

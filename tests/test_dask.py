@@ -436,7 +436,8 @@ def test_bad_input_is_a_clear_error(client, monkeypatch):
     # host's shared memory (the pieces of ratings it had routed through it)
     from clmf.parallel import dask_tasks as T
     from clmf.parallel import shared_blocks as shm
-    assert set(client.run(lambda: len(T._PENDING) + len(T._STATE)).values()) == {0}
+    assert set(client.run(lambda: len(T._PENDING) + len(T._STATE) + len(T._MERGING)).values()) \
+        == {0}
     assert made and [x for x in os.listdir(shm.SHM_DIR) if "-set-up" in x
                       and any(x.startswith(f"clmf-{h}") for h in made)] == []
     with pytest.raises(ValueError, match="on_worker_lost"):
@@ -485,11 +486,16 @@ def test_splits_run_at_once_on_a_worker_give_the_same_model(ml100k, monkeypatch)
     assert all(w["split"] > 0 and w["split_wall"] > 0 for w in dm.fit_times_["workers"])
 
 
-def test_pinned_staging_of_the_workers_rows_gives_the_same_model(ml100k, monkeypatch, caplog):
+@pytest.mark.parametrize("publish", ["copy", "device"])
+def test_pinned_staging_of_the_workers_rows_gives_the_same_model(ml100k, monkeypatch, caplog,
+                                                                 publish):
     """The GPU path of the workers' loop on CPU devices (``CLMF_DASK_PINNED_STAGING=1``: rows
-    through page-locked mirrors both ways) gives the one-device model."""
+    through page-locked mirrors both ways; each worker's own rows published by a host copy out
+    of its mirror or by a second copy off its device, ``CLMF_DASK_PUBLISH``) gives the
+    one-device model; each iteration's parts and the board's copy rates are reported."""
     path, R, _raw = ml100k
     monkeypatch.setenv("CLMF_DASK_PINNED_STAGING", "1")     # inherited by the new workers
+    monkeypatch.setenv("CLMF_DASK_PUBLISH", publish)
     cluster, c = _cluster()
     try:
         with caplog.at_level("INFO", logger="clmf.parallel.dask_backend"):
@@ -498,9 +504,15 @@ def test_pinned_staging_of_the_workers_rows_gives_the_same_model(ml100k, monkeyp
     finally:
         c.close()
         cluster.close()
-    assert "page-locked staging on 2 of 2 workers" in caplog.text
+    assert f"page-locked staging on 2 of 2 workers (published by {publish})" in caplog.text
     _check_close(dm, _one_device(R, iterations=3))
     loop = dm.fit_times_["loop"]              # each iteration's parts, on both workers
     assert len(loop) == 3 and all(len(per) == 2 for per in loop)
     assert all(p["publish_copy"] > 0 and p["seconds"] >= p["compute"] > 0
                for per in loop for p in per)
+    tails = ("peers_tail", "fetch_tail", "upload_tail")       # one after another
+    assert all(0 <= sum(p[k] for k in tails) <= p["seconds"] and 0 <= p["publish_tail"]
+               <= p["seconds"] for per in loop for p in per)
+    board = dm.fit_times_["board"]
+    assert [b["publish"] for b in board] == [publish] * 2
+    assert all(b["copy_gbs"]["pinned_to_pageable"] > 0 for b in board)

@@ -304,3 +304,96 @@ def test_arrow_columns_of_several_chunks_read_from_their_buffers():
     np.testing.assert_array_equal(P._values(table, "rating", np.float64),
                                   vals.astype(np.float32))
     assert P._values(table, "when").dtype == bool          # other types: pyarrow's to_numpy
+
+
+def _collected(pieces_by_part, static, order, d=0, shared_prefix=None):
+    """Worker ``d``'s :class:`~clmf.parallel.dask_tasks._Collector` fed the partitions'
+    ``(users piece, items piece)`` in ``order`` (through shared memory with a prefix), then
+    its blocks built: ``(Layout, collector times)``."""
+    from clmf.parallel import shared_blocks as shm
+    col = T._Collector(d, static, len(pieces_by_part))
+    for p in order:
+        up, ip = pieces_by_part[p]
+        if shared_prefix is not None:
+            up, ip = (shm.share_arrays(shared_prefix, [(len(x), x.dtype) for x in t],
+                                       lambda v, t=t: [np.copyto(a, b) for a, b in zip(v, t)])
+                      for t in (up, ip))
+        col.put(p, up, ip)
+    layout, _start, times = T._blocks("clmf-test-collect", d, static, col)
+    return layout, times
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["arrays", "shared-memory"])
+@pytest.mark.parametrize("order", ["in order", "reversed"])
+def test_pieces_merged_as_they_come_give_the_block_of_all_pieces(order, shared):
+    """A worker merges each partition's pieces as its split ends (:class:`_Collector`, in
+    partition order whatever order they come in): the same CSR blocks as built from every
+    piece at once, the merge timed, shared segments unlinked once mapped."""
+    import os
+
+    from clmf.parallel import shared_blocks as shm
+    rng = np.random.default_rng(11)
+    u, i, r, (m, n) = _triples(rng, nnz=6_000)
+    bu, bi = np.array([0, 120, m]), np.array([0, 50, n])
+    parts = np.array_split(rng.permutation(len(u)), 5)
+    by_part = [P.split((u[p], i[p], r[p]), bu, bi) for p in parts]
+    static = {"shape": (m, n), "user_counts": np.bincount(u, minlength=m),
+              "item_counts": np.bincount(i, minlength=n),
+              "bounds": {"users": bu, "items": bi}, "start": None,
+              "devices": [("cpu", 0), ("cpu", 1)]}
+    prefix = "clmf-test-collect-set-up" if shared else None
+    for d in range(2):
+        pieces = [(t[d], t[2 + d]) for t in by_part]
+        seq = range(5) if order == "in order" else range(4, -1, -1)
+        layout, times = _collected(pieces, static, seq, d, prefix)
+        assert times["merge_users"] >= 0 and times["merge_items"] >= 0
+        for key, k, b in (("users", 0, bu), ("items", 1, bi)):
+            R = (sp.csr_matrix((r, (u, i)), shape=(m, n)) if key == "users"
+                 else sp.csr_matrix((r, (i, u)), shape=(n, m)))
+            R.sort_indices()
+            want = T._block([pc[k] for pc in pieces], key, R.indptr.astype(np.int64),
+                            b[d], b[d + 1])
+            for a, w in zip(layout[key].entries(b[d], b[d + 1]),
+                            want.entries(b[d], b[d + 1])):
+                np.testing.assert_array_equal(a, w)
+            ip, idx, _ = layout[key].entries(b[d], b[d + 1])
+            np.testing.assert_array_equal(idx, R.indices[R.indptr[b[d]]:R.indptr[b[d + 1]]])
+    if shared:
+        assert not [x for x in os.listdir(shm.SHM_DIR) if x.startswith(prefix)]
+
+
+def test_collector_falls_back_and_reports_pieces_of_other_rows():
+    """A piece that does not run by row turns the merge of its side off (the block is still
+    right); pieces of other rows than counted are reported as :func:`_block` reports them;
+    a collector closed before its pieces came stops waiting."""
+    rng = np.random.default_rng(12)
+    u, i, r, (m, n) = _triples(rng, nnz=3_000)
+    bu, bi = np.array([0, m]), np.array([0, n])
+    parts = np.array_split(np.arange(len(u)), 3)
+    static = {"shape": (m, n), "user_counts": np.bincount(u, minlength=m),
+              "item_counts": np.bincount(i, minlength=n),
+              "bounds": {"users": bu, "items": bi}, "start": None, "devices": [("cpu", 0)]}
+    pieces = [tuple(P.split((u[p], i[p], r[p]), bu, bi)) for p in parts]
+    shuffled = list(pieces)
+    perm = rng.permutation(len(parts[1]))                # partition 1's users out of row order
+    shuffled[1] = (tuple(x[perm] for x in pieces[1][0]), pieces[1][1])
+    layout, _ = _collected(shuffled, static, range(3))
+    R = sp.csr_matrix((r, (u, i)), shape=(m, n))
+    R.sort_indices()
+    np.testing.assert_array_equal(layout.users.entries(0, m)[1], R.indices)
+    bad = list(pieces)
+    iu, ii, ir = pieces[2][1]                            # item 0's ratings moved to item 1
+    bad[2] = (pieces[2][0], (iu, np.maximum(ii, 1), ir))
+    with pytest.raises(RuntimeError, match="other rows than counted"):
+        _collected(bad, static, range(3))
+    col = T._Collector(0, static, 3)
+    col.put(0, *pieces[0])
+    col.close()                                          # pieces 1 and 2 never come
+    with pytest.raises(Exception):                       # noqa: B017 - cancelled
+        col.result()
+    T.take("clmf-test-late", 0, static, 3, 0, *pieces[0])     # a collector made, waiting
+    assert "clmf-test-late" in T._MERGING
+    T.release("clmf-test-late")                          # stops it; pieces that come late:
+    assert "clmf-test-late" not in T._MERGING            # an error, not a collector for ever
+    with pytest.raises(RuntimeError, match="clmf-test-late was released"):
+        T.take("clmf-test-late", 0, static, 3, 1, *pieces[1])

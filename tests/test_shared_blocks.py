@@ -3,10 +3,12 @@ Dask (segments made, mapped by handle, reused, released; probes that fail; a ful
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
 
+from clmf.parallel import dask_board as BD
 from clmf.parallel import dask_tasks as T
 from clmf.parallel import shared_blocks as shm
 
@@ -98,9 +100,9 @@ def test_a_release_unlinks_what_a_lost_worker_left():
 def _boards(prefix, bounds, ldf=3, abort=None):
     """Two workers' boards of one fit in this process: ``(segments, attached, boards)``."""
     segs = [shm.Segments(f"{prefix}-{d}") for d in range(2)]
-    handles = [shm.board_create(segs[d], bounds, d, ldf, np.float32) for d in range(2)]
+    handles = [BD.board_create(segs[d], bounds, d, ldf, np.float32) for d in range(2)]
     atts = [shm.Attached() for _ in range(2)]
-    boards = [shm.Board(atts[d], d, handles, bounds, abort=abort) for d in range(2)]
+    boards = [BD.Board(atts[d], d, handles, bounds, abort=abort) for d in range(2)]
     return segs, atts, boards
 
 
@@ -158,8 +160,8 @@ def test_rows_published_on_a_board_reach_the_peer_in_order_half_step_after_half_
 
 
 def test_chunks_past_the_records_capacity_are_announced_as_one_span(monkeypatch):
-    monkeypatch.setattr(shm, "_CAPACITY", 3)
-    monkeypatch.setattr(shm, "_BANK", 1 + 3 * 3)
+    monkeypatch.setattr(BD, "_CAPACITY", 3)
+    monkeypatch.setattr(BD, "_BANK", 1 + 3 * 3)
     bounds = {"users": np.array([0, 5, 20]), "items": np.array([0, 1, 2])}
     segs, atts, (b0, b1) = _boards("clmf-test-cap", bounds)
     try:
@@ -180,41 +182,46 @@ def test_a_failed_dead_or_called_off_peer_ends_the_wait(monkeypatch):
     segs, atts, (b0, b1) = _boards("clmf-test-dead", bounds, abort=lambda: bool(called_off))
     try:
         b1.exchange("users").fail(RuntimeError("boom"))        # a failed half-step
-        with pytest.raises(shm.PeerLostError, match="worker 1 of the fit failed"):
+        with pytest.raises(BD.PeerLostError, match="worker 1 of the fit failed"):
             _drain(b0.exchange("users"), 0)
-        b1.controls[1][shm._FAILED] = 0
+        b1.controls[1][BD._FAILED] = 0
         # a peer process that is gone (pid of a finished child), noticed within a second
         child = subprocess.Popen([sys.executable, "-c", "pass"])
         child.wait()
-        b0.controls[1][shm._PID] = child.pid
-        with pytest.raises(shm.PeerLostError, match=f"pid {child.pid}"):
+        b0.controls[1][BD._PID] = child.pid
+        with pytest.raises(BD.PeerLostError, match=f"pid {child.pid}"):
             _drain(b0.exchange("items"), 0)
         # the client calls the fit off, and no news at all ends in the time limit
-        b0.controls[1][shm._PID] = os.getpid()
+        b0.controls[1][BD._PID] = os.getpid()
         called_off.append(1)
-        with pytest.raises(shm.PeerLostError, match="called off"):
+        with pytest.raises(BD.PeerLostError, match="called off"):
             _drain(b0.exchange("users"), 0)
         called_off.clear()
-        monkeypatch.setenv(shm.ENV_TIMEOUT, "0.5")
-        with pytest.raises(shm.PeerLostError, match="no rows from the other workers"):
+        monkeypatch.setenv(BD.ENV_TIMEOUT, "0.5")
+        with pytest.raises(BD.PeerLostError, match="no rows from the other workers"):
             _drain(b0.exchange("items"), 0)
     finally:
         _close(segs, atts)
 
 
 @pytest.mark.parametrize("threads", [1, 3], ids=["copies-in-turn", "copy-threads"])
-@pytest.mark.parametrize("limit", [1 << 30, 8], ids=["mirror", "own-rows-only"])
+@pytest.mark.parametrize("limit", [1 << 30, 8, "env-0"], ids=["mirror", "own-rows-only",
+                                                              "own-rows-only-env"])
 def test_staged_rows_go_through_page_locked_arrays_both_ways(monkeypatch, limit, threads):
     """With staging (page-locked arrays, on GPUs) the engine's copies of its own rows land in
     them and publishing copies them on into the row segment the peers read; the peers' rows are
     copied from their segments into the side's mirror before the device uploads them (a side
-    over the pinning limit stages only this worker's rows)."""
-    monkeypatch.setattr(shm, "PIN_LIMIT", limit)
-    monkeypatch.setattr(shm, "copy_threads", lambda workers: threads)
-    monkeypatch.setattr(shm, "COPY_PART", 8)           # (rows of 8 bytes: a part each)
+    over the pinning limit, or ``CLMF_DASK_PIN_LIMIT``, stages only this worker's rows)."""
+    if limit == "env-0":
+        monkeypatch.setenv("CLMF_DASK_PIN_LIMIT", "0")
+        limit = 0
+    else:
+        monkeypatch.setattr(BD, "PIN_LIMIT", limit)
+    monkeypatch.setattr(BD, "copy_threads", lambda workers: threads)
+    monkeypatch.setattr(BD, "COPY_PART", 8)           # (rows of 8 bytes: a part each)
     bounds = {"users": np.array([0, 3, 6]), "items": np.array([0, 1, 2])}
     segs = [shm.Segments(f"clmf-test-stage-{d}") for d in range(2)]
-    handles = [shm.board_create(segs[d], bounds, d, 2, np.float32) for d in range(2)]
+    handles = [BD.board_create(segs[d], bounds, d, 2, np.float32) for d in range(2)]
     atts = [shm.Attached() for _ in range(2)]
     made = []
 
@@ -222,8 +229,8 @@ def test_staged_rows_go_through_page_locked_arrays_both_ways(monkeypatch, limit,
         """A plain array standing for a page-locked one."""
         made.append(np.zeros(shape, dtype))
         return made[-1]
-    b0 = shm.Board(atts[0], 0, handles, bounds)
-    b1 = shm.Board(atts[1], 1, handles, bounds, staging=staging)
+    b0 = BD.Board(atts[0], 0, handles, bounds)
+    b1 = BD.Board(atts[1], 1, handles, bounds, staging=staging)
     try:
         assert b1.mirrored == (["users", "items"] if limit > 8 else [])
         e0, e1 = b0.exchange("users"), b1.exchange("users")
@@ -249,13 +256,59 @@ def test_staged_rows_go_through_page_locked_arrays_both_ways(monkeypatch, limit,
         _close(segs, atts)
 
 
+def test_rows_published_by_a_device_read_and_the_tails_marked(monkeypatch):
+    """With a ``reader`` (``CLMF_DASK_PUBLISH=device``) a staged worker's published rows are
+    those its reader copies off the device into its row segment (not its staging array's);
+    the exchange marks when the last rows were published, seen and handed out, which
+    :func:`tail_parts` turns into the tail's parts."""
+    bounds = {"users": np.array([0, 3, 6]), "items": np.array([0, 1, 2])}
+    segs = [shm.Segments(f"clmf-test-read-{d}") for d in range(2)]
+    handles = [BD.board_create(segs[d], bounds, d, 2, np.float32) for d in range(2)]
+    atts = [shm.Attached() for _ in range(2)]
+    reads = []
+
+    def reader(side, dst, r0, r1):
+        """The device's rows: 9."""
+        reads.append((side, r0, r1))
+        dst[...] = 9.0
+    b0 = BD.Board(atts[0], 0, handles, bounds)
+    b1 = BD.Board(atts[1], 1, handles, bounds, staging=lambda shape, dt: np.zeros(shape, dt),
+                   reader=reader)
+    assert BD.Board(atts[0], 0, handles, bounds, reader=reader).reader is None   # unstaged
+    try:
+        e0, e1 = b0.exchange("users"), b1.exchange("users")
+        e1.host[3:6][:] = 7.0                      # the engine's copy into its staging array
+        e1.publish(1, 3, 6)
+        e1.finish(1)
+        assert reads == [("users", 3, 6)] and (e0.host[3:6] == 9).all()
+        t = time.perf_counter()
+        assert _drain(e0, 0) == [(1, 3, 6)]
+        assert e1.marks["published"] <= t <= e0.marks["seen"] <= e0.marks["ready"]
+    finally:
+        b1.close()
+        _close(segs, atts)
+    parts = BD.tail_parts({"published": 3.0, "seen": 2.5, "ready": 4.0}, 2.0, 4.5)
+    assert parts == pytest.approx({"publish_tail": 1.0, "peers_tail": 0.5, "fetch_tail": 1.5,
+                                   "upload_tail": 0.5})
+    # rows seen before this worker's kernels ended: no peers' tail; nothing marked: no tail
+    assert BD.tail_parts({"seen": 1.0, "ready": 1.5}, 2.0, 2.5)["peers_tail"] == 0
+    assert BD.tail_parts({}, 2.0, 2.0) == {"publish_tail": 0.0, "peers_tail": 0.0,
+                                            "fetch_tail": 0.0, "upload_tail": 0.0}
+    monkeypatch.setenv("CLMF_DASK_PIN_LIMIT", "4G")
+    with pytest.raises(ValueError, match="CLMF_DASK_PIN_LIMIT must be a number of bytes"):
+        BD.pin_limit()
+    monkeypatch.setenv("CLMF_DASK_PUBLISH", "gpu")
+    with pytest.raises(ValueError, match='CLMF_DASK_PUBLISH must be "copy" or "device"'):
+        BD.publish_mode()
+
+
 def test_copy_threads_are_a_workers_share_of_the_cores_or_as_set(monkeypatch):
-    monkeypatch.delenv(shm.ENV_COPY_THREADS, raising=False)
+    monkeypatch.delenv(BD.ENV_COPY_THREADS, raising=False)
     cores = len(os.sched_getaffinity(0))
-    assert shm.copy_threads(1) == max(1, min(shm.COPY_THREADS, cores))
-    assert shm.copy_threads(10 * cores) == 1
-    monkeypatch.setenv(shm.ENV_COPY_THREADS, "3")
-    assert shm.copy_threads(10 * cores) == 3
+    assert BD.copy_threads(1) == max(1, min(BD.COPY_THREADS, cores))
+    assert BD.copy_threads(10 * cores) == 1
+    monkeypatch.setenv(BD.ENV_COPY_THREADS, "3")
+    assert BD.copy_threads(10 * cores) == 3
 
 
 def test_a_full_shared_memory_is_the_comms_not_a_crash(monkeypatch):
@@ -270,3 +323,42 @@ def test_a_full_shared_memory_is_the_comms_not_a_crash(monkeypatch):
     seg = shm.Segments("clmf-test-full3")
     assert seg.array("solve-users", (4, 2), np.float32) is None
     assert _names("clmf-test-full2") == [] and _names("clmf-test-full3") == []
+
+
+def test_board_takes_the_page_locked_arrays_made_during_the_build(monkeypatch):
+    """The build starts making a worker's staging arrays (and measuring its copy rates) in a
+    thread (:func:`~clmf.parallel.dask_tasks._stage_ahead`); the board takes those arrays
+    instead of making its own, one per side as :func:`staging_specs` lists them."""
+    import types
+    made = []
+
+    def pinned_array(shape, dtype):
+        """A plain array standing for a page-locked one (a row at least, as the engine's)."""
+        made.append(np.zeros(tuple(max(1, x) for x in shape), dtype))
+        return made[-1]
+    bounds = {"users": np.array([0, 3, 6]), "items": np.array([0, 1, 2])}
+    plan = {s: types.SimpleNamespace(mode="replicate", bounds=b) for s, b in bounds.items()}
+    w = types.SimpleNamespace(pinned=True, pinned_array=pinned_array)
+    segs = [shm.Segments(f"clmf-test-ahead-{d}") for d in range(2)]
+    handles = [BD.board_create(segs[d], bounds, d, 2, np.float32) for d in range(2)]
+    st = {"plan": plan, "worker": w, "shm": True, "d": 1, "ldf": 2, "store": np.float32,
+          "attached": shm.Attached()}
+    monkeypatch.setitem(T._STATE, "clmf-test-ahead", st)
+    monkeypatch.delenv("CLMF_DASK_WORKER_LOOP", raising=False)
+    monkeypatch.delenv("CLMF_DASK_PINNED_STAGING", raising=False)
+    try:
+        T._stage_ahead(st)
+        ahead = list(st["ahead"].result()[0])       # (the board takes them off the list)
+        assert [a.shape for a in ahead] == [(6, 2), (2, 2)]
+        got = T.board_connect("clmf-test-ahead", "clmf-test-ahead-abort", *handles)
+        assert got["staged"] and got["copy_gbs"]["pageable"] > 0
+        board = st.pop("board")
+        assert board.host["users"].mirror is ahead[0] and board.host["items"].mirror is ahead[1]
+        assert len(made) == 3                     # the two mirrors and the rates' array only
+        board.close()
+        st2 = dict(st, shm=False)                 # no shared memory: nothing made ahead
+        T._stage_ahead(st2)
+        assert "ahead" not in st2
+    finally:
+        st["attached"].close()
+        _close(segs, [])

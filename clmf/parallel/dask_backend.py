@@ -6,7 +6,7 @@ workers. Only factor blocks (replicate mode) or partial normal equations (reduce
 Dask results between workers. Where the workers share a host and both factors are replicated
 (or there is one worker), each worker instead runs whole iterations in one task
 (:attr:`DaskEngine.loop`, :func:`~clmf.parallel.dask_tasks.iterate`), exchanging its rows
-through shared-memory boards while it computes (:class:`~clmf.parallel.shared_blocks.Board`):
+through shared-memory boards while it computes (:class:`~clmf.parallel.dask_board.Board`):
 no scheduler round trip per half-step. Dask is imported lazily: importing :mod:`clmf` never
 needs it.
 
@@ -26,15 +26,16 @@ import numpy as np
 
 from ..engine.core import padded_factors, unpadded_factors
 from . import dask_tasks as T
+from .dask_board import ENV_LOOP
 from .partition import make_plan
 from .worker import SIDES, other_side
 
 log = logging.getLogger(__name__)
 
-ENV_LOOP = "CLMF_DASK_WORKER_LOOP"
 
-__all__ = ["WorkerLostError", "DaskEngine", "DistRatings", "prepare", "fit_workers",
-           "get_client", "wait_alive", "device_facts"]
+__all__ = ["WorkerLostError", "DaskEngine", "DistRatings", "EarlySetUp", "prepare",
+           "fit_workers", "get_client", "wait_alive", "device_facts", "new_fit_id",
+           "shared_set_up"]
 
 
 class WorkerLostError(RuntimeError):
@@ -110,6 +111,58 @@ def wait_alive(client, addrs, futs, what, phase, poll=1.0):
     except Exception:
         check()                  # a lost worker's tasks fail too: say so first
         raise
+
+
+def new_fit_id():
+    """A fresh fit id (the prefix of the fit's task keys and shared-memory segments)."""
+    return f"clmf-{uuid.uuid4().hex[:12]}"
+
+
+def shared_set_up(client, addrs, fit_id):
+    """A future telling whether the set-up's pieces of fit ``fit_id`` may go through shared
+    memory (every worker of ``addrs`` maps every other's probe:
+    :func:`~clmf.parallel.dask_tasks.setup_probe`); False with one worker (its pieces never
+    leave it). No round trip to the client: the splits wait for it."""
+    if len(addrs) < 2:
+        return False
+    prefix = T.setup_prefix(fit_id)
+
+    def on(a, fn, *args):
+        """``fn(*args)`` on worker ``a`` alone, first in its queue."""
+        return client.submit(fn, *args, workers=[a], allow_other_workers=False, pure=False,
+                             priority=7, key=f"{fn.__name__}-{fit_id}-{uuid.uuid4().hex}")
+    probes = [on(a, T.setup_probe, prefix) for a in addrs]
+    checks = [on(a, T.setup_check, *probes) for a in addrs]
+    return client.submit(T.all_of, *checks, pure=False, priority=7)
+
+
+@dataclasses.dataclass
+class EarlySetUp:
+    """What a fit starts on its workers before its ratings are prepared: its id and the
+    set-up's shared-memory check (:func:`shared_set_up`, done by the time the splits start
+    instead of delaying them). :meth:`abandon` cleans up after a fit that failed before its
+    :class:`DaskEngine` took them over."""
+    fit_id: str
+    shared: object
+    taken: bool = False      # a DaskEngine took them over (its release cleans up)
+
+    @classmethod
+    def start(cls, client, addrs):
+        """Submit a new fit's shared-memory check to the workers ``addrs``."""
+        fit_id = new_fit_id()
+        return cls(fit_id, shared_set_up(client, addrs, fit_id))
+
+    def abandon(self, client, addrs):
+        """Unlink the check's probe segments on the workers (after the check ran: the tasks
+        wait for it), best effort."""
+        if not hasattr(self.shared, "key"):
+            return
+        try:
+            futs = [client.submit(T.release, self.fit_id, self.shared, workers=[a],
+                                  allow_other_workers=False, pure=False) for a in addrs]
+            wait_alive(client, addrs, futs, f"fit {self.fit_id}", "cleaning up")
+        except Exception as e:        # noqa: BLE001 - the fit's own error matters more
+            log.warning("cleaning up fit %s: %s", self.fit_id, e)
 
 
 @dataclasses.dataclass
@@ -377,7 +430,8 @@ class DaskEngine:
     """One fit's blocks and device workers on a Dask cluster (see the module docstring)."""
 
     def __init__(self, client, addrs, ranks, specs, data, fit, stats, *, offset=0.0,
-                 max_device_memory=None, modes=None, start=None, facts=None, poll=1.0):
+                 max_device_memory=None, modes=None, start=None, facts=None, poll=1.0,
+                 early=None):
         """Set the fit up on the workers ``addrs`` (``ranks``, ``specs``: their device picks,
         :func:`fit_workers`) for the prepared ``data`` (:class:`DistRatings`) of a fit of
         ``fit`` (a :class:`clmf.tuning.FitSpec`; ``stats``: its side statistics). The blocks
@@ -387,13 +441,16 @@ class DaskEngine:
         choice. ``start``: ``(rule, seed)`` when the fit draws its start factors (each worker
         draws them while its splits run, :func:`clmf.reference.start_factors`: nothing but the
         seed is sent), else None (:meth:`set_factors` then). ``facts``: the futures of
-        :func:`device_facts`, where the caller submitted them already."""
+        :func:`device_facts`, where the caller submitted them already; ``early``: the fit's
+        :class:`EarlySetUp` (its id and shared-memory check), where the caller started it."""
         from ..tuning.spec import unknowns
         from .partition import balanced_blocks
         self.client = client
         self.addrs = list(addrs)
         self.n = len(self.addrs)
-        self.fit_id = f"clmf-{uuid.uuid4().hex[:12]}"
+        self.fit_id = early.fit_id if early is not None else new_fit_id()
+        if early is not None:
+            early.taken = True
         self.shape = tuple(data.shape)
         self.f = int(fit.f)
         self.biased = bool(fit.biased)
@@ -418,8 +475,9 @@ class DaskEngine:
             # worker 0 (the first of its kind) resolves at once; the others' facts say whether
             # they are of its kind, meanwhile the blocks are routed and built (a thread)
             first = self._on(0, T.probe, specs[0], ranks[0], fit, stats, priority=2)
-            # the splits wait for the shared-memory check: first in the workers' queues
-            self._shared = self._shared_set_up()
+            # the splits wait for the shared-memory check (made at the fit's start: early)
+            self._shared = (early.shared if early is not None
+                            else shared_set_up(client, self.addrs, self.fit_id))
             if facts is None:
                 facts = device_facts(client, self.addrs, ranks, specs)
             sfut = client.scatter([static], broadcast=True, workers=self.addrs, hash=False)[0]
@@ -428,11 +486,14 @@ class DaskEngine:
                     for d in range(self.n)]
             pieces = self._route(data.parts, bounds, shared=self._shared, where=data.where,
                                  encoding=data.encoding)
+            # each partition's pieces handed to their owner as its split ends: the owner
+            # merges them (threads) while the other splits run
+            taken = [[self._on(d, T.take, self.fit_id, d, sfut, len(pieces), p, pieces[p][d],
+                               pieces[p][self.n + d], priority=5) for p in range(len(pieces))]
+                     for d in range(self.n)]
             blocks = [self._on(d, T.blocks, self.fit_id, d, sfut, warm[d], len(pieces),
-                               *[pieces[p][d] for p in range(len(pieces))],
-                               *[pieces[p][self.n + d] for p in range(len(pieces))])
-                      for d in range(self.n)]
-            self._setup_futs = blocks + warm
+                               *taken[d]) for d in range(self.n)]
+            self._setup_futs = blocks + warm + [t for per in taken for t in per]
             self.phase = "the device probe"
             facts = self._wait(facts)
             self.times["facts"] = time.perf_counter() - t0
@@ -512,7 +573,7 @@ class DaskEngine:
 
     def _transport(self):
         """How solved blocks move: "shared memory" when every worker mapped every other
-        worker's set-up probe segment (one host, :meth:`_shared_set_up`; the workers' build
+        worker's set-up probe segment (one host, :func:`shared_set_up`; the workers' build
         took the same answer), else "dask comms"."""
         if self.n < 2:
             return "none"
@@ -539,8 +600,13 @@ class DaskEngine:
                                       *handles) for d in range(self.n)])
         if any(x is None for x in staged):       # a worker without room: no board anywhere
             return False
-        log.info("fit %s: workers' own rows through page-locked staging on %d of %d workers",
-                 self.fit_id, sum(map(bool, staged)), self.n)
+        log.info("fit %s: workers' own rows through page-locked staging on %d of %d workers "
+                 "(published by %s)%s", self.fit_id, sum(x["staged"] for x in staged), self.n,
+                 staged[0]["publish"], "".join(
+                     f"; worker {d} host copies (GB/s): " + ", ".join(
+                         f"{k} {v:.1f}" for k, v in x["copy_gbs"].items())
+                     for d, x in enumerate(staged) if x["copy_gbs"]))
+        self.board_facts = staged
         return True
 
     def _abort_name(self):
@@ -554,22 +620,10 @@ class DaskEngine:
                                   pure=False, priority=priority,
                                   key=f"{fn.__name__}-{self.fit_id}-{uuid.uuid4().hex}")
 
-    def _shared_set_up(self):
-        """A future telling whether the set-up's pieces may go through shared memory (every
-        worker maps every other's probe: :func:`~clmf.parallel.dask_tasks.setup_probe`);
-        False with one worker (its pieces never leave it). No round trip to the client: the
-        splits wait for it."""
-        if self.n < 2:
-            return False
-        prefix = T.setup_prefix(self.fit_id)
-        probes = [self._on(d, T.setup_probe, prefix, priority=7) for d in range(self.n)]
-        checks = [self._on(d, T.setup_check, *probes, priority=7) for d in range(self.n)]
-        return self.client.submit(T.all_of, *checks, pure=False, priority=7)
-
     def _route(self, parts, bounds=None, shared=False, where=None, encoding=None):
         """Per partition, futures of its ``2n`` pieces (users blocks, then items blocks) by the
         row ``bounds`` (side → bounds; default: the plan's); ``shared``: whether (or a future
-        of whether) they go through shared memory (:meth:`_shared_set_up`); ``where``: per
+        of whether) they go through shared memory (:func:`shared_set_up`); ``where``: per
         partition, the workers holding it (:attr:`DistRatings.where`: split there);
         ``encoding``: the split's arguments that encode raw partitions
         (:attr:`DistRatings.encoding`)."""
@@ -578,8 +632,9 @@ class DaskEngine:
         splits = _map_where(self.client, T.split, parts, where, bounds_u=bu, bounds_i=bi,
                             prefix=T.setup_prefix(self.fit_id), shared=shared,
                             owners=self.addrs, **(encoding or {}))
-        return [[self.client.submit(T.pick, s, k, pure=False) for k in range(2 * self.n)]
-                for s in splits]
+        # (ahead of the splits still queued: each piece reaches its owner as its split ends)
+        return [[self.client.submit(T.pick, s, k, pure=False, priority=5)
+                 for k in range(2 * self.n)] for s in splits]
 
     def _wait(self, futs):
         """Results of ``futs`` (see :func:`wait_alive`)."""

@@ -11,6 +11,7 @@ module level (only :func:`get_worker` inside a task); the client side is
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import logging
 import os
@@ -20,7 +21,9 @@ import time
 import numpy as np
 
 from ..engine.device import worker_device
+from . import dask_board as BD
 from . import shared_blocks as shm
+from .dask_blocks import _block, _Collector
 from .dask_prepare import (  # noqa: F401 - the data preparation's tasks, for the client
     _take,
     all_of,
@@ -39,7 +42,7 @@ from .dask_prepare import (  # noqa: F401 - the data preparation's tasks, for th
     sum_tallies,
     tally,
 )
-from .layout import Layout, SideLayout
+from .layout import Layout
 from .worker import SIDES, Exchange, other_side
 
 log = logging.getLogger(__name__)
@@ -47,30 +50,12 @@ log = logging.getLogger(__name__)
 _STATE = {}            # fit id → dict (this worker's share of the fit)
 _PENDING = {}          # fit id → future of the blocks being built (see blocks)
 _WARM = {}             # fit id → future of the context and start factors (see warm_up)
+_MERGING = {}          # fit id → _Collector merging the pieces of the blocks (see take)
+_RELEASED = collections.deque(maxlen=256)     # the fits released here lately (see _collector)
 # "1"/"0": the workers' own rows pass through page-locked staging arrays or not (default
-# "auto": where the engine pins its host buffers, i.e. on GPUs; see shared_blocks.Board)
+# "auto": where the engine pins its host buffers, i.e. on GPUs; see dask_board.Board)
 ENV_STAGING = "CLMF_DASK_PINNED_STAGING"
 _LOCK = threading.Lock()
-
-
-class BlockSide(SideLayout):
-    """One side's CSR holding only rows ``[r0, r1)`` (a worker's block), with the global row
-    pointers so rows keep their global numbering (``entries`` of other rows is an error)."""
-
-    def __init__(self, indptr, r0, r1, indices, data):
-        """The block's rows and entries, the side's global row pointers."""
-        super().__init__(indptr, indices, data)
-        self.r0, self.r1 = int(r0), int(r1)
-        self.base = int(indptr[r0])
-
-    def entries(self, r0, r1):
-        """``(indptr rebased to 0, indices, data)`` of rows ``[r0, r1)`` inside the block."""
-        if not (self.r0 <= r0 <= r1 <= self.r1):
-            raise ValueError(f"rows {r0}..{r1} are outside this worker's block "
-                             f"{self.r0}..{self.r1}")
-        ip = np.asarray(self.indptr[r0:r1 + 1], dtype=np.int64)
-        e0, e1 = int(ip[0]) - self.base, int(ip[-1]) - self.base
-        return ip - ip[0], self.indices[e0:e1], self.data[e0:e1]
 
 
 class Rows:
@@ -178,103 +163,43 @@ def _leave_pool():
 
 
 # ----- a fit's blocks and device worker (the owning worker) -----------------------------------
-def _block(pieces, key, indptr, r0, r1):
-    """The CSR of rows ``[r0, r1)`` of one side from the triples sent to this worker (sorted by
-    row, then column): pieces that each run by row (:func:`~clmf.parallel.dask_prepare.split`
-    sorts them) are merged by writing each piece's rows after the earlier pieces' entries of
-    the same rows (no sort); other pieces are sorted by radix passes over the row, and rows
-    whose columns are then out of order by passes over the column and the row (as files in
-    no order give); duplicate entries are refused."""
-    k_rows = 0 if key == "users" else 1
-    got = sum(len(p[k_rows]) for p in pieces)
-    want = int(indptr[r1] - indptr[r0])
-    if got != want:
-        raise RuntimeError(f"{key} block {r0}..{r1} received {got} ratings, expected "
-                           f"{want} (a partition changed between passes over the data?)")
-    counts = np.diff(indptr[r0:r1 + 1])
-    merged = _merge_rows(pieces, k_rows, counts, r0, r1, key)
-    if merged is not None:
-        cols, r = merged
-    else:
-        def cat(k, dt):
-            """Field ``k`` of every piece, in order."""
-            return np.concatenate([p[k] for p in pieces]) if pieces else np.zeros(0, dt)
-        rel = cat(k_rows, np.int32) - np.int32(r0)
-        cols, r = cat(1 - k_rows, np.int32), cat(2, np.float32)
-        if not np.array_equal(np.bincount(rel, minlength=r1 - r0), counts):
-            raise _other_rows(key, r0, r1)
-        order = stable_order(rel, max(1, r1 - r0))       # by row, keeping the columns' order
-        cols, r = gather(order, cols, r)
-    starts = indptr[r0:r1 + 1] - indptr[r0]
-    brk = np.zeros(len(cols), bool)                      # where a new row starts
-    brk[starts[1:-1][starts[1:-1] < len(cols)]] = True
-    if not bool(np.all((cols[1:] > cols[:-1]) | brk[1:])):     # by column, then by row
-        rows = np.repeat(np.arange(r0, r1, dtype=np.int32), counts)
-        order = stable_order(cols, int(cols.max()) + 1)
-        order = order[stable_order(rows[order] - np.int32(r0), max(1, r1 - r0))]
-        rows, cols, r = gather(order, rows, cols, r)
-        dup = (rows[1:] == rows[:-1]) & (cols[1:] == cols[:-1])
-        if dup.any():
-            k = int(np.flatnonzero(dup)[0])
-            raise ValueError(f"the ratings have {int(dup.sum())} duplicate (user, item) "
-                             f"entries (first: {key[:-1]} index {int(rows[k])}, other "
-                             f"index {int(cols[k])})")
-    return BlockSide(indptr, r0, r1, np.ascontiguousarray(cols, dtype=np.int32),
-                     np.ascontiguousarray(r, dtype=np.float32))
+def take(fit_id, d, static, n_parts, p, user_piece, item_piece):
+    """Hand partition ``p``'s pieces of this worker's blocks (its users rows, its items rows;
+    arrays or shared-memory handles, :func:`split`) to the fit's :class:`_Collector` on this
+    worker (made by the first piece: ``static`` as for :func:`blocks`, ``n_parts`` the
+    partitions), which merges them in partition order, as they come, while the other splits
+    still run; returns at once."""
+    _collector(fit_id, d, static, n_parts).put(p, user_piece, item_piece)
 
 
-def _other_rows(key, r0, r1):
-    """The error of a block whose pieces hold other rows than the counts said."""
-    return RuntimeError(f"{key} block {r0}..{r1} received other rows than counted (a "
-                        "partition changed between passes over the data?)")
+def _collector(fit_id, d, static, n_parts):
+    """This worker's :class:`_Collector` of fit ``fit_id`` (made on first use; a fit released
+    here already, whose pieces come late, is an error, not a collector waiting forever)."""
+    with _LOCK:
+        if fit_id in _RELEASED:
+            raise RuntimeError(f"fit {fit_id} was released on this worker")
+        col = _MERGING.get(fit_id)
+        if col is None:
+            col = _MERGING[fit_id] = _Collector(d, static, n_parts)
+    return col
 
 
-def _merge_rows(pieces, k_rows, counts, r0, r1, key):
-    """``(columns, values)`` of rows ``[r0, r1)`` (``counts`` entries each) by row, each row's
-    entries in piece order, from pieces that each run by row (field ``k_rows``): every piece's
-    entries written after the earlier pieces' entries of the same rows (a scatter that runs
-    forward, no sort); None when a piece does not run by row."""
-    span = r1 - r0
-    per = []
-    for p in pieces:
-        rel = p[k_rows] - np.int32(r0)
-        if len(rel) and (rel[0] < 0 or rel[-1] >= span or not bool(np.all(rel[1:] >= rel[:-1]))):
-            return None
-        per.append(np.bincount(rel, minlength=span) if len(rel) else None)
-    total = np.zeros(span, np.int64)
-    for c in per:
-        if c is not None:
-            total += c
-    if not np.array_equal(total, counts):
-        raise _other_rows(key, r0, r1)
-    n = int(counts.sum())
-    cols, vals = np.empty(n, np.int32), np.empty(n, np.float32)
-    at = np.zeros(span, np.int64)                        # where each row's next entry goes
-    np.cumsum(counts[:-1], out=at[1:])
-    for p, c in zip(pieces, per):
-        if c is None:
-            continue
-        first = np.cumsum(c) - c                         # each row's first entry in the piece
-        dest = np.repeat(at - first, c) + np.arange(len(p[k_rows]))
-        cols[dest] = p[1 - k_rows]
-        vals[dest] = p[2]
-        at += c
-    return cols, vals
-
-
-def blocks(fit_id, d, static, _warmed, n_user_pieces, *pieces):
+def blocks(fit_id, d, static, _warmed, n_parts, *_taken):
     """Start building this worker's blocks in a thread of its own (users rows by the users'
     bounds, items rows by the items'; ``static``: the fit's shape, counts, bounds and start
-    rule, see :meth:`~clmf.parallel.dask_backend.DaskEngine`) and return at once: the
-    worker meanwhile resolves its device's configuration and builds its programs
-    (:func:`probe`); :func:`build` takes the blocks. ``_warmed``: the :func:`warm_up` task's
-    result (it orders the two), whose context and start factors (where the fit draws them: only
-    a seed crosses the network) the blocks' thread takes."""
+    rule, see :meth:`~clmf.parallel.dask_backend.DaskEngine`) from the pieces of ``n_parts``
+    partitions its :class:`_Collector` merged as they came (``_taken``: the :func:`take`
+    tasks' results, which order the two) and return at once: the worker meanwhile resolves
+    its device's configuration and builds its programs (:func:`probe`); :func:`build` takes
+    the blocks. ``_warmed``: the :func:`warm_up` task's result (it orders the two), whose
+    context and start factors (where the fit draws them: only a seed crosses the network) the
+    blocks' thread takes."""
+    col = _collector(fit_id, d, static, n_parts)
     with _LOCK:
         warm = _WARM.pop(fit_id, None)
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clmf-blocks")
-    fut = pool.submit(_blocks, d, static, pieces[:n_user_pieces], pieces[n_user_pieces:],
-                      split_times(setup_prefix(fit_id)), warm)   # (every split is done by now)
+    fut = pool.submit(_blocks, fit_id, d, static, col, split_times(setup_prefix(fit_id)),
+                      warm)   # (every split is done by now)
     pool.shutdown(wait=False)
     with _LOCK:
         _PENDING[fit_id] = fut
@@ -307,45 +232,33 @@ def _warm_up(d, static):
     return start, laps.times
 
 
-def _blocks(d, static, user_pieces, item_pieces, times=None, warm=None):
+def _blocks(fit_id, d, static, collector, times=None, warm=None):
     """``(Layout of this worker's blocks, start factors or None, seconds per stage)`` (those
     of ``times`` first: the splits'; ``warm``: the future of :func:`warm_up`, else the context
-    and start factors are made here); pieces in shared memory (:func:`split`) are read there,
-    their segments unlinked after."""
-    names = shm.segment_names(list(user_pieces) + list(item_pieces))
-    if not names:
-        return _blocks_of(d, static, user_pieces, item_pieces, times, warm)
-    att = shm.Attached()
-    try:
-        return _blocks_of(d, static, shm.resolve(list(user_pieces), att),
-                          shm.resolve(list(item_pieces), att), times, warm)
-    finally:
-        att.close()
-        shm.unlink(names)
-
-
-def _blocks_of(d, static, user_pieces, item_pieces, times=None, warm=None):
-    """:func:`_blocks` on pieces in this process's memory."""
+    and start factors are made here) from the pieces ``collector`` (:class:`_Collector`)
+    merged; its pieces are unmapped after."""
     laps = Laps()
     laps.times.update(times or {})
     m, nn = static["shape"]
-    ip = {}
-    for s, rows, counts in (("users", m, static["user_counts"]),
-                            ("items", nn, static["item_counts"])):
-        ip[s] = np.zeros(rows + 1, np.int64)
-        np.cumsum(counts, out=ip[s][1:])
-    bounds = static["bounds"]
-    # both blocks at once, and the context and start factors unless warm_up makes them
-    # (NumPy's sorts, gathers and draws release the GIL: a GPU host gives each worker cores)
-    with concurrent.futures.ThreadPoolExecutor(3, thread_name_prefix="clmf-blocks") as pool:
-        warm = warm or pool.submit(_warm_up, d, static)
-        users = pool.submit(_block, user_pieces, "users", ip["users"], *bounds["users"][d:d + 2])
-        items = pool.submit(_block, item_pieces, "items", ip["items"], *bounds["items"][d:d + 2])
-        users, items = users.result(), items.result()
-        laps.lap("blocks")
-        start, warm_times = warm.result()
-        laps.lap("start_wait")
-    return Layout((m, nn), users, items), start, {**laps.times, **warm_times}
+    try:
+        # both blocks at once, and the context and start factors unless warm_up makes them
+        # (NumPy's sorts, gathers and draws release the GIL: a GPU host gives each worker cores)
+        with concurrent.futures.ThreadPoolExecutor(3, thread_name_prefix="clmf-blocks") as pool:
+            warm = warm or pool.submit(_warm_up, d, static)
+            got = collector.result()
+            laps.lap("merge_wait")
+            sides = {s: pool.submit(_block, got[s][0], s, collector.indptr[s],
+                                    *collector.bounds[s], got[s][1]) for s in SIDES}
+            users, items = sides["users"].result(), sides["items"].result()
+            laps.lap("blocks")
+            start, warm_times = warm.result()
+            laps.lap("start_wait")
+    finally:
+        with _LOCK:
+            if _MERGING.get(fit_id) is collector:
+                del _MERGING[fit_id]
+        collector.close()
+    return Layout((m, nn), users, items), start, {**laps.times, **collector.times, **warm_times}
 
 
 def _prebuild(dev, setup, d):
@@ -420,6 +333,7 @@ def build(fit_id, d, setup, _after=None, shared=False):
                           "segments": shm.Segments(f"{fit_id}-{d}"), "attached": shm.Attached()}
     if old is not None:
         _release_state(old)
+    _stage_ahead(_STATE[fit_id])
     if start is not None:
         from ..engine.factors import padded_factors
         for side, M in zip(SIDES, start):
@@ -503,27 +417,85 @@ def install(fit_id, side=None, needed=False, *blocks):
 
 def board_make(fit_id):
     """Make this worker's board for its own iteration loop (see
-    :func:`clmf.parallel.shared_blocks.board_create`): the handles, or None without room."""
+    :func:`clmf.parallel.dask_board.board_create`): the handles, or None without room."""
     st = _state(fit_id)
     bounds = {s: st["plan"][s].bounds for s in SIDES}
-    return shm.board_create(st["segments"], bounds, st["d"], st["ldf"], st["store"])
+    return BD.board_create(st["segments"], bounds, st["d"], st["ldf"], st["store"])
 
 
 def board_connect(fit_id, abort, *handles):
     """Map every worker's board (``handles`` in worker order, :func:`board_make`'s results;
     None where one had no room: then no board here either, None returned); ``abort``: the
     name of the :class:`distributed.Event` that calls the fit off (asked while a peer's rows
-    are late). Returns whether this worker's own rows pass through page-locked staging."""
+    are late). Returns ``{"staged": whether this worker's own rows pass through page-locked
+    staging, "publish": how they reach its segment
+    (:func:`~clmf.parallel.dask_board.publish_mode`), "copy_gbs": host copy rates out of and
+    into page-locked memory and between pageable arrays (GB/s; staged only)}``."""
     if any(h is None for h in handles):
         return None
     st = _state(fit_id)
     bounds = {s: st["plan"][s].bounds for s in SIDES}
     w = st["worker"]
+    staged = _staged(w)
+    mode = BD.publish_mode()
+    made, rates = st.pop("ahead").result() if "ahead" in st else ([], None)
+    if staged and rates is None:
+        rates = BD.copy_rates(w.pinned_array)
+
+    def staging(shape, dtype):
+        """The page-locked array of ``shape``: one made ahead (:func:`_stage_ahead`), else a
+        new one."""
+        for k, a in enumerate(made):
+            if a.shape == tuple(max(1, x) for x in shape) and a.dtype == np.dtype(dtype):
+                return made.pop(k)         # (as pinned_array makes it: a row at least)
+        return w.pinned_array(shape, dtype)
+    st["board"] = BD.Board(st["attached"], st["d"], handles, bounds, abort=_event_check(abort),
+                            staging=staging if staged else None,
+                            reader=_device_reader(w) if staged and mode == "device" else None)
+    return {"staged": staged, "publish": mode if staged else "none",
+            "copy_gbs": rates if staged else {}}
+
+
+def _staged(w):
+    """Whether engine ``w``'s own rows pass through page-locked staging on a board
+    (``CLMF_DASK_PINNED_STAGING``, default: where the engine pins its host buffers)."""
     pin = os.environ.get(ENV_STAGING, "auto").strip().lower()
-    staged = w.pinned if pin == "auto" else pin not in shm.OFF_WORDS
-    st["board"] = shm.Board(st["attached"], st["d"], handles, bounds, abort=_event_check(abort),
-                            staging=w.pinned_array if staged else None)
-    return staged
+    return w.pinned if pin == "auto" else pin not in shm.OFF_WORDS
+
+
+def _stage_ahead(st):
+    """Where this worker's share will run the workers' own loop with staging (shared memory,
+    several workers, both factors replicated, the loop not switched off), start making its
+    board's page-locked arrays and measuring its copy rates in a thread (``st["ahead"]``:
+    their future) while the build goes on: :func:`board_connect` then finds them made."""
+    plan, w = st["plan"], st["worker"]
+    if (not st["shm"] or shm.switched_off(BD.ENV_LOOP) or not _staged(w)
+            or any(plan[s].mode != "replicate" for s in SIDES)):
+        return
+    bounds = {s: plan[s].bounds for s in SIDES}
+    specs = BD.staging_specs(bounds, st["d"], st["ldf"], st["store"])
+
+    def make():
+        """The staging arrays, then the copy rates."""
+        arrays = [w.pinned_array(shape, dt) for shape, dt, _mirror in specs]
+        return arrays, BD.copy_rates(w.pinned_array)
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clmf-stage")
+    st["ahead"] = pool.submit(make)
+    pool.shutdown(wait=False)
+
+
+def _device_reader(w):
+    """``read(side, dst, r0, r1)``: rows ``[r0, r1)`` of ``side`` (held by engine ``w``) copied
+    from its device into ``dst`` on a queue of their own, blocking (the publishing thread's:
+    the engine's queues hold its copies of later batches)."""
+    q = w.cl.CommandQueue(w.ctx, w.device)
+
+    def read(side, dst, r0, r1):
+        """Copy rows ``[r0, r1)`` of ``side`` into ``dst``, blocking."""
+        lo = w.frange[side][0]
+        w.cl.enqueue_copy(q, dst, w.factors[side], src_offset=(r0 - lo) * w.ldf * w.itemsize,
+                          is_blocking=True)
+    return read
 
 
 def _event_check(name):
@@ -545,7 +517,9 @@ def iterate(fit_id, regularization, weighted, count=1, metrics=()):
     (one task for a group of iterations instead of one per half-step and an install), with
     the squared errors of the keys ``metrics`` (:func:`squared_error`) after each; returns per
     iteration ``(seconds, {key: (sse, count)}, seconds of the metrics, {part: seconds})``
-    measured here (the parts: :func:`_loop_parts`)."""
+    measured here (the parts: :func:`_loop_parts`, and where the tails after this worker's
+    kernels went, :func:`~clmf.parallel.dask_board.tail_parts`, summed over the
+    half-steps)."""
     st = _state(fit_id)
     w, board = st["worker"], st.get("board")
     if board is None and st["plan"].devices > 1:
@@ -553,12 +527,20 @@ def iterate(fit_id, regularization, weighted, count=1, metrics=()):
     out = []
     for _ in range(int(count)):
         before = _loop_parts(w, board)
+        tails = {}
         t0 = time.perf_counter()
         for side in SIDES:
             ex = board.exchange(side) if board is not None else None
+            th, c0 = time.perf_counter(), w.times["compute"]
             w.half_step(side, float(regularization), bool(weighted), ex)
+            if ex is not None:
+                end = time.perf_counter()
+                for k, v in BD.tail_parts(ex.marks, th + w.times["compute"] - c0,
+                                           end).items():
+                    tails[k] = tails.get(k, 0.0) + v
         t1 = time.perf_counter()
         parts = {k: v - before[k] for k, v in _loop_parts(w, board).items()}
+        parts.update(tails)
         scores = {key: squared_error(fit_id, key) for key in metrics}
         out.append((t1 - t0, scores, time.perf_counter() - t1, parts))
     return out
@@ -674,12 +656,17 @@ def squared_error(fit_id, key):
     return w.squared_error(key, u, i, r, 0.0)
 
 
-def release(fit_id):
-    """Free this worker's share of a fit (no error when it holds none)."""
+def release(fit_id, *_after):
+    """Free this worker's share of a fit (no error when it holds none; ``_after``: results of
+    tasks that must run first)."""
     with _LOCK:
         st = _STATE.pop(fit_id, None)
         pending = _PENDING.pop(fit_id, None)
         warm = _WARM.pop(fit_id, None)
+        merging = _MERGING.pop(fit_id, None)
+        _RELEASED.append(fit_id)
+    if merging is not None:       # pieces of a set-up that failed: stop waiting, unmap
+        merging.close()
     for fut in (pending, warm):   # blocks never taken by build (the set-up failed)
         if fut is not None:
             fut.cancel()
@@ -699,8 +686,12 @@ def setup_prefix(fit_id):
 
 
 def _release_state(st):
-    """Free a fit's device worker and its shared segments (mapped and owned)."""
+    """Free a fit's device worker and its shared segments (mapped and owned), once the
+    staging arrays made ahead for its board (:func:`_stage_ahead`) are made."""
     try:
+        ahead = st.pop("ahead", None)
+        if ahead is not None:
+            concurrent.futures.wait([ahead])     # (its failure: no board was made with them)
         if st.get("board") is not None:
             st["board"].close()
         st["worker"].release()
