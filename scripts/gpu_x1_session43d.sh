@@ -16,10 +16,5 @@ tune 200 128 --feedback implicit --alpha 2 --budget 20 --max-wall 130 -- \
 tune 150 64 --feedback implicit --alpha 2 --budget 15 --max-wall 90 -- \
     "$F,solve_wg=128,nnz_batch=8" "$W,dims_rsum=1,solve_wg=128,nnz_batch=8,dims_q=2" \
     "$W,dims_rsum=1,solve_wg=128,nnz_batch=4,dims_q=4" "$W,solve_wg=128,nnz_batch=8"
-mkdir -p "$OUT/final"         # gpu_implicit.py's database starts from OUT's tuning.jsonl.gz
-gzip -c "$OUT/$TUNE_DB" > "$OUT/final/tuning.jsonl.gz"
-timeout 200 python3 "$S/gpu_implicit.py" --out "$OUT/final" --phases auto,peers \
-    --factors 64,128,256 --modes explicit,implicit --peer-factors 64,128,256 --iterations 15 \
-    --max-seconds 190 2>&1 | grep -v "CompilerWarning\|lambda: self\|^\s*$"
-rm -f "$OUT/final/tuning.jsonl.gz"
+side_by_side "$OUT/$TUNE_DB"
 echo "done at $((SECONDS - T0)) s"

@@ -15,10 +15,5 @@ tune 150 64 --budget 15 --max-wall 90 -- \
 tune 170 128 --budget 20 --max-wall 110 -- \
     "$W,tx=1,ty=1,solve_wg=128,nnz_batch=8,dims_q=2" "$W,dims_rsum=1,solve_wg=128,nnz_batch=8,dims_q=2" \
     "$W,solve_wg=256,nnz_batch=4,dims_q=4" "$W,dims_pipe=1,solve_wg=256,nnz_batch=2,dims_q=4"
-mkdir -p "$OUT/final"         # gpu_implicit.py's database starts from OUT's tuning.jsonl.gz
-gzip -c "$OUT/$TUNE_DB" > "$OUT/final/tuning.jsonl.gz"
-timeout 200 python3 "$S/gpu_implicit.py" --out "$OUT/final" --phases auto,peers \
-    --factors 64,128,256 --modes explicit,implicit --peer-factors 64,128,256 --iterations 15 \
-    --max-seconds 190 2>&1 | grep -v "CompilerWarning\|lambda: self\|^\s*$"
-rm -f "$OUT/final/tuning.jsonl.gz"
+side_by_side "$OUT/$TUNE_DB"
 echo "done at $((SECONDS - T0)) s"
