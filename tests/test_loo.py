@@ -110,3 +110,23 @@ def test_configurations_running_the_same_kernels_at_the_cells_f_are_one():
     b = KernelConfig.parse("batch+vec4+syrk:bx=8,ks=8,solver=cg")
     assert key(32, "explicit", "GPU")(a) == key(32, "explicit", "GPU")(b)
     assert key(64, "explicit", "GPU")(a) != key(64, "explicit", "GPU")(b)
+
+
+def test_fused_cg_dimensions_forms_of_one_geometry_at_the_cells_f_are_one():
+    """``dims_q`` is a least number of slices and ``dims_p=0`` as many work-items per entry as
+    the work-group holds: the kernel reads only the geometry they come to at the cell's
+    unknowns. At f = 100 (25 slices, 2 a work-item, 9 groups of 8 entries in 128 work-items)
+    ``dims_p=0`` comes to one work-item per entry, the default; at f = 128 (8 groups) to two.
+    With ``dims_shfl`` the parts are summed by shuffles and ``dims_p`` is not read at all."""
+    key = _loo().same_kernels_key
+    base = "batch+vec4:tx=1,ty=1,nnz_batch=8,solve_wg=128,solver=fusedcg,fused_dims=True,dims_q=2"
+    a, b = KernelConfig.parse(base), KernelConfig.parse(base + ",dims_p=0")
+    assert key(100, "explicit", "GPU")(a) == key(100, "explicit", "GPU")(b)
+    assert key(128, "explicit", "GPU")(a) != key(128, "explicit", "GPU")(b)
+    s, t = (KernelConfig.parse(base + x) for x in (",dims_shfl=True", ",dims_shfl=True,dims_p=0"))
+    assert key(128, "explicit", "GPU")(s) == key(128, "explicit", "GPU")(t)
+    # dims_q below what the work-group needs to cover f is the least that covers it
+    u, v = (KernelConfig.parse(base.replace("dims_q=2", x).replace("solve_wg=128", "solve_wg=32"))
+            for x in ("dims_q=1", "dims_q=2"))
+    assert key(256, "explicit", "GPU")(u) == key(256, "explicit", "GPU")(v)
+    assert key(64, "explicit", "GPU")(u) != key(64, "explicit", "GPU")(v)

@@ -261,9 +261,13 @@ def chosen_configs(records):
 
 def same_kernels_key(f, mode, device_type):
     """The key under which two configurations run the same kernels in a cell of ``f`` and
-    ``mode`` on a device of ``device_type``: :func:`clmf.tuning.model.case_key` with the S3
-    work-group resolved at the cell's unknowns (``solve_wg=0`` is the default's size there:
-    at f = 32 a syrk with ``solve_wg=32`` is the one without it)."""
+    ``mode`` on a device of ``device_type``: :func:`clmf.tuning.model.case_key` of the
+    configuration as its kernels are built at the cell's unknowns — the S3 work-group resolved
+    (``solve_wg=0`` is the default's size there: at f = 32 a syrk with ``solve_wg=32`` is the
+    one without it) and the fused CG dimensions form's geometry resolved (``dims_q`` is a
+    least number of slices, ``dims_p=0`` as many work-items as fit: the kernel reads only the
+    slices and work-items per entry they come to, :meth:`KernelConfig.fcg_geometry`, and with
+    ``dims_shfl`` no ``dims_p`` at all; at f = 100 ``dims_q=2,dims_p=0`` is ``dims_q=2``)."""
     from clmf.errors import InvalidConfigError
     from clmf.tuning import model as M
     from clmf.tuning.spec import kernel_factors
@@ -272,6 +276,9 @@ def same_kernels_key(f, mode, device_type):
     def key(c):
         try:
             c = c.replace(solve_wg=c.swg(kf))
+            if c.dims:
+                g = c.fcg_geometry(kf)
+                c = c.replace(dims_q=g["fd_q"], dims_p=1 if c.dims_shfl else g["fd_p"])
         except (InvalidConfigError, ValueError):
             pass
         return M.case_key(c, mode, device_type)
