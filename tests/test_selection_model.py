@@ -172,6 +172,29 @@ def test_configurations_running_the_same_kernels_are_one(kind):
     assert r[0][1] == M.case_key(fused, "explicit", kind) and r[0][3] > 0
 
 
+def test_configurations_running_the_same_kernels_at_the_cases_f_are_one():
+    """A syrk with ``solve_wg=32`` builds the kernels of the one without it at f = 32 (the
+    default's S3 work-group there), not at f = 64: at f = 32 the two are one candidate, with
+    the evidence of both runs (each reported one of them), as the offline check reads them."""
+    info = fake_info()
+    s32, s0 = ("batch+vec4+syrk:bx=8,ks=8,solve_wg=32,solver=cg",
+               "batch+vec4+syrk:bx=8,ks=8,solver=cg")
+    recs = (run(info, 32, {s32: 1.0, A: 1.2}, "r1")
+            + run(info, 32, {s0: 1.0, A: 1.2}, "r2", shape=(3000, 1000, 60000)))
+    gs = groups(recs, info)
+
+    def syrks(f):
+        r, _near = M.rank(gs, f, "explicit", "users", M.features(2000, 1000, 40000))
+        sup = {str(c): s for _s, _k, c, s, _w in r}
+        return [s for c, s in sup.items() if "syrk" in c], sup[A]
+    one, a = syrks(32)
+    assert len(one) == 1 and one[0] == pytest.approx(a)
+    assert len(syrks(64)[0]) == 2
+    kf = 32
+    assert M.case_key(KernelConfig.parse(s32), "explicit", "GPU", kf) \
+        == M.case_key(KernelConfig.parse(s0), "explicit", "GPU", kf)
+
+
 def test_the_dims_form_across_a_partial_float4_slice_counts_less():
     """The fused CG's dimensions form at f = 64 explicit (16 whole float4 slices) says little of
     biased f = 64 (65 unknowns: a partial slice): a biased run at another f outweighs it."""

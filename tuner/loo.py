@@ -268,20 +268,12 @@ def same_kernels_key(f, mode, device_type):
     least number of slices, ``dims_p=0`` as many work-items as fit: the kernel reads only the
     slices and work-items per entry they come to, :meth:`KernelConfig.fcg_geometry`, and with
     ``dims_shfl`` no ``dims_p`` at all; at f = 100 ``dims_q=2,dims_p=0`` is ``dims_q=2``)."""
-    from clmf.errors import InvalidConfigError
     from clmf.tuning import model as M
     from clmf.tuning.spec import kernel_factors
     kf = kernel_factors(f, mode)
 
     def key(c):
-        try:
-            c = c.replace(solve_wg=c.swg(kf))
-            if c.dims:
-                g = c.fcg_geometry(kf)
-                c = c.replace(dims_q=g["fd_q"], dims_p=1 if c.dims_shfl else g["fd_p"])
-        except (InvalidConfigError, ValueError):
-            pass
-        return M.case_key(c, mode, device_type)
+        return M.case_key(c, mode, device_type, kf)
     return key
 
 

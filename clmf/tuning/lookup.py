@@ -513,7 +513,7 @@ def _predict(info, f, storage, ds, mode, sources, finalize, usable, tries=8):
             if a is None:
                 continue
             if a.replace(storage=c.storage) != c:
-                score = own.get(M.case_key(a.replace(storage=c.storage), mode, info.type),
+                score = own.get(M.case_key(a.replace(storage=c.storage), mode, info.type, kf),
                                 M.PRIOR)
                 where = None
             a = finalize(a, mode)

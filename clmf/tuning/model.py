@@ -65,8 +65,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["TOP_K", "SAMPLE_KEYS", "shape_fields", "Group", "groups_of", "newest", "distance",
            "weight", "rank", "features", "config_key", "case_key", "fill_rows", "runs_s1",
-           "align_d2", "family", "family_dates", "anchor_scale", "MAX_D2", "top_records",
-           "describe"]
+           "built_at", "align_d2", "family", "family_dates", "anchor_scale", "MAX_D2",
+           "top_records", "describe"]
 
 TOP_K = 8               # fastest configurations of a group the model reads (and distill keeps)
 PRIOR = math.log(1.5)    # prior relative time of any configuration ...
@@ -365,28 +365,47 @@ def runs_s1(c, mode, device_type):
     return mode == "implicit" and not gram_tiled(device_type)
 
 
-def case_key(c, mode, device_type):
+def built_at(c, kf):
+    """Configuration ``c`` as its kernels are built for systems of ``kf`` unknowns: the S3
+    work-group resolved (``solve_wg=0`` is the default's size there: at f = 32 a syrk with
+    ``solve_wg=32`` is the one without it) and the fused CG dimensions form's geometry (its
+    kernel reads only the slices and work-items per entry ``dims_q`` and ``dims_p`` come to,
+    :meth:`KernelConfig.fcg_geometry`, and with ``dims_shfl`` no ``dims_p``: at f = 100
+    ``dims_q=2,dims_p=0`` is ``dims_q=2``); ``c`` itself where that does not validate."""
+    try:
+        c = c.replace(solve_wg=c.swg(kf))
+        if c.dims:
+            g = c.fcg_geometry(kf)
+            c = c.replace(dims_q=g["fd_q"], dims_p=1 if c.dims_shfl else g["fd_p"])
+    except (InvalidConfigError, ValueError):
+        pass
+    return c
+
+
+def case_key(c, mode, device_type, kf=None):
     """The key of configuration ``c`` for a case of ``mode`` on a device of ``device_type``:
     :func:`config_key` of ``c`` with the S1-only fields at their defaults where it never
     launches S1 (:func:`runs_s1`) — configurations that run the same kernels are one
     configuration, and the measurements of each count for all (a fused CG tuned with
-    tx = ty = 1 and one with the default 8 × 8 are the same kernels)."""
-    k = (config_key(c), mode, device_type)
+    tx = ty = 1 and one with the default 8 × 8 are the same kernels) — and, given the case's
+    ``kf`` unknowns, the fields that resolve at them resolved (:func:`built_at`)."""
+    k = (config_key(c), mode, device_type, kf)
     hit = _case_memo.get(k)
     if hit is None:
-        hit = k[0] if runs_s1(c, mode, device_type) else \
-            config_key(dataclasses.replace(c, **_S1_DEFAULTS))
+        b = c if kf is None else built_at(c, kf)
+        hit = config_key(b) if runs_s1(b, mode, device_type) else \
+            config_key(dataclasses.replace(b, **_S1_DEFAULTS))
         if len(_case_memo) < 65536:
             _case_memo[k] = hit
     return hit
 
 
-def _case_view(g, mode, device_type):
-    """``(rel, configs)`` of group ``g`` keyed by :func:`case_key` for a case of ``mode``: the
-    fastest of the group's configurations that are one there."""
+def _case_view(g, mode, device_type, kf=None):
+    """``(rel, configs)`` of group ``g`` keyed by :func:`case_key` for a case of ``mode`` (and
+    ``kf`` unknowns): the fastest of the group's configurations that are one there."""
     rel, cfgs = {}, {}
     for k, r in sorted(g.rel.items(), key=lambda t: t[1]):
-        ck = case_key(g.configs[k], mode, device_type)
+        ck = case_key(g.configs[k], mode, device_type, kf)
         if ck not in rel:
             rel[ck], cfgs[ck] = r, g.configs[k]
     return rel, cfgs
@@ -477,7 +496,9 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None):
     if not near:
         return [], []
     dtype = (near[0][1].device or {}).get("type", "GPU")
-    view = [(d2, g, _case_view(g, mode, dtype)) for d2, g in near]
+    from .spec import kernel_factors
+    kf = kernel_factors(f, mode)
+    view = [(d2, g, _case_view(g, mode, dtype, kf)) for d2, g in near]
     cands = {}
     for _d2, g, (rel, cfgs) in view:
         for k, c in cfgs.items():
