@@ -134,6 +134,32 @@ def test_lookup_model_rule_with_its_reason(dbenv, mode):  # noqa: F811
     assert tuning.choose(info, 64, "users", stats("users", ds), mode=mode).rule == "tuned"
 
 
+def _wrong(info, f, variant, run_id, mode="explicit"):
+    """A measurement of status wrong: ``variant`` failed the reference check at f in mode."""
+    return base_record("measurement", status="wrong", reason="reference_mismatch", run_id=run_id,
+                       device=tuning.device_record(info), f=f, storage="float32", side="both",
+                       mode=mode, config=KernelConfig.parse(variant).to_dict(), variant=variant,
+                       verify_rel_err=0.005)
+
+
+def test_a_configuration_found_wrong_in_a_mode_is_never_proposed_in_it(dbenv):  # noqa: F811
+    """A, the fastest at f = 64 (a biased run, where it passed), failed explicit feedback's
+    reference check at f = 32 and never passed it: the model proposes B for an explicit case,
+    still A for a biased one; once A passes in an explicit run it is a candidate again."""
+    info = fake_info()
+    ds = {"m": 2000, "n": 1000, "nnz": 40000}
+    recs = run(info, 64, {A: 1.0, B: 1.3}, "b64", mode="biased") + [_wrong(info, 32, A, "e32")]
+    assert M.refuted(recs, tuning.device_record(info)) == {"explicit": [KernelConfig.parse(A)]}
+    assert M.refuted(recs, tuning.device_record(info), exclude_runs=("e32",)) == {}
+    write(dbenv["env"], recs)
+    pick = {m: tuning.choose(info, 48, "users", stats("users", ds), mode=m) for m in
+            ("explicit", "biased")}
+    assert pick["explicit"].rule == "model" and pick["explicit"].config == KernelConfig.parse(B)
+    assert pick["biased"].config == KernelConfig.parse(A)
+    ok = run(info, 100, {A: 1.0, B: 1.1}, "e100", shape=(9000, 1000, 90000))
+    assert M.refuted(recs + ok, tuning.device_record(info)) == {"explicit": []}
+
+
 def test_an_adapted_configuration_scores_by_its_own_evidence(dbenv):  # noqa: F811
     """A syrk measured fastest with 2 slices at f = 100 and refused at f = 128 runs there with
     1 slice — another configuration, never measured: it scores as the prior, so a configuration

@@ -66,7 +66,7 @@ log = logging.getLogger(__name__)
 __all__ = ["TOP_K", "SAMPLE_KEYS", "shape_fields", "Group", "groups_of", "newest", "distance",
            "weight", "rank", "features", "config_key", "case_key", "fill_rows", "runs_s1",
            "built_at", "align_d2", "family", "family_dates", "anchor_scale", "MAX_D2",
-           "top_records", "describe"]
+           "top_records", "describe", "wrong_record", "refuted"]
 
 TOP_K = 8               # fastest configurations of a group the model reads (and distill keeps)
 PRIOR = math.log(1.5)    # prior relative time of any configuration ...
@@ -227,6 +227,40 @@ def group_key(r):
         return (str(r["run_id"]), r["side"])
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def wrong_record(r):
+    """Whether ``r`` is a measurement whose configuration failed the tuner's reference check
+    (status ``wrong``: its error after one iteration beyond the tolerance of its mode)."""
+    return r.get("kind") == "measurement" and r.get("status") == "wrong"
+
+
+def refuted(records, device, exclude_runs=()):
+    """``{mode: [KernelConfig]}``: the configurations ``device``'s runs in ``records`` (but
+    ``exclude_runs``) found wrong in a mode (:func:`wrong_record`, at any f) and never ok in it
+    (no ok measurement of it in that mode among ``records``). Accuracy is a property of the
+    configuration's arithmetic and the mode's tolerance more than of f (H100: ``mma`` in tf32
+    failed explicit feedback's 1e-3 at f = 32, 64, 100 and 128, passed biased and implicit
+    feedback's), so the model never proposes one for an unseen case of that mode."""
+    want = device_identity(device)
+    bad, ok = {}, set()
+    for r in records:
+        if r.get("kind") != "measurement" or r.get("run_id") in exclude_runs:
+            continue
+        wrong = wrong_record(r)
+        if not (wrong or r.get("status") == "ok"):
+            continue
+        d, mode = r.get("device"), record_mode(r)
+        if mode is None or not isinstance(d, dict) or device_identity(d) != want:
+            continue
+        c = _config(r.get("config"))
+        if c is None:
+            continue
+        if wrong:
+            bad.setdefault(mode, {})[c[0]] = c[1]
+        else:
+            ok.add((mode, c[0]))
+    return {m: [c for k, c in cs.items() if (m, k) not in ok] for m, cs in bad.items()}
 
 
 def top_records(records, k=TOP_K):
@@ -475,7 +509,7 @@ def weight(d2):
     return math.exp(-d2)
 
 
-def rank(groups, f, mode, side, feats, storage="float32", fill=None):
+def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=()):
     """``[(score, key, KernelConfig, support, device)]`` of every configuration in the top-K of
     a group within :data:`MAX_D2` of the case (``key``: its :func:`case_key`), lowest predicted
     log relative time first (``support``: the summed weight of the groups that measured it
@@ -486,7 +520,8 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None):
     306 at f = 128 where NVIDIA's compiled hermitian kernel allows 256, and 306 again in
     biased mode at f = 128 where explicit f = 128 built — so the lookup probes it first), and
     the groups used as
-    ``[(d², group)]`` nearest first."""
+    ``[(d², group)]`` nearest first. ``wrong``: configurations the device found wrong in this
+    mode (:func:`refuted`), never candidates (nor their twins at this f)."""
     near = []
     for g in groups:
         d2 = distance(g, f, mode, side, feats, storage, fill)
@@ -499,9 +534,12 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None):
     from .spec import kernel_factors
     kf = kernel_factors(f, mode)
     view = [(d2, g, _case_view(g, mode, dtype, kf)) for d2, g in near]
+    bad = {case_key(c, mode, dtype, kf) for c in wrong}
     cands = {}
     for _d2, g, (rel, cfgs) in view:
         for k, c in cfgs.items():
+            if k in bad:
+                continue
             c0, where = cands.setdefault(k, (c, None))
             if where is None and g.f == f and (g.mode == "biased") == (mode == "biased"):
                 cands[k] = (c, g.device)
