@@ -160,6 +160,23 @@ def test_a_configuration_found_wrong_in_a_mode_is_never_proposed_in_it(dbenv):  
     assert M.refuted(recs + ok, tuning.device_record(info)) == {"explicit": []}
 
 
+def test_a_group_whose_mode_refutes_a_configuration_does_not_set_its_prior():
+    """Biased f = 32: the nearest group (explicit f = 32) reports only B because A failed its
+    reference check there: its silence on A says nothing of A's biased time, so A's prior is
+    weighed by the nearest group that could have timed it (implicit f = 32, A the fastest),
+    and A wins; counted as that explicit group's silence, B would."""
+    info = fake_info()
+    recs = run(info, 32, {B: 1.0}, "e32") + run(info, 32, {A: 1.0, B: 1.2}, "i32",
+                                                 mode="implicit")
+    gs = groups(recs, info)
+    wrong = M.refuted(recs + [_wrong(info, 32, A, "e32")], tuning.device_record(info))
+
+    def best(w):
+        r, _near = M.rank(gs, 32, "biased", "users", M.features(2000, 1000, 40000), wrong=w)
+        return str(r[0][2])
+    assert best(wrong) == A and best(None) == B
+
+
 def test_an_adapted_configuration_scores_by_its_own_evidence(dbenv):  # noqa: F811
     """A syrk measured fastest with 2 slices at f = 100 and refused at f = 128 runs there with
     1 slice — another configuration, never measured: it scores as the prior, so a configuration

@@ -494,7 +494,7 @@ def _predict(info, f, storage, ds, mode, sources, finalize, usable, tries=8):
     ranked, near = {}, {}
     for side in SIDES:
         ranked[side], near[side] = M.rank(groups, f, mode, side, feats[side], storage,
-                                          M.fill_rows(info.compute_units), wrong.get(mode, ()))
+                                          M.fill_rows(info.compute_units), wrong)
         if not ranked[side]:
             return None
     refused = set()            # configurations the check refused (rejected here, failed probe)

@@ -509,7 +509,7 @@ def weight(d2):
     return math.exp(-d2)
 
 
-def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=()):
+def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=None):
     """``[(score, key, KernelConfig, support, device)]`` of every configuration in the top-K of
     a group within :data:`MAX_D2` of the case (``key``: its :func:`case_key`), lowest predicted
     log relative time first (``support``: the summed weight of the groups that measured it
@@ -520,8 +520,10 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=()):
     306 at f = 128 where NVIDIA's compiled hermitian kernel allows 256, and 306 again in
     biased mode at f = 128 where explicit f = 128 built — so the lookup probes it first), and
     the groups used as
-    ``[(d², group)]`` nearest first. ``wrong``: configurations the device found wrong in this
-    mode (:func:`refuted`), never candidates (nor their twins at this f)."""
+    ``[(d², group)]`` nearest first. ``wrong``: ``{mode: [KernelConfig]}`` the device found
+    wrong per mode (:func:`refuted`): those of this mode are never candidates (nor their twins
+    at this f), and a group of a mode that refutes a configuration never timed it validly, so
+    its silence does not set the configuration's prior (as an older group's does not)."""
     near = []
     for g in groups:
         d2 = distance(g, f, mode, side, feats, storage, fill)
@@ -534,11 +536,11 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=()):
     from .spec import kernel_factors
     kf = kernel_factors(f, mode)
     view = [(d2, g, _case_view(g, mode, dtype, kf)) for d2, g in near]
-    bad = {case_key(c, mode, dtype, kf) for c in wrong}
+    bad = {m: {case_key(c, mode, dtype, kf) for c in cs} for m, cs in (wrong or {}).items()}
     cands = {}
     for _d2, g, (rel, cfgs) in view:
         for k, c in cfgs.items():
-            if k in bad:
+            if k in bad.get(mode, ()):
                 continue
             c0, where = cands.setdefault(k, (c, None))
             if where is None and g.f == f and (g.mode == "biased") == (mode == "biased"):
@@ -549,7 +551,8 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=()):
         # the prior's weight: a share of the nearest group's that could have timed c (its
         # kernel family reported by a run no newer than it; an older one's silence says nothing)
         since = first.get(family(c), "")
-        d0 = next((d2 for d2, g, _v in view if g.date >= since), near[0][0])
+        d0 = next((d2 for d2, g, _v in view
+                   if g.date >= since and k not in bad.get(g.mode, ())), near[0][0])
         w0 = PRIOR_SHARE * weight(d0)
         num, sup = w0 * PRIOR, 0.0
         for d2, g, (rel, _cfgs) in view:
