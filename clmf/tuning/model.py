@@ -43,6 +43,11 @@ over the groups near the case in feature space, where
   ``clmf.autotune.loo.bridged_times``), so its best counts as fast as the newest run found it,
   not as 1.
 
+A configuration the device's runs found wrong in a mode (its reference check failed; never ok in
+that mode: :func:`refuted`) is no candidate in that mode, and a group of that mode never timed it
+validly, so its silence sets no prior for it elsewhere (H100: ``mma`` in tf32 fails explicit
+feedback's 1e-3, passes biased and implicit feedback's).
+
 The configuration with the lowest predicted log relative time that validates at the case's f on
 the device wins; both sides share the factor rows' padding, so the pair is the best sum over
 configurations of one leading dimension. Groups farther than :data:`MAX_D2` are ignored; with
