@@ -110,3 +110,46 @@ def test_configurations_running_the_same_kernels_at_the_cells_f_are_one():
     b = KernelConfig.parse("batch+vec4+syrk:bx=8,ks=8,solver=cg")
     assert key(32, "explicit", "GPU")(a) == key(32, "explicit", "GPU")(b)
     assert key(64, "explicit", "GPU")(a) != key(64, "explicit", "GPU")(b)
+
+
+def test_fused_cg_dimensions_forms_of_one_geometry_at_the_cells_f_are_one():
+    """``dims_q`` is a least number of slices and ``dims_p=0`` as many work-items per entry as
+    the work-group holds: the kernel reads only the geometry they come to at the cell's
+    unknowns. At f = 100 (25 slices, 2 a work-item, 9 groups of 8 entries in 128 work-items)
+    ``dims_p=0`` comes to one work-item per entry, the default; at f = 128 (8 groups) to two.
+    With ``dims_shfl`` the parts are summed by shuffles and ``dims_p`` is not read at all."""
+    key = _loo().same_kernels_key
+    base = "batch+vec4:tx=1,ty=1,nnz_batch=8,solve_wg=128,solver=fusedcg,fused_dims=True,dims_q=2"
+    a, b = KernelConfig.parse(base), KernelConfig.parse(base + ",dims_p=0")
+    assert key(100, "explicit", "GPU")(a) == key(100, "explicit", "GPU")(b)
+    assert key(128, "explicit", "GPU")(a) != key(128, "explicit", "GPU")(b)
+    s, t = (KernelConfig.parse(base + x) for x in (",dims_shfl=True", ",dims_shfl=True,dims_p=0"))
+    assert key(128, "explicit", "GPU")(s) == key(128, "explicit", "GPU")(t)
+    # dims_q below what the work-group needs to cover f is the least that covers it
+    u, v = (KernelConfig.parse(base.replace("dims_q=2", x).replace("solve_wg=128", "solve_wg=32"))
+            for x in ("dims_q=1", "dims_q=2"))
+    assert key(256, "explicit", "GPU")(u) == key(256, "explicit", "GPU")(v)
+    assert key(64, "explicit", "GPU")(u) != key(64, "explicit", "GPU")(v)
+
+
+def test_a_pick_the_tuner_found_wrong_in_the_cell_is_a_miss(tmp_path):
+    """The cells of the first test, A found wrong by the f = 128 run (status ``wrong``: its
+    reference check failed, so it was never timed there): the pick A at f = 128 is no longer
+    unmeasured but a miss named ``wrong``."""
+    info = fake_info(name="Fake GPU wrong")
+    db = tmp_path / "db.jsonl"
+    bad = base_record("measurement", status="wrong", reason="reference_mismatch",
+                      run_id="r128", device=tuning.device_record(info), f=128,
+                      storage="float32", side="both", mode="explicit", verify_rel_err=0.005,
+                      config=KernelConfig.parse(A).to_dict(), variant=A)
+    write(db, _cell(info, 32, {A: 1.0, B: 1.5}, "r32", A)
+          + _cell(info, 64, {A: 1.0, B: 1.4}, "r64", A)
+          + _cell(info, 128, {B: 1.0}, "r128", B) + [bad])
+    rows = _rows(db)
+    r = rows[128]
+    assert r["pick"] == str(KernelConfig.parse(A)) and r["ratio"] is None
+    assert r["verdict"] == "wrong" and r["wrong"] == {"users": 0.005, "items": 0.005}
+    assert rows[64]["verdict"] == "hit" and rows[64]["wrong"] == {}
+    s = _loo().summary(rows.values())[r["device"]]
+    assert (s["measured"], s["hits"], s["unmeasured"], s["wrong"]) == (3, 2, 0, 1)
+    assert "1 of the misses a pick the tuner found wrong" in _loo().markdown(list(rows.values()))

@@ -134,6 +134,49 @@ def test_lookup_model_rule_with_its_reason(dbenv, mode):  # noqa: F811
     assert tuning.choose(info, 64, "users", stats("users", ds), mode=mode).rule == "tuned"
 
 
+def _wrong(info, f, variant, run_id, mode="explicit"):
+    """A measurement of status wrong: ``variant`` failed the reference check at f in mode."""
+    return base_record("measurement", status="wrong", reason="reference_mismatch", run_id=run_id,
+                       device=tuning.device_record(info), f=f, storage="float32", side="both",
+                       mode=mode, config=KernelConfig.parse(variant).to_dict(), variant=variant,
+                       verify_rel_err=0.005)
+
+
+def test_a_configuration_found_wrong_in_a_mode_is_never_proposed_in_it(dbenv):  # noqa: F811
+    """A, the fastest at f = 64 (a biased run, where it passed), failed explicit feedback's
+    reference check at f = 32 and never passed it: the model proposes B for an explicit case,
+    still A for a biased one; once A passes in an explicit run it is a candidate again."""
+    info = fake_info()
+    ds = {"m": 2000, "n": 1000, "nnz": 40000}
+    recs = run(info, 64, {A: 1.0, B: 1.3}, "b64", mode="biased") + [_wrong(info, 32, A, "e32")]
+    assert M.refuted(recs, tuning.device_record(info)) == {"explicit": [KernelConfig.parse(A)]}
+    assert M.refuted(recs, tuning.device_record(info), exclude_runs=("e32",)) == {}
+    write(dbenv["env"], recs)
+    pick = {m: tuning.choose(info, 48, "users", stats("users", ds), mode=m) for m in
+            ("explicit", "biased")}
+    assert pick["explicit"].rule == "model" and pick["explicit"].config == KernelConfig.parse(B)
+    assert pick["biased"].config == KernelConfig.parse(A)
+    ok = run(info, 100, {A: 1.0, B: 1.1}, "e100", shape=(9000, 1000, 90000))
+    assert M.refuted(recs + ok, tuning.device_record(info)) == {"explicit": []}
+
+
+def test_a_group_whose_mode_refutes_a_configuration_does_not_set_its_prior():
+    """Biased f = 32: the nearest group (explicit f = 32) reports only B because A failed its
+    reference check there: its silence on A says nothing of A's biased time, so A's prior is
+    weighed by the nearest group that could have timed it (implicit f = 32, A the fastest),
+    and A wins; counted as that explicit group's silence, B would."""
+    info = fake_info()
+    recs = run(info, 32, {B: 1.0}, "e32") + run(info, 32, {A: 1.0, B: 1.2}, "i32",
+                                                 mode="implicit")
+    gs = groups(recs, info)
+    wrong = M.refuted(recs + [_wrong(info, 32, A, "e32")], tuning.device_record(info))
+
+    def best(w):
+        r, _near = M.rank(gs, 32, "biased", "users", M.features(2000, 1000, 40000), wrong=w)
+        return str(r[0][2])
+    assert best(wrong) == A and best(None) == B
+
+
 def test_an_adapted_configuration_scores_by_its_own_evidence(dbenv):  # noqa: F811
     """A syrk measured fastest with 2 slices at f = 100 and refused at f = 128 runs there with
     1 slice — another configuration, never measured: it scores as the prior, so a configuration
@@ -170,6 +213,29 @@ def test_configurations_running_the_same_kernels_are_one(kind):
     gs = groups(run(info, 64, {str(twin): 1.0, A: 1.3}, "r64"), info)
     r, _near = M.rank(gs, 64, "explicit", "users", M.features(2000, 1000, 40000))
     assert r[0][1] == M.case_key(fused, "explicit", kind) and r[0][3] > 0
+
+
+def test_configurations_running_the_same_kernels_at_the_cases_f_are_one():
+    """A syrk with ``solve_wg=32`` builds the kernels of the one without it at f = 32 (the
+    default's S3 work-group there), not at f = 64: at f = 32 the two are one candidate, with
+    the evidence of both runs (each reported one of them), as the offline check reads them."""
+    info = fake_info()
+    s32, s0 = ("batch+vec4+syrk:bx=8,ks=8,solve_wg=32,solver=cg",
+               "batch+vec4+syrk:bx=8,ks=8,solver=cg")
+    recs = (run(info, 32, {s32: 1.0, A: 1.2}, "r1")
+            + run(info, 32, {s0: 1.0, A: 1.2}, "r2", shape=(3000, 1000, 60000)))
+    gs = groups(recs, info)
+
+    def syrks(f):
+        r, _near = M.rank(gs, f, "explicit", "users", M.features(2000, 1000, 40000))
+        sup = {str(c): s for _s, _k, c, s, _w in r}
+        return [s for c, s in sup.items() if "syrk" in c], sup[A]
+    one, a = syrks(32)
+    assert len(one) == 1 and one[0] == pytest.approx(a)
+    assert len(syrks(64)[0]) == 2
+    kf = 32
+    assert M.case_key(KernelConfig.parse(s32), "explicit", "GPU", kf) \
+        == M.case_key(KernelConfig.parse(s0), "explicit", "GPU", kf)
 
 
 def test_the_dims_form_across_a_partial_float4_slice_counts_less():

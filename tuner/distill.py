@@ -24,7 +24,9 @@ data ``clmf.tuning.shipped``) holding:
   of the ``top`` configurations (by mean relative time) measured in at least half the groups of its
   (type, mode, f) — computed over all raw files together, as the lookup merges them;
 * for the ``model`` rung (the selection model, :mod:`clmf.tuning.model`), per run and side the
-  fastest record of each of its ``TOP_K`` fastest configurations, with the data set's shape.
+  fastest record of each of its ``TOP_K`` fastest configurations, with the data set's shape, and
+  the measurements of status ``wrong`` (configurations whose reference check failed: the model
+  refuses them in that mode on that device).
 
 The result is deterministic (records in the order of the raw files, keys sorted, no clock; the
 same whether a raw file is stored plain or compressed); with
@@ -49,7 +51,7 @@ import sys
 
 from clmf.tuning.database import read_database, records_bytes
 from clmf.tuning.lookup import newest_first, record_cases
-from clmf.tuning.model import shape_fields, top_records
+from clmf.tuning.model import shape_fields, top_records, wrong_record
 from clmf.tuning.schema import SCHEMA_VERSION, SIDES, norm_text, record_mode
 
 log = logging.getLogger(__name__)
@@ -110,12 +112,14 @@ def _measurement_group(r):
 def _model_measurements(sources):
     """{(file index, line index)} of the measurement records the selection model reads: per run
     and side the fastest record of each of its ``TOP_K`` fastest configurations
-    (:func:`clmf.tuning.model.top_records`)."""
+    (:func:`clmf.tuning.model.top_records`), and every measurement of status wrong (the
+    configurations it refuses, :func:`clmf.tuning.model.refuted`)."""
     keep = set()
     for i, recs in enumerate(sources):
         where = {id(r): (i, j) for j, r in enumerate(recs)}
         for top in top_records(recs).values():
             keep.update(where[id(r)] for r in top)
+        keep.update((i, j) for j, r in enumerate(recs) if wrong_record(r))
     return keep
 
 

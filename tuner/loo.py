@@ -17,7 +17,12 @@ is then read from the cell's own measurements:
   which newer kernels may beat);
 * the pair's ratio weighs the sides by their best times (an iteration is the two half-steps);
 * a cell whose pick was never timed there on a side is ``unmeasured``: not counted as a hit
-  nor as a miss; the list of them is what a device must time.
+  nor as a miss; the list of them is what a device must time;
+* a cell whose pick failed the tuner's reference check there on a side (a measurement of
+  status ``wrong`` at the cell's device, f and mode: its error after one iteration beyond
+  ``verify_tolerance``) is ``wrong``: a miss whatever its time — ``auto`` would run a
+  configuration the tuner refused for its accuracy (H100 explicit f = 32 and 64: the ``mma``
+  form in tf32, 0.0049 and 0.0054 > 0.001).
 
 Tuning measurements estimate a half-step from a sample of rows, so a ratio here is close to,
 not equal to, the on-device check's whole-fit ratio; ``--compare`` puts the latter beside it.
@@ -38,7 +43,8 @@ import sys
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LooCell", "cells_of", "device_infos", "refusals", "pick_ratio", "bridged_times",
+__all__ = ["LooCell", "cells_of", "device_infos", "refusals", "verified_wrong", "pick_ratio",
+           "bridged_times",
            "offline_loo", "summary", "markdown", "main", "chosen_configs", "same_kernels_key"]
 
 def _dev_key(d):
@@ -168,6 +174,26 @@ def refusals(records):
     return out
 
 
+def verified_wrong(records):
+    """``{(device key, f, mode): [(KernelConfig, relative error)]}`` of the configurations a
+    tuning run found wrong (measurements of status ``wrong``: the reference check's error after
+    one iteration beyond the tolerance)."""
+    from clmf.tuning import model as M
+    from clmf.tuning.schema import record_mode
+    out = {}
+    for r in records:
+        if r.get("kind") != "measurement" or r.get("status") != "wrong":
+            continue
+        c = M._config(r.get("config"))
+        try:
+            key = (_dev_key(r.get("device")), int(r["f"]), record_mode(r))
+        except (KeyError, TypeError, ValueError):
+            continue
+        if c is not None:
+            out.setdefault(key, []).append((c[1], r.get("verify_rel_err")))
+    return out
+
+
 def _run_times(raw, key):
     """``{key: seconds}`` of one run's side (``raw``: {config key: (seconds, KernelConfig)}),
     equal configurations (the same ``key``) at their fastest."""
@@ -261,20 +287,19 @@ def chosen_configs(records):
 
 def same_kernels_key(f, mode, device_type):
     """The key under which two configurations run the same kernels in a cell of ``f`` and
-    ``mode`` on a device of ``device_type``: :func:`clmf.tuning.model.case_key` with the S3
-    work-group resolved at the cell's unknowns (``solve_wg=0`` is the default's size there:
-    at f = 32 a syrk with ``solve_wg=32`` is the one without it)."""
-    from clmf.errors import InvalidConfigError
+    ``mode`` on a device of ``device_type``: :func:`clmf.tuning.model.case_key` of the
+    configuration as its kernels are built at the cell's unknowns — the S3 work-group resolved
+    (``solve_wg=0`` is the default's size there: at f = 32 a syrk with ``solve_wg=32`` is the
+    one without it) and the fused CG dimensions form's geometry resolved (``dims_q`` is a
+    least number of slices, ``dims_p=0`` as many work-items as fit: the kernel reads only the
+    slices and work-items per entry they come to, :meth:`KernelConfig.fcg_geometry`, and with
+    ``dims_shfl`` no ``dims_p`` at all; at f = 100 ``dims_q=2,dims_p=0`` is ``dims_q=2``)."""
     from clmf.tuning import model as M
     from clmf.tuning.spec import kernel_factors
     kf = kernel_factors(f, mode)
 
     def key(c):
-        try:
-            c = c.replace(solve_wg=c.swg(kf))
-        except (InvalidConfigError, ValueError):
-            pass
-        return M.case_key(c, mode, device_type)
+        return M.case_key(c, mode, device_type, kf)
     return key
 
 
@@ -308,6 +333,7 @@ def offline_loo(paths, device=None, tol=None):
     sources = lookup.record_sources(paths=paths)
     infos = device_infos(records)
     refused = refusals(records)
+    wrong = verified_wrong(records)
     chosen = chosen_configs(records)
     measured = {}
     for r, key, c in _ok_measurements(records):
@@ -331,8 +357,11 @@ def offline_loo(paths, device=None, tol=None):
             picks = loo_choices(info, cell.f, cell.stats(), cell.mode, cell.runs, build,
                                 cell.storage, paths=paths)
             pair = {s: ch.config for s, ch in picks.items()}
-            ratio, per = pick_ratio(cell, pair, measured, chosen,
-                                    same_kernels_key(cell.f, cell.mode, info.type))
+            key = same_kernels_key(cell.f, cell.mode, info.type)
+            ratio, per = pick_ratio(cell, pair, measured, chosen, key)
+            bad = {k: e for k, e in ((key(c), e) for c, e in
+                                     wrong.get((dk, cell.f, cell.mode), ()))}
+            wrong_sides = {s: bad[key(c)] for s, c in pair.items() if key(c) in bad}
             rules = {ch.rule for ch in picks.values()}
             rows.append({
                 "device": device_label(info), "f": cell.f, "mode": cell.mode,
@@ -342,23 +371,27 @@ def offline_loo(paths, device=None, tol=None):
                 "ratio": ratio,
                 "sides": {s: (None if v is None else {"rel": v[0], "run": v[1]})
                           for s, v in per.items()},
-                "verdict": ("unmeasured" if ratio is None
+                "wrong": wrong_sides,
+                "verdict": ("wrong" if wrong_sides else "unmeasured" if ratio is None
                             else "hit" if ratio <= tol else "miss"),
                 "reason": picks["users"].reason[:300]})
     return rows
 
 
 def summary(rows):
-    """``{device: {"cells", "measured", "hits", "unmeasured", "share"}}`` of ``rows``."""
+    """``{device: {"cells", "measured", "hits", "unmeasured", "wrong", "share"}}`` of ``rows``
+    (a ``wrong`` pick counts as a measured miss)."""
     out = {}
     for r in rows:
-        s = out.setdefault(r["device"], {"cells": 0, "measured": 0, "hits": 0, "unmeasured": 0})
+        s = out.setdefault(r["device"], {"cells": 0, "measured": 0, "hits": 0, "unmeasured": 0,
+                                         "wrong": 0})
         s["cells"] += 1
         if r["verdict"] == "unmeasured":
             s["unmeasured"] += 1
         else:
             s["measured"] += 1
             s["hits"] += r["verdict"] == "hit"
+            s["wrong"] += r["verdict"] == "wrong"
     for s in out.values():
         s["share"] = s["hits"] / s["measured"] if s["measured"] else float("nan")
     return out
@@ -408,7 +441,9 @@ def markdown(rows, device_rows=(), title="Offline leave-one-out of the selection
     for dev, s in summary(rows).items():
         lines.append(f"- {dev}: {s['hits']} of {s['measured']} measured cells within "
                      f"{(LOO_TOL - 1) * 100:.0f} % ({s['share'] * 100:.0f} %; criterion "
-                     f"≥ {LOO_SHARE * 100:.0f} %), {s['unmeasured']} unmeasured")
+                     f"≥ {LOO_SHARE * 100:.0f} %), {s['unmeasured']} unmeasured"
+                     + (f", {s['wrong']} of the misses a pick the tuner found wrong there"
+                        if s["wrong"] else ""))
     return "\n".join(lines) + "\n"
 
 

@@ -30,10 +30,11 @@ _memo: dict = {}
 _lock = threading.Lock()
 
 
-_INDEX_FORMAT = 6              # 2: "topk" records kept beside "best" ones; 3: ok measurements'
+_INDEX_FORMAT = 7              # 2: "topk" records kept beside "best" ones; 3: ok measurements'
                                # whole device keys (they verify a configuration on that device);
                                # 4: their storage, date and data-set shape (the selection model's);
-                               # 5: the selection model's own index; 6: the sampled rows/ratings
+                               # 5: the selection model's own index; 6: the sampled rows/ratings;
+                               # 7: wrong measurements (whole device keys) in the model's index
 _MEASUREMENT_KEYS = ("kind", "status", "side", "mode", "f", "run_id", "config", "seconds",
                      "storage", "date")
 _DEVICE_KEYS = ("platform", "vendor", "type", "device", "driver")
@@ -51,7 +52,8 @@ def _slim(r):
         from .model import shape_fields
         out.update(shape_fields(r))
     dev = r.get("device")
-    keys = _DEVICE_KEYS if r.get("status") == "ok" else ("type",)
+    # (a wrong one's too: the selection model refuses it on that device, model.refuted)
+    keys = _DEVICE_KEYS if r.get("status") in ("ok", "wrong") else ("type",)
     out["device"] = {k: dev[k] for k in keys if k in dev} if isinstance(dev, dict) else dev
     return out
 
@@ -99,8 +101,9 @@ def _build(path, stamp):
     # its own kind)
     best = [r for r in recs if r.get("kind") in ("best", "topk")]
     meas = [_slim(r) for r in recs if r.get("kind") == "measurement"]
-    from .model import top_records
-    model = [r for top in top_records(meas).values() for r in top]
+    from .model import top_records, wrong_record
+    model = [r for top in top_records(meas).values() for r in top] \
+        + [r for r in meas if wrong_record(r)]
     b_idx, m_idx, g_idx, prefix = _paths(path, stamp)
     written = all([write_atomic(index, json.dumps({"path": str(path.resolve()),
                                                   "stamp": list(stamp), "records": part}))
@@ -169,6 +172,7 @@ def measurement_records(path):
 
 def model_records(path):
     """The measurements the selection model reads (:func:`clmf.tuning.model.top_records`: per
-    run and side the fastest record of each of its fastest configurations, slim), or None when
-    the database is unusable: a much smaller index than every measurement's."""
+    run and side the fastest record of each of its fastest configurations, slim; and the
+    measurements of status wrong, :func:`clmf.tuning.model.refuted`), or None when the database
+    is unusable: a much smaller index than every measurement's."""
     return _records(path, 2)

@@ -455,8 +455,9 @@ _groups_memo: dict = {}
 
 
 def _model_groups(sources, dev):
-    """The selection model's groups (:func:`clmf.tuning.model.groups_of`) of ``dev`` in every
-    database of ``sources`` (memoized per measurement lists and excluded runs)."""
+    """``(groups, refuted)``: the selection model's groups (:func:`clmf.tuning.model.groups_of`)
+    of ``dev`` in every database of ``sources`` and the configurations it found wrong per mode
+    (:func:`clmf.tuning.model.refuted`) (memoized per measurement lists and excluded runs)."""
     from . import model as M
     from .index import model_records
     lists = [model_records(p) or [] for _o, p, _r in sources]
@@ -466,10 +467,10 @@ def _model_groups(sources, dev):
     hit = _groups_memo.get(key)
     if hit is not None and all(a is b for a, b in zip(hit[0], lists)):
         return hit[1]
-    out = []
+    groups = []
     for recs in lists:
-        out += M.groups_of(recs, dev, runs)
-    out = M.newest(out)
+        groups += M.groups_of(recs, dev, runs)
+    out = (M.newest(groups), M.refuted([r for recs in lists for r in recs], dev, runs))
     if len(_groups_memo) > 16:
         _groups_memo.clear()
     _groups_memo[key] = (lists, out)
@@ -484,7 +485,7 @@ def _predict(info, f, storage, ds, mode, sources, finalize, usable, tries=8):
     from . import fallback
     from . import model as M
     dev = device_record(info)
-    groups = _model_groups(sources, dev)
+    groups, wrong = _model_groups(sources, dev)
     if not groups:
         return None
     kf, width = kernel_factors(f, mode), factor_width(f, mode)
@@ -493,7 +494,7 @@ def _predict(info, f, storage, ds, mode, sources, finalize, usable, tries=8):
     ranked, near = {}, {}
     for side in SIDES:
         ranked[side], near[side] = M.rank(groups, f, mode, side, feats[side], storage,
-                                          M.fill_rows(info.compute_units))
+                                          M.fill_rows(info.compute_units), wrong)
         if not ranked[side]:
             return None
     refused = set()            # configurations the check refused (rejected here, failed probe)
@@ -513,7 +514,7 @@ def _predict(info, f, storage, ds, mode, sources, finalize, usable, tries=8):
             if a is None:
                 continue
             if a.replace(storage=c.storage) != c:
-                score = own.get(M.case_key(a.replace(storage=c.storage), mode, info.type),
+                score = own.get(M.case_key(a.replace(storage=c.storage), mode, info.type, kf),
                                 M.PRIOR)
                 where = None
             a = finalize(a, mode)

@@ -43,6 +43,11 @@ over the groups near the case in feature space, where
   ``clmf.autotune.loo.bridged_times``), so its best counts as fast as the newest run found it,
   not as 1.
 
+A configuration the device's runs found wrong in a mode (its reference check failed; never ok in
+that mode: :func:`refuted`) is no candidate in that mode, and a group of that mode never timed it
+validly, so its silence sets no prior for it elsewhere (H100: ``mma`` in tf32 fails explicit
+feedback's 1e-3, passes biased and implicit feedback's).
+
 The configuration with the lowest predicted log relative time that validates at the case's f on
 the device wins; both sides share the factor rows' padding, so the pair is the best sum over
 configurations of one leading dimension. Groups farther than :data:`MAX_D2` are ignored; with
@@ -65,8 +70,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["TOP_K", "SAMPLE_KEYS", "shape_fields", "Group", "groups_of", "newest", "distance",
            "weight", "rank", "features", "config_key", "case_key", "fill_rows", "runs_s1",
-           "align_d2", "family", "family_dates", "anchor_scale", "MAX_D2", "top_records",
-           "describe"]
+           "built_at", "align_d2", "family", "family_dates", "anchor_scale", "MAX_D2",
+           "top_records", "describe", "wrong_record", "refuted"]
 
 TOP_K = 8               # fastest configurations of a group the model reads (and distill keeps)
 PRIOR = math.log(1.5)    # prior relative time of any configuration ...
@@ -229,6 +234,40 @@ def group_key(r):
         return None
 
 
+def wrong_record(r):
+    """Whether ``r`` is a measurement whose configuration failed the tuner's reference check
+    (status ``wrong``: its error after one iteration beyond the tolerance of its mode)."""
+    return r.get("kind") == "measurement" and r.get("status") == "wrong"
+
+
+def refuted(records, device, exclude_runs=()):
+    """``{mode: [KernelConfig]}``: the configurations ``device``'s runs in ``records`` (but
+    ``exclude_runs``) found wrong in a mode (:func:`wrong_record`, at any f) and never ok in it
+    (no ok measurement of it in that mode among ``records``). Accuracy is a property of the
+    configuration's arithmetic and the mode's tolerance more than of f (H100: ``mma`` in tf32
+    failed explicit feedback's 1e-3 at f = 32, 64, 100 and 128, passed biased and implicit
+    feedback's), so the model never proposes one for an unseen case of that mode."""
+    want = device_identity(device)
+    bad, ok = {}, set()
+    for r in records:
+        if r.get("kind") != "measurement" or r.get("run_id") in exclude_runs:
+            continue
+        wrong = wrong_record(r)
+        if not (wrong or r.get("status") == "ok"):
+            continue
+        d, mode = r.get("device"), record_mode(r)
+        if mode is None or not isinstance(d, dict) or device_identity(d) != want:
+            continue
+        c = _config(r.get("config"))
+        if c is None:
+            continue
+        if wrong:
+            bad.setdefault(mode, {})[c[0]] = c[1]
+        else:
+            ok.add((mode, c[0]))
+    return {m: [c for k, c in cs.items() if (m, k) not in ok] for m, cs in bad.items()}
+
+
 def top_records(records, k=TOP_K):
     """{(run, side): [record, ...]}: per group the fastest record of each configuration, the
     ``k`` fastest configurations (ties by configuration key), fastest first."""
@@ -365,28 +404,47 @@ def runs_s1(c, mode, device_type):
     return mode == "implicit" and not gram_tiled(device_type)
 
 
-def case_key(c, mode, device_type):
+def built_at(c, kf):
+    """Configuration ``c`` as its kernels are built for systems of ``kf`` unknowns: the S3
+    work-group resolved (``solve_wg=0`` is the default's size there: at f = 32 a syrk with
+    ``solve_wg=32`` is the one without it) and the fused CG dimensions form's geometry (its
+    kernel reads only the slices and work-items per entry ``dims_q`` and ``dims_p`` come to,
+    :meth:`KernelConfig.fcg_geometry`, and with ``dims_shfl`` no ``dims_p``: at f = 100
+    ``dims_q=2,dims_p=0`` is ``dims_q=2``); ``c`` itself where that does not validate."""
+    try:
+        c = c.replace(solve_wg=c.swg(kf))
+        if c.dims:
+            g = c.fcg_geometry(kf)
+            c = c.replace(dims_q=g["fd_q"], dims_p=1 if c.dims_shfl else g["fd_p"])
+    except (InvalidConfigError, ValueError):
+        pass
+    return c
+
+
+def case_key(c, mode, device_type, kf=None):
     """The key of configuration ``c`` for a case of ``mode`` on a device of ``device_type``:
     :func:`config_key` of ``c`` with the S1-only fields at their defaults where it never
     launches S1 (:func:`runs_s1`) — configurations that run the same kernels are one
     configuration, and the measurements of each count for all (a fused CG tuned with
-    tx = ty = 1 and one with the default 8 × 8 are the same kernels)."""
-    k = (config_key(c), mode, device_type)
+    tx = ty = 1 and one with the default 8 × 8 are the same kernels) — and, given the case's
+    ``kf`` unknowns, the fields that resolve at them resolved (:func:`built_at`)."""
+    k = (config_key(c), mode, device_type, kf)
     hit = _case_memo.get(k)
     if hit is None:
-        hit = k[0] if runs_s1(c, mode, device_type) else \
-            config_key(dataclasses.replace(c, **_S1_DEFAULTS))
+        b = c if kf is None else built_at(c, kf)
+        hit = config_key(b) if runs_s1(b, mode, device_type) else \
+            config_key(dataclasses.replace(b, **_S1_DEFAULTS))
         if len(_case_memo) < 65536:
             _case_memo[k] = hit
     return hit
 
 
-def _case_view(g, mode, device_type):
-    """``(rel, configs)`` of group ``g`` keyed by :func:`case_key` for a case of ``mode``: the
-    fastest of the group's configurations that are one there."""
+def _case_view(g, mode, device_type, kf=None):
+    """``(rel, configs)`` of group ``g`` keyed by :func:`case_key` for a case of ``mode`` (and
+    ``kf`` unknowns): the fastest of the group's configurations that are one there."""
     rel, cfgs = {}, {}
     for k, r in sorted(g.rel.items(), key=lambda t: t[1]):
-        ck = case_key(g.configs[k], mode, device_type)
+        ck = case_key(g.configs[k], mode, device_type, kf)
         if ck not in rel:
             rel[ck], cfgs[ck] = r, g.configs[k]
     return rel, cfgs
@@ -456,7 +514,7 @@ def weight(d2):
     return math.exp(-d2)
 
 
-def rank(groups, f, mode, side, feats, storage="float32", fill=None):
+def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=None):
     """``[(score, key, KernelConfig, support, device)]`` of every configuration in the top-K of
     a group within :data:`MAX_D2` of the case (``key``: its :func:`case_key`), lowest predicted
     log relative time first (``support``: the summed weight of the groups that measured it
@@ -467,7 +525,10 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None):
     306 at f = 128 where NVIDIA's compiled hermitian kernel allows 256, and 306 again in
     biased mode at f = 128 where explicit f = 128 built — so the lookup probes it first), and
     the groups used as
-    ``[(d², group)]`` nearest first."""
+    ``[(d², group)]`` nearest first. ``wrong``: ``{mode: [KernelConfig]}`` the device found
+    wrong per mode (:func:`refuted`): those of this mode are never candidates (nor their twins
+    at this f), and a group of a mode that refutes a configuration never timed it validly, so
+    its silence does not set the configuration's prior (as an older group's does not)."""
     near = []
     for g in groups:
         d2 = distance(g, f, mode, side, feats, storage, fill)
@@ -477,10 +538,15 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None):
     if not near:
         return [], []
     dtype = (near[0][1].device or {}).get("type", "GPU")
-    view = [(d2, g, _case_view(g, mode, dtype)) for d2, g in near]
+    from .spec import kernel_factors
+    kf = kernel_factors(f, mode)
+    view = [(d2, g, _case_view(g, mode, dtype, kf)) for d2, g in near]
+    bad = {m: {case_key(c, mode, dtype, kf) for c in cs} for m, cs in (wrong or {}).items()}
     cands = {}
     for _d2, g, (rel, cfgs) in view:
         for k, c in cfgs.items():
+            if k in bad.get(mode, ()):
+                continue
             c0, where = cands.setdefault(k, (c, None))
             if where is None and g.f == f and (g.mode == "biased") == (mode == "biased"):
                 cands[k] = (c, g.device)
@@ -490,7 +556,8 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None):
         # the prior's weight: a share of the nearest group's that could have timed c (its
         # kernel family reported by a run no newer than it; an older one's silence says nothing)
         since = first.get(family(c), "")
-        d0 = next((d2 for d2, g, _v in view if g.date >= since), near[0][0])
+        d0 = next((d2 for d2, g, _v in view
+                   if g.date >= since and k not in bad.get(g.mode, ())), near[0][0])
         w0 = PRIOR_SHARE * weight(d0)
         num, sup = w0 * PRIOR, 0.0
         for d2, g, (rel, _cfgs) in view:
