@@ -43,6 +43,7 @@ def kernel_times(dev, rows, fs, reps=5):
     import pyopencl as cl
 
     from clmf.engine import kernels as K
+    from clmf.engine import rotate as RT
     from clmf.engine.device import device_info
     info = device_info(dev)
     ctx = cl.Context([dev])
@@ -50,14 +51,13 @@ def kernel_times(dev, rows, fs, reps=5):
     kern = K.rotate_program(ctx).kernels["rt_rotate"]
     out = {}
     for f in fs:
-        if 4 * K.ROTATE_ROWS * f > info.local_mem:
+        if not RT.tile_fits(info, f):
             continue
-        wg, tile = min(128 if info.type == "GPU" else 8, info.max_work_group_size), K.ROTATE_ROWS
+        (groups, wg), tile = RT.launch_geometry(info, rows), K.ROTATE_ROWS
         X = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, size=4 * rows * f)
         V = np.linalg.qr(np.random.default_rng(f).standard_normal((f, f)))[0].astype(np.float32)
         vb = cl.Buffer(ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=V)
         cl.enqueue_fill_buffer(q, X, np.float32(0.5), 0, 4 * rows * f)
-        groups = min(-(-rows // tile), 65536 if info.type == "GPU" else 4 * info.compute_units)
         secs = []
         for _ in range(reps + 1):
             ev = kern(q, (groups * wg,), (wg,), X, np.int64(rows), np.int32(f), np.int32(f), vb,

@@ -155,14 +155,13 @@ def cells_of(records, sources):
     return sorted(out, key=lambda c: (c.device.get("device", ""), c.dataset["nnz"], c.mode, c.f))
 
 
-def refusals(records):
-    """``{(device key, f, mode): {config key}}`` of the configurations a device refused to run
-    (measurements of status ``invalid``: a built kernel's limits below the configuration's)."""
+def _measurements_of(records, status):
+    """``(device key, f, mode), (config key, KernelConfig), record`` of each measurement of
+    ``status`` whose device, f, mode and configuration parse."""
     from clmf.tuning import model as M
     from clmf.tuning.schema import record_mode
-    out = {}
     for r in records:
-        if r.get("kind") != "measurement" or r.get("status") != "invalid":
+        if r.get("kind") != "measurement" or r.get("status") != status:
             continue
         c = M._config(r.get("config"))
         try:
@@ -170,7 +169,15 @@ def refusals(records):
         except (KeyError, TypeError, ValueError):
             continue
         if c is not None:
-            out.setdefault(key, set()).add(c[0])
+            yield key, c, r
+
+
+def refusals(records):
+    """``{(device key, f, mode): {config key}}`` of the configurations a device refused to run
+    (measurements of status ``invalid``: a built kernel's limits below the configuration's)."""
+    out = {}
+    for key, c, _r in _measurements_of(records, "invalid"):
+        out.setdefault(key, set()).add(c[0])
     return out
 
 
@@ -178,19 +185,9 @@ def verified_wrong(records):
     """``{(device key, f, mode): [(KernelConfig, relative error)]}`` of the configurations a
     tuning run found wrong (measurements of status ``wrong``: the reference check's error after
     one iteration beyond the tolerance)."""
-    from clmf.tuning import model as M
-    from clmf.tuning.schema import record_mode
     out = {}
-    for r in records:
-        if r.get("kind") != "measurement" or r.get("status") != "wrong":
-            continue
-        c = M._config(r.get("config"))
-        try:
-            key = (_dev_key(r.get("device")), int(r["f"]), record_mode(r))
-        except (KeyError, TypeError, ValueError):
-            continue
-        if c is not None:
-            out.setdefault(key, []).append((c[1], r.get("verify_rel_err")))
+    for key, c, r in _measurements_of(records, "wrong"):
+        out.setdefault(key, []).append((c[1], r.get("verify_rel_err")))
     return out
 
 

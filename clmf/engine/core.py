@@ -589,7 +589,7 @@ class Engine:
                     self.alpha, self.offset, wait_for=batch.wait, gram=gram)
             batch.done = e3 or ec or e2 or e1
             events.append((e1, e2, e3, ec))
-            if head and batch.head:    # the head rows enqueued: rotate, Λ for the others
+            if batch.head:             # the head rows enqueued: rotate, Λ for the others
                 gram = 2 if self.rotation.complete() else None
             if publisher is not None:
                 g0 = r0 + row0

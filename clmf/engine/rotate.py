@@ -43,7 +43,7 @@ from . import kernels as K
 from .blocks import SIDES, other_side
 
 __all__ = ["ENV", "HEAD_FRACTION", "enabled", "overlapped", "may_apply", "tile_fits", "applies",
-           "Rotation"]
+           "launch_geometry", "Rotation"]
 
 ENV = "CLMF_GRAM_ROTATION"
 
@@ -102,6 +102,16 @@ def _blas_controller():
     except ImportError:
         return None
     return ThreadpoolController()
+
+
+def launch_geometry(info, rows):
+    """``(work-groups, work-group size)`` of ``rt_rotate`` over ``rows`` rows on the device
+    ``info`` describes: 128 lanes on GPUs, 8 on CPUs, a group per tile of
+    :data:`clmf.engine.kernels.ROTATE_ROWS` rows up to a cap (groups take tiles in turn)."""
+    gpu = info.type == "GPU"
+    wg = min(128 if gpu else 8, info.max_work_group_size)
+    cap = 65536 if gpu else 4 * max(1, info.compute_units)
+    return min(-(-rows // K.ROTATE_ROWS), cap), wg
 
 
 def eigh(G):
@@ -210,16 +220,13 @@ class Rotation:
             self._copied.wait()            # the previous matrix's copy (long done) ended
         self._hosts = [M]
         self._copied = eng.keep(cl.enqueue_copy(eng.queue, self.V, M, is_blocking=False))
-        gpu = eng.info.type == "GPU"
-        wg = min(128 if gpu else 8, eng.info.max_work_group_size)
-        cap = 65536 if gpu else 4 * max(1, eng.info.compute_units)
         tile = cl.LocalMemory(4 * K.ROTATE_ROWS * eng.f)
         events = []
         for s in SIDES:
             rows = eng.side_rows(s)
             if rows == 0:
                 continue
-            groups = min(-(-rows // K.ROTATE_ROWS), cap)
+            groups, wg = launch_geometry(eng.info, rows)
             events.append(self.kern(eng.queue, (groups * wg,), (wg,), eng.factors[s],
                                     np.int64(rows), np.int32(eng.f), np.int32(eng.ldf), self.V,
                                     tile))
