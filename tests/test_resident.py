@@ -130,6 +130,53 @@ def test_fit_keeps_the_factors_on_the_device(cl_device):
                     brute(m.user_factors_, m.item_factors_, R, 5))
 
 
+@pytest.mark.parametrize("feedback,f", [("explicit", 8), ("implicit", 8), ("explicit", 10)])
+def test_fit_hands_its_factor_buffers_to_the_ranker(cl_device, monkeypatch, feedback, f):
+    """A one-device fit gives its factor buffers to the ranker instead of an upload where the
+    layouts agree (rows of f values); where they do not (padding columns) they are freed and
+    the factors uploaded; the rankings are brute force's either way."""
+    from clmf.engine import factors as FA
+    handed = []
+    real = FA.hand_over
+
+    def spy(eng):
+        got = real(eng)
+        handed.append(got)
+        return got
+    monkeypatch.setattr(FA, "hand_over", spy)
+    X, Y, R = problem(m=300, n=150)
+    R.data = np.ceil(R.data * 5)
+    m = clmf.ALS(factors=f, iterations=2, device=cl_device, random_state=0,
+                 feedback=feedback).fit(R, show_progress=False)
+    assert len(handed) == 1 and handed[0] is not None
+    h = handed[0]
+    res = m._topk_cache["resident"][1]
+    assert all(x.taken for x in h.values())                 # kept, or freed: never left over
+    kept = res.first.factors_buf is h["items"].buffer
+    assert kept == (h["items"].ld == f == res.first.ldf and not res.first.config.yt)
+    assert (res.first._queries[0] is h["users"].buffer) == (h["users"].ld == f == res.first.ldf)
+    with T.inference_options(device=cl_device, min_work=0):
+        check_close(m.recommend_all(5, user_items=R),
+                    brute(m.user_factors_, m.item_factors_, R, 5))
+
+
+def test_early_stopped_fit_keeps_no_later_buffers(cl_device, monkeypatch):
+    """With early stopping the kept factors may be an earlier iteration's: then the fit's
+    buffers (the last iteration's) are not handed to the ranker."""
+    from clmf.model import trainer
+    calls = []
+    monkeypatch.setattr(trainer, "_hand_over", lambda eng: calls.append(eng))
+    X, Y, R = problem(m=300, n=150)
+    R.data = np.ceil(R.data * 5)
+    V = R.copy()
+    V.data = 6 - V.data                  # worse as the fit gets better: iteration 0 is kept
+    m = clmf.ALS(factors=4, iterations=6, device=cl_device, random_state=0)
+    m.fit(R, validation=V, early_stopping_rounds=1, show_progress=False)
+    assert m.best_iteration_ < len(m.history_) - 1 and not calls
+    m.fit(R, validation=R, early_stopping_rounds=1, show_progress=False)
+    assert m.best_iteration_ == len(m.history_) - 1 and len(calls) == 1
+
+
 def counted_preparations(monkeypatch):
     """A list that records each preparation of a seen-items matrix (its CSR)."""
     calls = []

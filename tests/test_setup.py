@@ -95,6 +95,39 @@ def test_device_transpose_equals_scipy(cl_device, band, monkeypatch):
     np.testing.assert_array_equal(gv, C.data)
 
 
+@pytest.mark.parametrize("keep", [True, False])
+def test_staging_buffers_kept_for_the_next_uploader(cl_device, keep, monkeypatch):
+    """A finished uploader's staging buffers serve the next one on the context (at most
+    ``stages`` kept; none with ``KEEP_STAGING`` off), its uploads still exact."""
+    import pyopencl as cl
+
+    from clmf.engine import upload as U
+    from clmf.engine.device import get_context
+    monkeypatch.setattr(U, "_SMALL", 0)
+    monkeypatch.setattr(U, "KEEP_STAGING", keep)
+    monkeypatch.setattr(U, "_staging_cache", U._StagingCache())
+    ctx, q = get_context(cl_device)
+    rng = np.random.default_rng(2)
+    a, b = (rng.random(3000).astype(np.float32) for _ in range(2))
+    up = U.Uploader(ctx, q, in_place=False, stage_bytes=4096, stages=2)
+    buf_a = up.buffer(a)
+    first = [st[0] for st in up._stages]           # (held: no object's id is reused)
+    up.finish()
+    up2 = U.Uploader(ctx, q, in_place=False, stage_bytes=4096, stages=2)
+    buf_b = up2.buffer(b)
+    reused = [st[0] for st in up2._stages if any(st[0] is x for x in first)]
+    up2.finish()
+    assert len(first) == 2 and bool(reused) == keep
+    kept = U._staging_cache._free.get((__import__("os").getpid(), ctx.int_ptr, 4096), [])
+    assert len(kept) == (min(2, U.STAGES) if keep else 0)
+    for want, got in ((a, buf_a), (b, buf_b)):
+        out = np.empty_like(want)
+        cl.enqueue_copy(q, out, got)
+        np.testing.assert_array_equal(out, want)
+    U._staging_cache.clear()
+    assert not U._staging_cache._free
+
+
 @pytest.mark.parametrize("biases", [False, True])
 def test_train_error_from_device_csr(cl_device, biases):
     from clmf.engine.config import KernelConfig
@@ -123,8 +156,10 @@ def test_fit_records_setup_timings(cl_device):
     t = m.timings_
     for k in ("validation", "preparation", "counts", "checks", "tuning", "plan", "engine",
               "engine_host", "build", "build_wait", "upload", "transpose", "upload_transpose",
-              "buffers", "start_factors", "factors_upload", "setup", "fit"):
+              "buffers", "start_factors", "factors_upload", "setup", "wrap_up", "ranker",
+              "fit"):
         assert t[k] >= 0.0, k
+    assert t["setup"] + t["wrap_up"] + t["ranker"] <= t["fit"]
     assert t["upload_transpose"] == pytest.approx(t["upload"] + t["transpose"])
     parts = t["validation"] + t["preparation"] + t["engine"] + t["start_factors"] + \
         t["factors_upload"]
@@ -150,6 +185,13 @@ def test_host_scans_equal_numpy(monkeypatch, threads):
                                                       rel=1e-12)
             v[size // 2] = np.nan
             assert all(np.isnan(x) for x in scan.value_range(v))
+        M = rng.normal(size=(size, 3)).astype(np.float32)
+        assert scan.all_finite(M) and scan.all_finite(M[:, ::2])
+        for bad in (np.nan, np.inf, -np.inf):
+            for at in ({0, size - 1} if size else ()):
+                B = M.copy()
+                B[at, 1] = bad
+                assert not scan.all_finite(B) and not scan.all_finite(B[:, 1:])
 
 
 @pytest.mark.parametrize("threads", [False, True])

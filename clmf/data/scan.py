@@ -11,7 +11,8 @@ import os
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["count_columns", "value_range", "value_sum", "csr_is_canonical", "pairs_increasing",
+__all__ = ["count_columns", "value_range", "value_sum", "all_finite", "csr_is_canonical",
+           "pairs_increasing",
            "has_duplicate_pairs", "CHUNK", "THREADS"]
 
 CHUNK = 1 << 20                  # entries per chunk (also avoids whole-array temporaries)
@@ -64,6 +65,16 @@ def value_sum(values):
     """Sum of an array in float64 (chunk sums added in order)."""
     parts = _map(lambda s, e: np.add.reduce(values[s:e], dtype=np.float64), len(values))
     return float(np.sum(np.array(parts, dtype=np.float64)))
+
+
+def all_finite(a):
+    """Whether every value of the array ``a`` is finite (chunks over the threads: no boolean
+    copy of the whole array; a non-contiguous array in one pass)."""
+    a = np.asarray(a)
+    if not a.flags.c_contiguous:
+        return bool(np.isfinite(a).all())
+    flat = a.reshape(-1)
+    return all(_map(lambda s, e: bool(np.isfinite(flat[s:e]).all()), flat.size))
 
 
 def csr_is_canonical(indptr, indices, data, ncols):

@@ -8,7 +8,7 @@ from . import kernels as K
 from . import upload as U
 
 __all__ = ["padded_factors", "host_factor_rows", "padded_base", "unpadded_factors",
-           "half_rows"]
+           "half_rows", "Handed", "hand_over", "release_unused"]
 
 
 def padded_factors(side, M, rows, f, ldf, np_store, biased, biases=None):
@@ -89,3 +89,53 @@ def half_rows(eng, queue, side, host, a, b, blocking, wait_for=None):
     if blocking:
         ev.wait()
     return ev
+
+
+class Handed:
+    """A factor buffer an engine gave away after its fit (:func:`hand_over`): ``rows`` rows of
+    ``ld`` float32 values each (the first ``f`` the factors), ``host`` the host memory the buffer
+    wraps (CPU runtimes) or None; ``taken`` is set by whoever keeps the buffer (the ranker),
+    else :func:`release_unused` frees it."""
+
+    __slots__ = ("buffer", "ld", "rows", "f", "host", "taken")
+
+    def __init__(self, buffer, ld, rows, f, host=None):
+        """Keep the buffer and its geometry."""
+        self.buffer, self.ld, self.rows, self.f, self.host = buffer, int(ld), int(rows), int(f), host
+        self.taken = False
+
+    def take(self, ctx, ld, rows):
+        """The buffer, now the caller's, when it lies in the context ``ctx`` with rows of ``ld``
+        values and ``rows`` rows, and no padding columns (a solve kernel's vector stores may
+        leave values there, which a ranker reading whole rows would count); else None (it
+        stays this object's)."""
+        if self.taken or ld != self.ld or ld != self.f or rows != self.rows \
+                or self.buffer.context.int_ptr != ctx.int_ptr:
+            return None
+        self.taken = True
+        return self.buffer
+
+
+def hand_over(eng):
+    """The factor buffers of the one-device engine ``eng`` given away, ``{side: Handed}``, so
+    that the model's ranker keeps them on the device instead of uploading the factors again;
+    the engine no longer frees them. Only where they are the factors as ranked: every row of
+    both sides held, float32, no bias columns, rows in the original basis (a rotation undone);
+    else None. Call after the last iteration, before :meth:`Engine.release`."""
+    if eng.biased or eng.np_store != np.float32 or not all(
+            eng._whole_factor(s) for s in ("users", "items")):
+        return None
+    eng.finish()
+    eng._unrotate()
+    eng.finish()
+    hosts = eng._factor_hosts
+    return {s: Handed(eng.factors.pop(s), eng.ldf, eng.side_rows(s), eng.f, hosts.pop(s, None))
+            for s in ("users", "items")}
+
+
+def release_unused(handed):
+    """Free the handed buffers nobody took (``handed``: :func:`hand_over`'s result or None)."""
+    for h in (handed or {}).values():
+        if not h.taken:
+            h.buffer.release()
+            h.taken = True

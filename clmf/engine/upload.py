@@ -9,17 +9,20 @@ speed, so the host's copies (split over a few threads) and the transfers overlap
 """
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import ctypes
 import logging
 import mmap
 import os
+import threading
 
 import numpy as np
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Uploader", "STAGE_BYTES", "STAGES", "PINNED", "HOST_ALIGN", "zero_copy",
+__all__ = ["Uploader", "STAGE_BYTES", "STAGES", "PINNED", "HOST_ALIGN", "KEEP_STAGING",
+           "release_staging", "zero_copy",
            "needs_aligned_host", "host_align", "aligned_copy", "aligned_empty", "common_skew",
            "widened"]
 
@@ -35,6 +38,11 @@ HOST_ALIGN = 128              # bytes: where a host array must start for Intel's
                               # whatever the size); 0 turns the aligned copies off
 WRAP_BELOW = True             # False: misaligned arrays are copied, never wrapped from the
                               # boundary below them (Uploader.entry_buffers; for comparisons)
+KEEP_STAGING = True           # the staging buffers outlive their uploader, STAGES per context
+                              # (pinned memory takes ~10 ms per buffer to allocate and map: a
+                              # fit's uploads and the next fit's reuse them); False: each
+                              # uploader frees its own (for comparisons)
+_KEPT_CONTEXTS = 4            # contexts whose staging buffers are kept (the latest used)
 
 
 def zero_copy(info):
@@ -120,6 +128,66 @@ def widened(a, skew):
     return np.frombuffer(raw, np.uint8)
 
 
+class _StagingCache:
+    """Mapped pinned staging buffers kept between uploaders: per (context, size), at most
+    :data:`STAGES` free ones, for the :data:`_KEPT_CONTEXTS` contexts used last (an older
+    context's are freed); a process's own only (a forked child never frees its parent's)."""
+
+    def __init__(self):
+        """Nothing kept yet."""
+        self._lock = threading.Lock()
+        self._free = {}               # (pid, context int_ptr, bytes) → [(buffer, host, queue)]
+
+    def take(self, ctx, nbytes):
+        """A kept ``(buffer, mapped uint8 array, queue it was mapped on)`` or None."""
+        key = (os.getpid(), ctx.int_ptr, nbytes)
+        with self._lock:
+            got = self._free.get(key)
+            if got:
+                self._free[key] = self._free.pop(key)      # latest used last
+                return got.pop()
+        return None
+
+    def give(self, ctx, nbytes, entry):
+        """Keep a free staging buffer (all its copies ended), or free it when enough are."""
+        key = (os.getpid(), ctx.int_ptr, nbytes)
+        drop = []
+        with self._lock:
+            kept = self._free.pop(key, [])
+            (kept if KEEP_STAGING and len(kept) < STAGES else drop).append(entry)
+            self._free[key] = kept
+            while len(self._free) > _KEPT_CONTEXTS:
+                drop.extend(self._free.pop(next(iter(self._free))))
+        for e in drop:
+            _free_stage(*e)
+
+    def clear(self):
+        """Free every kept buffer (this process's)."""
+        with self._lock:
+            entries = [e for k, v in self._free.items() if k[0] == os.getpid() for e in v]
+            self._free = {}
+        for e in entries:
+            _free_stage(*e)
+
+
+def _free_stage(buf, host, queue):
+    """Unmap and free one staging buffer (a failure only logged: freeing goes on)."""
+    try:
+        host.base.release(queue)
+        buf.release()
+    except Exception as e:  # noqa: BLE001 - e.g. at exit, the runtime already gone
+        log.debug("freeing a staging buffer failed (%s)", e)
+
+
+_staging_cache = _StagingCache()
+atexit.register(_staging_cache.clear)
+
+
+def release_staging():
+    """Free the pinned staging buffers kept for later uploads (:data:`KEEP_STAGING`)."""
+    _staging_cache.clear()
+
+
 class Uploader:
     """Creates read-only device buffers holding host arrays (one per :meth:`buffer` call).
 
@@ -158,12 +226,18 @@ class Uploader:
         k = self._next % self.n_stages
         self._next += 1
         if k == len(self._stages):
-            mf = cl.mem_flags
-            buf = cl.Buffer(self.ctx, mf.READ_ONLY | mf.ALLOC_HOST_PTR, size=self.stage_bytes)
-            host, ev = cl.enqueue_map_buffer(self.queue, buf, cl.map_flags.WRITE, 0,
-                                             (self.stage_bytes,), np.uint8)
-            ev.wait()
-            self._stages.append([buf, host, None])
+            kept = _staging_cache.take(self.ctx, self.stage_bytes)
+            if kept is not None:
+                buf, host, mapped_on = kept
+            else:
+                mf = cl.mem_flags
+                buf = cl.Buffer(self.ctx, mf.READ_ONLY | mf.ALLOC_HOST_PTR,
+                                size=self.stage_bytes)
+                host, ev = cl.enqueue_map_buffer(self.queue, buf, cl.map_flags.WRITE, 0,
+                                                 (self.stage_bytes,), np.uint8)
+                ev.wait()
+                mapped_on = self.queue
+            self._stages.append([buf, host, None, mapped_on])
         st = self._stages[k]
         if st[2] is not None:
             st[2].wait()
@@ -246,12 +320,12 @@ class Uploader:
                                     is_blocking=False)
 
     def finish(self):
-        """Wait for every copy, unmap and free the staging buffers."""
-        for buf, host, ev in self._stages:
+        """Wait for every copy, then keep the staging buffers for later uploaders (or unmap
+        and free them, :data:`KEEP_STAGING`)."""
+        for buf, host, ev, mapped_on in self._stages:
             if ev is not None:
                 ev.wait()
-            host.base.release(self.queue)
-            buf.release()
+            _staging_cache.give(self.ctx, self.stage_bytes, (buf, host, mapped_on))
         self._stages = []
         if self._pool is not None:
             self._pool.shutdown()

@@ -300,9 +300,10 @@ class DeviceRankingMixin:
         devs = self._inference_devices()
         return devs[0] if devs else None
 
-    def _resident(self, devs=None):
+    def _resident(self, devs=None, handed=None):
         """The model's :class:`~clmf.inference.resident.ResidentRanker` on its devices
-        (built, i.e. uploaded, on a miss: the factors or the devices changed), or None."""
+        (built, i.e. uploaded, on a miss: the factors or the devices changed), or None;
+        ``handed``: the fit's factor buffers, kept where they fit (no biases)."""
         from .resident import ResidentRanker
         devs = self._inference_devices() if devs is None else devs
         if not devs:
@@ -317,7 +318,7 @@ class DeviceRankingMixin:
         cache.pop("resident", None)        # the old buffers go before the new ones
         try:
             Xq, Yq = ranking_vectors(X, Y, bi)
-            res = ResidentRanker(Xq, Yq, devs)
+            res = ResidentRanker(Xq, Yq, devs, handed=handed if bi is None else None)
         except Exception as e:
             self._device_failed(e)
             return None
@@ -478,17 +479,22 @@ class DeviceRankingMixin:
         from .resident import PreparedSeen
         return PreparedSeen(X)
 
-    def _keep_on_device(self, seen=None):
+    def _keep_on_device(self, seen=None, handed=None):
         """After a fit: drop what was uploaded for the old factors and upload the new ones to
-        the model's devices in the ranker's layout; with ``seen`` (the training CSR's
+        the model's devices in the ranker's layout — or keep the fit's own factor buffers
+        (``handed``, :func:`clmf.engine.factors.hand_over`) where their layout is the
+        ranker's; with ``seen`` (the training CSR's
         :class:`~clmf.inference.resident.PreparedSeen`) its seen items too, so a first call
         with that matrix uploads nothing. Never fails a fit."""
+        from ..engine.factors import release_unused
         self._invalidate_inference()
         try:
-            res = self._resident()
+            res = self._resident(handed=handed)
         except Exception as e:                  # inference must never break a fit
             log.debug("keeping the factors on the device failed (%s); uploaded on first use", e)
             return
+        finally:
+            release_unused(handed)              # what the ranker did not keep
         s = None if seen is None or res is None else seen.result()
         if s is None:
             return

@@ -210,9 +210,10 @@ class ResidentRanker:
     ``Xq`` (users) and ``Yq`` (items) are the ranking vectors; ``devices`` the model's
     devices; the users are split over them in proportion to their compute units."""
 
-    def __init__(self, Xq, Yq, devices):
+    def __init__(self, Xq, Yq, devices, handed=None):
         """Upload the items to every device and each device's range of users (the devices
-        at once, a thread each)."""
+        at once, a thread each). ``handed``: a one-device fit's factor buffers
+        (:func:`clmf.engine.factors.hand_over`), kept instead of uploads where they fit."""
         from ..engine.device import device_info
         from .topk import DeviceTopK
         self.m, self.n = Xq.shape[0], Yq.shape[0]
@@ -222,8 +223,10 @@ class ResidentRanker:
 
         def part(d, r0, r1):
             """One device's items and users."""
-            return {"dtk": DeviceTopK(Yq, d).set_queries(Xq[r0:r1]), "rows": (r0, r1),
-                    "seen": None}
+            h = handed if handed is not None and len(devices) == 1 else {}
+            return {"dtk": DeviceTopK(Yq, d, handed=h.get("items")).set_queries(
+                        Xq[r0:r1], handed=h.get("users")),
+                    "rows": (r0, r1), "seen": None}
         self.parts = _each(part, [(d, r0, r1) for d, (r0, r1) in zip(devices, spans)])
         self.seen = None                   # the SeenItems last prepared
         self.last_split = []               # per device: the last iter_rank's records

@@ -196,10 +196,14 @@ class DeviceTopK:
     device : clmf device spec or ``pyopencl.Device``
     config : :class:`TopKConfig`, optional — default: the tuned one (``lookup_config``)
     memory_fraction : share of the device's memory a query may plan for
+    handed : optional :class:`clmf.engine.factors.Handed` — a fit's device buffer holding
+        ``factors``, kept as the ranked vectors instead of an upload where its layout is this
+        ranker's (rows of ``ldf`` values, not the transposed layout)
     """
 
-    def __init__(self, factors, device="auto", config=None, memory_fraction=0.5):
-        """Upload ``factors`` to ``device`` with the tuned (or given) configuration."""
+    def __init__(self, factors, device="auto", config=None, memory_fraction=0.5, handed=None):
+        """Upload ``factors`` to ``device`` with the tuned (or given) configuration (or keep
+        the ``handed`` buffer holding them)."""
         import pyopencl as cl
 
         from ..engine.device import device_info, get_context, select_device
@@ -225,9 +229,14 @@ class DeviceTopK:
             raise DeviceMemoryError(f"the factors need {need} B on the device, its largest "
                                     f"allocation is {self.info.max_alloc} B")
         self._F = F
-        self.factors_buf, self.ldy = self._items_buffer(F)
+        buf = None if handed is None or self.config.yt else handed.take(self.ctx, self.ldf,
+                                                                          self.n)
+        self._handed_host = None if buf is None else handed.host   # memory a CPU buffer wraps
+        self.factors_buf, self.ldy = (buf, self.ldf) if buf is not None else \
+            self._items_buffer(F)
         self._gathered = None              # (candidates, buffer, ldy) of the last gather (yt)
         self._queries = None               # resident query rows (recommend_all)
+        self._queries_host = None          # host memory a handed query buffer wraps
         self.last_trace = None             # the QueryTrace of the last query
         self._excl = None                  # resident exclusion (set_exclude)
         self._free_slots = []              # result buffers of finished queries, for reuse
@@ -305,12 +314,19 @@ class DeviceTopK:
         self._gathered = None
         return self
 
-    def set_queries(self, Q):
-        """Upload query vectors once (e.g. all user factors) for :meth:`query_rows`."""
+    def set_queries(self, Q, handed=None):
+        """Upload query vectors once (e.g. all user factors) for :meth:`query_rows` (or keep
+        the ``handed`` buffer holding them, as the constructor's ``handed``)."""
         Q = np.asarray(Q, np.float32)
         if Q.ndim != 2 or Q.shape[1] != self.f:
             raise ValueError(f"queries must be (rows, {self.f}), got {Q.shape}")
-        self._queries = (self._upload(self._pad(Q)), Q.shape[0])
+        buf = None if handed is None else handed.take(self.ctx, self.ldf, Q.shape[0])
+        if buf is not None:
+            self._queries = (buf, Q.shape[0])
+            self._queries_host = handed.host
+        else:
+            self._queries = (self._upload(self._pad(Q)), Q.shape[0])
+            self._queries_host = None
         return self
 
     def set_exclude(self, exclude, candidates=None):

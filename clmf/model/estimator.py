@@ -120,8 +120,10 @@ class ALS(ParamsMixin, RecommenderMixin):
         ``transpose`` (the items' CSR: on the device; on the host for a CPU device's small
         fits), ``upload_transpose`` their sum, ``buffers`` (scratch)),
         ``start_factors`` (waiting for the start factors drawn in a thread), ``factors_upload``,
-        ``setup`` (all before the first iteration; ``setup_cpu``: its CPU seconds, all threads)
-        and ``fit`` (the whole call)
+        ``setup`` (all before the first iteration; ``setup_cpu``: its CPU seconds, all threads),
+        ``wrap_up`` (past the last iteration: its metrics, the factors read back and checked),
+        ``ranker`` (the factors and seen items kept on the device for ``recommend``) and
+        ``fit`` (the whole call)
     best_iteration_ : int — iteration whose factors were kept (0-based)
 
     Examples
@@ -273,8 +275,16 @@ class ALS(ParamsMixin, RecommenderMixin):
                                           train_metrics=train_metrics, t_fit=t_fit,
                                           c_fit=c_fit,
                                           on_iterate=None if seen is None else seen.start)
+            handed = new.pop("_handed", None)
             self.__dict__.update(new)      # one step: nothing half-assigned
-            self._keep_on_device(seen)     # the new factors replace the old on the device
+            t_kept = time.perf_counter()
+            # the new factors replace the old on the device (the fit's own buffers where the
+            # ranker's layout is theirs)
+            self._keep_on_device(seen, handed)
+            t_end = time.perf_counter()
+            if isinstance(self.__dict__.get("timings_"), dict) and "setup" in self.timings_:
+                self.timings_["ranker"] = t_end - t_kept
+                self.timings_["fit"] = t_end - t_fit
         finally:
             if seen is not None:
                 seen.close()               # no thread outlives the fit, failed or not

@@ -15,6 +15,8 @@ import time
 
 import numpy as np
 
+from ..data.scan import all_finite
+
 log = logging.getLogger(__name__)
 
 __all__ = ["FitResult", "FitSteps", "run"]
@@ -116,7 +118,7 @@ def run(steps, iterations, *, start=0, history=(), callback=None, early_stopping
         (X, bu, Y, bi), kept = best[1], best[2]
     else:
         (X, bu, Y, bi), kept = steps.factors(), len(history) - 1
-    if not all(np.isfinite(a).all() for a in (X, bu, Y, bi)):
+    if not all(all_finite(a) for a in (X, bu, Y, bi)):
         raise steps.non_finite_error() or FloatingPointError(
             "the fit produced non-finite factors (NaN/inf); the previous state of the model is "
             "kept")

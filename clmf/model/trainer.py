@@ -11,6 +11,7 @@ that fails or is interrupted leaves a fitted model exactly as it was.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import time
 
 import numpy as np
@@ -28,6 +29,8 @@ from ..tuning.spec import FitSpec, side_stats
 from . import loop
 from .checks import _check_unregularized, _csr_range, range_error
 from .inputs import _heldout, _table_ratings
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Trainer", "DeviceTrainer", "DeviceSteps", "VALIDATION_K", "VALIDATION_METRIC",
            "check_stopping", "id_maps_of"]
@@ -226,6 +229,11 @@ class DeviceTrainer(Trainer):
             res = self.run(steps, callback=callback, early_stopping_rounds=early_stopping_rounds,
                            show_progress=show_progress, origin=t_start)
             memory = dict(engine.memory)
+            t_kept = time.perf_counter()
+            # the last iteration's factors, kept: its factor buffers go to the model's ranker
+            handed = _hand_over(engine) if res.best_iteration == len(res.history) - 1 else None
+            # past the last iteration: its metrics, the factors read back and checked
+            timings["wrap_up"] = t_kept - steps.t_last
             timings["fit"] = time.perf_counter() - t_fit
         finally:
             engine.release()
@@ -235,6 +243,7 @@ class DeviceTrainer(Trainer):
             "device_": labels[0] if len(devs) == 1 else labels,
             "device_configs_": [{"device": lab, **c} for lab, c in zip(labels, per_device)],
             "memory_": memory, "timings_": timings, **self.learned(res),
+            "_handed": handed,
         }
 
     def build_engine(self, devs, infos, per_device, R, stats, global_mean, item_counts=None):
@@ -269,6 +278,21 @@ class DeviceTrainer(Trainer):
                                 f"the {ch.rule} rule ({ch.reason})", e)
                 # (every device again: the rejection holds for each device of that kind)
                 per_device = [resolve(spec, info, stats) for info in infos]
+
+
+def _hand_over(engine):
+    """A one-device engine's factor buffers given away for the ranker
+    (:func:`clmf.engine.factors.hand_over`), or None (several devices, another layout, or a
+    failure: the ranker then uploads the factors, as it always may)."""
+    from ..engine.core import Engine
+    from ..engine.factors import hand_over
+    if not isinstance(engine, Engine):
+        return None
+    try:
+        return hand_over(engine)
+    except Exception as e:  # noqa: BLE001 - the ranker uploads them instead
+        log.debug("the factor buffers were not handed over (%s)", e)
+        return None
 
 
 def _heldout_split(V, v_unseen, user_counts, item_counts, global_mean, on_device):
@@ -311,6 +335,7 @@ class DeviceSteps(loop.FitSteps):
         self.implicit = spec.implicit
         self.rows = []              # row of each rating, for backends without a CSR metric
         self.it, self.last = -1, int(iterations) - 1
+        self.t_last = time.perf_counter()          # when the last iteration ended
         self.evaluator = None
         if V is not None and self.implicit:
             from ..inference.heldout import FitValidation
@@ -325,6 +350,7 @@ class DeviceSteps(loop.FitSteps):
         except SingularSystemError as e:
             raise self.non_finite_error() or e from None
         self.engine.finish()
+        self.t_last = time.perf_counter()
 
     def metrics(self):
         """Train RMSE (explicit; every iteration or the last, as ``train`` says) and the
