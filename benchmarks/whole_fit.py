@@ -194,6 +194,18 @@ def render(recs):
         lines.append(f"| {r.get('site') or '–'} | {r['process']} | {r['fit']} | "
                      + " | ".join(f"{t[k]:.3f}" if k in t else "–" for k in PHASES)
                      + f" | {t['setup'] - known:.3f} |")
+    lines += ["", "After the iterations (s; `timings_`: `wrap_up` the last iteration's metrics, "
+              "the factors read back and checked; `ranker` the factors and seen items kept on "
+              "the device; `rest` the remainder of `after`, e.g. the buffers' release):", "",
+              "| site | process | fit | after | wrap_up | ranker | rest |",
+              "|---|---|---|---|---|---|---|"]
+    for r in recs:
+        t = r["timings"]
+        if "wrap_up" not in t:
+            continue
+        lines.append(f"| {r.get('site') or '–'} | {r['process']} | {r['fit']} | "
+                     f"{r['after_s']:.3f} | {t['wrap_up']:.3f} | {t.get('ranker', 0.0):.3f} | "
+                     f"{r['after_s'] - t['wrap_up'] - t.get('ranker', 0.0):.3f} |")
     return "\n".join(lines)
 
 

@@ -30,6 +30,9 @@ __all__ = [
 ]
 
 _CHUNK_BYTES = 64 << 20
+_DRAW_THREADS = 8          # threads drawing a large start (each from its point of the stream)
+_DRAW_PARALLEL_FROM = 1 << 22   # values from which the draw is split
+_STEPS_PER_VALUE = {"uniform": 1.0, "implicit": 0.5}   # 64-bit outputs a draw consumes
 
 
 def _uniform_start(rng, rows, factors):
@@ -95,12 +98,57 @@ def initial_factors(n_rows, factors, random_state=None, dtype=np.float32, out=No
     rng = np.random.default_rng(random_state)
     rule = start_rule(init)
     out = np.empty((n_rows, factors), dtype=dtype) if out is None else out
-    # drawn in chunks of rows (the same stream as one draw): no float64 copy of the whole matrix
-    step = max(1, _CHUNK_BYTES // (8 * max(factors, 1)))
-    for r0 in range(0, n_rows, step):
-        r1 = min(n_rows, r0 + step)
-        out[r0:r1] = rule(rng, r1 - r0, factors)
+    spans = _draw_spans(rng, n_rows, factors, init)
+    if spans is None:
+        _draw_rows(rule, rng, out, 0, n_rows, factors)
+        return out
+    # the same numbers as one draw: each thread draws its rows from a copy of the generator
+    # advanced to their place in the stream (PCG64's jump ahead), then the caller's generator
+    # is advanced past them all, as one draw would have left it
+    import concurrent.futures
+    bg, per = rng.bit_generator, _STEPS_PER_VALUE[init]
+    state = bg.state
+
+    def part(r0, r1):
+        """Rows r0..r1 from their point of the stream."""
+        g = np.random.PCG64()
+        g.state = state
+        g.advance(int(r0 * factors * per))
+        _draw_rows(rule, np.random.Generator(g), out, r0, r1, factors)
+    with concurrent.futures.ThreadPoolExecutor(len(spans)) as pool:
+        list(pool.map(lambda sp_: part(*sp_), spans))
+    bg.advance(int(n_rows * factors * per))
     return out
+
+
+def _draw_rows(rule, rng, out, r0, r1, factors):
+    """Rows ``r0..r1`` of ``out`` drawn by ``rule`` from ``rng``, in chunks of rows (the same
+    stream as one draw): no float64 copy of the whole matrix."""
+    step = max(1, _CHUNK_BYTES // (8 * max(factors, 1)))
+    for a in range(r0, r1, step):
+        b = min(r1, a + step)
+        out[a:b] = rule(rng, b - a, factors)
+
+
+def _draw_spans(rng, n_rows, factors, init):
+    """Row spans ``[(r0, r1), ...]`` for a draw split over threads, or None (a small draw, one
+    core, or a generator whose jump ahead is not exactly one draw's: only NumPy's default
+    PCG64 with no half-used 64-bit output, and for float32 draws (two per output) spans of an
+    even count of values)."""
+    import os
+    bg = rng.bit_generator
+    n = n_rows * factors
+    threads = min(_DRAW_THREADS, os.cpu_count() or 1)
+    if (n < _DRAW_PARALLEL_FROM or threads < 2 or type(bg) is not np.random.PCG64
+            or bg.state.get("has_uint32", 0)):
+        return None
+    per = _STEPS_PER_VALUE[init]
+    if per != 1.0 and (n % 2 or factors % 2 and n_rows % 2):
+        return None
+    grain = 1 if per == 1.0 or factors % 2 == 0 else 2     # rows whose values start even
+    step = -(-n_rows // threads)
+    step = -(-step // grain) * grain
+    return [(r0, min(n_rows, r0 + step)) for r0 in range(0, n_rows, step)]
 
 
 def start_factors(n_users, n_items, factors, random_state=None, dtype=np.float32, empty=None,

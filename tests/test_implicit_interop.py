@@ -257,3 +257,32 @@ def test_start_rules(cl_device):
     np.testing.assert_array_equal(Y0, im.item_factors)
     with pytest.raises(ValueError, match="init must be one of"):
         clmf.ALS(f, **kw).fit(R, init="gaussian", show_progress=False)
+
+
+@pytest.mark.parametrize("rule", ["uniform", "implicit"])
+@pytest.mark.parametrize("shape", [(1001, 8), (999, 7), (1000, 7), (4, 3)])
+def test_start_drawn_over_threads_is_one_draw(rule, shape, monkeypatch):
+    """A large start drawn by several threads (each from its point of the generator's stream)
+    holds the numbers of one draw, and leaves the generator where one draw does — also for a
+    generator given half way through its float32 pairs, and for other bit generators."""
+    from clmf import reference as ref
+    rows, f = shape
+
+    def draw(parallel, rng):
+        monkeypatch.setattr(ref, "_DRAW_PARALLEL_FROM", 0 if parallel else 1 << 60)
+        monkeypatch.setattr(ref, "_DRAW_THREADS", 3)
+        monkeypatch.setattr("os.cpu_count", lambda: 4)
+        out = ref.initial_factors(rows, f, rng, init=rule)
+        return out, rng.random(5, dtype=np.float32), rng.random(3)
+
+    for make in (lambda: np.random.default_rng(11),
+                 lambda: np.random.Generator(np.random.MT19937(11))):
+        one, threads = draw(False, make()), draw(True, make())
+        for a, b in zip(one, threads):
+            np.testing.assert_array_equal(a, b)
+    half = np.random.default_rng(12)
+    half.random(1, dtype=np.float32)          # a float32 pair half used
+    other = np.random.default_rng(12)
+    other.random(1, dtype=np.float32)
+    for a, b in zip(draw(False, half), draw(True, other)):
+        np.testing.assert_array_equal(a, b)

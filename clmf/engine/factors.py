@@ -101,7 +101,8 @@ class Handed:
 
     def __init__(self, buffer, ld, rows, f, host=None):
         """Keep the buffer and its geometry."""
-        self.buffer, self.ld, self.rows, self.f, self.host = buffer, int(ld), int(rows), int(f), host
+        self.buffer, self.host = buffer, host
+        self.ld, self.rows, self.f = int(ld), int(rows), int(f)
         self.taken = False
 
     def take(self, ctx, ld, rows):
