@@ -105,6 +105,10 @@ def parse(argv=None):
                    help="auto, peers, coverage (comma-separated), or report: only report.md "
                         "from the files of --resume and --out, no device")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warm-up-fits", action="store_true",
+                   help="before each timed fit (clmf's and the peer's) a one-iteration fit of "
+                        "the same model: its programs built and cached, the GPU libraries "
+                        "loaded — whole fits as with a warm program cache")
     return p.parse_args(argv)
 
 
@@ -189,7 +193,7 @@ def precision10(X, Y, train, held):
 
 
 # ----- phases -----------------------------------------------------------------------------------
-def fit_clmf(a, dev, train, f, mode, variant="auto"):
+def fit_clmf(a, dev, train, f, mode, variant="auto", iterations=None):
     """A clmf fit: (model, whole-fit seconds)."""
     import clmf
     from clmf.autotune.coverage import fit_kwargs
@@ -197,7 +201,7 @@ def fit_clmf(a, dev, train, f, mode, variant="auto"):
     if mode == "implicit":
         kw["confidence"] = "alpha*r"        # the implicit library's model, same alpha
     t = time.perf_counter()
-    m = clmf.ALS(f, a.regularization, a.iterations, device=dev, variant=variant,
+    m = clmf.ALS(f, a.regularization, iterations or a.iterations, device=dev, variant=variant,
                  random_state=a.seed, **kw)
     m.fit(train, show_progress=False)
     return m, time.perf_counter() - t
@@ -214,11 +218,14 @@ def phase_auto(a, dev, info, train, held, name, out_rows):
                 continue
             if left(a) < 20:
                 return False
+            if a.warm_up_fits:
+                fit_clmf(a, dev, train, f, mode, iterations=1)
             m, whole = fit_clmf(a, dev, train, f, mode)
             secs = [h["seconds"] for h in m.history_]
             row = {"mode": mode, "f": f, "data": name, "device": device_label(info),
                    "driver": info.driver, "s_per_it": statistics.median(secs[1:]),
                    "first_s": secs[0], "whole_s": whole, "setup_s": m.timings_["setup"],
+                   "warm_up_fit": bool(a.warm_up_fits),
                    "iterations": a.iterations,
                    "rule": {s: c.rule for s, c in m.config_.items()},
                    "config": {s: str(c.config) for s, c in m.config_.items()},
@@ -262,6 +269,11 @@ def phase_peers(a, train, held, name, out_rows):
             return False
         # implicit 0.7.3's GPU fit ignores its alpha (its CPU fit scales the data by it): the
         # confidences alpha·r are given as the data, alpha = 1 (the scaling inside the timing)
+        if a.warm_up_fits:
+            AlternatingLeastSquares(factors=f, regularization=a.regularization, alpha=1.0,
+                                    iterations=1, calculate_training_loss=False,
+                                    random_state=a.seed).fit(train * a.alpha,
+                                                             show_progress=False)
         model = AlternatingLeastSquares(factors=f, regularization=a.regularization, alpha=1.0,
                                         iterations=a.iterations, calculate_training_loss=False,
                                         random_state=a.seed)
@@ -274,6 +286,7 @@ def phase_peers(a, train, held, name, out_rows):
         row = {"system": f"implicit {implicit.__version__} (GPU)", "status": "ok", "f": f,
                "data": name, "s_per_it": statistics.median(secs[1:]) if len(secs) > 1 else None,
                "whole_s": whole, "iterations": a.iterations,
+               "warm_up_fit": bool(a.warm_up_fits),
                "precision_at_10": precision10(X, Y, train, held)}
         append_row(path, row)
         out_rows.append(row)

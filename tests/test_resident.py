@@ -132,9 +132,9 @@ def test_fit_keeps_the_factors_on_the_device(cl_device):
 
 @pytest.mark.parametrize("feedback,f", [("explicit", 8), ("implicit", 8), ("explicit", 10)])
 def test_fit_hands_its_factor_buffers_to_the_ranker(cl_device, monkeypatch, feedback, f):
-    """A one-device fit gives its factor buffers to the ranker instead of an upload where the
-    layouts agree (rows of f values); where they do not (padding columns) they are freed and
-    the factors uploaded; the rankings are brute force's either way."""
+    """A one-device fit gives its factor buffers to the ranker instead of an upload: kept where
+    the layouts agree (rows of f values), else copied on the device into the ranker's padded
+    rows and freed; the rankings are brute force's either way."""
     from clmf.engine import factors as FA
     handed = []
     real = FA.hand_over
@@ -144,6 +144,10 @@ def test_fit_hands_its_factor_buffers_to_the_ranker(cl_device, monkeypatch, feed
         handed.append(got)
         return got
     monkeypatch.setattr(FA, "hand_over", spy)
+    padded = []
+    real_pad = T.DeviceTopK._pad
+    monkeypatch.setattr(T.DeviceTopK, "_pad", lambda self, M: padded.append(M.shape) or
+                        real_pad(self, M))
     X, Y, R = problem(m=300, n=150)
     R.data = np.ceil(R.data * 5)
     m = clmf.ALS(factors=f, iterations=2, device=cl_device, random_state=0,
@@ -155,6 +159,8 @@ def test_fit_hands_its_factor_buffers_to_the_ranker(cl_device, monkeypatch, feed
     kept = res.first.factors_buf is h["items"].buffer
     assert kept == (h["items"].ld == f == res.first.ldf and not res.first.config.yt)
     assert (res.first._queries[0] is h["users"].buffer) == (h["users"].ld == f == res.first.ldf)
+    # no host padding (an upload) of the users, nor of the items but in the transposed layout
+    assert padded == ([] if not res.first.config.yt else padded) and (300, f) not in padded
     with T.inference_options(device=cl_device, min_work=0):
         check_close(m.recommend_all(5, user_items=R),
                     brute(m.user_factors_, m.item_factors_, R, 5))

@@ -95,7 +95,7 @@ class Handed:
     """A factor buffer an engine gave away after its fit (:func:`hand_over`): ``rows`` rows of
     ``ld`` float32 values each (the first ``f`` the factors), ``host`` the host memory the buffer
     wraps (CPU runtimes) or None; ``taken`` is set by whoever keeps the buffer (the ranker),
-    else :func:`release_unused` frees it."""
+    else :func:`release_unused` frees it (also after the ranker filled its own from it)."""
 
     __slots__ = ("buffer", "ld", "rows", "f", "host", "taken")
 
@@ -105,16 +105,28 @@ class Handed:
         self.ld, self.rows, self.f = int(ld), int(rows), int(f)
         self.taken = False
 
-    def take(self, ctx, ld, rows):
-        """The buffer, now the caller's, when it lies in the context ``ctx`` with rows of ``ld``
-        values and ``rows`` rows, and no padding columns (a solve kernel's vector stores may
-        leave values there, which a ranker reading whole rows would count); else None (it
-        stays this object's)."""
-        if self.taken or ld != self.ld or ld != self.f or rows != self.rows \
+    def take(self, ctx, queue, ld, rows):
+        """A buffer of ``rows`` rows of ``ld`` float32 values in the context ``ctx``, the first
+        ``f`` of each the factors and the rest zero: this one, now the caller's, when it is
+        that already (no padding columns: a solve kernel's vector stores may leave values
+        there, which a ranker reading whole rows would count), else a new one filled from it on
+        the device on ``queue`` (zeros, then a rectangular copy of the factor columns); None
+        when it lies in another context or has other rows."""
+        if self.taken or rows != self.rows or ld < self.f \
                 or self.buffer.context.int_ptr != ctx.int_ptr:
             return None
-        self.taken = True
-        return self.buffer
+        if ld == self.ld == self.f:
+            self.taken = True
+            return self.buffer
+        import pyopencl as cl
+        out = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, size=4 * max(1, rows) * ld)
+        cl.enqueue_fill_buffer(queue, out, np.float32(0), 0, 4 * max(1, rows) * ld)
+        if rows:
+            cl.enqueue_copy(queue, out, self.buffer, src_origin=(0, 0), dst_origin=(0, 0),
+                            region=(4 * self.f, rows), src_pitches=(4 * self.ld,),
+                            dst_pitches=(4 * ld,))
+        queue.finish()
+        return out
 
 
 def hand_over(eng):

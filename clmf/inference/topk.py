@@ -229,9 +229,10 @@ class DeviceTopK:
             raise DeviceMemoryError(f"the factors need {need} B on the device, its largest "
                                     f"allocation is {self.info.max_alloc} B")
         self._F = F
-        buf = None if handed is None or self.config.yt else handed.take(self.ctx, self.ldf,
-                                                                          self.n)
-        self._handed_host = None if buf is None else handed.host   # memory a CPU buffer wraps
+        buf = None if handed is None or self.config.yt else handed.take(
+            self.ctx, _upload_queue(self.ctx, self.device), self.ldf, self.n)
+        # (memory a CPU buffer wraps, when the handed buffer itself was kept)
+        self._handed_host = handed.host if buf is not None and buf is handed.buffer else None
         self.factors_buf, self.ldy = (buf, self.ldf) if buf is not None else \
             self._items_buffer(F)
         self._gathered = None              # (candidates, buffer, ldy) of the last gather (yt)
@@ -320,10 +321,11 @@ class DeviceTopK:
         Q = np.asarray(Q, np.float32)
         if Q.ndim != 2 or Q.shape[1] != self.f:
             raise ValueError(f"queries must be (rows, {self.f}), got {Q.shape}")
-        buf = None if handed is None else handed.take(self.ctx, self.ldf, Q.shape[0])
+        buf = None if handed is None else handed.take(
+            self.ctx, _upload_queue(self.ctx, self.device), self.ldf, Q.shape[0])
         if buf is not None:
             self._queries = (buf, Q.shape[0])
-            self._queries_host = handed.host
+            self._queries_host = handed.host if buf is handed.buffer else None
         else:
             self._queries = (self._upload(self._pad(Q)), Q.shape[0])
             self._queries_host = None
