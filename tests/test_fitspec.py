@@ -51,6 +51,10 @@ def test_confidence_rule():
     # the kernels weight by 1 + alpha·r': with r' = r − 1/alpha that is alpha·r
     assert np.allclose(1 + 4.0 * K.data, 4.0 * R.data) and K is not R
     assert np.array_equal(R.data, [2.0, 4.0])                           # the input untouched
+    # the kernels' float32, each value rounded once from the float64 shift; the pattern shared
+    assert K.dtype == np.float32 and np.array_equal(
+        K.data, (R.data.astype(np.float64) - 0.25).astype(np.float32))
+    assert np.shares_memory(K.indices, R.indices) and np.shares_memory(K.indptr, R.indptr)
     plain = tuning.FitSpec.of({"factors": 2, "feedback": "implicit", "alpha": 4.0})
     assert plain.shift == 0.0 and plain.kernel_ratings(R) is R
     assert tuning.FitSpec.of({"factors": 2, "alpha": 4.0}).kernel_alpha is None

@@ -11,7 +11,8 @@ import os
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["count_columns", "value_range", "value_sum", "all_finite", "csr_is_canonical",
+__all__ = ["count_columns", "value_range", "value_sum", "all_finite", "shifted_float32",
+           "csr_is_canonical",
            "pairs_increasing",
            "has_duplicate_pairs", "CHUNK", "THREADS"]
 
@@ -75,6 +76,19 @@ def all_finite(a):
         return bool(np.isfinite(a).all())
     flat = a.reshape(-1)
     return all(_map(lambda s, e: bool(np.isfinite(flat[s:e]).all()), flat.size))
+
+
+def shifted_float32(values, shift):
+    """``float32(float64(values) + shift)``, chunk by chunk over the threads (no float64 copy
+    of the whole array): each value rounded once, as a float64 sum cast to float32 is."""
+    out = np.empty(len(values), np.float32)
+
+    def part(s, e):
+        """One chunk."""
+        np.add(values[s:e], np.float64(shift), out=out[s:e], dtype=np.float64,
+               casting="same_kind")
+    _map(part, len(values))
+    return out
 
 
 def csr_is_canonical(indptr, indices, data, ncols):

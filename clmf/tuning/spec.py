@@ -96,15 +96,19 @@ def confidence_shift(feedback, confidence, alpha):
 
 
 def kernel_ratings(R, feedback, confidence, alpha):
-    """The CSR ``R`` as the kernels and the reference read it: a float64 copy shifted by
-    :func:`confidence_shift` where it is not 0, else ``R`` itself."""
+    """The CSR ``R`` as the kernels and the reference read it: where :func:`confidence_shift`
+    is not 0, a CSR sharing ``R``'s indices and row pointers whose values are shifted by it in
+    float64 and rounded once to the kernels' float32 (over the scan threads); else ``R``
+    itself."""
     shift = confidence_shift(feedback, confidence, alpha)
     if not shift:
         return R
     import scipy.sparse as sp
-    R = sp.csr_matrix(R, dtype=np.float64, copy=True)
-    R.data = R.data + shift
-    return R
+
+    from ..data.scan import shifted_float32
+    R = sp.csr_matrix(R)
+    return sp.csr_matrix((shifted_float32(R.data, shift), R.indices, R.indptr), shape=R.shape,
+                         copy=False)
 
 
 def side_stats(counts, other):
