@@ -22,7 +22,8 @@ over the groups near the case in feature space, where
   left out; on GPUs the Gram has its own kernels and costs every configuration alike;
 * configurations that run the same kernels are one (:func:`case_key`): a fused CG never
   launches the S1 kernel (except for the implicit Gram on CPUs), so its S1 fields — tx, ty, the
-  variant flags — change nothing, and a run that measured it with tx = ty = 1 measured the
+  variant flags, and outside the dimensions form the chunk ``nnz_batch`` (:func:`s1_free`) —
+  change nothing, and a run that measured it with tx = ty = 1 measured the
   one with 8 × 8 too (the fastest of such twins in a group stands for them);
 * the fused CG's dimensions form with and without a partial float4 slice of the unknowns
   (biased adds one: f + 1) are farther apart (:func:`align_d2`);
