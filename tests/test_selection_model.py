@@ -215,6 +215,33 @@ def test_configurations_running_the_same_kernels_are_one(kind):
     assert r[0][1] == M.case_key(fused, "explicit", kind) and r[0][3] > 0
 
 
+@pytest.mark.parametrize("kind", ["GPU", "CPU"])
+def test_a_fused_cgs_s1_chunk_is_s1_filler(kind):
+    """``nnz_batch`` is the chunk S1 stages (and the fused CG's dimensions form's entry groups'):
+    a fused CG without that form that never launches S1 runs the same kernels whatever it
+    holds. Intel's CPU runtime, biased f = 128: its implicit run's best, ``batch+reg+local+vec4:
+    tx=16,ty=4,nnz_batch=16`` with the S1 vec4 fused CG, was another candidate than the
+    ``batch+vec4:tx=1,ty=1`` one a biased run timed (and its filler tiles do not build at 129
+    unknowns), so the model picked ``vec16``: 1.24× the cell's best, ``vec4`` (1.00)."""
+    fused = KernelConfig.parse("batch+vec4:tx=1,ty=1,solve_wg=1,solve_vec=16,solver=fusedcg")
+    twin = KernelConfig.parse("batch+reg+local+vec4:tx=16,ty=4,nnz_batch=16,solve_wg=1,"
+                              "solve_vec=16,solver=fusedcg")
+    dims = KernelConfig.parse("batch+vec4:nnz_batch=8,solve_wg=128,solver=fusedcg,"
+                              "fused_dims=True")
+    for mode in ("explicit", "biased", "implicit"):
+        one = M.case_key(fused, mode, kind) == M.case_key(twin, mode, kind)
+        assert one == (kind == "GPU" or mode != "implicit"), (kind, mode)
+        assert M.case_key(dims, mode, kind) != M.case_key(dims.replace(nnz_batch=4), mode, kind)
+    info = fake_info(type_=kind)
+    gs = groups(run(info, 128, {str(twin): 1.0, A: 1.3}, "r1")
+                + run(info, 128, {str(fused): 1.0, A: 1.3}, "r2", shape=(3000, 1000, 60000)),
+                info)
+    r, _near = M.rank(gs, 128, "biased", "users", M.features(2000, 1000, 40000))
+    sup = {str(c): s for _s, _k, c, s, _w in r}
+    assert r[0][1] == M.case_key(fused, "biased", kind, 129) and len(r) == 2
+    assert r[0][3] == pytest.approx(sup[str(KernelConfig.parse(A))])   # both runs' evidence
+
+
 def test_configurations_running_the_same_kernels_at_the_cases_f_are_one():
     """A syrk with ``solve_wg=32`` builds the kernels of the one without it at f = 32 (the
     default's S3 work-group there), not at f = 64: at f = 32 the two are one candidate, with

@@ -22,7 +22,8 @@ over the groups near the case in feature space, where
   left out; on GPUs the Gram has its own kernels and costs every configuration alike;
 * configurations that run the same kernels are one (:func:`case_key`): a fused CG never
   launches the S1 kernel (except for the implicit Gram on CPUs), so its S1 fields — tx, ty, the
-  variant flags — change nothing, and a run that measured it with tx = ty = 1 measured the
+  variant flags, and outside the dimensions form the chunk ``nnz_batch`` (:func:`s1_free`) —
+  change nothing, and a run that measured it with tx = ty = 1 measured the
   one with 8 × 8 too (the fastest of such twins in a group stands for them);
 * the fused CG's dimensions form with and without a partial float4 slice of the unknowns
   (biased adds one: f + 1) are farther apart (:func:`align_d2`);
@@ -70,7 +71,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["TOP_K", "SAMPLE_KEYS", "shape_fields", "Group", "groups_of", "newest", "distance",
            "weight", "rank", "features", "config_key", "case_key", "fill_rows", "runs_s1",
-           "built_at", "align_d2", "family", "family_dates", "anchor_scale", "MAX_D2",
+           "built_at", "s1_free", "align_d2", "family", "family_dates", "anchor_scale", "MAX_D2",
            "top_records", "describe", "wrong_record", "refuted"]
 
 TOP_K = 8               # fastest configurations of a group the model reads (and distill keeps)
@@ -390,7 +391,17 @@ _S1_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "mma", "tx", "ty", "bx", "
               "triangle", "split", "fused_solve", "precision", "direct")
 _S1_DEFAULTS = {k: f.default for k, f in KernelConfig.__dataclass_fields__.items()
                 if k in _S1_FIELDS}
+_NB_DEFAULT = KernelConfig.__dataclass_fields__["nnz_batch"].default
 _case_memo: dict = {}
+
+
+def s1_free(c):
+    """Fused CG ``c`` with what only its S1 kernel reads at the defaults: the S1-only fields,
+    and the entries S1 stages per chunk (``nnz_batch``), which only the fused CG's dimensions
+    form reads besides (its entry groups' chunk): the configuration that runs the same kernels
+    where S1 is never launched, and one that builds everywhere a fused CG does (a tuning's
+    filler tiles, e.g. ``local`` 16 × 4 at f = 128, may not build at 129 unknowns)."""
+    return dataclasses.replace(c, **_S1_DEFAULTS, **({} if c.dims else {"nnz_batch": _NB_DEFAULT}))
 
 
 def runs_s1(c, mode, device_type):
@@ -423,8 +434,8 @@ def built_at(c, kf):
 
 def case_key(c, mode, device_type, kf=None):
     """The key of configuration ``c`` for a case of ``mode`` on a device of ``device_type``:
-    :func:`config_key` of ``c`` with the S1-only fields at their defaults where it never
-    launches S1 (:func:`runs_s1`) — configurations that run the same kernels are one
+    :func:`config_key` of ``c`` with what only S1 reads at the defaults (:func:`s1_free`) where
+    it never launches S1 (:func:`runs_s1`) — configurations that run the same kernels are one
     configuration, and the measurements of each count for all (a fused CG tuned with
     tx = ty = 1 and one with the default 8 × 8 are the same kernels) — and, given the case's
     ``kf`` unknowns, the fields that resolve at them resolved (:func:`built_at`)."""
@@ -432,8 +443,7 @@ def case_key(c, mode, device_type, kf=None):
     hit = _case_memo.get(k)
     if hit is None:
         b = c if kf is None else built_at(c, kf)
-        hit = config_key(b) if runs_s1(b, mode, device_type) else \
-            config_key(dataclasses.replace(b, **_S1_DEFAULTS))
+        hit = config_key(b) if runs_s1(b, mode, device_type) else config_key(s1_free(b))
         if len(_case_memo) < 65536:
             _case_memo[k] = hit
     return hit
