@@ -19,7 +19,9 @@
 #        the set-up's stages per worker and the last fit's tasks (benchmarks/dask_setup.py
 #        --fresh); with "setup-1s" in PARTS then "after-1s": the same with
 #        CLMF_DASK_SPLIT_THREADS=1 (each worker's splits in turn, not several at once)
-#   5-6. 4 x Netflix as 1-2 (the "before" Dask fit only, if time is left)
+#   5-6. 4 x Netflix as 1-2 (the "before" Dask fit only, if time is left); with
+#        "netflix-4x-dma" in PARTS then "after-dma": the Dask fit again with each worker's rows
+#        published by its device into a buffer wrapping its segment (CLMF_DASK_PUBLISH=dma)
 #
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash benchmarks/dask_x4.sh
 #   (4 x Netflix whole, in a second command: PARTS=netflix-4x OUT=$OUT bash benchmarks/dask_x4.sh)
@@ -39,7 +41,7 @@ PARTS=${PARTS:-netflix setup netflix-4x}   # which steps (a second command: PART
 ROUNDS=${ROUNDS:-2}            # dask_setup.py's rounds (the first a warm-up)
 SETUP_S=${SETUP_S:-90}         # seconds for each dask_setup.py step
 START=$(date +%s)
-VARIANTS="after-dev after-nomirror after-devnm after-1t after-1s"
+VARIANTS="after-dev after-nomirror after-devnm after-1t after-1s after-dma"
 for name in after before $VARIANTS; do mkdir -p "$OUT/$name"; done
 mkdir -p .data/parquet
 export PYTHONUNBUFFERED=1
@@ -79,7 +81,7 @@ step() {
   echo "[$name] $(date -u +%H:%M:%S) timeout ${t}s: $*" | tee -a "$log"
   [ "$name" = after-1t ] && threads=1
   [ "$name" = after-1s ] && splits=1
-  case $name in after-dev|after-devnm) publish=device ;; esac
+  case $name in after-dev|after-devnm) publish=device ;; after-dma) publish=dma ;; esac
   case $name in after-nomirror|after-devnm) pinlimit=0 ;; esac
   CLMF_DASK_COPY_THREADS=$threads CLMF_DASK_SPLIT_THREADS=$splits CLMF_DASK_PUBLISH=$publish \
     CLMF_DASK_PIN_LIMIT=$pinlimit PYTHONPATH=$PKG/${name%%-*}${PYTHONPATH:+:$PYTHONPATH} \
@@ -136,6 +138,9 @@ fi
 if [[ " $PARTS " == *" netflix-4x "* ]]; then
   run after 240 netflix-4x
   [ $BEFORE = 1 ] && run before 200 netflix-4x --skip-inprocess
+fi
+if [[ " $PARTS " == *" netflix-4x-dma "* ]]; then
+  run after-dma 200 netflix-4x --skip-inprocess
 fi
 
 for name in after before $VARIANTS; do

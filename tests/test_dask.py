@@ -486,12 +486,13 @@ def test_splits_run_at_once_on_a_worker_give_the_same_model(ml100k, monkeypatch)
     assert all(w["split"] > 0 and w["split_wall"] > 0 for w in dm.fit_times_["workers"])
 
 
-@pytest.mark.parametrize("publish", ["copy", "device"])
+@pytest.mark.parametrize("publish", ["copy", "device", "dma"])
 def test_pinned_staging_of_the_workers_rows_gives_the_same_model(ml100k, monkeypatch, caplog,
                                                                  publish):
     """The GPU path of the workers' loop on CPU devices (``CLMF_DASK_PINNED_STAGING=1``: rows
     through page-locked mirrors both ways; each worker's own rows published by a host copy out
-    of its mirror or by a second copy off its device, ``CLMF_DASK_PUBLISH``) gives the
+    of its mirror, by a second copy off its device, or by the device into a buffer wrapping
+    its row segment, ``CLMF_DASK_PUBLISH``) gives the
     one-device model; each iteration's parts and the board's copy rates are reported."""
     path, R, _raw = ml100k
     monkeypatch.setenv("CLMF_DASK_PINNED_STAGING", "1")     # inherited by the new workers

@@ -298,7 +298,7 @@ def test_rows_published_by_a_device_read_and_the_tails_marked(monkeypatch):
     with pytest.raises(ValueError, match="CLMF_DASK_PIN_LIMIT must be a number of bytes"):
         BD.pin_limit()
     monkeypatch.setenv("CLMF_DASK_PUBLISH", "gpu")
-    with pytest.raises(ValueError, match='CLMF_DASK_PUBLISH must be "copy" or "device"'):
+    with pytest.raises(ValueError, match="CLMF_DASK_PUBLISH must be one of copy, device, dma"):
         BD.publish_mode()
 
 

@@ -84,11 +84,18 @@ def pin_limit():
         raise ValueError(f"{ENV_PIN_LIMIT} must be a number of bytes, not {raw!r}") from None
 
 
+PUBLISH_MODES = ("copy", "device", "dma")
+
+
 def publish_mode():
-    """:data:`ENV_PUBLISH` ("copy" or "device"; anything else is an error naming it)."""
+    """:data:`ENV_PUBLISH`, how a worker's solved rows reach its row segment on GPUs: "copy"
+    (a host copy out of its page-locked mirror), "device" (a second device → host copy into the
+    segment) or "dma" (the device copies into a buffer wrapping the segment, which a driver that
+    registers the pages fills by DMA); anything else is an error naming it."""
     mode = os.environ.get(ENV_PUBLISH, "copy").strip().lower() or "copy"
-    if mode not in ("copy", "device"):
-        raise ValueError(f'{ENV_PUBLISH} must be "copy" or "device", not {mode!r}')
+    if mode not in PUBLISH_MODES:
+        raise ValueError(f"{ENV_PUBLISH} must be one of {', '.join(PUBLISH_MODES)}, not "
+                         f"{mode!r}")
     return mode
 
 
@@ -295,7 +302,9 @@ class Board:
         self.times = dict.fromkeys(("take", "publish_copy"), 0.0)   # seconds, summed
 
     def close(self):
-        """Stop the copying threads."""
+        """Stop the copying threads (and free what the reader holds on the segments)."""
+        if hasattr(self.reader, "close"):
+            self.reader.close()
         for pool in (self.pool, self.publish_pool):
             if pool is not None:
                 pool.shutdown(wait=True)

@@ -451,7 +451,9 @@ def board_connect(fit_id, abort, *handles):
         return w.pinned_array(shape, dtype)
     st["board"] = BD.Board(st["attached"], st["d"], handles, bounds, abort=_event_check(abort),
                             staging=staging if staged else None,
-                            reader=_device_reader(w) if staged and mode == "device" else None)
+                            reader=(_device_reader(w) if mode == "device" else
+                                    _SegmentReader(w, st) if mode == "dma" else None)
+                            if staged else None)
     return {"staged": staged, "publish": mode if staged else "none",
             "copy_gbs": rates if staged else {}}
 
@@ -482,6 +484,47 @@ def _stage_ahead(st):
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clmf-stage")
     st["ahead"] = pool.submit(make)
     pool.shutdown(wait=False)
+
+
+class _SegmentReader:
+    """``read(side, dst, r0, r1)``: rows ``[r0, r1)`` of ``side`` (held by engine ``w``) copied
+    by the device into ``dst``, a part of this worker's row segment of ``side``, through a
+    buffer wrapping the whole segment (``USE_HOST_PTR``, made once per side: a driver that
+    registers the pages copies by DMA, at the pinned rate) and mapped for reading, which by
+    OpenCL's rule leaves the segment holding the buffer's bits; on a queue of its own,
+    blocking (the publishing thread's). :meth:`close` frees the wrapping buffers (before the
+    segments are unmapped)."""
+
+    def __init__(self, w, st):
+        """Keep the engine and the fit's state (its board, made after this)."""
+        self.w, self.st = w, st
+        self.q = w.cl.CommandQueue(w.ctx, w.device)
+        self.wraps = {}
+
+    def __call__(self, side, dst, r0, r1):
+        """Copy rows ``[r0, r1)`` of ``side`` into ``dst`` (blocking)."""
+        w, cl = self.w, self.w.cl
+        seg = self.st["board"].segment[side]
+        buf = self.wraps.get(side)
+        if buf is None:
+            buf = self.wraps[side] = cl.Buffer(
+                w.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR, hostbuf=seg)
+        off, n = dst.ctypes.data - seg.ctypes.data, dst.nbytes
+        if not n:
+            return
+        lo = w.frange[side][0]
+        cl.enqueue_copy(self.q, buf, w.factors[side], byte_count=n, dst_offset=off,
+                        src_offset=(r0 - lo) * w.ldf * w.itemsize)
+        view, ev = cl.enqueue_map_buffer(self.q, buf, cl.map_flags.READ, off, (n,), np.uint8)
+        ev.wait()
+        view.base.release(self.q)
+
+    def close(self):
+        """Wait for the queue and free the wrapping buffers."""
+        self.q.finish()
+        for buf in self.wraps.values():
+            buf.release()
+        self.wraps = {}
 
 
 def _device_reader(w):
