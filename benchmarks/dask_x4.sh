@@ -21,7 +21,8 @@
 #        CLMF_DASK_SPLIT_THREADS=1 (each worker's splits in turn, not several at once)
 #   5-6. 4 x Netflix as 1-2 (the "before" Dask fit only, if time is left); with
 #        "netflix-4x-dma" in PARTS then "after-dma": the Dask fit again with each worker's rows
-#        published by its device into a buffer wrapping its segment (CLMF_DASK_PUBLISH=dma)
+#        published by its device into a buffer wrapping its segment (CLMF_DASK_PUBLISH=dma);
+#        "netflix-dma": 1-2 and that Dask fit on the Netflix shape (no other variants)
 #
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash benchmarks/dask_x4.sh
 #   (4 x Netflix whole, in a second command: PARTS=netflix-4x OUT=$OUT bash benchmarks/dask_x4.sh)
@@ -124,6 +125,10 @@ if [[ " $PARTS " == *" netflix "* ]]; then
   run after-dev 60 netflix --skip-inprocess
   run after-nomirror 60 netflix --skip-inprocess
   run after-devnm 60 netflix --skip-inprocess
+fi
+if [[ " $PARTS " == *" netflix-dma "* ]]; then
+  run after 80 netflix
+  run after-dma 60 netflix --skip-inprocess
 fi
 if [[ " $PARTS " == *" netflix-1t "* ]]; then
   run after-1t 60 netflix --skip-inprocess

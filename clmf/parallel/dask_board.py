@@ -48,9 +48,7 @@ POLL_FIRST, POLL_LAST = 20e-6, 200e-6    # a waiting reader's first and longest 
 COPY_THREADS = 4              # most host threads of a worker fetching peers' rows (and publishing)
 ENV_TIMEOUT = "CLMF_DASK_EXCHANGE_TIMEOUT"
 ENV_COPY_THREADS = "CLMF_DASK_COPY_THREADS"
-# how a worker's own solved rows reach its row segment where they are staged: "copy" (default: a
-# host copy out of the page-locked staging array) or "device" (a second device → host copy
-# straight into the segment, in the publishing thread: no CPU read of page-locked memory)
+# how a worker's own solved rows reach its row segment where they are staged (publish_mode)
 ENV_PUBLISH = "CLMF_DASK_PUBLISH"
 
 
@@ -85,14 +83,18 @@ def pin_limit():
 
 
 PUBLISH_MODES = ("copy", "device", "dma")
+PUBLISH = "dma"                  # the default: 4 × H100, 4 × Netflix, Dask 0.1445 s/it against
+                                 # 0.1533 by "copy" (in-process 0.1519); Netflix 0.0415 / 0.0416
+                                 # (results/bench/dask-h100x4-44)
 
 
 def publish_mode():
-    """:data:`ENV_PUBLISH`, how a worker's solved rows reach its row segment on GPUs: "copy"
-    (a host copy out of its page-locked mirror), "device" (a second device → host copy into the
-    segment) or "dma" (the device copies into a buffer wrapping the segment, which a driver that
-    registers the pages fills by DMA); anything else is an error naming it."""
-    mode = os.environ.get(ENV_PUBLISH, "copy").strip().lower() or "copy"
+    """:data:`ENV_PUBLISH` (default :data:`PUBLISH`), how a worker's solved rows reach its row
+    segment where they pass through page-locked staging (GPUs): "copy" (a host copy out of its
+    page-locked mirror), "device" (a second device → host copy into the segment) or "dma" (the
+    device copies into a buffer wrapping the segment, which a driver that registers the pages
+    fills by DMA); anything else is an error naming it."""
+    mode = os.environ.get(ENV_PUBLISH, PUBLISH).strip().lower() or PUBLISH
     if mode not in PUBLISH_MODES:
         raise ValueError(f"{ENV_PUBLISH} must be one of {', '.join(PUBLISH_MODES)}, not "
                          f"{mode!r}")

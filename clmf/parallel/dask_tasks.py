@@ -498,12 +498,14 @@ class _SegmentReader:
     def __init__(self, w, st):
         """Keep the engine and the fit's state (its board, made after this)."""
         self.w, self.st = w, st
-        self.q = w.cl.CommandQueue(w.ctx, w.device)
+        self.q = None                  # its queue, made at the first copy
         self.wraps = {}
 
     def __call__(self, side, dst, r0, r1):
         """Copy rows ``[r0, r1)`` of ``side`` into ``dst`` (blocking)."""
         w, cl = self.w, self.w.cl
+        if self.q is None:
+            self.q = cl.CommandQueue(w.ctx, w.device)
         seg = self.st["board"].segment[side]
         buf = self.wraps.get(side)
         if buf is None:
@@ -521,7 +523,8 @@ class _SegmentReader:
 
     def close(self):
         """Wait for the queue and free the wrapping buffers."""
-        self.q.finish()
+        if self.q is not None:
+            self.q.finish()
         for buf in self.wraps.values():
             buf.release()
         self.wraps = {}
