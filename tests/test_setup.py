@@ -254,6 +254,15 @@ def test_pinned_staging_upload_is_exact(cl_device, dtype, monkeypatch):
     out = np.empty_like(arrays[3])
     cl.enqueue_copy(q, out, dst)
     np.testing.assert_array_equal(out, arrays[3][::-1])
+    # read back through the staging buffers: more chunks than stages, a tail, a tiny array
+    up = U.Uploader(ctx, q, in_place=False, stage_bytes=4096, stages=2, threads=2)
+    try:
+        for a, b in zip(arrays, bufs):
+            back = np.full_like(a, 7)
+            assert up.read(b, back) is back
+            np.testing.assert_array_equal(back, a)
+    finally:
+        up.finish()
 
 
 @pytest.mark.parametrize("biases", [False, True])

@@ -495,7 +495,11 @@ class Engine:
             raise ValueError(f"device {self.index} holds {side} rows {self.frange[side]} only")
         self._unrotate()
         host = np.empty((max(1, rows), self.ldf), dtype=self.np_store)
-        self.cl.enqueue_copy(self.queue, host, self.factors[side])
+        up = U.Uploader(self.ctx, self.queue, U.zero_copy(self.info))   # (pinned stages)
+        try:
+            up.read(self.factors[side], host)
+        finally:
+            up.finish()
         return unpadded_factors(host, rows, self.f, self.biased, with_biases)
 
     def write_rows(self, side, host, r0, r1, blocking=True, queue="into"):

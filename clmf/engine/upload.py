@@ -10,6 +10,7 @@ speed, so the host's copies (split over a few threads) and the transfers overlap
 from __future__ import annotations
 
 import atexit
+import collections
 import concurrent.futures
 import ctypes
 import logging
@@ -198,7 +199,8 @@ class Uploader:
     starting alike) or else first copied, by this uploader's threads, into an aligned one; both
     kinds are kept in :attr:`held` (the caller keeps those alive too). Else each array is copied
     through ``stages`` pinned staging buffers of ``stage_bytes`` (non-blocking copies on the
-    in-order ``queue``). :meth:`finish` waits for every copy and frees the staging buffers.
+    in-order ``queue``). :meth:`read` fills host arrays from device buffers the same way back.
+    :meth:`finish` waits for every copy and keeps the staging buffers for the next uploader.
     """
 
     def __init__(self, ctx, queue, in_place, stage_bytes=None, stages=None, threads=None,
@@ -318,6 +320,36 @@ class Uploader:
             self._copy(st[1][:n], src[off:off + n])
             st[2] = cl.enqueue_copy(self.queue, dst, st[1][:n], dst_offset=off,
                                     is_blocking=False)
+
+    def read(self, src, out):
+        """Fill the host array ``out`` (C-contiguous) from the start of the device buffer
+        ``src``: directly for small arrays or on CPU runtimes, else through the staging
+        buffers — each chunk's transfer into one (page-locked: at the bus's speed) overlapping
+        the copy of the one before out into ``out`` by this uploader's threads (which also
+        share the page faults of fresh memory). Blocking."""
+        cl = self.cl
+        dst = out.reshape(-1).view(np.uint8)
+        if self.in_place or dst.size < _SMALL or not PINNED:
+            cl.enqueue_copy(self.queue, out, src)
+            return out
+        inflight = collections.deque()    # (stage, offset, bytes): transfers enqueued
+        for off in range(0, dst.size, self.stage_bytes):
+            if len(inflight) == self.n_stages:
+                self._read_out(dst, *inflight.popleft())    # frees the stage used next
+            st = self._staging()
+            n = min(self.stage_bytes, dst.size - off)
+            st[2] = cl.enqueue_copy(self.queue, st[1][:n], src, src_offset=off,
+                                    is_blocking=False)
+            inflight.append((st, off, n))
+        while inflight:
+            self._read_out(dst, *inflight.popleft())
+        return out
+
+    def _read_out(self, dst, st, off, n):
+        """Wait for a chunk's transfer into the stage ``st``, then copy it out to ``dst``."""
+        st[2].wait()
+        st[2] = None
+        self._copy(dst[off:off + n], st[1][:n])
 
     def finish(self):
         """Wait for every copy, then keep the staging buffers for later uploaders (or unmap
