@@ -94,8 +94,15 @@ def test_topk_edges(cl_device):
     assert ids.tolist() == [list(range(6))] * 2
 
 
-def test_topk_batches_splits_and_resident(cl_device):
-    """Many queries (several work-groups), forced small batches, resident queries/exclusion."""
+@pytest.mark.parametrize("staged", [False, True], ids=["direct", "staged"])
+def test_topk_batches_splits_and_resident(cl_device, staged, monkeypatch):
+    """Many queries (several work-groups), forced small batches, resident queries/exclusion;
+    ``staged``: the GPUs' uploads (page-locked staging buffers, chunked) on a CPU device."""
+    if staged:
+        from clmf.engine import upload as U
+        monkeypatch.setattr(U, "zero_copy", lambda info: False)
+        monkeypatch.setattr(U, "_SMALL", 0)
+        monkeypatch.setattr(U, "STAGE_BYTES", 4096)
     Q, Y, R = int_problem(300, 700, 13, seed=5, density=0.05)
     dtk = T.DeviceTopK(Y, cl_device)
     bid, bsc = brute(Q, Y, 12, None, R)

@@ -255,16 +255,27 @@ class DeviceTopK:
 
     def _upload(self, a):
         """A read-only device copy of ``a`` (one element for an empty array), written by a
-        blocking copy on the context's upload queue: the GIL is released while it runs (a
+        blocking copy on the context's upload queue (on GPUs large arrays through pinned
+        staging buffers, :class:`clmf.engine.upload.Uploader`): the GIL is released while it runs (a
         buffer created from the host pointer holds it for the whole copy, so the devices of a
         multi-device model could only be filled one at a time) and it does not wait behind
         the queries' kernels."""
+        from ..engine import upload as U
         cl = self.cl
         a = np.ascontiguousarray(a)
         if a.size == 0:
             a = np.zeros(1, a.dtype)
+        queue = _upload_queue(self.ctx, self.device)
+        if not U.zero_copy(self.info):
+            # (a GPU: large arrays through the kept page-locked staging buffers, the host's
+            # copies into them split over threads, instead of one pageable copy)
+            up = U.Uploader(self.ctx, queue, in_place=False)
+            try:
+                return up.buffer(a)
+            finally:
+                up.finish()
         buf = cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY, size=a.nbytes)
-        cl.enqueue_copy(_upload_queue(self.ctx, self.device), buf, a, is_blocking=True)
+        cl.enqueue_copy(queue, buf, a, is_blocking=True)
         return buf
 
     def _items_host(self, F):
