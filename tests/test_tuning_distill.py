@@ -174,11 +174,11 @@ def test_raw_records_are_compressed_and_distil_as_plain_ones(tmp_path):
 def test_shipped_package_data_is_small():
     paths = tuning.shipped_paths()
     assert paths and {p.name for p in paths} == {p.name.removesuffix(".gz") for p in RAW}
-    # ≤ 4 MiB: since issue 27 the selection model's records (per run and side the 8 fastest
+    # ≤ 5 MiB: since issue 27 the selection model's records (per run and side the 8 fastest
     # configurations) ride along, 2.4 MB with the CPU coverage runs, 3.4 MB with stop 39's H100
-    # runs of two shapes (the wheel stores them deflated, 0.16 MB); a lookup reads their
-    # index
-    assert sum(p.stat().st_size for p in paths) <= 4 << 20
+    # runs of two shapes, 4.5 MB with loo7's 56 short CPU runs timing the leave-one-out picks
+    # (the wheel stores them deflated, 0.22 MB); a lookup reads their index
+    assert sum(p.stat().st_size for p in paths) <= 5 << 20
 
 
 def test_same_choice_for_every_raw_case(isolated):
