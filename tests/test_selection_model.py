@@ -381,6 +381,7 @@ def test_a_group_that_could_not_build_a_configuration_says_nothing_of_the_others
     shfl, plain = (str(KernelConfig.parse(x)) for x in (SHFL, PLAIN))
 
     def builds(c, kf):
+        """Whether the fake NVIDIA device builds ``c`` for ``kf`` unknowns."""
         try:
             return validate(c, kf, info)
         except InvalidConfigError:
@@ -389,6 +390,7 @@ def test_a_group_that_could_not_build_a_configuration_says_nothing_of_the_others
     feats = M.features(2000, 1000, 40000)
 
     def best(f, b):
+        """The best-ranked candidate that builds at f (every one with ``b`` None)."""
         r, _near = M.rank(gs, f, "explicit", "users", feats, builds=b)
         return next(str(c) for _s, _k, c, _sup, _w in r if b is None or b(c, f))
     assert best(128, builds) == shfl and best(128, None) == plain

@@ -672,7 +672,8 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=None,
     twins = _twins(view, mode, dtype, kf) if builds is not None else {}
     memo, seen = {}, {}
 
-    def _builds_in(k, gf, gmode):          # (memoized per candidate, f and mode)
+    def _builds_in(k, gf, gmode):
+        """Whether candidate ``k`` builds at a group's f and mode (memoized)."""
         hit = seen.get((k, gf, gmode))
         if hit is None:
             hit = seen[(k, gf, gmode)] = _builds_for(twins[k], kernel_factors(gf, gmode), gmode,
