@@ -7,6 +7,7 @@ from test_tuning_db import dbenv, fake_info, stats, write  # noqa: F401  (dbenv:
 
 from clmf import tuning
 from clmf.engine.config import KernelConfig
+from clmf.errors import InvalidConfigError
 from clmf.tuning import model as M
 from clmf.tuning.database import base_record
 
@@ -352,3 +353,60 @@ def test_an_older_run_of_the_cell_is_rebased_through_its_anchors():
     assert gs[("old", "users")].rel == pytest.approx(before)
     assert M.anchor_scale([]) is None and M.anchor_scale([4.0, 1.0, 9.0]) == 4.0
     assert M.anchor_scale([1.0, 4.0]) == pytest.approx(2.0)
+
+
+SHFL = "batch+vec4:nnz_batch=8,solve_wg=128,solver=fusedcg,fused_dims=True,dims_shfl=True,dims_q=2"
+PLAIN = "batch+vec4:nnz_batch=8,solve_wg=256,solver=fusedcg,fused_dims=True,dims_q=2"
+
+
+def test_a_group_that_could_not_build_a_configuration_says_nothing_of_the_others_against_it(
+        dbenv):  # noqa: F811
+    """The warp-shuffle dims form (SHFL) needs a power-of-two number of work-items per entry:
+    50 float4 slices at f = 200 give none, so the runs there timed PLAIN and B only and found
+    PLAIN fastest; at f = 64 and 256, where both built, SHFL was 1.6× and 1.4× faster. At
+    f = 128 (SHFL builds) the nearer f = 200 runs say nothing of PLAIN against SHFL, only
+    against B: SHFL wins (H100 Netflix leave-one-out at f = 128 and 256 after the f = 200
+    records: PLAIN, 1.25-1.71× the cells' best); counted as before (every group as if it could
+    build both), PLAIN would. At f = 200 itself SHFL is no candidate that builds: PLAIN."""
+    from clmf.engine.kernels import validate
+    info = fake_info(platform="NVIDIA CUDA", vendor="NVIDIA Corporation", name="Fake NV GPU")
+    recs = (run(info, 64, {SHFL: 1.0, PLAIN: 1.6}, "r64")
+            + run(info, 256, {SHFL: 1.0, PLAIN: 1.4}, "r256")
+            + run(info, 200, {PLAIN: 1.0, B: 1.3}, "r200a")
+            + run(info, 200, {PLAIN: 1.0, B: 1.25}, "r200b", shape=(2100, 1000, 42000)))
+    write(dbenv["env"], recs)
+    ch = tuning.choose(info, 128, "users", stats("users", {"m": 2000, "n": 1000, "nnz": 40000}))
+    assert ch.rule == "model" and str(ch.config) == str(KernelConfig.parse(SHFL)), ch
+    gs = groups(recs, info)
+    shfl, plain = (str(KernelConfig.parse(x)) for x in (SHFL, PLAIN))
+
+    def builds(c, kf):
+        """Whether the fake NVIDIA device builds ``c`` for ``kf`` unknowns."""
+        try:
+            return validate(c, kf, info)
+        except InvalidConfigError:
+            return False
+    assert not builds(KernelConfig.parse(SHFL), 200) and builds(KernelConfig.parse(SHFL), 128)
+    feats = M.features(2000, 1000, 40000)
+
+    def best(f, b):
+        """The best-ranked candidate that builds at f (every one with ``b`` None)."""
+        r, _near = M.rank(gs, f, "explicit", "users", feats, builds=b)
+        return next(str(c) for _s, _k, c, _sup, _w in r if b is None or b(c, f))
+    assert best(128, builds) == shfl and best(128, None) == plain
+    assert best(200, builds) == plain
+
+
+def test_candidates_no_group_measured_both_of_keep_their_own_scores():
+    """A was fastest in two runs at f = 120 and 128, where B does not build; the run at f = 64,
+    where both build, found B fastest but never timed A (it is not among its fastest). No group
+    that could build both measured A: the two are compared by their own scores, and A's
+    (two nearer runs) wins — the f = 64 run's silence on A is no measurement of A against B."""
+    info = fake_info()
+    recs = (run(info, 128, {A: 1.0}, "r128") + run(info, 120, {A: 1.0}, "r120")
+            + run(info, 64, {B: 1.0, FUSED: 1.3}, "r64"))
+    gs = groups(recs, info)
+    b = str(KernelConfig.parse(B))
+    r, _near = M.rank(gs, 100, "explicit", "users", M.features(2000, 1000, 40000),
+                      builds=lambda c, kf: str(c) != b or kf <= 64)
+    assert str(r[0][2]) == A

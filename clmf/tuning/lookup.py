@@ -266,24 +266,30 @@ def _fewer_slices(c):
     return out
 
 
+def _valid(c, kf, info):
+    """Whether configuration ``c`` validates for systems of ``kf`` unknowns on this device
+    (:func:`clmf.engine.kernels.validate`: what the tuner prunes before building)."""
+    from ..engine.kernels import validate
+    try:
+        return validate(c, kf, info)
+    except InvalidConfigError:
+        return False
+
+
 def _adapt(c, info, kf, storage, check=None):
     """``c`` adapted to this device and f (the kernels' f), or None: its storage set; where it
     does not validate, the default S3 work-group; where it does not validate or ``check`` refuses
     it (a rejection: e.g. a built syrk kernel whose registers allow fewer work-items than its
     work-group), fewer split-K slices (:func:`_fewer_slices`: the work-group a tuning at a smaller
     f chose can exceed a kernel's limit at a larger f, and halving the slices keeps the tiles)."""
-    from ..engine.kernels import mma_supported, validate
+    from ..engine.kernels import mma_supported
     if c.mma and not mma_supported(info):
         return None           # tensor-core records never apply elsewhere (not even emulated)
     if c.storage != storage:
         c = c.replace(storage=storage)
 
     def valid(x):
-        try:
-            validate(x, kf, info)
-            return True
-        except InvalidConfigError:
-            return False
+        return _valid(x, kf, info)
     first = next((x for x in [c] + ([c.replace(solve_wg=0)] if c.solve_wg else []) if valid(x)),
                  None)
     if first is not None and (check is None or check(first)):
@@ -494,7 +500,8 @@ def _predict(info, f, storage, ds, mode, sources, finalize, usable, tries=8):
     ranked, near = {}, {}
     for side in SIDES:
         ranked[side], near[side] = M.rank(groups, f, mode, side, feats[side], storage,
-                                          M.fill_rows(info.compute_units), wrong)
+                                          M.fill_rows(info.compute_units), wrong,
+                                          lambda c, kf: _valid(c, kf, info))
         if not ranked[side]:
             return None
     refused = set()            # configurations the check refused (rejected here, failed probe)

@@ -38,6 +38,11 @@ over the groups near the case in feature space, where
   of its day, so its silence says nothing of a family added later (H100, Netflix shape,
   implicit f = 256 left out: the nearest group, MovieLens-20M implicit f = 256, predates the
   ``dims_shfl`` form that Netflix explicit f = 256 found 1.4× faster than the forms it timed);
+* a group that could not build a configuration at its f (the device's validation: e.g. the
+  warp-shuffle dims forms at f = 200, 50 float4 slices) timed the others against a best
+  without it, so it says nothing of them relative to it: candidates are compared through the
+  groups that could build both (:func:`rank`; H100 Netflix f = 128 and 256 left out, f = 200's
+  best form without shuffles outweighed the shuffle forms measured 1.3-1.7x faster beside it);
 * the runs of one cell measure the same thing but with the kernels of their day: an older run's
   relative times are rebased onto the newest's through the configurations both timed (the
   anchors a newer run re-times; :func:`_bridge`, as the offline check's
@@ -524,7 +529,92 @@ def weight(d2):
     return math.exp(-d2)
 
 
-def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=None):
+def _twins(view, mode, dtype, kf):
+    """``{case key: [KernelConfig]}``: every configuration the groups of ``view`` report, by
+    their :func:`case_key` at the case (the twins that run the same kernels there)."""
+    out = {}
+    for _d2, g, _v in view:
+        for c in g.configs.values():
+            x = out.setdefault(case_key(c, mode, dtype, kf), [])
+            if c not in x:
+                x.append(c)
+    return out
+
+
+def _builds_for(cs, kf, gmode, dtype, builds, memo):
+    """Whether the device builds one of configurations ``cs`` (twins) for systems of ``kf``
+    unknowns in ``gmode``: ``builds(c, kf)``, with what only S1 reads at the defaults where S1
+    never launches there (:func:`s1_free`: filler tiles need not build)."""
+    for c in cs:
+        s1 = runs_s1(c, gmode, dtype)
+        key = (config_key(c), s1, kf)
+        if key not in memo:
+            try:
+                memo[key] = bool(builds(c if s1 else s1_free(c), kf))
+            except (InvalidConfigError, ValueError):
+                memo[key] = False
+        if memo[key]:
+            return True
+    return False
+
+
+def _mean(view, ev, pri, within=None):
+    """The predicted log relative time of a candidate from its prior and the groups of ``view``
+    (``[(d², log relative time or None, align d²)]``, nearest first), flags per group:
+    ``ev``, its evidence (it measured the candidate), ``pri``, it could have timed it (the
+    prior's weight a share of the nearest such group's), ``within``, the groups to read (all
+    by default); the prior alone where none could."""
+    d0, num, sup = None, 0.0, 0.0
+    for i, (d2, x, extra) in enumerate(view):
+        if within is not None and not within[i]:
+            continue
+        if d0 is None and pri[i]:
+            d0 = d2
+        if ev[i]:
+            w = weight(d2 + extra)
+            num += w * x
+            sup += w
+    if d0 is None and not sup:
+        return PRIOR
+    w0 = PRIOR_SHARE * weight(view[0][0] if d0 is None else d0)
+    return (w0 * PRIOR + num) / (sup + w0)
+
+
+def _leader_scores(views, ev, pri, bld, eligible, rounds=8):
+    """``{key: score}`` of the candidates (:func:`rank`): ``views``, ``ev`` and ``pri`` per
+    candidate as :func:`_mean` reads them, ``bld`` per candidate and group whether the device
+    builds it at the group's unknowns, ``eligible`` the candidates that may lead (they build at
+    the case). The leader (first the best by every group, then the one none beats so) keeps its
+    score over every group; each other candidate's is the leader's plus the difference of their
+    scores over the groups that could build both where those measured each of the two, else its
+    own score."""
+    keys = list(views)
+    alone = {k: _mean(views[k], ev[k], pri[k]) for k in keys}
+    pool = [k for k in keys if k in eligible] or keys
+    lead = min(pool, key=lambda k: (alone[k], k))
+    seen = {lead}
+    for _ in range(rounds):
+        out = {lead: alone[lead]}
+        for k in keys:
+            if k == lead:
+                continue
+            both = [a and b for a, b in zip(bld[k], bld[lead])]
+            if both == bld[k] == bld[lead] or not (
+                    any(w and e for w, e in zip(both, ev[k]))
+                    and any(w and e for w, e in zip(both, ev[lead]))):
+                out[k] = alone[k]          # the same groups, or none measured one of them
+                continue
+            out[k] = (alone[lead] + _mean(views[k], ev[k], pri[k], both)
+                      - _mean(views[lead], ev[lead], pri[lead], both))
+        best = min(pool, key=lambda k: (out[k], k))
+        if out[best] >= out[lead] or best in seen:
+            return out
+        lead = best
+        seen.add(lead)
+    return out
+
+
+def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=None, builds=None):
     """``[(score, key, KernelConfig, support, device)]`` of every configuration in the top-K of
     a group within :data:`MAX_D2` of the case (``key``: its :func:`case_key`), lowest predicted
     log relative time first (``support``: the summed weight of the groups that measured it
@@ -538,7 +628,25 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=None)
     ``[(d², group)]`` nearest first. ``wrong``: ``{mode: [KernelConfig]}`` the device found
     wrong per mode (:func:`refuted`): those of this mode are never candidates (nor their twins
     at this f), and a group of a mode that refutes a configuration never timed it validly, so
-    its silence does not set the configuration's prior (as an older group's does not)."""
+    its silence does not set the configuration's prior (as an older group's does not).
+    ``builds(c, kf)``: whether the device builds configuration ``c`` for systems of ``kf``
+    unknowns (the lookup passes :func:`clmf.engine.kernels.validate` on the device); None: every
+    group could build every configuration, as before it was given.
+
+    Each configuration's own score is its prior and the log relative times of the groups that
+    measured it, the prior's weight a share of the nearest group that could have timed it (no
+    older than its kernel family, of a mode that does not refute it, and able to build it). A
+    group that could not build a configuration timed the others against a best without it, so
+    it says nothing of them relative to it: every candidate is compared with a leader — the
+    best by its own score that builds at the case, replaced by any that beats it so — over only
+    the groups that could build both, its score the leader's plus the difference of the two
+    scores there. Where every group that could build one could build both, or where none of
+    those measured each of the two (a silence is no measurement against the other), its own
+    score stands. (H100, Netflix shape: the warp-shuffle dims forms need a power-of-two number
+    of work-items per entry, f = 200's 50 float4 slices give none, and there the best form
+    without shuffles was 1.0, 1.3-1.7x the shuffle forms' time at f = 128 and 256 where both
+    ran: as the nearest evidence it outweighed those, and the leave-one-out at f = 128 and 256
+    picked it, 1.25-1.71x the cells' best.)"""
     near = []
     for g in groups:
         d2 = distance(g, f, mode, side, feats, storage, fill)
@@ -561,21 +669,34 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=None)
             if where is None and g.f == f and (g.mode == "biased") == (mode == "biased"):
                 cands[k] = (c, g.device)
     first = family_dates(groups)
+    twins = _twins(view, mode, dtype, kf) if builds is not None else {}
+    memo, seen = {}, {}
+
+    def _builds_in(k, gf, gmode):
+        """Whether candidate ``k`` builds at a group's f and mode (memoized)."""
+        hit = seen.get((k, gf, gmode))
+        if hit is None:
+            hit = seen[(k, gf, gmode)] = _builds_for(twins[k], kernel_factors(gf, gmode), gmode,
+                                                     dtype, builds, memo)
+        return hit
+    views, ev, pri, bld, eligible = {}, {}, {}, {}, set()
+    for k, (c, _where) in cands.items():
+        since = first.get(family(c), "")
+        views[k] = [(d2, math.log(rel[k]) if k in rel else None,
+                     align_d2(c, g.f, g.mode, f, mode) if k in rel else 0.0)
+                    for d2, g, (rel, _c) in view]
+        ev[k] = [k in rel and not _gram_unmeasured(c, g, mode) for _d2, g, (rel, _c) in view]
+        bld[k] = [builds is None or k in rel or _builds_in(k, g.f, g.mode) for _d2, g, (rel, _c)
+                  in view]
+        pri[k] = [b and g.date >= since and k not in bad.get(g.mode, ())
+                  for b, (_d2, g, _v) in zip(bld[k], view)]
+        if builds is None or _builds_for(twins[k], kf, mode, dtype, builds, memo):
+            eligible.add(k)
+    final = _leader_scores(views, ev, pri, bld, eligible) if cands else {}
     out = []
     for k, (c, where) in cands.items():
-        # the prior's weight: a share of the nearest group's that could have timed c (its
-        # kernel family reported by a run no newer than it; an older one's silence says nothing)
-        since = first.get(family(c), "")
-        d0 = next((d2 for d2, g, _v in view
-                   if g.date >= since and k not in bad.get(g.mode, ())), near[0][0])
-        w0 = PRIOR_SHARE * weight(d0)
-        num, sup = w0 * PRIOR, 0.0
-        for d2, g, (rel, _cfgs) in view:
-            if k in rel and not _gram_unmeasured(c, g, mode):
-                w = weight(d2 + align_d2(c, g.f, g.mode, f, mode))
-                num += w * math.log(rel[k])
-                sup += w
-        out.append((num / (sup + w0), k, c, sup, where))
+        sup = sum(weight(d2 + x) for (d2, _l, x), e in zip(views[k], ev[k]) if e)
+        out.append((final[k], k, c, sup, where))
     out.sort(key=lambda t: (t[0], -t[3], t[1]))
     return out, near
 
