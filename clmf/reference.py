@@ -143,7 +143,7 @@ def _draw_spans(rng, n_rows, factors, init):
             or bg.state.get("has_uint32", 0)):
         return None
     per = _STEPS_PER_VALUE[init]
-    if per != 1.0 and (n % 2 or factors % 2 and n_rows % 2):
+    if per != 1.0 and n % 2:
         return None
     grain = 1 if per == 1.0 or factors % 2 == 0 else 2     # rows whose values start even
     step = -(-n_rows // threads)

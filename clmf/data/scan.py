@@ -12,9 +12,7 @@ import numpy as np
 import scipy.sparse as sp
 
 __all__ = ["count_columns", "value_range", "value_sum", "all_finite", "shifted_float32",
-           "csr_is_canonical",
-           "pairs_increasing",
-           "has_duplicate_pairs", "CHUNK", "THREADS"]
+           "csr_is_canonical", "pairs_increasing", "has_duplicate_pairs", "CHUNK", "THREADS"]
 
 CHUNK = 1 << 20                  # entries per chunk (also avoids whole-array temporaries)
 THREADS = 8                      # at most this many threads

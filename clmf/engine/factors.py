@@ -119,8 +119,9 @@ class Handed:
             self.taken = True
             return self.buffer
         import pyopencl as cl
-        out = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, size=4 * max(1, rows) * ld)
-        cl.enqueue_fill_buffer(queue, out, np.float32(0), 0, 4 * max(1, rows) * ld)
+        nbytes = 4 * max(1, rows) * ld
+        out = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, size=nbytes)
+        cl.enqueue_fill_buffer(queue, out, np.float32(0), 0, nbytes)
         if rows:
             cl.enqueue_copy(queue, out, self.buffer, src_origin=(0, 0), dst_origin=(0, 0),
                             region=(4 * self.f, rows), src_pitches=(4 * self.ld,),

@@ -310,7 +310,7 @@ class Uploader:
         cl = self.cl
         a = np.ascontiguousarray(a)
         self.bytes += a.nbytes
-        if self.in_place or a.nbytes < _SMALL or not PINNED:
+        if self._direct(a.nbytes):
             cl.enqueue_copy(self.queue, dst, a)
             return
         src = a.reshape(-1).view(np.uint8)
@@ -321,6 +321,11 @@ class Uploader:
             st[2] = cl.enqueue_copy(self.queue, dst, st[1][:n], dst_offset=off,
                                     is_blocking=False)
 
+    def _direct(self, nbytes):
+        """Whether ``nbytes`` go straight between host and device, not through the staging
+        buffers: on CPU runtimes, for small arrays, or with :data:`PINNED` off."""
+        return self.in_place or nbytes < _SMALL or not PINNED
+
     def read(self, src, out):
         """Fill the host array ``out`` (C-contiguous) from the start of the device buffer
         ``src``: directly for small arrays or on CPU runtimes, else through the staging
@@ -329,7 +334,7 @@ class Uploader:
         share the page faults of fresh memory). Blocking."""
         cl = self.cl
         dst = out.reshape(-1).view(np.uint8)
-        if self.in_place or dst.size < _SMALL or not PINNED:
+        if self._direct(dst.size):
             cl.enqueue_copy(self.queue, out, src)
             return out
         inflight = collections.deque()    # (stage, offset, bytes): transfers enqueued

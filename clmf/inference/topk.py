@@ -229,10 +229,7 @@ class DeviceTopK:
             raise DeviceMemoryError(f"the factors need {need} B on the device, its largest "
                                     f"allocation is {self.info.max_alloc} B")
         self._F = F
-        buf = None if handed is None or self.config.yt else handed.take(
-            self.ctx, _upload_queue(self.ctx, self.device), self.ldf, self.n)
-        # (memory a CPU buffer wraps, when the handed buffer itself was kept)
-        self._handed_host = handed.host if buf is not None and buf is handed.buffer else None
+        buf, self._handed_host = self._take(None if self.config.yt else handed, self.n)
         self.factors_buf, self.ldy = (buf, self.ldf) if buf is not None else \
             self._items_buffer(F)
         self._gathered = None              # (candidates, buffer, ldy) of the last gather (yt)
@@ -252,6 +249,15 @@ class DeviceTopK:
         out = np.zeros((max(1, M.shape[0]), self.ldf), np.float32)
         out[:M.shape[0], :M.shape[1]] = M
         return out
+
+    def _take(self, handed, rows):
+        """``(buffer, host memory it wraps)`` of ``rows`` rows in this ranker's layout from a
+        fit's handed buffer (:meth:`clmf.engine.factors.Handed.take`: it, or a copy filled on
+        the device; the host memory only when it is kept itself), or ``(None, None)``."""
+        if handed is None:
+            return None, None
+        buf = handed.take(self.ctx, _upload_queue(self.ctx, self.device), self.ldf, rows)
+        return buf, (handed.host if buf is not None and buf is handed.buffer else None)
 
     def _upload(self, a):
         """A read-only device copy of ``a`` (one element for an empty array), written by a
@@ -332,14 +338,8 @@ class DeviceTopK:
         Q = np.asarray(Q, np.float32)
         if Q.ndim != 2 or Q.shape[1] != self.f:
             raise ValueError(f"queries must be (rows, {self.f}), got {Q.shape}")
-        buf = None if handed is None else handed.take(
-            self.ctx, _upload_queue(self.ctx, self.device), self.ldf, Q.shape[0])
-        if buf is not None:
-            self._queries = (buf, Q.shape[0])
-            self._queries_host = handed.host if buf is handed.buffer else None
-        else:
-            self._queries = (self._upload(self._pad(Q)), Q.shape[0])
-            self._queries_host = None
+        buf, self._queries_host = self._take(handed, Q.shape[0])
+        self._queries = (buf if buf is not None else self._upload(self._pad(Q)), Q.shape[0])
         return self
 
     def set_exclude(self, exclude, candidates=None):

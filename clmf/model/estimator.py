@@ -282,9 +282,7 @@ class ALS(ParamsMixin, RecommenderMixin):
             # ranker's layout is theirs)
             self._keep_on_device(seen, handed)
             t_end = time.perf_counter()
-            if isinstance(self.__dict__.get("timings_"), dict) and "setup" in self.timings_:
-                self.timings_["ranker"] = t_end - t_kept
-                self.timings_["fit"] = t_end - t_fit
+            self.timings_.update(ranker=t_end - t_kept, fit=t_end - t_fit)
         finally:
             if seen is not None:
                 seen.close()               # no thread outlives the fit, failed or not
