@@ -346,6 +346,41 @@ def _reference(R, f, mode, iterations):
     return (X, np.zeros(len(X))), (Y, np.zeros(len(Y)))
 
 
+@pytest.mark.parametrize("variant", ["batch+reg:solver=cholesky,batch_rows=5,split=4",
+                                     "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5,split=3"])
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_reduced_side_splits_long_rows(cl_device, monkeypatch, mode, variant):
+    """The reduced side's long rows cut into pieces (a forced ``split``): the partial systems
+    are the pieces' sums (the combine, without regularisation or Gram), so four devices give
+    the one-device factors (and NumPy's) in both sum modes, and the reduced side's launches are
+    split on every device (and launched split)."""
+    from clmf.engine import reduce as RD
+    from clmf.engine.config import KernelConfig
+    calls = []
+
+    def counted(*a, **kw):
+        calls.append(kw.get("solve"))
+        return launch(*a, **kw)
+    launch = RD.launch_split_batch
+    monkeypatch.setattr(RD, "launch_split_batch", counted)
+    f = 5
+    R = random_ratings(90, 70, 0.3, seed=37, empty_rows=(4,), empty_cols=(11,))
+    extra = dict(MODES[mode])
+    if mode == "biased":
+        extra["offset"] = float(R.data.mean())
+    cfg = KernelConfig.parse(variant)
+
+    def check(e):
+        for w in e.workers:
+            assert w.splits["items"].active
+            assert any(nv for _r, _n, _v, nv in w.launches["items"]), w.launches["items"]
+    out = _fits([cl_device] * 4, R, f, ("replicate", "reduce"), cfg, extra, check,
+                shares=[3.0, 1.0, 0.5, 2.0])
+    _agree(out)
+    _close(_reference(R, f, mode, 2), out["device"], 1e-3)
+    assert calls and not any(calls)                 # the partials' launches, unsolved
+
+
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_uneven_blocks_four_devices_match_numpy(cl_device, mode):
     """Four devices of uneven shares (one block several times another's) reduce the items in

@@ -162,13 +162,14 @@ def split_rows(indptr, threshold, batch_rows, virtual_rows, slots=0):
 
 def launch_split_batch(kern, q, cfg, v, fs, indptr, vindptr, vstart, indices, data, Yother, A,
                        B, Av, Bp, G, Xout, status, row0, n, v0, nv, xoff, regularization,
-                       weighted, implicit, alpha, offset, wait_for=None):
+                       weighted, implicit, alpha, offset, wait_for=None, solve=True):
     """Enqueue S1 (and S2 unless S1 fuses it) over the pieces ``v0 .. v0 + nv - 1`` of
     ``vindptr`` into ``Av``/``Bp`` (unregularised, no Gram), the combine of each real row's
     pieces into ``A``/``B`` (diagonal and Gram added as S1 adds them to an unsplit row), then S3
     on the real rows ``row0 .. row0 + n - 1``; returns the (S1, S2, combine, S3) events (S2
-    None when fused). Not for the fused CG solver or ``fused_solve``, which build no
-    hermitians."""
+    None when fused). ``solve=False`` stops after the combine (a reduce's partial normal
+    equations: pass ``regularization=0`` and ``implicit=False``, no Gram; S3 None). Not for
+    the fused CG solver or ``fused_solve``, which build no hermitians."""
     if cfg.solver == "fusedcg" or cfg.fused_solve:
         raise ValueError("the fused CG solvers build no hermitians to split")
     if not (0 <= v0 and v0 + nv <= _INT32_MAX and row0 + n <= _INT32_MAX):
@@ -186,6 +187,8 @@ def launch_split_batch(kern, q, cfg, v, fs, indptr, vindptr, vstart, indices, da
     ec = kern["s1_combine"](q, (n * wg,), (wg,), indptr, vstart, Av, Bp, A, B, np.int32(row0),
                             np.int32(n), np.float32(regularization),
                             np.int32(1 if weighted else 0), G, np.int32(1 if implicit else 0))
+    if not solve:
+        return e1, e2, ec, None
     e3 = launch_solve(kern, q, cfg, fs, indptr, A, B, Xout, status, row0, n, xoff,
                       regularization, weighted)
     return e1, e2, ec, e3

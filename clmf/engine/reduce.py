@@ -24,7 +24,7 @@ import numpy as np
 
 from . import kernels as K
 from .blocks import Publisher, other_side
-from .launch import launch_batch, launch_gram, launch_solve
+from .launch import launch_batch, launch_gram, launch_solve, launch_split_batch
 from .memory import packed_width
 
 __all__ = ["pipelined", "buffers"]
@@ -179,13 +179,20 @@ class _Pipeline:
         for j, batch in enumerate(eng._batches(self.side, self.stream_events)):
             n, g0 = batch.rows, batch.r0 + batch.row0
             P = b["P2"] if j % 2 else b["P"]
-            evs = launch_batch(self.kern, q, cfg, v, fs, batch.bset["indptr"],
-                               batch.bset["indices"], batch.bset["data"], Y, b["A"], b["B"],
-                               b["G"], None, None, batch.row0, n, 0, 0.0, False, eng.implicit,
-                               eng.alpha, eng.offset, wait_for=batch.wait, solve=False,
-                               gram=False)
-            batch.done = evs[1] or evs[0]
-            self.events.append((evs[0], evs[1], None, None))
+            if batch.nv:        # long rows cut into pieces, summed by the combine
+                e1, e2, ec, _ = launch_split_batch(
+                    self.kern, q, cfg, v, fs, batch.bset["indptr"], b["vindptr"], b["vstart"],
+                    batch.bset["indices"], batch.bset["data"], Y, b["A"], b["B"], b["Av"],
+                    b["Bp"], b["G"], None, None, batch.row0, n, batch.v0, batch.nv, 0, 0.0,
+                    False, False, eng.alpha, eng.offset, wait_for=batch.wait, solve=False)
+            else:
+                (e1, e2, _), ec = launch_batch(
+                    self.kern, q, cfg, v, fs, batch.bset["indptr"], batch.bset["indices"],
+                    batch.bset["data"], Y, b["A"], b["B"], b["G"], None, None, batch.row0, n,
+                    0, 0.0, False, eng.implicit, eng.alpha, eng.offset, wait_for=batch.wait,
+                    solve=False, gram=False), None
+            batch.done = ec or e2 or e1
+            self.events.append((e1, e2, None, ec))
             ep = self.rk["pack_systems"](q, *K.reduce_launch(eng.info, n), b["A"], b["B"], P,
                                          np.int32(n), np.int32(fs), wait_for=readers[j % 2])
             self.packs.append(ep)

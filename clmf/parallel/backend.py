@@ -123,9 +123,10 @@ def plan_fit(infos, layout, plan, fs, ldf, itemsize, config_pairs, implicit=Fals
             ip, r0, r1 = blocks[s]
             counts = np.diff(np.asarray(ip[r0:r1 + 1], np.int64))
             rows, nnz = r1 - r0, int(counts.sum())
-            cut = src is None and rows > 0
+            # long rows cut into pieces on a solved side and a reduced one alike (the
+            # reduce's partial systems: clmf.engine.reduce)
             splits[s] = plan_split(config_pairs[d][k], fs, rows, nnz,
-                                   int(counts.max()) if cut else 0, info)
+                                   int(counts.max()) if rows > 0 else 0, info)
         frows = {}
         for s in SIDES:
             whole = plan[other_side(s)].mode == "replicate" or n == 1
