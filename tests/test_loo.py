@@ -61,6 +61,26 @@ def test_offline_leave_one_out(tmp_path):
     assert "2 of 2 measured cells within 15 %" in _loo().markdown(list(rows.values()))
 
 
+def test_the_held_out_cells_records_reach_the_model_from_no_database(tmp_path, monkeypatch):
+    """The leave-one-out is honest: the held-out cell's runs are left out of every database it
+    reads (a second given file — a distilled copy, another run of the cell under another id —
+    included), and it reads no database but the given ones (the shipped and user databases,
+    $CLMF_TUNING_DB). Here every other database says B at f = 32, the neighbours A: A."""
+    from clmf.tuning import database
+    info = fake_info(name="Fake GPU loo honest")
+    db, copy, env = (tmp_path / x for x in ("db.jsonl", "copy.jsonl", "env.jsonl"))
+    write(db, _cell(info, 32, {A: 1.0, B: 1.5}, "r32", A)
+          + _cell(info, 64, {A: 1.0, B: 1.4}, "r64", A))
+    write(copy, _cell(info, 32, {B: 1.0, A: 3.0}, "r32-copy", B))
+    write(env, _cell(info, 32, {B: 1.0, A: 3.0}, "r32-env", B))
+    monkeypatch.setenv("CLMF_TUNING_DB", str(env))
+    monkeypatch.setattr(database, "shipped_paths", lambda: [env])
+    monkeypatch.setattr(database, "user_db_path", lambda: env)
+    (r,) = [r for r in _loo().offline_loo([db, copy]) if r["f"] == 32]
+    assert set(r["runs"]) == {"r32", "r32-copy"} and r["rule"] == "model"
+    assert r["pick"] == str(KernelConfig.parse(A))
+
+
 def test_offline_leave_one_out_rejects_what_the_device_refused(tmp_path):
     """A measured as invalid at f = 128 (a built kernel's limit): the pick there is B, timed."""
     info = fake_info(name="Fake GPU refusing")

@@ -178,6 +178,31 @@ def test_a_group_whose_mode_refutes_a_configuration_does_not_set_its_prior():
     assert best(wrong) == A and best(None) == B
 
 
+def test_a_group_whose_mode_refutes_a_configuration_says_nothing_of_the_others_against_it():
+    """Biased f = 32: A failed explicit feedback's reference check, so the nearest group
+    (explicit f = 32) timed B against a best without A and found B fastest; the implicit f = 32
+    group, where A is valid, timed both: A 1.0, B 1.03. The explicit group says nothing of B
+    against A (as a group that could not build A): A wins; with that group's B counted against
+    A (as before), B would (H100 Netflix biased f = 32 leave-one-out: the items side picked the
+    explicit runs' syrk, 2.0x the cell's best, mma)."""
+    info = fake_info()
+    recs = (run(info, 32, {B: 1.0, FUSED: 1.3}, "e32")
+            + run(info, 32, {A: 1.0, B: 1.03, FUSED: 1.2}, "i32", mode="implicit"))
+    gs = groups(recs, info)
+    wrong = M.refuted(recs + [_wrong(info, 32, A, "e32")], tuning.device_record(info))
+    r, _near = M.rank(gs, 32, "biased", "users", M.features(2000, 1000, 40000), wrong=wrong)
+    assert str(r[0][2]) == A
+    # the old comparison: every group as if it could have timed A validly
+    saved = M._leader_scores
+    try:
+        M._leader_scores = lambda views, ev, pri, bld, el, rounds=8: saved(
+            views, ev, pri, {k: [True] * len(v) for k, v in bld.items()}, el, rounds)
+        r, _near = M.rank(gs, 32, "biased", "users", M.features(2000, 1000, 40000), wrong=wrong)
+    finally:
+        M._leader_scores = saved
+    assert str(r[0][2]) == B
+
+
 def test_an_adapted_configuration_scores_by_its_own_evidence(dbenv):  # noqa: F811
     """A syrk measured fastest with 2 slices at f = 100 and refused at f = 128 runs there with
     1 slice — another configuration, never measured: it scores as the prior, so a configuration

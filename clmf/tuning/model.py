@@ -43,6 +43,7 @@ over the groups near the case in feature space, where
   without it, so it says nothing of them relative to it: candidates are compared through the
   groups that could build both (:func:`rank`; H100 Netflix f = 128 and 256 left out, f = 200's
   best form without shuffles outweighed the shuffle forms measured 1.3-1.7x faster beside it);
+  so does a group of a mode that refutes a configuration (below: it never timed it validly);
 * the runs of one cell measure the same thing but with the kernels of their day: an older run's
   relative times are rebased onto the newest's through the configurations both timed (the
   anchors a newer run re-times; :func:`_bridge`, as the offline check's
@@ -51,8 +52,9 @@ over the groups near the case in feature space, where
 
 A configuration the device's runs found wrong in a mode (its reference check failed; never ok in
 that mode: :func:`refuted`) is no candidate in that mode, and a group of that mode never timed it
-validly, so its silence sets no prior for it elsewhere (H100: ``mma`` in tf32 fails explicit
-feedback's 1e-3, passes biased and implicit feedback's).
+validly, so its silence sets no prior for it elsewhere and its times of the others say nothing
+of them against it (H100: ``mma`` in tf32 fails explicit feedback's 1e-3, passes biased and
+implicit feedback's; the explicit runs' best syrk is no evidence against it in biased mode).
 
 The configuration with the lowest predicted log relative time that validates at the case's f on
 the device wins; both sides share the factor rows' padding, so the pair is the best sum over
@@ -628,7 +630,8 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=None,
     ``[(d², group)]`` nearest first. ``wrong``: ``{mode: [KernelConfig]}`` the device found
     wrong per mode (:func:`refuted`): those of this mode are never candidates (nor their twins
     at this f), and a group of a mode that refutes a configuration never timed it validly, so
-    its silence does not set the configuration's prior (as an older group's does not).
+    its silence does not set the configuration's prior (as an older group's does not) and it
+    counts as a group that could not build it (below).
     ``builds(c, kf)``: whether the device builds configuration ``c`` for systems of ``kf``
     unknowns (the lookup passes :func:`clmf.engine.kernels.validate` on the device); None: every
     group could build every configuration, as before it was given.
@@ -646,7 +649,9 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=None,
     of work-items per entry, f = 200's 50 float4 slices give none, and there the best form
     without shuffles was 1.0, 1.3-1.7x the shuffle forms' time at f = 128 and 256 where both
     ran: as the nearest evidence it outweighed those, and the leave-one-out at f = 128 and 256
-    picked it, 1.25-1.71x the cells' best.)"""
+    picked it, 1.25-1.71x the cells' best. H100 Netflix biased f = 32: the explicit runs,
+    where ``mma`` in tf32 is wrong, found a syrk fastest without it; counted against ``mma``,
+    the items side picked that syrk, 2.0x the cell's best, ``mma``.)"""
     near = []
     for g in groups:
         d2 = distance(g, f, mode, side, feats, storage, fill)
@@ -686,10 +691,10 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=None,
                      align_d2(c, g.f, g.mode, f, mode) if k in rel else 0.0)
                     for d2, g, (rel, _c) in view]
         ev[k] = [k in rel and not _gram_unmeasured(c, g, mode) for _d2, g, (rel, _c) in view]
-        bld[k] = [builds is None or k in rel or _builds_in(k, g.f, g.mode) for _d2, g, (rel, _c)
-                  in view]
-        pri[k] = [b and g.date >= since and k not in bad.get(g.mode, ())
-                  for b, (_d2, g, _v) in zip(bld[k], view)]
+        bld[k] = [k not in bad.get(g.mode, ()) and (builds is None or k in rel
+                                                     or _builds_in(k, g.f, g.mode))
+                  for _d2, g, (rel, _c) in view]
+        pri[k] = [b and g.date >= since for b, (_d2, g, _v) in zip(bld[k], view)]
         if builds is None or _builds_for(twins[k], kf, mode, dtype, builds, memo):
             eligible.add(k)
     final = _leader_scores(views, ev, pri, bld, eligible) if cands else {}
