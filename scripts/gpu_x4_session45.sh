@@ -4,7 +4,17 @@
 #      systems) — Hugewiki x 0.25 at f = 100 on 1, 2, 4 GPUs with this tree ("new"), then 2 and
 #      4 GPUs with the base wheel (.whl/base45: main before the change) on the same layout;
 #      then Hugewiki x 0.5 on 1, 2, 4 GPUs ("new"), time allowing.
-#   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x4_session45.sh a
+#   b: clmf.dask's time to the first iteration with new workers (Netflix shape, one worker per
+#      GPU, a new LocalCluster per fit) against the in-process fit, this tree ("new") and the base
+#      wheel alternating, twice each (benchmarks/dask_setup.py --fresh --rounds 3: a warm-up
+#      round, then two); then Netflix and 4 x Netflix on 1, 2, 4 GPUs (benchmarks/scaleout.py,
+#      this tree). Everything under $W, packed into $OUT/b.tgz after each step (a command
+#      returns at most 8 files).
+#   c: the reduced side's batch of packed systems (the last owner's rows wait for the last
+#      batch's copies): Hugewiki x 0.25 on 1 GPU, then 4 GPUs at 256 (the default), 64 and 32
+#      MiB batches (scaleout.py --packed-batch-mb), this tree; then clmf.dask against the
+#      in-process fit on the Netflix shape (s/it; benchmarks/dask_gpu_runs.py), this tree.
+#   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x4_session45.sh a|b|c
 set -u
 OUT=${OUT:-/tmp/out}
 R=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -13,16 +23,34 @@ export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpus.csv"
 START=$(date +%s)
 left() { echo $(( ${1:-560} - ($(date +%s) - START) )); }
-scale() {  # scale TAG FRACTION GPUS SITE: benchmarks/scaleout.py into $OUT/scaleout
-    local tag=$1 frac=$2 gpus=$3 site=$4 t
+W=${W:-$OUT}
+PY=${PY:-python3}          # CPU smoke test: PY=.venv/bin/python DEV=Portable FRAC=0.01 ... b
+DEV=${DEV:-gpu}
+FRAC=${FRAC:-1}
+scale() {  # scale TAG FRACTION GPUS SITE [PRESET [ARGS...]]: benchmarks/scaleout.py into $W/scaleout
+    local tag=$1 frac=$2 gpus=$3 site=$4 preset=${5:-hugewiki} t
+    shift 4; [ $# -gt 0 ] && shift
     t=$(left 570)
-    [ "$t" -gt 40 ] || { echo "skip $tag $frac $gpus: ${t}s left"; return; }
-    (cd /tmp && PYTHONPATH=${site:+$site:}${PYTHONPATH:-} timeout "$t" python3 \
-        "$R/benchmarks/scaleout.py" "$OUT/scaleout" --preset hugewiki --fraction "$frac" \
+    [ "$t" -gt 40 ] || { echo "skip $tag $preset $frac $gpus: ${t}s left"; return; }
+    (cd /tmp && PYTHONPATH=${site:+$site:}${PYTHONPATH:-} timeout "$t" $PY \
+        "$R/benchmarks/scaleout.py" "$W/scaleout" --preset "$preset" --fraction "$frac" \
+        --devices "$([ "$DEV" = gpu ] && echo gpu || echo cpu)" \
         --factors 100 --gpus "$gpus" --iterations 3 --budget 8 --cache "$R/.data/layouts" \
-        --tag "$tag" 2>&1 | grep -v "CompilerWarning\|lambda: self" >> "$OUT/scaleout.log")
-    echo "scaleout $tag $frac $gpus: exit $? at +$(( $(date +%s) - START ))s"
+        --tag "$tag" "$@" 2>&1 | grep -v "CompilerWarning\|lambda: self" >> "$W/scaleout.log")
+    echo "scaleout $tag $preset $frac $gpus: exit $? at +$(( $(date +%s) - START ))s"
 }
+setup() {  # setup TAG SITE: benchmarks/dask_setup.py (new workers per fit) into $W/setup-TAG
+    local tag=$1 site=$2 t
+    t=$(left 560)
+    [ "$t" -gt 70 ] || { echo "skip setup $tag: ${t}s left"; return; }
+    (cd /tmp && PYTHONPATH=${site:+$site:}${PYTHONPATH:-} timeout "$(( t < 130 ? t : 130 ))" \
+        $PY "$R/benchmarks/dask_setup.py" "$W/setup-$tag" --devices "$DEV" --preset netflix \
+        --fraction "$FRAC" \
+        --rounds 3 --fresh --data-dir "$R/.data/parquet" --note "$tag" 2>&1 \
+        | grep -v "CompilerWarning\|lambda: self" >> "$W/setup.log")
+    echo "setup $tag: exit $? at +$(( $(date +%s) - START ))s"
+}
+pack() { tar czf "$OUT/b.tgz" -C "$W" . ; }
 case "${1:-a}" in
   a)
     python3 -m pip install -q --no-deps --target /tmp/site-base "$R"/.whl/base45/clmf-*.whl 2>&1 | tail -2
@@ -31,5 +59,31 @@ case "${1:-a}" in
     rm -rf "$R/.data/layouts/hugewiki@0.25"
     scale new 0.5 1,2,4 ""
     cat "$OUT/scaleout/summary.md"
+    ;;
+  b)
+    W=/tmp/w45b; mkdir -p "$W" "$R/.data/parquet"
+    $PY -m pip install -q --no-deps --target /tmp/site-base "$R"/.whl/base45/clmf-*.whl 2>&1 | tail -2
+    for k in 1 2; do
+      setup "new-$k" ""; pack
+      setup "base-$k" /tmp/site-base; pack
+    done
+    scale new "$FRAC" 1,2,4 "" netflix; pack
+    scale new "$FRAC" 1,2,4 "" netflix-4x; pack
+    for d in "$W"/setup-*; do tail -n 4 "$d/README.md" 2>/dev/null | head -3; grep "^| median" "$d/README.md"; done
+    cat "$W/scaleout/summary.md"
+    ;;
+  c)
+    scale new "${HW:-0.25}" 1 ""
+    for mb in 256 64 32; do scale "pb$mb" "${HW:-0.25}" 4 "" hugewiki --packed-batch-mb "$mb"; done
+    t=$(left 580)
+    if [ "$t" -gt 60 ]; then
+      mkdir -p "$R/.data/parquet"
+      (cd /tmp && timeout "$t" $PY "$R/benchmarks/dask_gpu_runs.py" "$W/dask" --preset netflix \
+          --fraction "$FRAC" --transport shm --iterations 4 --budget 10 \
+          --devices "$([ "$DEV" = gpu ] && echo gpu || echo cpu)" \
+          --data-dir "$R/.data/parquet" 2>&1 | grep -v "CompilerWarning\|lambda: self" > "$W/dask.log")
+      echo "dask: at +$(( $(date +%s) - START ))s"
+    fi
+    cat "$W/scaleout/summary.md"; cat "$W"/dask/summary.md 2>/dev/null
     ;;
 esac
