@@ -466,7 +466,7 @@ class DaskEngine:
                   "items": balanced_blocks(data.item_counts, self.n, self.fs)}
         static = {"shape": self.shape, "devices": list(zip(specs, ranks)),
                   "user_counts": data.user_counts,
-                  "item_counts": data.item_counts, "bounds": bounds,
+                  "item_counts": data.item_counts, "bounds": bounds, "owners": self.addrs,
                   "start": (start[0], self.f, start[1]) if start is not None else None}
         t0 = time.perf_counter()
         self.times = {}
