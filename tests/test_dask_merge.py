@@ -1,0 +1,105 @@
+"""A Dask worker's merge of its pieces over threads (issue 28): :class:`RowMerger` cut at row
+boundaries gives the one-thread merge's arrays (a row's entries in piece order), and the
+threads a worker merges with (:func:`merge_threads`)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clmf.parallel import dask_blocks as B
+from clmf.parallel import dask_prepare as P
+
+
+def _pieces(rng, r0, rows, sizes, k_rows=1):
+    """Pieces sorted by row (field ``k_rows``) of rows ``[r0, r0 + rows)`` with ``sizes``
+    entries: long runs of a few rows (a row over several threads' equal spans), rows split
+    across pieces, empty pieces where a size is 0."""
+    out = []
+    for n in sizes:
+        hot = rng.integers(r0, r0 + rows, 3)                 # a few rows with many entries
+        r = np.where(rng.random(n) < 0.5, rng.choice(hot, n), rng.integers(r0, r0 + rows, n))
+        r = np.sort(r).astype(np.int32)
+        cols = rng.integers(0, 1 << 20, n).astype(np.int32)
+        vals = rng.random(n, dtype=np.float32)
+        out.append((r, cols, vals) if k_rows == 0 else (cols, r, vals))
+    return out
+
+
+def _merged(pieces, r0, rows, k_rows, threads):
+    """``(columns, values)`` of the pieces merged by a :class:`RowMerger` of ``threads``."""
+    counts = sum(np.bincount(p[k_rows] - r0, minlength=rows) for p in pieces)
+    m = B.RowMerger(counts, r0, k_rows, "items", threads)
+    for p in pieces:
+        assert m.add(p)
+    return m.result()
+
+
+@pytest.mark.parametrize("k_rows", [0, 1], ids=["users", "items"])
+@pytest.mark.parametrize("threads", [2, 3, 7])
+def test_threaded_merge_is_the_one_thread_merge(k_rows, threads, monkeypatch):
+    """Pieces cut over threads at row boundaries (rows spanning the equal cuts, a piece of one
+    row, empty pieces, rows in several pieces) give the one-thread arrays, which are the
+    entries stably sorted by row (each row's in piece order)."""
+    monkeypatch.setattr(B, "MERGE_SPAN_MIN", 8)
+    rng = np.random.default_rng(threads + 10 * k_rows)
+    r0, rows = 1_000, 300
+    pieces = _pieces(rng, r0, rows, [5_000, 0, 1, 4_000, 0, 3_000], k_rows)
+    pieces.append(tuple(np.full(700, x[0], x.dtype) if j == k_rows else np.resize(x, 700)
+                        for j, x in enumerate(pieces[0])))               # a piece of one row
+    one = _merged(pieces, r0, rows, k_rows, 1)
+    many = _merged(pieces, r0, rows, k_rows, threads)
+    for a, b in zip(one, many):
+        np.testing.assert_array_equal(a, b)
+    rows_all = np.concatenate([p[k_rows] for p in pieces])
+    order = np.argsort(rows_all, kind="stable")
+    np.testing.assert_array_equal(one[0], np.concatenate([p[1 - k_rows] for p in pieces])[order])
+    np.testing.assert_array_equal(one[1], np.concatenate([p[2] for p in pieces])[order])
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_whole_rows_go_in_one_slice_and_gaps_by_places(threads, monkeypatch):
+    """Pieces of whole rows of a row-sorted file (the slice path) and of rows interleaved
+    with the other pieces' (the scatter path) both land where the one-thread merge puts
+    them."""
+    monkeypatch.setattr(B, "MERGE_SPAN_MIN", 4)
+    rng = np.random.default_rng(5)
+    r = np.sort(rng.integers(0, 50, 2_000)).astype(np.int32)
+    cut = int(np.searchsorted(r, 25))
+    data = (r, rng.integers(0, 99, 2_000).astype(np.int32), rng.random(2_000, np.float32))
+    pieces = [tuple(x[:cut] for x in data), tuple(x[cut:] for x in data)]   # whole rows
+    pieces += _pieces(rng, 0, 50, [900, 1_300], 0)                          # interleaved
+    got = _merged(pieces, 0, 50, 0, threads)
+    order = np.argsort(np.concatenate([p[0] for p in pieces]), kind="stable")
+    np.testing.assert_array_equal(got[0], np.concatenate([p[1] for p in pieces])[order])
+
+
+def test_threaded_merge_refuses_pieces_out_of_row_order_and_other_rows(monkeypatch):
+    """A piece whose only step back lies where two threads' equal spans meet is refused
+    (False, nothing merged); one with more entries of a row than counted is an error."""
+    monkeypatch.setattr(B, "MERGE_SPAN_MIN", 4)
+    r = np.repeat(np.arange(8, dtype=np.int32), 4)             # 32 entries, by row
+    r[16], r[15] = r[15], r[16] + 1                            # a step back at entry 16
+    piece = (r, np.arange(32, dtype=np.int32), np.ones(32, np.float32))
+    counts = np.bincount(r, minlength=8)
+    m = B.RowMerger(counts, 0, 0, "users", threads=2)
+    assert not m.add(piece)
+    assert np.array_equal(m.at, np.concatenate(([0], np.cumsum(counts)[:-1])))
+    good = np.repeat(np.arange(8, dtype=np.int32), 4)
+    m = B.RowMerger(np.full(8, 3), 0, 0, "users", threads=2)  # 3 counted, 4 come
+    with pytest.raises(RuntimeError, match="other rows than counted"):
+        m.add((good, np.arange(32, dtype=np.int32), np.ones(32, np.float32)))
+
+
+def test_merge_threads_share_the_hosts_cores_among_its_workers(monkeypatch):
+    """Half a worker's share of its host's cores (the two sides merge at once), at most
+    :data:`MERGE_THREADS_MAX`; the variable sets it; one outside a worker."""
+    monkeypatch.delenv(P.ENV_MERGE_THREADS, raising=False)
+    monkeypatch.delenv(P.ENV_SPLIT_THREADS, raising=False)
+    assert P.merge_threads(None) == 1                          # not in a Dask worker
+    monkeypatch.setattr(P, "_address", lambda: "tcp://10.0.0.1:4001")
+    owners = [f"tcp://10.0.0.1:{4001 + k}" for k in range(4)] + ["tcp://10.0.0.2:4001"]
+    for cores, merge, split in ((64, 8, 4), (16, 2, 4), (2, 1, 1), (200, 8, 4)):
+        monkeypatch.setattr(P.os, "sched_getaffinity", lambda _pid, c=cores: range(c))
+        assert (P.merge_threads(owners), P.split_threads(owners)) == (merge, split)
+    monkeypatch.setenv(P.ENV_MERGE_THREADS, "3")
+    assert P.merge_threads(owners) == 3
