@@ -502,7 +502,7 @@ class DaskEngine:
             self._plan(data, fit, modes, bounds)
             self.phase = "set-up"
             setup = {"plan": self.plan, "f": self.f, "biased": self.biased, "ldf": self.ldf,
-                     "itemsize": np.dtype(self.np_store).itemsize,
+                     "itemsize": np.dtype(self.np_store).itemsize, "store": self.np_store,
                      "config_pairs": self.config_pairs, "implicit_alpha": fit.kernel_alpha,
                      "max_device_memory": max_device_memory, "infos": self.infos,
                      "specs": list(specs), "ranks": list(ranks), "offset": float(offset)}
