@@ -1,6 +1,7 @@
-"""A Dask worker's merge of its pieces over threads (issue 28): :class:`RowMerger` cut at row
-boundaries gives the one-thread merge's arrays (a row's entries in piece order), and the
-threads a worker merges with (:func:`merge_threads`)."""
+"""A Dask worker's set-up after its splits (issue 28): the merge of its pieces over threads
+(:class:`RowMerger` cut at row boundaries gives the one-thread merge's arrays, a row's entries
+in piece order; the threads a worker merges with, :func:`merge_threads`) and its start factors
+(laid out ahead, uploaded through pinned staging: the drawn factors, bit for bit)."""
 from __future__ import annotations
 
 import numpy as np
@@ -103,3 +104,56 @@ def test_merge_threads_share_the_hosts_cores_among_its_workers(monkeypatch):
         assert (P.merge_threads(owners), P.split_threads(owners)) == (merge, split)
     monkeypatch.setenv(P.ENV_MERGE_THREADS, "3")
     assert P.merge_threads(owners) == 3
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["direct", "pinned-staging"])
+@pytest.mark.parametrize("biased", [False, True], ids=["plain", "biased"])
+def test_start_factors_laid_out_ahead_and_uploaded_are_the_drawn_ones(one_device, staged,
+                                                                      biased, monkeypatch):
+    """The start factors drawn over threads (as a worker's warm-up draws them) are the
+    one-thread draw's; laid out ahead (:func:`padded_start`) and uploaded through several
+    staging chunks (:func:`upload_start`), the device holds the padded rows the pageable
+    write held (every row of a side, or a part of one)."""
+    import concurrent.futures
+    from types import SimpleNamespace
+
+    import pyopencl as cl
+
+    from clmf import reference as ref
+    from clmf.engine import upload as U
+    from clmf.engine.device import device_info, get_context
+    from clmf.engine.factors import padded_factors
+    from clmf.parallel import dask_start as S
+    m, n, f, ldf = 3_000, 700, 5, 8
+    monkeypatch.setattr(ref, "_DRAW_THREADS", 3)
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    monkeypatch.setattr(ref, "_DRAW_PARALLEL_FROM", 1 << 60)
+    one = ref.start_factors(m, n, f, 7)
+    monkeypatch.setattr(ref, "_DRAW_PARALLEL_FROM", 0)
+    start = ref.start_factors(m, n, f, 7)
+    for a, b in zip(one, start):
+        np.testing.assert_array_equal(a, b)
+    monkeypatch.setattr(U, "_SMALL", 0)
+    monkeypatch.setattr(U, "STAGE_BYTES", 4096)                 # many chunks
+    monkeypatch.setattr(U, "zero_copy", lambda info: not staged)
+    warm = concurrent.futures.Future()
+    warm.set_result((start, {}))
+    setup = {"f": f, "ldf": ldf, "store": np.float32, "biased": biased}
+    hosts, seconds = S.padded_start(warm, setup)
+    assert seconds >= 0
+    ctx, q = get_context(one_device)
+    frange = {"users": (0, m), "items": (200, 450)}            # every user, a part of the items
+    bufs = {s: cl.Buffer(ctx, cl.mem_flags.READ_WRITE, size=4 * ldf * (hi - lo))
+            for s, (lo, hi) in frange.items()}
+    w = SimpleNamespace(ctx=ctx, queue=q, info=device_info(one_device), frange=frange,
+                        factors=bufs)
+    S.upload_start(w, hosts)
+    for side, M in zip(("users", "items"), one):
+        lo, hi = frange[side]
+        got = np.empty((hi - lo, ldf), np.float32)
+        cl.enqueue_copy(q, got, bufs[side])
+        want = padded_factors(side, M, len(M), f, ldf, np.float32, biased)[lo:hi]
+        np.testing.assert_array_equal(got, want)
+    warm = concurrent.futures.Future()
+    warm.set_result((None, {}))
+    assert S.padded_start(warm, setup) == (None, 0.0)          # the fit does not draw them
