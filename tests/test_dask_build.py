@@ -157,3 +157,28 @@ def test_start_factors_laid_out_ahead_and_uploaded_are_the_drawn_ones(one_device
     warm = concurrent.futures.Future()
     warm.set_result((None, {}))
     assert S.padded_start(warm, setup) == (None, 0.0)          # the fit does not draw them
+
+
+@pytest.mark.parametrize("threads", [1, 2, 5])
+def test_column_order_check_over_threads_is_the_one_pass_check(threads, monkeypatch):
+    """:func:`_in_column_order` in spans of entries (a step down where spans meet, inside a
+    row or at a row's start; empty rows, one row, no entries) says what one pass says."""
+    monkeypatch.setattr(B, "MERGE_SPAN_MIN", 4)
+    rng = np.random.default_rng(threads)
+
+    def one_pass(cols, counts):
+        """The check as one array of row starts."""
+        starts = np.cumsum(counts)[:-1]
+        brk = np.zeros(len(cols), bool)
+        brk[starts[starts < len(cols)]] = True
+        return bool(np.all((cols[1:] > cols[:-1]) | brk[1:]))
+    for trial in range(60):
+        counts = rng.integers(0, 6, rng.integers(1, 30))
+        counts[rng.random(len(counts)) < 0.2] = 0                  # empty rows
+        cols = np.concatenate([np.sort(rng.choice(50, c, replace=False)) for c in counts]
+                              ).astype(np.int32)
+        if trial % 3 and len(cols) > 1:                            # a step down somewhere
+            k = int(rng.integers(1, len(cols)))
+            cols[k] = cols[k - 1] - trial % 2
+        starts = np.cumsum(counts)[:-1]
+        assert B._in_column_order(cols, starts, threads) == one_pass(cols, counts)

@@ -41,14 +41,15 @@ class BlockSide(SideLayout):
         return ip - ip[0], self.indices[e0:e1], self.data[e0:e1]
 
 
-def _block(pieces, key, indptr, r0, r1, merged=None):
+def _block(pieces, key, indptr, r0, r1, merged=None, threads=1):
     """The CSR of rows ``[r0, r1)`` of one side from the triples sent to this worker (sorted by
     row, then column): pieces that each run by row (:func:`~clmf.parallel.dask_prepare.split`
     sorts them) are merged by writing each piece's rows after the earlier pieces' entries of
     the same rows (no sort; ``merged``: that merge's ``(columns, values)`` made already, as
     the pieces came, :class:`RowMerger`); other pieces are sorted by radix passes over the
     row, and rows whose columns are then out of order by passes over the column and the row
-    (as files in no order give); duplicate entries are refused."""
+    (as files in no order give); duplicate entries are refused. ``threads``: the threads
+    that check the columns' order."""
     k_rows = 0 if key == "users" else 1
     got = sum(len(p[k_rows]) for p in pieces)
     want = int(indptr[r1] - indptr[r0])
@@ -70,10 +71,8 @@ def _block(pieces, key, indptr, r0, r1, merged=None):
             raise _other_rows(key, r0, r1)
         order = stable_order(rel, max(1, r1 - r0))       # by row, keeping the columns' order
         cols, r = gather(order, cols, r)
-    starts = indptr[r0:r1 + 1] - indptr[r0]
-    brk = np.zeros(len(cols), bool)                      # where a new row starts
-    brk[starts[1:-1][starts[1:-1] < len(cols)]] = True
-    if not bool(np.all((cols[1:] > cols[:-1]) | brk[1:])):     # by column, then by row
+    if not _in_column_order(cols, indptr[r0 + 1:r1] - indptr[r0], threads):
+        # by column, then by row
         rows = np.repeat(np.arange(r0, r1, dtype=np.int32), counts)
         order = stable_order(cols, int(cols.max()) + 1)
         order = order[stable_order(rows[order] - np.int32(r0), max(1, r1 - r0))]
@@ -86,6 +85,28 @@ def _block(pieces, key, indptr, r0, r1, merged=None):
                              f"index {int(cols[k])})")
     return BlockSide(indptr, r0, r1, np.ascontiguousarray(cols, dtype=np.int32),
                      np.ascontiguousarray(r, dtype=np.float32))
+
+
+def _in_column_order(cols, starts, threads=1):
+    """Whether the columns ``cols`` increase within each row (``starts``: where each row but
+    the first starts, in order), checked in spans of entries by ``threads`` threads."""
+    n = len(cols)
+    k = max(1, min(int(threads), n // MERGE_SPAN_MIN))
+    cuts = [n * j // k for j in range(k + 1)]
+
+    def span(j):
+        """Whether every step into entries ``cuts[j] + 1 .. cuts[j + 1]`` (the last span's:
+        to the end) goes up or starts a row."""
+        a, b = cuts[j], min(n, cuts[j + 1] + 1)
+        down = np.flatnonzero(cols[a + 1:b] <= cols[a:b - 1]) + (a + 1)
+        if len(down) > len(starts):
+            return False
+        at = np.minimum(np.searchsorted(starts, down), max(0, len(starts) - 1))
+        return bool(np.array_equal(starts[at], down)) if len(down) else True
+    if k == 1:
+        return span(0)
+    with concurrent.futures.ThreadPoolExecutor(k, thread_name_prefix="clmf-check") as pool:
+        return all(pool.map(span, range(k)))
 
 
 def _other_rows(key, r0, r1):

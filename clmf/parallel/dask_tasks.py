@@ -254,7 +254,8 @@ def _blocks(fit_id, d, static, collector, times=None, warm=None):
             got = collector.result()
             laps.lap("merge_wait")
             sides = {s: pool.submit(_block, got[s][0], s, collector.indptr[s],
-                                    *collector.bounds[s], got[s][1]) for s in SIDES}
+                                    *collector.bounds[s], got[s][1], collector.threads)
+                     for s in SIDES}
             users, items = sides["users"].result(), sides["items"].result()
             laps.lap("blocks")
             start, warm_times = warm.result()
