@@ -58,7 +58,7 @@ def _block(pieces, key, indptr, r0, r1, merged=None, threads=1):
                            f"{want} (a partition changed between passes over the data?)")
     counts = np.diff(indptr[r0:r1 + 1])
     if merged is None:
-        merged = _merge_rows(pieces, k_rows, counts, r0, r1, key)
+        merged = _merge_rows(pieces, k_rows, counts, r0, key, threads)
     if merged is not None:
         cols, r = merged
     else:
@@ -115,12 +115,13 @@ def _other_rows(key, r0, r1):
                         "partition changed between passes over the data?)")
 
 
-def _merge_rows(pieces, k_rows, counts, r0, r1, key):
-    """``(columns, values)`` of rows ``[r0, r1)`` (``counts`` entries each) by row, each row's
-    entries in piece order, from pieces that each run by row (field ``k_rows``): every piece's
-    entries written after the earlier pieces' entries of the same rows (a scatter that runs
-    forward, no sort); None when a piece does not run by row (:class:`RowMerger`)."""
-    merger = RowMerger(counts, r0, k_rows, key)
+def _merge_rows(pieces, k_rows, counts, r0, key, threads=1):
+    """``(columns, values)`` of rows ``r0, r0 + 1, ...`` (``counts`` entries each) by row, each
+    row's entries in piece order, from pieces that each run by row (field ``k_rows``): every
+    piece's entries written after the earlier pieces' entries of the same rows (a scatter that
+    runs forward, no sort, over ``threads`` threads); None when a piece does not run by row
+    (:class:`RowMerger`)."""
+    merger = RowMerger(counts, r0, k_rows, key, threads)
     for p in pieces:
         if not merger.add(p):
             return None
