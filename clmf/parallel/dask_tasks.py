@@ -433,7 +433,8 @@ def board_connect(fit_id, abort, *handles):
     are late). Returns ``{"staged": whether this worker's own rows pass through page-locked
     staging, "publish": how they reach its segment
     (:func:`~clmf.parallel.dask_board.publish_mode`), "copy_gbs": host copy rates out of and
-    into page-locked memory and between pageable arrays (GB/s; staged only)}``."""
+    into page-locked memory and between pageable arrays (GB/s; staged only), "ahead_wait_s":
+    seconds waited here for the staging arrays made during the build}``."""
     if any(h is None for h in handles):
         return None
     st = _state(fit_id)
@@ -441,7 +442,9 @@ def board_connect(fit_id, abort, *handles):
     w = st["worker"]
     staged = _staged(w)
     mode = BD.publish_mode()
+    t = time.perf_counter()
     made, rates = st.pop("ahead").result() if "ahead" in st else ([], None)
+    waited = time.perf_counter() - t            # (for the staging made during the build)
     if staged and rates is None:
         rates = BD.copy_rates(w.pinned_array)
 
@@ -458,7 +461,7 @@ def board_connect(fit_id, abort, *handles):
                                     _SegmentReader(w, st) if mode == "dma" else None)
                             if staged else None)
     return {"staged": staged, "publish": mode if staged else "none",
-            "copy_gbs": rates if staged else {}}
+            "copy_gbs": rates if staged else {}, "ahead_wait_s": waited}
 
 
 def _staged(w):
