@@ -353,7 +353,7 @@ def test_board_takes_the_page_locked_arrays_made_during_the_build(monkeypatch):
         ahead = list(st["ahead"].result()[0])       # (the board takes them off the list)
         assert [a.shape for a in ahead] == [(6, 2), (2, 2)]
         got = T.board_connect("clmf-test-ahead", "clmf-test-ahead-abort", *handles)
-        assert got["staged"] and got["copy_gbs"]["pageable"] > 0
+        assert got["staged"] and got["copy_gbs"]["pageable"] > 0 and got["ahead_wait_s"] >= 0
         board = st.pop("board")
         assert board.host["users"].mirror is ahead[0] and board.host["items"].mirror is ahead[1]
         assert len(made) == 3                     # the two mirrors and the rates' array only

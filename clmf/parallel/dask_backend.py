@@ -466,7 +466,7 @@ class DaskEngine:
                   "items": balanced_blocks(data.item_counts, self.n, self.fs)}
         static = {"shape": self.shape, "devices": list(zip(specs, ranks)),
                   "user_counts": data.user_counts,
-                  "item_counts": data.item_counts, "bounds": bounds,
+                  "item_counts": data.item_counts, "bounds": bounds, "owners": self.addrs,
                   "start": (start[0], self.f, start[1]) if start is not None else None}
         t0 = time.perf_counter()
         self.times = {}
@@ -502,7 +502,7 @@ class DaskEngine:
             self._plan(data, fit, modes, bounds)
             self.phase = "set-up"
             setup = {"plan": self.plan, "f": self.f, "biased": self.biased, "ldf": self.ldf,
-                     "itemsize": np.dtype(self.np_store).itemsize,
+                     "itemsize": np.dtype(self.np_store).itemsize, "store": self.np_store,
                      "config_pairs": self.config_pairs, "implicit_alpha": fit.kernel_alpha,
                      "max_device_memory": max_device_memory, "infos": self.infos,
                      "specs": list(specs), "ranks": list(ranks), "offset": float(offset)}

@@ -24,6 +24,10 @@ GATHER_THREADS_FROM = 1 << 20     # entries from which a block's gathers run in 
 # own thread)
 ENV_SPLIT_THREADS = "CLMF_DASK_SPLIT_THREADS"
 SPLIT_THREADS_MAX = 4
+# threads merging each side's large pieces into a worker's block (two sides at once): "auto"
+# (half its share of the host's cores, at most MERGE_THREADS_MAX) or a number (1: one thread)
+ENV_MERGE_THREADS = "CLMF_DASK_MERGE_THREADS"
+MERGE_THREADS_MAX = 8
 _SPLITS = {}              # set-up prefix → [seconds summed, first start, last end] of splits here
 _SPLIT_LOCK = threading.Lock()
 _SPLIT_SLOTS = []         # the semaphore bounding the splits run at once in this process
@@ -380,10 +384,26 @@ def split_threads(owners):
     """How many splits this worker runs at once: ``CLMF_DASK_SPLIT_THREADS``, else its host's
     cores over the fit's workers on the host (``owners``: their addresses), at most
     :data:`SPLIT_THREADS_MAX`; 1 outside a Dask worker."""
+    return _threads_here(owners, ENV_SPLIT_THREADS, SPLIT_THREADS_MAX, 1)
+
+
+def merge_threads(owners):
+    """How many threads merge each side's large pieces into this worker's blocks
+    (:class:`~clmf.parallel.dask_blocks.RowMerger`): ``CLMF_DASK_MERGE_THREADS``, else half of
+    its host's cores over the fit's workers on the host (the two sides merge at once;
+    ``owners``: their addresses), at most :data:`MERGE_THREADS_MAX`; 1 outside a Dask
+    worker."""
+    return _threads_here(owners, ENV_MERGE_THREADS, MERGE_THREADS_MAX, 2)
+
+
+def _threads_here(owners, env, most, per):
+    """The threads of one kind this Dask worker runs: the number in the variable ``env``, else
+    ("auto") its share of its host's cores (the host's cores over the fit's workers there,
+    ``owners`` their addresses) over ``per``, at most ``most``; 1 outside a Dask worker."""
     here = _address()
     if here is None:
         return 1
-    want = os.environ.get(ENV_SPLIT_THREADS, "auto").strip().lower()
+    want = os.environ.get(env, "auto").strip().lower()
     if want not in ("", "auto"):
         return max(1, int(want))
     try:
@@ -392,7 +412,7 @@ def split_threads(owners):
         cores = os.cpu_count() or 1
     host = here.rsplit(":", 1)[0]
     local = sum(1 for o in owners or () if o.rsplit(":", 1)[0] == host) or 1
-    return max(1, min(SPLIT_THREADS_MAX, cores // local))
+    return max(1, min(most, cores // local // per))
 
 
 @contextlib.contextmanager

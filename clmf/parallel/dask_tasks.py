@@ -42,6 +42,7 @@ from .dask_prepare import (  # noqa: F401 - the data preparation's tasks, for th
     sum_tallies,
     tally,
 )
+from .dask_start import padded_start, upload_start
 from .layout import Layout
 from .worker import SIDES, Exchange, other_side
 
@@ -197,22 +198,27 @@ def blocks(fit_id, d, static, _warmed, n_parts, *_taken):
     col = _collector(fit_id, d, static, n_parts)
     with _LOCK:
         warm = _WARM.pop(fit_id, None)
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clmf-blocks")
-    fut = pool.submit(_blocks, fit_id, d, static, col, split_times(setup_prefix(fit_id)),
-                      warm)   # (every split is done by now)
-    pool.shutdown(wait=False)
+    warm = warm or _in_thread("clmf-warm-up", _warm_up, d, static)     # (none submitted)
+    fut = _in_thread("clmf-blocks", _blocks, fit_id, d, static, col,
+                     split_times(setup_prefix(fit_id)), warm)   # (every split is done by now)
     with _LOCK:
-        _PENDING[fit_id] = fut
+        _PENDING[fit_id] = fut, warm
     return None
+
+
+def _in_thread(name, fn, *args):
+    """The future of ``fn(*args)`` run in a thread of its own (named ``name``)."""
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+    fut = pool.submit(fn, *args)
+    pool.shutdown(wait=False)
+    return fut
 
 
 def warm_up(fit_id, d, static):
     """Start, in a thread of its own, what this worker's set-up needs besides its blocks: its
     device's context and, where the fit draws them, the start factors (``static``: as for
     :func:`blocks`) — submitted with the splits, which it overlaps; :func:`blocks` takes it."""
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clmf-warm-up")
-    fut = pool.submit(_warm_up, d, static)
-    pool.shutdown(wait=False)
+    fut = _in_thread("clmf-warm-up", _warm_up, d, static)
     with _LOCK:
         _WARM[fit_id] = fut
 
@@ -248,7 +254,8 @@ def _blocks(fit_id, d, static, collector, times=None, warm=None):
             got = collector.result()
             laps.lap("merge_wait")
             sides = {s: pool.submit(_block, got[s][0], s, collector.indptr[s],
-                                    *collector.bounds[s], got[s][1]) for s in SIDES}
+                                    *collector.bounds[s], got[s][1], collector.threads)
+                     for s in SIDES}
             users, items = sides["users"].result(), sides["items"].result()
             laps.lap("blocks")
             start, warm_times = warm.result()
@@ -279,10 +286,7 @@ def _prebuild(dev, setup, d):
                             ldf=setup["ldf"])
             except Exception as e:     # noqa: BLE001 - the engine builds it again and reports
                 log.debug("prebuilding %s: %s", cfg, e)
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clmf-programs")
-    fut = pool.submit(run)
-    pool.shutdown(wait=False)
-    return fut
+    return _in_thread("clmf-programs", run)
 
 
 def build(fit_id, d, setup, _after=None, shared=False):
@@ -297,11 +301,12 @@ def build(fit_id, d, setup, _after=None, shared=False):
     from .worker import device_engine
     laps = Laps()
     with _LOCK:
-        pending = _PENDING.pop(fit_id, None)
+        pending, warm = _PENDING.pop(fit_id, (None, None))
     if pending is None:
         raise RuntimeError(f"this worker holds no blocks of fit {fit_id} (was it restarted?)")
     dev = worker_device(setup["specs"][d], setup["ranks"][d])
     programs = _prebuild(dev, setup, d)       # while the blocks are still being sorted
+    padded = _in_thread("clmf-start", padded_start, warm, setup)     # ... and merged
     layout, start, times = pending.result()
     laps.lap("blocks_wait")
     programs.result()
@@ -335,11 +340,9 @@ def build(fit_id, d, setup, _after=None, shared=False):
         _release_state(old)
     _stage_ahead(_STATE[fit_id])
     if start is not None:
-        from ..engine.factors import padded_factors
-        for side, M in zip(SIDES, start):
-            rows = layout[side].rows
-            write(fit_id, side, padded_factors(side, M, rows, setup["f"], setup["ldf"],
-                                               w.np_store, setup["biased"]))
+        hosts, laps.times["start_pad"] = padded.result()     # (laid out while merging)
+        laps.lap("start_pad_wait")
+        upload_start(w, hosts)
         laps.lap("start_upload")
     log.info("fit %s: worker %d holds %d user and %d item rows (%d + %d ratings); %s", fit_id, d,
              users.r1 - users.r0, items.r1 - items.r0, len(users.indices), len(items.indices),
@@ -430,7 +433,8 @@ def board_connect(fit_id, abort, *handles):
     are late). Returns ``{"staged": whether this worker's own rows pass through page-locked
     staging, "publish": how they reach its segment
     (:func:`~clmf.parallel.dask_board.publish_mode`), "copy_gbs": host copy rates out of and
-    into page-locked memory and between pageable arrays (GB/s; staged only)}``."""
+    into page-locked memory and between pageable arrays (GB/s; staged only), "ahead_wait_s":
+    seconds waited here for the staging arrays made during the build}``."""
     if any(h is None for h in handles):
         return None
     st = _state(fit_id)
@@ -438,7 +442,9 @@ def board_connect(fit_id, abort, *handles):
     w = st["worker"]
     staged = _staged(w)
     mode = BD.publish_mode()
+    t = time.perf_counter()
     made, rates = st.pop("ahead").result() if "ahead" in st else ([], None)
+    waited = time.perf_counter() - t            # (for the staging made during the build)
     if staged and rates is None:
         rates = BD.copy_rates(w.pinned_array)
 
@@ -455,7 +461,7 @@ def board_connect(fit_id, abort, *handles):
                                     _SegmentReader(w, st) if mode == "dma" else None)
                             if staged else None)
     return {"staged": staged, "publish": mode if staged else "none",
-            "copy_gbs": rates if staged else {}}
+            "copy_gbs": rates if staged else {}, "ahead_wait_s": waited}
 
 
 def _staged(w):
@@ -481,9 +487,7 @@ def _stage_ahead(st):
         """The staging arrays, then the copy rates."""
         arrays = [w.pinned_array(shape, dt) for shape, dt, _mirror in specs]
         return arrays, BD.copy_rates(w.pinned_array)
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clmf-stage")
-    st["ahead"] = pool.submit(make)
-    pool.shutdown(wait=False)
+    st["ahead"] = _in_thread("clmf-stage", make)
 
 
 class _SegmentReader:
@@ -707,13 +711,13 @@ def release(fit_id, *_after):
     tasks that must run first)."""
     with _LOCK:
         st = _STATE.pop(fit_id, None)
-        pending = _PENDING.pop(fit_id, None)
+        pending, warm_b = _PENDING.pop(fit_id, (None, None))
         warm = _WARM.pop(fit_id, None)
         merging = _MERGING.pop(fit_id, None)
         _RELEASED.append(fit_id)
     if merging is not None:       # pieces of a set-up that failed: stop waiting, unmap
         merging.close()
-    for fut in (pending, warm):   # blocks never taken by build (the set-up failed)
+    for fut in (pending, warm, warm_b):   # blocks never taken by build (a failed set-up)
         if fut is not None:
             fut.cancel()
     if st is not None:
