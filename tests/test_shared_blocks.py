@@ -327,40 +327,52 @@ def test_a_full_shared_memory_is_the_comms_not_a_crash(monkeypatch):
     assert _names("clmf-test-full2") == [] and _names("clmf-test-full3") == []
 
 
-def test_board_takes_the_page_locked_arrays_made_during_the_build(monkeypatch):
-    """The build starts making a worker's staging arrays (and measuring its copy rates) in a
-    thread (:func:`~clmf.parallel.dask_tasks._stage_ahead`); the board takes those arrays
-    instead of making its own, one per side as :func:`staging_specs` lists them."""
+def test_board_takes_the_page_locked_arrays_made_during_the_build(cl_device, monkeypatch):
+    """The build starts making a worker's staging arrays on its device's context (and measuring
+    its copy rates) in a thread before its blocks are merged
+    (:func:`~clmf.parallel.dask_tasks._stage_ahead`); the board takes those arrays instead of
+    making its own, one per side as :func:`staging_specs` lists them, and the engine adopts
+    their buffers (freed with it). No staging: nothing made ahead."""
     import types
-    made = []
+    made, adopted = [], []
+
+    class Plan(dict):
+        devices = 2
 
     def pinned_array(shape, dtype):
         """A plain array standing for a page-locked one (a row at least, as the engine's)."""
         made.append(np.zeros(tuple(max(1, x) for x in shape), dtype))
         return made[-1]
     bounds = {"users": np.array([0, 3, 6]), "items": np.array([0, 1, 2])}
-    plan = {s: types.SimpleNamespace(mode="replicate", bounds=b) for s, b in bounds.items()}
-    w = types.SimpleNamespace(pinned=True, pinned_array=pinned_array)
+    plan = Plan({s: types.SimpleNamespace(mode="replicate", bounds=b) for s, b in bounds.items()})
+    setup = {"plan": plan, "ldf": 2, "store": np.float32}
+    w = types.SimpleNamespace(pinned=True, pinned_array=pinned_array,
+                              adopt_staging=adopted.extend)
     segs = [shm.Segments(f"clmf-test-ahead-{d}") for d in range(2)]
     handles = [BD.board_create(segs[d], bounds, d, 2, np.float32) for d in range(2)]
     st = {"plan": plan, "worker": w, "shm": True, "d": 1, "ldf": 2, "store": np.float32,
           "attached": shm.Attached()}
     monkeypatch.setitem(T._STATE, "clmf-test-ahead", st)
     monkeypatch.delenv("CLMF_DASK_WORKER_LOOP", raising=False)
-    monkeypatch.delenv("CLMF_DASK_PINNED_STAGING", raising=False)
+    monkeypatch.setenv("CLMF_DASK_PINNED_STAGING", "1")        # (a CPU device: forced on)
     try:
-        T._stage_ahead(st)
+        st["ahead"] = T._stage_ahead(cl_device, setup, 1, True)
         ahead = list(st["ahead"].result()[0])       # (the board takes them off the list)
         assert [a.shape for a in ahead] == [(6, 2), (2, 2)]
         got = T.board_connect("clmf-test-ahead", "clmf-test-ahead-abort", *handles)
         assert got["staged"] and got["copy_gbs"]["pageable"] > 0 and got["ahead_wait_s"] >= 0
         board = st.pop("board")
         assert board.host["users"].mirror is ahead[0] and board.host["items"].mirror is ahead[1]
-        assert len(made) == 3                     # the two mirrors and the rates' array only
+        assert made == []                           # nothing made by the engine
+        assert len(adopted) == 3                    # the two mirrors and the rates' array
+        assert adopted[0][1] is ahead[0] and adopted[1][1] is ahead[1]
         board.close()
-        st2 = dict(st, shm=False)                 # no shared memory: nothing made ahead
-        T._stage_ahead(st2)
-        assert "ahead" not in st2
+        for buf, arr in adopted:
+            arr.base.release()
+            buf.release()
+        assert T._stage_ahead(cl_device, setup, 1, False) is None       # no shared memory
+        monkeypatch.setenv("CLMF_DASK_PINNED_STAGING", "0")
+        assert T._stage_ahead(cl_device, setup, 1, True) is None        # no staging
     finally:
         st["attached"].close()
         _close(segs, [])

@@ -393,6 +393,10 @@ class Engine:
         self._staging.append((buf, arr))
         return arr
 
+    def adopt_staging(self, pairs):
+        """Take ``(buffer, mapped array)`` pairs made in this context: freed by :meth:`release`."""
+        self._staging.extend(pairs)
+
     def _upload_chunk(self, side, bset, chunk, wait_for=None):
         """Copy rows ``chunk`` of a streamed ``side`` (rebased row pointers, entries) into a
         buffer set (through its pinned staging arrays when it has them); the last copy's

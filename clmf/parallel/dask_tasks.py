@@ -307,6 +307,7 @@ def build(fit_id, d, setup, _after=None, shared=False):
     dev = worker_device(setup["specs"][d], setup["ranks"][d])
     programs = _prebuild(dev, setup, d)       # while the blocks are still being sorted
     padded = _in_thread("clmf-start", padded_start, warm, setup)     # ... and merged
+    ahead = _stage_ahead(dev, setup, d, shared)          # the board's staging, likewise
     layout, start, times = pending.result()
     laps.lap("blocks_wait")
     programs.result()
@@ -338,7 +339,8 @@ def build(fit_id, d, setup, _after=None, shared=False):
                           "segments": shm.Segments(f"{fit_id}-{d}"), "attached": shm.Attached()}
     if old is not None:
         _release_state(old)
-    _stage_ahead(_STATE[fit_id])
+    if ahead is not None:
+        _STATE[fit_id]["ahead"] = ahead
     if start is not None:
         hosts, laps.times["start_pad"] = padded.result()     # (laid out while merging)
         laps.lap("start_pad_wait")
@@ -440,10 +442,13 @@ def board_connect(fit_id, abort, *handles):
     st = _state(fit_id)
     bounds = {s: st["plan"][s].bounds for s in SIDES}
     w = st["worker"]
-    staged = _staged(w)
+    staged = _staged(w.pinned)
     mode = BD.publish_mode()
     t = time.perf_counter()
-    made, rates = st.pop("ahead").result() if "ahead" in st else ([], None)
+    made, rates = [], None
+    if "ahead" in st:
+        made, rates, pairs = st.pop("ahead").result()
+        w.adopt_staging(pairs)
     waited = time.perf_counter() - t            # (for the staging made during the build)
     if staged and rates is None:
         rates = BD.copy_rates(w.pinned_array)
@@ -464,30 +469,50 @@ def board_connect(fit_id, abort, *handles):
             "copy_gbs": rates if staged else {}, "ahead_wait_s": waited}
 
 
-def _staged(w):
-    """Whether engine ``w``'s own rows pass through page-locked staging on a board
-    (``CLMF_DASK_PINNED_STAGING``, default: where the engine pins its host buffers)."""
+def _staged(pinned):
+    """Whether a worker's own rows pass through page-locked staging on a board
+    (``CLMF_DASK_PINNED_STAGING``, default: where its engine pins its host buffers,
+    ``pinned``: :attr:`clmf.engine.Engine.pinned`, a GPU's by default)."""
     pin = os.environ.get(ENV_STAGING, "auto").strip().lower()
-    return w.pinned if pin == "auto" else pin not in shm.OFF_WORDS
+    return pinned if pin == "auto" else pin not in shm.OFF_WORDS
 
 
-def _stage_ahead(st):
-    """Where this worker's share will run the workers' own loop with staging (shared memory,
-    several workers, both factors replicated, the loop not switched off), start making its
-    board's page-locked arrays and measuring its copy rates in a thread (``st["ahead"]``:
-    their future) while the build goes on: :func:`board_connect` then finds them made."""
-    plan, w = st["plan"], st["worker"]
-    if (not st["shm"] or shm.switched_off(BD.ENV_LOOP) or not _staged(w)
+def _stage_ahead(dev, setup, d, shared):
+    """Where worker ``d``'s share will run the workers' own loop with staging (shared memory,
+    several workers, both factors replicated, the loop not switched off, a device whose engine
+    pins its host buffers), start making its board's page-locked arrays on the device's
+    context and measuring its copy rates in a thread, before its blocks are merged: the future
+    of ``(arrays, copy rates, (buffer, array) pairs)`` (:func:`board_connect` takes the arrays,
+    the engine frees the pairs: :meth:`clmf.engine.Engine.adopt_staging`), else None."""
+    from ..engine.device import device_info, get_context
+    plan = setup["plan"]
+    if (not (shared and plan.devices > 1) or shm.switched_off(BD.ENV_LOOP)
+            or not _staged(device_info(dev).type == "GPU")      # (the engine's default)
             or any(plan[s].mode != "replicate" for s in SIDES)):
-        return
-    bounds = {s: plan[s].bounds for s in SIDES}
-    specs = BD.staging_specs(bounds, st["d"], st["ldf"], st["store"])
+        return None
+    specs = BD.staging_specs({s: plan[s].bounds for s in SIDES}, d, setup["ldf"],
+                             setup["store"])
 
     def make():
         """The staging arrays, then the copy rates."""
-        arrays = [w.pinned_array(shape, dt) for shape, dt, _mirror in specs]
-        return arrays, BD.copy_rates(w.pinned_array)
-    st["ahead"] = _in_thread("clmf-stage", make)
+        import pyopencl as cl
+        ctx = get_context(dev)[0]
+        q = cl.CommandQueue(ctx, dev)
+        pairs = []
+
+        def pinned(shape, dtype):
+            """A zeroed page-locked array in the device's context."""
+            shape = tuple(max(1, int(x)) for x in shape)
+            buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR,
+                            size=max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize))
+            arr, _ev = cl.enqueue_map_buffer(q, buf, cl.map_flags.READ | cl.map_flags.WRITE,
+                                             0, shape, dtype, is_blocking=True)
+            arr[...] = 0
+            pairs.append((buf, arr))
+            return arr
+        arrays = [pinned(shape, dt) for shape, dt, _mirror in specs]
+        return arrays, BD.copy_rates(pinned), pairs
+    return _in_thread("clmf-stage", make)
 
 
 class _SegmentReader:
@@ -742,6 +767,8 @@ def _release_state(st):
         ahead = st.pop("ahead", None)
         if ahead is not None:
             concurrent.futures.wait([ahead])     # (its failure: no board was made with them)
+            if ahead.exception() is None:
+                st["worker"].adopt_staging(ahead.result()[2])    # freed with the engine
         if st.get("board") is not None:
             st["board"].close()
         st["worker"].release()
