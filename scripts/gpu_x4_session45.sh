@@ -14,7 +14,11 @@
 #      batch's copies): Hugewiki x 0.25 on 1 GPU, then 4 GPUs at 256 (the default), 64 and 32
 #      MiB batches (scaleout.py --packed-batch-mb), this tree; then clmf.dask against the
 #      in-process fit on the Netflix shape (s/it; benchmarks/dask_gpu_runs.py), this tree.
-#   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x4_session45.sh a|b|c
+#   d: the exchanged sides' last launch tapered (few rows in flight when a device's kernels
+#      end): Netflix and 4 x Netflix on 1 and 4 GPUs with this tree, 4 GPUs with the wheel of
+#      08fd7d6 (.whl/base46: before the taper), alternating; then clmf.dask against the
+#      in-process fit on the Netflix shape (this tree).
+#   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x4_session45.sh a|b|c|d
 set -u
 OUT=${OUT:-/tmp/out}
 R=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -72,9 +76,20 @@ case "${1:-a}" in
     for d in "$W"/setup-*; do tail -n 4 "$d/README.md" 2>/dev/null | head -3; grep "^| median" "$d/README.md"; done
     cat "$W/scaleout/summary.md"
     ;;
-  c)
+  d)
+    $PY -m pip install -q --no-deps --target /tmp/site-base46 "$R"/.whl/base46/clmf-*.whl 2>&1 | tail -2
+    for p in netflix netflix-4x; do
+      scale new "$FRAC" 1,4 "" "$p"
+      scale base "$FRAC" 4 /tmp/site-base46 "$p"
+      scale new2 "$FRAC" 4 "" "$p"
+    done
+    DASK_ONLY=1
+    ;;&
+  c|d)
+    if [ -z "${DASK_ONLY:-}" ]; then
     scale new "${HW:-0.25}" 1 ""
     for mb in 256 64 32; do scale "pb$mb" "${HW:-0.25}" 4 "" hugewiki --packed-batch-mb "$mb"; done
+    fi
     t=$(left 580)
     if [ "$t" -gt 60 ]; then
       mkdir -p "$R/.data/parquet"
