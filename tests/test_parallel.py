@@ -353,57 +353,6 @@ def test_workers_replicate_and_reduce_match_engine(cl_device, mode, modes):
         assert rel_err(bu3, bu1) <= 1e-4 and rel_err(bi3, bi1) <= 1e-4
 
 
-def test_taper_cuts_the_last_launch_in_halves():
-    """The last launch of a side whose rows other devices take is cut in halves down to a few
-    rows; a split launch, and a side of one short launch, stay as they are."""
-    from clmf.engine.launch import taper
-    assert taper([(0, 100, 0, 0), (100, 54, 0, 0)], least=5) == [
-        (0, 100, 0, 0), (100, 27, 0, 0), (127, 13, 0, 0), (140, 7, 0, 0), (147, 7, 0, 0)]
-    assert taper([(0, 8, 0, 0)], least=5) == [(0, 8, 0, 0)]
-    assert taper([(0, 50, 3, 9)], least=5) == [(0, 50, 3, 9)]
-    assert taper([]) == []
-
-
-@pytest.mark.parametrize("modes", [("replicate", "replicate"), ("replicate", "reduce")])
-def test_published_sides_taper_their_last_launch(cl_device, monkeypatch, modes):
-    """Three workers: the sides whose solved rows go to the others end in tapered launches
-    (covering the block's rows once, in order); with the items reduced (no rows taken by the
-    others: the users' stay, the items' partial systems are summed) and in a one-device fit
-    nothing tapers; the factors are the one-device fit's."""
-    from clmf.engine import launch
-    from clmf.engine.config import KernelConfig
-    from clmf.parallel import MultiEngine, make_backend
-    monkeypatch.setattr(launch, "TAPER_ROWS", 2)
-    R = random_ratings(240, 110, 0.1, seed=9)
-    cfg = KernelConfig.parse("batch+reg:solver=cholesky,batch_rows=16")
-    X0, Y0 = reference.start_factors(*R.shape, 6, 0)
-    out, seen = [], []
-    for devs in ([cl_device], [cl_device] * 3):
-        e = (make_backend(devs, R, 6, [(cfg, cfg)]) if len(devs) == 1 else
-             MultiEngine(devs, R, 6, [(cfg, cfg)] * 3, modes=dict(zip(("users", "items"), modes))))
-        try:
-            for w in getattr(e, "workers", [e]):
-                for side in ("users", "items"):
-                    ls = w.launches[side]
-                    r0, r1 = w.dplan.sides[side].r0, w.dplan.sides[side].r1
-                    assert [x[0] for x in ls] == list(np.cumsum([0] + [x[1] for x in ls[:-1]]))
-                    assert sum(x[1] for x in ls) == r1 - r0
-                    tapered = len(ls) > -(-(r1 - r0) // 16)
-                    # (reduced items: the users' rows stay on their device, the items' are summed)
-                    published = len(devs) > 1 and modes[1] == "replicate"
-                    assert tapered == (published and (r1 - r0 - 1) % 16 + 1 > 4), (side, ls)
-                    seen.append(tapered)
-            e.set_factors("users", X0)
-            e.set_factors("items", Y0)
-            for _ in range(2):
-                e.iteration(0.1, True)
-            out.append((e.get_factors("users"), e.get_factors("items")))
-        finally:
-            e.release()
-    assert any(seen) == (modes[1] == "replicate")
-    assert rel_err(out[1][0], out[0][0]) <= 1e-4 and rel_err(out[1][1], out[0][1]) <= 1e-4
-
-
 @pytest.mark.parametrize("variant,mode", [
     ("batch+reg:solver=cg", "explicit"), ("batch+reg:solver=fusedcg", "implicit"),
     ("batch+reg:solver=cg", "biased"),

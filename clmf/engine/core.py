@@ -46,7 +46,6 @@ from .launch import (
     launch_solve,
     launch_split_batch,
     split_rows,
-    taper,
 )
 from .memory import SplitPlan, choose_batch_rows, plan_device, plan_fit, plan_split
 from .transpose import device_transpose
@@ -115,9 +114,10 @@ class Engine:
                 self.ctx, device, properties=cl.command_queue_properties.PROFILING_ENABLE)
         # in-order queues: compute (S1 → S2 → S3), stream (rating chunks host → device), out
         # (solved rows device → host) and into (other devices' rows host → device)
-        prof = cl.command_queue_properties.PROFILING_ENABLE
-        self.q = {"compute": self.queue, **{k: cl.CommandQueue(self.ctx, device, properties=prof)
-                                            for k in ("stream", "out", "into")}}
+        self.q = {"compute": self.queue}
+        for k in ("stream", "out", "into"):
+            self.q[k] = cl.CommandQueue(self.ctx, device,
+                                        properties=cl.command_queue_properties.PROFILING_ENABLE)
         self.f = int(f)                              # latent factors
         self.implicit = implicit_alpha is not None
         self.alpha = float(implicit_alpha or 0.0)
@@ -361,10 +361,8 @@ class Engine:
             return None
         sp_, bs = self.splits[side], self.batch_rows[side]
         rows = m.r1 - m.r0
-        if not sp_.active:       # rows that other devices take: the last launch tapered
-            out = [(r0, min(bs, rows - r0), 0, 0) for r0 in range(0, rows, bs)]
-            mine = self.frange[side] == self.share.blocks[side] or side in self.share.reduced
-            return out if mine else taper(out)
+        if not sp_.active:
+            return [(r0, min(bs, rows - r0), 0, 0) for r0 in range(0, rows, bs)]
         cl, mf, fs = self.cl, self.cl.mem_flags, self.fs
         indptr = self._resident_indptr[side]
         vindptr, vstart, launches = split_rows(indptr, sp_.threshold, bs, sp_.virtual_rows,

@@ -112,29 +112,6 @@ def launch_batch(kern, q, cfg, v, fs, indptr, indices, data, Yother, A, B, G, Xo
     return e1, e2, e3
 
 
-# a side of a multi-device fit whose solved rows go to the other devices: its last launch cut
-# in halves down to this many rows, so that few rows are still on their way to the other
-# devices when this device's kernels end (the exchange's exposed tail)
-TAPER_ROWS = 2048
-
-
-def taper(launches, least=None):
-    """Launches ``(row0, n, v0, nv)`` with the last, unless split, cut in halves until a piece
-    has at most ``2 · least`` rows (default :data:`TAPER_ROWS`; the rows a device publishes
-    after its kernels end)."""
-    least = TAPER_ROWS if least is None else int(least)
-    if not launches or launches[-1][3]:
-        return launches
-    row0, n, _v0, _nv = launches[-1]
-    out = list(launches[:-1])
-    while n > 2 * least:
-        h = n // 2
-        out.append((row0, h, 0, 0))
-        row0, n = row0 + h, n - h
-    out.append((row0, n, 0, 0))
-    return out
-
-
 def split_rows(indptr, threshold, batch_rows, virtual_rows, slots=0):
     """The pieces of a side's rows and its launches, built once on the host.
 
