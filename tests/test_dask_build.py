@@ -182,3 +182,28 @@ def test_column_order_check_over_threads_is_the_one_pass_check(threads, monkeypa
             cols[k] = cols[k - 1] - trial % 2
         starts = np.cumsum(counts)[:-1]
         assert B._in_column_order(cols, starts, threads) == one_pass(cols, counts)
+
+
+@pytest.mark.parametrize("slots", [1, 3])
+def test_scan_leaves_the_pool_where_the_host_has_cores(slots, monkeypatch):
+    """A partition's scan runs out of the worker's pool (``distributed.secede``: the worker
+    reads its next partition meanwhile) where the splits would (slots > 1), in the worker's
+    thread otherwise; the result is the same."""
+    import distributed
+    import pandas as pd
+    rng = np.random.default_rng(3)
+    df = pd.DataFrame({"user": rng.integers(0, 50, 400),
+                       "item": rng.integers(7, 90, 400),
+                       "rating": rng.random(400).astype(np.float32)})
+    want = P.scan(df, ("user", "item", "rating"), 0.5)
+    seceded = []
+    monkeypatch.setattr(P, "split_threads", lambda owners: slots)
+    monkeypatch.setattr(distributed, "secede", lambda: seceded.append(1))
+    monkeypatch.setattr(P, "_SPLIT_SLOTS", [])
+    got = P.scan(df, ("user", "item", "rating"), 0.5, owners=("tcp://h:1", "tcp://h:2"))
+    assert len(seceded) == (1 if slots > 1 else 0)
+    for a, b in zip(got, want):
+        if isinstance(a, tuple):
+            assert all(np.array_equal(x, y) for x, y in zip(a, b))
+        else:
+            assert a == b

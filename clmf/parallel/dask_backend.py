@@ -386,7 +386,8 @@ def prepare(client, X, columns=("user", "item", "rating"), maps=None, n_parts=No
     else:
         if maps is None:
             scanned = _tree(client, T.merge_scans,
-                            client.map(T.scan, parts, columns=tuple(columns), shift=shift))
+                            client.map(T.scan, parts, columns=tuple(columns), shift=shift,
+                                       owners=tuple(workers) if workers else None))
             uform, iform, *counted = scanned.result()
             (uidx, uc), (iidx, ic) = (_sorted_index(*_pair(T.ids_and_counts(form), col))
                                       for form, col in zip((uform, iform), columns[:2]))

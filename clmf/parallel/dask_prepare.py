@@ -182,14 +182,17 @@ def _stats(r):
             int((~np.isfinite(r)).sum()), float(r.max()) if r.size else -np.inf)
 
 
-def scan(df, columns, shift=0.0):
+def scan(df, columns, shift=0.0, owners=None):
     """One pass over a partition of raw-id ratings: both id columns' :func:`id_counts` and the
     ratings' (plus ``shift``) sum, minimum, non-finite count and maximum — what the id maps,
-    the per-row counts and the checks of a fit need, before any encoding."""
+    the per-row counts and the checks of a fit need, before any encoding. Run out of the
+    worker's pool where its host has the cores (as the splits: :func:`_split_slot`, ``owners``
+    the fit's workers), so that the worker reads its next partition meanwhile."""
     from ..data.frames import check_columns
-    ucol, icol, rcol = check_columns(df, columns)
-    return (id_counts(_values(df, ucol)), id_counts(_values(df, icol)),
-            *_stats(_ratings(df, rcol, shift)))
+    with _split_slot(owners):
+        ucol, icol, rcol = check_columns(df, columns)
+        return (id_counts(_values(df, ucol)), id_counts(_values(df, icol)),
+                *_stats(_ratings(df, rcol, shift)))
 
 
 def merge_scans(*parts):
@@ -417,9 +420,9 @@ def _threads_here(owners, env, most, per):
 
 @contextlib.contextmanager
 def _split_slot(owners):
-    """Run the enclosed split out of the worker's pool (:func:`distributed.secede`: the worker
-    starts its next split meanwhile) holding one of :func:`split_threads` slots of this
-    process; in the worker's own thread where that is 1."""
+    """Run the enclosed split (or scan) out of the worker's pool (:func:`distributed.secede`:
+    the worker starts its next task meanwhile) holding one of :func:`split_threads` slots of
+    this process; in the worker's own thread where that is 1."""
     k = split_threads(owners)
     if k <= 1:
         yield
