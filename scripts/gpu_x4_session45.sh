@@ -18,7 +18,9 @@
 #      end): Netflix and 4 x Netflix on 1 and 4 GPUs with this tree, 4 GPUs with the wheel of
 #      08fd7d6 (.whl/base46: before the taper), alternating; then clmf.dask against the
 #      in-process fit on the Netflix shape (this tree).
-#   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x4_session45.sh a|b|c|d
+#   e: clmf.dask's time to the first iteration again, this tree (the scans out of the workers'
+#      pools) against the wheel of 08fd7d6 (.whl/base46), alternating, twice each.
+#   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x4_session45.sh a|b|c|d|e
 set -u
 OUT=${OUT:-/tmp/out}
 R=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -75,6 +77,15 @@ case "${1:-a}" in
     scale new "$FRAC" 1,2,4 "" netflix-4x; pack
     for d in "$W"/setup-*; do tail -n 4 "$d/README.md" 2>/dev/null | head -3; grep "^| median" "$d/README.md"; done
     cat "$W/scaleout/summary.md"
+    ;;
+  e)
+    W=/tmp/w45e; mkdir -p "$W" "$R/.data/parquet"
+    $PY -m pip install -q --no-deps --target /tmp/site-base46 "$R"/.whl/base46/clmf-*.whl 2>&1 | tail -2
+    for k in 1 2; do
+      setup "new-$k" ""; pack
+      setup "base-$k" /tmp/site-base46; pack
+    done
+    for d in "$W"/setup-*; do echo "$d"; grep "^| [0-9]\|^| median" "$d/README.md"; done
     ;;
   d)
     $PY -m pip install -q --no-deps --target /tmp/site-base46 "$R"/.whl/base46/clmf-*.whl 2>&1 | tail -2
