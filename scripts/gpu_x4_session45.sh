@@ -20,7 +20,9 @@
 #      in-process fit on the Netflix shape (this tree).
 #   e: clmf.dask's time to the first iteration again, this tree (the scans out of the workers'
 #      pools) against the wheel of 08fd7d6 (.whl/base46), alternating, twice each.
-#   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x4_session45.sh a|b|c|d|e
+#   f: where a four-GPU iteration's time outside the kernels goes (benchmarks/multidev_trace.py:
+#      per device and half-step), Netflix, 4 x Netflix and Hugewiki x 0.25, this tree.
+#   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x4_session45.sh a|b|c|d|e|f
 set -u
 OUT=${OUT:-/tmp/out}
 R=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -77,6 +79,17 @@ case "${1:-a}" in
     scale new "$FRAC" 1,2,4 "" netflix-4x; pack
     for d in "$W"/setup-*; do tail -n 4 "$d/README.md" 2>/dev/null | head -3; grep "^| median" "$d/README.md"; done
     cat "$W/scaleout/summary.md"
+    ;;
+  f)
+    for p in netflix:1 netflix-4x:1 hugewiki:"${HW:-0.25}"; do
+      t=$(left 560)
+      [ "$t" -gt 60 ] || { echo "skip trace $p: ${t}s left"; continue; }
+      (cd /tmp && timeout "$t" $PY "$R/benchmarks/multidev_trace.py" "$OUT/trace-${p%%:*}" \
+          --preset "${p%%:*}" --fraction "${p##*:}" --gpus 4 --factors 100 --iterations 6 \
+          --devices "$([ "$DEV" = gpu ] && echo gpu || echo cpu)" --cache "$R/.data/layouts" \
+          2>&1 | grep -v "CompilerWarning\|lambda: self" | tail -16)
+      echo "trace $p: at +$(( $(date +%s) - START ))s"
+    done
     ;;
   e)
     W=/tmp/w45e; mkdir -p "$W" "$R/.data/parquet"

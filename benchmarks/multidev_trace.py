@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Where a multi-device iteration's time outside the kernels goes, per device and half-step
+(issue 28: on four H100s the wall exceeds the slowest device's kernels by 0.017–0.025 s an
+iteration on Netflix-shaped sets).
+
+    python benchmarks/multidev_trace.py OUTDIR --preset netflix [--fraction 1] [--gpus 4]
+        [--factors 100] [--iterations 6] [--cache DIR] [--devices gpu]
+
+Runs :func:`clmf.parallel.scaling.timed_fit` (the scale-out benchmark's fit: profiling on,
+one warm-up iteration) with host clocks around each :class:`clmf.parallel.MultiEngine`
+half-step (the main thread: submit to gather) and each device's part of it (its pool thread:
+entry to return), and that part's growth of the device's ``compute`` (entry to its kernels'
+end, as the engine measures it), ``exchange`` (its kernels' end to the last peer row on the
+device) and ``kernels`` (profiled busy time). Per half-step and device, in ms: ``start`` (the
+pool thread's entry after the submit), ``compute``, ``kernels``, ``idle`` (compute −
+kernels: the device waiting within its own part), ``exchange``, ``end`` (the gather's return
+after the thread's); per half-step the main thread's wall and the device whose kernels ended
+last. Writes ``OUTDIR/trace.json`` and ``OUTDIR/trace.md`` (medians over the timed
+iterations).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def instrument(log):
+    """Wrap the engines' and the multi-device backend's half-steps so that each appends its
+    host times to ``log`` (a list): ``("main", side, t_in, t_out)`` and ``("dev", index,
+    side, t_in, t_out, Δcompute, Δexchange, Δkernels)``."""
+    from clmf.engine.core import Engine
+    from clmf.parallel import backend
+    lock = threading.Lock()
+    engine_half, multi_half, piped = Engine.half_step, backend.MultiEngine.half_step, \
+        backend.pipelined
+
+    def record(eng, side, fn, *args, **kw):
+        """Run ``fn`` and log the device's part."""
+        before = (eng.times.get("compute", 0.0), eng.times.get("exchange", 0.0),
+                  eng.times.get("kernels", 0.0))
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kw)
+        finally:
+            t1 = time.perf_counter()
+            after = (eng.times.get("compute", 0.0), eng.times.get("exchange", 0.0),
+                     eng.times.get("kernels", 0.0))
+            with lock:
+                log.append(("dev", eng.index, side, t, t1,
+                            *(a - b for a, b in zip(after, before))))
+
+    def half_step(self, side, *args, **kw):
+        """An engine's half-step, timed."""
+        return record(self, side, engine_half, self, side, *args, **kw)
+
+    def pipelined(eng, side, *args, **kw):
+        """A reduced half-step of one device, timed."""
+        return record(eng, side, piped, eng, side, *args, **kw)
+
+    def multi(self, side, *args, **kw):
+        """The backend's half-step, timed."""
+        t = time.perf_counter()
+        try:
+            return multi_half(self, side, *args, **kw)
+        finally:
+            with lock:
+                log.append(("main", side, t, time.perf_counter()))
+    Engine.half_step = half_step
+    backend.pipelined = pipelined
+    backend.MultiEngine.half_step = multi
+
+
+def steps(log, n_dev):
+    """The log cut into half-steps: ``[(side, main wall, [per-device dict])]``."""
+    mains = [e for e in log if e[0] == "main"]
+    devs = [e for e in log if e[0] == "dev"]
+    out = []
+    for _k, side, t0, t1 in mains:
+        parts = sorted((e for e in devs if e[2] == side and t0 <= e[3] <= t1),
+                       key=lambda e: e[1])
+        if len(parts) != n_dev:
+            continue
+        out.append((side, t1 - t0, [
+            {"device": e[1], "start": e[3] - t0, "compute": e[5], "kernels": e[7],
+             "idle": e[5] - e[7], "exchange": e[6], "end": t1 - e[4],
+             "kernels_end": e[3] + e[5] - t0} for e in parts]))
+    return out
+
+
+def table(rows, n_dev):
+    """The markdown table of the medians per side and device (ms)."""
+    keys = ("start", "compute", "kernels", "idle", "exchange", "end")
+    lines = ["| half-step | main wall | device | " + " | ".join(keys) + " |",
+             "|---|---|---|" + "---|" * len(keys)]
+    for side in ("users", "items"):
+        mine = [r for r in rows if r[0] == side]
+        if not mine:
+            continue
+        wall = statistics.median(r[1] for r in mine) * 1e3
+        for d in range(n_dev):
+            vals = [statistics.median(r[2][d][k] for r in mine) * 1e3 for k in keys]
+            lines.append(f"| {side} | {wall:.2f} | {d} | "
+                         + " | ".join(f"{v:.2f}" for v in vals) + " |")
+        last = [max(range(n_dev), key=lambda d, r=r: r[2][d]["kernels_end"]) for r in mine]
+        lines.append(f"| {side} | | last kernels' end on device | "
+                     + ", ".join(str(x) for x in last) + " | | | | | |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    """Run the traced fit; see the module docstring."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("outdir")
+    ap.add_argument("--preset", default="netflix")
+    ap.add_argument("--fraction", type=float, default=1.0)
+    ap.add_argument("--gpus", type=int, default=4)
+    ap.add_argument("--devices", default="gpu", help="gpu or cpu")
+    ap.add_argument("--factors", type=int, default=100)
+    ap.add_argument("--iterations", type=int, default=6, help="timed, after one warm-up")
+    ap.add_argument("--cache", default=None, help="the layouts' folder (scaleout.py's)")
+    args = ap.parse_args(argv)
+    from scaleout import load_layout
+
+    from clmf.engine.device import device_info
+    from clmf.parallel import select_devices
+    from clmf.parallel.scaling import timed_fit
+    from clmf.provenance import commit
+    devs = select_devices(f"{args.devices}:all")[:args.gpus]
+    layout = load_layout(args.preset, args.fraction, args.cache)
+    log = []
+    instrument(log)
+    r = timed_fit(devs, layout, args.factors, iterations=args.iterations, budget_s=60,
+                  say=lambda m: print(m, flush=True), label=args.preset)
+    rows = steps(log, len(devs))[2:]             # the warm-up iteration's two left out
+    info = device_info(devs[0])
+    out = pathlib.Path(args.outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    rec = {"preset": args.preset, "fraction": args.fraction, "devices": len(devs),
+           "device": f"{info.platform} | {info.name}", "driver": info.driver,
+           "f": args.factors, "commit": commit(), "s_per_it": r["s_per_it"],
+           "split": r.get("split"), "configs": r.get("configs"),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "command": " ".join(["python"] + sys.argv), "half_steps": rows}
+    (out / "trace.json").write_text(json.dumps(rec, indent=1, default=str))
+    md = (f"# {args.preset}@{args.fraction:g} on {len(devs)} × {info.name}, f = {args.factors}: "
+          f"{r['s_per_it']:.4f} s/it\n\n{rec['date']}, commit {rec['commit']}, driver "
+          f"{info.driver}.\n\n    {rec['command']}\n\nMedians over {len(rows) // 2} timed "
+          f"iterations (ms; see the script's docstring):\n\n{table(rows, len(devs))}\n")
+    (out / "trace.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
