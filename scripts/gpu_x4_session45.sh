@@ -22,7 +22,10 @@
 #      pools) against the wheel of 08fd7d6 (.whl/base46), alternating, twice each.
 #   f: where a four-GPU iteration's time outside the kernels goes (benchmarks/multidev_trace.py:
 #      per device and half-step), Netflix, 4 x Netflix and Hugewiki x 0.25, this tree.
-#   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x4_session45.sh a|b|c|d|e|f
+#   g: the exchanged sides launched in 8 parts (each published as it ends): Netflix and
+#      4 x Netflix on 1 and 4 GPUs with this tree, 4 GPUs with the wheel of 08fd7d6
+#      (.whl/base46), then this tree again; the four-GPU trace of each with this tree.
+#   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x4_session45.sh a|b|c|d|e|f|g
 set -u
 OUT=${OUT:-/tmp/out}
 R=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -80,8 +83,18 @@ case "${1:-a}" in
     for d in "$W"/setup-*; do tail -n 4 "$d/README.md" 2>/dev/null | head -3; grep "^| median" "$d/README.md"; done
     cat "$W/scaleout/summary.md"
     ;;
-  f)
-    for p in netflix:1 netflix-4x:1 hugewiki:"${HW:-0.25}"; do
+  g)
+    $PY -m pip install -q --no-deps --target /tmp/site-base46 "$R"/.whl/base46/clmf-*.whl 2>&1 | tail -2
+    for p in netflix netflix-4x; do
+      scale new "$FRAC" 1,4 "" "$p"
+      scale base "$FRAC" 4 /tmp/site-base46 "$p"
+      scale new2 "$FRAC" 4 "" "$p"
+    done
+    cat "$W/scaleout/summary.md"
+    TRACES="netflix:1 netflix-4x:1"
+    ;;&
+  f|g)
+    for p in ${TRACES:-netflix:1 netflix-4x:1 hugewiki:"${HW:-0.25}"}; do
       t=$(left 560)
       [ "$t" -gt 60 ] || { echo "skip trace $p: ${t}s left"; continue; }
       (cd /tmp && timeout "$t" $PY "$R/benchmarks/multidev_trace.py" "$OUT/trace-${p%%:*}" \
