@@ -353,53 +353,6 @@ def test_workers_replicate_and_reduce_match_engine(cl_device, mode, modes):
         assert rel_err(bu3, bu1) <= 1e-4 and rel_err(bi3, bi1) <= 1e-4
 
 
-def test_exchange_batch_rows():
-    """A side whose rows other devices take is launched in at least EXCHANGE_LAUNCHES parts of
-    at least EXCHANGE_ROWS rows, never more rows than the plan's batch."""
-    from clmf.engine.launch import EXCHANGE_LAUNCHES, EXCHANGE_ROWS, exchange_batch_rows
-    assert exchange_batch_rows(65536, 120000) == -(-120000 // EXCHANGE_LAUNCHES)
-    assert exchange_batch_rows(65536, 10000) == EXCHANGE_ROWS
-    assert exchange_batch_rows(1000, 120000) == 1000
-
-
-@pytest.mark.parametrize("modes", [("replicate", "replicate"), ("replicate", "reduce")])
-def test_published_sides_launch_in_parts(cl_device, monkeypatch, modes):
-    """Three workers: the sides whose solved rows go to the others are launched in
-    EXCHANGE_LAUNCHES parts (covering the block's rows once, in order); with the items reduced
-    (the users' rows stay on their device, the items' partial systems are summed) and in a
-    one-device fit the plan's batches stay; the factors are the one-device fit's."""
-    from clmf.engine import launch
-    from clmf.engine.config import KernelConfig
-    from clmf.parallel import MultiEngine, make_backend
-    monkeypatch.setattr(launch, "EXCHANGE_ROWS", 2)
-    R = random_ratings(240, 110, 0.1, seed=9)
-    cfg = KernelConfig.parse("batch+reg:solver=cholesky,batch_rows=64")
-    X0, Y0 = reference.start_factors(*R.shape, 6, 0)
-    out = []
-    for devs in ([cl_device], [cl_device] * 3):
-        e = (make_backend(devs, R, 6, [(cfg, cfg)]) if len(devs) == 1 else
-             MultiEngine(devs, R, 6, [(cfg, cfg)] * 3, modes=dict(zip(("users", "items"), modes))))
-        try:
-            for w in getattr(e, "workers", [e]):
-                for side in ("users", "items"):
-                    ls = w.launches[side]
-                    rows = w.dplan.sides[side].r1 - w.dplan.sides[side].r0
-                    assert [x[0] for x in ls] == list(np.cumsum([0] + [x[1] for x in ls[:-1]]))
-                    assert sum(x[1] for x in ls) == rows
-                    published = len(devs) > 1 and modes[1] == "replicate"
-                    per = -(-rows // launch.EXCHANGE_LAUNCHES) if published else 64
-                    want = -(-rows // per)
-                    assert len(ls) == want, (side, rows, ls)
-            e.set_factors("users", X0)
-            e.set_factors("items", Y0)
-            for _ in range(2):
-                e.iteration(0.1, True)
-            out.append((e.get_factors("users"), e.get_factors("items")))
-        finally:
-            e.release()
-    assert rel_err(out[1][0], out[0][0]) <= 1e-4 and rel_err(out[1][1], out[0][1]) <= 1e-4
-
-
 @pytest.mark.parametrize("variant,mode", [
     ("batch+reg:solver=cg", "explicit"), ("batch+reg:solver=fusedcg", "implicit"),
     ("batch+reg:solver=cg", "biased"),

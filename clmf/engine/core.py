@@ -40,7 +40,6 @@ from .blocks import SIDES, Batch, Publisher, Share, SideData, fill, head_split, 
 from .device import device_info, get_context, thread_safe
 from .factors import half_rows, host_factor_rows, padded_base, padded_factors, unpadded_factors
 from .launch import (
-    exchange_batch_rows,
     gram_buffers,
     launch_batch,
     launch_gram,
@@ -115,9 +114,10 @@ class Engine:
                 self.ctx, device, properties=cl.command_queue_properties.PROFILING_ENABLE)
         # in-order queues: compute (S1 → S2 → S3), stream (rating chunks host → device), out
         # (solved rows device → host) and into (other devices' rows host → device)
-        prof = cl.command_queue_properties.PROFILING_ENABLE
-        self.q = {"compute": self.queue, **{k: cl.CommandQueue(self.ctx, device, properties=prof)
-                                            for k in ("stream", "out", "into")}}
+        self.q = {"compute": self.queue}
+        for k in ("stream", "out", "into"):
+            self.q[k] = cl.CommandQueue(self.ctx, device,
+                                        properties=cl.command_queue_properties.PROFILING_ENABLE)
         self.f = int(f)                              # latent factors
         self.implicit = implicit_alpha is not None
         self.alpha = float(implicit_alpha or 0.0)
@@ -361,9 +361,7 @@ class Engine:
             return None
         sp_, bs = self.splits[side], self.batch_rows[side]
         rows = m.r1 - m.r0
-        if not sp_.active:     # rows other devices take: published in parts as they end
-            if self.frange[side] != self.share.blocks[side] and side not in self.share.reduced:
-                bs = exchange_batch_rows(bs, rows)
+        if not sp_.active:
             return [(r0, min(bs, rows - r0), 0, 0) for r0 in range(0, rows, bs)]
         cl, mf, fs = self.cl, self.cl.mem_flags, self.fs
         indptr = self._resident_indptr[side]

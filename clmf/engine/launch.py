@@ -112,21 +112,6 @@ def launch_batch(kern, q, cfg, v, fs, indptr, indices, data, Yother, A, B, G, Xo
     return e1, e2, e3
 
 
-# a side of a multi-device fit whose solved rows the other devices take: launched in at least
-# this many parts (of at least EXCHANGE_ROWS rows), each published as it ends, so that the
-# copies overlap the kernels (4 x H100, Netflix: two launches of 65,536 user rows left most of
-# a half-step's 144 MB of uploads per device after its kernels, benchmarks/multidev_trace.py)
-EXCHANGE_LAUNCHES = 8
-EXCHANGE_ROWS = 4096
-
-
-def exchange_batch_rows(batch_rows, rows):
-    """Rows per launch of a side of ``rows`` rows whose solved rows other devices take: at most
-    ``batch_rows``, in at least :data:`EXCHANGE_LAUNCHES` parts of at least
-    :data:`EXCHANGE_ROWS` rows."""
-    return min(int(batch_rows), max(EXCHANGE_ROWS, -(-int(rows) // EXCHANGE_LAUNCHES)))
-
-
 def split_rows(indptr, threshold, batch_rows, virtual_rows, slots=0):
     """The pieces of a side's rows and its launches, built once on the host.
 
