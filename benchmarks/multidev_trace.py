@@ -4,7 +4,8 @@
 iteration on Netflix-shaped sets).
 
     python benchmarks/multidev_trace.py OUTDIR --preset netflix [--fraction 1] [--gpus 4]
-        [--factors 100] [--iterations 6] [--cache DIR] [--devices gpu]
+        [--factors 100] [--iterations 6] [--cache DIR] [--devices gpu] [--gc-off]
+        [--switch-interval S]
 
 Runs :func:`clmf.parallel.scaling.timed_fit` (the scale-out benchmark's fit: profiling on,
 one warm-up iteration) with host clocks around each :class:`clmf.parallel.MultiEngine`
@@ -16,7 +17,9 @@ pool thread's entry after the submit), ``compute``, ``kernels``, ``idle`` (compu
 kernels: the device waiting within its own part), ``exchange``, ``end`` (the gather's return
 after the thread's); per half-step the main thread's wall and the device whose kernels ended
 last. Writes ``OUTDIR/trace.json`` and ``OUTDIR/trace.md`` (medians over the timed
-iterations).
+iterations). ``--gc-off`` turns Python's cyclic garbage collector off for the fit,
+``--switch-interval`` sets the interpreter's thread switch interval (``sys.setswitchinterval``,
+default 0.005 s): telling the interpreter's lock and the collector apart as causes of the idle.
 """
 from __future__ import annotations
 
@@ -126,7 +129,14 @@ def main(argv=None):
     ap.add_argument("--factors", type=int, default=100)
     ap.add_argument("--iterations", type=int, default=6, help="timed, after one warm-up")
     ap.add_argument("--cache", default=None, help="the layouts' folder (scaleout.py's)")
+    ap.add_argument("--gc-off", action="store_true", help="no cyclic garbage collection")
+    ap.add_argument("--switch-interval", type=float, default=None)
     args = ap.parse_args(argv)
+    if args.gc_off:
+        import gc
+        gc.disable()
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     from scaleout import load_layout
 
     from clmf.engine.device import device_info
@@ -144,6 +154,7 @@ def main(argv=None):
     out = pathlib.Path(args.outdir)
     out.mkdir(parents=True, exist_ok=True)
     rec = {"preset": args.preset, "fraction": args.fraction, "devices": len(devs),
+           "gc_off": args.gc_off, "switch_interval": sys.getswitchinterval(),
            "device": f"{info.platform} | {info.name}", "driver": info.driver,
            "f": args.factors, "commit": commit(), "s_per_it": r["s_per_it"],
            "split": r.get("split"), "configs": r.get("configs"),
@@ -151,7 +162,8 @@ def main(argv=None):
            "command": " ".join(["python"] + sys.argv), "half_steps": rows}
     (out / "trace.json").write_text(json.dumps(rec, indent=1, default=str))
     md = (f"# {args.preset}@{args.fraction:g} on {len(devs)} × {info.name}, f = {args.factors}: "
-          f"{r['s_per_it']:.4f} s/it\n\n{rec['date']}, commit {rec['commit']}, driver "
+          f"{r['s_per_it']:.4f} s/it (gc {'off' if args.gc_off else 'on'}, switch interval "
+          f"{sys.getswitchinterval():g} s)\n\n{rec['date']}, commit {rec['commit']}, driver "
           f"{info.driver}.\n\n    {rec['command']}\n\nMedians over {len(rows) // 2} timed "
           f"iterations (ms; see the script's docstring):\n\n{table(rows, len(devs))}\n")
     (out / "trace.md").write_text(md)

@@ -25,7 +25,9 @@
 #   g: the exchanged sides launched in 8 parts (each published as it ends): Netflix and
 #      4 x Netflix on 1 and 4 GPUs with this tree, 4 GPUs with the wheel of 08fd7d6
 #      (.whl/base46), then this tree again; the four-GPU trace of each with this tree.
-#   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x4_session45.sh a|b|c|d|e|f|g
+#   h: the Netflix four-GPU trace as in f, then with Python's garbage collector off, then with
+#      a 0.2 ms thread switch interval, then both (benchmarks/multidev_trace.py).
+#   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x4_session45.sh a|b|c|d|e|f|g|h
 set -u
 OUT=${OUT:-/tmp/out}
 R=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -93,6 +95,16 @@ case "${1:-a}" in
     cat "$W/scaleout/summary.md"
     TRACES="netflix:1 netflix-4x:1"
     ;;&
+  h)
+    for v in plain gc:--gc-off si:--switch-interval=0.0002 both:--gc-off:--switch-interval=0.0002; do
+      name=${v%%:*}; extra=$(echo "${v#"$name"}" | tr ':' ' ')
+      (cd /tmp && timeout 100 $PY "$R/benchmarks/multidev_trace.py" "$OUT/trace-$name" \
+          --preset netflix --fraction "$FRAC" --gpus 4 --factors 100 --iterations 8 \
+          --devices "$([ "$DEV" = gpu ] && echo gpu || echo cpu)" --cache "$R/.data/layouts" \
+          $extra 2>&1 | grep -v "CompilerWarning\|lambda: self" | tail -14)
+      echo "trace $name: at +$(( $(date +%s) - START ))s"
+    done
+    ;;
   f|g)
     for p in ${TRACES:-netflix:1 netflix-4x:1 hugewiki:"${HW:-0.25}"}; do
       t=$(left 560)
