@@ -382,14 +382,7 @@ class Engine:
     def pinned_array(self, shape, dtype):
         """A zeroed page-locked host array in this device's context (unmapped and freed by
         :meth:`release`)."""
-        cl = self.cl
-        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR,
-                        size=max(1, nbytes))
-        arr, _ev = cl.enqueue_map_buffer(self.q["stream"], buf,
-                                         cl.map_flags.READ | cl.map_flags.WRITE, 0,
-                                         tuple(max(1, x) for x in shape), dtype, is_blocking=True)
-        arr[...] = 0
+        buf, arr = U.pinned_array(self.ctx, self.q["stream"], shape, dtype)
         self._staging.append((buf, arr))
         return arr
 

@@ -129,6 +129,20 @@ def widened(a, skew):
     return np.frombuffer(raw, np.uint8)
 
 
+def pinned_array(ctx, queue, shape, dtype):
+    """``(buffer, array)``: a zeroed page-locked host array of ``shape`` (a mapped
+    ``ALLOC_HOST_PTR`` buffer of ``ctx``, mapped on ``queue``; a row at least in each axis);
+    the caller unmaps (the array's ``base``) and frees the buffer."""
+    import pyopencl as cl
+    shape = tuple(max(1, int(x)) for x in shape)
+    buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR,
+                    size=int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    arr, _ev = cl.enqueue_map_buffer(queue, buf, cl.map_flags.READ | cl.map_flags.WRITE, 0,
+                                     shape, dtype, is_blocking=True)
+    arr[...] = 0
+    return buf, arr
+
+
 class _StagingCache:
     """Mapped pinned staging buffers kept between uploaders: per (context, size), at most
     :data:`STAGES` free ones, for the :data:`_KEPT_CONTEXTS` contexts used last (an older

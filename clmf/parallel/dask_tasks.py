@@ -485,6 +485,7 @@ def _stage_ahead(dev, setup, d, shared):
     of ``(arrays, copy rates, (buffer, array) pairs)`` (:func:`board_connect` takes the arrays,
     the engine frees the pairs: :meth:`clmf.engine.Engine.adopt_staging`), else None."""
     from ..engine.device import device_info, get_context
+    from ..engine.upload import pinned_array
     plan = setup["plan"]
     if (not (shared and plan.devices > 1) or shm.switched_off(BD.ENV_LOOP)
             or not _staged(device_info(dev).type == "GPU")      # (the engine's default)
@@ -502,14 +503,8 @@ def _stage_ahead(dev, setup, d, shared):
 
         def pinned(shape, dtype):
             """A zeroed page-locked array in the device's context."""
-            shape = tuple(max(1, int(x)) for x in shape)
-            buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR,
-                            size=max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize))
-            arr, _ev = cl.enqueue_map_buffer(q, buf, cl.map_flags.READ | cl.map_flags.WRITE,
-                                             0, shape, dtype, is_blocking=True)
-            arr[...] = 0
-            pairs.append((buf, arr))
-            return arr
+            pairs.append(pinned_array(ctx, q, shape, dtype))
+            return pairs[-1][1]
         arrays = [pinned(shape, dt) for shape, dt, _mirror in specs]
         return arrays, BD.copy_rates(pinned), pairs
     return _in_thread("clmf-stage", make)
