@@ -332,8 +332,11 @@ def test_board_takes_the_page_locked_arrays_made_during_the_build(cl_device, mon
     its copy rates) in a thread before its blocks are merged
     (:func:`~clmf.parallel.dask_tasks._stage_ahead`); the board takes those arrays instead of
     making its own, one per side as :func:`staging_specs` lists them, and the engine adopts
-    their buffers (freed with it). No staging: nothing made ahead."""
+    their buffers (freed with it); arrays no board took are freed (:func:`_free_ahead`: a
+    set-up that failed first). No staging: nothing made ahead."""
     import types
+
+    import pyopencl as cl
     made, adopted = [], []
 
     class Plan(dict):
@@ -370,6 +373,12 @@ def test_board_takes_the_page_locked_arrays_made_during_the_build(cl_device, mon
         for buf, arr in adopted:
             arr.base.release()
             buf.release()
+        unused = T._stage_ahead(cl_device, setup, 1, True)      # a set-up that failed first
+        pairs = unused.result()[2]
+        T._free_ahead(unused)                                   # unmapped and freed here
+        with pytest.raises(cl.LogicError):
+            pairs[0][0].release()
+        T._free_ahead(None)
         assert T._stage_ahead(cl_device, setup, 1, False) is None       # no shared memory
         monkeypatch.setenv("CLMF_DASK_PINNED_STAGING", "0")
         assert T._stage_ahead(cl_device, setup, 1, True) is None        # no staging

@@ -308,29 +308,33 @@ def build(fit_id, d, setup, _after=None, shared=False):
     programs = _prebuild(dev, setup, d)       # while the blocks are still being sorted
     padded = _in_thread("clmf-start", padded_start, warm, setup)     # ... and merged
     ahead = _stage_ahead(dev, setup, d, shared)          # the board's staging, likewise
-    layout, start, times = pending.result()
-    laps.lap("blocks_wait")
-    programs.result()
-    laps.lap("programs_wait")
-    plan = setup["plan"]
-    n = plan.devices
-    users, items = layout.users, layout.items
-    sources = {}
-    for s in SIDES:
-        if plan[s].mode == "reduce" and n > 1:
-            sources[s] = partial_layout(layout, s, *plan[other_side(s)].block(d))
-    all_sources = [{} for _ in range(n)]
-    all_sources[d] = sources
-    fs = unknowns(setup["f"], setup["biased"])
-    dplan = plan_fit(setup["infos"], layout, plan, fs, setup["ldf"], setup["itemsize"],
-                     setup["config_pairs"], setup["implicit_alpha"] is not None,
-                     setup["max_device_memory"], (), all_sources, pipelined=True)[d]
-    laps.lap("memory_plan")
-    pair = setup["config_pairs"][d]
-    w = device_engine(d, dev, layout, plan, dplan, setup["f"], setup["ldf"],
-                     {"users": pair[0], "items": pair[1]}, setup["implicit_alpha"],
-                     setup["biased"], setup["offset"], None, False, sources)
-    laps.lap("engine")
+    try:
+        layout, start, times = pending.result()
+        laps.lap("blocks_wait")
+        programs.result()
+        laps.lap("programs_wait")
+        plan = setup["plan"]
+        n = plan.devices
+        users, items = layout.users, layout.items
+        sources = {}
+        for s in SIDES:
+            if plan[s].mode == "reduce" and n > 1:
+                sources[s] = partial_layout(layout, s, *plan[other_side(s)].block(d))
+        all_sources = [{} for _ in range(n)]
+        all_sources[d] = sources
+        fs = unknowns(setup["f"], setup["biased"])
+        dplan = plan_fit(setup["infos"], layout, plan, fs, setup["ldf"], setup["itemsize"],
+                         setup["config_pairs"], setup["implicit_alpha"] is not None,
+                         setup["max_device_memory"], (), all_sources, pipelined=True)[d]
+        laps.lap("memory_plan")
+        pair = setup["config_pairs"][d]
+        w = device_engine(d, dev, layout, plan, dplan, setup["f"], setup["ldf"],
+                         {"users": pair[0], "items": pair[1]}, setup["implicit_alpha"],
+                         setup["biased"], setup["offset"], None, False, sources)
+        laps.lap("engine")
+    except BaseException:
+        _free_ahead(ahead)                 # (no engine or board took the staging over)
+        raise
     with _LOCK:
         old = _STATE.pop(fit_id, None)
         _STATE[fit_id] = {"worker": w, "layout": layout, "plan": plan, "d": d, "triples": {},
@@ -508,6 +512,14 @@ def _stage_ahead(dev, setup, d, shared):
         arrays = [pinned(shape, dt) for shape, dt, _mirror in specs]
         return arrays, BD.copy_rates(pinned), pairs
     return _in_thread("clmf-stage", make)
+
+
+def _free_ahead(ahead):
+    """Unmap and free the staging arrays of :func:`_stage_ahead` (its future, or None)."""
+    if ahead is not None and ahead.exception() is None:     # (waits for it)
+        for buf, arr in ahead.result()[2]:
+            arr.base.release()             # (on the queue that mapped it)
+            buf.release()
 
 
 class _SegmentReader:
@@ -759,11 +771,7 @@ def _release_state(st):
     """Free a fit's device worker and its shared segments (mapped and owned), once the
     staging arrays made ahead for its board (:func:`_stage_ahead`) are made."""
     try:
-        ahead = st.pop("ahead", None)
-        if ahead is not None:
-            concurrent.futures.wait([ahead])     # (its failure: no board was made with them)
-            if ahead.exception() is None:
-                st["worker"].adopt_staging(ahead.result()[2])    # freed with the engine
+        _free_ahead(st.pop("ahead", None))      # (made ahead, no board took them)
         if st.get("board") is not None:
             st["board"].close()
         st["worker"].release()
