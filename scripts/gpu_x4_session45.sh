@@ -39,6 +39,7 @@ left() { echo $(( ${1:-560} - ($(date +%s) - START) )); }
 W=${W:-$OUT}
 PY=${PY:-python3}          # CPU smoke test: PY=.venv/bin/python DEV=Portable FRAC=0.01 ... b
 DEV=${DEV:-gpu}
+KIND=$([ "$DEV" = gpu ] && echo gpu || echo cpu)    # the device type of scaleout.py and others
 FRAC=${FRAC:-1}
 scale() {  # scale TAG FRACTION GPUS SITE [PRESET [ARGS...]]: benchmarks/scaleout.py into $W/scaleout
     local tag=$1 frac=$2 gpus=$3 site=$4 preset=${5:-hugewiki} t
@@ -47,7 +48,7 @@ scale() {  # scale TAG FRACTION GPUS SITE [PRESET [ARGS...]]: benchmarks/scaleou
     [ "$t" -gt 40 ] || { echo "skip $tag $preset $frac $gpus: ${t}s left"; return; }
     (cd /tmp && PYTHONPATH=${site:+$site:}${PYTHONPATH:-} timeout "$t" $PY \
         "$R/benchmarks/scaleout.py" "$W/scaleout" --preset "$preset" --fraction "$frac" \
-        --devices "$([ "$DEV" = gpu ] && echo gpu || echo cpu)" \
+        --devices "$KIND" \
         --factors 100 --gpus "$gpus" --iterations 3 --budget 8 --cache "$R/.data/layouts" \
         --tag "$tag" "$@" 2>&1 | grep -v "CompilerWarning\|lambda: self" >> "$W/scaleout.log")
     echo "scaleout $tag $preset $frac $gpus: exit $? at +$(( $(date +%s) - START ))s"
@@ -64,9 +65,33 @@ setup() {  # setup TAG SITE: benchmarks/dask_setup.py (new workers per fit) into
     echo "setup $tag: exit $? at +$(( $(date +%s) - START ))s"
 }
 pack() { tar czf "$OUT/b.tgz" -C "$W" . ; }
+base() {  # base WHEEL_DIR SITE: the base wheel installed into SITE
+    $PY -m pip install -q --no-deps --target "$2" "$R"/.whl/"$1"/clmf-*.whl 2>&1 | tail -2
+}
+setups() {  # setups SITE: new and base (SITE) dask_setup.py runs alternating, twice each
+    for k in 1 2; do
+      setup "new-$k" ""; pack
+      setup "base-$k" "$1"; pack
+    done
+}
+pairs() {  # pairs SITE: Netflix and 4 x Netflix on 1 and 4 GPUs, new, base (SITE), new again
+    for p in netflix netflix-4x; do
+      scale new "$FRAC" 1,4 "" "$p"
+      scale base "$FRAC" 4 "$1" "$p"
+      scale new2 "$FRAC" 4 "" "$p"
+    done
+}
+trace() {  # trace NAME PRESET FRACTION ITERATIONS LIMIT LINES [ARGS...]: multidev_trace.py
+    local name=$1 preset=$2 frac=$3 its=$4 limit=$5 lines=$6
+    shift 6
+    (cd /tmp && timeout "$limit" $PY "$R/benchmarks/multidev_trace.py" "$OUT/trace-$name" \
+        --preset "$preset" --fraction "$frac" --gpus 4 --factors 100 --iterations "$its" \
+        --devices "$KIND" --cache "$R/.data/layouts" \
+        "$@" 2>&1 | grep -v "CompilerWarning\|lambda: self" | tail -"$lines")
+}
 case "${1:-a}" in
   a)
-    python3 -m pip install -q --no-deps --target /tmp/site-base "$R"/.whl/base45/clmf-*.whl 2>&1 | tail -2
+    base base45 /tmp/site-base
     scale new 0.25 1,2,4 ""
     scale base 0.25 2,4 /tmp/site-base
     rm -rf "$R/.data/layouts/hugewiki@0.25"
@@ -75,33 +100,24 @@ case "${1:-a}" in
     ;;
   b)
     W=/tmp/w45b; mkdir -p "$W" "$R/.data/parquet"
-    $PY -m pip install -q --no-deps --target /tmp/site-base "$R"/.whl/base45/clmf-*.whl 2>&1 | tail -2
-    for k in 1 2; do
-      setup "new-$k" ""; pack
-      setup "base-$k" /tmp/site-base; pack
-    done
+    base base45 /tmp/site-base
+    setups /tmp/site-base
     scale new "$FRAC" 1,2,4 "" netflix; pack
     scale new "$FRAC" 1,2,4 "" netflix-4x; pack
     for d in "$W"/setup-*; do tail -n 4 "$d/README.md" 2>/dev/null | head -3; grep "^| median" "$d/README.md"; done
     cat "$W/scaleout/summary.md"
     ;;
   g)
-    $PY -m pip install -q --no-deps --target /tmp/site-base46 "$R"/.whl/base46/clmf-*.whl 2>&1 | tail -2
-    for p in netflix netflix-4x; do
-      scale new "$FRAC" 1,4 "" "$p"
-      scale base "$FRAC" 4 /tmp/site-base46 "$p"
-      scale new2 "$FRAC" 4 "" "$p"
-    done
+    base base46 /tmp/site-base46
+    pairs /tmp/site-base46
     cat "$W/scaleout/summary.md"
     TRACES="netflix:1 netflix-4x:1"
     ;;&
   h)
     for v in plain gc:--gc-off si:--switch-interval=0.0002 both:--gc-off:--switch-interval=0.0002; do
-      name=${v%%:*}; extra=$(echo "${v#"$name"}" | tr ':' ' ')
-      (cd /tmp && timeout 100 $PY "$R/benchmarks/multidev_trace.py" "$OUT/trace-$name" \
-          --preset netflix --fraction "$FRAC" --gpus 4 --factors 100 --iterations 8 \
-          --devices "$([ "$DEV" = gpu ] && echo gpu || echo cpu)" --cache "$R/.data/layouts" \
-          $extra 2>&1 | grep -v "CompilerWarning\|lambda: self" | tail -14)
+      name=${v%%:*}
+      # shellcheck disable=SC2046 - the variant's options, split on purpose
+      trace "$name" netflix "$FRAC" 8 100 14 $(echo "${v#"$name"}" | tr ':' ' ')
       echo "trace $name: at +$(( $(date +%s) - START ))s"
     done
     ;;
@@ -109,29 +125,19 @@ case "${1:-a}" in
     for p in ${TRACES:-netflix:1 netflix-4x:1 hugewiki:"${HW:-0.25}"}; do
       t=$(left 560)
       [ "$t" -gt 60 ] || { echo "skip trace $p: ${t}s left"; continue; }
-      (cd /tmp && timeout "$t" $PY "$R/benchmarks/multidev_trace.py" "$OUT/trace-${p%%:*}" \
-          --preset "${p%%:*}" --fraction "${p##*:}" --gpus 4 --factors 100 --iterations 6 \
-          --devices "$([ "$DEV" = gpu ] && echo gpu || echo cpu)" --cache "$R/.data/layouts" \
-          2>&1 | grep -v "CompilerWarning\|lambda: self" | tail -16)
+      trace "${p%%:*}" "${p%%:*}" "${p##*:}" 6 "$t" 16
       echo "trace $p: at +$(( $(date +%s) - START ))s"
     done
     ;;
   e)
     W=/tmp/w45e; mkdir -p "$W" "$R/.data/parquet"
-    $PY -m pip install -q --no-deps --target /tmp/site-base46 "$R"/.whl/base46/clmf-*.whl 2>&1 | tail -2
-    for k in 1 2; do
-      setup "new-$k" ""; pack
-      setup "base-$k" /tmp/site-base46; pack
-    done
+    base base46 /tmp/site-base46
+    setups /tmp/site-base46
     for d in "$W"/setup-*; do echo "$d"; grep "^| [0-9]\|^| median" "$d/README.md"; done
     ;;
   d)
-    $PY -m pip install -q --no-deps --target /tmp/site-base46 "$R"/.whl/base46/clmf-*.whl 2>&1 | tail -2
-    for p in netflix netflix-4x; do
-      scale new "$FRAC" 1,4 "" "$p"
-      scale base "$FRAC" 4 /tmp/site-base46 "$p"
-      scale new2 "$FRAC" 4 "" "$p"
-    done
+    base base46 /tmp/site-base46
+    pairs /tmp/site-base46
     DASK_ONLY=1
     ;;&
   c|d)
@@ -144,7 +150,7 @@ case "${1:-a}" in
       mkdir -p "$R/.data/parquet"
       (cd /tmp && timeout "$t" $PY "$R/benchmarks/dask_gpu_runs.py" "$W/dask" --preset netflix \
           --fraction "$FRAC" --transport shm --iterations 4 --budget 10 \
-          --devices "$([ "$DEV" = gpu ] && echo gpu || echo cpu)" \
+          --devices "$KIND" \
           --data-dir "$R/.data/parquet" 2>&1 | grep -v "CompilerWarning\|lambda: self" > "$W/dask.log")
       echo "dask: at +$(( $(date +%s) - START ))s"
     fi
