@@ -137,7 +137,7 @@ class Engine:
         self.np_store = np.float16 if self.storage == "float16" else np.float32
         self.itemsize = np.dtype(self.np_store).itemsize
         self.profile = profile
-        self.pinned = (self.info.type == "GPU") if pinned is None else bool(pinned)
+        self.pinned = U.pins_host(self.info) if pinned is None else bool(pinned)
         self.times = {"compute": 0.0, "exchange": 0.0}
         self.stage_times = {"s1": 0.0, "s2": 0.0, "s3": 0.0, "combine": 0.0}
         self._staging = []          # (buffer, mapped arrays) to unmap at release

@@ -52,6 +52,12 @@ def zero_copy(info):
     return info.type == "CPU" and "oclgrind" not in info.platform.lower()
 
 
+def pins_host(info):
+    """Whether an engine pins its host buffers (page-locked staging, streamed chunks, exchanged
+    rows) unless told: on GPUs, where page-locked memory copies at the bus's speed."""
+    return info.type == "GPU"
+
+
 def needs_aligned_host(info):
     """Whether the device's runtime reads ``USE_HOST_PTR`` host arrays in place only when they
     are aligned, copying them itself otherwise: Intel's CPU runtime (45–100 ms per 100 MB for

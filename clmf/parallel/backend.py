@@ -17,6 +17,7 @@ import numpy as np
 from ..engine.factors import padded_factors, unpadded_factors
 from ..engine.memory import plan_device, plan_split
 from ..engine.reduce import pipelined
+from ..engine.upload import pins_host
 from ..interrupts import deferred_interrupts
 from ..tuning.spec import common_ldf, row_width, unknowns
 from .layout import Layout, SideLayout, transpose_csr
@@ -225,7 +226,7 @@ class MultiEngine:
         self.configs = [{"users": p[0], "items": p[1]} for p in self.config_pairs]
         # the exchange's host arrays: page-locked (in the first device's context) on GPUs when
         # they are exchanged and not huge, which speeds up that device's copies at least
-        pin = any(i.type == "GPU" for i in self.infos) if pinned is None else bool(pinned)
+        pin = any(pins_host(i) for i in self.infos) if pinned is None else bool(pinned)
         self.pin = pin
         self.host = {}
         for s in SIDES:

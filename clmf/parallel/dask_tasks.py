@@ -489,10 +489,10 @@ def _stage_ahead(dev, setup, d, shared):
     of ``(arrays, copy rates, (buffer, array) pairs)`` (:func:`board_connect` takes the arrays,
     the engine frees the pairs: :meth:`clmf.engine.Engine.adopt_staging`), else None."""
     from ..engine.device import device_info, get_context
-    from ..engine.upload import pinned_array
+    from ..engine.upload import pinned_array, pins_host
     plan = setup["plan"]
     if (not (shared and plan.devices > 1) or shm.switched_off(BD.ENV_LOOP)
-            or not _staged(device_info(dev).type == "GPU")      # (the engine's default)
+            or not _staged(pins_host(device_info(dev)))      # (the engine's default)
             or any(plan[s].mode != "replicate" for s in SIDES)):
         return None
     specs = BD.staging_specs({s: plan[s].bounds for s in SIDES}, d, setup["ldf"],
