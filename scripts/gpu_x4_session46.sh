@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# 4-GPU commands (stop 46), issue 28:
+#   a: every command of each device's half-steps timed on the host (the enqueue calls) and on the
+#      device (queued / submit / start / end): Netflix on 4 and 2 GPUs, 4 x Netflix on 4 GPUs
+#      (benchmarks/multidev_trace.py --events), this tree — is a device's idle within its part
+#      the host enqueuing late (the interpreter's or the driver's lock) or the device waiting?
+#   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x4_session46.sh a
+set -u
+OUT=${OUT:-/tmp/out}
+R=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+mkdir -p "$OUT" "$R/.data/layouts"
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpus.csv" 2>/dev/null
+START=$(date +%s)
+left() { echo $(( ${1:-560} - ($(date +%s) - START) )); }
+PY=${PY:-python3}          # CPU smoke test: PY=.venv/bin/python DEV=cpu FRAC=0.005 ... a
+DEV=${DEV:-gpu}
+FRAC=${FRAC:-1}
+GPUS=${GPUS:-4}
+trace() {  # trace NAME PRESET FRACTION GPUS ITERATIONS LINES [ARGS...]: multidev_trace.py
+    local name=$1 preset=$2 frac=$3 gpus=$4 its=$5 lines=$6 t
+    shift 6
+    t=$(left 560)
+    [ "$t" -gt 50 ] || { echo "skip trace $name: ${t}s left"; return; }
+    (cd /tmp && timeout "$t" $PY "$R/benchmarks/multidev_trace.py" "$OUT/trace-$name" \
+        --preset "$preset" --fraction "$frac" --gpus "$gpus" --factors 100 --iterations "$its" \
+        --devices "$DEV" --cache "$R/.data/layouts" \
+        "$@" 2>&1 | grep -v "CompilerWarning\|lambda: self" | tail -"$lines")
+    echo "trace $name: at +$(( $(date +%s) - START ))s"
+}
+case "${1:-a}" in
+  a)
+    trace netflix-4 netflix "$FRAC" "$GPUS" 6 30 --events
+    trace netflix-2 netflix "$FRAC" 2 6 24 --events
+    trace netflix4x-4 netflix-4x "$FRAC" "$GPUS" 4 30 --events
+    ;;
+esac
