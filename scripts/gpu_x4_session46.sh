@@ -4,6 +4,9 @@
 #      device (queued / submit / start / end): Netflix on 4 and 2 GPUs, 4 x Netflix on 4 GPUs
 #      (benchmarks/multidev_trace.py --events), this tree — is a device's idle within its part
 #      the host enqueuing late (the interpreter's or the driver's lock) or the device waiting?
+#   b: host memory kinds per device context (benchmarks/host_pin_contexts.py), then the Netflix
+#      and 4 x Netflix four-GPU traces with the exchange's page-locked arrays registered in every
+#      device's context (CLMF_EXCHANGE_REGISTER=1) and not (0, as before), alternating.
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x4_session46.sh a
 set -u
 OUT=${OUT:-/tmp/out}
@@ -33,5 +36,19 @@ case "${1:-a}" in
     trace netflix-4 netflix "$FRAC" "$GPUS" 6 30 --events
     trace netflix-2 netflix "$FRAC" 2 6 24 --events
     trace netflix4x-4 netflix-4x "$FRAC" "$GPUS" 4 30 --events
+    ;;
+  b)
+    (cd /tmp && timeout 120 $PY "$R/benchmarks/host_pin_contexts.py" "$OUT/pin" --devices "$DEV" \
+        --megabytes 48 --chunks 12 2>&1 | grep -v "CompilerWarning\|lambda: self" | tail -60)
+    for k in 1 2; do
+      for r in 0 1; do
+        CLMF_EXCHANGE_REGISTER=$r trace "netflix-r$r-$k" netflix "$FRAC" "$GPUS" 6 14 --events
+      done
+    done
+    for r in 0 1; do
+      CLMF_EXCHANGE_REGISTER=$r trace "netflix4x-r$r" netflix-4x "$FRAC" "$GPUS" 4 14 --events
+    done
+    tar czf "$OUT/b.tgz" -C "$OUT" pin $(cd "$OUT" && ls -d trace-*)
+    rm -rf "$OUT"/trace-* "$OUT/pin"
     ;;
 esac
