@@ -7,6 +7,11 @@
 #   b: host memory kinds per device context (benchmarks/host_pin_contexts.py), then the Netflix
 #      and 4 x Netflix four-GPU traces with the exchange's page-locked arrays registered in every
 #      device's context (CLMF_EXCHANGE_REGISTER=1) and not (0, as before), alternating.
+#   c: a resident side's kernels all enqueued before its rows are read back, the flag reset by a
+#      fill, the flag read into page-locked memory ("new", this tree) against the wheel of
+#      1a363eb (.whl/base47, "base"): Netflix and 4 x Netflix on 1 and 4 GPUs new, 4 GPUs base,
+#      4 GPUs new again (benchmarks/scaleout.py); the Netflix four-GPU trace with --events
+#      (new); then Hugewiki x 0.25 on 4 GPUs new and base, time allowing.
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x4_session46.sh a
 set -u
 OUT=${OUT:-/tmp/out}
@@ -31,6 +36,22 @@ trace() {  # trace NAME PRESET FRACTION GPUS ITERATIONS LINES [ARGS...]: multide
         "$@" 2>&1 | grep -v "CompilerWarning\|lambda: self" | tail -"$lines")
     echo "trace $name: at +$(( $(date +%s) - START ))s"
 }
+W=$OUT
+scale() {  # scale TAG FRACTION GPUS SITE [PRESET [ARGS...]]: benchmarks/scaleout.py into $W/scaleout
+    local tag=$1 frac=$2 gpus=$3 site=$4 preset=${5:-hugewiki} t
+    shift 4; [ $# -gt 0 ] && shift
+    t=$(left 570)
+    [ "$t" -gt 40 ] || { echo "skip $tag $preset $frac $gpus: ${t}s left"; return; }
+    (cd /tmp && PYTHONPATH=${site:+$site:}${PYTHONPATH:-} timeout "$t" $PY \
+        "$R/benchmarks/scaleout.py" "$W/scaleout" --preset "$preset" --fraction "$frac" \
+        --devices "$DEV" \
+        --factors 100 --gpus "$gpus" --iterations 3 --budget 8 --cache "$R/.data/layouts" \
+        --tag "$tag" "$@" 2>&1 | grep -v "CompilerWarning\|lambda: self" >> "$W/scaleout.log")
+    echo "scaleout $tag $preset $frac $gpus: exit $? at +$(( $(date +%s) - START ))s"
+}
+base() {  # base WHEEL_DIR SITE: the base wheel installed into SITE
+    $PY -m pip install -q --no-deps --target "$2" "$R"/.whl/"$1"/clmf-*.whl 2>&1 | tail -2
+}
 case "${1:-a}" in
   a)
     trace netflix-4 netflix "$FRAC" "$GPUS" 6 30 --events
@@ -50,5 +71,20 @@ case "${1:-a}" in
     done
     tar czf "$OUT/b.tgz" -C "$OUT" pin $(cd "$OUT" && ls -d trace-*)
     rm -rf "$OUT"/trace-* "$OUT/pin"
+    ;;
+  c)
+    base base47 /tmp/site-base
+    for p in netflix netflix-4x; do
+      scale new "$FRAC" 1,4 "" "$p"
+      scale base "$FRAC" 4 /tmp/site-base "$p"
+      scale new2 "$FRAC" 4 "" "$p"
+    done
+    cat "$W/scaleout/summary.md"
+    trace netflix-new netflix "$FRAC" "$GPUS" 6 30 --events
+    scale new "${HW:-0.25}" 4 "" hugewiki
+    scale base "${HW:-0.25}" 4 /tmp/site-base hugewiki
+    cat "$W/scaleout/summary.md" | tail -3
+    tar czf "$OUT/c.tgz" -C "$OUT" scaleout scaleout.log $(cd "$OUT" && ls -d trace-*)
+    rm -rf "$OUT"/trace-* "$OUT/scaleout"
     ;;
 esac

@@ -587,3 +587,68 @@ def test_float16_exchange_keeps_the_rmse(cl_device):
     assert 0 < rel_err(x16, x32) <= 1e-2 and 0 < rel_err(y16, y32) <= 1e-2
     with pytest.raises(ValueError, match="exchange_dtype"):
         MultiEngine([cl_device] * 2, R, 6, [(cfg, cfg)] * 2, exchange_dtype="bf16")
+
+
+def test_resident_side_reads_rows_back_after_all_its_kernels(cl_device, monkeypatch):
+    """A resident side's half-step enqueues every launch before the first read-back of solved
+    rows (a driver that holds a copy's enqueue call must not starve the device of kernels),
+    publishes every batch's rows, and still gives the one-device answer; the singular-row flag
+    is reset by a fill each half-step (no host copy)."""
+    from clmf.engine import core
+    from clmf.engine.config import KernelConfig
+    from clmf.parallel import MultiEngine, make_backend
+    R = random_ratings(300, 90, 0.12, seed=4)
+    m, n = R.shape
+    cfg = KernelConfig.parse("batch+reg:solver=cholesky,batch_rows=16")
+    X0, Y0 = reference.start_factors(m, n, 5, 1)
+    log = []
+    launch, read = core.launch_batch, core.Engine.read_rows
+    fills = []
+    fill = core.Engine.reset_status
+
+    def spy_launch(*a, **kw):
+        log.append("launch")
+        return launch(*a, **kw)
+
+    def spy_read(self, side, host, r0, r1, blocking=True, wait_for=None):
+        log.append(("read", r1 - r0))
+        return read(self, side, host, r0, r1, blocking, wait_for)
+
+    def spy_fill(self):
+        fills.append(self.index)
+        return fill(self)
+    out = []
+    for devs in ([cl_device], [cl_device] * 2):
+        e = (make_backend(devs, R, 5, [(cfg, cfg)]) if len(devs) == 1 else
+             MultiEngine(devs, R, 5, [(cfg, cfg)] * 2, modes={"users": "replicate",
+                                                              "items": "replicate"}))
+        try:
+            e.set_factors("users", X0)
+            e.set_factors("items", Y0)
+            if len(devs) == 2:
+                assert all(w.dplan.sides[s].resident for w in e.workers for s in ("users",
+                                                                                 "items"))
+                monkeypatch.setattr(core, "launch_batch", spy_launch)
+                monkeypatch.setattr(core.Engine, "read_rows", spy_read)
+                monkeypatch.setattr(core.Engine, "reset_status", spy_fill)
+                # one device's half-step alone, so that its calls are in order
+                from clmf.parallel.worker import Exchange
+                ex = Exchange("users", e.host["users"], 2, needed=True)
+                w = e.workers[0]
+                ex.finish(1)              # the other device published nothing
+                w.half_step("users", 0.1, True, ex)
+                reads = [x for x in log if x != "launch"]
+                assert log.count("launch") >= 3 and len(reads) == log.count("launch")
+                assert log.index(reads[0]) == log.count("launch")   # all launches first
+                mine = w.dplan.sides["users"]      # the rows this device solves
+                assert sum(x[1] for x in reads) == mine.r1 - mine.r0
+                assert ex.chunks[-1][2] == mine.r1
+                assert fills == [w.index]
+                monkeypatch.undo()
+            for _ in range(2):
+                e.iteration(0.1, True)
+            e.finish()
+            out.append((e.get_factors("users"), e.get_factors("items")))
+        finally:
+            e.release()
+    assert rel_err(out[1][0], out[0][0]) <= 1e-4 and rel_err(out[1][1], out[0][1]) <= 1e-4

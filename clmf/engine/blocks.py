@@ -165,6 +165,34 @@ class Publisher:
             self.exchange.fail(e)
 
 
+def account(times, stage_times, events, stream_events=(), copy_events=()):
+    """Add profiled events' device seconds to an engine's ``times`` and ``stage_times``: each
+    launch's ``(s1, s2, s3, combine)`` events per stage and as ``kernels``; the streamed and
+    exchanged copies' busy time."""
+    def busy(evs):
+        """Seconds the events ran."""
+        return sum((e.profile.end - e.profile.start) * 1e-9 for e in evs if e is not None)
+    for e1, e2, e3, ec in events:
+        for key, e in (("s1", e1), ("s2", e2), ("s3", e3), ("combine", ec)):
+            if e is not None:
+                t = (e.profile.end - e.profile.start) * 1e-9
+                stage_times[key] = stage_times.get(key, 0.0) + t
+                times["kernels"] = times.get("kernels", 0.0) + t
+    for key, evs in (("stream_copies", stream_events), ("exchange_copies", copy_events)):
+        if evs:
+            times[key] = times.get(key, 0.0) + busy(evs)
+
+
+def publish_rows(engine, side, exchange, publisher, copy_events, item):
+    """Have ``engine`` read its solved rows ``item = (event, first row, count)`` of ``side``
+    into ``exchange.host`` once ``event`` ends, and hand the copy to ``publisher`` (its event
+    also appended to ``copy_events``)."""
+    done, g0, n = item
+    ev = engine.read_rows(side, exchange.host, g0, g0 + n, blocking=False, wait_for=[done])
+    copy_events.append(ev)
+    publisher.put(ev, g0, g0 + n)
+
+
 def fill(pool, dst, src):
     """``dst[:len(src)] = src`` in up to four host threads of ``pool`` (a one-element list
     holding the executor, created on first need; NumPy releases the GIL)."""

@@ -30,6 +30,7 @@ from ..data.scan import count_columns
 from ..errors import SingularSystemError
 from ..interrupts import deferred_interrupts, drain
 from ..tuning.spec import row_width, unknowns
+from . import blocks as BL
 from . import device_metrics as DM
 from . import kernels as K
 from . import programs as P
@@ -147,7 +148,7 @@ class Engine:
         self._factor_hosts = {}     # host arrays the factor buffers wrap
         self._half_stage = {}       # queue -> staging buffer of a float16 exchange
         self._hold = [np.zeros(1, np.int32), np.zeros(1, np.float32)]
-        self._ok = np.array([_INT_MAX], np.int32)
+        self._ok, self._st = np.array([_INT_MAX], np.int32), None
         self.buf = {s: {} for s in SIDES}
         self.factors = {}
         self.entry_offset = {s: 0 for s in SIDES}    # see _upload_side
@@ -419,6 +420,20 @@ class Engine:
         return ev
 
     # ----- copies in flight ------------------------------------------------------------------
+    def _status_host(self):
+        """The host word the flag is read into: page-locked where the engine pins (a pageable
+        one costs a staged copy in the driver), made at the first read."""
+        if not self.pinned:
+            return np.empty(1, np.int32)
+        if self._st is None:
+            self._st = self.pinned_array((1,), np.int32)
+        return self._st
+
+    def reset_status(self):
+        """Enqueue the singular-row flag's reset (a fill: no host memory, which a driver may
+        copy through a staging buffer while holding its lock)."""
+        self.cl.enqueue_fill_buffer(self.queue, self.status, self._ok, 0, 4)
+
     def keep(self, ev):
         """Hold a non-blocking copy's event until the copy has completed, and return it: pyopencl's
         ``NannyEvent`` waits for its copy when released, *holding the GIL*, so a dropped one makes
@@ -546,7 +561,6 @@ class Engine:
             raise
 
     def _half_step(self, side, regularization, weighted, exchange):
-        cl = self.cl
         t0 = time.perf_counter()
         other = other_side(side)
         b, v, cfg = self.buf[side], self.vars[side], self.configs[side]
@@ -556,7 +570,7 @@ class Engine:
         if not self._whole_factor(other):
             raise ValueError(f"the {side} half-step reduces partial normal equations here: "
                              "use clmf.engine.reduce.pipelined()")
-        self.keep(cl.enqueue_copy(q, self.status, self._ok, is_blocking=False))
+        self.reset_status()
         gram, head, stream_events = None, 0, []
         batches = self._batches(side, stream_events)
         if self.implicit:      # G = (other side)ᵀ(other side), once per half-step
@@ -571,7 +585,11 @@ class Engine:
                     gram = 2 if self.rotation.rotate(side) else None
         publisher = (Publisher(exchange, self.index)
                      if exchange is not None and exchange.needed else None)
-        events, copy_events = [], []
+        # a resident side's solved rows are read back once all its kernels are enqueued: the
+        # driver may hold a copy's enqueue call for milliseconds while other devices' threads
+        # enqueue (NVIDIA, four devices), and the device must not wait for the next kernel
+        events, copy_events, later = [], [], self.dplan.sides[side].resident
+        publish = []
         for batch in batches:
             bset, r0, row0, n = batch.bset, batch.r0, batch.row0, batch.rows
             if batch.nv:
@@ -593,11 +611,11 @@ class Engine:
             if batch.head:             # the head rows enqueued: rotate, Λ for the others
                 gram = 2 if self.rotation.complete() else None
             if publisher is not None:
-                g0 = r0 + row0
-                ev = self.read_rows(side, exchange.host, g0, g0 + n, blocking=False,
-                                    wait_for=[batch.done])
-                copy_events.append(ev)
-                publisher.put(ev, g0, g0 + n)
+                publish.append((batch.done, r0 + row0, n))
+            if publish and not later:
+                BL.publish_rows(self, side, exchange, publisher, copy_events, publish.pop())
+        for p in publish:
+            BL.publish_rows(self, side, exchange, publisher, copy_events, p)
         self._finish_half_step(side, regularization, publisher, exchange, t0, events,
                                stream_events, copy_events)
 
@@ -653,8 +671,7 @@ class Engine:
                           stream_events, copy_events):
         """Receive the other devices' rows while this device's kernels run, wait for all,
         account the times and report a singular system."""
-        cl = self.cl
-        st = np.empty(1, np.int32)
+        cl, st = self.cl, self._status_host()
         if publisher is None:
             cl.enqueue_copy(self.queue, st, self.status)   # blocking: also ends the half-step
             t_done = t_end = time.perf_counter()
@@ -683,17 +700,7 @@ class Engine:
 
     def _account(self, events, stream_events=(), copy_events=()):
         """Add the profiled events' device seconds: per stage, kernels, copies."""
-        def busy(evs):
-            return sum((e.profile.end - e.profile.start) * 1e-9 for e in evs if e is not None)
-        for e1, e2, e3, ec in events:
-            for key, e in (("s1", e1), ("s2", e2), ("s3", e3), ("combine", ec)):
-                if e is not None:
-                    t = (e.profile.end - e.profile.start) * 1e-9
-                    self.stage_times[key] = self.stage_times.get(key, 0.0) + t
-                    self.times["kernels"] = self.times.get("kernels", 0.0) + t
-        for key, evs in (("stream_copies", stream_events), ("exchange_copies", copy_events)):
-            if evs:
-                self.times[key] = self.times.get(key, 0.0) + busy(evs)
+        BL.account(self.times, self.stage_times, events, stream_events, copy_events)
 
     def _receive(self, side, exchange):
         """Upload the other devices' rows of ``side`` as they are published."""
@@ -778,6 +785,7 @@ class Engine:
             self.rotation.release()
             self.rotation = None
         self._metric_bufs, self._staging, self.buf, self.factors = {}, [], {}, {}
+        self._st = None
         self._half_stage = {}
         self._factor_hosts = {}
 

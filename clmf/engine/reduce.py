@@ -127,9 +127,9 @@ class _Pipeline:
     def run(self, partials=True):
         """Partials (unless not ``partials``), landings, uploads, sums and solves of the
         half-step; then wait for all."""
-        eng, cl = self.eng, self.cl
+        eng = self.eng
         t0 = time.perf_counter()
-        eng.keep(cl.enqueue_copy(eng.queue, eng.status, eng._ok, is_blocking=False))
+        eng.reset_status()
         if self.exchange.needed:
             self.publisher = Publisher(self.exchange, eng.index)
         if partials:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import os
 import time
 
 import numpy as np
@@ -226,10 +225,11 @@ class MultiEngine:
             raise
         self.configs = [{"users": p[0], "items": p[1]} for p in self.config_pairs]
         # the exchange's host arrays: page-locked (in the first device's context) on GPUs when
-        # they are exchanged and not huge, which speeds up that device's copies at least
+        # they are exchanged and not huge; every device copies to and from them at the bus's
+        # speed (NVIDIA: 52 GB/s from each of four contexts, benchmarks/host_pin_contexts.py)
         pin = any(pins_host(i) for i in self.infos) if pinned is None else bool(pinned)
         self.pin = pin
-        self.host, self._host_views = {}, []
+        self.host = {}
         for s in SIDES:
             shape = (max(1, L[s].rows), self.ldf)
             exchanged = n > 1 and self.plan[other_side(s)].mode == "replicate"
@@ -240,8 +240,6 @@ class MultiEngine:
             pinned_here = pin and exchanged and nbytes <= _PIN_LIMIT
             self.host[s] = (self.workers[0].pinned_array(shape, dt) if pinned_here
                             else np.zeros(shape, dt))
-            if pinned_here and _register_exchange():
-                self._host_views += register_host(self.host[s], self.workers[1:])
         if any(h.dtype != self.np_store for h in self.host.values()):
             # the float16 exchange's conversion program, built at set-up (not in the first
             # iteration)
@@ -409,27 +407,8 @@ class MultiEngine:
             for rd in getattr(self, "reducers", {}).values():
                 rd.close()
             for w in getattr(self, "workers", []):
-                w._drain()                   # nothing copies through the views any more
-            for b in getattr(self, "_host_views", []):   # before the arrays they wrap
-                b.release()
-            self._host_views = []
-            for w in getattr(self, "workers", []):
                 w.release()
             self.workers = []
-
-
-def _register_exchange():
-    """Whether the exchange's page-locked host arrays are registered in the other devices'
-    contexts too (``CLMF_EXCHANGE_REGISTER``: 1 or 0)."""
-    return os.environ.get("CLMF_EXCHANGE_REGISTER", "0").strip() not in ("", "0")
-
-
-def register_host(arr, workers):
-    """``USE_HOST_PTR`` buffers over the host array ``arr`` in each worker's context (the
-    caller releases them before ``arr`` is freed)."""
-    import pyopencl as cl
-    flags = cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR
-    return [cl.Buffer(w.ctx, flags, hostbuf=arr) for w in workers]
 
 
 def partial_layout(layout, side, r0, r1):
