@@ -12,6 +12,8 @@
 #      1a363eb (.whl/base47, "base"): Netflix and 4 x Netflix on 1 and 4 GPUs new, 4 GPUs base,
 #      4 GPUs new again (benchmarks/scaleout.py); the Netflix four-GPU trace with --events
 #      (new); then Hugewiki x 0.25 on 4 GPUs new and base, time allowing.
+#   d: as c with every kernel told its scalar arguments' types (pyopencl's untyped launches
+#      took ~90 µs each holding the interpreter's lock); base also on 1 GPU.
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x4_session46.sh a
 set -u
 OUT=${OUT:-/tmp/out}
@@ -72,10 +74,11 @@ case "${1:-a}" in
     tar czf "$OUT/b.tgz" -C "$OUT" pin $(cd "$OUT" && ls -d trace-*)
     rm -rf "$OUT"/trace-* "$OUT/pin"
     ;;
-  c)
+  c|d)
     base base47 /tmp/site-base
     for p in netflix netflix-4x; do
       scale new "$FRAC" 1,4 "" "$p"
+      [ "$1" = d ] && scale base "$FRAC" 1 /tmp/site-base "$p"
       scale base "$FRAC" 4 /tmp/site-base "$p"
       scale new2 "$FRAC" 4 "" "$p"
     done
@@ -84,7 +87,7 @@ case "${1:-a}" in
     scale new "${HW:-0.25}" 4 "" hugewiki
     scale base "${HW:-0.25}" 4 /tmp/site-base hugewiki
     cat "$W/scaleout/summary.md" | tail -3
-    tar czf "$OUT/c.tgz" -C "$OUT" scaleout scaleout.log $(cd "$OUT" && ls -d trace-*)
+    tar czf "$OUT/$1.tgz" -C "$OUT" scaleout scaleout.log $(cd "$OUT" && ls -d trace-*)
     rm -rf "$OUT"/trace-* "$OUT/scaleout"
     ;;
 esac
