@@ -38,8 +38,8 @@ def test_signatures_parsed():
 
 VARIANTS = ["batch+reg:solver=cholesky", "batch+reg+local+vec4+tile:tx=8,ty=2,bx=32,by=32",
             "batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=8,nnz_batch=2",
-            "batch+vec4+syrk:bx=8,nnz_batch=8,solver=cg", "batch+vec4+gemm:bx=16,nnz_batch=8,solver=cg",
-            "batch:solver=fusedcg"]
+            "batch+vec4+syrk:bx=8,nnz_batch=8,solver=cg",
+            "batch+vec4+gemm:bx=16,nnz_batch=8,solver=cg", "batch:solver=fusedcg"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
