@@ -14,6 +14,9 @@
 #      (new); then Hugewiki x 0.25 on 4 GPUs new and base, time allowing.
 #   d: as c with every kernel told its scalar arguments' types (pyopencl's untyped launches
 #      took ~90 µs each holding the interpreter's lock); base also on 1 GPU.
+#   e: as d with the flag's reset moved after its read (off the next half-step's first launch)
+#      and each device's publishing thread started at its first use, with it noting the
+#      flag read's end (no watcher thread); Hugewiki x 0.25 on 1 GPU too.
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x4_session46.sh a
 set -u
 OUT=${OUT:-/tmp/out}
@@ -74,7 +77,7 @@ case "${1:-a}" in
     tar czf "$OUT/b.tgz" -C "$OUT" pin $(cd "$OUT" && ls -d trace-*)
     rm -rf "$OUT"/trace-* "$OUT/pin"
     ;;
-  c|d)
+  c|d|e)
     base base47 /tmp/site-base
     for p in netflix netflix-4x; do
       scale new "$FRAC" 1,4 "" "$p"
@@ -84,7 +87,7 @@ case "${1:-a}" in
     done
     cat "$W/scaleout/summary.md"
     trace netflix-new netflix "$FRAC" "$GPUS" 6 30 --events
-    scale new "${HW:-0.25}" 4 "" hugewiki
+    scale new "${HW:-0.25}" $([ "$1" = e ] && echo 1,4 || echo 4) "" hugewiki
     scale base "${HW:-0.25}" 4 /tmp/site-base hugewiki
     cat "$W/scaleout/summary.md" | tail -3
     tar czf "$OUT/$1.tgz" -C "$OUT" scaleout scaleout.log $(cd "$OUT" && ls -d trace-*)

@@ -12,6 +12,7 @@ import concurrent.futures
 import dataclasses
 import queue as _queue
 import threading
+import time
 
 import numpy as np
 import scipy.sparse as sp
@@ -128,26 +129,43 @@ def head_split(batches, rows):
 
 
 class Publisher:
-    """A thread that waits for a device's device → host copies in order and publishes each."""
+    """A thread that waits for a device's device → host copies in order and publishes each;
+    started at its first use (a thread's start waits for the interpreter's lock, which the
+    other devices' threads hold while they launch: not before this device's kernels)."""
 
     def __init__(self, exchange, index):
         self.exchange = exchange
         self.index = index
         self.items = _queue.Queue()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
+        self.thread = None
+        self.done_at = None          # when the event given to watch() had completed
+
+    def _start(self):
+        """The thread, started once."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, daemon=True)
+            self.thread.start()
 
     def put(self, event, r0, r1):
         """Publish rows ``[r0, r1)`` once ``event`` completes."""
+        self._start()
         self.items.put((event, r0, r1))
+
+    def watch(self, event):
+        """After the rows put so far, wait for ``event`` too and note when it had completed
+        (:attr:`done_at`)."""
+        self._start()
+        self.items.put((event, None, None))
 
     def close(self):
         """No more chunks."""
+        self._start()
         self.items.put(None)
 
     def join(self):
         """Wait until every chunk was published."""
-        self.thread.join()
+        if self.thread is not None:
+            self.thread.join()
 
     def _run(self):
         """Wait for each copy in turn and publish its rows; a failure wakes every waiter."""
@@ -160,7 +178,10 @@ class Publisher:
                 event, r0, r1 = item
                 if event is not None:
                     event.wait()
-                self.exchange.publish(self.index, r0, r1)
+                if r0 is None:
+                    self.done_at = time.perf_counter()
+                else:
+                    self.exchange.publish(self.index, r0, r1)
         except BaseException as e:        # the waiting workers must not hang
             self.exchange.fail(e)
 

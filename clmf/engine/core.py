@@ -20,7 +20,6 @@ configuration's ``split`` (:func:`clmf.engine.memory.plan_split`).
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 import numpy as np
@@ -343,6 +342,7 @@ class Engine:
                                      size=max(1, hi - lo) * self.ldf * self.itemsize)
                         for s, (lo, hi) in self.frange.items()}
         self.status = cl.Buffer(self.ctx, mf.READ_WRITE, size=4)
+        self.reset_status()
         if P.WARM_LAUNCHES and thread_safe(self.device):
             # a runtime may allocate a buffer's memory at its first use: at set-up, not in the
             # first iteration (not on Oclgrind, where it gains nothing and its fill of a first
@@ -431,7 +431,8 @@ class Engine:
 
     def reset_status(self):
         """Enqueue the singular-row flag's reset (a fill: no host memory, which a driver may
-        copy through a staging buffer while holding its lock)."""
+        copy through a staging buffer while holding its lock): at set-up and after each
+        half-step's read of the flag, off the next half-step's first launch."""
         self.cl.enqueue_fill_buffer(self.queue, self.status, self._ok, 0, 4)
 
     def keep(self, ev):
@@ -570,7 +571,6 @@ class Engine:
         if not self._whole_factor(other):
             raise ValueError(f"the {side} half-step reduces partial normal equations here: "
                              "use clmf.engine.reduce.pipelined()")
-        self.reset_status()
         gram, head, stream_events = None, 0, []
         batches = self._batches(side, stream_events)
         if self.implicit:      # G = (other side)ᵀ(other side), once per half-step
@@ -676,18 +676,15 @@ class Engine:
             cl.enqueue_copy(self.queue, st, self.status)   # blocking: also ends the half-step
             t_done = t_end = time.perf_counter()
         else:
-            st_ev = cl.enqueue_copy(self.queue, st, self.status, is_blocking=False)
-            done_at = []
-            watcher = threading.Thread(
-                target=lambda: (st_ev.wait(), done_at.append(time.perf_counter())), daemon=True)
-            watcher.start()
+            publisher.watch(self.keep(cl.enqueue_copy(self.queue, st, self.status,
+                                                      is_blocking=False)))
             publisher.close()
             self._receive(side, exchange)      # uploads overlap this device's kernels
             publisher.join()
-            watcher.join()
             self.q["into"].finish()
             t_end = time.perf_counter()
-            t_done = done_at[0] if done_at else t_end
+            t_done = publisher.done_at or t_end
+        self.reset_status()                    # for the next half-step, after the read
         self.times["compute"] += t_done - t0
         self.times["exchange"] += max(0.0, t_end - t_done)
         self.prune()

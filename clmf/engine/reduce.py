@@ -129,7 +129,6 @@ class _Pipeline:
         half-step; then wait for all."""
         eng = self.eng
         t0 = time.perf_counter()
-        eng.reset_status()
         if self.exchange.needed:
             self.publisher = Publisher(self.exchange, eng.index)
         if partials:
