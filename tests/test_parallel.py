@@ -652,3 +652,12 @@ def test_resident_side_reads_rows_back_after_all_its_kernels(cl_device, monkeypa
         finally:
             e.release()
     assert rel_err(out[1][0], out[0][0]) <= 1e-4 and rel_err(out[1][1], out[0][1]) <= 1e-4
+
+
+def test_published_chunks_coalesce():
+    """Adjacent published row ranges become one upload, whatever device published them; gaps
+    and order are kept."""
+    from clmf.engine.blocks import coalesce
+    assert coalesce([]) == []
+    assert coalesce([(1, 10, 20), (0, 0, 10), (2, 25, 30), (1, 20, 22)]) == [(0, 22), (25, 30)]
+    assert coalesce([(0, 5, 6)]) == [(5, 6)]

@@ -704,7 +704,7 @@ class Engine:
         seen = 0
         while True:
             new, seen, done = exchange.take(self.index, seen)
-            for _dev, r0, r1 in new:
+            for r0, r1 in BL.coalesce(new):
                 self.keep(self.write_rows(side, exchange.host, r0, r1, blocking=False))
             if done:
                 return
