@@ -9,15 +9,17 @@ iteration on Netflix-shaped sets).
 
 Runs :func:`clmf.parallel.scaling.timed_fit` (the scale-out benchmark's fit: profiling on,
 one warm-up iteration) with host clocks around each :class:`clmf.parallel.MultiEngine`
-half-step (the main thread: submit to gather) and each device's part of it (its pool thread:
-entry to return), and that part's growth of the device's ``compute`` (entry to its kernels'
-end, as the engine measures it), ``exchange`` (its kernels' end to the last peer row on the
-device) and ``kernels`` (profiled busy time). Per half-step and device, in ms: ``start`` (the
-pool thread's entry after the submit), ``compute``, ``kernels``, ``idle`` (compute −
-kernels: the device waiting within its own part), ``exchange``, ``end`` (the gather's return
-after the thread's); per half-step the main thread's wall and the device whose kernels ended
-last. Writes ``OUTDIR/trace.json`` and ``OUTDIR/trace.md`` (medians over the timed
-iterations). ``--gc-off`` turns Python's cyclic garbage collector off for the fit,
+half-step (the main thread: its start to the gather) and each device's part of it (its
+half-step generator's first step — the first launch, in the main thread where the devices'
+launches are interleaved, else the pool thread's entry — to its end), and that part's growth
+of the device's ``compute`` (entry to its kernels' end, as the engine measures it),
+``exchange`` (its kernels' end to the last peer row on the device) and ``kernels`` (profiled
+busy time). Per half-step and device, in ms: ``start`` (the part's first step after the
+half-step's start), ``compute``, ``kernels``, ``idle`` (compute − kernels: the device waiting
+within its own part), ``exchange``, ``end`` (the gather's return after the part's); per
+half-step the main thread's wall and the device whose kernels ended last. Writes
+``OUTDIR/trace.json`` and ``OUTDIR/trace.md`` (medians over the timed iterations).
+``--gc-off`` turns Python's cyclic garbage collector off for the fit,
 ``--switch-interval`` sets the interpreter's thread switch interval (``sys.setswitchinterval``,
 default 0.005 s): telling the interpreter's lock and the collector apart as causes of the idle.
 ``--events`` also records every kernel launch and copy each device's queues took in a
@@ -48,7 +50,7 @@ def instrument(log, calls=None, events=None):
     from clmf.engine.core import Engine
     from clmf.parallel import backend
     lock = threading.Lock()
-    engine_half, multi_half, piped = Engine.half_step, backend.MultiEngine.half_step, \
+    engine_steps, multi_half, piped = Engine.half_step_steps, backend.MultiEngine.half_step, \
         backend.pipelined
 
     def record(eng, side, fn, *args, **kw):
@@ -66,9 +68,26 @@ def instrument(log, calls=None, events=None):
                 log.append(("dev", eng.index, side, t, t1,
                             *(a - b for a, b in zip(after, before))))
 
-    def half_step(self, side, *args, **kw):
-        """An engine's half-step, timed."""
-        return record(self, side, engine_half, self, side, *args, **kw)
+    def half_step_steps(self, side, *args, **kw):
+        """An engine's half-step (its generator: launches, then the wait), timed from its
+        first launch to its end."""
+        gen = engine_steps(self, side, *args, **kw)
+
+        def steps():
+            """The wrapped generator."""
+            before = (self.times.get("compute", 0.0), self.times.get("exchange", 0.0),
+                      self.times.get("kernels", 0.0))
+            t = time.perf_counter()
+            try:
+                yield from gen
+            finally:
+                t1 = time.perf_counter()
+                after = (self.times.get("compute", 0.0), self.times.get("exchange", 0.0),
+                         self.times.get("kernels", 0.0))
+                with lock:
+                    log.append(("dev", self.index, side, t, t1,
+                                *(a - b for a, b in zip(after, before))))
+        return steps()
 
     def pipelined(eng, side, *args, **kw):
         """A reduced half-step of one device, timed."""
@@ -85,7 +104,7 @@ def instrument(log, calls=None, events=None):
                 log.append(("main", side, t, t1))
             if calls is not None:
                 events.append((side, take_events(calls, self.workers, t, t1)))
-    Engine.half_step = half_step
+    Engine.half_step_steps = half_step_steps
     backend.pipelined = pipelined
     backend.MultiEngine.half_step = multi
 

@@ -17,6 +17,8 @@
 #   e: as d with the flag's reset moved after its read (off the next half-step's first launch)
 #      and each device's publishing thread started at its first use, with it noting the
 #      flag read's end (no watcher thread); Hugewiki x 0.25 on 1 GPU too.
+#   f: as e with the devices' launches of a resident side interleaved from the calling thread
+#      (each device's thread then only waits and exchanges); new also on 2 GPUs.
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x4_session46.sh a
 set -u
 OUT=${OUT:-/tmp/out}
@@ -77,17 +79,18 @@ case "${1:-a}" in
     tar czf "$OUT/b.tgz" -C "$OUT" pin $(cd "$OUT" && ls -d trace-*)
     rm -rf "$OUT"/trace-* "$OUT/pin"
     ;;
-  c|d|e)
+  c|d|e|f)
     base base47 /tmp/site-base
     for p in netflix netflix-4x; do
-      scale new "$FRAC" 1,4 "" "$p"
+      scale new "$FRAC" $([ "$1" = f ] && echo 1,2,4 || echo 1,4) "" "$p"
       [ "$1" = d ] && scale base "$FRAC" 1 /tmp/site-base "$p"
       scale base "$FRAC" 4 /tmp/site-base "$p"
       scale new2 "$FRAC" 4 "" "$p"
     done
     cat "$W/scaleout/summary.md"
     trace netflix-new netflix "$FRAC" "$GPUS" 6 30 --events
-    scale new "${HW:-0.25}" $([ "$1" = e ] && echo 1,4 || echo 4) "" hugewiki
+    scale new "${HW:-0.25}" $(case $1 in e) echo 1,4;; f) echo 1,2,4;; *) echo 4;; esac) "" \
+        hugewiki
     scale base "${HW:-0.25}" 4 /tmp/site-base hugewiki
     cat "$W/scaleout/summary.md" | tail -3
     tar czf "$OUT/$1.tgz" -C "$OUT" scaleout scaleout.log $(cd "$OUT" && ls -d trace-*)

@@ -661,3 +661,46 @@ def test_published_chunks_coalesce():
     assert coalesce([]) == []
     assert coalesce([(1, 10, 20), (0, 0, 10), (2, 25, 30), (1, 20, 22)]) == [(0, 22), (25, 30)]
     assert coalesce([(0, 5, 6)]) == [(5, 6)]
+
+
+def test_resident_launches_interleaved_from_one_thread(cl_device, monkeypatch):
+    """Resident sides: the calling thread launches the devices' batches in turn (each device's
+    first batch before any second one), the devices' threads only wait and exchange; a launch
+    that fails on one device is raised from the half-step and no device hangs."""
+    import threading
+
+    from clmf.engine import core
+    from clmf.engine.config import KernelConfig
+    from clmf.parallel import MultiEngine
+    R = random_ratings(300, 90, 0.12, seed=5)
+    m, n = R.shape
+    cfg = KernelConfig.parse("batch+reg:solver=cholesky,batch_rows=16")
+    X0, Y0 = reference.start_factors(m, n, 5, 2)
+    e = MultiEngine([cl_device] * 3, R, 5, [(cfg, cfg)] * 3,
+                    modes={"users": "replicate", "items": "replicate"})
+    launch = core.launch_batch
+    log = []
+    fail_at = [None]
+
+    def spy(kern, q, *a, **kw):
+        dev = next(w.index for w in e.workers if w.queue == q)
+        log.append((threading.get_ident(), dev))
+        if fail_at[0] is not None and len(log) == fail_at[0]:
+            raise RuntimeError("planted launch failure")
+        return launch(kern, q, *a, **kw)
+    try:
+        e.set_factors("users", X0)
+        e.set_factors("items", Y0)
+        monkeypatch.setattr(core, "launch_batch", spy)
+        e.half_step("users", 0.1, True)
+        me = threading.get_ident()
+        assert {t for t, _d in log} == {me}
+        devs = [d for _t, d in log]
+        assert devs[:3] == [0, 1, 2] and devs.count(0) >= 3
+        log.clear()
+        fail_at[0] = 5
+        with pytest.raises(RuntimeError, match="planted launch failure|another device failed"):
+            e.half_step("items", 0.1, True)
+    finally:
+        monkeypatch.undo()
+        e.release()

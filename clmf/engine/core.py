@@ -46,6 +46,7 @@ from .launch import (
     launch_solve,
     launch_split_batch,
     split_rows,
+    timed_gram,
 )
 from .memory import SplitPlan, choose_batch_rows, plan_device, plan_fit, plan_split
 from .transpose import device_transpose
@@ -554,8 +555,16 @@ class Engine:
         the device). With an ``exchange`` whose ``needed`` is set, publish them to
         ``exchange.host`` batch by batch and upload the other devices' rows as they are
         published."""
+        for _ in self.half_step_steps(side, regularization, weighted, exchange):
+            pass
+
+    def half_step_steps(self, side, regularization, weighted, exchange=None):
+        """:meth:`half_step` as a generator: it yields False after each launch and True once
+        every command of the half-step is enqueued, then waits for them (and receives the
+        other devices' rows) when resumed: a multi-device fit interleaves its devices'
+        launches from one thread and finishes each in its own."""
         try:
-            self._half_step(side, regularization, weighted, exchange)
+            yield from self._half_step(side, regularization, weighted, exchange)
         except BaseException as e:
             if exchange is not None:
                 exchange.fail(e)
@@ -574,7 +583,7 @@ class Engine:
         gram, head, stream_events = None, 0, []
         batches = self._batches(side, stream_events)
         if self.implicit:      # G = (other side)ᵀ(other side), once per half-step
-            self._gram(side, kern, cfg)
+            timed_gram(self, side, kern, cfg)
             if RT.applies(self, side, cfg, exchange):       # in G's eigenbasis: Λ for G
                 self.rotation = self.rotation or RT.Rotation(self)
                 head = self.rotation.head_rows(self.frange[side][1] - lo)
@@ -614,8 +623,10 @@ class Engine:
                 publish.append((batch.done, r0 + row0, n))
             if publish and not later:
                 BL.publish_rows(self, side, exchange, publisher, copy_events, publish.pop())
+            yield False
         for p in publish:
             BL.publish_rows(self, side, exchange, publisher, copy_events, p)
+        yield True
         self._finish_half_step(side, regularization, publisher, exchange, t0, events,
                                stream_events, copy_events)
 
@@ -623,20 +634,6 @@ class Engine:
         """Factors in the original basis again (after half-steps in a Gram eigenbasis)."""
         if self.rotation is not None:
             self.rotation.undo()
-
-    def _gram(self, side, kern, cfg):
-        """Enqueue G = Σ y yᵀ over the fixed side's rows held here (timed alone when
-        profiling: the host clock around its two kernels)."""
-        b, q = self.buf[side], self.queue
-        if self.profile:
-            q.finish()
-            t = time.perf_counter()
-        launch_gram(kern, q, cfg, self.fs, b["gram"], self.factors[other_side(side)], b["A"],
-                    b["B"], b["G"])
-        if self.profile:
-            q.finish()
-            self.stage_times["gram"] = (self.stage_times.get("gram", 0.0)
-                                        + time.perf_counter() - t)
 
     def _batches(self, side, stream_events):
         """The launches of this device's rows of ``side`` as :class:`Batch`: a resident side's

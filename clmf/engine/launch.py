@@ -4,9 +4,11 @@ solve alone; each enqueues on a queue and returns its events (the one engine,
 :class:`clmf.engine.Engine`, runs them)."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
-from .blocks import SIDES
+from .blocks import SIDES, other_side
 from .kernels import ROTATE_ROWS, als_variables, reduce_launch, reduce_program, rotate_program
 from .memory import gram_geometry, gram_tiled, gram_virtual_rows, packed_width, split_pays
 from .rotate import may_apply, tile_fits
@@ -259,3 +261,17 @@ def warm(eng, programs):
     q.finish()
     for b in (ip, one, idx, val, Y, X, A, B, G, st):
         b.release()
+
+
+def timed_gram(eng, side, kern, cfg):
+    """Enqueue G = Σ y yᵀ over the fixed side's rows an engine holds (timed alone when
+    profiling: the host clock around its two kernels, added to its ``stage_times['gram']``)."""
+    b, q = eng.buf[side], eng.queue
+    if eng.profile:
+        q.finish()
+        t = time.perf_counter()
+    launch_gram(kern, q, cfg, eng.fs, b["gram"], eng.factors[other_side(side)], b["A"], b["B"],
+                b["G"])
+    if eng.profile:
+        q.finish()
+        eng.stage_times["gram"] = eng.stage_times.get("gram", 0.0) + time.perf_counter() - t

@@ -295,8 +295,29 @@ class MultiEngine:
             for k, v in rd.finish().items():
                 self.times[f"reduce_{k}"] += v
             return
-        self._gather([self.pool.submit(w.half_step, side, regularization, weighted, ex)
-                      for w in self.workers])
+        if not all(w.dplan.sides[side].resident for w in self.workers):
+            self._gather([self.pool.submit(w.half_step, side, regularization, weighted, ex)
+                          for w in self.workers])
+            return
+        # resident sides: this thread enqueues the devices' launches in turn (a launch holds
+        # the interpreter's lock: devices launched by their own threads started one after
+        # another), each device's thread then waits for its part and takes the others' rows
+        live = [w.half_step_steps(side, regularization, weighted, ex) for w in self.workers]
+        futs = []
+        while live:
+            for g in list(live):
+                try:
+                    if not next(g):
+                        continue
+                    futs.append(self.pool.submit(_exhaust, g))
+                except Exception as e:  # noqa: BLE001 - reported by _gather, as the others'
+                    futs.append(_failed(e))
+                except BaseException:   # Ctrl-C: no more launches (the exchange has failed)
+                    for h in live:
+                        h.close()
+                    raise
+                live.remove(g)
+        self._gather(futs)
 
     def _host_array(self, d, shape):
         """A zeroed float32 host array of device ``d``'s partial systems: page-locked in its
@@ -409,6 +430,19 @@ class MultiEngine:
             for w in getattr(self, "workers", []):
                 w.release()
             self.workers = []
+
+
+def _exhaust(steps):
+    """Run a half-step generator to its end."""
+    for _ in steps:
+        pass
+
+
+def _failed(exc):
+    """A finished future holding ``exc``."""
+    fu = concurrent.futures.Future()
+    fu.set_exception(exc)
+    return fu
 
 
 def partial_layout(layout, side, r0, r1):
