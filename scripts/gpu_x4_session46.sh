@@ -19,6 +19,11 @@
 #      flag read's end (no watcher thread); Hugewiki x 0.25 on 1 GPU too.
 #   f: as e with the devices' launches of a resident side interleaved from the calling thread
 #      (each device's thread then only waits and exchanges); new also on 2 GPUs.
+#   g: clmf.dask against the in-process fit (benchmarks/dask_gpu_runs.py, one worker per GPU):
+#      Netflix and 4 x Netflix with the workers' rows published through page-locked staging
+#      (CLMF_DASK_PUBLISH=dma, the default) and with every row segment registered in each
+#      worker's context instead (register: no staging, no host copies); then the time to the
+#      first iteration with new workers (benchmarks/dask_setup.py), time allowing.
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x4_session46.sh a
 set -u
 OUT=${OUT:-/tmp/out}
@@ -78,6 +83,30 @@ case "${1:-a}" in
     done
     tar czf "$OUT/b.tgz" -C "$OUT" pin $(cd "$OUT" && ls -d trace-*)
     rm -rf "$OUT"/trace-* "$OUT/pin"
+    ;;
+  g)
+    mkdir -p "$R/.data/parquet"
+    for p in netflix netflix-4x; do
+      for m in dma register; do
+        t=$(left 560)
+        [ "$t" -gt 60 ] || { echo "skip dask $p $m: ${t}s left"; continue; }
+        (cd /tmp && CLMF_DASK_PUBLISH=$m timeout "$t" $PY "$R/benchmarks/dask_gpu_runs.py" \
+            "$W/dask-$p-$m" --preset "$p" --fraction "$FRAC" --transport shm --iterations 4 \
+            --budget 10 --devices "$DEV" --data-dir "$R/.data/parquet" 2>&1 \
+            | grep -v "CompilerWarning\|lambda: self" > "$W/dask-$p-$m.log")
+        echo "dask $p $m: at +$(( $(date +%s) - START ))s"; cat "$W/dask-$p-$m/summary.md"
+      done
+    done
+    t=$(left 560)
+    if [ "$t" -gt 100 ]; then
+      (cd /tmp && CLMF_DASK_PUBLISH=register timeout "$t" $PY "$R/benchmarks/dask_setup.py" \
+          "$W/setup" --devices "$DEV" --preset netflix --fraction "$FRAC" --rounds 3 --fresh \
+          --data-dir "$R/.data/parquet" --note register 2>&1 \
+          | grep -v "CompilerWarning\|lambda: self" > "$W/setup.log")
+      grep "^| [0-9]\|^| median" "$W/setup/README.md"
+    fi
+    tar czf "$OUT/g.tgz" -C "$W" $(cd "$W" && ls -d dask-* setup* 2>/dev/null)
+    rm -rf "$W"/dask-* "$W"/setup*
     ;;
   c|d|e|f)
     base base47 /tmp/site-base

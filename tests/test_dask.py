@@ -486,6 +486,29 @@ def test_splits_run_at_once_on_a_worker_give_the_same_model(ml100k, monkeypatch)
     assert all(w["split"] > 0 and w["split_wall"] > 0 for w in dm.fit_times_["workers"])
 
 
+def test_registered_segments_give_the_same_model(ml100k, monkeypatch, caplog):
+    """``CLMF_DASK_PUBLISH=register`` (where a worker would stage through page-locked memory:
+    forced here on CPU devices): no staging, every row segment wrapped by a buffer in the
+    worker's context, the device copying straight to and from the segments; the one-device
+    model, no host copies of rows, the wrapping buffers freed with the fit."""
+    path, R, _raw = ml100k
+    monkeypatch.setenv("CLMF_DASK_PINNED_STAGING", "1")     # inherited by the new workers
+    monkeypatch.setenv("CLMF_DASK_PUBLISH", "register")
+    cluster, c = _cluster()
+    try:
+        with caplog.at_level("INFO", logger="clmf.parallel.dask_backend"):
+            dm = clmf.dask.ALS(client=c, iterations=3, device=POCL, **KW).fit(
+                path, show_progress=False)
+    finally:
+        c.close()
+        cluster.close()
+    assert "page-locked staging on 0 of 2 workers (published by register)" in caplog.text
+    _check_close(dm, _one_device(R, iterations=3))
+    loop = dm.fit_times_["loop"]
+    assert len(loop) == 3 and all(p["publish_copy"] == 0 for per in loop for p in per)
+    assert [b["publish"] for b in dm.fit_times_["board"]] == ["register"] * 2
+
+
 @pytest.mark.parametrize("publish", ["copy", "device", "dma"])
 def test_pinned_staging_of_the_workers_rows_gives_the_same_model(ml100k, monkeypatch, caplog,
                                                                  publish):

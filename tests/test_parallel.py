@@ -655,12 +655,14 @@ def test_resident_side_reads_rows_back_after_all_its_kernels(cl_device, monkeypa
 
 
 def test_published_chunks_coalesce():
-    """Adjacent published row ranges become one upload, whatever device published them; gaps
-    and order are kept."""
+    """Adjacent published row ranges of one device become one upload; ranges of different
+    devices stay apart even where adjacent (a Dask worker's host rows are one array per
+    device), as do gaps."""
     from clmf.engine.blocks import coalesce
     assert coalesce([]) == []
-    assert coalesce([(1, 10, 20), (0, 0, 10), (2, 25, 30), (1, 20, 22)]) == [(0, 22), (25, 30)]
-    assert coalesce([(0, 5, 6)]) == [(5, 6)]
+    assert coalesce([(1, 10, 20), (0, 0, 10), (2, 25, 30), (1, 20, 22)]) == [
+        (0, 10), (10, 22), (25, 30)]
+    assert coalesce([(0, 5, 6), (0, 0, 5), (0, 7, 9)]) == [(0, 6), (7, 9)]
 
 
 def test_resident_launches_interleaved_from_one_thread(cl_device, monkeypatch):

@@ -300,7 +300,8 @@ def test_rows_published_by_a_device_read_and_the_tails_marked(monkeypatch):
     monkeypatch.delenv("CLMF_DASK_PUBLISH", raising=False)
     assert BD.publish_mode() == BD.PUBLISH == "dma"
     monkeypatch.setenv("CLMF_DASK_PUBLISH", "gpu")
-    with pytest.raises(ValueError, match="CLMF_DASK_PUBLISH must be one of copy, device, dma"):
+    with pytest.raises(ValueError,
+                       match="CLMF_DASK_PUBLISH must be one of copy, device, dma, register"):
         BD.publish_mode()
 
 

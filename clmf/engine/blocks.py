@@ -187,15 +187,17 @@ class Publisher:
 
 
 def coalesce(chunks):
-    """Published ``(device, r0, r1)`` chunks as row ranges, adjacent ones joined (one copy
-    each: every enqueue call costs the uploading thread tens of microseconds)."""
+    """Published ``(device, r0, r1)`` chunks as row ranges, adjacent ones of the same device
+    joined (one copy each: every enqueue call costs the uploading thread tens of
+    microseconds; a range never spans two devices' blocks, which a Dask worker's host rows
+    keep apart)."""
     out = []
-    for _d, r0, r1 in sorted(chunks, key=lambda c: c[1]):
-        if out and out[-1][1] == r0:
-            out[-1][1] = r1
+    for d, r0, r1 in sorted(chunks, key=lambda c: (c[0], c[1])):
+        if out and out[-1][0] == d and out[-1][2] == r0:
+            out[-1][2] = r1
         else:
-            out.append([r0, r1])
-    return [tuple(x) for x in out]
+            out.append([d, r0, r1])
+    return [(r0, r1) for _d, r0, r1 in out]
 
 
 def account(times, stage_times, events, stream_events=(), copy_events=()):

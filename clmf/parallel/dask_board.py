@@ -82,7 +82,7 @@ def pin_limit():
         raise ValueError(f"{ENV_PIN_LIMIT} must be a number of bytes, not {raw!r}") from None
 
 
-PUBLISH_MODES = ("copy", "device", "dma")
+PUBLISH_MODES = ("copy", "device", "dma", "register")
 PUBLISH = "dma"                  # the default: 4 × H100, 4 × Netflix, Dask 0.1445 s/it against
                                  # 0.1533 by "copy" (in-process 0.1519); Netflix 0.0415 / 0.0416
                                  # (results/bench/dask-h100x4-44)
@@ -93,7 +93,10 @@ def publish_mode():
     segment where they pass through page-locked staging (GPUs): "copy" (a host copy out of its
     page-locked mirror), "device" (a second device → host copy into the segment) or "dma" (the
     device copies into a buffer wrapping the segment, which a driver that registers the pages
-    fills by DMA); anything else is an error naming it."""
+    fills by DMA) or "register" (no page-locked staging: every worker's row segment wrapped by
+    such a buffer in the device's context, so that the device's own copies to and from the
+    segments run by DMA, the peers' rows uploaded from where they lie: no host copies at all);
+    anything else is an error naming it."""
     mode = os.environ.get(ENV_PUBLISH, PUBLISH).strip().lower() or PUBLISH
     if mode not in PUBLISH_MODES:
         raise ValueError(f"{ENV_PUBLISH} must be one of {', '.join(PUBLISH_MODES)}, not "
@@ -254,11 +257,20 @@ def staging_specs(bounds, d, ldf, dtype):
     return out
 
 
+def _wrap(context, array):
+    """A ``USE_HOST_PTR`` buffer of ``context`` over ``array`` (a driver may register its
+    pages: copies naming the array then run by DMA)."""
+    import pyopencl as cl
+    return cl.Buffer(context, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR,
+                     hostbuf=array)
+
+
 class Board:
     """This worker's view of every board of a fit: its own control words, the peers' (to read)
     and each side's :class:`BlockHost`; :meth:`exchange` makes a half-step's exchange."""
 
-    def __init__(self, attached, d, handles, bounds, abort=None, staging=None, reader=None):
+    def __init__(self, attached, d, handles, bounds, abort=None, staging=None, reader=None,
+                 context=None):
         """Map the boards ``handles`` (one per worker, as :func:`board_create` returned them);
         ``abort()`` (optional) tells whether the fit was called off (asked every second of
         waiting); ``staging(shape, dtype)`` (optional, GPUs) makes page-locked arrays: each
@@ -270,7 +282,10 @@ class Board:
         ``reader(side, dst, r0, r1)`` (optional, with ``staging``): reads this worker's rows
         ``[r0, r1)`` of ``side`` from its device into ``dst`` (blocking): each solved chunk is
         then published by a second device → host copy straight into the row segment instead
-        of a host copy out of the page-locked array (:data:`ENV_PUBLISH`)."""
+        of a host copy out of the page-locked array (:data:`ENV_PUBLISH`). ``context`` (an
+        OpenCL context; not with ``staging``): every row segment is wrapped by a
+        ``USE_HOST_PTR`` buffer of it, which a driver that registers the pages (NVIDIA) then
+        copies to and from by DMA, also when a copy names the array (the "register" mode)."""
         self.d, self.n = int(d), len(handles)
         self.controls = [attached.array(h["control"]) for h in handles]
         self.segment = {}             # side -> this worker's row segment
@@ -284,7 +299,7 @@ class Board:
         self.pool = pool(threads, thread_name_prefix="clmf-fetch") if threads > 1 else None
         self.publish_pool = (pool(threads - 1, thread_name_prefix="clmf-publish")
                              if threads > 1 else None)
-        self.mirrored = []
+        self.mirrored, self.wraps = [], []
         for s, b in bounds.items():
             arrays = [attached.array(h[s])[:int(b[e + 1] - b[e])] for e, h in enumerate(handles)]
             seg = self.segment[s] = arrays[self.d]
@@ -297,6 +312,8 @@ class Board:
                 else:
                     arrays[self.d] = staging(shape, dt)
             self.host[s] = BlockHost(b, arrays, mirror, self.d, self.pool)
+            if context is not None and staging is None:
+                self.wraps += [_wrap(context, a) for a in arrays if a.nbytes]
         self.staged = staging is not None
         self.reader = reader if self.staged else None
         self.abort = abort
@@ -304,9 +321,13 @@ class Board:
         self.times = dict.fromkeys(("take", "publish_copy"), 0.0)   # seconds, summed
 
     def close(self):
-        """Stop the copying threads (and free what the reader holds on the segments)."""
+        """Stop the copying threads (and free what the reader holds on the segments, and the
+        segments' wrapping buffers: the caller has waited for the device's copies)."""
         if hasattr(self.reader, "close"):
             self.reader.close()
+        for buf in self.wraps:
+            buf.release()
+        self.wraps = []
         for pool in (self.pool, self.publish_pool):
             if pool is not None:
                 pool.shutdown(wait=True)

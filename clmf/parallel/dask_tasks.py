@@ -444,11 +444,8 @@ def board_connect(fit_id, abort, *handles):
     if any(h is None for h in handles):
         return None
     st = _state(fit_id)
-    bounds = {s: st["plan"][s].bounds for s in SIDES}
-    w = st["worker"]
-    staged = _staged(w.pinned)
-    mode = BD.publish_mode()
-    t = time.perf_counter()
+    bounds, w = {s: st["plan"][s].bounds for s in SIDES}, st["worker"]
+    staged, mode, t = _staged(w.pinned), BD.publish_mode(), time.perf_counter()
     made, rates = [], None
     if "ahead" in st:
         made, rates, pairs = st.pop("ahead").result()
@@ -464,12 +461,13 @@ def board_connect(fit_id, abort, *handles):
             if a.shape == tuple(max(1, x) for x in shape) and a.dtype == np.dtype(dtype):
                 return made.pop(k)         # (as pinned_array makes it: a row at least)
         return w.pinned_array(shape, dtype)
+    reg, staged = staged and mode == "register", staged and mode != "register"
     st["board"] = BD.Board(st["attached"], st["d"], handles, bounds, abort=_event_check(abort),
                             staging=staging if staged else None,
                             reader=(_device_reader(w) if mode == "device" else
                                     _SegmentReader(w, st) if mode == "dma" else None)
-                            if staged else None)
-    return {"staged": staged, "publish": mode if staged else "none",
+                            if staged else None, context=w.ctx if reg else None)
+    return {"staged": staged, "publish": mode if staged or reg else "none",
             "copy_gbs": rates if staged else {}, "ahead_wait_s": waited}
 
 
@@ -768,11 +766,12 @@ def setup_prefix(fit_id):
 
 
 def _release_state(st):
-    """Free a fit's device worker and its shared segments (mapped and owned), once the
-    staging arrays made ahead for its board (:func:`_stage_ahead`) are made."""
+    """Free a fit's device worker (its copies ended first) and its shared segments (mapped
+    and owned), once the staging arrays made ahead for its board are made."""
     try:
         _free_ahead(st.pop("ahead", None))      # (made ahead, no board took them)
         if st.get("board") is not None:
+            st["worker"]._drain()
             st["board"].close()
         st["worker"].release()
     finally:
