@@ -24,6 +24,8 @@
 #      (CLMF_DASK_PUBLISH=dma, the default) and with every row segment registered in each
 #      worker's context instead (register: no staging, no host copies); then the time to the
 #      first iteration with new workers (benchmarks/dask_setup.py), time allowing.
+#   h: the final tree: Netflix and 4 x Netflix on 1, 2, 4 GPUs in process, then clmf.dask with
+#      its defaults (rows registered in each worker's context on NVIDIA) on both.
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x4_session46.sh a
 set -u
 OUT=${OUT:-/tmp/out}
@@ -84,13 +86,17 @@ case "${1:-a}" in
     tar czf "$OUT/b.tgz" -C "$OUT" pin $(cd "$OUT" && ls -d trace-*)
     rm -rf "$OUT"/trace-* "$OUT/pin"
     ;;
-  g)
+  h)
+    for p in netflix netflix-4x; do scale final "$FRAC" 1,2,4 "" "$p"; done
+    cat "$W/scaleout/summary.md"
+    ;;&
+  g|h)
     mkdir -p "$R/.data/parquet"
     for p in netflix netflix-4x; do
-      for m in dma register; do
+      for m in $([ "$1" = h ] && echo default || echo dma register); do
         t=$(left 560)
         [ "$t" -gt 60 ] || { echo "skip dask $p $m: ${t}s left"; continue; }
-        (cd /tmp && CLMF_DASK_PUBLISH=$m timeout "$t" $PY "$R/benchmarks/dask_gpu_runs.py" \
+        (cd /tmp && CLMF_DASK_PUBLISH=${m/default/} timeout "$t" $PY "$R/benchmarks/dask_gpu_runs.py" \
             "$W/dask-$p-$m" --preset "$p" --fraction "$FRAC" --transport shm --iterations 4 \
             --budget 10 --devices "$DEV" --data-dir "$R/.data/parquet" 2>&1 \
             | grep -v "CompilerWarning\|lambda: self" > "$W/dask-$p-$m.log")
@@ -98,15 +104,15 @@ case "${1:-a}" in
       done
     done
     t=$(left 560)
-    if [ "$t" -gt 100 ]; then
+    if [ "$1" = g ] && [ "$t" -gt 100 ]; then
       (cd /tmp && CLMF_DASK_PUBLISH=register timeout "$t" $PY "$R/benchmarks/dask_setup.py" \
           "$W/setup" --devices "$DEV" --preset netflix --fraction "$FRAC" --rounds 3 --fresh \
           --data-dir "$R/.data/parquet" --note register 2>&1 \
           | grep -v "CompilerWarning\|lambda: self" > "$W/setup.log")
       grep "^| [0-9]\|^| median" "$W/setup/README.md"
     fi
-    tar czf "$OUT/g.tgz" -C "$W" $(cd "$W" && ls -d dask-* setup* 2>/dev/null)
-    rm -rf "$W"/dask-* "$W"/setup*
+    tar czf "$OUT/$1.tgz" -C "$W" $(cd "$W" && ls -d dask-* setup* scaleout* 2>/dev/null)
+    rm -rf "$W"/dask-* "$W"/setup* "$W"/scaleout*
     ;;
   c|d|e|f)
     base base47 /tmp/site-base

@@ -299,6 +299,13 @@ def test_rows_published_by_a_device_read_and_the_tails_marked(monkeypatch):
         BD.pin_limit()
     monkeypatch.delenv("CLMF_DASK_PUBLISH", raising=False)
     assert BD.publish_mode() == BD.PUBLISH == "dma"
+    import types
+    nvidia = types.SimpleNamespace(type="GPU", platform="NVIDIA CUDA", name="H100")
+    other = types.SimpleNamespace(type="GPU", platform="AMD Accelerated Parallel Processing",
+                                  name="NVIDIA-like name")
+    assert BD.publish_mode(nvidia) == "register" and BD.publish_mode(other) == "dma"
+    monkeypatch.setenv("CLMF_DASK_PUBLISH", "copy")
+    assert BD.publish_mode(nvidia) == "copy"
     monkeypatch.setenv("CLMF_DASK_PUBLISH", "gpu")
     with pytest.raises(ValueError,
                        match="CLMF_DASK_PUBLISH must be one of copy, device, dma, register"):
@@ -338,6 +345,8 @@ def test_board_takes_the_page_locked_arrays_made_during_the_build(cl_device, mon
     import types
 
     import pyopencl as cl
+
+    from clmf.engine.device import device_info
     made, adopted = [], []
 
     class Plan(dict):
@@ -351,7 +360,7 @@ def test_board_takes_the_page_locked_arrays_made_during_the_build(cl_device, mon
     plan = Plan({s: types.SimpleNamespace(mode="replicate", bounds=b) for s, b in bounds.items()})
     setup = {"plan": plan, "ldf": 2, "store": np.float32}
     w = types.SimpleNamespace(pinned=True, pinned_array=pinned_array,
-                              adopt_staging=adopted.extend)
+                              adopt_staging=adopted.extend, info=device_info(cl_device))
     segs = [shm.Segments(f"clmf-test-ahead-{d}") for d in range(2)]
     handles = [BD.board_create(segs[d], bounds, d, 2, np.float32) for d in range(2)]
     st = {"plan": plan, "worker": w, "shm": True, "d": 1, "ldf": 2, "store": np.float32,

@@ -58,6 +58,14 @@ def pins_host(info):
     return info.type == "GPU"
 
 
+def registers_host_pages(info):
+    """Whether copies naming a host array run by DMA once a ``USE_HOST_PTR`` buffer wraps the
+    array (the driver registers its pages): NVIDIA's GPUs (52 GB/s from pageable memory so
+    wrapped, against 10–12 without, ``benchmarks/host_pin_contexts.py``). Decided by the
+    platform's name, never by the device's."""
+    return info.type == "GPU" and "nvidia" in info.platform.lower()
+
+
 def needs_aligned_host(info):
     """Whether the device's runtime reads ``USE_HOST_PTR`` host arrays in place only when they
     are aligned, copying them itself otherwise: Intel's CPU runtime (45–100 ms per 100 MB for

@@ -83,21 +83,28 @@ def pin_limit():
 
 
 PUBLISH_MODES = ("copy", "device", "dma", "register")
-PUBLISH = "dma"                  # the default: 4 × H100, 4 × Netflix, Dask 0.1445 s/it against
-                                 # 0.1533 by "copy" (in-process 0.1519); Netflix 0.0415 / 0.0416
-                                 # (results/bench/dask-h100x4-44)
+PUBLISH = "dma"                  # the default where the driver is not known to register
+                                 # wrapped pages: 4 × H100, 4 × Netflix, Dask 0.1445 s/it
+                                 # against 0.1533 by "copy" (results/bench/dask-h100x4-44)
+PUBLISH_REGISTERED = "register"  # where it is (NVIDIA): Netflix 0.0358 s/it against 0.0449 by
+                                 # "dma", in-process 0.0314 (results/bench/x4-46/g)
 
 
-def publish_mode():
-    """:data:`ENV_PUBLISH` (default :data:`PUBLISH`), how a worker's solved rows reach its row
-    segment where they pass through page-locked staging (GPUs): "copy" (a host copy out of its
-    page-locked mirror), "device" (a second device → host copy into the segment) or "dma" (the
-    device copies into a buffer wrapping the segment, which a driver that registers the pages
-    fills by DMA) or "register" (no page-locked staging: every worker's row segment wrapped by
-    such a buffer in the device's context, so that the device's own copies to and from the
-    segments run by DMA, the peers' rows uploaded from where they lie: no host copies at all);
-    anything else is an error naming it."""
-    mode = os.environ.get(ENV_PUBLISH, PUBLISH).strip().lower() or PUBLISH
+def publish_mode(info=None):
+    """:data:`ENV_PUBLISH`, how a worker's solved rows reach its row segment and the peers'
+    rows its device, where they would pass through page-locked staging (GPUs): "copy" (a host
+    copy out of its page-locked mirror), "device" (a second device → host copy into the
+    segment), "dma" (the device copies into a buffer wrapping the segment, which a driver that
+    registers the pages fills by DMA) or "register" (no page-locked staging: every worker's
+    row segment wrapped by such a buffer in the device's context, so that the device's own
+    copies to and from the segments run by DMA, the peers' rows uploaded from where they lie:
+    no host copies at all); anything else is an error naming it. Unset: "register" where the
+    device's driver registers wrapped pages (``info``:
+    :func:`clmf.engine.upload.registers_host_pages`), else :data:`PUBLISH`."""
+    from ..engine.upload import registers_host_pages
+    default = (PUBLISH_REGISTERED if info is not None and registers_host_pages(info)
+               else PUBLISH)
+    mode = os.environ.get(ENV_PUBLISH, "").strip().lower() or default
     if mode not in PUBLISH_MODES:
         raise ValueError(f"{ENV_PUBLISH} must be one of {', '.join(PUBLISH_MODES)}, not "
                          f"{mode!r}")

@@ -445,7 +445,7 @@ def board_connect(fit_id, abort, *handles):
         return None
     st = _state(fit_id)
     bounds, w = {s: st["plan"][s].bounds for s in SIDES}, st["worker"]
-    staged, mode, t = _staged(w.pinned), BD.publish_mode(), time.perf_counter()
+    staged, mode, t = _staged(w.pinned), BD.publish_mode(w.info), time.perf_counter()
     made, rates = [], None
     if "ahead" in st:
         made, rates, pairs = st.pop("ahead").result()
