@@ -26,6 +26,9 @@
 #      first iteration with new workers (benchmarks/dask_setup.py), time allowing.
 #   h: the final tree: Netflix and 4 x Netflix on 1, 2, 4 GPUs in process, then clmf.dask with
 #      its defaults (rows registered in each worker's context on NVIDIA) on both.
+#   i: clmf.dask's time to the first iteration with new workers, a partition's two sides
+#      ordered in two threads ("new", this tree) against the wheel of d7aa449 (.whl/base48),
+#      alternating (benchmarks/dask_setup.py --fresh --rounds 3 each).
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x4_session46.sh a
 set -u
 OUT=${OUT:-/tmp/out}
@@ -113,6 +116,23 @@ case "${1:-a}" in
     fi
     tar czf "$OUT/$1.tgz" -C "$W" $(cd "$W" && ls -d dask-* setup* scaleout* 2>/dev/null)
     rm -rf "$W"/dask-* "$W"/setup* "$W"/scaleout*
+    ;;
+  i)
+    base base48 /tmp/site-base
+    mkdir -p "$R/.data/parquet"
+    for tag in new-1 base-1 new-2; do
+      t=$(left 250)
+      [ "$t" -gt 50 ] || { echo "skip setup $tag: ${t}s left"; continue; }
+      site=$([ "${tag%-*}" = base ] && echo /tmp/site-base || echo "")
+      (cd /tmp && PYTHONPATH=${site:+$site:}${PYTHONPATH:-} timeout "$t" $PY \
+          "$R/benchmarks/dask_setup.py" "$W/setup-$tag" --devices "$DEV" --preset netflix \
+          --fraction "$FRAC" --rounds 3 --fresh --data-dir "$R/.data/parquet" --note "$tag" \
+          2>&1 | grep -v "CompilerWarning\|lambda: self" > "$W/setup-$tag.log")
+      echo "setup $tag: at +$(( $(date +%s) - START ))s"
+      grep "^| [0-9]\|^| median" "$W/setup-$tag/README.md"
+    done
+    tar czf "$OUT/i.tgz" -C "$W" $(cd "$W" && ls -d setup-* 2>/dev/null)
+    rm -rf "$W"/setup-*
     ;;
   c|d|e|f)
     base base47 /tmp/site-base
