@@ -27,12 +27,7 @@ def _triples(rng, m=300, n=120, nnz=4_000):
             rng.uniform(1, 5, nnz).astype(np.float32), (m, n))
 
 
-@pytest.mark.parametrize("sides_threaded", [False, True], ids=["sides-in-turn", "sides-threaded"])
-def test_split_gives_each_worker_its_triples_by_row_ties_in_partition_order(sides_threaded,
-                                                                           monkeypatch):
-    """Each worker's triples of each side, by row, ties in the partition's order; the two
-    sides ordered in turn or in two threads (a large partition) alike."""
-    monkeypatch.setattr(P, "GATHER_THREADS_FROM", 1 if sides_threaded else 1 << 40)
+def test_split_gives_each_worker_its_triples_by_row_ties_in_partition_order():
     rng = np.random.default_rng(0)
     u, i, r, (m, n) = _triples(rng)
     u[:5] = -1                                   # unknown ids are dropped

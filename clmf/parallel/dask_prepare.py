@@ -528,20 +528,18 @@ def _split(codes, bounds_u, bounds_i):
     ``(order, a, b)``: entries ``order[a:b]`` of the triples (``order`` None: ``a:b``, the
     side already in row order), one order per side (a :class:`_Sorted`): the stable order by
     the side's row (a radix sort), so that each piece runs by row and its owner merges them
-    without sorting (:func:`clmf.parallel.dask_tasks._block`). The two sides are ordered in
-    two threads where there are :data:`GATHER_THREADS_FROM` entries or more (NumPy's sorts
-    release the interpreter's lock: a worker has more cores than partitions to split)."""
+    without sorting (:func:`clmf.parallel.dask_tasks._block`)."""
     u, i, r = codes
     if len(u) and (u.min() < 0 or i.min() < 0):
         ok = (u >= 0) & (i >= 0)
         u, i, r = u[ok], i[ok], r[ok]
-
-    def side(field, key, bounds):
-        """The side's pieces."""
+    out = []
+    for field, (key, bounds) in enumerate(((u, bounds_u), (i, bounds_i))):
         bounds = np.asarray(bounds, np.int64)
         if len(key) < 2 or bool(np.all(key[1:] >= key[:-1])):
             cuts = np.searchsorted(key, bounds)              # already in row order
-            return [(None, a, b) for a, b in zip(cuts[:-1], cuts[1:])]
+            out += [(None, a, b) for a, b in zip(cuts[:-1], cuts[1:])]
+            continue
         span = max(1, int(bounds[-1]))
         counts = np.bincount(key, minlength=span)
         ends = np.zeros(span + 1, np.int64)
@@ -549,14 +547,8 @@ def _split(codes, bounds_u, bounds_i):
         order = _Sorted(stable_order(key, span), field,
                         np.repeat(np.arange(span, dtype=key.dtype), counts))
         cuts = ends[bounds]
-        return [(order, a, b) for a, b in zip(cuts[:-1], cuts[1:])]
-    jobs = [(0, u, bounds_u), (1, i, bounds_i)]
-    if len(u) < GATHER_THREADS_FROM:
-        out = [side(*j) for j in jobs]
-    else:
-        with concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="clmf-split") as ex:
-            out = list(ex.map(lambda j: side(*j), jobs))
-    return (u, i, r), out[0] + out[1]
+        out += [(order, a, b) for a, b in zip(cuts[:-1], cuts[1:])]
+    return (u, i, r), out
 
 
 class _Sorted:
