@@ -728,10 +728,10 @@ class Engine:
     def _release_buffers(self):
         """Release the ratings' buffers created so far (a set-up that failed), once the
         commands queued on them have ended."""
-        self._drain()
+        self.drain()
         self._free()
 
-    def _drain(self):
+    def drain(self):
         """Wait for every queue (Ctrl-C held back): no kernel or copy still uses a buffer or a
         host array the engine wraps once this returns; a failed wait is only logged."""
         try:
@@ -746,7 +746,7 @@ class Engine:
         if getattr(self, "_released", True):
             return
         with deferred_interrupts():
-            self._drain()
+            self.drain()
             self._pending = []      # every queue has drained: releasing them cannot wait
             self._free()
             self._released = True
@@ -788,6 +788,6 @@ class Engine:
         its queues before its buffers and the host arrays they wrap are freed with it."""
         if not getattr(self, "_released", True):
             try:
-                self._drain()
+                self.drain()
             except Exception:  # noqa: BLE001, S110 - interpreter shutdown: nothing to wait for
                 pass

@@ -771,7 +771,7 @@ def _release_state(st):
     try:
         _free_ahead(st.pop("ahead", None))      # (made ahead, no board took them)
         if st.get("board") is not None:
-            st["worker"]._drain()
+            st["worker"].drain()
             st["board"].close()
         st["worker"].release()
     finally:
