@@ -390,6 +390,9 @@ def test_board_takes_the_page_locked_arrays_made_during_the_build(cl_device, mon
             pairs[0][0].release()
         T._free_ahead(None)
         assert T._stage_ahead(cl_device, setup, 1, False) is None       # no shared memory
+        monkeypatch.setenv("CLMF_DASK_PUBLISH", "register")
+        assert T._stage_ahead(cl_device, setup, 1, True) is None        # rows registered
+        monkeypatch.delenv("CLMF_DASK_PUBLISH")
         monkeypatch.setenv("CLMF_DASK_PINNED_STAGING", "0")
         assert T._stage_ahead(cl_device, setup, 1, True) is None        # no staging
     finally:

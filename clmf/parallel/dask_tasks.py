@@ -446,12 +446,13 @@ def board_connect(fit_id, abort, *handles):
     st = _state(fit_id)
     bounds, w = {s: st["plan"][s].bounds for s in SIDES}, st["worker"]
     staged, mode, t = _staged(w.pinned), BD.publish_mode(w.info), time.perf_counter()
+    reg, staged = staged and mode == "register", staged and mode != "register"
     made, rates = [], None
     if "ahead" in st:
         made, rates, pairs = st.pop("ahead").result()
         w.adopt_staging(pairs)
     waited = time.perf_counter() - t            # (for the staging made during the build)
-    if staged and rates is None:
+    if staged and rates is None:                # (not registered: no host copies to rate)
         rates = BD.copy_rates(w.pinned_array)
 
     def staging(shape, dtype):
@@ -461,7 +462,6 @@ def board_connect(fit_id, abort, *handles):
             if a.shape == tuple(max(1, x) for x in shape) and a.dtype == np.dtype(dtype):
                 return made.pop(k)         # (as pinned_array makes it: a row at least)
         return w.pinned_array(shape, dtype)
-    reg, staged = staged and mode == "register", staged and mode != "register"
     st["board"] = BD.Board(st["attached"], st["d"], handles, bounds, abort=_event_check(abort),
                             staging=staging if staged else None,
                             reader=(_device_reader(w) if mode == "device" else
@@ -482,15 +482,16 @@ def _staged(pinned):
 def _stage_ahead(dev, setup, d, shared):
     """Where worker ``d``'s share will run the workers' own loop with staging (shared memory,
     several workers, both factors replicated, the loop not switched off, a device whose engine
-    pins its host buffers), start making its board's page-locked arrays on the device's
-    context and measuring its copy rates in a thread, before its blocks are merged: the future
-    of ``(arrays, copy rates, (buffer, array) pairs)`` (:func:`board_connect` takes the arrays,
-    the engine frees the pairs: :meth:`clmf.engine.Engine.adopt_staging`), else None."""
+    pins its host buffers, the rows not registered instead), start making its board's
+    page-locked arrays on the device's context and measuring its copy rates in a thread,
+    before its blocks are merged: the future of ``(arrays, copy rates, (buffer, array)
+    pairs)`` (:func:`board_connect` takes the arrays, the engine frees the pairs), else None."""
     from ..engine.device import device_info, get_context
     from ..engine.upload import pinned_array, pins_host
     plan = setup["plan"]
     if (not (shared and plan.devices > 1) or shm.switched_off(BD.ENV_LOOP)
             or not _staged(pins_host(device_info(dev)))      # (the engine's default)
+            or BD.publish_mode(device_info(dev)) == "register"
             or any(plan[s].mode != "replicate" for s in SIDES)):
         return None
     specs = BD.staging_specs({s: plan[s].bounds for s in SIDES}, d, setup["ldf"],
