@@ -79,3 +79,27 @@ def test_typed_launch_takes_python_numbers(cl_device):
     out = np.zeros(4, np.float32)
     cl.enqueue_copy(q, out, a)
     assert out[1] == out[2] == 1.5
+
+
+def _other_sources():
+    """The sources of every program clmf builds besides the ALS ones."""
+    from clmf.inference import heldout as HO
+    from clmf.inference.topk import TopKConfig, render_topk
+    return {"reduce (CPU)": K._reduce_source(True), "reduce (GPU)": K._reduce_source(False),
+            "rotate": K._rotate_source(), "layout": K.render("layout.cl.j2"),
+            "convert": K.render("convert.cl.j2"),
+            "metrics": K.render_metrics(10, "float32", 12),
+            "metrics (biased)": K.render_metrics(10, "float32", 12, biased=True),
+            "heldout": HO._source(10, 12, 12, "float32"),
+            "topk": render_topk(TopKConfig(), 12, 10),
+            "peak": K.render("peak.cl.j2", width=4, chains=8, unroll=1)}
+
+
+def test_every_other_program_fully_typed():
+    """Every kernel of every other program (reduce, rotate, layout, convert, metrics, held-out
+    scores, top-k, the peak microbenchmarks) has only argument types the reader knows: none
+    falls back to pyopencl's slow untyped launch."""
+    for name, src in _other_sources().items():
+        kernels = set(re.findall(r"__kernel\s+(?:__attribute__\s*\(\(.*?\)\)\s*)*void\s+(\w+)",
+                                 src, re.S))
+        assert kernels and kernels == set(K.scalar_arg_dtypes(src)), name
