@@ -66,7 +66,7 @@ def main(argv=None):
     import pyopencl as cl
 
     from clmf.engine.device import device_info, get_context
-    from clmf.engine.upload import pinned_array
+    from clmf.engine.upload import pinned_array, wrap_host
     from clmf.parallel import select_devices
     devs = select_devices(f"{args.devices}:all")
     ctxs = [get_context(d)[0] for d in devs]
@@ -86,7 +86,7 @@ def main(argv=None):
             buf, h = pinned_array(ctxs[owner], queues[owner], (nbytes,), np.uint8)
             keep.append(buf)
         if kind.endswith("_reg"):
-            keep.append(cl.Buffer(ctxs[d], mf.READ_WRITE | mf.USE_HOST_PTR, hostbuf=h))
+            keep.append(wrap_host(ctxs[d], h))
         return h
 
     kinds = ("pageable", "pin0", "pin_own", "pin0_reg", "pageable_reg")

@@ -31,6 +31,7 @@ not yet been enqueued (the host late) from those in which it waited on the devic
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -53,20 +54,20 @@ def instrument(log, calls=None, events=None):
     engine_steps, multi_half, piped = Engine.half_step_steps, backend.MultiEngine.half_step, \
         backend.pipelined
 
-    def record(eng, side, fn, *args, **kw):
-        """Run ``fn`` and log the device's part."""
-        before = (eng.times.get("compute", 0.0), eng.times.get("exchange", 0.0),
-                  eng.times.get("kernels", 0.0))
+    @contextlib.contextmanager
+    def part(eng, side):
+        """Log the enclosed part of device ``eng``'s half-step of ``side``: its host times and
+        the growth of the device's compute, exchange and kernel seconds."""
+        keys = ("compute", "exchange", "kernels")
+        before = [eng.times.get(k, 0.0) for k in keys]
         t = time.perf_counter()
         try:
-            return fn(*args, **kw)
+            yield
         finally:
             t1 = time.perf_counter()
-            after = (eng.times.get("compute", 0.0), eng.times.get("exchange", 0.0),
-                     eng.times.get("kernels", 0.0))
             with lock:
                 log.append(("dev", eng.index, side, t, t1,
-                            *(a - b for a, b in zip(after, before))))
+                            *(eng.times.get(k, 0.0) - b for k, b in zip(keys, before))))
 
     def half_step_steps(self, side, *args, **kw):
         """An engine's half-step (its generator: launches, then the wait), timed from its
@@ -75,23 +76,14 @@ def instrument(log, calls=None, events=None):
 
         def steps():
             """The wrapped generator."""
-            before = (self.times.get("compute", 0.0), self.times.get("exchange", 0.0),
-                      self.times.get("kernels", 0.0))
-            t = time.perf_counter()
-            try:
+            with part(self, side):
                 yield from gen
-            finally:
-                t1 = time.perf_counter()
-                after = (self.times.get("compute", 0.0), self.times.get("exchange", 0.0),
-                         self.times.get("kernels", 0.0))
-                with lock:
-                    log.append(("dev", self.index, side, t, t1,
-                                *(a - b for a, b in zip(after, before))))
         return steps()
 
     def pipelined(eng, side, *args, **kw):
         """A reduced half-step of one device, timed."""
-        return record(eng, side, piped, eng, side, *args, **kw)
+        with part(eng, side):
+            return piped(eng, side, *args, **kw)
 
     def multi(self, side, *args, **kw):
         """The backend's half-step, timed (its devices' commands taken where recorded)."""

@@ -486,14 +486,14 @@ def test_splits_run_at_once_on_a_worker_give_the_same_model(ml100k, monkeypatch)
     assert all(w["split"] > 0 and w["split_wall"] > 0 for w in dm.fit_times_["workers"])
 
 
-def test_registered_segments_give_the_same_model(ml100k, monkeypatch, caplog):
-    """``CLMF_DASK_PUBLISH=register`` (where a worker would stage through page-locked memory:
-    forced here on CPU devices): no staging, every row segment wrapped by a buffer in the
-    worker's context, the device copying straight to and from the segments; the one-device
-    model, no host copies of rows, the wrapping buffers freed with the fit."""
+def _forced_gpu_loop_fit(ml100k, monkeypatch, caplog, publish):
+    """Three iterations on two PoCL workers with the workers' loop on its GPU path
+    (``CLMF_DASK_PINNED_STAGING=1``, inherited by the new workers) and
+    ``CLMF_DASK_PUBLISH=publish``, the backend's log in ``caplog``: the model, checked close
+    to the one-device fit."""
     path, R, _raw = ml100k
-    monkeypatch.setenv("CLMF_DASK_PINNED_STAGING", "1")     # inherited by the new workers
-    monkeypatch.setenv("CLMF_DASK_PUBLISH", "register")
+    monkeypatch.setenv("CLMF_DASK_PINNED_STAGING", "1")
+    monkeypatch.setenv("CLMF_DASK_PUBLISH", publish)
     cluster, c = _cluster()
     try:
         with caplog.at_level("INFO", logger="clmf.parallel.dask_backend"):
@@ -502,8 +502,17 @@ def test_registered_segments_give_the_same_model(ml100k, monkeypatch, caplog):
     finally:
         c.close()
         cluster.close()
-    assert "page-locked staging on 0 of 2 workers (published by register)" in caplog.text
     _check_close(dm, _one_device(R, iterations=3))
+    return dm
+
+
+def test_registered_segments_give_the_same_model(ml100k, monkeypatch, caplog):
+    """``CLMF_DASK_PUBLISH=register`` (where a worker would stage through page-locked memory:
+    forced here on CPU devices): no staging, every row segment wrapped by a buffer in the
+    worker's context, the device copying straight to and from the segments; the one-device
+    model, no host copies of rows, the wrapping buffers freed with the fit."""
+    dm = _forced_gpu_loop_fit(ml100k, monkeypatch, caplog, "register")
+    assert "page-locked staging on 0 of 2 workers (published by register)" in caplog.text
     loop = dm.fit_times_["loop"]
     assert len(loop) == 3 and all(p["publish_copy"] == 0 for per in loop for p in per)
     board = dm.fit_times_["board"]        # no staging made ahead, no copy rates measured
@@ -519,19 +528,8 @@ def test_pinned_staging_of_the_workers_rows_gives_the_same_model(ml100k, monkeyp
     of its mirror, by a second copy off its device, or by the device into a buffer wrapping
     its row segment, ``CLMF_DASK_PUBLISH``) gives the
     one-device model; each iteration's parts and the board's copy rates are reported."""
-    path, R, _raw = ml100k
-    monkeypatch.setenv("CLMF_DASK_PINNED_STAGING", "1")     # inherited by the new workers
-    monkeypatch.setenv("CLMF_DASK_PUBLISH", publish)
-    cluster, c = _cluster()
-    try:
-        with caplog.at_level("INFO", logger="clmf.parallel.dask_backend"):
-            dm = clmf.dask.ALS(client=c, iterations=3, device=POCL, **KW).fit(
-                path, show_progress=False)
-    finally:
-        c.close()
-        cluster.close()
+    dm = _forced_gpu_loop_fit(ml100k, monkeypatch, caplog, publish)
     assert f"page-locked staging on 2 of 2 workers (published by {publish})" in caplog.text
-    _check_close(dm, _one_device(R, iterations=3))
     loop = dm.fit_times_["loop"]              # each iteration's parts, on both workers
     assert len(loop) == 3 and all(len(per) == 2 for per in loop)
     assert all(p["publish_copy"] > 0 and p["seconds"] >= p["compute"] > 0

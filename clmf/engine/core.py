@@ -598,7 +598,7 @@ class Engine:
         # driver may hold a copy's enqueue call for milliseconds while other devices' threads
         # enqueue (NVIDIA, four devices), and the device must not wait for the next kernel
         events, copy_events, later = [], [], self.dplan.sides[side].resident
-        publish = []
+        publish = []                   # a resident side's read-backs, enqueued after the loop
         for batch in batches:
             bset, r0, row0, n = batch.bset, batch.r0, batch.row0, batch.rows
             if batch.nv:
@@ -620,9 +620,11 @@ class Engine:
             if batch.head:             # the head rows enqueued: rotate, Λ for the others
                 gram = 2 if self.rotation.complete() else None
             if publisher is not None:
-                publish.append((batch.done, r0 + row0, n))
-            if publish and not later:
-                BL.publish_rows(self, side, exchange, publisher, copy_events, publish.pop())
+                item = (batch.done, r0 + row0, n)
+                if later:
+                    publish.append(item)
+                else:
+                    BL.publish_rows(self, side, exchange, publisher, copy_events, item)
             yield False
         for p in publish:
             BL.publish_rows(self, side, exchange, publisher, copy_events, p)

@@ -66,6 +66,14 @@ def registers_host_pages(info):
     return info.type == "GPU" and "nvidia" in info.platform.lower()
 
 
+def wrap_host(ctx, array):
+    """A ``USE_HOST_PTR`` buffer of ``ctx`` over the host ``array`` (where
+    :func:`registers_host_pages`, copies naming the array then run by DMA); the caller
+    releases it before ``array`` is freed."""
+    import pyopencl as cl
+    return cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR, hostbuf=array)
+
+
 def needs_aligned_host(info):
     """Whether the device's runtime reads ``USE_HOST_PTR`` host arrays in place only when they
     are aligned, copying them itself otherwise: Intel's CPU runtime (45–100 ms per 100 MB for

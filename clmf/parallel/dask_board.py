@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 
+from ..engine.upload import registers_host_pages, wrap_host
+
 log = logging.getLogger(__name__)
 
 __all__ = ["Board", "BoardExchange", "BlockHost", "board_create", "PeerLostError",
@@ -101,7 +103,6 @@ def publish_mode(info=None):
     no host copies at all); anything else is an error naming it. Unset: "register" where the
     device's driver registers wrapped pages (``info``:
     :func:`clmf.engine.upload.registers_host_pages`), else :data:`PUBLISH`."""
-    from ..engine.upload import registers_host_pages
     default = (PUBLISH_REGISTERED if info is not None and registers_host_pages(info)
                else PUBLISH)
     mode = os.environ.get(ENV_PUBLISH, "").strip().lower() or default
@@ -264,14 +265,6 @@ def staging_specs(bounds, d, ldf, dtype):
     return out
 
 
-def _wrap(context, array):
-    """A ``USE_HOST_PTR`` buffer of ``context`` over ``array`` (a driver may register its
-    pages: copies naming the array then run by DMA)."""
-    import pyopencl as cl
-    return cl.Buffer(context, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR,
-                     hostbuf=array)
-
-
 class Board:
     """This worker's view of every board of a fit: its own control words, the peers' (to read)
     and each side's :class:`BlockHost`; :meth:`exchange` makes a half-step's exchange."""
@@ -320,7 +313,7 @@ class Board:
                     arrays[self.d] = staging(shape, dt)
             self.host[s] = BlockHost(b, arrays, mirror, self.d, self.pool)
             if context is not None and staging is None:
-                self.wraps += [_wrap(context, a) for a in arrays if a.nbytes]
+                self.wraps += [wrap_host(context, a) for a in arrays if a.nbytes]
         self.staged = staging is not None
         self.reader = reader if self.staged else None
         self.abort = abort

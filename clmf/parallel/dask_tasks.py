@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from ..engine.device import worker_device
+from ..engine.upload import wrap_host
 from . import dask_board as BD
 from . import shared_blocks as shm
 from .dask_blocks import _block, _Collector
@@ -544,8 +545,7 @@ class _SegmentReader:
         seg = self.st["board"].segment[side]
         buf = self.wraps.get(side)
         if buf is None:
-            buf = self.wraps[side] = cl.Buffer(
-                w.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR, hostbuf=seg)
+            buf = self.wraps[side] = wrap_host(w.ctx, seg)
         off, n = dst.ctypes.data - seg.ctypes.data, dst.nbytes
         if not n:
             return
