@@ -66,6 +66,8 @@ def parse(argv=None):
     p.add_argument("--modes", default="explicit,implicit")
     p.add_argument("--variants", default=None,
                    help="';'-separated variants (default: the device type's list)")
+    p.add_argument("--vary", choices=("both", "users", "items"), default="both",
+                   help="the side the listed variants run on; the other keeps auto's choice")
     p.add_argument("--iterations", type=int, default=3)
     p.add_argument("--alpha", type=float, default=2.0)
     p.add_argument("--regularization", type=float, default=0.05)
@@ -210,7 +212,9 @@ def main(argv=None):
                     break
                 if isinstance(cfgs, str):           # a variant string: parsed here, so a
                     try:                            # malformed one is a row, not a crash
-                        cfgs = (KernelConfig.parse(cfgs),) * 2
+                        c = KernelConfig.parse(cfgs)
+                        cfgs = {"both": (c, c), "users": (c, auto[1]),
+                                "items": (auto[0], c)}[a.vary]
                     except Exception as e:
                         emit({"mode": mode, "f": f, "variant": name, "configs": [name, name],
                               "status": f"{type(e).__name__}: {e}".splitlines()[0][:200]})
@@ -225,8 +229,9 @@ def main(argv=None):
                                items_s=statistics.median(wall["items"]),
                                users_stages=median_stages(stages["users"]),
                                items_stages=median_stages(stages["items"]))
-                    per_side["users"].append((row["users_s"], cfgs[0]))
-                    per_side["items"].append((row["items_s"], cfgs[1]))
+                    for i, side in enumerate(("users", "items")):
+                        if name == "auto" or a.vary in ("both", side):
+                            per_side[side].append((row[side + "_s"], cfgs[i]))
                 emit(row)
                 log(f"{mode} f={f} {name}: {row.get('status')} users "
                     f"{row.get('users_s', float('nan')):.4f} items "
