@@ -4,6 +4,10 @@
 #      write-back spread over 1, 2 or 4 work-groups per row (direct=N; no run had timed it at
 #      f >= 128) — against auto, the users' side kept at auto's choice (side_profile.py --vary
 #      items): implicit f = 256 / 200 / 128 (tf32), explicit f = 256 / 128 (fp32 and tf32).
+#   b: registers, spills and work-group limits of the kernels auto runs at f = 256 / 128 / 100 / 50
+#      and of the mma direct form (benchmarks/kernel_resources.py: ptxas -v on the driver's PTX
+#      where ptxas exists, the driver's kernel work-group info); then the dims form at f = 256
+#      (implicit) with shapes no run had timed: 512-wide work-groups, 8 lanes per entry (dims_q=8).
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session47.sh a
 . "$(dirname "$0")/gpu_preamble.sh"
 M="batch+vec4+mma:solver=cg"
@@ -22,6 +26,31 @@ a)
     mkdir -p "$OUT/a2"
     timeout 230 python3 "$R/benchmarks/side_profile.py" --device "$DEV" --scale "$SCALE" --out "$OUT/a2" \
         --factors 256,128 --modes explicit --vary items --iterations 3 --max-seconds 200 \
+        --variants "$V" 2>&1 | grep -v "CompilerWarning\|lambda: self"
+    ;;
+b)
+    F="batch+vec4:solver=fusedcg,fused_dims=1"
+    W="$F,dims_shfl=1,dims_rsum=1"
+    C="implicit:256:$W,dims_pipe=1,solve_wg=256,nnz_batch=2,dims_q=4"
+    C="$C;implicit:256:$W,solve_wg=256,nnz_batch=4,dims_q=4"
+    C="$C;implicit:128:$W,solve_wg=128,nnz_batch=8,dims_q=2"
+    C="$C;implicit:128:$W,solve_wg=256,nnz_batch=4,dims_q=4"
+    C="$C;explicit:100:$F,solve_wg=128,nnz_batch=8,dims_q=2"
+    C="$C;explicit:100:batch+vec4+syrk:bx=8,ks=2,solver=cg"
+    C="$C;explicit:50:batch+vec4+syrk:bx=8,ks=8,solve_wg=32,solver=cg"
+    C="$C;explicit:10:batch+vec4+syrk:bx=4,ks=16,nnz_batch=64,solver=cg"
+    C="$C;implicit:256:$M,tx=8,nnz_batch=32,direct=2,precision=tf32"
+    C="$C;implicit:256:$W,solve_wg=512,nnz_batch=4,dims_q=4"
+    C="$C;implicit:256:$W,solve_wg=256,nnz_batch=2,dims_q=8"
+    timeout 200 python3 "$R/benchmarks/kernel_resources.py" --device "$DEV" --out "$OUT/b" \
+        --cells "$C" 2>&1 | grep -v "CompilerWarning\|lambda: self" | cut -c1-400
+    (cd "$OUT/b" && tar czf ptx.tgz ptx && rm -rf ptx)
+    V="$W,solve_wg=512,nnz_batch=4,dims_q=4;$W,dims_pipe=1,solve_wg=512,nnz_batch=2,dims_q=4"
+    V="$V;$W,solve_wg=256,nnz_batch=2,dims_q=8;$W,solve_wg=512,nnz_batch=2,dims_q=8"
+    V="$V;$W,dims_pipe=1,solve_wg=256,nnz_batch=1,dims_q=8;$W,solve_wg=1024,nnz_batch=2,dims_q=8"
+    V="$V;$W,solve_wg=128,nnz_batch=4,dims_q=4"
+    timeout 300 python3 "$R/benchmarks/side_profile.py" --device "$DEV" --scale "$SCALE" \
+        --out "$OUT/b2" --factors 256 --modes implicit --iterations 3 --max-seconds 280 \
         --variants "$V" 2>&1 | grep -v "CompilerWarning\|lambda: self"
     ;;
 esac
