@@ -180,7 +180,7 @@ def main(argv=None):
     uc = np.diff(R.indptr)
     ic = np.bincount(R.indices, minlength=n)
     stats = {"users": side_stats(uc, n), "items": side_stats(ic, m)}
-    extra = (a.variants.split(";") if a.variants else
+    extra = ([v for v in a.variants.split(";") if v] if a.variants is not None else
              (CPU_VARIANTS if info.type == "CPU" else GPU_VARIANTS))
     path = os.path.join(a.out, "side_profile.jsonl")
     meta = {"device": label, "driver": info.driver, "data": f"{a.data} x{a.scale:g}",

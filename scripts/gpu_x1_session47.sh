@@ -8,6 +8,10 @@
 #      and of the mma direct form (benchmarks/kernel_resources.py: ptxas -v on the driver's PTX
 #      where ptxas exists, the driver's kernel work-group info); then the dims form at f = 256
 #      (implicit) with shapes no run had timed: 512-wide work-groups, 8 lanes per entry (dims_q=8).
+#   c: the dims form and the syrk S1 with NVIDIA's per-work-item register cap (CLMF_NV_MAXRREG:
+#      -cl-nv-maxrregcount) at 128 and 96 against none: at f = 256 the dims form's 179-190
+#      registers (b) leave one 256-wide work-group per SM; auto's pair at implicit f = 256 / 128
+#      and explicit f = 100 / 50.
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session47.sh a
 . "$(dirname "$0")/gpu_preamble.sh"
 M="batch+vec4+mma:solver=cg"
@@ -52,6 +56,17 @@ b)
     timeout 300 python3 "$R/benchmarks/side_profile.py" --device "$DEV" --scale "$SCALE" \
         --out "$OUT/b2" --factors 256 --modes implicit --iterations 3 --max-seconds 280 \
         --variants "$V" 2>&1 | grep -v "CompilerWarning\|lambda: self"
+    ;;
+c)
+    for cap in "" 128 96 ""; do
+        echo "== CLMF_NV_MAXRREG=$cap"
+        CLMF_NV_MAXRREG=$cap timeout 150 python3 "$R/benchmarks/side_profile.py" --device "$DEV" \
+            --scale "$SCALE" --out "$OUT/c-${cap:-none}" --factors 256,128 --modes implicit \
+            --iterations 3 --max-seconds 140 --variants "" 2>&1 | grep "auto"
+        CLMF_NV_MAXRREG=$cap timeout 100 python3 "$R/benchmarks/side_profile.py" --device "$DEV" \
+            --scale "$SCALE" --out "$OUT/c-${cap:-none}-x" --factors 100,50 --modes explicit \
+            --iterations 3 --max-seconds 90 --variants "" 2>&1 | grep "auto"
+    done
     ;;
 esac
 echo "done at $((SECONDS - T0)) s"
