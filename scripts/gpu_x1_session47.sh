@@ -11,7 +11,9 @@
 #   c: the dims form and the syrk S1 with NVIDIA's per-work-item register cap (CLMF_NV_MAXRREG:
 #      -cl-nv-maxrregcount) at 128 and 96 against none: at f = 256 the dims form's 179-190
 #      registers (b) leave one 256-wide work-group per SM; auto's pair at implicit f = 256 / 128
-#      and explicit f = 100 / 50.
+#      and explicit f = 100 / 50. Result: the same times with every cap — NVIDIA's compiler
+#      ignores the option (its -cl-nv-verbose log: s3_fcg still 190 registers with the cap at
+#      96); the switch was removed after this run (it only ever existed at a31fc27).
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session47.sh a
 . "$(dirname "$0")/gpu_preamble.sh"
 M="batch+vec4+mma:solver=cg"

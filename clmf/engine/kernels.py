@@ -517,30 +517,11 @@ _building: dict = {}        # key -> threading.Event of a build in flight (set w
 _plock = threading.Lock()
 
 
-def _register_cap(context):
-    """NVIDIA's per-work-item register cap asked for by ``CLMF_NV_MAXRREG`` (an experiment's
-    switch: ``-cl-nv-maxrregcount``), else no option."""
-    cap = os.environ.get("CLMF_NV_MAXRREG", "")
-    if not cap or not ptx_supported_context(context):
-        return ()
-    return (f"-cl-nv-maxrregcount={int(cap)}",)
-
-
-def ptx_supported_context(context):
-    """True when the context's devices are NVIDIA's (by platform, never by device name)."""
-    from .device import platform_short
-    try:
-        return platform_short(context.devices[0].platform.name) == "nvidia"
-    except Exception:
-        return False
-
-
 def build(context, source, options=BUILD_OPTIONS):
     """Build (or fetch from the memo) the program ``source`` for ``context``. A build of the same
     program already running in another thread (a warm-up, the engine's build threads) is waited
     for, not started twice."""
     import pyopencl as cl
-    options = tuple(options) + _register_cap(context)
     key = (context.int_ptr, hashlib.sha256(source.encode()).hexdigest(), tuple(options))
     while True:
         with _plock:
