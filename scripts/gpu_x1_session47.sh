@@ -14,6 +14,9 @@
 #      and explicit f = 100 / 50. Result: the same times with every cap — NVIDIA's compiler
 #      ignores the option (its -cl-nv-verbose log: s3_fcg still 190 registers with the cap at
 #      96); the switch was removed after this run (it only ever existed at a31fc27).
+#   d: the dims form with the first dims_cache entries' rows kept in local memory for the CG's
+#      later passes, the users' side varied from auto's choice (the items' kept): implicit
+#      f = 256 / 128, explicit f = 100 / 64.
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session47.sh a
 . "$(dirname "$0")/gpu_preamble.sh"
 M="batch+vec4+mma:solver=cg"
@@ -69,6 +72,26 @@ c)
             --scale "$SCALE" --out "$OUT/c-${cap:-none}-x" --factors 100,50 --modes explicit \
             --iterations 3 --max-seconds 90 --variants "" 2>&1 | grep "auto"
     done
+    ;;
+d)
+    U="batch+vec4:nnz_batch=2,solve_wg=256,solver=fusedcg,fused_dims=1,dims_shfl=1,dims_rsum=1"
+    U="$U,dims_pipe=1,dims_q=4"
+    timeout 120 python3 "$R/benchmarks/side_profile.py" --device "$DEV" --scale "$SCALE" \
+        --out "$OUT/d256" --factors 256 --modes implicit --vary users --iterations 3 \
+        --max-seconds 110 --variants "$U,dims_cache=16;$U,dims_cache=24;$U,dims_cache=30;$U" \
+        2>&1 | grep -v "CompilerWarning\|lambda: self"
+    U="batch+vec4:nnz_batch=8,solve_wg=128,solver=fusedcg,fused_dims=1,dims_shfl=1,dims_rsum=1"
+    U="$U,dims_q=2"
+    timeout 100 python3 "$R/benchmarks/side_profile.py" --device "$DEV" --scale "$SCALE" \
+        --out "$OUT/d128" --factors 128 --modes implicit --vary users --iterations 3 \
+        --max-seconds 90 --variants "$U,dims_cache=32;$U,dims_cache=64;$U,dims_cache=80" \
+        2>&1 | grep -v "CompilerWarning\|lambda: self"
+    U="batch+vec4:tx=1,ty=1,nnz_batch=8,solve_wg=128,solver=fusedcg,fused_dims=1,dims_q=2,dims_p=0"
+    timeout 100 python3 "$R/benchmarks/side_profile.py" --device "$DEV" --scale "$SCALE" \
+        --out "$OUT/d100" --factors 100 --modes explicit --vary users --iterations 3 \
+        --max-seconds 90 --variants "$U,dims_cache=32;$U,dims_cache=64;$U,dims_cache=90" \
+        2>&1 | grep -v "CompilerWarning\|lambda: self"
+    (cd "$OUT" && tar czf d.tgz d256 d128 d100 && rm -rf d256 d128 d100)
     ;;
 esac
 echo "done at $((SECONDS - T0)) s"
