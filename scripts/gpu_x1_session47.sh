@@ -16,7 +16,9 @@
 #      96); the switch was removed after this run (it only ever existed at a31fc27).
 #   d: the dims form with the first dims_cache entries' rows kept in local memory for the CG's
 #      later passes, the users' side varied from auto's choice (the items' kept): implicit
-#      f = 256 / 128, explicit f = 100 / 64.
+#      f = 256 / 128, explicit f = 100. Result: slower (users f = 256 0.218 -> 0.271-0.275 s,
+#      f = 128 0.069 -> 0.081-0.083 s; f = 100 within 2 %): the option was removed again (it
+#      only ever existed at 3c9e1db).
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session47.sh a
 . "$(dirname "$0")/gpu_preamble.sh"
 M="batch+vec4+mma:solver=cg"

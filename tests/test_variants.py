@@ -232,42 +232,6 @@ def test_fused_dims_pipelined_gathers_equal_unpipelined(cl_device, mode, base):
     assert assert_same_factors_with(cl_device, mode, base, ",dims_pipe=1", 7).dims_pipe
 
 
-@pytest.mark.parametrize("mode", ["explicit", "implicit", "biased"])
-@pytest.mark.parametrize("base,kc", [
-    ("batch+vec4:solver=fusedcg,fused_dims=1,dims_q=2,solve_wg=16,nnz_batch=3", 5),
-    ("batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_rsum=1,dims_q=4,solve_wg=32,"
-     "nnz_batch=2,dims_pipe=1", 13),
-    ("batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_rsum=1,dims_q=4,solve_wg=32,"
-     "nnz_batch=4", 64)])
-def test_fused_dims_cached_rows_equal_gathered(cl_device, mode, base, kc):
-    """dims_cache keeps the rows of each row's first entries in local memory after the first
-    pass: the same values, so the same factors bit for bit (rows of 0 .. 30 entries: shorter
-    and longer than the cache, a chunk cut by its end; with the pipelined gathers too)."""
-    assert assert_same_factors_with(cl_device, mode, base, f",dims_cache={kc}", 9).dims_cache == kc
-
-
-def test_fused_dims_cache_local_memory_counted():
-    """dims_cache's rows count in the fused CG's local memory (refused past the device's) and
-    it is a fused_dims parameter."""
-    from test_tuning_db import fake_info
-
-    from clmf.engine.kernels import fcg_dims_local_bytes, validate
-    nv = fake_info(platform="NVIDIA CUDA")
-    cfg = KernelConfig.parse("batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_rsum=1,"
-                             "dims_q=4,solve_wg=256,nnz_batch=2,dims_pipe=1")
-    assert fcg_dims_local_bytes(cfg.replace(dims_cache=24), 256, nv) == \
-        fcg_dims_local_bytes(cfg, 256, nv) + 24 * 64 * 16
-    # with PTX shuffles: the groups' sums' 16 KB, the vector's 1 KB and the flag (ptxas counted
-    # 17,412 B for this kernel without the cache on an H100), so 30 rows of 1 KB still fit
-    assert fcg_dims_local_bytes(cfg, 256, nv) == 16 * 16 * 16 * 4 + 1024 + 4
-    assert validate(cfg.replace(dims_cache=30), 256, nv)
-    with pytest.raises(InvalidConfigError) as e:
-        validate(cfg.replace(dims_cache=32), 256, nv)
-    assert e.value.reason == "local_memory"
-    with pytest.raises(InvalidConfigError):
-        KernelConfig.parse("batch+vec4:solver=fusedcg,dims_cache=8")   # a fused_dims parameter
-
-
 def test_fused_dims_pipe_registers_counted():
     """dims_pipe holds two chunks' rows: refused where they pass the 16 float4s."""
     from test_tuning_db import fake_info

@@ -494,13 +494,10 @@ def _default_space(f, info, storage="float32", mode="explicit"):
 def _dims_grid(f, info=None):
     """The fused CG dimensions form's geometry on GPUs: one work-item per entry's sum of parts
     or as many as fit (``dims_p``); from f = 64 (16 float4 slices) also 2 or 4 slices per
-    work-item (``dims_q``: fewer work-items per entry, more entries at once), the gathers
-    pipelined or not, the first 0 .. 32 entries' rows kept in local memory for the later passes
-    (``dims_cache``: pruned where they do not fit); on NVIDIA the entry sums as warp shuffles or
-    not (``dims_shfl``)."""
+    work-item (``dims_q``: fewer work-items per entry, more entries at once); on NVIDIA the
+    entry sums as warp shuffles or not (``dims_shfl``)."""
     from clmf.engine.kernels import ptx_supported
-    g = dict(dims_p=[1, 0], dims_q=[1, 2, 4] if f >= 64 else [1], dims_pipe=[False, True],
-             dims_cache=[0, 8, 16, 32])
+    g = dict(dims_p=[1, 0], dims_q=[1, 2, 4] if f >= 64 else [1], dims_pipe=[False, True])
     if ptx_supported(info):
         g["dims_shfl"] = [False, True]
         g["dims_wshfl"] = [False, True]

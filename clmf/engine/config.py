@@ -49,12 +49,11 @@ STORAGES = ("float32", "float16")
 PRECISIONS = ("fp32", "tf32")
 _NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?(\+gemm)?(\+syrk)?(\+mma)?$")
 _INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec",
-               "cg_steps", "batch_rows", "split", "dims_q", "dims_p", "direct", "dims_cache")
+               "cg_steps", "batch_rows", "split", "dims_q", "dims_p", "direct")
 _BOOL_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "mma", "triangle", "fused_solve",
                 "fused_dims", "dims_shfl", "dims_wshfl", "dims_rsum", "dims_pipe")
 # the fused CG dimensions form's parameters (meaningful with fused_dims only)
-DIMS_FIELDS = ("dims_q", "dims_p", "dims_shfl", "dims_wshfl", "dims_rsum", "dims_pipe",
-               "dims_cache")
+DIMS_FIELDS = ("dims_q", "dims_p", "dims_shfl", "dims_wshfl", "dims_rsum", "dims_pipe")
 # hard bounds of every integer field, checked whenever a configuration is made (the bounds that
 # depend on f and the device, e.g. cg_steps ≤ f or the work-group limits, are checked by
 # clmf.kernels.validate where both are known)
@@ -67,7 +66,7 @@ INT_RANGES = {"vec": (0, 16), "tx": (1, 1 << 14), "ty": (1, 1 << 14), "tz": (1, 
               "nnz_batch": (1, 1 << 20), "solve_wg": (0, 1 << 14), "solve_vec": (0, 16),
               "cg_steps": (1, MAX_CG_STEPS), "batch_rows": (0, (1 << 31) - 1),
               "split": (0, SPLIT_NEVER), "dims_q": (1, 16), "dims_p": (0, 1 << 14),
-              "direct": (0, 64), "dims_cache": (0, 1 << 12)}
+              "direct": (0, 64)}
 _DIGITS = re.compile(r"^[0-9]{1,12}$")      # ASCII digits only (int() takes "1_0", "１", " +3")
 _TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
 
@@ -145,10 +144,6 @@ class KernelConfig:
     dims_pipe : ``fused_dims`` only: the gathers software-pipelined — each chunk's rows loaded
         while the previous chunk's are summed and applied (twice the gathered rows in registers,
         so ``2·q·nnz_batch`` ≤ 16 float4s; the same arithmetic and values)
-    dims_cache : ``fused_dims`` only: the gathered rows of each row's first ``dims_cache``
-        entries kept in local memory by the work-items that gathered them in the CG's first
-        pass, which take them from there in the later passes (CG_STEPS of the row's
-        CG_STEPS + 1 gathers of those entries); 0 = none. The same values.
     dims_q : ``fused_dims`` only: float4 slices of every vector per work-item, at least (more
         where ``solve_wg`` work-items with this many do not cover f; at most f/4 rounded up), so
         ``f/4/dims_q`` work-items share an entry and the work-group holds more entry groups;
@@ -195,7 +190,6 @@ class KernelConfig:
     dims_pipe: bool = False
     dims_q: int = 1
     dims_p: int = 1
-    dims_cache: int = 0
 
     def __post_init__(self):
         # a configuration may come from an untrusted tuning record or a --variant string: every
@@ -289,9 +283,6 @@ class KernelConfig:
         if self.dims_shfl and not self.fused_dims:
             raise InvalidConfigError("dims_shfl (the entry sums as warp shuffles) is a parameter "
                                      "of fused_dims", "fused_dims")
-        if self.dims_cache and not self.fused_dims:
-            raise InvalidConfigError("dims_cache (the first entries' rows kept in local memory) "
-                                     "is a parameter of fused_dims", "fused_dims")
         if (self.dims_q != 1 or self.dims_p != 1) and not self.fused_dims:
             raise InvalidConfigError("dims_q and dims_p (slices per work-item, work-items per "
                                      "entry's sum) are parameters of fused_dims", "fused_dims")
@@ -454,7 +445,6 @@ class KernelConfig:
         levels = (e - 1).bit_length()              # the groups' sums: a tree over 2^levels ≥ e
         return dict(fd_f4=f4, fd_q=q, fd_d=d, fd_e=e, fd_nb=self.nnz_batch,
                     fd_held=self.nnz_batch * (2 if self.dims_pipe else 1), fd_p=p,
-                    fd_kc=self.dims_cache if self.dims else 0,
                     fd_t=-(-ch * p // swg), fd_tree=[1 << (levels - i) for i in range(1, levels + 1)])
 
     def tile_edges(self, f):
@@ -654,9 +644,6 @@ def representative_variants(f=None):
         "batch+vec4:solver=fusedcg,fused_dims=1,dims_pipe=1,dims_q=2,solve_wg=16,nnz_batch=3",
         "batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_rsum=1,dims_pipe=1,dims_q=2,"
         "solve_wg=32,nnz_batch=2",
-        # the first 5 entries' rows kept in local memory for the later passes (with the pipe)
-        "batch+vec4:solver=fusedcg,fused_dims=1,dims_pipe=1,dims_q=2,solve_wg=16,nnz_batch=3,"
-        "dims_cache=5",
         # long rows cut into pieces of 3 (resp. 5) entries, pieces and batches interleaved
         "batch:tx=4,ty=4,split=3,batch_rows=4",
         "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5,split=5,batch_rows=7",

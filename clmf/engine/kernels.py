@@ -404,22 +404,12 @@ def gsum_tree_ok(device_info):
     return device_info is None or platform_short(device_info.platform) != "pocl"
 
 
-def fcg_dims_local_bytes(config, f, device_info=None):
-    """Local memory of the fused CG's dimensions form (``s3_fcg``), by formula (bytes): the
-    arrays ``solve_fcgdims.cl.j2`` declares for the device's form of the entry sums (without a
-    device, the local-memory form's)."""
+def fcg_dims_local_bytes(config, f):
+    """Local memory of the fused CG's dimensions form (``s3_fcg``), by formula (bytes)."""
     g = config.fcg_geometry(f)
     ch = g["fd_e"] * g["fd_nb"]
-    shfl = dims_shuffle(config, device_info) if device_info is not None else 0
-    if shfl == 1:                                  # PTX shuffles: no parts, weights or sums
-        sums = 0
-    elif shfl == 2:                                # their emulation's exchange array
-        swg = config.swg(f)
-        sums = swg * (g["fd_nb"] if config.dims_rsum else 2 if config.dims_wshfl else 1)
-    else:
-        sums = ch * (g["fd_d"] | 1) + ch * g["fd_p"] + g["fd_d"]
-    return 4 * (sums + 4 * g["fd_e"] * g["fd_d"] * g["fd_q"] + 4 * g["fd_f4"] + 1
-                + 4 * g["fd_kc"] * g["fd_f4"])
+    return 4 * (ch * (g["fd_d"] | 1) + ch * g["fd_p"] + 4 * g["fd_e"] * g["fd_d"] * g["fd_q"]
+                + g["fd_d"] + 4 * g["fd_f4"] + 1)
 
 
 def fcg_dims_registers(config, f):
@@ -456,7 +446,7 @@ def _validate_fcg_dims(config, f, device_info):
                                      f"{regs * swg} for {swg} work-items: more than a GPU's "
                                      f"{GPU_MAX_REGISTERS} per work-item or {GPU_REGISTER_FILE} "
                                      "per compute unit (it would spill)", "registers")
-    lm = fcg_dims_local_bytes(config, f, device_info)
+    lm = fcg_dims_local_bytes(config, f)
     have = device_info.local_mem if device_info is not None else 32 * 1024
     if lm > have:
         raise InvalidConfigError(f"the fused CG needs {lm} B of local memory, the device has "
