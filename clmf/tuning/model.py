@@ -29,11 +29,16 @@ over the groups near the case in feature space, where
   (biased adds one: f + 1) are farther apart (:func:`align_d2`);
 * a group reports only its :data:`TOP_K` fastest configurations, and a configuration it does
   not report is *unknown* there, not slow (runs measured different configurations: a budgeted
-  search samples, and kernels added later were never measured by older runs): the mean is over
-  the groups that report it, shrunk towards a prior relative time ``e^PRIOR`` with a weight of
-  :data:`PRIOR_SHARE` of the nearest group's, so a configuration that the nearest groups found
-  among their fastest beats one that only far groups did — the nearest that *could* have
-  measured it: a group older than every group reporting the configuration's kernel family
+  search samples, and kernels added later were never measured by older runs): its time there
+  counts as the prior relative time ``e^PRIOR``, at the group's weight, so one group's find
+  does not outweigh the near groups that never report it (PoCL pthread-skylake-avx512,
+  20000×10000 implicit f = 64 left out: a Gram tiling one group found 1.16x its best, absent
+  from the three other implicit groups near, beat the cell's best, which the four found
+  1.0-2.3x theirs; it ran 4.5x the cell's best). The mean is shrunk towards the prior with a
+  further weight of :data:`PRIOR_SHARE` of the nearest group's, so a configuration that the
+  nearest groups found among their fastest beats one that only far groups did — the groups
+  that *could* have measured it: a group older than every group reporting the configuration's
+  kernel family
   (:func:`family`: the fields that pick its code paths; :func:`family_dates`) timed the kernels
   of its day, so its silence says nothing of a family added later (H100, Netflix shape,
   implicit f = 256 left out: the nearest group, MovieLens-20M implicit f = 256, predates the
@@ -562,19 +567,20 @@ def _builds_for(cs, kf, gmode, dtype, builds, memo):
 
 def _mean(view, ev, pri, within=None):
     """The predicted log relative time of a candidate from its prior and the groups of ``view``
-    (``[(d², log relative time or None, align d²)]``, nearest first), flags per group:
-    ``ev``, its evidence (it measured the candidate), ``pri``, it could have timed it (the
-    prior's weight a share of the nearest such group's), ``within``, the groups to read (all
-    by default); the prior alone where none could."""
+    (``[(d², log relative time or None, align d², whether it speaks of the candidate)]``,
+    nearest first), flags per group: ``ev``, its evidence (it measured the candidate), ``pri``,
+    it could have timed it (the prior's weight a share of the nearest such group's; one that
+    does not report it but speaks of the candidate counts the prior's time at its weight),
+    ``within``, the groups to read (all by default); the prior alone where none could."""
     d0, num, sup = None, 0.0, 0.0
-    for i, (d2, x, extra) in enumerate(view):
+    for i, (d2, x, extra, speaks) in enumerate(view):
         if within is not None and not within[i]:
             continue
         if d0 is None and pri[i]:
             d0 = d2
-        if ev[i]:
+        if ev[i] or (pri[i] and speaks):
             w = weight(d2 + extra)
-            num += w * x
+            num += w * (x if ev[i] else PRIOR)
             sup += w
     if d0 is None and not sup:
         return PRIOR
@@ -638,7 +644,9 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=None,
 
     Each configuration's own score is its prior and the log relative times of the groups that
     measured it, the prior's weight a share of the nearest group that could have timed it (no
-    older than its kernel family, of a mode that does not refute it, and able to build it). A
+    older than its kernel family, of a mode that does not refute it, and able to build it), and
+    each group that could have timed it but does not report it counts the prior's time at its
+    weight (its time there is unknown). A
     group that could not build a configuration timed the others against a best without it, so
     it says nothing of them relative to it: every candidate is compared with a leader — the
     best by its own score that builds at the case, replaced by any that beats it so — over only
@@ -687,10 +695,10 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=None,
     views, ev, pri, bld, eligible = {}, {}, {}, {}, set()
     for k, (c, _where) in cands.items():
         since = first.get(family(c), "")
-        views[k] = [(d2, math.log(rel[k]) if k in rel else None,
-                     align_d2(c, g.f, g.mode, f, mode) if k in rel else 0.0)
-                    for d2, g, (rel, _c) in view]
-        ev[k] = [k in rel and not _gram_unmeasured(c, g, mode) for _d2, g, (rel, _c) in view]
+        mute = [_gram_unmeasured(c, g, mode) for _d2, g, _v in view]   # (says nothing of c)
+        views[k] = [(d2, math.log(rel[k]) if k in rel else None, align_d2(c, g.f, g.mode, f, mode),
+                     not m) for (d2, g, (rel, _c)), m in zip(view, mute)]
+        ev[k] = [k in rel and not m for (_d2, _g, (rel, _c)), m in zip(view, mute)]
         bld[k] = [k not in bad.get(g.mode, ()) and (builds is None or k in rel
                                                      or _builds_in(k, g.f, g.mode))
                   for _d2, g, (rel, _c) in view]
@@ -700,7 +708,7 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=None,
     final = _leader_scores(views, ev, pri, bld, eligible) if cands else {}
     out = []
     for k, (c, where) in cands.items():
-        sup = sum(weight(d2 + x) for (d2, _l, x), e in zip(views[k], ev[k]) if e)
+        sup = sum(weight(d2 + x) for (d2, _l, x, _s), e in zip(views[k], ev[k]) if e)
         out.append((final[k], k, c, sup, where))
     out.sort(key=lambda t: (t[0], -t[3], t[1]))
     return out, near
