@@ -144,6 +144,36 @@ def test_far_groups_make_no_prediction():
     assert r == [] and near == []
 
 
+def test_a_case_unlike_any_tuned_one_ranks_by_its_nearest_groups():
+    """Where even the nearest group is past MAX_D2 (f = 48 against runs at f = 16 and 14), the
+    groups within SPAN_D2 of the nearest still rank the configurations (the ``nearest`` rung
+    copied one run's choice, 1.45-8.7x the best of the 24009×888 cells); a group beyond
+    FAR_D2 never counts."""
+    info = fake_info()
+    gs = groups(run(info, 16, {A: 1.0, B: 1.3}, "r16") + run(info, 14, {A: 1.3, B: 1.0}, "r14")
+                + run(info, 4, {B: 1.0}, "r4"), info)
+    r, near = M.rank(gs, 48, "explicit", "users", M.features(2000, 1000, 40000))
+    d2 = sorted(d for d, _g in near)
+    assert d2[0] > M.MAX_D2 and d2[-1] - d2[0] <= M.SPAN_D2 and d2[-1] <= M.FAR_D2
+    assert {g.f for _d, g in near} == {16, 14}          # f = 4: past the span
+    assert str(r[0][2]) == A                               # the nearer group's best
+
+
+@pytest.mark.parametrize("mode", ["explicit", "implicit"])
+def test_lookup_model_rule_with_its_reason(dbenv, mode):  # noqa: F811
+    """An unseen f on a device with tuning runs: the ``model`` rule, its reason naming the
+    nearest run; the same f tuned: ``tuned`` first."""
+    from test_tuning_db import best_records
+    info = fake_info()
+    ds = {"m": 2000, "n": 1000, "nnz": 40000}
+    write(dbenv["env"], run(info, 64, {A: 1.0, B: 1.4}, "r64", mode=mode)
+          + best_records(info, 64, ds, A, A, "r64", mode=mode))
+    ch = tuning.choose(info, 48, "users", stats("users", ds), mode=mode)
+    assert ch.rule == "model" and ch.config == KernelConfig.parse(A), ch
+    assert f"f=64 {mode} users 2000×1000" in ch.reason
+    assert tuning.choose(info, 64, "users", stats("users", ds), mode=mode).rule == "tuned"
+
+
 def _wrong(info, f, variant, run_id, mode="explicit"):
     """A measurement of status wrong: ``variant`` failed the reference check at f in mode."""
     return base_record("measurement", status="wrong", reason="reference_mismatch", run_id=run_id,

@@ -63,8 +63,11 @@ implicit feedback's; the explicit runs' best syrk is no evidence against it in b
 
 The configuration with the lowest predicted log relative time that validates at the case's f on
 the device wins; both sides share the factor rows' padding, so the pair is the best sum over
-configurations of one leading dimension. Groups farther than :data:`MAX_D2` are ignored; with
-none left the model makes no prediction and the lookup falls through to ``nearest``.
+configurations of one leading dimension. Groups farther than :data:`MAX_D2` are ignored, unless
+within :data:`SPAN_D2` of the nearest (a shape unlike any tuned one still has neighbours to rank
+the configurations by: the ``nearest`` rung copies one run's choice, 1.45-8.7x the best of
+24009×888 cells); with no group the model makes no prediction and the lookup falls through to
+``nearest``.
 
 The model reads only the top-K of each group (``clmf.autotune.distill`` ships exactly those
 measurement records, so the compact databases predict what the raw ones do).
@@ -99,7 +102,9 @@ STORAGE_D2 = 1.0         # another storage dtype
 OLDER_D2 = 1.0           # per newer run of the same case (it measured the current kernels)
 AGE_D2 = 1.0             # per day a run is older than the device's newest (kernels change
                          # between tuning campaigns; a run re-measures earlier bests as anchors)
-MAX_D2 = 6.0             # groups farther than this are ignored (weight < 0.3 %)
+MAX_D2 = 6.0             # groups farther than this are ignored (weight < 0.3 %) ...
+SPAN_D2 = 3.0            # ... unless within this of the nearest (a shape unlike any tuned)
+FAR_D2 = 18.0            # farther never counts (f by a factor 4.4, the shape by 20 RMS)
 FILL_GROUPS = 32         # resident work-groups per compute unit (NVIDIA SMs hold 32 blocks):
                          # a half-step's rows past this many per compute unit fill the device
 
@@ -624,7 +629,8 @@ def _leader_scores(views, ev, pri, bld, eligible, rounds=8):
 
 def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=None, builds=None):
     """``[(score, key, KernelConfig, support, device)]`` of every configuration in the top-K of
-    a group within :data:`MAX_D2` of the case (``key``: its :func:`case_key`), lowest predicted
+    a group near the case (within :data:`MAX_D2`, or :data:`SPAN_D2` of the nearest group;
+    ``key``: its :func:`case_key`), lowest predicted
     log relative time first (``support``: the summed weight of the groups that measured it
     among their fastest;
     ``device``: the device key of the nearest group that measured it *at this f* with as many
@@ -660,11 +666,9 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=None,
     picked it, 1.25-1.71x the cells' best. H100 Netflix biased f = 32: the explicit runs,
     where ``mma`` in tf32 is wrong, found a syrk fastest without it; counted against ``mma``,
     the items side picked that syrk, 2.0x the cell's best, ``mma``.)"""
-    near = []
-    for g in groups:
-        d2 = distance(g, f, mode, side, feats, storage, fill)
-        if d2 <= MAX_D2:
-            near.append((d2, g))
+    near = [(distance(g, f, mode, side, feats, storage, fill), g) for g in groups]
+    cut = min(FAR_D2, max(MAX_D2, min((d2 for d2, _g in near), default=0.0) + SPAN_D2))
+    near = [(d2, g) for d2, g in near if d2 <= cut]
     near.sort(key=lambda t: (t[0], t[1].run_id, t[1].side))
     if not near:
         return [], []
