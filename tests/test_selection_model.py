@@ -2,6 +2,8 @@
 reads, how it weighs them, and the lookup's ``model`` rule (issue 27)."""
 from __future__ import annotations
 
+import math
+
 import pytest
 from test_tuning_db import dbenv, fake_info, stats, write  # noqa: F401  (dbenv: a fixture)
 
@@ -123,6 +125,27 @@ def test_only_a_measurement_at_this_f_vouches_for_a_configuration():
     assert where[str(KernelConfig.parse(A))] is None and where[str(KernelConfig.parse(B))] == dev
     r, _near = M.rank(gs, 100, "explicit", "users", M.features(2000, 1000, 40000))
     assert all(w == dev for _s, _k, _c, _sup, w in r)
+
+
+def test_a_partial_explicit_vector_of_the_fused_cg_weighs_evidence_less():
+    """The one-work-item fused CG in explicit vectors of width w (``solve_vec``): at f = 64 the
+    64 unknowns fill whole vectors of 8 and 16, biased feedback's 65 add a partial one, so an
+    explicit run at f = 64 says less of its biased time (SVEC_D2) than a biased run at f = 50
+    (51 unknowns: partial too), though both are as near."""
+    V16 = "batch+vec16:tx=1,ty=1,solve_wg=1,solve_vec=16,solver=fusedcg"
+    V8 = "batch+vec8:tx=1,ty=1,solve_wg=1,solve_vec=8,solver=fusedcg"
+    v16, v8, scalar = (KernelConfig.parse(x) for x in (V16, V8, FUSED))
+    assert M.align_d2(v16, 64, "explicit", 64, "biased") == M.SVEC_D2 > 0
+    assert M.align_d2(v8, 64, "explicit", 64, "biased") == M.SVEC_D2
+    assert M.align_d2(v16, 128, "explicit", 64, "explicit") == 0.0     # both whole vectors
+    assert M.align_d2(v16, 50, "biased", 64, "biased") == 0.0          # both a partial one
+    assert M.align_d2(scalar, 64, "explicit", 64, "biased") == 0.0
+    assert M.align_d2(KernelConfig.parse(A), 64, "explicit", 64, "biased") == 0.0
+    info = fake_info(type_="CPU")
+    gs = groups(run(info, 64, {V16: 1.0, V8: 1.3}, "e64")
+                + run(info, 50, {V16: 1.2, V8: 1.0}, "b50", mode="biased"), info)
+    assert ranked(gs, 64, "biased")[0] == str(v8)
+    assert ranked(gs, 64, "explicit")[0] == str(v16)
 
 
 def test_explicit_measurements_at_f_do_not_vouch_in_biased_mode():
@@ -304,7 +327,8 @@ def test_a_fused_cgs_s1_chunk_is_s1_filler(kind):
     r, _near = M.rank(gs, 128, "biased", "users", M.features(2000, 1000, 40000))
     sup = {str(c): s for _s, _k, c, s, _w in r}
     assert r[0][1] == M.case_key(fused, "biased", kind, 129) and len(r) == 2
-    assert r[0][3] == pytest.approx(sup[str(KernelConfig.parse(A))])   # both runs' evidence
+    # both runs' evidence (at 129 unknowns the explicit vectors of 16 end in a partial one)
+    assert r[0][3] == pytest.approx(sup[str(KernelConfig.parse(A))] * math.exp(-M.SVEC_D2))
 
 
 def test_configurations_running_the_same_kernels_at_the_cases_f_are_one():

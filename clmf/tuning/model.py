@@ -26,7 +26,8 @@ over the groups near the case in feature space, where
   change nothing, and a run that measured it with tx = ty = 1 measured the
   one with 8 × 8 too (the fastest of such twins in a group stands for them);
 * the fused CG's dimensions form with and without a partial float4 slice of the unknowns
-  (biased adds one: f + 1) are farther apart (:func:`align_d2`);
+  (biased adds one: f + 1) are farther apart (:func:`align_d2`), and less so the one-work-item
+  fused CG in explicit vectors (``solve_vec``) with and without a partial vector;
 * a group reports only its :data:`TOP_K` fastest configurations, and a configuration it does
   not report is *unknown* there, not slow (runs measured different configurations: a budgeted
   search samples, and kernels added later were never measured by older runs): its time there
@@ -97,6 +98,7 @@ SHAPE_SCALE = 0.7        # ln rows / columns / ratings per row: a factor 2 (RMS)
 MODE_D2 = {frozenset(("explicit", "biased")): 0.5}   # another mode (implicit: IMPLICIT_D2)
 IMPLICIT_D2 = 1.0
 ALIGN_D2 = 3.0           # the fused CG's dimensions form with and without a partial float4 slice
+SVEC_D2 = 1.0            # the one-work-item fused CG with and without a partial explicit vector
 SIDE_D2 = 0.25           # the other side's group
 STORAGE_D2 = 1.0         # another storage dtype
 OLDER_D2 = 1.0           # per newer run of the same case (it measured the current kernels)
@@ -487,12 +489,16 @@ def align_d2(c, gf, gmode, f, mode):
     16 slices, 8 groups of 16 work-items in 128; biased, 65 unknowns: 17 slices, 7 groups) —
     so explicit runs of the form say little of its biased time at the same f (H100, Netflix
     shape, f = 64: 1.0× the explicit cell's best, 1.39× / 4.7× the biased cell's users /
-    items best)."""
-    if not c.dims:
-        return 0.0
+    items best). Likewise :data:`SVEC_D2` for the one-work-item fused CG written in explicit
+    vectors of ``solve_vec`` floats (:meth:`KernelConfig.svec`: CPUs), where one system's
+    unknowns fill whole vectors and the other's end in a partial one (Intel, 20000×10000
+    explicit f = 64 left out: the biased runs at f = 64, 65 unknowns, outweighed the others)."""
     from .spec import kernel_factors
-    aligned = (kernel_factors(gf, gmode) % 4 == 0, kernel_factors(f, mode) % 4 == 0)
-    return ALIGN_D2 if aligned[0] != aligned[1] else 0.0
+    kg, kc = kernel_factors(gf, gmode), kernel_factors(f, mode)
+    if c.dims:
+        return ALIGN_D2 if (kg % 4 == 0) != (kc % 4 == 0) else 0.0
+    w = c.svec(kc)
+    return SVEC_D2 if w and c.svec(kg) == w and (kg % w == 0) != (kc % w == 0) else 0.0
 
 
 def _gram_unmeasured(c, g, mode):
