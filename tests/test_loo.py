@@ -44,12 +44,15 @@ def _rows(path, **kw):
 def test_offline_leave_one_out(tmp_path):
     info = fake_info(name="Fake GPU loo")
     db = tmp_path / "db.jsonl"
+    # (f = 48 beside f = 64: the f = 128 run, as near as f = 32's, never timed A, and a
+    # configuration a near group does not report counts the prior's time there)
     write(db, _cell(info, 32, {A: 1.0, B: 1.5}, "r32", A)
+          + _cell(info, 48, {A: 1.0, B: 1.3}, "r48", A)
           + _cell(info, 64, {A: 1.0, B: 1.4}, "r64", A)
           + _cell(info, 128, {B: 1.0}, "r128", B))
     rows = _rows(db)
-    assert set(rows) == {32, 64, 128}
-    for f in (32, 64):                       # A, from the neighbours, measured best here
+    assert set(rows) == {32, 48, 64, 128}
+    for f in (32, 48, 64):                   # A, from the neighbours, measured best here
         r = rows[f]
         assert (r["rule"], r["verdict"], r["runs"]) == ("model", "hit", [f"r{f}"])
         assert r["ratio"] == 1.0 and r["pick"] == str(KernelConfig.parse(A))
@@ -57,8 +60,8 @@ def test_offline_leave_one_out(tmp_path):
     assert r["verdict"] == "unmeasured" and r["ratio"] is None
     assert r["pick"] == str(KernelConfig.parse(A)) and r["sides"]["users"] is None
     s = _loo().summary(rows.values())[r["device"]]
-    assert (s["cells"], s["measured"], s["hits"], s["unmeasured"]) == (3, 2, 2, 1)
-    assert "2 of 2 measured cells within 15 %" in _loo().markdown(list(rows.values()))
+    assert (s["cells"], s["measured"], s["hits"], s["unmeasured"]) == (4, 3, 3, 1)
+    assert "3 of 3 measured cells within 15 %" in _loo().markdown(list(rows.values()))
 
 
 def test_the_held_out_cells_records_reach_the_model_from_no_database(tmp_path, monkeypatch):
@@ -163,6 +166,7 @@ def test_a_pick_the_tuner_found_wrong_in_the_cell_is_a_miss(tmp_path):
                       storage="float32", side="both", mode="explicit", verify_rel_err=0.005,
                       config=KernelConfig.parse(A).to_dict(), variant=A)
     write(db, _cell(info, 32, {A: 1.0, B: 1.5}, "r32", A)
+          + _cell(info, 48, {A: 1.0, B: 1.3}, "r48", A)
           + _cell(info, 64, {A: 1.0, B: 1.4}, "r64", A)
           + _cell(info, 128, {B: 1.0}, "r128", B) + [bad])
     rows = _rows(db)
@@ -171,5 +175,5 @@ def test_a_pick_the_tuner_found_wrong_in_the_cell_is_a_miss(tmp_path):
     assert r["verdict"] == "wrong" and r["wrong"] == {"users": 0.005, "items": 0.005}
     assert rows[64]["verdict"] == "hit" and rows[64]["wrong"] == {}
     s = _loo().summary(rows.values())[r["device"]]
-    assert (s["measured"], s["hits"], s["unmeasured"], s["wrong"]) == (3, 2, 0, 1)
+    assert (s["measured"], s["hits"], s["unmeasured"], s["wrong"]) == (4, 3, 0, 1)
     assert "1 of the misses a pick the tuner found wrong" in _loo().markdown(list(rows.values()))

@@ -2,6 +2,8 @@
 reads, how it weighs them, and the lookup's ``model`` rule (issue 27)."""
 from __future__ import annotations
 
+import math
+
 import pytest
 from test_tuning_db import dbenv, fake_info, stats, write  # noqa: F401  (dbenv: a fixture)
 
@@ -54,6 +56,30 @@ def test_the_nearest_groups_ranking_wins():
     assert ranked(gs, 20)[0] == B
 
 
+def test_a_silence_where_others_were_faster_counts_against_a_configuration():
+    """A configuration one group found among its fastest but the groups that could have timed it
+    beside it do not report (they found others faster) counts their silence as the prior's
+    time: it no longer beats one that every group reports, the single group's best (the
+    leave-one-out picked such a one, 4.5x the cell's best on PoCL implicit f = 64)."""
+    info = fake_info()
+    W = "batch+reg:tx=8,ty=4"
+    near = run(info, 64, {A: 1.0, B: 1.16, W: 1.5}, "near")
+    other = run(info, 100, {W: 1.0, A: 1.9}, "f100") + run(info, 40, {W: 1.0, A: 1.9}, "f40")
+
+    def scores(recs):
+        """Each configuration's score at f = 64 from ``recs``."""
+        r, _near = M.rank(groups(recs, info), 64, "explicit", "users",
+                          M.features(2000, 1000, 40000))
+        return {str(c): s for s, _k, c, _sup, _w in r}
+    a, b, w = (str(KernelConfig.parse(x)) for x in (A, B, W))
+    score = scores(near + other)
+    assert score[a] < score[b] and score[a] < score[w]
+    # the silence of the groups that could have timed B raises its score above its one
+    # measurement's; W, which every group reports, is only scored by what they measured
+    alone = scores(near)
+    assert score[b] > alone[b] + 0.03 and score[w] < alone[w]
+
+
 def test_older_runs_and_other_modes_count_less():
     info = fake_info()
     old = run(info, 64, {A: 1.0, B: 1.5}, "old", date="2026-11-20T00:00:00+00:00")
@@ -101,6 +127,27 @@ def test_only_a_measurement_at_this_f_vouches_for_a_configuration():
     assert all(w == dev for _s, _k, _c, _sup, w in r)
 
 
+def test_a_partial_explicit_vector_of_the_fused_cg_weighs_evidence_less():
+    """The one-work-item fused CG in explicit vectors of width w (``solve_vec``): at f = 64 the
+    64 unknowns fill whole vectors of 8 and 16, biased feedback's 65 add a partial one, so an
+    explicit run at f = 64 says less of its biased time (SVEC_D2) than a biased run at f = 50
+    (51 unknowns: partial too), though both are as near."""
+    V16 = "batch+vec16:tx=1,ty=1,solve_wg=1,solve_vec=16,solver=fusedcg"
+    V8 = "batch+vec8:tx=1,ty=1,solve_wg=1,solve_vec=8,solver=fusedcg"
+    v16, v8, scalar = (KernelConfig.parse(x) for x in (V16, V8, FUSED))
+    assert M.align_d2(v16, 64, "explicit", 64, "biased") == M.SVEC_D2 > 0
+    assert M.align_d2(v8, 64, "explicit", 64, "biased") == M.SVEC_D2
+    assert M.align_d2(v16, 128, "explicit", 64, "explicit") == 0.0     # both whole vectors
+    assert M.align_d2(v16, 50, "biased", 64, "biased") == 0.0          # both a partial one
+    assert M.align_d2(scalar, 64, "explicit", 64, "biased") == 0.0
+    assert M.align_d2(KernelConfig.parse(A), 64, "explicit", 64, "biased") == 0.0
+    info = fake_info(type_="CPU")
+    gs = groups(run(info, 64, {V16: 1.0, V8: 1.3}, "e64")
+                + run(info, 50, {V16: 1.2, V8: 1.0}, "b50", mode="biased"), info)
+    assert ranked(gs, 64, "biased")[0] == str(v8)
+    assert ranked(gs, 64, "explicit")[0] == str(v16)
+
+
 def test_explicit_measurements_at_f_do_not_vouch_in_biased_mode():
     """Biases add an unknown: a syrk that built at explicit f = 128 needs 306 work-items in
     biased mode there (the coverage run's leave-one-out chose it unprobed and it failed)."""
@@ -118,6 +165,21 @@ def test_far_groups_make_no_prediction():
     gs = groups(run(info, 8, {A: 1.0}, "r8", shape=(200, 100, 4000)), info)
     r, near = M.rank(gs, 256, "explicit", "users", M.features(500000, 20000, 10 ** 8))
     assert r == [] and near == []
+
+
+def test_a_case_unlike_any_tuned_one_ranks_by_its_nearest_groups():
+    """Where even the nearest group is past MAX_D2 (f = 48 against runs at f = 16 and 14), the
+    groups within SPAN_D2 of the nearest still rank the configurations (the ``nearest`` rung
+    copied one run's choice, 1.45-8.7x the best of the 24009×888 cells); a group beyond
+    FAR_D2 never counts."""
+    info = fake_info()
+    gs = groups(run(info, 16, {A: 1.0, B: 1.3}, "r16") + run(info, 14, {A: 1.3, B: 1.0}, "r14")
+                + run(info, 4, {B: 1.0}, "r4"), info)
+    r, near = M.rank(gs, 48, "explicit", "users", M.features(2000, 1000, 40000))
+    d2 = sorted(d for d, _g in near)
+    assert d2[0] > M.MAX_D2 and d2[-1] - d2[0] <= M.SPAN_D2 and d2[-1] <= M.FAR_D2
+    assert {g.f for _d, g in near} == {16, 14}          # f = 4: past the span
+    assert str(r[0][2]) == A                               # the nearer group's best
 
 
 @pytest.mark.parametrize("mode", ["explicit", "implicit"])
@@ -265,7 +327,8 @@ def test_a_fused_cgs_s1_chunk_is_s1_filler(kind):
     r, _near = M.rank(gs, 128, "biased", "users", M.features(2000, 1000, 40000))
     sup = {str(c): s for _s, _k, c, s, _w in r}
     assert r[0][1] == M.case_key(fused, "biased", kind, 129) and len(r) == 2
-    assert r[0][3] == pytest.approx(sup[str(KernelConfig.parse(A))])   # both runs' evidence
+    # both runs' evidence (at 129 unknowns the explicit vectors of 16 end in a partial one)
+    assert r[0][3] == pytest.approx(sup[str(KernelConfig.parse(A))] * math.exp(-M.SVEC_D2))
 
 
 def test_configurations_running_the_same_kernels_at_the_cases_f_are_one():
@@ -423,13 +486,14 @@ def test_a_group_that_could_not_build_a_configuration_says_nothing_of_the_others
 
 
 def test_candidates_no_group_measured_both_of_keep_their_own_scores():
-    """A was fastest in two runs at f = 120 and 128, where B does not build; the run at f = 64,
+    """A was fastest in two runs at f = 120 and 128, where B does not build; the run at f = 56,
     where both build, found B fastest but never timed A (it is not among its fastest). No group
     that could build both measured A: the two are compared by their own scores, and A's
-    (two nearer runs) wins — the f = 64 run's silence on A is no measurement of A against B."""
+    (two nearer runs) wins — the f = 56 run's silence on A is no measurement of A against B
+    (it counts as the prior's time for A, not as B's)."""
     info = fake_info()
     recs = (run(info, 128, {A: 1.0}, "r128") + run(info, 120, {A: 1.0}, "r120")
-            + run(info, 64, {B: 1.0, FUSED: 1.3}, "r64"))
+            + run(info, 56, {B: 1.0, FUSED: 1.3}, "r56"))
     gs = groups(recs, info)
     b = str(KernelConfig.parse(B))
     r, _near = M.rank(gs, 100, "explicit", "users", M.features(2000, 1000, 40000),

@@ -26,14 +26,20 @@ over the groups near the case in feature space, where
   change nothing, and a run that measured it with tx = ty = 1 measured the
   one with 8 × 8 too (the fastest of such twins in a group stands for them);
 * the fused CG's dimensions form with and without a partial float4 slice of the unknowns
-  (biased adds one: f + 1) are farther apart (:func:`align_d2`);
+  (biased adds one: f + 1) are farther apart (:func:`align_d2`), and less so the one-work-item
+  fused CG in explicit vectors (``solve_vec``) with and without a partial vector;
 * a group reports only its :data:`TOP_K` fastest configurations, and a configuration it does
   not report is *unknown* there, not slow (runs measured different configurations: a budgeted
-  search samples, and kernels added later were never measured by older runs): the mean is over
-  the groups that report it, shrunk towards a prior relative time ``e^PRIOR`` with a weight of
-  :data:`PRIOR_SHARE` of the nearest group's, so a configuration that the nearest groups found
-  among their fastest beats one that only far groups did — the nearest that *could* have
-  measured it: a group older than every group reporting the configuration's kernel family
+  search samples, and kernels added later were never measured by older runs): its time there
+  counts as the prior relative time ``e^PRIOR``, at the group's weight, so one group's find
+  does not outweigh the near groups that never report it (PoCL pthread-skylake-avx512,
+  20000×10000 implicit f = 64 left out: a Gram tiling one group found 1.16x its best, absent
+  from the three other implicit groups near, beat the cell's best, which the four found
+  1.0-2.3x theirs; it ran 4.5x the cell's best). The mean is shrunk towards the prior with a
+  further weight of :data:`PRIOR_SHARE` of the nearest group's, so a configuration that the
+  nearest groups found among their fastest beats one that only far groups did — the groups
+  that *could* have measured it: a group older than every group reporting the configuration's
+  kernel family
   (:func:`family`: the fields that pick its code paths; :func:`family_dates`) timed the kernels
   of its day, so its silence says nothing of a family added later (H100, Netflix shape,
   implicit f = 256 left out: the nearest group, MovieLens-20M implicit f = 256, predates the
@@ -58,8 +64,11 @@ implicit feedback's; the explicit runs' best syrk is no evidence against it in b
 
 The configuration with the lowest predicted log relative time that validates at the case's f on
 the device wins; both sides share the factor rows' padding, so the pair is the best sum over
-configurations of one leading dimension. Groups farther than :data:`MAX_D2` are ignored; with
-none left the model makes no prediction and the lookup falls through to ``nearest``.
+configurations of one leading dimension. Groups farther than :data:`MAX_D2` are ignored, unless
+within :data:`SPAN_D2` of the nearest (a shape unlike any tuned one still has neighbours to rank
+the configurations by: the ``nearest`` rung copies one run's choice, 1.45-8.7x the best of
+24009×888 cells); with no group the model makes no prediction and the lookup falls through to
+``nearest``.
 
 The model reads only the top-K of each group (``clmf.autotune.distill`` ships exactly those
 measurement records, so the compact databases predict what the raw ones do).
@@ -89,12 +98,15 @@ SHAPE_SCALE = 0.7        # ln rows / columns / ratings per row: a factor 2 (RMS)
 MODE_D2 = {frozenset(("explicit", "biased")): 0.5}   # another mode (implicit: IMPLICIT_D2)
 IMPLICIT_D2 = 1.0
 ALIGN_D2 = 3.0           # the fused CG's dimensions form with and without a partial float4 slice
+SVEC_D2 = 1.0            # the one-work-item fused CG with and without a partial explicit vector
 SIDE_D2 = 0.25           # the other side's group
 STORAGE_D2 = 1.0         # another storage dtype
 OLDER_D2 = 1.0           # per newer run of the same case (it measured the current kernels)
 AGE_D2 = 1.0             # per day a run is older than the device's newest (kernels change
                          # between tuning campaigns; a run re-measures earlier bests as anchors)
-MAX_D2 = 6.0             # groups farther than this are ignored (weight < 0.3 %)
+MAX_D2 = 6.0             # groups farther than this are ignored (weight < 0.3 %) ...
+SPAN_D2 = 3.0            # ... unless within this of the nearest (a shape unlike any tuned)
+FAR_D2 = 18.0            # farther never counts (f by a factor 4.4, the shape by 20 RMS)
 FILL_GROUPS = 32         # resident work-groups per compute unit (NVIDIA SMs hold 32 blocks):
                          # a half-step's rows past this many per compute unit fill the device
 
@@ -477,12 +489,16 @@ def align_d2(c, gf, gmode, f, mode):
     16 slices, 8 groups of 16 work-items in 128; biased, 65 unknowns: 17 slices, 7 groups) —
     so explicit runs of the form say little of its biased time at the same f (H100, Netflix
     shape, f = 64: 1.0× the explicit cell's best, 1.39× / 4.7× the biased cell's users /
-    items best)."""
-    if not c.dims:
-        return 0.0
+    items best). Likewise :data:`SVEC_D2` for the one-work-item fused CG written in explicit
+    vectors of ``solve_vec`` floats (:meth:`KernelConfig.svec`: CPUs), where one system's
+    unknowns fill whole vectors and the other's end in a partial one (Intel, 20000×10000
+    explicit f = 64 left out: the biased runs at f = 64, 65 unknowns, outweighed the others)."""
     from .spec import kernel_factors
-    aligned = (kernel_factors(gf, gmode) % 4 == 0, kernel_factors(f, mode) % 4 == 0)
-    return ALIGN_D2 if aligned[0] != aligned[1] else 0.0
+    kg, kc = kernel_factors(gf, gmode), kernel_factors(f, mode)
+    if c.dims:
+        return ALIGN_D2 if (kg % 4 == 0) != (kc % 4 == 0) else 0.0
+    w = c.svec(kc)
+    return SVEC_D2 if w and c.svec(kg) == w and (kg % w == 0) != (kc % w == 0) else 0.0
 
 
 def _gram_unmeasured(c, g, mode):
@@ -562,19 +578,20 @@ def _builds_for(cs, kf, gmode, dtype, builds, memo):
 
 def _mean(view, ev, pri, within=None):
     """The predicted log relative time of a candidate from its prior and the groups of ``view``
-    (``[(d², log relative time or None, align d²)]``, nearest first), flags per group:
-    ``ev``, its evidence (it measured the candidate), ``pri``, it could have timed it (the
-    prior's weight a share of the nearest such group's), ``within``, the groups to read (all
-    by default); the prior alone where none could."""
+    (``[(d², log relative time or None, align d², whether it speaks of the candidate)]``,
+    nearest first), flags per group: ``ev``, its evidence (it measured the candidate), ``pri``,
+    it could have timed it (the prior's weight a share of the nearest such group's; one that
+    does not report it but speaks of the candidate counts the prior's time at its weight),
+    ``within``, the groups to read (all by default); the prior alone where none could."""
     d0, num, sup = None, 0.0, 0.0
-    for i, (d2, x, extra) in enumerate(view):
+    for i, (d2, x, extra, speaks) in enumerate(view):
         if within is not None and not within[i]:
             continue
         if d0 is None and pri[i]:
             d0 = d2
-        if ev[i]:
+        if ev[i] or (pri[i] and speaks):
             w = weight(d2 + extra)
-            num += w * x
+            num += w * (x if ev[i] else PRIOR)
             sup += w
     if d0 is None and not sup:
         return PRIOR
@@ -618,7 +635,8 @@ def _leader_scores(views, ev, pri, bld, eligible, rounds=8):
 
 def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=None, builds=None):
     """``[(score, key, KernelConfig, support, device)]`` of every configuration in the top-K of
-    a group within :data:`MAX_D2` of the case (``key``: its :func:`case_key`), lowest predicted
+    a group near the case (within :data:`MAX_D2`, or :data:`SPAN_D2` of the nearest group;
+    ``key``: its :func:`case_key`), lowest predicted
     log relative time first (``support``: the summed weight of the groups that measured it
     among their fastest;
     ``device``: the device key of the nearest group that measured it *at this f* with as many
@@ -638,7 +656,9 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=None,
 
     Each configuration's own score is its prior and the log relative times of the groups that
     measured it, the prior's weight a share of the nearest group that could have timed it (no
-    older than its kernel family, of a mode that does not refute it, and able to build it). A
+    older than its kernel family, of a mode that does not refute it, and able to build it), and
+    each group that could have timed it but does not report it counts the prior's time at its
+    weight (its time there is unknown). A
     group that could not build a configuration timed the others against a best without it, so
     it says nothing of them relative to it: every candidate is compared with a leader — the
     best by its own score that builds at the case, replaced by any that beats it so — over only
@@ -652,11 +672,9 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=None,
     picked it, 1.25-1.71x the cells' best. H100 Netflix biased f = 32: the explicit runs,
     where ``mma`` in tf32 is wrong, found a syrk fastest without it; counted against ``mma``,
     the items side picked that syrk, 2.0x the cell's best, ``mma``.)"""
-    near = []
-    for g in groups:
-        d2 = distance(g, f, mode, side, feats, storage, fill)
-        if d2 <= MAX_D2:
-            near.append((d2, g))
+    near = [(distance(g, f, mode, side, feats, storage, fill), g) for g in groups]
+    cut = min(FAR_D2, max(MAX_D2, min((d2 for d2, _g in near), default=0.0) + SPAN_D2))
+    near = [(d2, g) for d2, g in near if d2 <= cut]
     near.sort(key=lambda t: (t[0], t[1].run_id, t[1].side))
     if not near:
         return [], []
@@ -687,10 +705,10 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=None,
     views, ev, pri, bld, eligible = {}, {}, {}, {}, set()
     for k, (c, _where) in cands.items():
         since = first.get(family(c), "")
-        views[k] = [(d2, math.log(rel[k]) if k in rel else None,
-                     align_d2(c, g.f, g.mode, f, mode) if k in rel else 0.0)
-                    for d2, g, (rel, _c) in view]
-        ev[k] = [k in rel and not _gram_unmeasured(c, g, mode) for _d2, g, (rel, _c) in view]
+        mute = [_gram_unmeasured(c, g, mode) for _d2, g, _v in view]   # (says nothing of c)
+        views[k] = [(d2, math.log(rel[k]) if k in rel else None, align_d2(c, g.f, g.mode, f, mode),
+                     not m) for (d2, g, (rel, _c)), m in zip(view, mute)]
+        ev[k] = [k in rel and not m for (_d2, _g, (rel, _c)), m in zip(view, mute)]
         bld[k] = [k not in bad.get(g.mode, ()) and (builds is None or k in rel
                                                      or _builds_in(k, g.f, g.mode))
                   for _d2, g, (rel, _c) in view]
@@ -700,7 +718,7 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=None,
     final = _leader_scores(views, ev, pri, bld, eligible) if cands else {}
     out = []
     for k, (c, where) in cands.items():
-        sup = sum(weight(d2 + x) for (d2, _l, x), e in zip(views[k], ev[k]) if e)
+        sup = sum(weight(d2 + x) for (d2, _l, x, _s), e in zip(views[k], ev[k]) if e)
         out.append((final[k], k, c, sup, where))
     out.sort(key=lambda t: (t[0], -t[3], t[1]))
     return out, near
