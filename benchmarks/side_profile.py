@@ -175,6 +175,8 @@ def main(argv=None):
     data = synthetic(a.data, scale=a.scale, seed=a.seed)
     R = sp.csr_matrix(data.to_csr(), dtype=np.float32)
     m, n = R.shape
+    import clmf
+    log(f"clmf from {os.path.dirname(clmf.__file__)}")
     log(f"{label}: {a.data} x{a.scale:g} {m} x {n}, {R.nnz} ratings "
         f"({time.perf_counter() - t:.1f} s)")
     uc = np.diff(R.indptr)

@@ -19,6 +19,11 @@
 #      f = 256 / 128, explicit f = 100. Result: slower (users f = 256 0.218 -> 0.271-0.275 s,
 #      f = 128 0.069 -> 0.081-0.083 s; f = 100 within 2 %): the option was removed again (it
 #      only ever existed at 3c9e1db).
+#   e: the dims form's sum over its entry groups in 1.5·s local-memory slots (two regions taken in
+#      turn) instead of one per group — 12 KB instead of 16 KB at f = 256, so its local memory
+#      passes under 16 KB ("new", this tree) — against the wheel of 5b66d90 (.whl/base49,
+#      "base"), alternating, auto's pair (side_profile.py, no variants): implicit f = 256 / 128 /
+#      64, explicit f = 100.
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session47.sh a
 . "$(dirname "$0")/gpu_preamble.sh"
 M="batch+vec4+mma:solver=cg"
@@ -94,6 +99,22 @@ d)
         --max-seconds 90 --variants "$U,dims_cache=32;$U,dims_cache=64;$U,dims_cache=90" \
         2>&1 | grep -v "CompilerWarning\|lambda: self"
     (cd "$OUT" && tar czf d.tgz d256 d128 d100 && rm -rf d256 d128 d100)
+    ;;
+e)
+    python3 -m pip install -q --no-deps --target /tmp/site-base "$R"/.whl/base49/clmf-*.whl 2>&1 | tail -2
+    for round in 1 2; do
+        for site in base new; do
+            sp=""; [ "$site" = base ] && sp=/tmp/site-base
+            echo "== $site round $round"
+            PYTHONPATH=${sp:+$sp:}${PYTHONPATH:-} timeout 110 python3 "$R/benchmarks/side_profile.py" \
+                --device "$DEV" --scale "$SCALE" --out "$OUT/e-$site-$round" --factors 256,128,64 \
+                --modes implicit --iterations 3 --max-seconds 100 --variants "" 2>&1 | grep "auto:\|clmf from"
+            PYTHONPATH=${sp:+$sp:}${PYTHONPATH:-} timeout 40 python3 "$R/benchmarks/side_profile.py" \
+                --device "$DEV" --scale "$SCALE" --out "$OUT/e-$site-$round-x" --factors 100 \
+                --modes explicit --iterations 3 --max-seconds 35 --variants "" 2>&1 | grep "auto:\|clmf from"
+        done
+    done
+    (cd "$OUT" && tar czf e.tgz e-* && rm -rf e-*/)
     ;;
 esac
 echo "done at $((SECONDS - T0)) s"
