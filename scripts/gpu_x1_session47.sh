@@ -23,7 +23,8 @@
 #      turn) instead of one per group — 12 KB instead of 16 KB at f = 256, so its local memory
 #      passes under 16 KB ("new", this tree) — against the wheel of 5b66d90 (.whl/base49,
 #      "base"), alternating, auto's pair (side_profile.py, no variants): implicit f = 256 / 128 /
-#      64, explicit f = 100.
+#      64, explicit f = 100. Result: the same times (f = 256 users 0.2161 / 0.2161 against
+#      0.2163 / 0.2166): reverted (it only ever existed at 45d56b0).
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session47.sh a
 . "$(dirname "$0")/gpu_preamble.sh"
 M="batch+vec4+mma:solver=cg"

@@ -131,7 +131,6 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
     v.update(config.s1_geometry(f))
     v.update(config.fcg_geometry(f))
     v["fd_gsum_tree"] = gsum_tree_ok(device_info)
-    v["fd_rslots"] = gsum_slots(v["fd_e"], v["fd_tree"], v["fd_gsum_tree"])
     v["fd_shfl"] = dims_shuffle(config, device_info)
     v["fd_wshfl"] = bool(v["fd_shfl"] and config.dims_wshfl)
     v["fd_rsum"] = bool(v["fd_shfl"] and config.dims_rsum)
@@ -403,16 +402,6 @@ def gsum_tree_ok(device_info):
     groups' sums, the original form."""
     from .device import platform_short
     return device_info is None or platform_short(device_info.platform) != "pocl"
-
-
-def gsum_slots(e, tree, as_tree):
-    """Group slots of the dims form's sum over its ``e`` entry groups (``pcl_gsum``): the tree's
-    two regions (its first level's ``tree[0]`` slots and half as many), else one per group."""
-    if not as_tree:
-        return e
-    if not tree:
-        return 1
-    return tree[0] + max(1, tree[0] // 2)
 
 
 def fcg_dims_local_bytes(config, f):
