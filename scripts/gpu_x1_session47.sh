@@ -25,6 +25,8 @@
 #      "base"), alternating, auto's pair (side_profile.py, no variants): implicit f = 256 / 128 /
 #      64, explicit f = 100. Result: the same times (f = 256 users 0.2161 / 0.2161 against
 #      0.2163 / 0.2166): reverted (it only ever existed at 45d56b0).
+#   f: wrow — S1 and S2 at small f with 32 work-items per row summing in registers (new) —
+#      against auto on both sides (side_profile.py): explicit and implicit f = 10 and 16.
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session47.sh a
 . "$(dirname "$0")/gpu_preamble.sh"
 M="batch+vec4+mma:solver=cg"
@@ -116,6 +118,16 @@ e)
         done
     done
     (cd "$OUT" && tar czf e.tgz e-* && rm -rf e-*/)
+    ;;
+f)
+    B="batch+vec4:solver=cholesky"
+    V="$B,wrow=1;$B,wrow=2;$B,wrow=4;batch+vec4:solver=cg,wrow=2;batch+vec4:solver=cg,wrow=4"
+    for mode in explicit implicit; do
+        timeout 150 python3 "$R/benchmarks/side_profile.py" --device "$DEV" --scale "$SCALE" \
+            --out "$OUT/f-$mode" --factors 10,16 --modes $mode --iterations 5 \
+            --max-seconds 140 --variants "$V" 2>&1 | grep -v "CompilerWarning\|lambda: self"
+    done
+    (cd "$OUT" && tar czf f.tgz f-* && rm -rf f-*/)
     ;;
 esac
 echo "done at $((SECONDS - T0)) s"
