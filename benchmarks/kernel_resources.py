@@ -104,7 +104,7 @@ def main(argv=None):
         kinfo = cl.kernel_work_group_info
         ptx = None
         try:
-            binary = prog.program.get_info(cl.program_info.BINARIES)[0]
+            binary = bytes(prog.program.get_info(cl.program_info.BINARIES)[0]).rstrip(b"\0")
             if binary[:200].find(b".version") >= 0 or binary[:200].find(b"//") >= 0:
                 ptx = os.path.join(a.out, "ptx", f"cell{i}-{mode}-f{f}.ptx")
                 with open(ptx, "wb") as fh:

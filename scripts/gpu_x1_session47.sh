@@ -27,6 +27,8 @@
 #      0.2163 / 0.2166): reverted (it only ever existed at 45d56b0).
 #   f: wrow — S1 and S2 at small f with 32 work-items per row summing in registers (new) —
 #      against auto on both sides (side_profile.py): explicit and implicit f = 10 and 16.
+#      Result: S1 twice auto's syrk (explicit f = 10: users 7.6 against 3.3 ms, items 4.6
+#      against 2.3 ms; 96 registers, no spills): removed (it only ever existed at 7dc112b).
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session47.sh a
 . "$(dirname "$0")/gpu_preamble.sh"
 M="batch+vec4+mma:solver=cg"

@@ -1,8 +1,6 @@
 """Every S1 code variant (batch[+reg][+local][+vecN][+tile]) agrees with the NumPy reference
 from the same init: ‖ΔX‖/‖X‖ ≤ 1e-4 after one iteration, on edge-case problems (empty rows and
 columns, a row longer than any nnz batch, f not a multiple of the vector width or tile)."""
-import dataclasses
-
 import numpy as np
 import pytest
 from conftest import random_ratings, rel_err
@@ -196,48 +194,6 @@ def test_fused_dims_shuffle_matches_reference(cl_device, monkeypatch, variant, f
     cfg = KernelConfig.parse(variant)
     assert validate(cfg, kf, info) and dims_shuffle(cfg, info) == (1 if native else 2)
     check(cl_device, variant, f, mode, single_row=11)
-
-
-# wrow: S1 and S2 with 32 work-items per row summing in registers (small f): one row per
-# work-group and several (the last group's rows past the batch), CG, long rows cut into pieces
-# (summed by the combine), half storage, f = 1 (one sum, a row of one float4 with 3 pads), 7
-# (a partial float4), 16 (the largest: 152 sums)
-WROW = [("batch+vec4:wrow=1,solver=cholesky", 7),
-        ("batch+vec4:wrow=3,batch_rows=7,solver=cholesky", 10),
-        ("batch+vec4:wrow=2,solver=cg", 16),
-        ("batch+vec4:wrow=4,split=5,batch_rows=9,solver=cholesky", 7),
-        ("batch+vec4:wrow=2,storage=float16,solver=cholesky", 3),
-        ("batch+vec4:wrow=2,solver=cholesky", 1)]
-
-
-@pytest.mark.parametrize("variant,f", WROW)
-@pytest.mark.parametrize("mode", ["explicit", "implicit", "biased"])
-def test_wrow_matches_reference(cl_device, variant, f, mode):
-    kf = f + 1 if mode == "biased" else f
-    if kf * (kf + 1) // 2 + kf > 152:
-        pytest.skip("past wrow's sums")
-    check(cl_device, variant, f, mode, single_row=11)
-
-
-def test_wrow_constraints():
-    """wrow is a batch+vec4 parameter with the cholesky or cg solver; its sums per work-item and
-    its local memory are bounded before a build."""
-    from test_tuning_db import fake_info
-
-    from clmf.engine.kernels import validate
-    nv = fake_info(platform="NVIDIA CUDA")
-    cfg = KernelConfig.parse("batch+vec4:wrow=4")
-    assert cfg.s1_local_size(10) == 128 and cfg.s1_groups(10, 9) == 3 and cfg.fuses_rhs
-    assert cfg.local_mem_bytes(10) == 4 * 32 * 4 * (55 + 10)
-    assert validate(cfg, 16, dataclasses.replace(nv, local_mem=1 << 20))
-    for f, reason in ((17, "geometry"), (16, "local_memory")):
-        with pytest.raises(InvalidConfigError) as e:
-            validate(cfg, f, nv)
-        assert e.value.reason == reason, (f, e.value)
-    for bad in ("batch+reg+vec4:wrow=2", "batch+vec4:wrow=2,solver=fusedcg", "batch:wrow=2"):
-        with pytest.raises(InvalidConfigError) as e:
-            KernelConfig.parse(bad)
-        assert e.value.reason == "wrow"
 
 
 def assert_same_factors_with(cl_device, mode, base, extra, seed):

@@ -49,7 +49,7 @@ STORAGES = ("float32", "float16")
 PRECISIONS = ("fp32", "tf32")
 _NAME_RE = re.compile(r"^batch(\+reg)?(\+local)?(\+vec(4|8|16))?(\+tile)?(\+gemm)?(\+syrk)?(\+mma)?$")
 _INT_FIELDS = ("tx", "ty", "bx", "by", "tz", "ks", "nnz_batch", "solve_wg", "solve_vec",
-               "cg_steps", "batch_rows", "split", "dims_q", "dims_p", "direct", "wrow")
+               "cg_steps", "batch_rows", "split", "dims_q", "dims_p", "direct")
 _BOOL_FIELDS = ("reg", "local", "tile", "gemm", "syrk", "mma", "triangle", "fused_solve",
                 "fused_dims", "dims_shfl", "dims_wshfl", "dims_rsum", "dims_pipe")
 # the fused CG dimensions form's parameters (meaningful with fused_dims only)
@@ -66,7 +66,7 @@ INT_RANGES = {"vec": (0, 16), "tx": (1, 1 << 14), "ty": (1, 1 << 14), "tz": (1, 
               "nnz_batch": (1, 1 << 20), "solve_wg": (0, 1 << 14), "solve_vec": (0, 16),
               "cg_steps": (1, MAX_CG_STEPS), "batch_rows": (0, (1 << 31) - 1),
               "split": (0, SPLIT_NEVER), "dims_q": (1, 16), "dims_p": (0, 1 << 14),
-              "direct": (0, 64), "wrow": (0, 32)}
+              "direct": (0, 64)}
 _DIGITS = re.compile(r"^[0-9]{1,12}$")      # ASCII digits only (int() takes "1_0", "１", " +3")
 _TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
 
@@ -112,10 +112,6 @@ class KernelConfig:
         0 = automatic (the rule in :func:`clmf.engine.memory.split_threshold`), 1 ..
         ``SPLIT_NEVER`` - 1 = that many, ``SPLIT_NEVER`` (2^31 - 1) = never split. The fused CG
         solver and ``fused_solve`` build no hermitians and ignore it; so do multi-device fits
-    wrow : ``batch+vec4`` with the ``cholesky`` or ``cg`` solver only: 0 = off; W ≥ 1 = S1 (and
-        S2) for small f — W rows per work-group, 32 work-items per row each summing its entries'
-        terms of the lower triangle and of b in registers, the 32 partial sums added through
-        local memory (``hermitian_wrow.cl.j2``; f(f+1)/2 + f sums per work-item)
     fused_solve : ``mma`` with ``solver="cg"`` only: the CG runs in the S1 work-group
     direct : ``mma`` with ``ks = 1`` and no ``fused_solve`` only: 0 = the slices' sums go
         through the packed f × f triangle in local memory; N ≥ 1 = each warp writes its blocks of
@@ -194,7 +190,6 @@ class KernelConfig:
     dims_pipe: bool = False
     dims_q: int = 1
     dims_p: int = 1
-    wrow: int = 0
 
     def __post_init__(self):
         # a configuration may come from an untrusted tuning record or a --variant string: every
@@ -260,10 +255,6 @@ class KernelConfig:
             if self.tx > 32:
                 raise InvalidConfigError(f"mma tx (warps per slice) must be ≤ 32, not {self.tx}",
                                          "tx")
-        if self.wrow and (self.name != "batch+vec4" or self.solver == "fusedcg"):
-            raise InvalidConfigError("wrow (rows of 32 work-items summing their entries' terms in "
-                                     "registers) is a parameter of batch+vec4 with the cholesky "
-                                     "or cg solver", "wrow")
         if self.direct and not (self.mma and self.ks == 1 and not self.fused_solve):
             raise InvalidConfigError("direct (the hermitian written from the warps' registers) is "
                                      "an mma parameter with ks=1 and no fused_solve", "direct")
@@ -425,8 +416,6 @@ class KernelConfig:
 
     def s1_local_size(self, f=None):
         """Work-items of one S1 work-group (``syrk``: depends on ``f``, which it then needs)."""
-        if self.wrow:
-            return 32 * self.wrow
         if self.syrk or self.mma:
             if f is None:
                 raise ValueError("the syrk/mma work-group size depends on f")
@@ -436,7 +425,7 @@ class KernelConfig:
     @property
     def fuses_rhs(self):
         """True when S1 also computes the right-hand sides (S2 is then not launched)."""
-        if self.dims or self.wrow:          # b formed in the fused CG's first pass / with S1's sums
+        if self.dims:                       # b is formed in the fused CG's first pass
             return True
         return (self.gemm or self.syrk or self.mma) and self.solver != "fusedcg"
 
@@ -565,8 +554,6 @@ class KernelConfig:
 
     def s1_groups(self, f, nrows):
         """Number of S1 work-groups for a batch of ``nrows`` rows."""
-        if self.wrow:
-            return -(-nrows // self.wrow)
         if self.mma:
             return nrows * max(1, self.direct)
         if self.syrk:
@@ -578,8 +565,6 @@ class KernelConfig:
 
     def local_mem_bytes(self, f, device_local=None):
         """Local memory the S1 kernel of this configuration declares, by formula (bytes)."""
-        if self.wrow:
-            return 4 * 32 * self.wrow * (f * (f + 1) // 2 + f)
         if self.syrk or self.mma:
             return 4 * self.s1_geometry(f)["lds_floats"]
         if self.gemm:
@@ -659,8 +644,6 @@ def representative_variants(f=None):
         "batch+vec4:solver=fusedcg,fused_dims=1,dims_pipe=1,dims_q=2,solve_wg=16,nnz_batch=3",
         "batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_rsum=1,dims_pipe=1,dims_q=2,"
         "solve_wg=32,nnz_batch=2",
-        # 32 work-items a row summing in registers (small f), three rows a work-group
-        "batch+vec4:wrow=3,batch_rows=7,solver=cholesky",
         # long rows cut into pieces of 3 (resp. 5) entries, pieces and batches interleaved
         "batch:tx=4,ty=4,split=3,batch_rows=4",
         "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5,split=5,batch_rows=7",

@@ -120,7 +120,6 @@ def als_variables(config: KernelConfig, f: int, device_info=None, implicit=False
         tile=config.tile, gemm=config.gemm, syrk=config.syrk, mma=config.mma,
         precision=config.precision, mma_emulate=config.mma and not mma_supported(device_info),
         fused_solve=config.fused_solve, fused_dims=config.dims, direct=config.direct,
-        wrow=config.wrow,
         triangle=config.triangle, tx=config.tx, ty=config.ty, tz=config.tz,
         bx=bx, by=by, nnz_batch=config.nnz_batch, s1_wg=config.s1_local_size(f),
         s2_wg=min(_next_pow2(f), 256),
@@ -262,11 +261,6 @@ def validate(config: KernelConfig, f: int, device_info):
                                  f"in at most f steps)", "cg_steps")
     wg = config.s1_local_size(f)
     maxwg = device_info.max_work_group_size
-    if config.wrow:
-        sums = f * (f + 1) // 2 + f
-        if sums > WROW_MAX_SUMS:
-            raise InvalidConfigError(f"wrow keeps f(f+1)/2 + f = {sums} sums per work-item at "
-                                     f"f={f}: at most {WROW_MAX_SUMS} (f ≤ 16)", "geometry")
     if wg > maxwg:
         raise InvalidConfigError(f"S1 work-group {wg} exceeds the device's {maxwg}", "work_group_size")
     if config.dims:
@@ -427,10 +421,6 @@ def fcg_dims_registers(config, f):
     nb = g["fd_held"]                                         # dims_pipe: two chunks' rows
     return 4 * g["fd_q"] * (nb + 6) + nb + 24
 
-
-# the most sums a wrow work-item keeps (registers: f = 16's 152 with the row's 16 floats and the
-# offsets stay under NVIDIA's 255 per work-item)
-WROW_MAX_SUMS = 152
 
 # the most registers a GPU work-item holds (NVIDIA: 255) and a GPU compute unit's register file
 # (NVIDIA since Kepler, AMD's per-SIMD VGPRs for a work-group): bounds of the estimate above
