@@ -29,6 +29,11 @@
 #      against auto on both sides (side_profile.py): explicit and implicit f = 10 and 16.
 #      Result: S1 twice auto's syrk (explicit f = 10: users 7.6 against 3.3 ms, items 4.6
 #      against 2.3 ms; 96 registers, no spills): removed (it only ever existed at 7dc112b).
+#   g, h: the selection model's leave-one-out picks that no run of their H100 cell had timed
+#      ("unmeasured" in results/tuning/reports/offline-loo.md after loo11), timed in short tuning
+#      runs of those cells (the picks among the starts) into tune-47g.jsonl / tune-47h.jsonl:
+#      g the Netflix shape (biased f = 64 / 256, explicit f = 10 / 50, implicit f = 100), h the
+#      MovieLens-20M shape (explicit f = 64 / 128, implicit f = 64 / 128 / 256).
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session47.sh a
 . "$(dirname "$0")/gpu_preamble.sh"
 M="batch+vec4+mma:solver=cg"
@@ -130,6 +135,44 @@ f)
             --max-seconds 140 --variants "$V" 2>&1 | grep -v "CompilerWarning\|lambda: self"
     done
     (cd "$OUT" && tar czf f.tgz f-* && rm -rf f-*/)
+    ;;
+g|h)
+    export PYTHONFAULTHANDLER=1
+    TUNE_DB=tune-47$part.jsonl
+    tune() {  # tune LIMIT PRESET F MODE-ARGS... -- STARTS...
+        local limit=$1 preset=$2 f=$3; shift 3
+        local args=() starts=()
+        while [ $# -gt 0 ] && [ "$1" != "--" ]; do args+=("$1"); shift; done
+        shift
+        for x in "$@"; do starts+=(--start "$x"); done
+        timeout -s ABRT "$limit" python3 -m clmf -v tune --preset "$preset" --scale "$SCALE" --factors "$f" \
+            --device "$DEV" --budget 10 --max-wall 40 --sample auto "${args[@]}" "${starts[@]}" \
+            --db "$OUT/$TUNE_DB" --no-progress 2>&1 | grep -v "CompilerWarning\|lambda: self" \
+            | tail -4
+        echo "tune $preset f=$f ${args[*]}: exit ${PIPESTATUS[0]} at $((SECONDS - T0)) s"
+    }
+    D="batch+vec4:solver=fusedcg,fused_dims=1"
+    S="$D,dims_shfl=1"
+    IMP=(--feedback implicit --alpha 2)
+    if [ "$part" = g ]; then
+        tune 100 netflix 64 --biases -- "$D,tx=1,ty=1,nnz_batch=8,solve_wg=256" \
+            "batch+vec4+mma:tx=4,ks=2,solver=cg,precision=tf32"
+        tune 110 netflix 256 --biases -- "$D,tx=1,ty=1,nnz_batch=8,solve_wg=256" \
+            "batch+vec4+gemm:bx=64,nnz_batch=8,solver=cg"
+        tune 90 netflix 10 -- "batch+vec4+syrk:bx=4,ks=16,nnz_batch=64,solver=cg"
+        tune 90 netflix 50 -- "$D,tx=1,ty=1,nnz_batch=8,solve_wg=128" "batch+vec4+syrk:bx=8,ks=4,solver=cg"
+        tune 100 netflix 100 "${IMP[@]}" -- "$D,tx=1,ty=1,nnz_batch=8,solve_wg=128,dims_q=2,dims_p=0" \
+            "$D,nnz_batch=8,solve_wg=256,dims_q=2"
+    else
+        tune 80 movielens-20m 64 -- "$S,tx=1,ty=1,nnz_batch=8,solve_wg=128,dims_rsum=1,dims_q=2"
+        tune 90 movielens-20m 128 -- "$S,tx=1,ty=1,nnz_batch=8,solve_wg=128,dims_q=2" \
+            "$S,nnz_batch=4,solve_wg=256,dims_rsum=1,dims_q=4"
+        tune 80 movielens-20m 64 "${IMP[@]}" -- "$S,nnz_batch=8,solve_wg=128,dims_rsum=1,dims_q=2"
+        tune 90 movielens-20m 128 "${IMP[@]}" -- "$S,nnz_batch=8,solve_wg=128,dims_rsum=1,dims_q=2" \
+            "$S,nnz_batch=4,solve_wg=256,dims_rsum=1,dims_q=4"
+        tune 100 movielens-20m 256 "${IMP[@]}" -- "$S,nnz_batch=4,solve_wg=256,dims_rsum=1,dims_q=4"
+    fi
+    gzip -f "$OUT/$TUNE_DB"
     ;;
 esac
 echo "done at $((SECONDS - T0)) s"
