@@ -34,6 +34,10 @@
 #      runs of those cells (the picks among the starts) into tune-47g.jsonl / tune-47h.jsonl:
 #      g the Netflix shape (biased f = 64 / 256, explicit f = 10 / 50, implicit f = 100), h the
 #      MovieLens-20M shape (explicit f = 64 / 128, implicit f = 64 / 128 / 256).
+#   i: the same for the 7 picks still unmeasured after g and h (offline-loo.md at 2f65f77): the
+#      Netflix shape's explicit f = 32 / 50 / 100, the new MovieLens-20M cell's explicit f = 128,
+#      and MovieLens-100K's ua.base at explicit f = 10 / 50 / 100 (carry .data/ml-100k, a copy of
+#      ../shared/data/ml-100k: never committed) into tune-47i.jsonl.
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session47.sh a
 . "$(dirname "$0")/gpu_preamble.sh"
 M="batch+vec4+mma:solver=cg"
@@ -136,7 +140,7 @@ f)
     done
     (cd "$OUT" && tar czf f.tgz f-* && rm -rf f-*/)
     ;;
-g|h)
+g|h|i)
     export PYTHONFAULTHANDLER=1
     TUNE_DB=tune-47$part.jsonl
     tune() {  # tune LIMIT PRESET F MODE-ARGS... -- STARTS...
@@ -145,7 +149,9 @@ g|h)
         while [ $# -gt 0 ] && [ "$1" != "--" ]; do args+=("$1"); shift; done
         shift
         for x in "$@"; do starts+=(--start "$x"); done
-        timeout -s ABRT "$limit" python3 -m clmf -v tune --preset "$preset" --scale "$SCALE" --factors "$f" \
+        local src=(--preset "$preset" --scale "$SCALE")
+        [ -d "$preset" ] && src=("$preset")            # a ratings directory (ml-100k: ua.base)
+        timeout -s ABRT "$limit" python3 -m clmf -v tune "${src[@]}" --factors "$f" \
             --device "$DEV" --budget 10 --max-wall 40 --sample auto "${args[@]}" "${starts[@]}" \
             --db "$OUT/$TUNE_DB" --no-progress 2>&1 | grep -v "CompilerWarning\|lambda: self" \
             | tail -4
@@ -154,7 +160,18 @@ g|h)
     D="batch+vec4:solver=fusedcg,fused_dims=1"
     S="$D,dims_shfl=1"
     IMP=(--feedback implicit --alpha 2)
-    if [ "$part" = g ]; then
+    if [ "$part" = i ]; then
+        tune 80 netflix 32 -- "$S,tx=1,ty=1,nnz_batch=8,solve_wg=128,dims_q=2" "$D,nnz_batch=8,solve_wg=128"
+        tune 80 netflix 50 -- "$D,tx=1,ty=1,nnz_batch=8,solve_wg=256" "batch+vec4+syrk:bx=8,ks=4,solver=cg"
+        tune 90 netflix 100 -- "$D,nnz_batch=8,solve_wg=128,dims_q=2" "$D,nnz_batch=8,solve_wg=256,dims_q=2"
+        tune 80 movielens-20m 128 -- "$S,nnz_batch=8,solve_wg=128,dims_rsum=1,dims_q=2"
+        M1="$R/.data/ml-100k"
+        tune 60 "$M1" 10 -- "batch+vec4+syrk:bx=4,ks=16,nnz_batch=64,solver=cg" \
+            "batch+vec4+syrk:bx=4,ks=32,nnz_batch=128,solve_wg=8,solver=cg"
+        tune 60 "$M1" 50 -- "batch+reg+vec4+tile:ty=4,bx=48,by=16"
+        tune 60 "$M1" 100 -- "batch+reg+local+vec4+tile:ty=4,bx=16,by=16,tz=4,solve_wg=32" \
+            "batch+reg+local+vec4+tile:ty=4,bx=16,by=16,tz=4,solve_wg=8"
+    elif [ "$part" = g ]; then
         tune 100 netflix 64 --biases -- "$D,tx=1,ty=1,nnz_batch=8,solve_wg=256" \
             "batch+vec4+mma:tx=4,ks=2,solver=cg,precision=tf32"
         tune 110 netflix 256 --biases -- "$D,tx=1,ty=1,nnz_batch=8,solve_wg=256" \
