@@ -38,6 +38,10 @@
 #      Netflix shape's explicit f = 32 / 50 / 100, the new MovieLens-20M cell's explicit f = 128,
 #      and MovieLens-100K's ua.base at explicit f = 10 / 50 / 100 (carry .data/ml-100k, a copy of
 #      ../shared/data/ml-100k: never committed) into tune-47i.jsonl.
+#   j: auto at f = 50 (explicit, implicit), whose Netflix choices changed with the runs g-i'
+#      records (explicit: items syrk ks=8,solve_wg=32 -> ks=4; implicit: users mma tf32 -> the
+#      dims form), this tree ("new") against the wheel of 5b66d90 (.whl/base49, "base"),
+#      alternating twice (side_profile.py, no variants; the pairs' s/it).
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session47.sh a
 . "$(dirname "$0")/gpu_preamble.sh"
 M="batch+vec4+mma:solver=cg"
@@ -190,6 +194,22 @@ g|h|i)
         tune 100 movielens-20m 256 "${IMP[@]}" -- "$S,nnz_batch=4,solve_wg=256,dims_rsum=1,dims_q=4"
     fi
     gzip -f "$OUT/$TUNE_DB"
+    ;;
+j)
+    python3 -m pip install -q --no-deps --target /tmp/site-base "$R"/.whl/base49/clmf-*.whl 2>&1 | tail -2
+    for round in 1 2; do
+        for site in base new; do
+            sp=""; [ "$site" = base ] && sp=/tmp/site-base
+            for mode in explicit implicit; do
+                echo "== $site round $round $mode"
+                PYTHONPATH=${sp:+$sp:}${PYTHONPATH:-} timeout 60 python3 \
+                    "$R/benchmarks/side_profile.py" --device "$DEV" --scale "$SCALE" \
+                    --out "$OUT/j-$site-$round-$mode" --factors 50 --modes $mode --iterations 5 \
+                    --max-seconds 55 --variants "" 2>&1 | grep "auto\|clmf from"
+            done
+        done
+    done
+    (cd "$OUT" && tar czf j.tgz j-* && rm -rf j-*/)
     ;;
 esac
 echo "done at $((SECONDS - T0)) s"
