@@ -42,6 +42,9 @@
 #      records (explicit: items syrk ks=8,solve_wg=32 -> ks=4; implicit: users mma tf32 -> the
 #      dims form), this tree ("new") against the wheel of 5b66d90 (.whl/base49, "base"),
 #      alternating twice (side_profile.py, no variants; the pairs' s/it).
+#   k: the two f = 50 cells j found slower tuned again with both choices among the starts and a
+#      longer search (--budget 20 --max-wall 60) into tune-47k.jsonl, then auto with those records
+#      in front (CLMF_TUNING_DB) against the wheel of 5b66d90 as in j.
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session47.sh a
 . "$(dirname "$0")/gpu_preamble.sh"
 M="batch+vec4+mma:solver=cg"
@@ -144,7 +147,7 @@ f)
     done
     (cd "$OUT" && tar czf f.tgz f-* && rm -rf f-*/)
     ;;
-g|h|i)
+g|h|i|k)
     export PYTHONFAULTHANDLER=1
     TUNE_DB=tune-47$part.jsonl
     tune() {  # tune LIMIT PRESET F MODE-ARGS... -- STARTS...
@@ -156,7 +159,7 @@ g|h|i)
         local src=(--preset "$preset" --scale "$SCALE")
         [ -d "$preset" ] && src=("$preset")            # a ratings directory (ml-100k: ua.base)
         timeout -s ABRT "$limit" python3 -m clmf -v tune "${src[@]}" --factors "$f" \
-            --device "$DEV" --budget 10 --max-wall 40 --sample auto "${args[@]}" "${starts[@]}" \
+            --device "$DEV" --budget "${TB:-10}" --max-wall "${TW:-40}" --sample auto "${args[@]}" "${starts[@]}" \
             --db "$OUT/$TUNE_DB" --no-progress 2>&1 | grep -v "CompilerWarning\|lambda: self" \
             | tail -4
         echo "tune $preset f=$f ${args[*]}: exit ${PIPESTATUS[0]} at $((SECONDS - T0)) s"
@@ -164,7 +167,29 @@ g|h|i)
     D="batch+vec4:solver=fusedcg,fused_dims=1"
     S="$D,dims_shfl=1"
     IMP=(--feedback implicit --alpha 2)
-    if [ "$part" = i ]; then
+    if [ "$part" = k ]; then
+        TB=20 TW=60
+        tune 120 netflix 50 "${IMP[@]}" -- "batch+vec4+mma:tx=4,ks=2,solver=cg,precision=tf32" \
+            "$D,tx=1,ty=1,nnz_batch=8,solve_wg=256"
+        tune 120 netflix 50 -- "batch+vec4+syrk:bx=8,ks=4,solver=cg" \
+            "batch+vec4+syrk:bx=8,ks=8,solve_wg=32,solver=cg"
+        python3 -m pip install -q --no-deps --target /tmp/site-base "$R"/.whl/base49/clmf-*.whl 2>&1 | tail -2
+        for round in 1 2; do
+            for site in base new; do
+                sp=""; db=""
+                [ "$site" = base ] && sp=/tmp/site-base
+                [ "$site" = new ] && db="$OUT/$TUNE_DB"
+                for mode in explicit implicit; do
+                    echo "== $site round $round $mode"
+                    CLMF_TUNING_DB=$db PYTHONPATH=${sp:+$sp:}${PYTHONPATH:-} timeout 60 python3 \
+                        "$R/benchmarks/side_profile.py" --device "$DEV" --scale "$SCALE" \
+                        --out "$OUT/k-$site-$round-$mode" --factors 50 --modes $mode \
+                        --iterations 5 --max-seconds 55 --variants "" 2>&1 | grep "auto\|clmf from"
+                done
+            done
+        done
+        (cd "$OUT" && tar czf k.tgz k-* && rm -rf k-*/)
+    elif [ "$part" = i ]; then
         tune 80 netflix 32 -- "$S,tx=1,ty=1,nnz_batch=8,solve_wg=128,dims_q=2" "$D,nnz_batch=8,solve_wg=128"
         tune 80 netflix 50 -- "$D,tx=1,ty=1,nnz_batch=8,solve_wg=256" "batch+vec4+syrk:bx=8,ks=4,solver=cg"
         tune 90 netflix 100 -- "$D,nnz_batch=8,solve_wg=128,dims_q=2" "$D,nnz_batch=8,solve_wg=256,dims_q=2"
