@@ -45,6 +45,9 @@
 #   k: the two f = 50 cells j found slower tuned again with both choices among the starts and a
 #      longer search (--budget 20 --max-wall 60) into tune-47k.jsonl, then auto with those records
 #      in front (CLMF_TUNING_DB) against the wheel of 5b66d90 as in j.
+#   l: the Netflix cells auto still answered from the model (biased f = 10 and 50, implicit
+#      f = 10) tuned (--budget 20 --max-wall 60, the neighbouring tuned choices among the starts)
+#      into tune-47l.jsonl, then auto with those records in front against the wheel of 5b66d90.
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session47.sh a
 . "$(dirname "$0")/gpu_preamble.sh"
 M="batch+vec4+mma:solver=cg"
@@ -147,7 +150,7 @@ f)
     done
     (cd "$OUT" && tar czf f.tgz f-* && rm -rf f-*/)
     ;;
-g|h|i|k)
+g|h|i|k|l)
     export PYTHONFAULTHANDLER=1
     TUNE_DB=tune-47$part.jsonl
     tune() {  # tune LIMIT PRESET F MODE-ARGS... -- STARTS...
@@ -167,7 +170,31 @@ g|h|i|k)
     D="batch+vec4:solver=fusedcg,fused_dims=1"
     S="$D,dims_shfl=1"
     IMP=(--feedback implicit --alpha 2)
-    if [ "$part" = k ]; then
+    if [ "$part" = l ]; then
+        TB=20 TW=60
+        X10="batch+vec4+syrk:bx=4,ks=16,nnz_batch=64,solver=cg"
+        tune 110 netflix 10 --biases -- "$X10" "batch+vec4+syrk:bx=4,ks=32,nnz_batch=128,solve_wg=8,solver=cg"
+        tune 110 netflix 50 --biases -- "batch+vec4+syrk:bx=8,ks=4,solver=cg" \
+            "batch+vec4+syrk:bx=8,ks=8,solve_wg=32,solver=cg"
+        tune 110 netflix 10 "${IMP[@]}" -- "$X10"
+        python3 -m pip install -q --no-deps --target /tmp/site-base "$R"/.whl/base49/clmf-*.whl 2>&1 | tail -2
+        for round in 1 2; do
+            for site in base new; do
+                sp=""; db=""
+                [ "$site" = base ] && sp=/tmp/site-base
+                [ "$site" = new ] && db="$OUT/$TUNE_DB"
+                for cell in biased:10,50 implicit:10; do
+                    echo "== $site round $round $cell"
+                    CLMF_TUNING_DB=$db PYTHONPATH=${sp:+$sp:}${PYTHONPATH:-} timeout 60 python3 \
+                        "$R/benchmarks/side_profile.py" --device "$DEV" --scale "$SCALE" \
+                        --out "$OUT/l-$site-$round-${cell%%:*}" --factors "${cell#*:}" \
+                        --modes "${cell%%:*}" --iterations 5 --max-seconds 55 --variants "" 2>&1 \
+                        | grep "auto \[\|clmf from"
+                done
+            done
+        done
+        (cd "$OUT" && tar czf l.tgz l-* && rm -rf l-*/)
+    elif [ "$part" = k ]; then
         TB=20 TW=60
         tune 120 netflix 50 "${IMP[@]}" -- "batch+vec4+mma:tx=4,ks=2,solver=cg,precision=tf32" \
             "$D,tx=1,ty=1,nnz_batch=8,solve_wg=256"
