@@ -79,11 +79,11 @@ def main(argv=None):
 
     from clmf.engine.config import KernelConfig
     from clmf.engine.device import device_info, select_devices
-    from clmf.engine.kernels import als_program
+    from clmf.engine.kernels import als_program, ptx_supported
     dev = select_devices(a.device)[0]
     info = device_info(dev)
     ctx = cl.Context([dev])
-    ptxas = find_ptxas() if "nvidia" in info.platform.lower() else None
+    ptxas = find_ptxas() if ptx_supported(info) else None
     cc = getattr(info, "compute_capability", None) or (9, 0)
     arch = f"sm_{cc[0]}{cc[1]}"
     path = os.path.join(a.out, "kernel_resources.jsonl")

@@ -63,7 +63,8 @@ def registers_host_pages(info):
     array (the driver registers its pages): NVIDIA's GPUs (52 GB/s from pageable memory so
     wrapped, against 10–12 without, ``benchmarks/host_pin_contexts.py``). Decided by the
     platform's name, never by the device's."""
-    return info.type == "GPU" and "nvidia" in info.platform.lower()
+    from .device import platform_short
+    return info.type == "GPU" and platform_short(info.platform) == "nvidia"
 
 
 def wrap_host(ctx, array):
