@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One-H100 commands (stop 48), issues 27 and 30: what bounds the kernels, measured.
+#   a: Nsight Compute counters of the kernels auto runs on the Netflix shape — implicit f = 256
+#      (the dims form, both sides), explicit f = 100 and f = 10 (S1 and S3) — through
+#      benchmarks/ncu_replay.py: each side's largest launch captured from a real half-step (PTX,
+#      arguments, buffers before and after), replayed through the CUDA driver API and checked
+#      against the OpenCL result, timed beside the OpenCL event time, then profiled by
+#      `ncu --set full`; $OUT/replay.jsonl, $OUT/ncu.tgz (reports, summaries, details as CSV).
+#   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session48.sh a
+. "$(dirname "$0")/gpu_preamble.sh"
+T0=$SECONDS
+DEV=${DEV:-gpu} SCALE=${SCALE:-1.0} DATA=${DATA:-netflix}
+NR=$R/benchmarks/ncu_replay.py
+NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+part=${1:-a}
+profile() {  # profile DIR...: replay (check, 3 timed runs) and ncu each capture, while time lasts
+    local d name
+    mkdir -p "$OUT/ncu"
+    for d in "$@"; do
+        [ -d "$d" ] || continue
+        name=$(basename "$d")
+        if [ $((SECONDS - T0)) -gt "${LIMIT:-520}" ]; then echo "time: $name skipped"; continue; fi
+        timeout 90 python3 "$NR" replay "$d" --reps 3 >> "$OUT/replay.jsonl" 2>> "$OUT/replay.err" \
+            || echo "$name: replay failed (see replay.err)"
+        tail -1 "$OUT/replay.jsonl"
+        [ -n "$NCU" ] || continue
+        timeout 150 "$NCU" --set full -c 1 -f -o "$OUT/ncu/$name" python3 "$NR" replay "$d" \
+            > "$OUT/ncu/$name.log" 2>&1 || echo "$name: ncu rc $?"
+        if [ -f "$OUT/ncu/$name.ncu-rep" ]; then
+            python3 "$NR" summary "$OUT/ncu/$name.ncu-rep" --ncu "$NCU" > "$OUT/ncu/$name.txt" 2>&1
+            "$NCU" --import "$OUT/ncu/$name.ncu-rep" --page details --csv \
+                > "$OUT/ncu/$name.details.csv" 2>&1
+            head -40 "$OUT/ncu/$name.txt"
+        else
+            tail -5 "$OUT/ncu/$name.log"
+        fi
+    done
+    tar czf "$OUT/ncu.tgz" -C "$OUT" ncu && rm -rf "$OUT/ncu"
+}
+case $part in
+a)
+    echo "ncu: ${NCU:-none}"; [ -n "$NCU" ] && "$NCU" --version | tail -1
+    CAP=/tmp/cap48a
+    timeout 300 python3 "$NR" capture --device "$DEV" --data "$DATA" --scale "$SCALE" \
+        --out "$CAP" --cells "implicit:256;explicit:100;explicit:10" \
+        --kernels s3_fcg,s1_hermitian,s3_solve,s3_fused 2>&1 | grep -v "CompilerWarning\|lambda: self"
+    du -sh "$CAP"
+    profile "$CAP"/implicit256-s3_fcg-users "$CAP"/implicit256-s3_fcg-items \
+        "$CAP"/explicit100-s1_hermitian-items "$CAP"/explicit100-s1_hermitian-users \
+        "$CAP"/explicit10-s1_hermitian-users "$CAP"/explicit10-s1_hermitian-items \
+        "$CAP"/explicit100-s3_solve-users "$CAP"/explicit10-s3_solve-users
+    ;;
+esac
+echo "part $part: $((SECONDS - T0)) s"
