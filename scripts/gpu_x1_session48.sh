@@ -6,6 +6,14 @@
 #      arguments, buffers before and after), replayed through the CUDA driver API and checked
 #      against the OpenCL result, timed beside the OpenCL event time, then profiled by
 #      `ncu --set full`; $OUT/replay.jsonl, $OUT/ncu.tgz (reports, summaries, details as CSV).
+#   b: the dimensions form launched past its (unused) scratch's rows (clmf.engine.memory.
+#      launch_rows: up to 65,536 rows a launch instead of 2,040 at f = 256, 8,160 at f = 128),
+#      this tree ("new") against the wheel of 278f4a6 (.whl/base50, "base": the same tree before
+#      the change), alternating twice: auto's pair (side_profile.py, no variants, 5 iterations)
+#      at implicit f = 256 / 128 / 64 and explicit f = 256 / 128.
+#   c: issue 27's side-by-side table (gpu_implicit.py: explicit and implicit auto fits at
+#      f = 64 / 128 / 256 beside the `implicit` library, 15 iterations; needs prepare-peers'
+#      wheels in .whl), then part a's capture and counters of implicit f = 256's new launches.
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session48.sh a
 . "$(dirname "$0")/gpu_preamble.sh"
 T0=$SECONDS
@@ -37,6 +45,27 @@ profile() {  # profile DIR...: replay (check, 3 timed runs) and ncu each capture
     done
     tar czf "$OUT/ncu.tgz" -C "$OUT" ncu && rm -rf "$OUT/ncu"
 }
+ab() {  # ab TAG BASE CELL...: auto (side_profile.py, 5 iterations) of each CELL = MODE:F[,F..]
+        # on the wheel in .whl/BASE ("base") and this tree ("new"), alternating twice;
+        # $OUT/TAG.tgz
+    local tag=$1 base=$2 round site sp cell mode; shift 2
+    python3 -m pip install -q --no-deps --target /tmp/site-base "$R"/.whl/"$base"/clmf-*.whl 2>&1 | tail -2
+    for round in 1 2; do
+        for site in base new; do
+            sp=""
+            [ "$site" = base ] && sp=/tmp/site-base
+            for cell in "$@"; do
+                mode=${cell%%:*}
+                echo "== $site round $round $cell"
+                PYTHONPATH=${sp:+$sp:}${PYTHONPATH:-} timeout 110 python3 \
+                    "$R/benchmarks/side_profile.py" --device "$DEV" --scale "$SCALE" \
+                    --out "$OUT/$tag-$site-$round-$mode" --factors "${cell#*:}" --modes "$mode" \
+                    --iterations 5 --max-seconds 100 --variants "" 2>&1 | grep "auto\|clmf from"
+            done
+        done
+    done
+    (cd "$OUT" && tar czf "$tag.tgz" "$tag"-* && rm -rf "$tag"-*/)
+}
 case $part in
 a)
     echo "ncu: ${NCU:-none}"; [ -n "$NCU" ] && "$NCU" --version | tail -1
@@ -49,6 +78,16 @@ a)
         "$CAP"/explicit100-s1_hermitian-items "$CAP"/explicit100-s1_hermitian-users \
         "$CAP"/explicit10-s1_hermitian-users "$CAP"/explicit10-s1_hermitian-items \
         "$CAP"/explicit100-s3_solve-users "$CAP"/explicit10-s3_solve-users
+    ;;
+b)
+    ab b base50 implicit:256,128,64 explicit:256,128
+    ;;
+c)
+    side_by_side /dev/null
+    CAP=/tmp/cap48c
+    timeout 200 python3 "$NR" capture --device "$DEV" --data "$DATA" --scale "$SCALE" \
+        --out "$CAP" --cells "implicit:256" --kernels s3_fcg 2>&1 | grep -v "CompilerWarning\|lambda: self"
+    LIMIT=540 profile "$CAP"/implicit256-s3_fcg-users "$CAP"/implicit256-s3_fcg-items
     ;;
 esac
 echo "part $part: $((SECONDS - T0)) s"

@@ -369,3 +369,48 @@ def test_automatic_split_on_a_skewed_side(cl_device):
     want = ref.half_step(R, Y0.astype(np.float64), 0.1)
     assert rel_err(out[0], want) <= TOL and rel_err(out[SPLIT_NEVER], want) <= TOL
     assert rel_err(out[0], out[SPLIT_NEVER]) <= TOL
+
+
+def test_launch_rows_rule():
+    """Only the dimensions form's launches pass the scratch's rows, up to MAX_BATCH_ROWS; a fixed
+    ``batch_rows`` and every other variant keep the scratch's batches."""
+    dims = KernelConfig.parse("batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=8,nnz_batch=4")
+    assert memory.launch_rows(dims, 2040, 480_189) == memory.MAX_BATCH_ROWS
+    assert memory.launch_rows(dims, 2040, 17_770) == 17_770
+    assert memory.launch_rows(dims, 16, 1) == 16              # never below the scratch's rows
+    fixed = KernelConfig.parse("batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=8,batch_rows=3")
+    assert memory.launch_rows(fixed, 3, 34) == 3
+    for v in ("batch:solver=fusedcg", "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5"):
+        assert memory.launch_rows(KernelConfig.parse(v), 16, 34) == 16
+
+
+@pytest.mark.parametrize("batch", [0, 3])
+def test_dims_form_launches_past_the_scratch(cl_device, monkeypatch, batch):
+    """With a scratch of 4 rows the dimensions form still solves each side in one launch (with
+    ``batch_rows=3`` in launches of 3), and its half-steps equal the reference's."""
+    f = 6
+    monkeypatch.setattr(memory, "SCRATCH_BUDGET", 4 * 4 * (f * f + f))
+    R = problem(seed=2)
+    v = "batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=8,nnz_batch=4,cg_steps=6"
+    cfg = KernelConfig.parse(v + (f",batch_rows={batch}" if batch else ""))
+    eng = Engine(cl_device, R, f, (cfg, cfg))
+    try:
+        for s in ("users", "items"):
+            rows = eng.side[s].rows
+            assert eng.batch_rows[s] == (batch or 4)
+            want = [(r, min(batch or rows, rows - r), 0, 0) for r in range(0, rows, batch or rows)]
+            assert eng.launches[s] == want
+        X0, Y0 = ref.start_factors(*R.shape, f, 2)
+        eng.set_factors("users", X0)
+        eng.set_factors("items", Y0)
+        eng.half_step("users", LAM, True)
+        X = eng.get_factors("users")
+        want = ref.half_step(R, Y0.astype(np.float64), LAM, solver="cg", X0=X0, cg_steps=6)
+        assert rel_err(X, want) <= TOL
+        eng.half_step("items", LAM, True)
+        Y = eng.get_factors("items")
+        want = ref.half_step(R.T.tocsr(), X.astype(np.float64), LAM, solver="cg", X0=Y0,
+                             cg_steps=6)
+        assert rel_err(Y, want) <= TOL
+    finally:
+        eng.release()

@@ -48,7 +48,7 @@ from .launch import (
     split_rows,
     timed_gram,
 )
-from .memory import SplitPlan, choose_batch_rows, plan_device, plan_fit, plan_split
+from .memory import SplitPlan, choose_batch_rows, launch_rows, plan_device, plan_fit, plan_split
 from .transpose import device_transpose
 
 log = logging.getLogger(__name__)
@@ -364,6 +364,7 @@ class Engine:
         sp_, bs = self.splits[side], self.batch_rows[side]
         rows = m.r1 - m.r0
         if not sp_.active:
+            bs = launch_rows(self.configs[side], bs, rows)
             return [(r0, min(bs, rows - r0), 0, 0) for r0 in range(0, rows, bs)]
         cl, mf, fs = self.cl, self.cl.mem_flags, self.fs
         indptr = self._resident_indptr[side]
