@@ -14,6 +14,8 @@
 #   c: issue 27's side-by-side table (gpu_implicit.py: explicit and implicit auto fits at
 #      f = 64 / 128 / 256 beside the `implicit` library, 15 iterations; needs prepare-peers'
 #      wheels in .whl), then part a's capture and counters of implicit f = 256's new launches.
+#   d: auto in every mode at f = 10 ... 256 after b's change (side_profile.py, no variants,
+#      3 iterations, one process per mode): does s/it still never rise when f falls?
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session48.sh a
 . "$(dirname "$0")/gpu_preamble.sh"
 T0=$SECONDS
@@ -88,6 +90,14 @@ c)
     timeout 200 python3 "$NR" capture --device "$DEV" --data "$DATA" --scale "$SCALE" \
         --out "$CAP" --cells "implicit:256" --kernels s3_fcg 2>&1 | grep -v "CompilerWarning\|lambda: self"
     LIMIT=540 profile "$CAP"/implicit256-s3_fcg-users "$CAP"/implicit256-s3_fcg-items
+    ;;
+d)
+    for mode in implicit explicit biased; do
+        timeout 170 python3 "$R/benchmarks/side_profile.py" --device "$DEV" --scale "$SCALE" \
+            --out "$OUT/d-$mode" --factors 10,16,32,50,64,100,128,200,256 --modes "$mode" \
+            --iterations 3 --max-seconds 160 --variants "" 2>&1 | grep " auto \["
+    done
+    (cd "$OUT" && tar czf d.tgz d-* && rm -rf d-*/)
     ;;
 esac
 echo "part $part: $((SECONDS - T0)) s"
