@@ -16,6 +16,12 @@
 #      wheels in .whl), then part a's capture and counters of implicit f = 256's new launches.
 #   d: auto in every mode at f = 10 ... 256 after b's change (side_profile.py, no variants,
 #      3 iterations, one process per mode): does s/it still never rise when f falls?
+#   e: the cells d found on stale choices tuned again with this tree (the dims form's launches of
+#      b, its shuffle sums at any f with D rounded up to a power of two): explicit f = 200 (0.352
+#      s/it against 0.218 at f = 256: s/it rose as f fell), biased f = 256 / 200, explicit
+#      f = 128 (--budget 20 --max-wall 60, the padded shuffle forms and the current choices among
+#      the starts) into tune-48e.jsonl; then d's explicit and biased rows again with those
+#      records in front (CLMF_TUNING_DB).
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session48.sh a
 . "$(dirname "$0")/gpu_preamble.sh"
 T0=$SECONDS
@@ -98,6 +104,39 @@ d)
             --iterations 3 --max-seconds 160 --variants "" 2>&1 | grep " auto \["
     done
     (cd "$OUT" && tar czf d.tgz d-* && rm -rf d-*/)
+    ;;
+e)
+    TUNE_DB=tune-48$part.jsonl
+    tune() {  # tune LIMIT F MODE-ARGS... -- STARTS...: clmf tune of the Netflix shape
+        local limit=$1 f=$2; shift 2
+        local args=() starts=()
+        while [ $# -gt 0 ] && [ "$1" != "--" ]; do args+=("$1"); shift; done
+        shift
+        for x in "$@"; do starts+=(--start "$x"); done
+        timeout -s ABRT "$limit" python3 -m clmf -v tune --preset "$DATA" --scale "$SCALE" \
+            --factors "$f" --device "$DEV" --budget 20 --max-wall 60 --sample auto "${args[@]}" \
+            "${starts[@]}" --db "$OUT/$TUNE_DB" --no-progress 2>&1 \
+            | grep -v "CompilerWarning\|lambda: self" | tail -4
+        echo "tune f=$f ${args[*]}: exit ${PIPESTATUS[0]} at $((SECONDS - T0)) s"
+    }
+    D="batch+vec4:solver=fusedcg,fused_dims=1"
+    S="$D,dims_shfl=1,dims_rsum=1"
+    G="batch+vec4+gemm:bx=64,nnz_batch=8,solver=cg"
+    tune 105 200 -- "$S,nnz_batch=4,solve_wg=256,dims_q=4" "$S,nnz_batch=8,solve_wg=256,dims_q=2" \
+        "$D,tx=1,ty=1,nnz_batch=8,solve_wg=256,dims_q=2" "$G"
+    tune 105 256 --biases -- "$S,nnz_batch=2,solve_wg=256,dims_q=5" \
+        "$S,nnz_batch=4,solve_wg=256,dims_q=3" "$D,tx=1,ty=1,nnz_batch=4,solve_wg=256,dims_q=4,dims_p=0" "$G"
+    tune 105 200 --biases -- "$S,nnz_batch=4,solve_wg=256,dims_q=4" \
+        "$D,tx=1,ty=1,nnz_batch=8,solve_wg=256" "$G"
+    tune 100 128 -- "$S,nnz_batch=4,solve_wg=256,dims_q=4" "$S,nnz_batch=8,solve_wg=128,dims_q=2" \
+        "$D,tx=1,ty=1,nnz_batch=8,solve_wg=128,dims_shfl=1,dims_q=2" "$G"
+    for mode in explicit biased; do
+        CLMF_TUNING_DB=$OUT/$TUNE_DB timeout 75 python3 "$R/benchmarks/side_profile.py" \
+            --device "$DEV" --scale "$SCALE" --out "$OUT/e-$mode" --factors 100,128,200,256 \
+            --modes "$mode" --iterations 3 --max-seconds 70 --variants "" 2>&1 | grep " auto \["
+    done
+    (cd "$OUT" && tar czf e.tgz e-* && rm -rf e-*/)
+    gzip -f "$OUT/$TUNE_DB"
     ;;
 esac
 echo "part $part: $((SECONDS - T0)) s"

@@ -179,7 +179,14 @@ DIMS_SHUFFLE = [("batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_q=4,so
                 ("batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_rsum=1,dims_q=4,"
                  "solve_wg=32,nnz_batch=4", 50),
                 ("batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_rsum=1,solve_wg=64,"
-                 "nnz_batch=1,batch_rows=7", 15)]
+                 "nnz_batch=1,batch_rows=7", 15),
+                # D rounded up to a power of two, the slices past F4 zero: f = 21 (6 slices,
+                # 2 a work-item: D = 3 -> 4, the last work-item's second slice empty) and
+                # f = 10 (3 slices, 1 a work-item: D = 3 -> 4, one work-item without a slice)
+                ("batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_rsum=1,dims_q=2,"
+                 "solve_wg=32,nnz_batch=2", 21),
+                ("batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,solve_wg=32,nnz_batch=3",
+                 10)]
 
 
 @pytest.mark.parametrize("variant,f", DIMS_SHUFFLE)
@@ -260,7 +267,9 @@ def test_fused_dims_shuffle_where_it_applies(monkeypatch):
     assert "shfl.sync" in render_als(cfg, 256, nv)
     off = cfg.replace(dims_shfl=False)
     assert dims_shuffle(off, nv) == 0 and "shfl.sync" not in render_als(off, 256, nv)
-    for c, f, reason in ((cfg, 130, "geometry"),                   # D = 9: no power of two
+    # D = ceil(33 / 4) = 9 work-items an entry at f = 130: rounded up to 16
+    assert validate(cfg, 130, nv) and cfg.fcg_geometry(130)["fd_d"] == 16
+    for c, f, reason in ((cfg.replace(dims_q=1), 256, "geometry"),  # D = 64 > 32: not one warp
                          (cfg.replace(solve_wg=16), 64, "geometry"),  # not whole warps
                          (cfg, 256, "unsupported_device")):         # not NVIDIA (below)
         info = nv if reason == "geometry" else fake_info(platform="Intel(R) OpenCL")

@@ -439,6 +439,11 @@ class KernelConfig:
         f4 = -(-f // 4)
         q = min(f4, max(self.dims_q, -(-f4 // swg)))
         d = -(-f4 // q)
+        if self.dims_shfl:
+            # the shuffles sum over power-of-two segments of a warp: D rounded up, the slices
+            # past F4 read as 0 (f = 200, dims_q=4: 13 -> 16 work-items an entry, 14 of 64
+            # slices empty; a work-item may hold none)
+            d = 1 << (d - 1).bit_length()
         e = swg // d
         ch = e * self.nnz_batch
         p = self.dims_p or max(1, min(swg // ch, d))
@@ -634,7 +639,7 @@ def representative_variants(f=None):
         # ... its blocks written from the registers, two work-groups a row
         "batch+vec4+mma:tx=2,nnz_batch=8,direct=2",
         # the dims form's entry sums as warp shuffles (NVIDIA; elsewhere their emulation,
-        # CLMF_SHFL_EMULATION=1; refused where f makes D no power of two)
+        # CLMF_SHFL_EMULATION=1; D rounded up to a power of two where f makes it none)
         "batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_q=2,solve_wg=32,nnz_batch=2",
         "batch+vec4:solver=fusedcg,fused_dims=1,dims_shfl=1,dims_wshfl=1,dims_q=2,solve_wg=32,"
         "nnz_batch=2",
