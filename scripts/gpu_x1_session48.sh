@@ -22,6 +22,10 @@
 #      f = 128 (--budget 20 --max-wall 60, the padded shuffle forms and the current choices among
 #      the starts) into tune-48e.jsonl; then d's explicit and biased rows again with those
 #      records in front (CLMF_TUNING_DB).
+#   f: the cells whose items' side e's sampled tuning kept on the S1 forms (the dims form timed on
+#      1,057 of 17,770 item rows, where its longest rows dominate a launch) tuned on whole
+#      half-steps (--sample full): explicit f = 128, biased f = 200 / 256, into tune-48f.jsonl;
+#      then auto with those records in front at explicit and biased f = 128 / 200 / 256.
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session48.sh a
 . "$(dirname "$0")/gpu_preamble.sh"
 T0=$SECONDS
@@ -105,7 +109,7 @@ d)
     done
     (cd "$OUT" && tar czf d.tgz d-* && rm -rf d-*/)
     ;;
-e)
+e|f)
     TUNE_DB=tune-48$part.jsonl
     tune() {  # tune LIMIT F MODE-ARGS... -- STARTS...: clmf tune of the Netflix shape
         local limit=$1 f=$2; shift 2
@@ -114,7 +118,7 @@ e)
         shift
         for x in "$@"; do starts+=(--start "$x"); done
         timeout -s ABRT "$limit" python3 -m clmf -v tune --preset "$DATA" --scale "$SCALE" \
-            --factors "$f" --device "$DEV" --budget 20 --max-wall 60 --sample auto "${args[@]}" \
+            --factors "$f" --device "$DEV" --budget 20 --max-wall "${TW:-60}" --sample "${SAMPLE:-auto}" "${args[@]}" \
             "${starts[@]}" --db "$OUT/$TUNE_DB" --no-progress 2>&1 \
             | grep -v "CompilerWarning\|lambda: self" | tail -4
         echo "tune f=$f ${args[*]}: exit ${PIPESTATUS[0]} at $((SECONDS - T0)) s"
@@ -122,6 +126,23 @@ e)
     D="batch+vec4:solver=fusedcg,fused_dims=1"
     S="$D,dims_shfl=1,dims_rsum=1"
     G="batch+vec4+gemm:bx=64,nnz_batch=8,solver=cg"
+    if [ "$part" = f ]; then
+        SAMPLE=full TW=50
+        tune 90 128 -- "$S,nnz_batch=4,solve_wg=256,dims_q=4" \
+            "$D,tx=1,ty=1,nnz_batch=8,solve_wg=128,dims_shfl=1,dims_q=2" "$G"
+        tune 95 256 --biases -- "$S,nnz_batch=2,solve_wg=256,dims_q=5" \
+            "$D,tx=1,ty=1,nnz_batch=4,solve_wg=256,dims_q=4,dims_p=0" "$G"
+        tune 95 200 --biases -- "$S,nnz_batch=4,solve_wg=256,dims_q=4" \
+            "$D,tx=1,ty=1,nnz_batch=8,solve_wg=256" "$G"
+        for mode in explicit biased; do
+            CLMF_TUNING_DB=$OUT/$TUNE_DB timeout 60 python3 "$R/benchmarks/side_profile.py" \
+                --device "$DEV" --scale "$SCALE" --out "$OUT/f-$mode" --factors 128,200,256 \
+                --modes "$mode" --iterations 2 --max-seconds 55 --variants "" 2>&1 | grep " auto \["
+        done
+        (cd "$OUT" && tar czf f.tgz f-* && rm -rf f-*/)
+        gzip -f "$OUT/$TUNE_DB"
+        exit 0
+    fi
     tune 105 200 -- "$S,nnz_batch=4,solve_wg=256,dims_q=4" "$S,nnz_batch=8,solve_wg=256,dims_q=2" \
         "$D,tx=1,ty=1,nnz_batch=8,solve_wg=256,dims_q=2" "$G"
     tune 105 256 --biases -- "$S,nnz_batch=2,solve_wg=256,dims_q=5" \
