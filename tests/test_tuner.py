@@ -102,6 +102,31 @@ def test_stratified_sample_keeps_the_length_distribution():
     assert 0.15 < t.fraction < 0.3
 
 
+def test_balanced_sample_grows_until_the_longest_row_is_a_small_share():
+    """A GPU's sample grows until its ratings are BALANCE × compute units × its longest row (the
+    stratified sample always holds the longest item, here rated by 900 of 2,000 users), up to the
+    whole side; capped by max_growth; a sample already balanced (or a CPU's 2 units) is kept."""
+    from clmf.autotune.measure import BALANCE, balanced_sample, longest_row
+    rng = np.random.default_rng(5)
+    m, n = 2000, 400
+    rows = np.concatenate([rng.choice(m, 900, replace=False), rng.integers(0, m, 6000)])
+    cols = np.concatenate([np.zeros(900, np.int64), rng.integers(1, n, 6000)])
+    R = sp.csr_matrix((np.ones(rows.size, np.float32), (rows, cols)), shape=(m, n))
+    R.sum_duplicates()
+    s = make_sample(R, "items", 0.05)
+    assert longest_row(s) == 900 and s.nnz < BALANCE * 8 * 900
+    g = balanced_sample(R, "items", s, 8)
+    assert g.fraction > s.fraction and longest_row(g) == 900
+    assert g.nnz >= BALANCE * 8 * 900 or g.fraction == 1.0
+    assert balanced_sample(R, "items", s, 8, max_growth=1.1) is s          # no room to grow
+    capped = balanced_sample(R, "items", s, 8, max_growth=2.0)
+    assert s.nnz < capped.nnz <= 2.6 * s.nnz
+    t = make_sample(R, "items", 0.5)
+    assert balanced_sample(R, "items", t, 1) is t                          # already balanced
+    u = make_sample(R, "users", 0.1)
+    assert longest_row(u) == int(np.diff(R.indptr)[np.diff(R.indptr) > 0].max())
+
+
 # ----- measurement -------------------------------------------------------------------------------
 def test_measure_wrong_invalid_and_ok(cl_device, monkeypatch):
     R = skewed()

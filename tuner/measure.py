@@ -28,7 +28,8 @@ explicit with user/item biases, f + 1 unknowns per system):
    device time unscaled (stage ``gram``: the other side is never sampled).
 
 The sample (:func:`calibrate_samples`) holds enough rows to keep every compute unit busy
-(:func:`sample_min_rows`) and is *checked* (:func:`check_samples`): one reference configuration is
+(:func:`sample_min_rows`), on a GPU enough ratings that its longest row does not hold a launch
+alone (:func:`balanced_sample`), and is *checked* (:func:`check_samples`): one reference configuration is
 timed on the sample and on the whole side (or, when that would take longer than ``check_time``,
 on a much larger sample); when the sample's scaled estimate is off by more than ``tol`` (20 %)
 the sample grows ×2, ×4, … up to the reference. ``sample="full"`` times whole half-steps (no
@@ -53,7 +54,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Sample", "stratified_rows", "make_sample", "full_sample", "Measurer", "Result", "pruned",
            "sample_spec",
            "SIDES", "MODES", "verify_tolerance", "calibrate_samples", "check_samples",
-           "sample_min_rows"]
+           "sample_min_rows", "balanced_sample", "longest_row", "BALANCE", "BALANCE_SECONDS"]
 
 SIDES = ("users", "items")
 MODES = ("explicit", "implicit", "biased")
@@ -519,6 +520,44 @@ def sample_min_rows(info, probe=None, f=None):
     return max(8, info.compute_units * per_cu)
 
 
+# a GPU's sample keeps its ratings ≥ BALANCE × compute units × its longest row (the stratified
+# sample always holds the side's longest row), grown up to BALANCE_SECONDS of sampled time: a
+# work-group per row leaves a launch waiting for its longest row's work-group once the others
+# drained, so a sample where that row outweighs a compute unit's share times that tail, not the
+# kernel (H100, Netflix items at explicit f = 128: 1,057 of 17,770 rows with the 209,617-rating
+# row ran the dims form 3.6x and gemm 1.55x slower per rating than the whole side, and the
+# tuner kept gemm, 1.47x slower there: results/bench/gpu-implicit/run-48/)
+BALANCE = 4
+BALANCE_SECONDS = 0.5
+
+
+def longest_row(sample):
+    """Ratings of the longest row of a sample's side."""
+    R = sample.R
+    if not R.nnz:
+        return 0
+    if sample.side == "users":
+        return int(np.diff(R.indptr).max())
+    return int(np.bincount(R.indices, minlength=R.shape[1]).max())
+
+
+def balanced_sample(R, side, s, compute_units, seed=0, min_rows=32, max_fraction=1.0,
+                    max_growth=float("inf")):
+    """``s`` grown (a larger fraction of ``side``'s rows of ``R``) until its ratings are at least
+    :data:`BALANCE` × ``compute_units`` × its longest row, the whole side, ``max_fraction`` or
+    ``max_growth`` × its ratings; ``s`` itself where it already is."""
+    while s.fraction < max_fraction:
+        need = BALANCE * max(1, int(compute_units)) * longest_row(s)
+        if s.nnz >= need:
+            break
+        grow = min(max_growth, max(1.25, need / max(1, s.nnz)))
+        if grow < 1.25:
+            break
+        max_growth /= grow
+        s = make_sample(R, side, min(max_fraction, s.fraction * grow), seed, min_rows)
+    return s
+
+
 def calibrate_samples(device, R, f, probe, target_seconds=0.03, min_rows=None, seed=0,
                       max_fraction=1.0, storage="float32", mode="explicit", alpha=1.0):
     """Per side, the sample fraction whose half-step with ``probe`` (a KernelConfig) takes about
@@ -550,6 +589,13 @@ def calibrate_samples(device, R, f, probe, target_seconds=0.03, min_rows=None, s
             if 0.5 <= new / frac <= 2.0 or (frac >= max_fraction and new >= frac):
                 break
             frac = new
+        if info.type != "CPU" and t > 0:
+            b = balanced_sample(R, side, s, info.compute_units, seed, min_rows, max_fraction,
+                                max_growth=BALANCE_SECONDS / t)
+            if b is not s:
+                log.info("balance %s: %d -> %d rows (%d -> %d ratings; longest row %d)", side,
+                         s.rows, b.rows, s.nnz, b.nnz, longest_row(b))
+            s = b
         out[side] = s
     return out
 
