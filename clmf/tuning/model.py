@@ -522,6 +522,37 @@ def family(c):
 _family_memo: dict = {}
 
 
+# kernel capabilities added after tuning runs existed: (date from which the kernels had it, test
+# of a configuration at a system's unknowns). A group older than the date could not have built
+# such a configuration at its f: it counts as one that could not build it (no silence against
+# it, no comparison through it), as the device's builds at the time decided.
+# - the dims form's shuffle sums with an entry's work-items rounded up to a power of two (before,
+#   refused where f/4/dims_q gave none: H100 f = 100, 200, biased 256 ...)
+LATER_CAPABILITIES = (
+    ("2026-11-27T20:10", lambda c, kf: c.dims and c.dims_shfl and _dims_padded(c, kf)),
+)
+
+
+def _dims_padded(c, kf):
+    """Whether the dims form ``c`` rounds an entry's work-items up at ``kf`` unknowns."""
+    f4 = -(-int(kf) // 4)
+    q = min(f4, max(c.dims_q, -(-f4 // c.swg(kf))))
+    d = -(-f4 // q)                       # (KernelConfig.fcg_geometry's before the rounding)
+    return bool(d & (d - 1))
+
+
+def built_then(c, g, kf):
+    """Whether ``c``'s kernels at ``kf`` unknowns existed when group ``g`` ran."""
+    for since, needs in LATER_CAPABILITIES:
+        if g.date < since:
+            try:
+                if needs(c, kf):
+                    return False
+            except (InvalidConfigError, ValueError, ZeroDivisionError):
+                return False
+    return True
+
+
 def family_dates(groups):
     """``{family: date}``: the date of the oldest group that reports a configuration of each
     kernel family (:func:`family`) among its fastest (memoized per groups list)."""
@@ -710,7 +741,9 @@ def rank(groups, f, mode, side, feats, storage="float32", fill=None, wrong=None,
                      not m) for (d2, g, (rel, _c)), m in zip(view, mute)]
         ev[k] = [k in rel and not m for (_d2, _g, (rel, _c)), m in zip(view, mute)]
         bld[k] = [k not in bad.get(g.mode, ()) and (builds is None or k in rel
-                                                     or _builds_in(k, g.f, g.mode))
+                                                     or (_builds_in(k, g.f, g.mode) and
+                                                         built_then(c, g, kernel_factors(g.f,
+                                                                                         g.mode))))
                   for _d2, g, (rel, _c) in view]
         pri[k] = [b and g.date >= since for b, (_d2, g, _v) in zip(bld[k], view)]
         if builds is None or _builds_for(twins[k], kf, mode, dtype, builds, memo):
