@@ -116,7 +116,7 @@ def save(rec, out):
     """Write a capture: ``launch.json``, ``kernel.ptx``, ``argN_pre.npy`` / ``argN_post.npy``."""
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "kernel.ptx"), "wb") as fh:
-        fh.write(bytes(rec["ptx"]).rstrip(b"\0"))
+        fh.write(bytes(rec["ptx"]))            # as the driver gave it (PTX text, or a binary)
     args = []
     for i, a in enumerate(rec["args"]):
         if a["kind"] == "buffer":
@@ -236,7 +236,7 @@ def replay(a):
     with open(os.path.join(a.dir, "launch.json")) as fh:
         meta = json.load(fh)
     with open(os.path.join(a.dir, "kernel.ptx"), "rb") as fh:
-        ptx = patched_ptx(fh.read()) + b"\0"
+        ptx = patched_ptx(fh.read().rstrip(b"\0")) + b"\0"
     cu, ck = _cuda()
     ck("cuInit")(0)
     dev = ctypes.c_int()
