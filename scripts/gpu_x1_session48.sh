@@ -27,10 +27,10 @@
 #      half-steps (--sample full): explicit f = 128, biased f = 200 / 256, into tune-48f.jsonl;
 #      then auto with those records in front at explicit and biased f = 128 / 200 / 256.
 #   g (prepared at the end of stop 48, not run: device time spent): the tuner's balanced GPU
-#      samples (64db268) on the cells 48f found misranked — explicit f = 128, biased f = 128 /
-#      200 / 256 — and on the cells whose leave-one-out pick no run timed (offline-loo.md: the
-#      padded shuffle forms at f = 50 / 100 / 200), the picks among the starts, into
-#      tune-48g.jsonl; then auto with those records in front at f = 100 / 128 / 200 / 256.
+#      samples (64db268) on the cells 48f found misranked — explicit f = 128, biased f =
+#      200 — and explicit f = 100, whose leave-one-out pick (the padded shuffle form) no run timed,
+#      the picks among the starts, into tune-48g.jsonl (3 × 140 s at most); then auto with those
+#      records in front at explicit and biased f = 100 / 128 / 200 (one 10-minute command).
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session48.sh a
 . "$(dirname "$0")/gpu_preamble.sh"
 T0=$SECONDS
@@ -134,14 +134,12 @@ e|f|g)
     if [ "$part" = g ]; then
         TW=60
         P2="$S,tx=1,ty=1,nnz_batch=8,solve_wg=128,dims_q=2"
-        tune 150 128 -- "$S,nnz_batch=4,solve_wg=256,dims_q=4" "$P2" "$G"
-        tune 150 200 --biases -- "$S,nnz_batch=4,solve_wg=256,dims_q=4" \
+        tune 140 128 -- "$S,nnz_batch=4,solve_wg=256,dims_q=4" "$P2" "$G"
+        tune 140 200 --biases -- "$S,nnz_batch=4,solve_wg=256,dims_q=4" \
             "$D,tx=1,ty=1,nnz_batch=8,solve_wg=256" "$G"
-        tune 150 100 -- "$P2" "$D,tx=1,ty=1,nnz_batch=8,solve_wg=128,dims_q=2,dims_p=0" \
+        tune 140 100 -- "$P2" "$D,tx=1,ty=1,nnz_batch=8,solve_wg=128,dims_q=2,dims_p=0" \
             "batch+vec4+syrk:bx=8,ks=2,solver=cg"
-        tune 150 200 --feedback implicit --alpha 2 -- "$S,nnz_batch=4,solve_wg=256,dims_q=4" \
-            "$D,tx=1,ty=1,nnz_batch=8,solve_wg=256,dims_q=2"
-        for mode in explicit biased implicit; do
+        for mode in explicit biased; do
             CLMF_TUNING_DB=$OUT/$TUNE_DB timeout 60 python3 "$R/benchmarks/side_profile.py" \
                 --device "$DEV" --scale "$SCALE" --out "$OUT/g-$mode" --factors 100,128,200 \
                 --modes "$mode" --iterations 2 --max-seconds 55 --variants "" 2>&1 | grep " auto \["
