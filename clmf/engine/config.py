@@ -106,7 +106,8 @@ class KernelConfig:
         (CG applying A from the row's entries, S1 skipped); cg_steps their iterations
     storage : "float32" or "float16" (factors stored as half, compute in float32)
     triangle : compute only the lower triangle of each hermitian and mirror it
-    batch_rows : rows per S1/S2/S3 launch; 0 = sized from device memory
+    batch_rows : rows per S1/S2/S3 launch; 0 = sized from device memory (the scratch; the fused
+        CG's dimensions form keeps none: up to :data:`clmf.engine.memory.MAX_BATCH_ROWS`)
     split : most entries of a row one S1 work-group sums (long rows are cut into pieces of at
         most ``split`` entries, summed by a combine kernel: :func:`clmf.engine.memory.plan_split`);
         0 = automatic (the rule in :func:`clmf.engine.memory.split_threshold`), 1 ..
