@@ -322,7 +322,8 @@ def replay(a):
 # --------------------------------------------------------------------------------- summaries
 
 METRICS = (
-    "gpu__time_duration.sum", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "gpu__time_duration.sum", "sm__cycles_active.avg", "sm__cycles_elapsed.avg",
+    "sm__inst_executed.avg.per_cycle_active", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
     "dram__throughput.avg.pct_of_peak_sustained_elapsed",
     "lts__t_sector_hit_rate.pct", "l1tex__t_sector_hit_rate.pct",
@@ -334,30 +335,40 @@ METRICS = (
 )
 
 
-def summary(a):
-    """The report's key counters and the warp stall reasons, as text."""
-    ncu = a.ncu or "ncu"
-    raw = subprocess.run([ncu, "--import", a.report, "--page", "raw", "--csv"],
-                         capture_output=True, text=True, check=True).stdout
+def _num(x):
+    """A counter's value as a float (Nsight writes thousands separators)."""
+    return float(str(x).replace(",", "") or 0)
+
+
+def summarize(raw):
+    """Lines of key counters and warp stall reasons per kernel of ``ncu --page raw --csv``."""
     import csv
     import io
     rows = list(csv.reader(io.StringIO(raw)))
     if len(rows) < 3:
-        print(raw)
-        return
+        return [raw]
     head, units, data = rows[0], rows[1], rows[2:]
+    col = {h: j for j, h in enumerate(head)}
+    out = []
     for d in data:
-        print(f"== {d[head.index('Kernel Name')] if 'Kernel Name' in head else '?'}")
-        for k in METRICS:
-            if k in head:
-                j = head.index(k)
-                print(f"  {k} = {d[j]} {units[j]}")
-        stalls = [(float(d[j].replace(",", "") or 0), h) for j, h in enumerate(head)
+        out.append(f"== {d[col['Kernel Name']] if 'Kernel Name' in col else '?'}")
+        out += [f"  {k} = {d[col[k]]} {units[col[k]]}" for k in METRICS if k in col]
+        act, ela = col.get("sm__cycles_active.avg"), col.get("sm__cycles_elapsed.avg")
+        if act is not None and ela is not None and _num(d[ela]) > 0:
+            # the share of the launch's cycles the SMs had work: the rest is its tail
+            out.append(f"  SMs active {_num(d[act]) / _num(d[ela]):.1%} of the elapsed cycles")
+        stalls = [(_num(d[j]), h) for h, j in col.items()
                   if h.startswith("smsp__average_warp_latency_issue_stalled_")
                   or h.startswith("smsp__pcsamp_warps_issue_stalled_")]
-        stalls = [s for s in stalls if s[0] > 0]
-        for v, h in sorted(stalls, reverse=True)[:12]:
-            print(f"  stall {h} = {v:g}")
+        out += [f"  stall {h} = {v:g}" for v, h in sorted(stalls, reverse=True)[:12] if v > 0]
+    return out
+
+
+def summary(a):
+    """The report's key counters and the warp stall reasons, as text."""
+    raw = subprocess.run([a.ncu or "ncu", "--import", a.report, "--page", "raw", "--csv"],
+                         capture_output=True, text=True, check=True).stdout
+    print("\n".join(summarize(raw)))
 
 
 def main(argv=None):

@@ -54,3 +54,21 @@ def test_capture_holds_a_whole_launch(tmp_path, cell, kernel):
             got = np.empty(meta["args"][i]["bytes"], np.uint8)
             cl.enqueue_copy(q, got, bufs[i])
             np.testing.assert_array_equal(got, np.load(d / f"arg{i}_post.npy"))
+
+
+def test_summary_of_a_raw_report():
+    """``summary``'s text from Nsight's raw CSV (a header row, a units row, one row a kernel):
+    the key counters, the SMs' active share of the elapsed cycles, the largest stalls first."""
+    mod = repo_script("benchmarks/ncu_replay.py")
+    head = ["Kernel Name", "gpu__time_duration.sum", "sm__cycles_active.avg",
+            "sm__cycles_elapsed.avg", "smsp__pcsamp_warps_issue_stalled_wait",
+            "smsp__pcsamp_warps_issue_stalled_long_scoreboard",
+            "smsp__pcsamp_warps_issue_stalled_misc"]
+    units = ["", "ms", "cycle", "cycle", "", "", ""]
+    row = ["s3_fcg", "26.28", "22,289,261.86", "42,175,284", "16463", "45,465", "0"]
+    text = "\n".join(mod.summarize("\n".join(",".join(f'"{x}"' for x in r)
+                                             for r in (head, units, row))))
+    assert "== s3_fcg" in text and "gpu__time_duration.sum = 26.28 ms" in text
+    assert "SMs active 52.8% of the elapsed cycles" in text
+    assert text.index("long_scoreboard = 45465") < text.index("wait = 16463")
+    assert "stalled_misc" not in text                                  # zero: left out
