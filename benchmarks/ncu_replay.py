@@ -62,6 +62,7 @@ class Recorder:
         rec = self
 
         def call(kern, queue, gsize, lsize, *args, **kw):
+            """A kernel's launch: captured while armed and named, else as pyopencl does."""
             name = kern.function_name
             if not rec.armed or name not in rec.names:
                 return rec._orig(kern, queue, gsize, lsize, *args, **kw)
@@ -210,9 +211,11 @@ def _cuda():
     cu = ctypes.CDLL("libcuda.so.1")
 
     def check(name):
+        """The driver call ``name``, raising :class:`CudaError` on a nonzero result."""
         fn = getattr(cu, name)
 
         def call(*args):
+            """``name`` called, its result checked."""
             rc = fn(*args)
             if rc != 0:
                 s = ctypes.c_char_p()
@@ -263,6 +266,7 @@ def replay(a):
             vals.append(PTR_TYPES[arg["dtype"]](arg["value"]))
 
     def upload():
+        """Every buffer argument's captured bytes before the launch, to the device."""
         for i, p, arg in ptrs:
             h = np.load(os.path.join(a.dir, f"arg{i}_pre.npy"), mmap_mode="r")
             h = np.ascontiguousarray(h)
@@ -275,6 +279,7 @@ def replay(a):
     block = list(lsz) + [1] * (3 - len(lsz))
 
     def launch():
+        """The captured launch, through the CUDA driver."""
         ck("cuLaunchKernel")(fn, *[ctypes.c_uint(x) for x in grid],
                              *[ctypes.c_uint(x) for x in block], ctypes.c_uint(0), None, params,
                              None)

@@ -11,6 +11,7 @@ from conftest import DEVICES, repo_script
 
 
 def test_patched_ptx_reads_no_environment_registers():
+    """Every %envregN read becomes 0; the rest of the PTX is kept."""
     mod = repo_script("benchmarks/ncu_replay.py")
     ptx = b"mov.b32 \t%r65, %envreg0;\n\tmov.b32 %r17, %envreg3;\n\tadd.s32 %r66, %r65, %r64;"
     out = mod.patched_ptx(ptx)
@@ -22,6 +23,7 @@ def test_patched_ptx_reads_no_environment_registers():
     ("implicit:8:batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=8,nnz_batch=4", "s3_fcg"),
     ("explicit:6:batch+vec4+syrk:bx=4,ks=2,nnz_batch=5,solver=cg", "s1_hermitian")])
 def test_capture_holds_a_whole_launch(tmp_path, cell, kernel):
+    """Each side's capture, launched again from its files alone, writes its captured results."""
     import pyopencl as cl
 
     from clmf.engine.device import select_devices
