@@ -4,7 +4,8 @@
 # fault handler on, and `gpu_tests LIMIT ARGS...`: the checkout's tests run against the installed
 # clmf, stopped after LIMIT seconds; `side_by_side JOURNAL`: issue 27's table (explicit and
 # implicit auto fits at f = 64 / 128 / 256 beside the `implicit` library, 15 iterations) with the
-# journal's tuning records in front of the shipped ones, in $OUT/final.
+# journal's tuning records in front of the shipped ones, in $OUT/final; `ab TAG BASE DB CELL...`:
+# a base wheel against this tree, alternating (below).
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -25,4 +26,26 @@ side_by_side() {  # side_by_side JOURNAL: gpu_implicit.py's auto and peers phase
         --factors 64,128,256 --modes explicit,implicit --peer-factors 64,128,256 --iterations 15 \
         --max-seconds 190 2>&1 | grep -v "CompilerWarning\|lambda: self\|^\s*$"
     rm -f "$OUT/final/tuning.jsonl.gz"
+}
+ab() {  # ab TAG BASE DB CELL...: auto (side_profile.py, 5 iterations) of each CELL = MODE:F[,F..]
+        # on the wheel in .whl/BASE ("base") and this tree ("new", with the tuning records DB in
+        # front; empty: none), alternating twice, each run within AB_LIMIT seconds (default 60);
+        # $OUT/TAG.tgz
+    local tag=$1 base=$2 db=$3 round site sp d cell mode limit=${AB_LIMIT:-60}; shift 3
+    python3 -m pip install -q --no-deps --target /tmp/site-base "$R"/.whl/"$base"/clmf-*.whl 2>&1 | tail -2
+    for round in 1 2; do
+        for site in base new; do
+            sp=""; d=""
+            if [ "$site" = base ]; then sp=/tmp/site-base; else d=$db; fi
+            for cell in "$@"; do
+                mode=${cell%%:*}
+                echo "== $site round $round $cell"
+                CLMF_TUNING_DB=$d PYTHONPATH=${sp:+$sp:}${PYTHONPATH:-} timeout "$limit" python3 \
+                    "$R/benchmarks/side_profile.py" --device "$DEV" --scale "$SCALE" \
+                    --out "$OUT/$tag-$site-$round-$mode" --factors "${cell#*:}" --modes "$mode" \
+                    --iterations 5 --max-seconds $((limit - 5)) --variants "" 2>&1 | grep "auto\|clmf from"
+            done
+        done
+    done
+    (cd "$OUT" && tar czf "$tag.tgz" "$tag"-* && rm -rf "$tag"-*/)
 }

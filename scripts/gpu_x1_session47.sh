@@ -54,27 +54,6 @@ M="batch+vec4+mma:solver=cg"
 T0=$SECONDS
 DEV=${DEV:-gpu} SCALE=${SCALE:-1.0}   # (a CPU check: DEV=cpu SCALE=0.002 CLMF_MMA_EMULATION=1)
 part=${1:-a}
-ab() {  # ab TAG DB CELL...: auto (side_profile.py, 5 iterations) of each CELL = MODE:F[,F..] on
-        # the wheel of 5b66d90 (.whl/base49, "base") and this tree ("new", with the tuning
-        # records DB in front; empty: none), alternating twice; $OUT/TAG.tgz
-    local tag=$1 db=$2 round site sp d cell mode; shift 2
-    python3 -m pip install -q --no-deps --target /tmp/site-base "$R"/.whl/base49/clmf-*.whl 2>&1 | tail -2
-    for round in 1 2; do
-        for site in base new; do
-            sp=""; d=""
-            if [ "$site" = base ]; then sp=/tmp/site-base; else d=$db; fi
-            for cell in "$@"; do
-                mode=${cell%%:*}
-                echo "== $site round $round $cell"
-                CLMF_TUNING_DB=$d PYTHONPATH=${sp:+$sp:}${PYTHONPATH:-} timeout 60 python3 \
-                    "$R/benchmarks/side_profile.py" --device "$DEV" --scale "$SCALE" \
-                    --out "$OUT/$tag-$site-$round-$mode" --factors "${cell#*:}" --modes "$mode" \
-                    --iterations 5 --max-seconds 55 --variants "" 2>&1 | grep "auto\|clmf from"
-            done
-        done
-    done
-    (cd "$OUT" && tar czf "$tag.tgz" "$tag"-* && rm -rf "$tag"-*/)
-}
 case "$part" in
 a)
     V="$M,tx=8,nnz_batch=16,direct=2,precision=tf32;$M,tx=8,nnz_batch=32,direct=2,precision=tf32"
@@ -198,14 +177,14 @@ g|h|i|k|l)
         tune 110 netflix 50 --biases -- "batch+vec4+syrk:bx=8,ks=4,solver=cg" \
             "batch+vec4+syrk:bx=8,ks=8,solve_wg=32,solver=cg"
         tune 110 netflix 10 "${IMP[@]}" -- "$X10"
-        ab l "$OUT/$TUNE_DB" biased:10,50 implicit:10
+        ab l base49 "$OUT/$TUNE_DB" biased:10,50 implicit:10
     elif [ "$part" = k ]; then
         TB=20 TW=60
         tune 120 netflix 50 "${IMP[@]}" -- "batch+vec4+mma:tx=4,ks=2,solver=cg,precision=tf32" \
             "$D,tx=1,ty=1,nnz_batch=8,solve_wg=256"
         tune 120 netflix 50 -- "batch+vec4+syrk:bx=8,ks=4,solver=cg" \
             "batch+vec4+syrk:bx=8,ks=8,solve_wg=32,solver=cg"
-        ab k "$OUT/$TUNE_DB" explicit:50 implicit:50
+        ab k base49 "$OUT/$TUNE_DB" explicit:50 implicit:50
     elif [ "$part" = i ]; then
         tune 80 netflix 32 -- "$S,tx=1,ty=1,nnz_batch=8,solve_wg=128,dims_q=2" "$D,nnz_batch=8,solve_wg=128"
         tune 80 netflix 50 -- "$D,tx=1,ty=1,nnz_batch=8,solve_wg=256" "batch+vec4+syrk:bx=8,ks=4,solver=cg"
@@ -238,7 +217,7 @@ g|h|i|k|l)
     gzip -f "$OUT/$TUNE_DB"
     ;;
 j)
-    ab j "" explicit:50 implicit:50
+    ab j base49 "" explicit:50 implicit:50
     ;;
 esac
 echo "done at $((SECONDS - T0)) s"

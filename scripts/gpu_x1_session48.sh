@@ -62,27 +62,6 @@ profile() {  # profile DIR...: replay (check, 3 timed runs) and ncu each capture
     done
     tar czf "$OUT/ncu.tgz" -C "$OUT" ncu && rm -rf "$OUT/ncu"
 }
-ab() {  # ab TAG BASE CELL...: auto (side_profile.py, 5 iterations) of each CELL = MODE:F[,F..]
-        # on the wheel in .whl/BASE ("base") and this tree ("new"), alternating twice;
-        # $OUT/TAG.tgz
-    local tag=$1 base=$2 round site sp cell mode; shift 2
-    python3 -m pip install -q --no-deps --target /tmp/site-base "$R"/.whl/"$base"/clmf-*.whl 2>&1 | tail -2
-    for round in 1 2; do
-        for site in base new; do
-            sp=""
-            [ "$site" = base ] && sp=/tmp/site-base
-            for cell in "$@"; do
-                mode=${cell%%:*}
-                echo "== $site round $round $cell"
-                PYTHONPATH=${sp:+$sp:}${PYTHONPATH:-} timeout 110 python3 \
-                    "$R/benchmarks/side_profile.py" --device "$DEV" --scale "$SCALE" \
-                    --out "$OUT/$tag-$site-$round-$mode" --factors "${cell#*:}" --modes "$mode" \
-                    --iterations 5 --max-seconds 100 --variants "" 2>&1 | grep "auto\|clmf from"
-            done
-        done
-    done
-    (cd "$OUT" && tar czf "$tag.tgz" "$tag"-* && rm -rf "$tag"-*/)
-}
 case $part in
 a)
     echo "ncu: ${NCU:-none}"; [ -n "$NCU" ] && "$NCU" --version | tail -1
@@ -97,7 +76,7 @@ a)
         "$CAP"/explicit100-s3_solve-users "$CAP"/explicit10-s3_solve-users
     ;;
 b)
-    ab b base50 implicit:256,128,64 explicit:256,128
+    AB_LIMIT=110 ab b base50 "" implicit:256,128,64 explicit:256,128
     ;;
 c)
     side_by_side /dev/null
@@ -128,6 +107,18 @@ e|f|g)
             | grep -v "CompilerWarning\|lambda: self" | tail -4
         echo "tune f=$f ${args[*]}: exit ${PIPESTATUS[0]} at $((SECONDS - T0)) s"
     }
+    with_records() {  # with_records TAG FACTORS: auto at explicit and biased FACTORS with the
+                      # part's tuning records in front (2 iterations), $OUT/TAG.tgz; the records
+                      # gzipped
+        local mode
+        for mode in explicit biased; do
+            CLMF_TUNING_DB=$OUT/$TUNE_DB timeout 60 python3 "$R/benchmarks/side_profile.py" \
+                --device "$DEV" --scale "$SCALE" --out "$OUT/$1-$mode" --factors "$2" \
+                --modes "$mode" --iterations 2 --max-seconds 55 --variants "" 2>&1 | grep " auto \["
+        done
+        (cd "$OUT" && tar czf "$1.tgz" "$1"-* && rm -rf "$1"-*/)
+        gzip -f "$OUT/$TUNE_DB"
+    }
     D="batch+vec4:solver=fusedcg,fused_dims=1"
     S="$D,dims_shfl=1,dims_rsum=1"
     G="batch+vec4+gemm:bx=64,nnz_batch=8,solver=cg"
@@ -139,13 +130,7 @@ e|f|g)
             "$D,tx=1,ty=1,nnz_batch=8,solve_wg=256" "$G"
         tune 140 100 -- "$P2" "$D,tx=1,ty=1,nnz_batch=8,solve_wg=128,dims_q=2,dims_p=0" \
             "batch+vec4+syrk:bx=8,ks=2,solver=cg"
-        for mode in explicit biased; do
-            CLMF_TUNING_DB=$OUT/$TUNE_DB timeout 60 python3 "$R/benchmarks/side_profile.py" \
-                --device "$DEV" --scale "$SCALE" --out "$OUT/g-$mode" --factors 100,128,200 \
-                --modes "$mode" --iterations 2 --max-seconds 55 --variants "" 2>&1 | grep " auto \["
-        done
-        (cd "$OUT" && tar czf g.tgz g-* && rm -rf g-*/)
-        gzip -f "$OUT/$TUNE_DB"
+        with_records g 100,128,200
         exit 0
     fi
     if [ "$part" = f ]; then
@@ -156,13 +141,7 @@ e|f|g)
             "$D,tx=1,ty=1,nnz_batch=4,solve_wg=256,dims_q=4,dims_p=0" "$G"
         tune 95 200 --biases -- "$S,nnz_batch=4,solve_wg=256,dims_q=4" \
             "$D,tx=1,ty=1,nnz_batch=8,solve_wg=256" "$G"
-        for mode in explicit biased; do
-            CLMF_TUNING_DB=$OUT/$TUNE_DB timeout 60 python3 "$R/benchmarks/side_profile.py" \
-                --device "$DEV" --scale "$SCALE" --out "$OUT/f-$mode" --factors 128,200,256 \
-                --modes "$mode" --iterations 2 --max-seconds 55 --variants "" 2>&1 | grep " auto \["
-        done
-        (cd "$OUT" && tar czf f.tgz f-* && rm -rf f-*/)
-        gzip -f "$OUT/$TUNE_DB"
+        with_records f 128,200,256
         exit 0
     fi
     tune 105 200 -- "$S,nnz_batch=4,solve_wg=256,dims_q=4" "$S,nnz_batch=8,solve_wg=256,dims_q=2" \
