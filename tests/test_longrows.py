@@ -378,6 +378,9 @@ def test_launch_rows_rule():
     assert memory.launch_rows(dims, 2040, 480_189) == memory.MAX_BATCH_ROWS
     assert memory.launch_rows(dims, 2040, 17_770) == 17_770
     assert memory.launch_rows(dims, 16, 1) == 16              # never below the scratch's rows
+    # a block published to other devices launch by launch keeps PUBLISH_LAUNCHES launches
+    assert memory.launch_rows(dims, 2040, 120_000, published=True) == 15_000
+    assert memory.launch_rows(dims, 2040, 10_000, published=True) == 2040
     fixed = KernelConfig.parse("batch+vec4:solver=fusedcg,fused_dims=1,solve_wg=8,batch_rows=3")
     assert memory.launch_rows(fixed, 3, 34) == 3
     for v in ("batch:solver=fusedcg", "batch+vec4+syrk:bx=4,ks=2,nnz_batch=5"):

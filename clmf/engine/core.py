@@ -364,7 +364,7 @@ class Engine:
         sp_, bs = self.splits[side], self.batch_rows[side]
         rows = m.r1 - m.r0
         if not sp_.active:
-            bs = launch_rows(self.configs[side], bs, rows)
+            bs = launch_rows(self.configs[side], bs, rows, published=not self._whole_factor(side))
             return [(r0, min(bs, rows - r0), 0, 0) for r0 in range(0, rows, bs)]
         cl, mf, fs = self.cl, self.cl.mem_flags, self.fs
         indptr = self._resident_indptr[side]

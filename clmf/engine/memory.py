@@ -27,8 +27,9 @@ from .config import SPLIT_NEVER
 log = logging.getLogger(__name__)
 
 __all__ = ["MemoryPlan", "SplitPlan", "plan_fit", "plan_split", "split_threshold",
-           "choose_batch_rows", "launch_rows", "available_host_memory", "DEVICE_FRACTION",
-           "HOST_FRACTION", "SCRATCH_BUDGET", "MAX_BATCH_ROWS", "SPLIT_FLOOR", "SPLIT_WAVES",
+           "choose_batch_rows", "launch_rows", "PUBLISH_LAUNCHES", "available_host_memory",
+           "DEVICE_FRACTION", "HOST_FRACTION", "SCRATCH_BUDGET", "MAX_BATCH_ROWS", "SPLIT_FLOOR",
+           "SPLIT_WAVES",
            "SPLIT_COMBINE_ENTRIES", "split_pays", "side_buffers", "gram_geometry", "GramGeometry",
            "gram_tiled", "gram_virtual_rows", "GRAM_VIRTUAL_ROWS",
            "DevicePlan", "SideMemory",
@@ -157,8 +158,15 @@ def choose_batch_rows(config, f, rows, info, budget=None, split=False):
     return int(max(1, min(want, fit, rows)))
 
 
-def launch_rows(config, batch_rows, rows):
-    """Rows per launch of a resident side whose scratch holds ``batch_rows`` rows.
+# launches a device's block of a side runs in at least, where its solved rows go to other devices
+# as each launch ends (multi-device fits, Dask workers): the copies of one launch's rows overlap
+# the next launches, only the last one's are left after the kernels
+PUBLISH_LAUNCHES = 8
+
+
+def launch_rows(config, batch_rows, rows, published=False):
+    """Rows per launch of a resident side whose scratch holds ``batch_rows`` rows (``published``:
+    its rows are sent to other devices launch by launch).
 
     The fused CG's dimensions form keeps nothing per row in global memory (no hermitians, no
     right-hand sides: S1 and S2 are not launched), so the scratch does not bound its launches:
@@ -166,9 +174,14 @@ def launch_rows(config, batch_rows, rows):
     at once. A launch ends with its longest rows' work-groups alone on the device; in launches
     of the scratch's size (2,040 rows at f = 256) that tail was most of the time — Netflix
     implicit f = 256 on an H100, Nsight Compute (``benchmarks/ncu_replay.py``): the SMs active
-    53 % (items) and 58 % (users) of each launch's cycles."""
+    53 % (items) and 58 % (users) of each launch's cycles. A published block keeps at least
+    :data:`PUBLISH_LAUNCHES` launches (never fewer rows than the scratch's), so that its copies
+    still overlap its kernels."""
     if config.dims and not config.batch_rows:
-        return int(max(batch_rows, min(MAX_BATCH_ROWS, max(int(rows), 1))))
+        most = MAX_BATCH_ROWS
+        if published:
+            most = min(most, -(-max(int(rows), 1) // PUBLISH_LAUNCHES))
+        return int(max(batch_rows, min(most, max(int(rows), 1))))
     return int(batch_rows)
 
 
