@@ -430,6 +430,13 @@ class KernelConfig:
             return True
         return (self.gemm or self.syrk or self.mma) and self.solver != "fusedcg"
 
+    def dims_entry_items(self, f):
+        """The dims form's ``(f4, q, d)`` at ``f`` unknowns: float4 slices, slices per work-item
+        and work-items per entry before ``dims_shfl`` rounds ``d`` up to a power of two."""
+        f4 = -(-f // 4)
+        q = min(f4, max(self.dims_q, -(-f4 // self.swg(f))))
+        return f4, q, -(-f4 // q)
+
     def fcg_geometry(self, f):
         """The fused CG dimensions form's geometry at ``f`` unknowns: float4 slices ``f4``,
         ``q`` per work-item, ``d`` work-items per entry, ``e`` entry groups, ``nb`` entries per
@@ -437,9 +444,7 @@ class KernelConfig:
         ``dims_pipe``), ``p`` work-items per entry's sum of parts, ``t`` sums per work-item,
         ``tree`` the strides of the groups' sums (``fused_dims`` only)."""
         swg = self.swg(f)
-        f4 = -(-f // 4)
-        q = min(f4, max(self.dims_q, -(-f4 // swg)))
-        d = -(-f4 // q)
+        f4, q, d = self.dims_entry_items(f)
         if self.dims_shfl:
             # the shuffles sum over power-of-two segments of a warp: D rounded up, the slices
             # past F4 read as 0 (f = 200, dims_q=4: 13 -> 16 work-items an entry, 14 of 64

@@ -535,9 +535,7 @@ LATER_CAPABILITIES = (
 
 def _dims_padded(c, kf):
     """Whether the dims form ``c`` rounds an entry's work-items up at ``kf`` unknowns."""
-    f4 = -(-int(kf) // 4)
-    q = min(f4, max(c.dims_q, -(-f4 // c.swg(kf))))
-    d = -(-f4 // q)                       # (KernelConfig.fcg_geometry's before the rounding)
+    d = c.dims_entry_items(int(kf))[2]
     return bool(d & (d - 1))
 
 
