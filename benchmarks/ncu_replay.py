@@ -145,7 +145,6 @@ def capture(a):
 
     from clmf.data import synthetic
     from clmf.engine.device import device_label, select_devices
-    from clmf.reference import start_factors
     from clmf.tuning import side_stats
     dev = select_devices(a.device)[0]
     data = synthetic(a.data, scale=a.scale, seed=a.seed)
@@ -157,17 +156,18 @@ def capture(a):
     for cell in (c for c in a.cells.split(";") if c):
         mode, f, variant = (cell.split(":", 2) + ["auto"])[:3]
         try:
-            capture_cell(a, dev, R, stats, mode, int(f), variant, spf, start_factors)
+            capture_cell(a, dev, R, stats, mode, int(f), variant, spf)
         except Exception as e:                         # one cell's failure is a line, not a stop
             log(f"{cell}: {type(e).__name__}: {e}")
 
 
-def capture_cell(a, dev, R, stats, mode, f, variant, spf, start_factors):
-    """Capture one cell's largest launch of each named kernel per side."""
+def capture_cell(a, dev, R, stats, mode, f, variant, spf):
+    """Capture one cell's largest launch of each named kernel per side (``spf``: the
+    side_profile module, whose fit specification and engine it uses)."""
     from clmf.engine.device import device_info, device_label
+    from clmf.reference import start_factors
     from clmf.tuning import resolve
     m, n = R.shape
-    a.factors, a.mode = f, mode
     spec = spf.spec_of(a, f, mode, variant)
     ch = resolve(spec, device_info(dev), stats)
     cfgs = (ch["users"].config, ch["items"].config)
@@ -260,16 +260,16 @@ def replay(a):
         if arg["kind"] == "buffer":
             p = ctypes.c_uint64()
             ck("cuMemAlloc_v2")(ctypes.byref(p), ctypes.c_size_t(max(arg["bytes"], 1)))
-            ptrs.append((i, p, arg))
+            # the bytes before the launch, read once (every timed run starts from them)
+            h = np.ascontiguousarray(np.load(os.path.join(a.dir, f"arg{i}_pre.npy")))
+            ptrs.append((i, p, arg, h))
             vals.append(p)
         else:
             vals.append(PTR_TYPES[arg["dtype"]](arg["value"]))
 
     def upload():
         """Every buffer argument's captured bytes before the launch, to the device."""
-        for i, p, arg in ptrs:
-            h = np.load(os.path.join(a.dir, f"arg{i}_pre.npy"), mmap_mode="r")
-            h = np.ascontiguousarray(h)
+        for _i, p, _arg, h in ptrs:
             ck("cuMemcpyHtoD_v2")(p, h.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(h.size))
 
     params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p)
@@ -288,7 +288,7 @@ def replay(a):
     launch()
     ck("cuCtxSynchronize")()
     worst = 0.0
-    for i, p, arg in ptrs:
+    for i, p, arg, _h in ptrs:
         if not arg["written"]:
             continue
         want = np.load(os.path.join(a.dir, f"arg{i}_post.npy"))
