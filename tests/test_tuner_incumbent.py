@@ -162,7 +162,9 @@ def test_a_search_finding_nothing_faster_keeps_the_incumbent(dbs, tmp_path, monk
     assert s["best"]["chosen"] == "incumbent" and s["best"]["beats_incumbent"] is False
     if search < 1:
         assert s["best"]["searched"]["configs"]["users"] != str(before["users"].config)
-        assert fin["incumbent"]["iteration_seconds"] < fin["tuned"]["iteration_seconds"]
+        cand, inc = fin["candidates"], fin["incumbent"]["configs"]
+        for side, v in fin["searched_configs"].items():
+            assert v == inc[side] or cand[side][inc[side]] < cand[side][v]
     best = records(db, "best")
     assert all(r["chosen"] == "incumbent" and r["mode"] == mode for r in best)
     assert {r["side"]: r["variant"] for r in best} == {k: str(v.config) for k, v in before.items()}
@@ -233,3 +235,51 @@ def test_a_repeated_run_replays_the_guard(dbs, tmp_path):
         again = strategies.run(case, tiny_space(F), "exhaustive", **kw)
     assert calls == [] and again["final"] == first["final"]
     assert again["best"]["configs"] == first["best"]["configs"]
+
+
+class FormRigged(Measurer):
+    """Fixed times by kernel form: on the search's sample the fused CG looks 2x slower than the
+    hermitian forms; on the showdown's reference rows (the calls that pass ``sample``) it is 2x
+    faster, as the dims form's items side was on the H100 (48f)."""
+
+    def time_side(self, cfg, side, *a, **kw):
+        t = super().time_side(cfg, side, *a, **kw)
+        fused = cfg.solver == "fusedcg"
+        x = (0.5 if fused else 1.0) if kw.get("sample") is not None else (2.0 if fused else 1.0)
+        x *= 1.0 + (cfg.tx or 0) / 100          # distinct times within a form
+        return dict(t, seconds=x, stages_estimated={"s1": x, "s2": 0.0, "s3": 0.0})
+
+
+def test_a_form_the_sample_misranks_is_timed_where_the_ranking_is_decided(dbs, tmp_path,
+                                                                           monkeypatch):
+    """On sampled sides the fastest configuration of each other kernel form is re-timed beside
+    the search's winner on the reference rows; the faster one there is chosen, and every
+    configuration timed there is recorded as a measurement of fidelity ``reference``."""
+    from clmf.autotune.incumbent import kernel_form
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    seed, db = dbs
+    dev = DEVICES[0]
+    write_earlier(seed, dev, "explicit")
+    R = random_ratings(400, 300, 0.05, seed=5)
+    case = strategies.Case(dev, R, F, "tiny", "float32")
+    kf = tuning.kernel_factors(F, "explicit")
+    space = Space("forms", kf, [(False, False, 4, False)],      # batch+vec4, both solvers
+                  dict(tx=[1, 2], ty=[1], nnz_batch=[8], bx=[kf], by=[kf], square_tiles=True,
+                       tz=[1], solve_wg=[0], solver=["cholesky", "fusedcg"], cg_steps=[3]))
+    monkeypatch.setattr(strategies, "Measurer", FormRigged)
+    s = strategies.run(case, space, "exhaustive", db=db, state_dir=tmp_path / "st",
+                       progress=False, sample=0.5)
+    fin = s["final"]
+    assert all(kernel_form(KernelConfig.parse(v)) == "hermitian"
+               for v in fin["searched_configs"].values())      # the sample's ranking
+    for side in ("users", "items"):
+        assert any("fusedcg" in v for v in fin["candidates"][side])
+        assert "fusedcg" in fin["tuned"]["configs"][side]      # the reference rows' ranking
+    assert fin["chosen"] == "tuned" and s["best"]["chosen"] == "tuned"
+    best = {r["side"]: r["variant"] for r in records(db, "best")}
+    assert best == fin["tuned"]["configs"]
+    ref = [r for r in records(db, "measurement") if r.get("fidelity") == "reference"]
+    assert {(r["side"], r["variant"]) for r in ref} == {
+        (side, v) for side in ("users", "items") for v in fin["candidates"][side]}
+    assert all(r["seconds"] == fin["candidates"][r["side"]][r["variant"]] for r in ref)

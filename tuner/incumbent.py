@@ -11,7 +11,9 @@ A tuning run must never make a user's fits slower than before it. So a :class:`S
    :func:`earlier_bests`), nearest mode, f and data set first, in the first round;
 3. at the end re-times the search's winner and the incumbent side by side, round-robin, on the
    whole data (or, where a half-step would take longer than ``check_time``, on the sample check's
-   larger reference sample) (:func:`final_showdown`): if the winner is not faster, the record
+   larger reference sample) (:func:`final_showdown`), with the fastest configuration of each
+   other kernel form beside them on a sampled side (:func:`challengers`: a sample of rows can
+   misrank the forms), and takes the fastest combination: if that is not faster, the record
    written holds the incumbent's configuration (``chosen: "incumbent"``), so the lookup keeps
    choosing it. The verdict is journaled: a resumed or repeated run replays it.
 """
@@ -29,6 +31,7 @@ from clmf import tuning
 from clmf.cache import open_lines
 from clmf.engine.config import KernelConfig
 from clmf.errors import InvalidConfigError
+from clmf.tuning.database import base_record
 
 from .measure import SIDES, full_sample, make_sample
 from .space import canonical, prune
@@ -36,7 +39,7 @@ from .space import canonical, prune
 log = logging.getLogger(__name__)
 
 __all__ = ["lookup_incumbent", "earlier_bests", "reference_samples", "final_showdown",
-           "verify_best"]
+           "verify_best", "challengers", "kernel_form", "tuned_pair"]
 
 
 def lookup_incumbent(case, exclude_runs=()):
@@ -158,44 +161,124 @@ def _check(cfg, est, measured, ref, tol, seconds):
             "tolerance": tol, "seconds": seconds}
 
 
-def final_showdown(session, best, incumbent, rounds=3, repeats=3):
+# A challenger whose sampled estimate is more than this many times the side's winner's is not
+# re-timed: the samples misestimated the forms by at most 3.6x on the H100 (48f)
+CHALLENGE_RATIO = 4.0
+CHALLENGERS = 2          # per side: the best of each other kernel form, at most this many
+
+
+def kernel_form(cfg):
+    """The kernel form of ``cfg`` whose time a sample of rows can misestimate in its own way: the
+    fused CG's dimensions form ("dims": a work-group per row, so a sampled launch waits for the
+    longest row the sample keeps), the fused CG over hermitians ("fusedcg") or the S1 hermitian
+    kernels with a separate solve ("hermitian")."""
+    if cfg.solver == "fusedcg":
+        return "dims" if cfg.fused_dims else "fusedcg"
+    return "hermitian"
+
+
+def challengers(session, best, incumbent=None):
+    """``{side: [KernelConfig]}``: on each side the search timed on a sample of rows, the fastest
+    configuration of each kernel form other than the winner's (:func:`kernel_form`; at most
+    :data:`CHALLENGERS`, sampled estimates within :data:`CHALLENGE_RATIO` of the winner's, with
+    the factor padding of the winner's or the incumbent's pair). A sample can rank the forms
+    wrongly (H100, 48f: the dims form's items side 3.6x and gemm's 1.55x slower per rating on
+    1,057 of 17,770 rows than on the whole side), so :func:`final_showdown` times them beside
+    the winner where the ranking is decided."""
+    w = session.case.width
+    ldfs = {best["configs"]["users"].ldf(w)}
+    if incumbent is not None:
+        ldfs.add(incumbent["configs"]["users"].ldf(w))
+    out = {}
+    for side in SIDES:
+        s = session.samples[side]
+        if s.rows >= s.full_rows:
+            continue
+        top = best["results"][side]
+        forms, picks = {kernel_form(top.config)}, []
+        for r in session.ranking(side, any_fidelity=False):
+            form = kernel_form(r.config)
+            if (form in forms or r.config.ldf(w) not in ldfs
+                    or r.side_seconds(side) > CHALLENGE_RATIO * top.side_seconds(side)):
+                continue
+            forms.add(form)
+            picks.append(r.config)
+            if len(picks) >= CHALLENGERS:
+                break
+        if picks:
+            out[side] = picks
+    return out
+
+
+def _best_combination(session, medians, configs):
+    """The (users, items) configurations of least summed median among ``medians`` ({side:
+    {config key: seconds}}) whose factor paddings agree (both sides share the buffers)."""
+    w = session.case.width
+    best = None
+    for ku, tu in medians["users"].items():
+        for ki, ti in medians["items"].items():
+            if configs["users"][ku].ldf(w) != configs["items"][ki].ldf(w):
+                continue
+            if best is None or tu + ti < best[0]:
+                best = (tu + ti, ku, ki)
+    return None if best is None else {"users": configs["users"][best[1]],
+                                      "items": configs["items"][best[2]]}
+
+
+def final_showdown(session, best, incumbent, rounds=3, repeats=3, others=None):
     """The search's best pair against the incumbent pair, re-timed side by side.
 
     ``best``: :meth:`Session.best_pair`'s dict; ``incumbent``: the same form for the incumbent's
-    measured pair. Both are timed round-robin (``rounds`` rounds, the order alternating) on
-    :func:`reference_samples`' rows (each time at least ``repeats`` runs and the session's
-    minimum time); per side the median of the rounds. Returns
-    ``{"chosen": "tuned"|"incumbent", "beats_incumbent", "tuned": {...}, "incumbent": {...},
-    "rows": {side: rows timed}, "whole_side": {side: bool}, "rounds", "seconds"}``, where each
-    pair's entry holds its configurations, per-side medians and rounds and
-    ``iteration_seconds``. The tuned pair wins only when strictly faster.
+    measured pair; ``others``: {side: [KernelConfig]} timed beside them (:func:`challengers`).
+    Every distinct configuration of a side is timed round-robin (``rounds`` rounds, the order
+    alternating) on :func:`reference_samples`' rows (each time at least ``repeats`` runs and
+    the session's minimum time); per configuration the median of the rounds, written as a
+    measurement of fidelity ``reference``. The tuned pair is then the fastest combination of the
+    timed configurations (the search's pair unless a challenger beat it where it counts).
+    Returns ``{"chosen": "tuned"|"incumbent", "beats_incumbent", "tuned": {...},
+    "incumbent": {...}, "searched_configs", "candidates": {side: {config: seconds}}, "rows":
+    {side: rows timed}, "whole_side": {side: bool}, "rounds", "seconds"}``, where each pair's
+    entry holds its configurations, per-side medians and rounds and ``iteration_seconds``. The
+    tuned pair wins only when strictly faster.
     """
     t0 = time.perf_counter()
+    others = others or {}
     pairs = {"tuned": best["configs"], "incumbent": incumbent["configs"]}
-    done = _replayed(session, pairs)
+    done = _replayed(session, pairs, others)
     if done is not None:               # a resumed (or repeated) run: the journal has the verdict
         return done
-    same = all(pairs["tuned"][s].key() == pairs["incumbent"][s].key() for s in SIDES)
+    configs = {s: {} for s in SIDES}
+    for side in SIDES:
+        for c in [pairs["incumbent"][side], pairs["tuned"][side], *others.get(side, ())]:
+            configs[side].setdefault(c.key(), c)
     est = {s: max(best["results"][s].side_seconds(s), incumbent["results"][s].side_seconds(s))
            for s in SIDES}
     refs = reference_samples(session, est)
-    names = ["incumbent"] if same else ["incumbent", "tuned"]
-    times = {n: {s: [] for s in SIDES} for n in names}
+    times = {s: {k: [] for k in configs[s]} for s in SIDES}
+    last = {s: {} for s in SIDES}
     for k in range(rounds):
-        for n in (names if k % 2 == 0 else names[::-1]):
-            for side in SIDES:
-                t = session.measurer.time_side(pairs[n][side], side, repeats,
+        for side in SIDES:
+            keys = list(configs[side])
+            for key in (keys if k % 2 == 0 else keys[::-1]):
+                t = session.measurer.time_side(configs[side][key], side, repeats,
                                                session.min_time, sample=refs[side])
-                times[n][side].append(t["seconds"])
-    if same:
-        times["tuned"] = times["incumbent"]
+                times[side][key].append(t["seconds"])
+                last[side][key] = t
+    med = {s: {k: float(np.median(v)) for k, v in times[s].items()} for s in SIDES}
+    _record_reference(session, configs, med, times, last, refs)
+    combo = _best_combination(session, med, configs) or pairs["tuned"]
     out = {"rounds": rounds, "rows": {s: int(refs[s].rows) for s in SIDES},
-           "whole_side": {s: bool(refs[s].rows >= refs[s].full_rows) for s in SIDES}}
-    for n in ("tuned", "incumbent"):
-        med = {s: float(np.median(times[n][s])) for s in SIDES}
-        out[n] = {"configs": {s: str(pairs[n][s]) for s in SIDES}, "sides": med,
-                  "rounds_seconds": times[n], "iteration_seconds": sum(med.values())}
-    win = out["tuned"]["iteration_seconds"] < out["incumbent"]["iteration_seconds"] and not same
+           "whole_side": {s: bool(refs[s].rows >= refs[s].full_rows) for s in SIDES},
+           "searched_configs": {s: str(pairs["tuned"][s]) for s in SIDES},
+           "candidates": {s: {str(configs[s][k]): med[s][k] for k in configs[s]} for s in SIDES}}
+    for n, pair in (("tuned", combo), ("incumbent", pairs["incumbent"])):
+        sides = {s: med[s][pair[s].key()] for s in SIDES}
+        out[n] = {"configs": {s: str(pair[s]) for s in SIDES}, "sides": sides,
+                  "rounds_seconds": {s: times[s][pair[s].key()] for s in SIDES},
+                  "iteration_seconds": sum(sides.values())}
+    same = all(pairs["tuned"][s].key() == pairs["incumbent"][s].key() for s in SIDES)
+    kept = all(combo[s].key() == pairs["incumbent"][s].key() for s in SIDES)
+    win = out["tuned"]["iteration_seconds"] < out["incumbent"]["iteration_seconds"] and not kept
     out.update(chosen="tuned" if win else "incumbent", beats_incumbent=bool(win),
                same_configuration=same, seconds=time.perf_counter() - t0)
     inc_t, tun_t = out["incumbent"]["iteration_seconds"], out["tuned"]["iteration_seconds"]
@@ -205,8 +288,39 @@ def final_showdown(session, best, incumbent, rounds=3, repeats=3):
     return out
 
 
-def _replayed(session, pairs):
-    """The journal's side-by-side verdict on these two pairs (the last one), or None."""
+def tuned_pair(session, final, best):
+    """The showdown's tuned pair in :meth:`Session.best_pair`'s form: ``best`` itself unless a
+    challenger took a side (its result then the search's own, at the highest fidelity)."""
+    want = final["tuned"]["configs"]
+    if want == {s: str(best["configs"][s]) for s in SIDES}:
+        return best
+    res = {str(r.config): r for r in session.ok_results().values()}
+    results = {s: res[want[s]] for s in SIDES}
+    return {"iteration_seconds": sum(results[s].side_seconds(s) for s in SIDES),
+            "results": results, "configs": {s: results[s].config for s in SIDES}}
+
+
+def _record_reference(session, configs, med, times, last, refs):
+    """Each configuration the showdown timed, as a measurement of fidelity ``reference``: its
+    median over the rounds on the reference rows (the whole side where affordable), so the
+    records (and the model reading them) hold the time where the ranking was decided."""
+    recs = []
+    for side in SIDES:
+        for key, cfg in configs[side].items():
+            t = last[side][key]
+            recs.append(base_record(
+                "measurement", status="ok", side=side, config=cfg.to_dict(), variant=str(cfg),
+                dataset=session.case.side_class(side), seconds=med[side][key],
+                sample_seconds=t["sample_seconds"], stages=t["stages"],
+                stages_estimated=t["stages_estimated"], raw=times[side][key],
+                runs=len(times[side][key]), fidelity="reference", verify_rel_err=None,
+                sample=refs[side].describe(), **session._common()))
+    session.db.append(recs)
+
+
+def _replayed(session, pairs, others=None):
+    """The journal's side-by-side verdict on these two pairs and challengers (the last one), or
+    None."""
     path, found = getattr(session, "journal", None), None
     fh = None if path is None else open_lines(path)
     if fh is None:
@@ -219,8 +333,15 @@ def _replayed(session, pairs):
                 continue                    # a torn last line
             if e.get("event") == "guard":
                 found = e.get("final")
-    if found and all(found.get(n, {}).get("configs") == {s: str(pairs[n][s]) for s in SIDES}
-                     for n in pairs):
+    if not found:
+        return None
+    # the tuned entry may be a combination with a challenger: the search's pair is kept apart
+    searched = found.get("searched_configs") or found.get("tuned", {}).get("configs")
+    want = {str(c) for s in SIDES for c in (others or {}).get(s, ())}
+    have = {c for s in SIDES for c in (found.get("candidates") or {}).get(s, {})}
+    if (searched == {s: str(pairs["tuned"][s]) for s in SIDES} and want <= have
+            and found.get("incumbent", {}).get("configs")
+            == {s: str(pairs["incumbent"][s]) for s in SIDES}):
         return found
     return None
 

@@ -543,15 +543,16 @@ class Session:
         summary["results"] = [_result_to_json(r) | {"key": k} for k, r in top.items()]
         if best is None:
             return summary
-        from .incumbent import final_showdown, incumbent_summary, verified_from, verify_best
+        from .incumbent import (challengers, final_showdown, incumbent_summary, tuned_pair,
+                                verified_from, verify_best)
         base, heur = self.anchors.get("baseline"), self.anchors.get("default")
         bt = base.iteration_seconds if base is not None and base.ok else None
         ht = heur.iteration_seconds if heur is not None and heur.ok else None
         inc, final = self.incumbent_pair(), None
         searched = best
         if inc is not None:      # never write a regression: the winner against what the user had
-            final = final_showdown(self, best, inc)
-            best = best if final["beats_incumbent"] else inc
+            final = final_showdown(self, best, inc, others=challengers(self, best, inc))
+            best = tuned_pair(self, final, best) if final["beats_incumbent"] else inc
             verified = verified_from(self, final, best)
         else:
             verified = verify_best(self, best)
