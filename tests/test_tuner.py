@@ -12,7 +12,15 @@ from conftest import DEVICES, random_ratings
 import clmf
 from clmf import tuning
 from clmf.autotune import strategies
-from clmf.autotune.measure import Measurer, make_sample, stratified_rows
+from clmf.autotune.measure import (
+    SLOW_CAP,
+    SLOW_MIN,
+    Measurer,
+    full_sample,
+    make_sample,
+    slow_caps,
+    stratified_rows,
+)
 from clmf.autotune.space import Space, canonical, make_space, prune
 from clmf.engine.config import KernelConfig
 from clmf.engine.device import device_info
@@ -148,6 +156,24 @@ def test_measure_wrong_invalid_and_ok(cl_device, monkeypatch):
     assert wrong.status == "wrong" and wrong.reason == "reference_mismatch"
     assert not wrong.sides
     assert info.max_work_group_size < big.s1_local_size()
+
+
+def test_a_hopeless_candidate_is_timed_by_its_warm_up_alone(cl_device):
+    """Past the session's cap (slow_caps: 20x the incumbent's wall time) a candidate's warm-up
+    half-step is its one timing on the search's sample; the reference rows time it in full."""
+    R = skewed()
+    m = Measurer(cl_device, R, 4, {s: make_sample(R, s, 0.5) for s in ("users", "items")})
+    cfg = KernelConfig.parse("batch:tx=2,ty=2")
+    full = m.evaluate(cfg)
+    assert all(full.sides[s]["runs"] >= 7 for s in ("users", "items"))
+    caps = slow_caps([full])
+    assert caps == {s: max(SLOW_MIN, SLOW_CAP * float(np.median(full.sides[s]["wall"])))
+                    for s in ("users", "items")}
+    m.slow_cap = {"users": 0.0}
+    t = m.time_side(cfg, "users", 7, 0.0)
+    assert t["runs"] == 1 and len(t["raw"]) == 1 and t["seconds"] > 0
+    assert m.time_side(cfg, "items", 7, 0.0)["runs"] >= 7                 # no cap on this side
+    assert m.time_side(cfg, "users", 7, 0.0, sample=full_sample(R, "users"))["runs"] >= 7
 
 
 # ----- a tiny real tuning run, then ALS(variant="auto") ------------------------------------------

@@ -269,8 +269,8 @@ def test_a_form_the_sample_misranks_is_timed_where_the_ranking_is_decided(dbs, t
                        tz=[1], solve_wg=[0], solver=["cholesky", "fusedcg"], cg_steps=[3]))
     monkeypatch.setattr(strategies, "Measurer", FormRigged)
     s = strategies.run(case, space, "exhaustive", db=db, state_dir=tmp_path / "st",
-                       progress=False, sample=0.5)
-    fin = s["final"]
+                       progress=False, sample=0.5, sample_tol=0)     # (no sample check: it
+    fin = s["final"]                                  # could grow the samples to whole sides)
     assert all(kernel_form(KernelConfig.parse(v)) == "hermitian"
                for v in fin["searched_configs"].values())      # the sample's ranking
     for side in ("users", "items"):

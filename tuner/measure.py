@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 
 import numpy as np
@@ -322,6 +323,9 @@ class Measurer:
         self._verify_R = _verify_problem()
         self._verify_ref = {}
         self._verified = {}
+        # {side: seconds}: a candidate whose warm-up half-step takes longer is timed by it alone
+        # (the session sets it from the incumbent's times: SLOW_CAP)
+        self.slow_cap = {}
 
     def engine(self, R, cfg, profile=False, offset=None):
         """An :class:`clmf.engine.Engine` of this mode on ``R`` with ``cfg`` on both sides."""
@@ -410,21 +414,17 @@ class Measurer:
             else:
                 eng.set_factors("users", X0)
                 eng.set_factors("items", np.zeros((s.R.shape[1], self.f), np.float32))
-            eng.half_step(side, REG, self.weighted)     # warm-up (and JIT on lazy runtimes)
-            eng.queue.finish()
             raw, wall, stages = [], [], {"s1": [], "s2": [], "s3": []}
             grams = []
-            total = 0.0
-            # at least `repeats` runs and `min_time` seconds; a slow candidate (one whose runs
-            # add up to `max_time`) stops after 3 runs: the adaptive minimum time
-            while len(raw) < self.max_runs and (len(raw) < repeats or total < min_time):
-                if len(raw) >= min(3, repeats) and total >= self.max_time:
-                    break
+
+            def run():
+                """One profiled half-step, appended to the timings; its device seconds."""
                 eng.stage_times = {"s1": 0.0, "s2": 0.0, "s3": 0.0, "combine": 0.0}
                 if launches is not None:
                     launches.clear()
                 t0 = time.perf_counter()
                 eng.half_step(side, REG, self.weighted)
+                eng.queue.finish()
                 wall.append(time.perf_counter() - t0)
                 st = dict(eng.stage_times)
                 # the long rows' combine (split configurations) belongs to building S1's hermitians
@@ -436,7 +436,24 @@ class Measurer:
                 raw.append(dt)
                 for k in stages:
                     stages[k].append(st[k])
-                total += dt
+                return dt
+
+            run()                                       # warm-up (and JIT on lazy runtimes)
+            if sample is None and wall[0] > self.slow_cap.get(side, math.inf):
+                # hopeless (far slower than the incumbent): its warm-up is its one timing, not
+                # worth 4 half-steps of a whole side (H100 f = 128: minutes a candidate)
+                log.info("%s %s: warm-up %.3g s > %.3g s, timed once", cfg, side, wall[0],
+                         self.slow_cap[side])
+            else:
+                for v in (raw, wall, grams, *stages.values()):
+                    v.clear()
+                total = 0.0
+                # at least `repeats` runs and `min_time` seconds; a slow candidate (one whose
+                # runs add up to `max_time`) stops after 3 runs: the adaptive minimum time
+                while len(raw) < self.max_runs and (len(raw) < repeats or total < min_time):
+                    if len(raw) >= min(3, repeats) and total >= self.max_time:
+                        break
+                    total += run()
         finally:
             eng.release()
         med = {k: float(np.median(v)) for k, v in stages.items()}
@@ -528,6 +545,10 @@ def sample_min_rows(info, probe=None, f=None):
 # row ran the dims form 3.6x and gemm 1.55x slower per rating than the whole side, and the
 # tuner kept gemm, 1.47x slower there: results/bench/gpu-implicit/run-48/)
 BALANCE = 4
+# a candidate whose warm-up half-step on the search's sample takes this many times the
+# incumbent's (and at least SLOW_MIN seconds: lazy runtimes compile in the warm-up) is timed once
+SLOW_CAP = 20.0
+SLOW_MIN = 10.0
 BALANCE_SECONDS = 0.5
 
 
@@ -539,6 +560,19 @@ def longest_row(sample):
     if sample.side == "users":
         return int(np.diff(R.indptr).max())
     return int(np.bincount(R.indices, minlength=R.shape[1]).max())
+
+
+def slow_caps(results):
+    """``{side: seconds}``: the warm-up time beyond which a candidate counts as hopeless on the
+    search's sample — :data:`SLOW_CAP` × the slowest median wall time of ``results`` (the
+    incumbent's) on the side, at least :data:`SLOW_MIN`."""
+    out = {}
+    for side in SIDES:
+        walls = [float(np.median(r.sides[side]["wall"])) for r in results
+                 if r.ok and r.sides.get(side, {}).get("wall")]
+        if walls:
+            out[side] = max(SLOW_MIN, SLOW_CAP * max(walls))
+    return out
 
 
 def balanced_sample(R, side, s, compute_units, seed=0, min_rows=32, max_fraction=1.0,

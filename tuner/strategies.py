@@ -59,7 +59,7 @@ from . import journal
 from .case import Case, default_state_dir
 from .measure import (CHECK_TIME, MEASURE_VERSION, SAMPLE_TOL, SIDES, Measurer, Result,
                       _result_from_json, _result_to_json, calibrate_samples, check_samples,
-                      full_sample, make_sample, pruned, sample_min_rows, sample_spec)
+                      full_sample, make_sample, pruned, sample_min_rows, sample_spec, slow_caps)
 from .space import canonical, device_anchors, prune
 
 log = logging.getLogger(__name__)
@@ -489,6 +489,7 @@ class Session:
             cfg = self.incumbent[side].config
             if side == "users" or cfg.key() != self.incumbent["users"].config.key():
                 self.anchors[name] = self.evaluate(cfg, "full")
+        self.measurer.slow_cap = slow_caps([r for n, r in self.anchors.items() if r.ok])
         base = canonical(c.default_solver(tuning.BASELINE.replace(storage=c.storage)), c.mode)
         self.anchors["baseline"] = self.evaluate(base, "full")
         self.anchors["default"] = self.evaluate(self.probe(), "full")
