@@ -5,7 +5,8 @@
 # clmf, stopped after LIMIT seconds; `side_by_side JOURNAL`: issue 27's table (explicit and
 # implicit auto fits at f = 64 / 128 / 256 beside the `implicit` library, 15 iterations) with the
 # journal's tuning records in front of the shipped ones, in $OUT/final; `ab TAG BASE DB CELL...`:
-# a base wheel against this tree, alternating (below).
+# a base wheel against this tree, alternating; `tune` and `with_records`: a budgeted tuning run
+# of the $DATA shape and auto's timing with its records in front (below).
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -14,6 +15,8 @@ S=$R/scripts
 export PYTHONFAULTHANDLER=1 CLMF_COMMIT=${CLMF_COMMIT:-}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.csv"
 cd /tmp || exit 1
+T0=${T0:-$SECONDS}
+DEV=${DEV:-gpu} SCALE=${SCALE:-1.0} DATA=${DATA:-netflix}
 gpu_tests() {  # gpu_tests LIMIT PYTEST-ARGS...: quiet, no cache, the checkout's tests
     local limit=$1; shift
     CLMF_TEST_INSTALLED=1 timeout "$limit" python3 -m pytest -q -p no:cacheprovider --rootdir="$R" \
@@ -48,4 +51,35 @@ ab() {  # ab TAG BASE DB CELL...: auto (side_profile.py, 5 iterations) of each C
         done
     done
     (cd "$OUT" && tar czf "$tag.tgz" "$tag"-* && rm -rf "$tag"-*/)
+}
+tune() {  # tune LIMIT F MODE-ARGS... -- STARTS...: `clmf tune` of the $DATA shape into
+          # $OUT/$TUNE_DB (budget 20 s, --max-wall $TW, --sample $SAMPLE), stopped after LIMIT s
+          # (SIGABRT: the fault handler's traceback); its whole log in $OUT/logs
+    local limit=$1 f=$2 rc log; shift 2
+    local args=() starts=()
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do args+=("$1"); shift; done
+    shift
+    for x in "$@"; do starts+=(--start "$x"); done
+    mkdir -p "$OUT/logs"
+    log=$OUT/logs/tune-f$f$(printf '%s' "${args[*]:-}" | tr -c 'a-z0-9' '_').log
+    timeout -s ABRT "$limit" python3 -m clmf -v tune --preset "$DATA" --scale "$SCALE" \
+        --factors "$f" --device "$DEV" --budget 20 --max-wall "${TW:-60}" --sample "${SAMPLE:-auto}" \
+        ${args[@]+"${args[@]}"} "${starts[@]}" --db "$OUT/$TUNE_DB" --no-progress > "$log" 2>&1
+    rc=$?
+    grep -v "CompilerWarning\|lambda: self" "$log" | grep "side by side\|sample check\|database\|^  " \
+        | tail -6
+    echo "tune f=$f ${args[*]:-}: exit $rc at $((SECONDS - T0)) s"
+}
+with_records() {  # with_records TAG FACTORS [MODES]: auto at each mode (default explicit and
+                  # biased) and FACTORS with $OUT/$TUNE_DB's records in front (2 iterations),
+                  # $OUT/TAG.tgz; then the records gzipped and the logs packed ($OUT/logs.tgz)
+    local mode
+    for mode in ${3:-explicit biased}; do
+        CLMF_TUNING_DB=$OUT/$TUNE_DB timeout 60 python3 "$R/benchmarks/side_profile.py" \
+            --device "$DEV" --scale "$SCALE" --out "$OUT/$1-$mode" --factors "$2" \
+            --modes "$mode" --iterations 2 --max-seconds 55 --variants "" 2>&1 | grep " auto \["
+    done
+    (cd "$OUT" && tar czf "$1.tgz" "$1"-* && rm -rf "$1"-*/)
+    gzip -f "$OUT/$TUNE_DB"
+    [ -d "$OUT/logs" ] && (cd "$OUT" && tar czf logs.tgz logs && rm -rf logs)
 }

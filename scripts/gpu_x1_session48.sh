@@ -33,8 +33,6 @@
 #      records in front at explicit and biased f = 100 / 128 / 200 (one 10-minute command).
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session48.sh a
 . "$(dirname "$0")/gpu_preamble.sh"
-T0=$SECONDS
-DEV=${DEV:-gpu} SCALE=${SCALE:-1.0} DATA=${DATA:-netflix}
 NR=$R/benchmarks/ncu_replay.py
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 part=${1:-a}
@@ -95,30 +93,6 @@ d)
     ;;
 e|f|g)
     TUNE_DB=tune-48$part.jsonl
-    tune() {  # tune LIMIT F MODE-ARGS... -- STARTS...: clmf tune of the Netflix shape
-        local limit=$1 f=$2; shift 2
-        local args=() starts=()
-        while [ $# -gt 0 ] && [ "$1" != "--" ]; do args+=("$1"); shift; done
-        shift
-        for x in "$@"; do starts+=(--start "$x"); done
-        timeout -s ABRT "$limit" python3 -m clmf -v tune --preset "$DATA" --scale "$SCALE" \
-            --factors "$f" --device "$DEV" --budget 20 --max-wall "${TW:-60}" --sample "${SAMPLE:-auto}" "${args[@]}" \
-            "${starts[@]}" --db "$OUT/$TUNE_DB" --no-progress 2>&1 \
-            | grep -v "CompilerWarning\|lambda: self" | tail -4
-        echo "tune f=$f ${args[*]}: exit ${PIPESTATUS[0]} at $((SECONDS - T0)) s"
-    }
-    with_records() {  # with_records TAG FACTORS: auto at explicit and biased FACTORS with the
-                      # part's tuning records in front (2 iterations), $OUT/TAG.tgz; the records
-                      # gzipped
-        local mode
-        for mode in explicit biased; do
-            CLMF_TUNING_DB=$OUT/$TUNE_DB timeout 60 python3 "$R/benchmarks/side_profile.py" \
-                --device "$DEV" --scale "$SCALE" --out "$OUT/$1-$mode" --factors "$2" \
-                --modes "$mode" --iterations 2 --max-seconds 55 --variants "" 2>&1 | grep " auto \["
-        done
-        (cd "$OUT" && tar czf "$1.tgz" "$1"-* && rm -rf "$1"-*/)
-        gzip -f "$OUT/$TUNE_DB"
-    }
     D="batch+vec4:solver=fusedcg,fused_dims=1"
     S="$D,dims_shfl=1,dims_rsum=1"
     G="batch+vec4+gemm:bx=64,nnz_batch=8,solver=cg"
