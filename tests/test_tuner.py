@@ -592,6 +592,41 @@ def test_sample_check_promotes_the_reference_to_the_whole_side(monkeypatch):
         assert c["grown"] and c["ok"] and out[side].rows > samples[side].rows
 
 
+def test_sample_check_of_each_kernel_form_grows_the_sample_the_probe_kept(monkeypatch):
+    """A sample can estimate the kernel forms unequally (H100: the dims form's items side 3x
+    too slow on a sample that estimated gemm right): each configuration of ``forms`` is
+    checked after the probe, from the sample the probe left, and grows it while its own
+    estimate is off; a form that cannot run is left out."""
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    from clmf.autotune.measure import check_samples
+    R = synthetic_csr(None)
+    full = {"users": int(np.count_nonzero(np.diff(R.indptr))),
+            "items": int(np.count_nonzero(np.bincount(R.indices, minlength=R.shape[1])))}
+    probe, form = KernelConfig(), KernelConfig.parse("batch+vec4:tx=1,ty=1,solver=fusedcg")
+    broken = KernelConfig.parse("batch:tx=2,ty=2")
+
+    def fake_time_side(self, cfg, side, repeats, min_time, sample=None):
+        if cfg == broken:
+            raise RuntimeError("cannot build")
+        s = sample if sample is not None else self.samples[side]
+        x = 1.0 if cfg == probe else 1 + 3 * (1 - s.rows / full[side])   # 3x off when small
+        return {"seconds": 0.5 * x, "sample_seconds": 0.5 * x * s.rows / full[side]}
+    monkeypatch.setattr(Measurer, "time_side", fake_time_side)
+    samples = {s: make_sample(R, s, 0.1, 0, 8) for s in ("users", "items")}
+    kept, cal0 = check_samples(DEVICES[0], R, 4, probe, samples, tol=0.2, check_time=1.0)
+    out, cal = check_samples(DEVICES[0], R, 4, probe, samples, tol=0.2, check_time=1.0,
+                             forms=[broken, form])
+    for side in ("users", "items"):
+        assert not cal0[side]["grown"] and kept[side].rows == samples[side].rows
+        assert "forms" not in cal0[side]
+        assert not cal[side]["grown"]                      # the probe's own check kept it
+        (c,) = cal[side]["forms"]                          # the broken form left out
+        assert c["probe"] == str(form) and c["grown"] and c["ok"]
+        assert out[side].rows > samples[side].rows
+        assert cal[side]["final"]["rows"] == out[side].rows
+
+
 def test_best_pair_chooses_among_the_showdown_finalists(isolated, tmp_path):
     """After a showdown the finalists were re-timed side by side; a configuration with one
     older (and possibly luckier) timing must not beat them on that alone."""

@@ -283,3 +283,26 @@ def test_a_form_the_sample_misranks_is_timed_where_the_ranking_is_decided(dbs, t
     assert {(r["side"], r["variant"]) for r in ref} == {
         (side, v) for side in ("users", "items") for v in fin["candidates"][side]}
     assert all(r["seconds"] == fin["candidates"][r["side"]][r["variant"]] for r in ref)
+
+
+def test_form_probes_one_per_other_form_and_none_on_cpus(dbs):
+    """The sample check's extra probes: on a many-CU device, the first configuration of each
+    kernel form other than the probe's among what the user had and the earlier bests; none on
+    a CPU (its samples are not balanced either)."""
+    import dataclasses
+
+    from clmf.autotune.incumbent import form_probes, kernel_form
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    seed, _db = dbs
+    dev = DEVICES[0]
+    earlier = write_earlier(seed, dev, "explicit", "batch+vec4:tx=1,ty=1,solver=fusedcg")
+    case = strategies.Case(dev, random_ratings(160, 90, 0.08, seed=4), F, "tiny", "float32")
+    probe = KernelConfig.parse("batch+reg:tx=2,ty=2")
+    if case.info.type == "CPU":
+        assert form_probes(case, probe) == []
+    case.info = dataclasses.replace(case.info, type="GPU")
+    got = form_probes(case, probe)
+    assert [kernel_form(c) for c in got] == ["fusedcg"] and got[0].name == earlier.name
+    other = [kernel_form(c) for c in form_probes(case, earlier)]
+    assert "fusedcg" not in other and len(set(other)) == len(other)   # one per other form

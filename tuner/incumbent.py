@@ -39,7 +39,7 @@ from .space import canonical, prune
 log = logging.getLogger(__name__)
 
 __all__ = ["lookup_incumbent", "earlier_bests", "reference_samples", "final_showdown",
-           "verify_best", "challengers", "kernel_form", "tuned_pair"]
+           "verify_best", "challengers", "kernel_form", "tuned_pair", "form_probes"]
 
 
 def lookup_incumbent(case, exclude_runs=()):
@@ -175,6 +175,29 @@ def kernel_form(cfg):
     if cfg.solver == "fusedcg":
         return "dims" if cfg.fused_dims else "fusedcg"
     return "hermitian"
+
+
+def form_probes(case, probe, exclude_runs=()):
+    """One configuration of each kernel form (:func:`kernel_form`) other than ``probe``'s for
+    the sample check on a device that runs a work-group per row on many compute units (not a
+    CPU): the first of each form among what the user had (:func:`lookup_incumbent`) and this
+    device's earlier bests (:func:`earlier_bests`)."""
+    if case.info.type == "CPU":
+        return []
+    seen, out = {kernel_form(probe)}, []
+    try:
+        inc = lookup_incumbent(case, exclude_runs)
+        cands = [inc["users"].config, inc["items"].config]
+    except Exception as e:           # (no answer: the earlier bests alone)
+        log.debug("form probes: no incumbent (%s)", e)
+        cands = []
+    for cfg in [*cands, *earlier_bests(case, exclude_runs)]:
+        cfg = canonical(cfg.replace(storage=case.storage), case.mode)
+        form = kernel_form(cfg)
+        if form not in seen:
+            seen.add(form)
+            out.append(cfg)
+    return out
 
 
 def challengers(session, best, incumbent=None):

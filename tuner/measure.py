@@ -643,16 +643,20 @@ def _step(s, t, ref_seconds=None):
 
 
 def check_samples(device, R, f, probe, samples, tol=SAMPLE_TOL, check_time=CHECK_TIME, seed=0,
-                  min_rows=None, storage="float32", mode="explicit", alpha=1.0, repeats=3):
+                  min_rows=None, storage="float32", mode="explicit", alpha=1.0, repeats=3,
+                  forms=()):
     """The calibration check: per side, ``probe`` timed on the sample (scaled to the whole side)
     and on a reference — the whole side when the estimate is ≤ ``check_time`` seconds, else a
     sample ≥ 4× larger (as large as ``check_time`` allows); while the estimate is off by more than
-    ``tol`` (relative), the sample grows ×2, ×4, … up to the reference.
+    ``tol`` (relative), the sample grows ×2, ×4, … up to the reference. Then the same for each
+    configuration of ``forms`` (one per other kernel form: a sample can estimate the forms
+    unequally — H100, 48f/49b: the dims form's items side 3x too slow where gemm's was right),
+    from the sample the checks before it left (a probe that cannot run is left out, logged).
 
     Returns ``(samples, calibration)``: the (possibly grown) samples and, per side, a dict with the
     reference (whole side or not, rows, ratings, time), every sample tried (fraction, rows,
-    ratings, sampled and estimated time, estimate / reference), the final ratio and whether the
-    sample grew."""
+    ratings, sampled and estimated time, estimate / reference ratio), the final ratio and whether
+    the sample grew; with ``forms``, ``"forms"``: the same dict of each form's check."""
     from clmf.engine.device import device_info
     info = device_info(device)
     if min_rows is None:
@@ -661,50 +665,65 @@ def check_samples(device, R, f, probe, samples, tol=SAMPLE_TOL, check_time=CHECK
     samples = dict(samples)
     cal = {}
     for side in SIDES:
-        t0 = time.perf_counter()
-        s = samples[side]
-        c = {"probe": str(probe), "tolerance": tol, "check_time": check_time}
-        if s.rows >= s.full_rows:
-            c.update(checked=False, note="the whole side is timed: nothing to check",
-                     ratio=1.0, grown=False, final={"fraction": 1.0, "rows": int(s.rows)})
-            cal[side] = c
-            continue
-        m = Measurer(device, R, f, {side: s}, storage, repeats=7, min_time=0.0, mode=mode,
-                     alpha=alpha)
-        t = m.time_side(probe, side, repeats, 0.0)
-        if t["seconds"] <= check_time:
-            ref = full_sample(R, side)
-        else:
-            grow = max(4.0, check_time / max(t["sample_seconds"], 1e-9))
-            ref = make_sample(R, side, min(1.0, s.fraction * grow), seed, min_rows)
-        tr = m.time_side(probe, side, repeats, 0.0, sample=ref)
-        if ref.rows < ref.full_rows and tr["seconds"] <= check_time:
-            # the sample overestimated (as a GPU sample that leaves the device idle does): the
-            # larger sample says the whole side is affordable after all, so it is the reference
-            ref = full_sample(R, side)
-            tr = m.time_side(probe, side, repeats, 0.0, sample=ref)
-        ref_s = tr["seconds"]
-        c["reference"] = dict(_step(ref, tr), whole_side=bool(ref.rows >= ref.full_rows))
-        steps = [_step(s, t, ref_s)]
-        ratio = t["seconds"] / ref_s if ref_s > 0 else 1.0
-        while abs(ratio - 1.0) > tol:
-            frac = s.fraction * 2.0
-            if frac >= ref.fraction or frac >= 1.0:
-                s, ratio = ref, 1.0
-                steps.append(dict(_step(ref, tr, ref_s), reference=True))
-                break
-            s = make_sample(R, side, frac, seed, min_rows)
-            t = m.time_side(probe, side, repeats, 0.0, sample=s)
-            ratio = t["seconds"] / ref_s if ref_s > 0 else 1.0
-            steps.append(_step(s, t, ref_s))
-        log.info("sample check %s: %d → %d rows, estimate / reference %.3f (%s)", side,
-                 steps[0]["rows"], s.rows, ratio,
-                 "whole side" if c["reference"]["whole_side"] else "larger sample")
-        samples[side] = s
-        c.update(checked=True, steps=steps, ratio=ratio, grown=len(steps) > 1,
-                 first_ratio=steps[0]["ratio"], ok=abs(ratio - 1.0) <= tol,
-                 final={"fraction": round(float(s.fraction), 6), "rows": int(s.rows),
-                        "nnz": int(s.nnz)},
-                 seconds=time.perf_counter() - t0)
-        cal[side] = c
+        m = Measurer(device, R, f, {side: samples[side]}, storage, repeats=7, min_time=0.0,
+                     mode=mode, alpha=alpha)
+        args = (m, R, side, tol, check_time, seed, min_rows, repeats)
+        samples[side], cal[side] = _check_side(samples[side], probe, *args)
+        done = []
+        for p in forms:
+            try:
+                samples[side], c = _check_side(samples[side], p, *args)
+            except Exception as e:          # (a form this device cannot run: not checked)
+                log.warning("sample check %s with %s left out: %s", side, p, e)
+                continue
+            done.append(c)
+        if done:
+            cal[side]["forms"] = done
+            cal[side]["final"] = done[-1]["final"]
     return samples, cal
+
+
+def _check_side(s, probe, m, R, side, tol, check_time, seed, min_rows, repeats):
+    """One side's check of ``probe`` from sample ``s`` (see :func:`check_samples`): (the sample
+    to use, the check's dict)."""
+    t0 = time.perf_counter()
+    c = {"probe": str(probe), "tolerance": tol, "check_time": check_time}
+    if s.rows >= s.full_rows:
+        c.update(checked=False, note="the whole side is timed: nothing to check",
+                 ratio=1.0, grown=False, final={"fraction": 1.0, "rows": int(s.rows)})
+        return s, c
+    t = m.time_side(probe, side, repeats, 0.0, sample=s)
+    if t["seconds"] <= check_time:
+        ref = full_sample(R, side)
+    else:
+        grow = max(4.0, check_time / max(t["sample_seconds"], 1e-9))
+        ref = make_sample(R, side, min(1.0, s.fraction * grow), seed, min_rows)
+    tr = m.time_side(probe, side, repeats, 0.0, sample=ref)
+    if ref.rows < ref.full_rows and tr["seconds"] <= check_time:
+        # the sample overestimated (as a GPU sample that leaves the device idle does): the
+        # larger sample says the whole side is affordable after all, so it is the reference
+        ref = full_sample(R, side)
+        tr = m.time_side(probe, side, repeats, 0.0, sample=ref)
+    ref_s = tr["seconds"]
+    c["reference"] = dict(_step(ref, tr), whole_side=bool(ref.rows >= ref.full_rows))
+    steps = [_step(s, t, ref_s)]
+    ratio = t["seconds"] / ref_s if ref_s > 0 else 1.0
+    while abs(ratio - 1.0) > tol:
+        frac = s.fraction * 2.0
+        if frac >= ref.fraction or frac >= 1.0:
+            s, ratio = ref, 1.0
+            steps.append(dict(_step(ref, tr, ref_s), reference=True))
+            break
+        s = make_sample(R, side, frac, seed, min_rows)
+        t = m.time_side(probe, side, repeats, 0.0, sample=s)
+        ratio = t["seconds"] / ref_s if ref_s > 0 else 1.0
+        steps.append(_step(s, t, ref_s))
+    log.info("sample check %s (%s): %d → %d rows, estimate / reference %.3f (%s)", side, probe,
+             steps[0]["rows"], s.rows, ratio,
+             "whole side" if c["reference"]["whole_side"] else "larger sample")
+    c.update(checked=True, steps=steps, ratio=ratio, grown=len(steps) > 1,
+             first_ratio=steps[0]["ratio"], ok=abs(ratio - 1.0) <= tol,
+             final={"fraction": round(float(s.fraction), 6), "rows": int(s.rows),
+                    "nnz": int(s.nnz)},
+             seconds=time.perf_counter() - t0)
+    return s, c

@@ -302,17 +302,18 @@ def _calibration_lines(cal):
         c = sides.get(s)
         if not c:
             continue
-        if not c.get("checked"):
-            out.append(f"- sample check, {s}: {c.get('note', 'not checked')}")
-            continue
-        ref, steps = c["reference"], c["steps"]
-        what = "the whole side" if ref.get("whole_side") else \
-            f"a larger sample ({ref['rows']} rows, estimate)"
-        tried = " → ".join(f"{x['rows']} rows ×{x['ratio']:.2f}" for x in steps)
-        out.append(
-            f"- sample check, {s} (probe `{c['probe']}`, tolerance {c['tolerance']:.0%}): "
-            f"{what} {_fmt_s(ref['estimate_seconds'])}; sample estimates / reference: {tried}"
-            + ("; grown" if c.get("grown") else "; kept"))
+        for x in [c, *c.get("forms", ())]:     # the probe, then one per other kernel form
+            if not x.get("checked"):
+                out.append(f"- sample check, {s}: {x.get('note', 'not checked')}")
+                continue
+            ref, steps = x["reference"], x["steps"]
+            what = "the whole side" if ref.get("whole_side") else \
+                f"a larger sample ({ref['rows']} rows, estimate)"
+            tried = " → ".join(f"{y['rows']} rows ×{y['ratio']:.2f}" for y in steps)
+            out.append(
+                f"- sample check, {s} (probe `{x['probe']}`, tolerance {x['tolerance']:.0%}): "
+                f"{what} {_fmt_s(ref['estimate_seconds'])}; sample estimates / reference: "
+                f"{tried}" + ("; grown" if x.get("grown") else "; kept"))
     return out
 
 

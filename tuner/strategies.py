@@ -201,8 +201,10 @@ class Session:
             samples = {s: make_sample(c.R, s, self.sample, self.seed, min_rows) for s in SIDES}
         cal = {"sample": self.sample, "min_rows": min_rows}
         if self.sample_tol > 0:
+            from .incumbent import form_probes
             samples, sides = check_samples(c.device, c.R, c.f, probe, samples, self.sample_tol,
-                                           self.check_time, self.seed, min_rows, **kw)
+                                           self.check_time, self.seed, min_rows, **kw,
+                                           forms=form_probes(c, probe, (self.run_id,)))
             cal["sides"] = sides
         return samples, cal
 
