@@ -323,16 +323,23 @@ class Measurer:
         self._verify_R = _verify_problem()
         self._verify_ref = {}
         self._verified = {}
+        self._counts = {}        # id(matrix) -> (matrix, its column counts): see engine()
         # {side: seconds}: a candidate whose warm-up half-step takes longer is timed by it alone
         # (the session sets it from the incumbent's times: SLOW_CAP)
         self.slow_cap = {}
 
     def engine(self, R, cfg, profile=False, offset=None):
         """An :class:`clmf.engine.Engine` of this mode on ``R`` with ``cfg`` on both sides."""
+        from clmf.data.scan import count_columns
         from clmf.engine.core import Engine
+        # the items' counts of a matrix timed again (every candidate, every showdown round: a
+        # whole side is 99M ratings on the Netflix shape) are scanned once
+        held = self._counts.get(id(R))
+        if held is None or held[0] is not R:
+            held = self._counts[id(R)] = (R, count_columns(R.indices, R.shape[1]))
         return Engine(self.device, R, self.f, (cfg, cfg), profile=profile,
                       implicit_alpha=self.alpha if self.mode == "implicit" else None,
-                      biased=self.mode == "biased",
+                      biased=self.mode == "biased", item_counts=held[1],
                       offset=self.offset if offset is None else offset)
 
     # ----- starting factors ------------------------------------------------------------------
