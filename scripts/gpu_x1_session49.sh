@@ -11,6 +11,11 @@
 #   b: biased f = 256, and the cells whose leave-one-out picks no run timed: implicit f = 200 and
 #      100, explicit f = 100 (the picks among the starts), into tune-49b.jsonl; then auto with
 #      those records in front (explicit, biased, implicit at f = 100 / 200 / 256).
+#   c: with the sample check of every kernel form (ae81953: the items' sample grows where the
+#      dims form's estimate is off) and the engines' shared column counts: explicit f = 100 (b's
+#      run hit its limit in the final side by side), biased f = 256 and 200 (their
+#      leave-one-out picks, the dims form on both sides, read 2.3-3x their cells' best from
+#      sampled items times), into tune-49c.jsonl; then biased auto with those records in front.
 #   Each tuning run's whole log is in logs.tgz (a run stopped at its limit leaves its traceback).
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session49.sh a
 . "$(dirname "$0")/gpu_preamble.sh"
@@ -39,6 +44,14 @@ b)
     tune 100 100 -- "$D,$T1,nnz_batch=8,solve_wg=128,dims_shfl=1,dims_q=2" \
         "$S,$T1,nnz_batch=4,solve_wg=256,dims_q=4"
     with_records b 100,200,256 "explicit biased implicit"
+    ;;
+c)
+    tune 160 100 -- "$D,$T1,nnz_batch=8,solve_wg=128,dims_shfl=1,dims_q=2" \
+        "$S,$T1,nnz_batch=4,solve_wg=256,dims_q=4"
+    tune 160 256 --biases -- "$D,$T1,nnz_batch=8,solve_wg=256" "$S,$T1,nnz_batch=2,solve_wg=256,dims_q=5" "$G"
+    tune 160 200 --biases -- "$D,$T1,nnz_batch=4,solve_wg=256,dims_q=4,dims_p=0" \
+        "$S,$T1,nnz_batch=4,solve_wg=256,dims_q=4" "$D,$T1,nnz_batch=8,solve_wg=256" "$G"
+    with_records c 200,256 biased
     ;;
 esac
 echo "part $part done at $((SECONDS - T0)) s"
