@@ -627,6 +627,23 @@ def test_sample_check_of_each_kernel_form_grows_the_sample_the_probe_kept(monkey
         assert cal[side]["final"]["rows"] == out[side].rows
 
 
+def test_a_changed_tuner_makes_a_new_run(monkeypatch, tmp_path):
+    """The tuner's source hash is part of a run's identity: the same case tuned by a changed
+    tuner is another run (no resume of the older journal, no records merged under one id)."""
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    from clmf.autotune import journal
+    R = random_ratings(60, 40, 0.1, seed=2)
+    case = strategies.Case(DEVICES[0], R, 4, "tiny", "float32")
+    ids = [strategies.Session(case, tiny_space(4), "budgeted", tmp_path / "db.jsonl",
+                              state_dir=tmp_path).run_id for _ in range(2)]
+    assert ids[0] == ids[1] and len(journal.tuner_hash()) == 16
+    monkeypatch.setattr(journal, "tuner_hash", lambda: "0" * 16)
+    other = strategies.Session(case, tiny_space(4), "budgeted", tmp_path / "db.jsonl",
+                               state_dir=tmp_path).run_id
+    assert other != ids[0]
+
+
 def test_best_pair_chooses_among_the_showdown_finalists(isolated, tmp_path):
     """After a showdown the finalists were re-timed side by side; a configuration with one
     older (and possibly luckier) timing must not beat them on that alone."""

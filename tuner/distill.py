@@ -49,6 +49,7 @@ import math
 import pathlib
 import sys
 
+from clmf.engine.config import compact_config, config_text
 from clmf.tuning.database import read_database, records_bytes
 from clmf.tuning.lookup import newest_first, record_cases
 from clmf.tuning.model import shape_fields, top_records, wrong_record
@@ -132,7 +133,7 @@ def _kept_measurements(sources, top):
             g = _measurement_group(r)
             if g is None:
                 continue
-            k = json.dumps(r["config"], sort_keys=True)
+            k = config_text(r["config"])             # (the lookup's own grouping)
             t = float(r["seconds"])
             if k not in groups[g] or t < groups[g][k][0]:
                 groups[g][k] = (t, (i, j))
@@ -176,6 +177,8 @@ def distill(sources, names=None, blobs=None, top=TOP):
                 body.append(r)
             elif (i, j) in meas:
                 m = {k: r[k] for k in _MEASUREMENT_KEYS if k in r}
+                if isinstance(m.get("config"), dict):
+                    m["config"] = compact_config(m["config"])
                 if (i, j) in model and isinstance(r.get("dataset"), dict):
                     m.update(shape_fields(r))
                 body.append(m)

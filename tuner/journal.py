@@ -9,12 +9,30 @@ measured again on resume. Only a configuration in which the process died twice i
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib.resources
 import json
 
 from clmf.cache import open_lines
 from clmf.tuning.database import base_record
 
-__all__ = ["read", "record_interrupted"]
+__all__ = ["read", "record_interrupted", "tuner_hash"]
+
+
+@functools.lru_cache(maxsize=1)
+def tuner_hash():
+    """Hash of the tuner's own sources (this package's modules): part of a run's identity, so a
+    run of a changed tuner is a new run — neither a resume of an older journal nor records
+    merged with an older run's under one id (H100, stops 48-49: four runs of biased f = 200 at
+    four commits shared one id, and the records of their different samples mixed)."""
+    h = hashlib.sha256()
+    root = importlib.resources.files(__package__)
+    for entry in sorted(root.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".py"):
+            h.update(entry.name.encode())
+            h.update(entry.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def read(path, result_from_json):

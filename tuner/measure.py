@@ -553,9 +553,11 @@ def sample_min_rows(info, probe=None, f=None):
 # tuner kept gemm, 1.47x slower there: results/bench/gpu-implicit/run-48/)
 BALANCE = 4
 # a candidate whose warm-up half-step on the search's sample takes this many times the
-# incumbent's (and at least SLOW_MIN seconds: lazy runtimes compile in the warm-up) is timed once
+# incumbent's (and at least SLOW_MIN seconds: a CPU runtime may compile in the warm-up; a GPU's
+# programs are built before it, SLOW_MIN_GPU) is timed once
 SLOW_CAP = 20.0
 SLOW_MIN = 10.0
+SLOW_MIN_GPU = 2.0
 BALANCE_SECONDS = 0.5
 
 
@@ -569,16 +571,16 @@ def longest_row(sample):
     return int(np.bincount(R.indices, minlength=R.shape[1]).max())
 
 
-def slow_caps(results):
+def slow_caps(results, minimum=SLOW_MIN):
     """``{side: seconds}``: the warm-up time beyond which a candidate counts as hopeless on the
     search's sample — :data:`SLOW_CAP` × the slowest median wall time of ``results`` (the
-    incumbent's) on the side, at least :data:`SLOW_MIN`."""
+    incumbent's) on the side, at least ``minimum``."""
     out = {}
     for side in SIDES:
         walls = [float(np.median(r.sides[side]["wall"])) for r in results
                  if r.ok and r.sides.get(side, {}).get("wall")]
         if walls:
-            out[side] = max(SLOW_MIN, SLOW_CAP * max(walls))
+            out[side] = max(minimum, SLOW_CAP * max(walls))
     return out
 
 

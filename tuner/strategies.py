@@ -57,9 +57,10 @@ from clmf.tuning.database import Database, base_record
 
 from . import journal
 from .case import Case, default_state_dir
-from .measure import (CHECK_TIME, MEASURE_VERSION, SAMPLE_TOL, SIDES, Measurer, Result,
-                      _result_from_json, _result_to_json, calibrate_samples, check_samples,
-                      full_sample, make_sample, pruned, sample_min_rows, sample_spec, slow_caps)
+from .measure import (CHECK_TIME, MEASURE_VERSION, SAMPLE_TOL, SIDES, SLOW_MIN, SLOW_MIN_GPU,
+                      Measurer, Result, _result_from_json, _result_to_json, calibrate_samples,
+                      check_samples, full_sample, make_sample, pruned, sample_min_rows,
+                      sample_spec, slow_caps)
 from .space import canonical, device_anchors, prune
 
 log = logging.getLogger(__name__)
@@ -120,7 +121,8 @@ class Session:
                  "storage": case.storage, "space": space.name, "strategy": strategy,
                  "budget": self.budget, "seed": self.seed, "templates": self.template_hash,
                  "sample_time": self.sample_time, "repeats": repeats, "min_time": min_time,
-                 "method": MEASURE_VERSION, "sample": self.sample, "sample_tol": self.sample_tol,
+                 "method": MEASURE_VERSION, "tuner": journal.tuner_hash(),
+                 "sample": self.sample, "sample_tol": self.sample_tol,
                  "check_time": self.check_time}
         if case.mode != "explicit":
             ident.update(case.mode_fields())
@@ -491,7 +493,8 @@ class Session:
             cfg = self.incumbent[side].config
             if side == "users" or cfg.key() != self.incumbent["users"].config.key():
                 self.anchors[name] = self.evaluate(cfg, "full")
-        self.measurer.slow_cap = slow_caps([r for n, r in self.anchors.items() if r.ok])
+        self.measurer.slow_cap = slow_caps([r for r in self.anchors.values() if r.ok],
+                                           SLOW_MIN if c.info.type == "CPU" else SLOW_MIN_GPU)
         base = canonical(c.default_solver(tuning.BASELINE.replace(storage=c.storage)), c.mode)
         self.anchors["baseline"] = self.evaluate(base, "full")
         self.anchors["default"] = self.evaluate(self.probe(), "full")

@@ -35,13 +35,15 @@ Other devices never build it (``validate`` rejects it with reason
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 
 from ..errors import InvalidConfigError
 
 __all__ = ["KernelConfig", "VARIANT_FLAGS", "SOLVERS", "STORAGES", "SPLIT_NEVER",
-           "representative_variants", "hermitian_variants"]
+           "representative_variants", "hermitian_variants", "compact_config",
+           "config_text"]
 
 VARIANT_FLAGS = ("reg", "local", "vec", "tile", "gemm", "syrk", "mma")
 SOLVERS = ("cholesky", "cg", "fusedcg")
@@ -592,6 +594,31 @@ class KernelConfig:
 
 
 _FIELDS = dataclasses.fields(KernelConfig)     # (to_dict's, in declaration order)
+
+
+def compact_config(d):
+    """A configuration mapping (a tuning record's ``config``) without the fields at their
+    defaults: one text per configuration, whichever fields the writing version knew
+    (:meth:`KernelConfig.from_dict` fills them in again); other keys are kept."""
+    base = _defaults()
+    return {k: v for k, v in d.items() if k not in base or v != base[k]}
+
+
+def config_text(d):
+    """One JSON text per configuration mapping, whichever fields its record's version wrote
+    (the :func:`compact_config` form, keys sorted): records group by it."""
+    return _compact_text(json.dumps(d, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=4096)
+def _compact_text(text):
+    return json.dumps(compact_config(json.loads(text)), sort_keys=True)
+
+
+@functools.lru_cache(maxsize=1)
+def _defaults():
+    """The default configuration's fields (a mapping: do not modify)."""
+    return KernelConfig().to_dict()
 
 
 def representative_variants(f=None):

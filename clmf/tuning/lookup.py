@@ -72,7 +72,7 @@ import logging
 import math
 import warnings
 
-from ..engine.config import KernelConfig
+from ..engine.config import KernelConfig, config_text
 from ..engine.device import device_label
 from ..errors import InvalidConfigError
 from .database import database_paths
@@ -637,7 +637,7 @@ def _computed_default(info, f, storage, sources, record_mode_=None, mode="explic
                 continue
             try:
                 g = groups.setdefault((int(r["f"]), r["run_id"], r["side"]), {})
-                k = json.dumps(r["config"], sort_keys=True)
+                k = config_text(r["config"])
                 t = float(r["seconds"])
             except (KeyError, TypeError, ValueError):
                 continue
