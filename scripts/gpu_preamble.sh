@@ -53,7 +53,8 @@ ab() {  # ab TAG BASE DB CELL...: auto (side_profile.py, 5 iterations) of each C
     (cd "$OUT" && tar czf "$tag.tgz" "$tag"-* && rm -rf "$tag"-*/)
 }
 tune() {  # tune LIMIT F MODE-ARGS... -- STARTS...: `clmf tune` of the $DATA shape into
-          # $OUT/$TUNE_DB (budget 20 s, --max-wall $TW, --sample $SAMPLE), stopped after LIMIT s
+          # $OUT/$TUNE_DB (--budget $BUDGET, default 20 s; --max-wall $TW, default 60; --sample
+          # $SAMPLE, default auto), stopped after LIMIT s
           # (SIGABRT: the fault handler's traceback); its whole log in $OUT/logs
     local limit=$1 f=$2 rc log; shift 2
     local args=() starts=()
@@ -63,7 +64,7 @@ tune() {  # tune LIMIT F MODE-ARGS... -- STARTS...: `clmf tune` of the $DATA sha
     mkdir -p "$OUT/logs"
     log=$OUT/logs/tune-f$f$(printf '%s' "${args[*]:-}" | tr -c 'a-z0-9' '_').log
     timeout -s ABRT "$limit" python3 -m clmf -v tune --preset "$DATA" --scale "$SCALE" \
-        --factors "$f" --device "$DEV" --budget 20 --max-wall "${TW:-60}" --sample "${SAMPLE:-auto}" \
+        --factors "$f" --device "$DEV" --budget "${BUDGET:-20}" --max-wall "${TW:-60}" --sample "${SAMPLE:-auto}" \
         ${args[@]+"${args[@]}"} "${starts[@]}" --db "$OUT/$TUNE_DB" --no-progress > "$log" 2>&1
     rc=$?
     grep -v "CompilerWarning\|lambda: self" "$log" | grep "side by side\|sample check\|database\|^  " \

@@ -16,6 +16,9 @@
 #      run hit its limit in the final side by side), biased f = 256 and 200 (their
 #      leave-one-out picks, the dims form on both sides, read 2.3-3x their cells' best from
 #      sampled items times), into tune-49c.jsonl; then biased auto with those records in front.
+#   d: the Netflix cells whose leave-one-out picks no run timed (after c and the split run ids):
+#      explicit f = 50 and 200, biased f = 50 and 64, implicit f = 50, short runs (budget 10 s,
+#      --max-wall 30) with the picks among the starts, into tune-49d.jsonl (no auto timing).
 #   Each tuning run's whole log is in logs.tgz (a run stopped at its limit leaves its traceback).
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session49.sh a
 . "$(dirname "$0")/gpu_preamble.sh"
@@ -52,6 +55,17 @@ c)
     tune 160 200 --biases -- "$D,$T1,nnz_batch=4,solve_wg=256,dims_q=4,dims_p=0" \
         "$S,$T1,nnz_batch=4,solve_wg=256,dims_q=4" "$D,$T1,nnz_batch=8,solve_wg=256" "$G"
     with_records c 200,256 biased
+    ;;
+d)
+    SQ2="$S,nnz_batch=8,solve_wg=128,dims_q=2"
+    BUDGET=10 TW=30
+    tune 90 50 -- "$S,$T1,nnz_batch=8,solve_wg=128,dims_q=2" "batch+vec4+syrk:bx=8,ks=4,solver=cg"
+    tune 90 50 --biases -- "$S,$T1,nnz_batch=8,solve_wg=128,dims_q=2" "$MMA"
+    tune 90 64 --biases -- "$S,$T1,nnz_batch=8,solve_wg=128,dims_q=2" "$MMA"
+    tune 90 50 --feedback implicit --alpha 2 -- "$SQ2" "$MMA"
+    tune 110 200 -- "$S,nnz_batch=2,solve_wg=256,dims_pipe=1,dims_q=4" "$S,nnz_batch=4,solve_wg=256,dims_q=4"
+    gzip -f "$OUT/$TUNE_DB"
+    [ -d "$OUT/logs" ] && (cd "$OUT" && tar czf logs.tgz logs && rm -rf logs)
     ;;
 esac
 echo "part $part done at $((SECONDS - T0)) s"
