@@ -285,6 +285,38 @@ def test_a_form_the_sample_misranks_is_timed_where_the_ranking_is_decided(dbs, t
     assert all(r["seconds"] == fin["candidates"][r["side"]][r["variant"]] for r in ref)
 
 
+class ChallengerFails(FormRigged):
+    """FormRigged whose fused CG cannot run on the reference rows."""
+
+    def time_side(self, cfg, side, *a, **kw):
+        if cfg.solver == "fusedcg" and kw.get("sample") is not None:
+            raise RuntimeError("out of device memory")
+        return super().time_side(cfg, side, *a, **kw)
+
+
+def test_a_challenger_that_cannot_run_is_left_out(dbs, tmp_path, monkeypatch):
+    """A challenger failing on the reference rows is dropped (logged); the showdown decides
+    between the search's pair and the incumbent as before."""
+    if not DEVICES:
+        pytest.skip("no OpenCL device")
+    seed, db = dbs
+    write_earlier(seed, DEVICES[0], "explicit")
+    case = strategies.Case(DEVICES[0], random_ratings(400, 300, 0.05, seed=5), F, "tiny",
+                           "float32")
+    kf = tuning.kernel_factors(F, "explicit")
+    space = Space("forms", kf, [(False, False, 4, False)],
+                  dict(tx=[1, 2], ty=[1], nnz_batch=[8], bx=[kf], by=[kf], square_tiles=True,
+                       tz=[1], solve_wg=[0], solver=["cholesky", "fusedcg"], cg_steps=[3]))
+    monkeypatch.setattr(strategies, "Measurer", ChallengerFails)
+    s = strategies.run(case, space, "exhaustive", db=db, state_dir=tmp_path / "st",
+                       progress=False, sample=0.5, sample_tol=0)
+    fin = s["final"]
+    for side in ("users", "items"):
+        assert not any("fusedcg" in v for v in fin["candidates"][side])
+        assert fin["tuned"]["configs"][side] == fin["searched_configs"][side]
+    assert fin["chosen"] == "tuned"                    # 1.01 against the incumbent's 1.02
+
+
 def test_form_probes_one_per_other_form_and_none_on_cpus(dbs):
     """The sample check's extra probes: on a many-CU device, the first configuration of each
     kernel form other than the probe's among what the user had and the earlier bests; none on

@@ -279,12 +279,23 @@ def final_showdown(session, best, incumbent, rounds=3, repeats=3, others=None):
     refs = reference_samples(session, est)
     times = {s: {k: [] for k in configs[s]} for s in SIDES}
     last = {s: {} for s in SIDES}
+    pinned = {c.key() for pair in pairs.values() for c in pair.values()}
     for k in range(rounds):
         for side in SIDES:
             keys = list(configs[side])
             for key in (keys if k % 2 == 0 else keys[::-1]):
-                t = session.measurer.time_side(configs[side][key], side, repeats,
-                                               session.min_time, sample=refs[side])
+                try:
+                    t = session.measurer.time_side(configs[side][key], side, repeats,
+                                                   session.min_time, sample=refs[side])
+                except Exception as e:
+                    if key in pinned:
+                        raise
+                    # a challenger that cannot run on the reference rows (their memory plan,
+                    # say) is left out; an error of the search's pair or the incumbent's stops
+                    # the run, as it did before challengers
+                    log.warning("challenger %s (%s) left out: %s", configs[side][key], side, e)
+                    del configs[side][key], times[side][key]
+                    continue
                 times[side][key].append(t["seconds"])
                 last[side][key] = t
     med = {s: {k: float(np.median(v)) for k, v in times[s].items()} for s in SIDES}
