@@ -19,6 +19,10 @@
 #   d: the Netflix cells whose leave-one-out picks no run timed (after c and the split run ids):
 #      explicit f = 50 and 200, biased f = 50 and 64, implicit f = 50, short runs (budget 10 s,
 #      --max-wall 30) with the picks among the starts, into tune-49d.jsonl (no auto timing).
+#   e (prepared at the end of stop 49, not run: device time spent): the cells whose
+#      leave-one-out picks no run timed after d — explicit f = 200 (d's run was cut) and implicit
+#      f = 200 on the Netflix shape, implicit f = 64 / 128 / 256 on the MovieLens-20M shape — with
+#      the picks among the starts, into tune-49e.jsonl (no auto timing).
 #   Each tuning run's whole log is in logs.tgz (a run stopped at its limit leaves its traceback).
 #   source .whl/gpu-opencl.sh activate && OUT=$OUT bash scripts/gpu_x1_session49.sh a
 . "$(dirname "$0")/gpu_preamble.sh"
@@ -64,6 +68,19 @@ d)
     tune 90 64 --biases -- "$S,$T1,nnz_batch=8,solve_wg=128,dims_q=2" "$MMA"
     tune 90 50 --feedback implicit --alpha 2 -- "$SQ2" "$MMA"
     tune 110 200 -- "$S,nnz_batch=2,solve_wg=256,dims_pipe=1,dims_q=4" "$S,nnz_batch=4,solve_wg=256,dims_q=4"
+    gzip -f "$OUT/$TUNE_DB"
+    [ -d "$OUT/logs" ] && (cd "$OUT" && tar czf logs.tgz logs && rm -rf logs)
+    ;;
+e)
+    BUDGET=10 TW=30
+    tune 170 200 -- "$S,nnz_batch=2,solve_wg=256,dims_pipe=1,dims_q=4" "$S,nnz_batch=4,solve_wg=256,dims_q=4"
+    tune 140 200 --feedback implicit --alpha 2 -- "$D,$T1,nnz_batch=4,solve_wg=256,dims_shfl=1,dims_q=4"
+    DATA=movielens-20m
+    tune 80 64 --feedback implicit --alpha 2 -- "$S,$T1,nnz_batch=8,solve_wg=128,dims_q=2" \
+        "$D,$T1,nnz_batch=8,solve_wg=128,dims_shfl=1,dims_q=2"
+    tune 80 128 --feedback implicit --alpha 2 -- "$D,$T1,nnz_batch=8,solve_wg=128,dims_shfl=1,dims_q=2"
+    tune 90 256 --feedback implicit --alpha 2 -- "$S,nnz_batch=2,solve_wg=256,dims_pipe=1,dims_q=4" \
+        "$S,nnz_batch=4,solve_wg=256,dims_q=4"
     gzip -f "$OUT/$TUNE_DB"
     [ -d "$OUT/logs" ] && (cd "$OUT" && tar czf logs.tgz logs && rm -rf logs)
     ;;
